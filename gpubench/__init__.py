@@ -1,0 +1,5 @@
+"""gpubench: benchmark and profile deep-learning training."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"

@@ -1,0 +1,131 @@
+"""The Backend and Trainer interfaces every framework implements.
+
+A backend translates a framework-neutral WorkloadSpec into a trainer for one Config. The
+measurement loop (gpubench.measure.loop) only talks to the Trainer interface, so warm-up,
+windows, loss reading and statistics are written once for every framework.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from gpubench.measure.timers import StepTimer
+    from gpubench.suite import Config
+    from gpubench.workloads.base import WorkloadSpec
+    from gpubench.workloads.data import Batches
+
+PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16")
+PARALLELISMS = ("single",)
+OPTIMIZERS = ("adam", "adamw", "sgd")
+LOSSES = ("cross_entropy",)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str  # "cpu", "cuda:0", ...
+    model: str  # "AMD EPYC ...", "NVIDIA H100 80GB HBM3"
+    memory_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class ProbeInfo:
+    """What a framework reports about itself and this machine (from a throw-away process)."""
+
+    framework: str
+    available: bool
+    reason: str = ""  # why it is not available
+    version: str | None = None
+    devices: tuple[DeviceInfo, ...] = ()
+    build: dict[str, Any] = field(default_factory=dict)  # CUDA/cuDNN versions, thread counts, ...
+
+    def device_names(self) -> list[str]:
+        return [d.name for d in self.devices]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "framework": self.framework,
+            "available": self.available,
+            "reason": self.reason,
+            "version": self.version,
+            "devices": [vars(d) for d in self.devices],
+            "build": self.build,
+        }
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> ProbeInfo:
+        return ProbeInfo(
+            framework=d["framework"],
+            available=d["available"],
+            reason=d.get("reason", ""),
+            version=d.get("version"),
+            devices=tuple(DeviceInfo(**x) for x in d.get("devices", [])),
+            build=d.get("build", {}),
+        )
+
+
+class Trainer(ABC):
+    """One model + optimizer + device-resident data, ready to take training steps."""
+
+    @abstractmethod
+    def step(self) -> None:
+        """One optimizer step on the next batch. Must not synchronise with the device."""
+
+    @abstractmethod
+    def sync(self) -> None:
+        """Wait until all queued device work is done."""
+
+    @abstractmethod
+    def read_loss(self) -> float:
+        """The loss of the last step, as a Python float (synchronises)."""
+
+    @abstractmethod
+    def step_timer(self, n_steps: int) -> StepTimer:
+        """A timer for one window of n_steps steps (device events on a GPU)."""
+
+    @abstractmethod
+    def memory(self) -> dict[str, int]:
+        """Device-side peak memory figures, in bytes (``peak_allocated_bytes`` ...); {} on CPU."""
+
+    def describe(self) -> dict[str, Any]:
+        """How the framework was set up for this config (optimizer implementation, autocast
+        dtype...), recorded in the result so that the numbers can be interpreted."""
+        return {}
+
+
+class Backend(ABC):
+    """A framework. Subclasses must import their framework lazily, inside methods."""
+
+    name: ClassVar[str]
+    install_hint: ClassVar[str]
+
+    @abstractmethod
+    def static_unsupported(self, config: Config) -> str | None:
+        """Why this framework can never run this config (pure rules, no import), or None."""
+
+    @abstractmethod
+    def probe(self) -> ProbeInfo:
+        """Import the framework and describe it and its devices."""
+
+    @abstractmethod
+    def check(self, config: Config) -> tuple[str, str] | None:
+        """(status, reason) when the config cannot run here ('unavailable' or 'unsupported')."""
+
+    @abstractmethod
+    def build(self, spec: WorkloadSpec, config: Config, batches: Batches) -> Trainer:
+        """Translate the spec, load the canonical initial weights, put data on the device."""
+
+    @abstractmethod
+    def is_oom(self, exc: BaseException) -> bool:
+        """Whether an exception means the device (or host) ran out of memory."""
+
+
+def device_kind(device: str) -> str:
+    """'cpu' or 'cuda' for a normalised device name such as 'cuda:1'."""
+    return device.split(":", 1)[0]
+
+
+def device_index(device: str) -> int:
+    return int(device.split(":", 1)[1]) if ":" in device else 0

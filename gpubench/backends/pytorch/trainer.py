@@ -1,0 +1,122 @@
+"""The PyTorch trainer: one model, optimizer and device-resident data set."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpubench.backends.base import Trainer, device_kind
+from gpubench.measure.timers import HostStepTimer, StepTimer
+from gpubench.suite import Config
+from gpubench.workloads.base import WorkloadSpec
+from gpubench.workloads.data import Batches
+from gpubench.backends.pytorch.model import build_model
+
+AUTOCAST_DTYPES = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
+
+
+class CudaEventTimer:
+    """CUDA events recorded on the current stream between steps: step times are the GPU's
+    own, and recording an event does not synchronise the host."""
+
+    def __init__(self, n_steps: int) -> None:
+        self._events = [torch.cuda.Event(enable_timing=True) for _ in range(n_steps + 1)]
+        self._i = 0
+
+    def mark(self) -> None:
+        self._events[self._i].record()
+        self._i += 1
+
+    def elapsed_ms(self) -> list[float]:
+        ev = self._events[: self._i]
+        return [a.elapsed_time(b) for a, b in zip(ev, ev[1:])]
+
+
+def make_optimizer(name: str, params: Any, lr: float, fused: bool) -> torch.optim.Optimizer:
+    """adam / adamw / sgd (momentum 0.9). ``fused`` selects the single-kernel implementations
+    (the fastest standard path on CUDA)."""
+    kw: dict[str, Any] = {"fused": True} if fused else {}
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, **kw)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, **kw)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, **kw)
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+class TorchTrainer(Trainer):
+    def __init__(self, spec: WorkloadSpec, config: Config, batches: Batches) -> None:
+        self.device = torch.device(config.device)
+        self.cuda = device_kind(config.device) == "cuda"
+        torch.manual_seed(config.seed)
+        if self.cuda:
+            torch.cuda.set_device(self.device)
+            torch.backends.cudnn.benchmark = True
+            tf32 = config.precision == "tf32"
+            torch.backends.cuda.matmul.allow_tf32 = tf32  # fp32 means true fp32, not TF32
+            torch.backends.cudnn.allow_tf32 = tf32
+        self.model = build_model(spec, spec.init_weights(config.seed)).to(self.device)
+        self.model.train()
+        self.optimizer = make_optimizer(config.optimizer, self.model.parameters(), config.lr, fused=self.cuda)
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.x = torch.from_numpy(batches.x).to(self.device)
+        self.y = torch.from_numpy(batches.y).to(self.device)
+        self.n_batches = batches.n_batches
+        self._i = 0
+        dtype = AUTOCAST_DTYPES.get(config.precision)
+        self.autocast = (torch.autocast(device_type=self.device.type, dtype=dtype) if dtype is not None
+                         else contextlib.nullcontext())
+        self.scaler = torch.amp.GradScaler(self.device.type) if config.precision == "amp-fp16" else None
+        self._loss: torch.Tensor | None = None
+        self._info = {
+            "optimizer_impl": "fused" if self.cuda else "default",
+            "autocast_dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
+            "grad_scaler": self.scaler is not None,
+            "cudnn_benchmark": self.cuda,
+            "tf32": config.precision == "tf32",
+            "num_threads": torch.get_num_threads(),
+        }
+        if self.cuda:
+            self.sync()
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def step(self) -> None:
+        i = self._i
+        self._i = (i + 1) % self.n_batches
+        x, y = self.x[i], self.y[i]
+        self.optimizer.zero_grad(set_to_none=True)
+        with self.autocast:
+            loss = self.loss_fn(self.model(x), y)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
+        self._loss = loss.detach()
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def read_loss(self) -> float:
+        return float("nan") if self._loss is None else float(self._loss.float().item())
+
+    def step_timer(self, n_steps: int) -> StepTimer:
+        return CudaEventTimer(n_steps) if self.cuda else HostStepTimer(n_steps)
+
+    def memory(self) -> dict[str, int]:
+        if not self.cuda:
+            return {}
+        return {
+            "peak_allocated_bytes": int(torch.cuda.max_memory_allocated(self.device)),
+            "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(self.device)),
+        }
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self._info)

@@ -1,0 +1,79 @@
+"""Command line: argparse sub-commands that hand over to the modules doing the work."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from gpubench import __version__
+from gpubench.errors import InputError
+from gpubench.runner.run import EXIT_BAD_INPUT, EXIT_INTERRUPTED, RunRequest
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpubench", description="Benchmark deep-learning training.")
+    parser.add_argument("--version", action="version", version=f"gpubench {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a suite: one isolated process per config")
+    run.add_argument("suite", nargs="?", help="suite file, or a name in suites/ (optional with --resume)")
+    run.add_argument("--out", type=Path, default=Path("runs"), help="where run directories go (default: runs)")
+    run.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=V1[,V2...]",
+                     help="override or narrow a matrix axis or a default, e.g. --set batch_size=64")
+    run.add_argument("--repeats", type=_positive_int, metavar="N",
+                     help="run each config N times, each in a fresh process (default 1)")
+    run.add_argument("--resume", type=Path, metavar="RUN_DIR", help="complete an interrupted run")
+    run.add_argument("--no-report", action="store_true", help="do not write the HTML/CSV/markdown report")
+
+    lst = sub.add_parser("list", help="suites, workloads, frameworks and the devices detected here")
+    lst.add_argument("--suites-dir", type=Path, default=Path("suites"))
+
+    env = sub.add_parser("env", help="print the environment fingerprint")
+    env.add_argument("--json", action="store_true", help="as JSON")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 160))  # CI logs: no wrapping of config ids
+    try:
+        from gpubench.plugins import load_plugins
+
+        load_plugins()
+        if args.command == "run":
+            from gpubench.runner.run import execute
+
+            return execute(RunRequest(suite=args.suite, out=args.out, sets=args.sets, repeats=args.repeats,
+                                      resume=args.resume), console)
+        if args.command == "list":
+            from gpubench.inventory import show_list
+
+            show_list(console, args.suites_dir)
+            return 0
+        if args.command == "env":
+            from gpubench.inventory import show_env
+
+            show_env(console, args.json)
+            return 0
+    except InputError as e:
+        print(f"gpubench: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("gpubench: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    raise AssertionError(f"unhandled command {args.command}")

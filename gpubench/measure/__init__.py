@@ -1,0 +1,1 @@
+"""Timing, the measurement loop and statistics, written once for every framework."""

@@ -1,0 +1,81 @@
+"""The measurement loop: cold start, warm-up, timed windows, loss at window boundaries.
+
+Written once against the Trainer interface. The timed loop does only ``step(); mark()``:
+no host synchronisation, no loss read, no allocation. The device is synchronised and the
+loss read between windows, outside the timed region.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from gpubench.backends.base import Trainer
+
+clock_ns = time.perf_counter_ns  # the one clock for phases (telemetry aligns to it)
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str  # "cold_start", "warmup", "window_0", ...
+    start_ns: int
+    end_ns: int
+
+
+@dataclass
+class RawMeasurement:
+    cold_start_ms: float
+    loss_first: float
+    step_times_ms: list[float] = field(default_factory=list)
+    window_wall_ms: list[float] = field(default_factory=list)
+    window_losses: list[float] = field(default_factory=list)
+    phases: list[Phase] = field(default_factory=list)
+    diverged: bool = False
+
+    @property
+    def losses(self) -> list[float]:
+        return [self.loss_first, *self.window_losses]
+
+    @property
+    def loss_last(self) -> float:
+        return self.losses[-1]
+
+
+def run_loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int) -> RawMeasurement:
+    t0 = clock_ns()
+    trainer.step()
+    trainer.sync()
+    t1 = clock_ns()
+    raw = RawMeasurement(cold_start_ms=(t1 - t0) / 1e6, loss_first=trainer.read_loss())
+    raw.phases.append(Phase("cold_start", t0, t1))
+    if not math.isfinite(raw.loss_first):
+        raw.diverged = True
+        return raw
+
+    step = trainer.step
+    t0 = clock_ns()
+    for _ in range(warmup_steps):
+        step()
+    trainer.sync()
+    raw.phases.append(Phase("warmup", t0, clock_ns()))
+
+    for w in range(windows):
+        timer = trainer.step_timer(steps)
+        mark = timer.mark
+        t0 = clock_ns()
+        mark()
+        for _ in range(steps):
+            step()
+            mark()
+        trainer.sync()
+        t1 = clock_ns()
+        raw.phases.append(Phase(f"window_{w}", t0, t1))
+        raw.step_times_ms.extend(timer.elapsed_ms())
+        raw.window_wall_ms.append((t1 - t0) / 1e6)
+        loss = trainer.read_loss()
+        raw.window_losses.append(loss)
+        if not math.isfinite(loss):
+            raw.diverged = True
+            break
+    return raw

@@ -1,0 +1,1 @@
+"""Results: the versioned schema, the run directory, loading."""

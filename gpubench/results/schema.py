@@ -1,0 +1,30 @@
+"""The result schema (docs/results-schema.md). Bump SCHEMA_VERSION on any incompatible change."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+SCHEMA_VERSION = 1
+SUPPORTED_SCHEMA_VERSIONS = (1,)
+
+STATUSES = ("ok", "oom", "unsupported", "unavailable", "diverged", "timeout", "error")
+FAILED_STATUSES = ("error", "timeout")  # the only ones that make `run` exit non-zero
+
+
+def clean(obj: Any) -> Any:
+    """JSON-safe copy: non-finite floats become None (strict JSON has no NaN)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean(v) for v in obj]
+    return obj
+
+
+def outcome(status: str, reason: str = "", metrics: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    """The worker-side part of a result for a config that did not (fully) measure."""
+    if status not in STATUSES:
+        raise ValueError(f"unknown status {status!r}")
+    return {"status": status, "reason": reason, "metrics": metrics, **extra}

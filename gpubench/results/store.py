@@ -1,0 +1,106 @@
+"""The run directory: run.json (what was asked) and results.jsonl (one line per finished
+config repeat, appended as each finishes, so a crash or Ctrl-C loses nothing finished)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+from gpubench.errors import InputError
+from gpubench.results.schema import SUPPORTED_SCHEMA_VERSIONS, clean
+
+RESULTS_FILE = "results.jsonl"
+RUN_FILE = "run.json"
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write to a temporary file in the same directory, fsync, then rename over the target."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    data = json.dumps(clean(obj), indent=2, sort_keys=False) + "\n"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def append_result(run_dir: Path, result: dict[str, Any]) -> None:
+    """Append one result as a single write of one line, then fsync."""
+    line = (json.dumps(clean(result), separators=(",", ":")) + "\n").encode()
+    fd = os.open(run_dir / RESULTS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def create_run_dir(out: Path, base_id: str) -> Path:
+    """Make a new, empty run directory ``out/<run_id>`` (suffix -2, -3... if taken)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        run_id = base_id if n == 1 else f"{base_id}-{n}"
+        try:
+            (out / run_id).mkdir()
+            return out / run_id
+        except FileExistsError:
+            continue
+    raise InputError(f"{out}: cannot find a free run directory name for {base_id}")
+
+
+def load_run(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / RUN_FILE
+    if not run_dir.is_dir():
+        raise InputError(f"{run_dir}: no such run directory")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: missing; is {run_dir} a gpubench run directory?") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"{path}: unreadable run file: {e}") from None
+
+
+def load_results(run_dir: Path, repair: bool = False) -> list[dict[str, Any]]:
+    """All results of a run. A half-written last line (a killed run) is skipped with a
+    warning, and with ``repair`` cut off the file so that appends continue cleanly; a bad
+    line elsewhere, or an unknown schema version, is an InputError naming the line."""
+    path = run_dir / RESULTS_FILE
+    if not path.exists():
+        return []
+    raw = path.read_bytes()
+    lines = raw.split(b"\n")
+    results: list[dict[str, Any]] = []
+    offset = 0
+    for i, line in enumerate(lines, start=1):
+        start = offset
+        offset += len(line) + 1
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            if not isinstance(obj, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as e:
+            is_last = all(not rest.strip() for rest in lines[i:])
+            if is_last and not raw.endswith(b"\n"):
+                warnings.warn(f"{path}:{i}: skipping a truncated last line (a run killed while writing)")
+                if repair:
+                    with open(path, "r+b") as f:
+                        f.truncate(start)
+                break
+            raise InputError(f"{path}:{i}: corrupt result line: {e}") from None
+        version = obj.get("schema_version")
+        if version not in SUPPORTED_SCHEMA_VERSIONS:
+            raise InputError(f"{path}:{i}: unknown schema_version {version!r}; this gpubench reads: "
+                             f"{', '.join(map(str, SUPPORTED_SCHEMA_VERSIONS))}")
+        results.append(obj)
+    return results
+
+
+def slug(text: str) -> str:
+    """A file-name-safe version of a config id."""
+    return re.sub(r"[^A-Za-z0-9._=-]+", "_", text)

@@ -1,0 +1,1 @@
+"""Sweep orchestration: one fresh worker process per config repeat."""

@@ -1,0 +1,54 @@
+"""Child processes: environment, process-group kill, cgroup OOM-kill counter."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import gpubench
+
+_PKG_ROOT = str(Path(gpubench.__file__).resolve().parent.parent)
+
+
+def child_env() -> dict[str, str]:
+    """The parent's environment, with this gpubench importable (also when run as
+    ``PYTHONPATH=. python -m gpubench`` from a checkout)."""
+    env = dict(os.environ)
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if _PKG_ROOT not in parts:
+        env["PYTHONPATH"] = os.pathsep.join([_PKG_ROOT, *parts])
+    return env
+
+
+def kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """SIGTERM the child's process group, then SIGKILL what is left after a grace period."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+            # the leader is gone; make sure nothing else of its group survives
+            os.killpg(proc.pid, signal.SIGKILL)
+        except subprocess.TimeoutExpired:
+            continue
+        except ProcessLookupError:
+            return
+        return
+
+
+def oom_kill_count() -> int | None:
+    """The kernel's OOM-kill counter for this cgroup (cgroup v2), or None if not readable.
+
+    A worker killed by SIGKILL while this counter went up was killed for memory."""
+    try:
+        for line in Path("/sys/fs/cgroup/memory.events").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return None

@@ -1,0 +1,123 @@
+"""``gpubench run``: validate everything, then make the run directory and sweep.
+
+Nothing is written before the suite, the overrides and the plugins have been validated, so
+bad input never leaves a run directory behind.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from gpubench.backends.base import ProbeInfo
+from gpubench.env import fingerprint
+from gpubench.errors import InputError
+from gpubench.results.schema import FAILED_STATUSES, SCHEMA_VERSION
+from gpubench.results.store import RUN_FILE, create_run_dir, load_results, load_run, write_json_atomic
+from gpubench.runner.probe import probe
+from gpubench.runner.progress import SweepDisplay, summary_table, unmeasured_lines
+from gpubench.runner.sweep import plan, run_jobs
+from gpubench.suite import Config, Suite, load_suite
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+@dataclass
+class RunRequest:
+    suite: str | None
+    out: Path
+    sets: list[str] = field(default_factory=list)
+    repeats: int | None = None
+    resume: Path | None = None
+
+
+def _probe_all(configs: list[Config], console: Console) -> dict[str, ProbeInfo]:
+    probes = {}
+    for name in sorted({c.framework for c in configs}):
+        with console.status(f"probing {name}..."):
+            probes[name] = probe(name)
+        p = probes[name]
+        console.print(f"{name}: " + (f"{p.version}, devices: {', '.join(p.device_names())}" if p.available
+                                     else f"[yellow]unavailable[/yellow]: {p.reason}"), highlight=False)
+    return probes
+
+
+def _prepare(req: RunRequest) -> tuple[Suite, int, Path | None, list[dict[str, Any]]]:
+    """(suite, repeats, run dir when resuming, results already there). Raises InputError."""
+    if req.resume is None:
+        if req.suite is None:
+            raise InputError("run: give a suite file (e.g. suites/quick.toml), or --resume RUN_DIR")
+        suite = load_suite(req.suite).with_overrides(req.sets)
+        repeats = req.repeats or 1
+        return suite, repeats, None, []
+    meta = load_run(req.resume)
+    if req.sets:
+        raise InputError(f"--resume {req.resume}: --set cannot be combined with --resume; "
+                         "the run keeps the settings it started with")
+    try:
+        suite = Suite.from_dict(meta["suite"])
+        stored_repeats = int(meta["args"]["repeats"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise InputError(f"{req.resume / RUN_FILE}: missing or bad field {e}") from None
+    if req.suite is not None and load_suite(req.suite).name != suite.name:
+        raise InputError(f"--resume {req.resume}: that run is of suite {suite.name!r}, not {req.suite!r}")
+    if req.repeats is not None and req.repeats != stored_repeats:
+        raise InputError(f"--resume {req.resume}: the run was started with --repeats {stored_repeats}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        existing = load_results(req.resume, repair=True)
+    for w in caught:
+        print(f"gpubench: warning: {w.message}")
+    return suite, stored_repeats, req.resume, existing
+
+
+def execute(req: RunRequest, console: Console) -> int:
+    suite, repeats, run_dir, existing = _prepare(req)
+    configs = suite.expand()
+    done = {(r["config_id"], r.get("repeat", 0)) for r in existing}
+    jobs = plan(configs, repeats, done)
+    probes = _probe_all(configs, console) if jobs else {}
+    env = fingerprint({k: p.to_dict() for k, p in probes.items()})
+    now = datetime.now(timezone.utc)
+    if run_dir is None:
+        run_dir = create_run_dir(req.out, f"{suite.name}-{now:%Y%m%d-%H%M%S}")
+        meta = {
+            "schema_version": SCHEMA_VERSION,
+            "run_id": run_dir.name,
+            "created_at": now.isoformat(timespec="seconds"),
+            "suite": suite.to_dict(),
+            "args": {"suite": req.suite, "set": req.sets, "repeats": repeats, "out": str(req.out)},
+            "configs": len(configs),
+            "env": env,
+            "completed": False,
+        }
+    else:
+        meta = load_run(run_dir)
+        meta.setdefault("resumed_at", []).append(now.isoformat(timespec="seconds"))
+    write_json_atomic(run_dir / RUN_FILE, meta)
+    run_id = meta["run_id"]
+    console.print(f"run {run_id}: {len(configs)} configs x {repeats} repeat(s), {len(jobs)} to run "
+                  f"-> {run_dir}", highlight=False)
+    try:
+        with SweepDisplay(console, len(jobs)) as display:
+            new = run_jobs(jobs, run_dir, run_id, env, probes, display.started, display.finished)
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted[/yellow]; finished configs are in {run_dir}/results.jsonl; "
+                      f"continue with: gpubench run --resume {run_dir}", highlight=False)
+        return EXIT_INTERRUPTED
+    meta["completed"] = True
+    meta["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    write_json_atomic(run_dir / RUN_FILE, meta)
+    results = existing + new
+    console.print(summary_table(results))
+    for line in unmeasured_lines(results):
+        console.print(line, highlight=False, soft_wrap=True)
+    failed = [r for r in results if r["status"] in FAILED_STATUSES]
+    console.print(f"results: {run_dir / 'results.jsonl'}" + (f"  ([red]{len(failed)} failed[/red])" if failed else ""),
+                  highlight=False)
+    return EXIT_FAILED if failed else EXIT_OK

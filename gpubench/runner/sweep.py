@@ -1,0 +1,153 @@
+"""Run a sweep: each config repeat in a fresh worker process, results appended as they finish.
+
+A worker that raises, hangs, runs out of memory or is killed costs only its own config:
+it is recorded as ``error`` (with the child's traceback), ``timeout`` or ``oom``, and the
+sweep goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from gpubench.backends import get_backend
+from gpubench.backends.base import ProbeInfo, device_kind
+from gpubench.results.schema import SCHEMA_VERSION, outcome
+from gpubench.results.store import append_result, slug
+from gpubench.runner.process import child_env, kill_group, oom_kill_count
+from gpubench.suite import Config
+
+LOG_TAIL_LINES = 40
+
+
+@dataclass(frozen=True)
+class Job:
+    config: Config
+    repeat: int
+
+    @property
+    def name(self) -> str:
+        return f"{slug(self.config.config_id)}-r{self.repeat}"
+
+
+def plan(configs: list[Config], repeats: int, done: set[tuple[str, int]] = frozenset()) -> list[Job]:
+    """Repeats in rounds (all configs once, then again...), so that slow drift of the machine
+    spreads over every config instead of landing on the last ones; finished jobs skipped."""
+    return [Job(c, r) for r in range(repeats) for c in configs if (c.config_id, r) not in done]
+
+
+def device_present(device: str, probe: ProbeInfo) -> bool:
+    names = probe.device_names()
+    if device in names:
+        return True
+    return ":" not in device and any(device_kind(n) == device for n in names)
+
+
+def pre_resolve(config: Config, probes: dict[str, ProbeInfo]) -> tuple[str, str] | None:
+    """(status, reason) for a config that needs no worker: framework missing, device absent,
+    combination unsupported. The worker checks again, so this is only a shortcut."""
+    probe = probes.get(config.framework)
+    if probe is not None and not probe.available:
+        return ("unavailable", probe.reason)
+    reason = get_backend(config.framework).static_unsupported(config)
+    if reason:
+        return ("unsupported", reason)
+    if probe is not None and not device_present(config.device, probe):
+        return ("unavailable", f"no {config.device} device here; {config.framework} sees: "
+                               f"{', '.join(probe.device_names()) or 'nothing'}")
+    return None
+
+
+def _tail(path: Path, n: int) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()[-n:]
+    except OSError:
+        return []
+
+
+def run_worker(job: Job, run_dir: Path) -> dict[str, Any]:
+    """Run one job in a fresh process; the worker-side result, whatever happens to it."""
+    workdir = run_dir / ".work" / job.name
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    (workdir / "job.json").write_text(json.dumps({"config": job.config.to_dict(), "repeat": job.repeat}))
+    log_rel = Path("logs") / f"{job.name}.log"
+    (run_dir / "logs").mkdir(exist_ok=True)
+    oom_before = oom_kill_count()
+    timeout_s = job.config.timeout_s
+    with open(run_dir / log_rel, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "gpubench.runner.worker", str(workdir)],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=child_env())
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            shutil.rmtree(workdir, ignore_errors=True)
+            return outcome("timeout", f"no result after {timeout_s:g} s (timeout_s); the worker was killed",
+                           log=str(log_rel))
+        except BaseException:
+            kill_group(proc)
+            raise
+    result_path = workdir / "result.json"
+    if result_path.exists():
+        result = json.loads(result_path.read_text())
+        result["log"] = str(log_rel)
+        shutil.rmtree(workdir, ignore_errors=True)
+        return result
+    shutil.rmtree(workdir, ignore_errors=True)
+    tail = _tail(run_dir / log_rel, LOG_TAIL_LINES)
+    rc = proc.returncode
+    if rc < 0:
+        sig = signal.Signals(-rc).name
+        oom_after = oom_kill_count()
+        if sig == "SIGKILL" and oom_before is not None and oom_after is not None and oom_after > oom_before:
+            return outcome("oom", "worker killed by the kernel OOM killer (host memory exhausted)", log=str(log_rel))
+        reason = f"worker killed by {sig}"
+    else:
+        reason = f"worker exited with code {rc} without a result"
+    last = next((line for line in reversed(tail) if line.strip()), "")
+    if last:
+        reason += f"; last output: {last.strip()[:300]}"
+    return outcome("error", reason, traceback="\n".join(tail), log=str(log_rel))
+
+
+Callback = Callable[[int, Job], None]
+FinishCallback = Callable[[int, Job, dict[str, Any]], None]
+
+
+def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], probes: dict[str, ProbeInfo],
+             on_start: Callback | None = None, on_finish: FinishCallback | None = None) -> list[dict[str, Any]]:
+    results = []
+    for k, job in enumerate(jobs):
+        if on_start:
+            on_start(k, job)
+        started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        t0 = time.perf_counter()
+        pre = pre_resolve(job.config, probes)
+        worker = outcome(*pre) if pre else run_worker(job, run_dir)
+        result = {
+            "schema_version": SCHEMA_VERSION,
+            "run_id": run_id,
+            "config_id": job.config.config_id,
+            "config_hash": job.config.config_hash,
+            "repeat": job.repeat,
+            "config": job.config.to_dict(),
+            **worker,
+            "env": env,
+            "started_at": started_at,
+            "duration_s": time.perf_counter() - t0,
+        }
+        append_result(run_dir, result)
+        results.append(result)
+        if on_finish:
+            on_finish(k, job, result)
+    return results

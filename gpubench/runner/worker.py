@@ -1,0 +1,138 @@
+"""The worker: trains and measures one config in a fresh process.
+
+``python -m gpubench.runner.worker WORKDIR`` reads ``WORKDIR/job.json`` and writes
+``WORKDIR/result.json`` (atomically). Anything that goes wrong becomes a status in the
+result: the parent only has to cope with a worker that produced no result at all (killed,
+hung, crashed in native code).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from gpubench.backends import get_backend
+from gpubench.measure.loop import RawMeasurement, run_loop
+from gpubench.measure.stats import is_noisy, step_stats, throughput
+from gpubench.results.schema import outcome
+from gpubench.results.store import write_json_atomic
+from gpubench.suite import Config
+from gpubench.workloads import get_workload
+from gpubench.workloads.data import synthetic_batches
+
+N_BATCHES = 8  # distinct device-resident batches the trainer cycles through
+
+
+def _peak_rss_bytes() -> int:
+    # ru_maxrss is in KiB on Linux
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def metrics_from(raw: RawMeasurement, config: Config, setup_ms: float) -> dict[str, Any]:
+    """The result's ``metrics`` block from a raw measurement (no memory figures)."""
+    metrics: dict[str, Any] = {
+        "samples_per_step": config.samples_per_step,
+        "setup_ms": setup_ms,
+        "cold_start_ms": raw.cold_start_ms,
+        "step_times_ms": raw.step_times_ms,
+        "window_wall_ms": raw.window_wall_ms,
+        "loss": {
+            "first": raw.loss_first,
+            "last": raw.loss_last,
+            "windows": raw.window_losses,
+            "fell": bool(raw.loss_last < raw.loss_first) if not raw.diverged else False,
+        },
+    }
+    if raw.step_times_ms:
+        st = step_stats(raw.step_times_ms)
+        metrics["step_time_ms"] = st.to_dict()
+        metrics["throughput"] = throughput(st, config.samples_per_step).to_dict()
+        metrics["noisy"] = is_noisy(st)
+        # samples over wall time of the windows: includes anything between steps
+        wall = sum(raw.window_wall_ms)
+        metrics["throughput_wall"] = config.samples_per_step * len(raw.step_times_ms) * 1000.0 / wall
+    return metrics
+
+
+def run_config(config: Config) -> dict[str, Any]:
+    """Train and measure one config; always returns a (worker-side) result dict."""
+    try:
+        backend = get_backend(config.framework)
+    except KeyError as e:
+        return outcome("error", str(e.args[0]))
+    try:
+        verdict = backend.check(config)
+    except ImportError as e:
+        return outcome("unavailable", f"{config.framework} is not installed ({e}); install with: "
+                                      f"{backend.install_hint}")
+    if verdict is not None:
+        return outcome(*verdict)
+
+    spec = get_workload(config.workload).spec(**dict(config.workload_params))
+    model = {"params": spec.params, "flops_per_sample": spec.train_flops_per_sample,
+             "forward_flops_per_sample": spec.forward_flops_per_sample}
+    memory: dict[str, int] = {"baseline_rss_bytes": psutil.Process().memory_info().rss}
+    trainer = None
+    try:
+        t0 = time.perf_counter()
+        batches = synthetic_batches(spec, config.batch_size, N_BATCHES, config.seed)
+        trainer = backend.build(spec, config, batches)
+        del batches
+        setup_ms = (time.perf_counter() - t0) * 1000.0
+        raw = run_loop(trainer, config.warmup_steps, config.steps, config.windows)
+        memory.update(trainer.memory())
+    except BaseException as e:  # noqa: BLE001 - every failure must become a status
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        memory["peak_rss_bytes"] = _peak_rss_bytes()
+        if backend.is_oom(e):
+            if trainer is not None:
+                try:
+                    memory.update(trainer.memory())
+                except Exception:  # noqa: BLE001 - the memory figures are best-effort here
+                    pass
+            return outcome("oom", _first_line(e), metrics={"memory": memory}, model=model)
+        return outcome("error", _first_line(e), model=model, traceback=traceback.format_exc())
+    memory["peak_rss_bytes"] = _peak_rss_bytes()
+    metrics = metrics_from(raw, config, setup_ms)
+    metrics["memory"] = memory
+    status, reason = ("ok", "")
+    if raw.diverged:
+        status, reason = "diverged", "loss became non-finite"
+    return {
+        "status": status,
+        "reason": reason,
+        "metrics": metrics,
+        "model": model,
+        "runtime": trainer.describe(),
+        "phases": [{"name": p.name, "start_ms": (p.start_ns - raw.phases[0].start_ns) / 1e6,
+                    "end_ms": (p.end_ns - raw.phases[0].start_ns) / 1e6} for p in raw.phases],
+    }
+
+
+def main(argv: list[str]) -> int:
+    workdir = Path(argv[0])
+    job = json.loads((workdir / "job.json").read_text())
+    from gpubench.plugins import load_plugins
+
+    load_plugins()
+    config = Config.from_dict(job["config"])
+    result = run_config(config)
+    write_json_atomic(workdir / "result.json", result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,424 @@
+"""Suites: TOML loading, validation, matrix expansion into frozen Configs.
+
+Every setting has a type, a check and (mostly) a default. A suite sets defaults in
+``[defaults]`` and sweeps settings in ``[matrix]``; ``include``/``exclude`` tables in the
+matrix add or remove points. All validation lives here and names the file, the key and the
+allowed values, so that a bad suite fails before any process is started or any directory
+is made.
+
+Expansion rules (also in the README):
+- the matrix is the product of its axes; ``exclude`` entries remove the points that match
+  every key they name (a list value matches any of its values);
+- ``include`` entries then add points: the keys an entry names take its values (lists expand),
+  the keys it leaves out range over the matrix's values;
+- workload parameters (``depth``, ``width``...) apply only to the workloads that take them;
+  duplicate points are dropped, first one kept;
+- ``--set KEY=V1,V2`` replaces an axis (or a default) and narrows ``include`` entries to those
+  values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+import sys
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+from gpubench.backends import BACKENDS
+from gpubench.backends.base import LOSSES, OPTIMIZERS, PARALLELISMS, PRECISIONS
+from gpubench.errors import InputError, choices_message
+from gpubench.workloads import WORKLOADS
+
+_DEVICE_RE = re.compile(r"^(cpu|cuda|gpu)(:(\d+))?$")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One point of a sweep: everything a worker needs to train and measure."""
+
+    workload: str
+    framework: str = "torch"
+    device: str = "cpu"
+    batch_size: int = 64
+    precision: str = "fp32"
+    parallelism: str = "single"
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    loss: str = "cross_entropy"
+    warmup_steps: int = 5
+    steps: int = 20
+    windows: int = 5
+    timeout_s: float = 600.0
+    seed: int = 0
+    workload_params: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def samples_per_step(self) -> int:
+        """Global samples per optimizer step (all ranks, all micro-batches)."""
+        return self.batch_size
+
+    @property
+    def config_id(self) -> str:
+        """Stable, readable id: the identity axes, plus any other training setting that
+        differs from its built-in default (measurement settings are left out)."""
+        wl = self.workload + "".join(f"_{k}{v}" for k, v in self.workload_params)
+        parts = [wl, self.framework, self.device, f"bs{self.batch_size}", self.precision, self.parallelism]
+        for name in _ID_EXTRAS:
+            value = getattr(self, name)
+            if value != _DEFAULTS[name]:
+                parts.append(f"{name}={value}")
+        return "-".join(parts)
+
+    @property
+    def config_hash(self) -> str:
+        """Short hash of every setting, so that configs with equal ids but different
+        measurement settings can be told apart."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha1(blob).hexdigest()[:12]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["workload_params"] = dict(self.workload_params)
+        return d
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Config:
+        d = dict(d)
+        d["workload_params"] = tuple(sorted(d.get("workload_params", {}).items()))
+        names = {f.name for f in fields(Config)}
+        return Config(**{k: v for k, v in d.items() if k in names})
+
+
+_DEFAULTS = {f.name: f.default for f in fields(Config)}
+_ID_EXTRAS = ("optimizer", "lr", "loss")
+
+
+# --- settings: type, check, default ------------------------------------------------------
+
+Check = Callable[[Any], Any]  # returns the normalised value or raises ValueError(message)
+
+
+def _int(minimum: int) -> Check:
+    def check(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"expected an integer >= {minimum}, got {v!r}")
+        if v < minimum:
+            raise ValueError(f"must be >= {minimum}, got {v}")
+        return v
+    return check
+
+
+def _positive_float(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"expected a positive number, got {v!r}")
+    if not v > 0:
+        raise ValueError(f"must be > 0, got {v}")
+    return float(v)
+
+
+def _choice(kind: str, allowed: Callable[[], list[str]] | tuple[str, ...]) -> Check:
+    def check(v: Any) -> str:
+        options = list(allowed() if callable(allowed) else allowed)
+        if not isinstance(v, str) or v not in options:
+            raise ValueError(choices_message(kind, v, options))
+        return v
+    return check
+
+
+def _device(v: Any) -> str:
+    m = _DEVICE_RE.match(v) if isinstance(v, str) else None
+    if not m:
+        raise ValueError(f"unknown device {v!r}; expected one of: cpu, cuda, cuda:N (gpu and gpu:N are aliases)")
+    kind = "cuda" if m.group(1) == "gpu" else m.group(1)
+    if kind == "cpu" and m.group(2):
+        raise ValueError(f"unknown device {v!r}; expected one of: cpu, cuda, cuda:N")
+    return kind + (m.group(2) or "")
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    check: Check
+    parse: Callable[[str], Any]  # from a --set string
+    help: str
+
+
+def _parse_number(s: str) -> Any:
+    try:
+        return int(s)
+    except ValueError:
+        try:
+            return float(s)
+        except ValueError:
+            return s
+
+
+SETTINGS: dict[str, Setting] = {s.name: s for s in (
+    Setting("workload", _choice("workload", lambda: sorted(WORKLOADS)), str, "model family"),
+    Setting("framework", _choice("framework", lambda: sorted(BACKENDS)), str, "training framework"),
+    Setting("device", _device, str, "cpu, cuda or cuda:N"),
+    Setting("batch_size", _int(1), _parse_number, "samples per step per device"),
+    Setting("precision", _choice("precision", PRECISIONS), str, "numeric precision"),
+    Setting("parallelism", _choice("parallelism", PARALLELISMS), str, "parallel strategy"),
+    Setting("optimizer", _choice("optimizer", OPTIMIZERS), str, "optimizer"),
+    Setting("lr", _positive_float, _parse_number, "learning rate"),
+    Setting("loss", _choice("loss", LOSSES), str, "loss function"),
+    Setting("warmup_steps", _int(0), _parse_number, "steps after the cold-start step, not measured"),
+    Setting("steps", _int(1), _parse_number, "measured steps per window"),
+    Setting("windows", _int(1), _parse_number, "measured windows"),
+    Setting("timeout_s", _positive_float, _parse_number, "seconds before a config is killed"),
+    Setting("seed", _int(0), _parse_number, "seed for weights, data and dropout"),
+)}
+
+
+def workload_param_names() -> list[str]:
+    return sorted({p.name for w in WORKLOADS.values() for p in w.params})
+
+
+def known_keys() -> list[str]:
+    return list(SETTINGS) + workload_param_names()
+
+
+def _check_value(key: str, value: Any) -> Any:
+    """Validate one value of a setting or workload parameter; raise ValueError(message)."""
+    if key in SETTINGS:
+        return SETTINGS[key].check(value)
+    minimum = min(p.minimum for w in WORKLOADS.values() for p in w.params if p.name == key)
+    return _int(minimum)(value)
+
+
+# --- the suite ------------------------------------------------------------------------------
+
+_TOP_KEYS = ("name", "description", "defaults", "matrix")
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    description: str
+    source: str  # file path, for messages
+    defaults: dict[str, Any] = field(default_factory=dict)
+    matrix: dict[str, list[Any]] = field(default_factory=dict)
+    include: tuple[dict[str, list[Any]], ...] = ()
+    exclude: tuple[dict[str, list[Any]], ...] = ()
+    overrides: dict[str, list[Any]] = field(default_factory=dict)  # from --set, for narrowing includes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "source": self.source,
+            "defaults": self.defaults,
+            "matrix": self.matrix,
+            "include": list(self.include),
+            "exclude": list(self.exclude),
+            "overrides": self.overrides,
+        }
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Suite:
+        return Suite(
+            name=d["name"], description=d.get("description", ""), source=d.get("source", "run.json"),
+            defaults=dict(d.get("defaults", {})), matrix=dict(d.get("matrix", {})),
+            include=tuple(d.get("include", ())), exclude=tuple(d.get("exclude", ())),
+            overrides=dict(d.get("overrides", {})),
+        )
+
+    # --- overrides -------------------------------------------------------------------------
+
+    def with_overrides(self, sets: list[str]) -> Suite:
+        """Apply ``--set KEY=V1,V2`` strings (validated; InputError on a bad one)."""
+        defaults, matrix, overrides = dict(self.defaults), dict(self.matrix), dict(self.overrides)
+        for item in sets:
+            key, sep, raw = item.partition("=")
+            key = key.strip()
+            where = f"--set {item}"
+            if not sep or not key or not raw.strip():
+                raise InputError(f"{where}: expected KEY=VALUE[,VALUE...]")
+            if key not in known_keys():
+                raise InputError(f"{where}: {choices_message('key', key, known_keys())}")
+            parse = SETTINGS[key].parse if key in SETTINGS else _parse_number
+            values = [_validated(where, key, parse(v.strip())) for v in raw.split(",")]
+            overrides[key] = values
+            if key in matrix or len(values) > 1:
+                matrix[key] = values
+                defaults.pop(key, None)
+            else:
+                defaults[key] = values[0]
+        suite = replace(self, defaults=defaults, matrix=matrix, overrides=overrides)
+        suite.expand()  # surface expansion errors (e.g. a parameter no workload takes) now
+        return suite
+
+    # --- expansion -------------------------------------------------------------------------
+
+    def expand(self) -> list[Config]:
+        """All configs of the sweep, in a stable order, without duplicates."""
+        axes = _ordered_axes(self.matrix)
+        base = [dict(zip(axes, combo)) for combo in itertools.product(*(self.matrix[a] for a in axes))]
+        points = [p for p in base if not any(_matches(p, e) for e in self.exclude)]
+        for entry in self.include:
+            entry = self._narrow(entry)
+            if entry is None:
+                continue
+            free = [a for a in axes if a not in entry]
+            keys = list(entry) + free
+            lists = [entry[k] for k in entry] + [self.matrix[a] for a in free]
+            points += [dict(zip(keys, combo)) for combo in itertools.product(*lists)]
+        if not points:
+            raise InputError(f"{self.source}: the matrix is empty after include/exclude")
+        configs: list[Config] = []
+        seen: set[Config] = set()
+        for point in points:
+            config = self._config(point)
+            if config not in seen:
+                seen.add(config)
+                configs.append(config)
+        return configs
+
+    def _narrow(self, entry: dict[str, list[Any]]) -> dict[str, list[Any]] | None:
+        out = {}
+        for k, vs in entry.items():
+            if k in self.overrides:
+                vs = [v for v in vs if v in self.overrides[k]]
+                if not vs:
+                    return None
+            out[k] = vs
+        return out
+
+    def _config(self, point: dict[str, Any]) -> Config:
+        values = {**self.defaults, **point}
+        if "workload" not in values:
+            raise InputError(f"{self.source}: missing key 'workload' (set it in [matrix] or [defaults]); "
+                             f"expected one of: {', '.join(sorted(WORKLOADS))}")
+        workload = WORKLOADS[values["workload"]]
+        params = tuple(sorted((p.name, values.get(p.name, p.default)) for p in workload.params))
+        settings = {k: v for k, v in values.items() if k in SETTINGS}
+        return Config(**settings, workload_params=params)
+
+    def check_params_used(self) -> None:
+        """A workload parameter no workload of the suite takes is a mistake (a typo, or the
+        wrong workload): say which workloads take which parameters."""
+        used_workloads = set(self.matrix.get("workload", [])) | {self.defaults.get("workload")}
+        for e in self.include:
+            used_workloads |= set(e.get("workload", []))
+        used_workloads.discard(None)
+        takes = {p.name for w in used_workloads for p in WORKLOADS[w].params}
+        keys = set(self.defaults) | set(self.matrix) | {k for e in self.include for k in e}
+        for key in sorted(keys & set(workload_param_names()) - takes):
+            offered = "; ".join(f"{w} takes: {', '.join(WORKLOADS[w].param_names()) or 'none'}"
+                                for w in sorted(used_workloads))
+            raise InputError(f"{self.source}: {key}: no workload in this suite takes '{key}' ({offered})")
+
+
+_AXIS_ORDER = ("workload", "framework", "device", "precision", "batch_size", "parallelism")
+
+
+def _ordered_axes(matrix: dict[str, list[Any]]) -> list[str]:
+    return [a for a in _AXIS_ORDER if a in matrix] + [a for a in matrix if a not in _AXIS_ORDER]
+
+
+def _matches(point: dict[str, Any], entry: dict[str, list[Any]]) -> bool:
+    return all(k in point and point[k] in vs for k, vs in entry.items())
+
+
+def _validated(where: str, key: str, value: Any) -> Any:
+    try:
+        return _check_value(key, value)
+    except ValueError as e:
+        raise InputError(f"{where}: {e}") from None
+
+
+# --- loading --------------------------------------------------------------------------------
+
+def resolve_suite_path(name_or_path: str) -> Path:
+    """A path, or a bare suite name looked up as suites/<name>.toml."""
+    p = Path(name_or_path)
+    if p.exists() or p.suffix == ".toml" or "/" in name_or_path:
+        return p
+    return Path("suites") / f"{name_or_path}.toml"
+
+
+def load_suite(name_or_path: str) -> Suite:
+    path = resolve_suite_path(name_or_path)
+    src = str(path)
+    if not path.is_file():
+        raise InputError(f"{src}: no such suite file")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{src}: cannot read suite file: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(f"{src}: invalid TOML: {e}") from None
+    return parse_suite(data, src, default_name=path.stem)
+
+
+def parse_suite(data: dict[str, Any], src: str, default_name: str = "suite") -> Suite:
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise InputError(f"{src}: {choices_message('top-level key', key, list(_TOP_KEYS))}")
+    name = data.get("name", default_name)
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise InputError(f"{src}: name: expected letters, digits, '_', '.' or '-', got {name!r}")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise InputError(f"{src}: description: expected a string, got {description!r}")
+
+    defaults_raw = _table(data, "defaults", src)
+    defaults = {}
+    for key, value in defaults_raw.items():
+        where = f"{src}: defaults.{key}"
+        _known(where, key)
+        if isinstance(value, (list, dict)):
+            raise InputError(f"{where}: expected a single value (sweep lists belong in [matrix])")
+        defaults[key] = _validated(where, key, value)
+
+    matrix_raw = _table(data, "matrix", src)
+    matrix: dict[str, list[Any]] = {}
+    include: list[dict[str, list[Any]]] = []
+    exclude: list[dict[str, list[Any]]] = []
+    for key, value in matrix_raw.items():
+        if key in ("include", "exclude"):
+            target = include if key == "include" else exclude
+            if not isinstance(value, list) or not all(isinstance(e, dict) for e in value):
+                raise InputError(f"{src}: matrix.{key}: expected a list of tables, e.g. [[matrix.{key}]]")
+            for i, entry in enumerate(value):
+                if not entry:
+                    raise InputError(f"{src}: matrix.{key}[{i}]: empty entry")
+                target.append({k: _values(f"{src}: matrix.{key}[{i}].{k}", k, v) for k, v in entry.items()})
+            continue
+        matrix[key] = _values(f"{src}: matrix.{key}", key, value)
+
+    suite = Suite(name=name, description=description, source=src, defaults=defaults, matrix=matrix,
+                  include=tuple(include), exclude=tuple(exclude))
+    suite.check_params_used()
+    suite.expand()
+    return suite
+
+
+def _table(data: dict[str, Any], key: str, src: str) -> dict[str, Any]:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise InputError(f"{src}: {key}: expected a table [{key}]")
+    return value
+
+
+def _known(where: str, key: str) -> None:
+    if key not in known_keys():
+        raise InputError(f"{where}: {choices_message('key', key, known_keys())}")
+
+
+def _values(where: str, key: str, value: Any) -> list[Any]:
+    _known(where, key)
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise InputError(f"{where}: empty list")
+    return [_validated(where, key, v) for v in values]

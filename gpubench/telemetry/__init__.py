@@ -1,0 +1,1 @@
+"""Telemetry: GPU (NVML) and host samplers."""
