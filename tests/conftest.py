@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="no CUDA GPU here")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def plugin_env(**extra: str) -> dict[str, str]:
+    """Environment for a gpubench subprocess that loads the fake test backend."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["GPUBENCH_PLUGINS"] = "tests.plugins.fake"
+    env.update(extra)
+    return env
+
+
+def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300
+            ) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpubench", *args], cwd=cwd, env=env or plugin_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def write_suite(tmp_path):
+    def write(text: str, name: str = "s.toml") -> Path:
+        p = tmp_path / name
+        p.write_text(text)
+        return p
+    return write

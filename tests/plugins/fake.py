@@ -1,0 +1,106 @@
+"""A test plugin: a numpy "framework" and a workload that misbehaves on request.
+
+Loaded into worker processes through GPUBENCH_PLUGINS=tests.plugins.fake, it lets the runner
+tests exercise real processes (raise, hang, run out of memory, be killed, diverge) in a
+fraction of a second each, without importing a deep-learning framework.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import time
+
+import numpy as np
+
+from gpubench.backends import register_backend
+from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo, Trainer
+from gpubench.measure.timers import HostStepTimer
+from gpubench.workloads import register_workload
+from gpubench.workloads.base import Flatten, Linear, Param, Workload, WorkloadSpec
+
+MODES = {0: "ok", 1: "raise", 2: "hang", 3: "oom", 4: "kill", 5: "nan"}
+
+
+def build_fault(mode: int) -> WorkloadSpec:
+    return WorkloadSpec("fault", (1, 4, 4), 3, (Flatten(), Linear(3)))
+
+
+register_workload(Workload("fault", "test workload: mode 0 ok, 1 raise, 2 hang, 3 oom, 4 kill, 5 nan",
+                           build_fault, params=(Param("mode", 0, 0, "what goes wrong"),)))
+register_backend("fake", "tests.plugins.fake:FakeBackend")
+
+
+class FakeTrainer(Trainer):
+    """Softmax regression with SGD in numpy: a real (tiny) training step whose loss falls."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, mode: str, lr: float) -> None:
+        self.x = x.reshape(x.shape[0], x.shape[1], -1).astype(np.float64)
+        self.y = y
+        self.w = np.zeros((self.x.shape[2], int(y.max()) + 1))
+        self.mode, self.lr, self.i, self.loss = mode, lr, 0, float("nan")
+        self.steps = 0
+
+    def step(self) -> None:
+        if self.mode == "hang":
+            time.sleep(3600)
+        x, y = self.x[self.i % len(self.x)], self.y[self.i % len(self.y)]
+        self.i += 1
+        logits = x @ self.w
+        logits -= logits.max(axis=1, keepdims=True)
+        p = np.exp(logits)
+        p /= p.sum(axis=1, keepdims=True)
+        self.loss = float(-np.log(p[np.arange(len(y)), y] + 1e-12).mean())
+        p[np.arange(len(y)), y] -= 1
+        self.w -= self.lr * x.T @ p / len(y)
+        self.steps += 1
+        if self.mode == "nan" and self.steps > 3:
+            self.loss = float("nan")
+
+    def sync(self) -> None:
+        pass
+
+    def read_loss(self) -> float:
+        return self.loss
+
+    def step_timer(self, n_steps: int) -> HostStepTimer:
+        return HostStepTimer(n_steps)
+
+    def memory(self) -> dict[str, int]:
+        return {}
+
+
+class FakeBackend(Backend):
+    name = "fake"
+    install_hint = "it is a test plugin"
+
+    def static_unsupported(self, config):
+        return "the fake backend has no tf32" if config.precision == "tf32" else None
+
+    def probe(self) -> ProbeInfo:
+        return ProbeInfo("fake", True, version="0", devices=(DeviceInfo("cpu", "numpy"),))
+
+    def check(self, config):
+        reason = self.static_unsupported(config)
+        if reason:
+            return ("unsupported", reason)
+        if config.device != "cpu":
+            return ("unavailable", f"the fake backend has no {config.device}")
+        return None
+
+    def build(self, spec, config, batches):
+        mode = MODES[dict(config.workload_params).get("mode", 0)]
+        if mode == "raise":
+            raise ValueError("injected failure in build")
+        if mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "oom":
+            soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+            resource.setrlimit(resource.RLIMIT_AS, (4 << 30, hard))
+            hog = [np.ones(1 << 27) for _ in range(64)]  # 64 GiB, far past the 4 GiB limit
+            del hog
+        return FakeTrainer(batches.x, batches.y, mode, config.lr)
+
+    def is_oom(self, exc: BaseException) -> bool:
+        return isinstance(exc, MemoryError)

@@ -1,0 +1,92 @@
+"""The CLI with the real PyTorch backend: list, env, and one tiny run checked against the schema."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from gpubench.results.store import load_results
+from tests.conftest import REPO, run_cli
+
+pytest.importorskip("torch")
+
+TINY = """
+name = "tiny"
+[defaults]
+warmup_steps = 1
+steps = 4
+windows = 2
+timeout_s = 120
+[matrix]
+workload = ["mlp"]
+depth = [1]
+width = [32]
+device = ["cpu", "cuda"]
+precision = ["fp32", "amp-fp16"]
+batch_size = [16]
+"""
+
+
+def plain_env():
+    env = dict(os.environ)
+    env.pop("GPUBENCH_PLUGINS", None)
+    return env
+
+
+def test_run_writes_schema_complete_results(tmp_path, write_suite):
+    proc = run_cli(["run", str(write_suite(TINY)), "--out", str(tmp_path / "runs"), "--no-report"],
+                   cwd=tmp_path, env=plain_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    results = {r["config_id"]: r for r in load_results(run_dir)}
+    assert sorted(results) == [
+        "mlp_depth1_width32-torch-cpu-bs16-amp-fp16-single",
+        "mlp_depth1_width32-torch-cpu-bs16-fp32-single",
+        "mlp_depth1_width32-torch-cuda-bs16-amp-fp16-single",
+        "mlp_depth1_width32-torch-cuda-bs16-fp32-single",
+    ]
+    assert results["mlp_depth1_width32-torch-cpu-bs16-amp-fp16-single"]["status"] == "unsupported"
+    r = results["mlp_depth1_width32-torch-cpu-bs16-fp32-single"]
+    assert r["status"] == "ok" and r["reason"] == ""
+    for key in ("schema_version", "run_id", "config_id", "config_hash", "repeat", "env", "started_at", "duration_s"):
+        assert key in r
+    assert {k: r["config"][k] for k in ("workload", "framework", "device", "batch_size", "precision", "parallelism")} == {
+        "workload": "mlp", "framework": "torch", "device": "cpu", "batch_size": 16, "precision": "fp32",
+        "parallelism": "single"}
+    m = r["metrics"]
+    assert set(m["throughput"]) >= {"median", "ci_low", "ci_high"}
+    assert m["throughput"]["ci_low"] <= m["throughput"]["median"] <= m["throughput"]["ci_high"]
+    assert set(m["step_time_ms"]) >= {"median", "p5", "p95", "iqr", "cv"}
+    assert len(m["step_times_ms"]) == 8
+    assert m["throughput"]["median"] == pytest.approx(16 * 1000 / m["step_time_ms"]["median"])
+    assert m["cold_start_ms"] > 0
+    assert set(m["loss"]) >= {"first", "last"}
+    assert m["memory"]["peak_rss_bytes"] >= m["memory"]["baseline_rss_bytes"] > 0
+    assert r["model"] == {"params": 784 * 32 + 32 + 32 * 10 + 10, "flops_per_sample": 2 * 2 * 784 * 32 + 3 * 2 * 32 * 10,
+                          "forward_flops_per_sample": 2 * 784 * 32 + 2 * 32 * 10}
+    assert r["env"]["frameworks"]["torch"]["available"] is True
+    assert r["env"]["cpu_logical_cores"] >= 1
+    assert [p["name"] for p in r["phases"]] == ["cold_start", "warmup", "window_0", "window_1"]
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["suite"]["name"] == "tiny" and meta["args"]["repeats"] == 1 and meta["env"]["python"]
+
+
+def test_list_shows_suites_workloads_frameworks_and_devices(tmp_path):
+    proc = run_cli(["list", "--suites-dir", str(REPO / "suites")], cwd=tmp_path, env=plain_env())
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "quick" in out and "1,199,882" in out and "mlp" in out and "depth=2" in out
+    assert "torch" in out and "cpu" in out
+
+
+def test_env_json_is_the_fingerprint(tmp_path):
+    proc = run_cli(["env", "--json"], cwd=tmp_path, env=plain_env())
+    assert proc.returncode == 0, proc.stderr
+    env = json.loads(proc.stdout)
+    for key in ("hostname", "cpu_model", "python", "gpubench", "gpus", "frameworks"):
+        assert key in env
+    torch_info = env["frameworks"]["torch"]
+    assert torch_info["available"] and torch_info["version"]
+    assert "num_threads" in torch_info["build"]

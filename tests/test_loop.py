@@ -1,0 +1,88 @@
+"""The measurement loop against a scripted trainer and clock-free timer."""
+
+from __future__ import annotations
+
+import math
+
+from gpubench.backends.base import Trainer
+from gpubench.measure.loop import run_loop
+from gpubench.runner.worker import metrics_from
+from gpubench.suite import Config
+
+
+class ScriptedTimer:
+    def __init__(self, log: list[str], times: list[float]) -> None:
+        self.log, self.times, self.marks = log, times, 0
+
+    def mark(self) -> None:
+        self.log.append("mark")
+        self.marks += 1
+
+    def elapsed_ms(self) -> list[float]:
+        return [self.times.pop(0) for _ in range(self.marks - 1)]
+
+
+class ScriptedTrainer(Trainer):
+    """Records the call sequence; losses fall by one per window read, or go NaN."""
+
+    def __init__(self, times: list[float], nan_after_reads: int | None = None) -> None:
+        self.log: list[str] = []
+        self.times = times
+        self.reads = 0
+        self.nan_after_reads = nan_after_reads
+
+    def step(self) -> None:
+        self.log.append("step")
+
+    def sync(self) -> None:
+        self.log.append("sync")
+
+    def read_loss(self) -> float:
+        self.log.append("read")
+        self.reads += 1
+        if self.nan_after_reads is not None and self.reads > self.nan_after_reads:
+            return math.nan
+        return 10.0 - self.reads
+
+    def step_timer(self, n_steps: int) -> ScriptedTimer:
+        return ScriptedTimer(self.log, self.times)
+
+    def memory(self) -> dict[str, int]:
+        return {}
+
+
+def test_loop_structure_no_sync_or_loss_read_inside_windows():
+    trainer = ScriptedTrainer(times=[float(i) for i in range(1, 7)])
+    raw = run_loop(trainer, warmup_steps=2, steps=3, windows=2)
+    # cold step, sync, read; 2 warm-up steps, sync; per window: mark + 3 x (step, mark), sync, read
+    window = ["mark"] + ["step", "mark"] * 3 + ["sync", "read"]
+    assert trainer.log == ["step", "sync", "read", "step", "step", "sync"] + window * 2
+    assert raw.step_times_ms == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert [p.name for p in raw.phases] == ["cold_start", "warmup", "window_0", "window_1"]
+    assert all(p.end_ns >= p.start_ns for p in raw.phases)
+    assert raw.losses == [9.0, 8.0, 7.0] and not raw.diverged
+    assert len(raw.window_wall_ms) == 2
+
+
+def test_loop_stops_at_the_first_non_finite_loss():
+    trainer = ScriptedTrainer(times=[1.0] * 9, nan_after_reads=2)
+    raw = run_loop(trainer, warmup_steps=0, steps=3, windows=3)
+    assert raw.diverged
+    assert len(raw.window_losses) == 2 and math.isnan(raw.window_losses[-1])
+    assert len(raw.step_times_ms) == 6  # the third window never ran
+
+    cold_nan = ScriptedTrainer(times=[], nan_after_reads=0)
+    raw = run_loop(cold_nan, warmup_steps=5, steps=3, windows=3)
+    assert raw.diverged and raw.step_times_ms == [] and cold_nan.log == ["step", "sync", "read"]
+
+
+def test_metrics_from_raw_measurement():
+    trainer = ScriptedTrainer(times=[10.0, 10.0, 20.0, 20.0])
+    raw = run_loop(trainer, warmup_steps=0, steps=2, windows=2)
+    m = metrics_from(raw, Config(workload="cnn", batch_size=50), setup_ms=5.0)
+    assert m["samples_per_step"] == 50
+    assert m["step_time_ms"]["median"] == 15.0
+    assert m["throughput"]["median"] == 50 * 1000 / 15.0
+    assert m["loss"] == {"first": 9.0, "last": 7.0, "windows": [8.0, 7.0], "fell": True}
+    assert m["step_times_ms"] == [10.0, 10.0, 20.0, 20.0]
+    assert m["noisy"] is True  # cv of 10,10,20,20 is 0.38

@@ -1,0 +1,179 @@
+"""Runner isolation and the CLI, as real subprocesses (fake numpy backend: fast)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gpubench.results.store import load_results
+from tests.conftest import plugin_env, run_cli
+
+FAULTS = """
+name = "faults"
+[defaults]
+framework = "fake"
+workload = "fault"
+batch_size = 8
+warmup_steps = 1
+steps = 3
+windows = 2
+timeout_s = 20
+[matrix]
+mode = [0, 1, 2, 3, 4, 5]
+"""
+
+
+def results_of(out):
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    return run_dir, {r["config"]["workload_params"]["mode"]: r for r in load_results(run_dir)}
+
+
+def test_each_failure_costs_only_its_own_config(tmp_path, write_suite):
+    suite = write_suite(FAULTS.replace("timeout_s = 20", "timeout_s = 4"))
+    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs")], cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # errors and a timeout
+    run_dir, by_mode = results_of(tmp_path / "runs")
+    status = {m: r["status"] for m, r in by_mode.items()}
+    assert status == {0: "ok", 1: "error", 2: "timeout", 3: "oom", 4: "error", 5: "diverged"}
+
+    ok = by_mode[0]
+    assert ok["metrics"]["loss"]["fell"] is True
+    assert ok["metrics"]["throughput"]["median"] > 0
+    assert len(ok["metrics"]["step_times_ms"]) == 6
+
+    assert "ValueError: injected failure in build" in by_mode[1]["reason"]
+    assert "Traceback" in by_mode[1]["traceback"] and "injected failure" in by_mode[1]["traceback"]
+    assert "no result after 4 s" in by_mode[2]["reason"]
+    assert by_mode[3]["reason"].startswith("MemoryError")
+    assert by_mode[3]["metrics"]["memory"]["peak_rss_bytes"] > 0
+    assert "killed by SIGKILL" in by_mode[4]["reason"]
+    assert by_mode[5]["reason"] == "loss became non-finite" and by_mode[5]["metrics"]["loss"]["last"] is None
+
+    # nothing left running and no work directories left behind; logs kept
+    assert not list((run_dir / ".work").iterdir())
+    assert (run_dir / by_mode[1]["log"]).exists()
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["completed"] is True and meta["configs"] == 6
+    assert "3 failed" in proc.stdout  # raise, hang, kill
+    for r in by_mode.values():
+        assert r["schema_version"] == 1 and r["run_id"] == run_dir.name
+        assert r["env"]["frameworks"]["fake"]["version"] == "0"
+
+
+def test_unavailable_and_unsupported_do_not_fail_the_run(tmp_path, write_suite):
+    suite = write_suite(FAULTS.replace("mode = [0, 1, 2, 3, 4, 5]", 'device = ["cpu", "cuda"]\nprecision = ["fp32", "tf32"]'))
+    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs")], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _, _ = results_of(tmp_path / "runs")
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    got = {r["config_id"]: (r["status"], r["reason"]) for r in load_results(run_dir)}
+    assert got["fault_mode0-fake-cpu-bs8-fp32-single"][0] == "ok"
+    assert got["fault_mode0-fake-cuda-bs8-fp32-single"] == ("unavailable", "no cuda device here; fake sees: cpu")
+    assert got["fault_mode0-fake-cpu-bs8-tf32-single"] == ("unsupported", "the fake backend has no tf32")
+
+
+def test_repeats_run_in_rounds_each_in_a_fresh_process(tmp_path, write_suite):
+    suite = write_suite(FAULTS.replace("[0, 1, 2, 3, 4, 5]", "[0]\nbatch_size = [4, 8]"))
+    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--repeats", "2"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    order = [(r["config"]["batch_size"], r["repeat"]) for r in load_results(run_dir)]
+    assert order == [(4, 0), (8, 0), (4, 1), (8, 1)]
+    logs = sorted(p.name for p in (run_dir / "logs").iterdir())
+    assert len(logs) == 4
+
+
+def test_resume_completes_an_interrupted_run(tmp_path, write_suite):
+    suite = write_suite(FAULTS.replace("[0, 1, 2, 3, 4, 5]", "[0]\nbatch_size = [1, 2, 3, 4]"))
+    out = tmp_path / "runs"
+    proc = run_cli(["run", str(suite), "--out", str(out)], cwd=tmp_path)
+    assert proc.returncode == 0
+    (run_dir,) = list(out.iterdir())
+    results_file = run_dir / "results.jsonl"
+    lines = results_file.read_text().splitlines(keepends=True)
+    # as if killed while writing the third result: two whole lines and half of the third
+    results_file.write_text(lines[0] + lines[1] + lines[2][:40])
+    meta = json.loads((run_dir / "run.json").read_text())
+    meta["completed"] = False
+    (run_dir / "run.json").write_text(json.dumps(meta))
+    first_two = [json.loads(l) for l in lines[:2]]
+
+    proc = run_cli(["run", "--resume", str(run_dir)], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "truncated last line" in proc.stdout + proc.stderr
+    results = load_results(run_dir)
+    assert [r["config"]["batch_size"] for r in results] == [1, 2, 3, 4]
+    assert results[:2] == first_two  # finished results untouched
+    assert json.loads((run_dir / "run.json").read_text())["completed"] is True
+    assert len(list(out.iterdir())) == 1  # no new run directory
+
+    again = run_cli(["run", "--resume", str(run_dir)], cwd=tmp_path)
+    assert again.returncode == 0 and "0 to run" in again.stdout
+    assert len(load_results(run_dir)) == 4
+
+
+def test_resume_errors(tmp_path):
+    proc = run_cli(["run", "--resume", str(tmp_path / "nope")], cwd=tmp_path)
+    assert proc.returncode == 2 and "no such run directory" in proc.stderr
+    (tmp_path / "empty").mkdir()
+    proc = run_cli(["run", "--resume", str(tmp_path / "empty")], cwd=tmp_path)
+    assert proc.returncode == 2 and "run.json: missing" in proc.stderr
+
+
+def test_ctrl_c_keeps_finished_results_and_says_how_to_resume(tmp_path, write_suite):
+    suite = write_suite(FAULTS.replace("[0, 1, 2, 3, 4, 5]", "[0, 2]"))
+    out = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "gpubench", "run", str(suite), "--out", str(out)],
+                            cwd=tmp_path, env=plugin_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline:  # wait until the first config's result is on disk
+        files = list(out.glob("*/results.jsonl"))
+        if files and files[0].read_text().count("\n") >= 1:
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)  # the hanging config is running now
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stdout + stderr
+    assert "gpubench run --resume" in stdout
+    (run_dir,) = list(out.iterdir())
+    assert [r["status"] for r in load_results(run_dir)] == ["ok"]
+    # the hanging worker was killed with its process group
+    ps = subprocess.run(["pgrep", "-f", f"gpubench.runner.worker {run_dir}"], capture_output=True, text=True)
+    assert ps.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "missing.toml"], "missing.toml: no such suite file"),
+    (["run", "{suite}", "--set", "precision=fp17"],
+     "--set precision=fp17: unknown precision 'fp17'; expected one of: fp32, tf32, amp-fp16, amp-bf16"),
+    (["run", "{suite}", "--set", "batch_size=0"], "--set batch_size=0: must be >= 1, got 0"),
+    (["run", "{suite}", "--set", "colour=red"], "--set colour=red: unknown key 'colour'"),
+    (["run", "{bad}"], "matrix.workload: unknown workload 'resnet9'"),
+    (["run"], "give a suite file"),
+])
+def test_bad_input_exits_2_with_one_line_and_leaves_no_run_directory(tmp_path, write_suite, args, message):
+    suite = write_suite(FAULTS)
+    bad = write_suite("[matrix]\nworkload = ['resnet9']\n", "bad.toml")
+    args = [a.format(suite=suite, bad=bad) for a in args]
+    proc = run_cli([*args, "--out", str(tmp_path / "runs")], cwd=tmp_path)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_argparse_errors_exit_2(tmp_path):
+    proc = run_cli(["run", "x.toml", "--repeats", "0"], cwd=tmp_path)
+    assert proc.returncode == 2 and "expected a positive integer" in proc.stderr
+
+
+def test_bad_plugin_module_is_a_clear_error(tmp_path):
+    proc = run_cli(["list"], cwd=tmp_path, env=plugin_env(GPUBENCH_PLUGINS="no_such_plugin_mod"))
+    assert proc.returncode == 2
+    assert "GPUBENCH_PLUGINS: cannot import plugin module 'no_such_plugin_mod'" in proc.stderr

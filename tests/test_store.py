@@ -1,0 +1,77 @@
+"""The run directory: atomic appends, tolerant loading, clear errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from gpubench.errors import InputError
+from gpubench.results.store import append_result, create_run_dir, load_results, load_run, write_json_atomic
+
+
+def line(i: int) -> dict:
+    return {"schema_version": 1, "config_id": f"c{i}", "repeat": 0, "status": "ok"}
+
+
+def test_append_and_load_round_trip(tmp_path):
+    for i in range(3):
+        append_result(tmp_path, line(i))
+    assert [r["config_id"] for r in load_results(tmp_path)] == ["c0", "c1", "c2"]
+    assert load_results(tmp_path / "missing-but-fine") == []
+
+
+def test_non_finite_floats_are_written_as_null(tmp_path):
+    append_result(tmp_path, {**line(0), "loss": math.nan, "x": [math.inf, 1.0]})
+    raw = (tmp_path / "results.jsonl").read_text()
+    assert "NaN" not in raw and "Infinity" not in raw
+    assert load_results(tmp_path)[0]["loss"] is None
+
+
+def test_truncated_last_line_is_skipped_with_a_warning_and_repaired(tmp_path):
+    append_result(tmp_path, line(0))
+    append_result(tmp_path, line(1))
+    path = tmp_path / "results.jsonl"
+    with open(path, "a") as f:
+        f.write('{"schema_version": 1, "config_id": "c2", "sta')
+    with pytest.warns(UserWarning, match=r"results\.jsonl:3: skipping a truncated last line"):
+        assert len(load_results(tmp_path)) == 2
+    assert path.read_text().endswith('"sta')  # reading alone does not change the file
+    with pytest.warns(UserWarning):
+        load_results(tmp_path, repair=True)
+    append_result(tmp_path, line(3))
+    assert [r["config_id"] for r in load_results(tmp_path)] == ["c0", "c1", "c3"]
+
+
+def test_corrupt_middle_line_and_unknown_schema_are_errors(tmp_path):
+    path = tmp_path / "results.jsonl"
+    path.write_text(json.dumps(line(0)) + "\n{oops\n" + json.dumps(line(2)) + "\n")
+    with pytest.raises(InputError, match=r"results\.jsonl:2: corrupt result line"):
+        load_results(tmp_path)
+    path.write_text(json.dumps({**line(0), "schema_version": 99}) + "\n")
+    with pytest.raises(InputError, match=r"results\.jsonl:1: unknown schema_version 99; this gpubench reads: 1"):
+        load_results(tmp_path)
+
+
+def test_write_json_atomic_leaves_no_temporary_file(tmp_path):
+    write_json_atomic(tmp_path / "run.json", {"a": 1})
+    write_json_atomic(tmp_path / "run.json", {"a": 2})
+    assert json.loads((tmp_path / "run.json").read_text()) == {"a": 2}
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
+
+
+def test_create_run_dir_never_reuses_a_directory(tmp_path):
+    a = create_run_dir(tmp_path, "quick-1")
+    b = create_run_dir(tmp_path, "quick-1")
+    assert (a.name, b.name) == ("quick-1", "quick-1-2")
+
+
+def test_load_run_errors(tmp_path):
+    with pytest.raises(InputError, match="no such run directory"):
+        load_run(tmp_path / "nope")
+    with pytest.raises(InputError, match=r"run\.json: missing; is .* a gpubench run directory"):
+        load_run(tmp_path)
+    (tmp_path / "run.json").write_text("{")
+    with pytest.raises(InputError, match="unreadable run file"):
+        load_run(tmp_path)

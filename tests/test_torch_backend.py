@@ -1,0 +1,104 @@
+"""The PyTorch backend on CPU: model translation, FLOPs cross-check, training, statuses."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gpubench.backends import get_backend  # noqa: E402
+from gpubench.backends.pytorch.model import build_model  # noqa: E402
+from gpubench.measure.loop import run_loop  # noqa: E402
+from gpubench.suite import Config  # noqa: E402
+from gpubench.workloads import get_workload  # noqa: E402
+from gpubench.workloads.data import synthetic_batches  # noqa: E402
+
+
+@pytest.mark.parametrize("name, params", [("cnn", {}), ("mlp", {"depth": 3, "width": 64})])
+def test_torch_model_matches_the_spec(name, params):
+    spec = get_workload(name).spec(**params)
+    model = build_model(spec, spec.init_weights(0))
+    assert sum(p.numel() for p in model.parameters()) == spec.params
+    loaded = [p.detach().numpy() for p in model.parameters()]
+    canonical = [w for layer in spec.init_weights(0) for w in layer]
+    assert all(np.array_equal(a, b) for a, b in zip(loaded, canonical))
+
+
+@pytest.mark.parametrize("name, params", [("cnn", {}), ("mlp", {"depth": 4, "width": 32})])
+def test_analytic_flops_match_torch_flop_counter(name, params):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    spec = get_workload(name).spec(**params)
+    model = build_model(spec)
+    x = torch.randn(3, *spec.input_shape)
+    y = torch.randint(0, spec.num_classes, (3,))
+    with FlopCounterMode(display=False) as counter:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    assert counter.get_total_flops() == 3 * spec.train_flops_per_sample
+
+
+def _trainer(workload: str, precision: str = "fp32", **params):
+    config = Config(workload=workload, batch_size=32, precision=precision, lr=1e-3,
+                    workload_params=tuple(sorted(params.items())))
+    spec = get_workload(workload).spec(**params)
+    return get_backend("torch").build(spec, config, synthetic_batches(spec, 32, 4, seed=0))
+
+
+@pytest.mark.parametrize("workload, precision, params", [
+    ("mlp", "fp32", {"depth": 2, "width": 64}),
+    ("mlp", "amp-bf16", {"depth": 2, "width": 64}),
+    ("cnn", "fp32", {}),
+])
+def test_loss_falls_on_the_synthetic_task(workload, precision, params):
+    raw = run_loop(_trainer(workload, precision, **params), warmup_steps=2, steps=6, windows=2)
+    assert not raw.diverged
+    assert all(math.isfinite(v) for v in raw.losses)
+    assert raw.loss_last < 0.7 * raw.loss_first
+    assert len(raw.step_times_ms) == 12 and all(t > 0 for t in raw.step_times_ms)
+
+
+def test_same_seed_same_losses():
+    a = run_loop(_trainer("mlp", depth=1, width=16), 0, 3, 1).losses
+    b = run_loop(_trainer("mlp", depth=1, width=16), 0, 3, 1).losses
+    assert a == b
+
+
+def test_static_rules_and_checks_on_cpu():
+    backend = get_backend("torch")
+    assert "tf32" in backend.static_unsupported(Config(workload="cnn", precision="tf32"))
+    assert "amp-bf16" in backend.static_unsupported(Config(workload="cnn", precision="amp-fp16"))
+    assert backend.static_unsupported(Config(workload="cnn", precision="amp-bf16")) is None
+    assert backend.check(Config(workload="cnn", device="cpu")) is None
+    assert backend.check(Config(workload="cnn", device="cpu", precision="tf32"))[0] == "unsupported"
+    if not torch.cuda.is_available():
+        status, reason = backend.check(Config(workload="cnn", device="cuda"))
+        assert status == "unavailable" and "no CUDA device" in reason
+
+
+def test_oom_classification():
+    backend = get_backend("torch")
+    assert backend.is_oom(MemoryError())
+    assert backend.is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"))
+    assert backend.is_oom(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not backend.is_oom(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+
+
+def test_probe_lists_cpu():
+    info = get_backend("torch").probe()
+    assert info.available and info.version == torch.__version__
+    assert info.device_names()[0] == "cpu"
+    assert info.build["num_threads"] >= 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "amp-fp16", "amp-bf16"])
+def test_cuda_training_runs_and_loss_falls(precision):
+    config = Config(workload="cnn", device="cuda", batch_size=64, precision=precision)
+    spec = get_workload("cnn").spec()
+    trainer = get_backend("torch").build(spec, config, synthetic_batches(spec, 64, 4, seed=0))
+    raw = run_loop(trainer, warmup_steps=2, steps=10, windows=2)
+    assert raw.loss_last < raw.loss_first
+    assert trainer.memory()["peak_allocated_bytes"] > 0
