@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Every GPU check of the project in one call (device time is short), from a plain checkout:
+#   bash scripts/gpu_check.sh              # on the GPU machine, from the repo root
+#   CHECK_DEVICE=cpu bash scripts/gpu_check.sh   # dry run of this script on a CPU machine
+# Writes everything under $OUT (default ./gpu-check-out): env.json, the run directory,
+# overhead JSON, and a log of each step. Prints the figures that go into docs/gpu-validation.md.
+# It changes no GPU setting (clocks, power limits, MIG): it only runs training.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
+OUT=${OUT:-gpu-check-out}
+DEV=${CHECK_DEVICE:-cuda}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+status=0
+step() {  # step NAME CMD...: run, tee the log, remember a failure, keep going
+  local name=$1; shift
+  echo "=== $name: $*"
+  "$@" 2>&1 | tee "$OUT/$name.log"
+  local rc=${PIPESTATUS[0]}
+  echo "=== $name: exit $rc"
+  [ "$rc" -eq 0 ] || status=1
+}
+
+date -u +"date: %Y-%m-%dT%H:%M:%SZ"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv
+"$PY" -m gpubench env --json > "$OUT/env.json" || status=1
+"$PY" - "$OUT/env.json" <<'PYEOF'
+import json, sys
+env = json.load(open(sys.argv[1]))
+t = env["frameworks"].get("torch", {})
+print("gpus:", [(g["name"], g["driver"], g["cuda_driver"]) for g in env["gpus"]] or env["nvml_reason"])
+print("torch:", t.get("version"), t.get("build"), "python", env["python"], "cpu", env["cpu_model"])
+PYEOF
+
+# 1. the quick suite's CUDA configs at every precision, batch 128 and 512, longer windows
+if [ "$DEV" = cuda ]; then precisions=fp32,tf32,amp-fp16,amp-bf16; steps=50; else precisions=fp32,amp-bf16; steps=2; fi
+step quick "$PY" -m gpubench run suites/quick.toml --out "$OUT/runs" --no-report \
+  --set device="$DEV" --set precision="$precisions" --set batch_size=128,512 \
+  --set warmup_steps=10 --set steps="$steps" --set windows=5
+
+# 2. harness overhead against a hand-written loop
+step overhead "$PY" benchmarks/overhead.py --device "$DEV" --json "$OUT/overhead.json"
+
+# 3. the GPU tests (skip themselves without CUDA)
+step gpu-tests "$PY" -m pytest -q -m gpu tests/
+
+echo "=== done: status $status, outputs in $OUT"
+exit $status
