@@ -67,10 +67,10 @@ def test_synthetic_batches_are_deterministic_and_class_dependent():
     assert a.y.shape == (4, 16) and a.y.dtype == np.int64
     assert np.array_equal(a.x, b.x) and np.array_equal(a.y, b.y)
     assert not np.array_equal(a.x, synthetic_batches(spec, 16, 4, seed=4).x)
-    # learnable: a nearest-class-mean classifier fit on batch 0 beats chance on batch 3 by far
+    # learnable: a nearest-class-mean classifier fit on batch 0 beats chance on batch 1 by far
     big = synthetic_batches(spec, 256, 2, seed=0)
     x0, y0 = big.x[0].reshape(256, -1), big.y[0]
     means = np.stack([x0[y0 == k].mean(axis=0) for k in range(10)])
     x1 = big.x[1].reshape(256, -1)
     pred = np.argmin(((x1[:, None, :] - means[None]) ** 2).sum(-1), axis=1)
-    assert (pred == big.y[1]).mean() > 0.9
+    assert (pred == big.y[1]).mean() > 0.8  # at most ~0.91: 10% of labels are random

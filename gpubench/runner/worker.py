@@ -25,9 +25,7 @@ from gpubench.results.schema import outcome
 from gpubench.results.store import write_json_atomic
 from gpubench.suite import Config
 from gpubench.workloads import get_workload
-from gpubench.workloads.data import synthetic_batches
-
-N_BATCHES = 8  # distinct device-resident batches the trainer cycles through
+from gpubench.workloads.data import pool_batches, synthetic_batches
 
 
 def _peak_rss_bytes() -> int:
@@ -62,7 +60,8 @@ def metrics_from(raw: RawMeasurement, config: Config, setup_ms: float) -> dict[s
         metrics["noisy"] = is_noisy(st)
         # samples over wall time of the windows: includes anything between steps
         wall = sum(raw.window_wall_ms)
-        metrics["throughput_wall"] = config.samples_per_step * len(raw.step_times_ms) * 1000.0 / wall
+        steps = config.steps * len(raw.window_wall_ms)
+        metrics["throughput_wall"] = config.samples_per_step * steps * 1000.0 / wall
     return metrics
 
 
@@ -87,7 +86,8 @@ def run_config(config: Config) -> dict[str, Any]:
     trainer = None
     try:
         t0 = time.perf_counter()
-        batches = synthetic_batches(spec, config.batch_size, N_BATCHES, config.seed)
+        batches = synthetic_batches(spec, config.batch_size, pool_batches(spec, config.batch_size), config.seed)
+        memory["data_bytes"] = batches.nbytes
         trainer = backend.build(spec, config, batches)
         del batches
         setup_ms = (time.perf_counter() - t0) * 1000.0
