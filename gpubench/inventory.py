@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,9 @@ from gpubench.workloads import WORKLOADS
 
 
 def probe_all() -> dict[str, dict[str, Any]]:
-    return {name: probe(name).to_dict() for name in sorted(BACKENDS)}
+    names = sorted(BACKENDS)
+    with ThreadPoolExecutor(len(names)) as pool:
+        return {name: p.to_dict() for name, p in zip(names, pool.map(probe, names))}
 
 
 def show_list(console: Console, suites_dir: Path) -> None:

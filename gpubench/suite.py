@@ -34,7 +34,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from gpubench.backends import BACKENDS
-from gpubench.backends.base import LOSSES, OPTIMIZERS, PARALLELISMS, PRECISIONS
+from gpubench.backends.base import COMPILES, DATA_MODES, DATASETS, LOSSES, OPTIMIZERS, PARALLELISMS, PRECISIONS
 from gpubench.errors import InputError, choices_message
 from gpubench.workloads import WORKLOADS
 
@@ -54,6 +54,11 @@ class Config:
     optimizer: str = "adam"
     lr: float = 1e-3
     loss: str = "cross_entropy"
+    compile: str = "none"
+    data: str = "device"
+    data_workers: int = 2
+    dataset: str = "synthetic"
+    data_dir: str = ""
     warmup_steps: int = 5
     steps: int = 20
     windows: int = 5
@@ -74,7 +79,7 @@ class Config:
         parts = [wl, self.framework, self.device, f"bs{self.batch_size}", self.precision, self.parallelism]
         for name in _ID_EXTRAS:
             value = getattr(self, name)
-            if value != _DEFAULTS[name]:
+            if value != _DEFAULTS[name] and (name != "data_workers" or self.data == "pipeline"):
                 parts.append(f"{name}={value}")
         return "-".join(parts)
 
@@ -99,7 +104,9 @@ class Config:
 
 
 _DEFAULTS = {f.name: f.default for f in fields(Config)}
-_ID_EXTRAS = ("optimizer", "lr", "loss")
+# training settings named in config_id when they differ from their default (data_workers only
+# in pipeline mode, where it matters); data_dir is a path and stays out of the id
+_ID_EXTRAS = ("optimizer", "lr", "loss", "compile", "data", "data_workers", "dataset")
 
 
 # --- settings: type, check, default ------------------------------------------------------
@@ -144,6 +151,12 @@ def _device(v: Any) -> str:
     return kind + (m.group(2) or "")
 
 
+def _string(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"expected a string, got {v!r}")
+    return v
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str
@@ -172,6 +185,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("optimizer", _choice("optimizer", OPTIMIZERS), str, "optimizer"),
     Setting("lr", _positive_float, _parse_number, "learning rate"),
     Setting("loss", _choice("loss", LOSSES), str, "loss function"),
+    Setting("compile", _choice("compile", COMPILES), str, "graph compiler (xla: TensorFlow jit_compile)"),
+    Setting("data", _choice("data mode", DATA_MODES), str, "device-resident batches or the framework's input pipeline"),
+    Setting("data_workers", _int(0), _parse_number, "input-pipeline worker processes (PyTorch DataLoader)"),
+    Setting("dataset", _choice("dataset", DATASETS), str, "synthetic task, or MNIST IDX files from data_dir"),
+    Setting("data_dir", _string, str, "directory holding the MNIST IDX files"),
     Setting("warmup_steps", _int(0), _parse_number, "steps after the cold-start step, not measured"),
     Setting("steps", _int(1), _parse_number, "measured steps per window"),
     Setting("windows", _int(1), _parse_number, "measured windows"),

@@ -36,7 +36,7 @@ PYEOF
 # 1. the quick suite's CUDA configs at every precision, batch 128 and 512, longer windows
 if [ "$DEV" = cuda ]; then precisions=fp32,tf32,amp-fp16,amp-bf16; steps=50; else precisions=fp32,amp-bf16; steps=2; fi
 step quick "$PY" -m gpubench run suites/quick.toml --out "$OUT/runs" --no-report \
-  --set device="$DEV" --set precision="$precisions" --set batch_size=128,512 \
+  --set framework=torch --set device="$DEV" --set precision="$precisions" --set batch_size=128,512 \
   --set warmup_steps=10 --set steps="$steps" --set windows=5
 
 # 2. harness overhead against a hand-written loop

@@ -90,3 +90,46 @@ def test_env_json_is_the_fingerprint(tmp_path):
     torch_info = env["frameworks"]["torch"]
     assert torch_info["available"] and torch_info["version"]
     assert "num_threads" in torch_info["build"]
+
+
+BOTH = """
+name = "both"
+[defaults]
+warmup_steps = 1
+steps = 3
+windows = 2
+timeout_s = 180
+workload = "mlp"
+depth = 1
+width = 16
+batch_size = 16
+[matrix]
+framework = ["torch", "tensorflow"]
+"""
+
+
+def test_both_frameworks_run_the_same_config(tmp_path, write_suite):
+    pytest.importorskip("tensorflow")
+    proc = run_cli(["run", str(write_suite(BOTH)), "--out", str(tmp_path / "runs")], cwd=tmp_path, env=plain_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    torch_r, tf_r = load_results(run_dir)
+    assert torch_r["status"] == tf_r["status"] == "ok"
+    assert torch_r["model"] == tf_r["model"]
+    assert torch_r["metrics"]["loss"]["first"] == pytest.approx(tf_r["metrics"]["loss"]["first"], rel=1e-4)
+    assert tf_r["env"]["frameworks"]["tensorflow"]["build"]["keras"]
+
+
+def test_a_missing_framework_is_unavailable_with_the_install_command(tmp_path, write_suite):
+    blocked = tmp_path / "blocked" / "tensorflow"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ImportError('No module named tensorflow (blocked for this test)')\n")
+    env = plain_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "blocked"), str(REPO)])
+    proc = run_cli(["run", str(write_suite(BOTH)), "--out", str(tmp_path / "runs")], cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    torch_r, tf_r = load_results(run_dir)
+    assert torch_r["status"] == "ok"
+    assert tf_r["status"] == "unavailable"
+    assert "tensorflow is not installed" in tf_r["reason"] and "pip install tensorflow-cpu==2.21.0" in tf_r["reason"]

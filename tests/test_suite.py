@@ -152,6 +152,7 @@ def test_repo_quick_suite_is_valid():
     assert {c.device for c in configs} == {"cpu", "cuda"}
     assert {c.precision for c in configs} == {"fp32", "amp-bf16"}
     assert len({c.batch_size for c in configs}) == 2
+    assert {c.framework for c in configs} == {"torch", "tensorflow"}
 
 
 # --- every validation error: one line naming file, key and allowed values -----------------

@@ -10,6 +10,7 @@ from gpubench.errors import choices_message
 # name -> "module:Class"; plugins add to it with register_backend.
 BACKENDS: dict[str, str] = {
     "torch": "gpubench.backends.pytorch.backend:TorchBackend",
+    "tensorflow": "gpubench.backends.tensorflow.backend:TensorFlowBackend",
 }
 
 

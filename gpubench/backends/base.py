@@ -21,6 +21,9 @@ PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16")
 PARALLELISMS = ("single",)
 OPTIMIZERS = ("adam", "adamw", "sgd")
 LOSSES = ("cross_entropy",)
+COMPILES = ("none", "xla")
+DATA_MODES = ("device", "pipeline")
+DATASETS = ("synthetic", "mnist")
 
 
 @dataclass(frozen=True)

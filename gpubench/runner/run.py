@@ -7,6 +7,7 @@ bad input never leaves a run directory behind.
 from __future__ import annotations
 
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -37,11 +38,11 @@ class RunRequest:
 
 
 def _probe_all(configs: list[Config], console: Console) -> dict[str, ProbeInfo]:
-    probes = {}
-    for name in sorted({c.framework for c in configs}):
-        with console.status(f"probing {name}..."):
-            probes[name] = probe(name)
-        p = probes[name]
+    """Probe every framework of the sweep, in parallel child processes."""
+    names = sorted({c.framework for c in configs})
+    with console.status(f"probing {', '.join(names)}..."), ThreadPoolExecutor(len(names)) as pool:
+        probes = dict(zip(names, pool.map(probe, names)))
+    for name, p in probes.items():
         console.print(f"{name}: " + (f"{p.version}, devices: {', '.join(p.device_names())}" if p.available
                                      else f"[yellow]unavailable[/yellow]: {p.reason}"), highlight=False)
     return probes
@@ -76,9 +77,23 @@ def _prepare(req: RunRequest) -> tuple[Suite, int, Path | None, list[dict[str, A
     return suite, stored_repeats, req.resume, existing
 
 
+def check_data(configs: list[Config], source: str) -> None:
+    """MNIST configs need readable IDX files: check them before anything is written."""
+    from gpubench.workloads.mnist import IdxError, load_mnist
+
+    for data_dir in sorted({c.data_dir for c in configs if c.dataset == "mnist"}):
+        if not data_dir:
+            raise InputError(f"{source}: data_dir: dataset 'mnist' needs data_dir, the directory of the MNIST IDX files")
+        try:
+            load_mnist(data_dir)
+        except IdxError as e:
+            raise InputError(f"{source}: data_dir: {e}") from None
+
+
 def execute(req: RunRequest, console: Console) -> int:
     suite, repeats, run_dir, existing = _prepare(req)
     configs = suite.expand()
+    check_data(configs, suite.source)
     done = {(r["config_id"], r.get("repeat", 0)) for r in existing}
     jobs = plan(configs, repeats, done)
     probes = _probe_all(configs, console) if jobs else {}
@@ -105,7 +120,7 @@ def execute(req: RunRequest, console: Console) -> int:
                   f"-> {run_dir}", highlight=False)
     try:
         with SweepDisplay(console, len(jobs)) as display:
-            new = run_jobs(jobs, run_dir, run_id, env, probes, display.started, display.finished)
+            new = run_jobs(jobs, run_dir, run_id, env, probes, display.started, display.finished, existing)
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted[/yellow]; finished configs are in {run_dir}/results.jsonl; "
                       f"continue with: gpubench run --resume {run_dir}", highlight=False)

@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -120,13 +121,33 @@ def run_worker(job: Job, run_dir: Path) -> dict[str, Any]:
     return outcome("error", reason, traceback="\n".join(tail), log=str(log_rel))
 
 
+def pipeline_comparison(result: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """For an ok pipeline-mode result: how much slower it is than the same config with
+    device-resident data, from the ok results of that twin already in the run (median over
+    its repeats). None when there is no such result yet."""
+    config = Config.from_dict(result["config"])
+    if config.data != "pipeline" or result["status"] != "ok":
+        return None
+    twin = replace(config, data="device", data_workers=Config.data_workers).config_id  # the default
+    rates = [r["metrics"]["throughput"]["median"] for r in earlier if r["config_id"] == twin and r["status"] == "ok"]
+    if not rates:
+        return None
+    device_rate = statistics.median(rates)
+    pipeline_rate = result["metrics"]["throughput"]["median"]
+    return {"device_config_id": twin, "device_throughput": device_rate,
+            "slowdown": device_rate / pipeline_rate}
+
 Callback = Callable[[int, Job], None]
 FinishCallback = Callable[[int, Job, dict[str, Any]], None]
 
 
 def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], probes: dict[str, ProbeInfo],
-             on_start: Callback | None = None, on_finish: FinishCallback | None = None) -> list[dict[str, Any]]:
-    results = []
+             on_start: Callback | None = None, on_finish: FinishCallback | None = None,
+             earlier: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Run the jobs in order, appending each result as it finishes. ``earlier`` are results
+    already in the run (when resuming), used for pipeline-vs-device comparisons."""
+    results: list[dict[str, Any]] = []
+    earlier = list(earlier or [])
     for k, job in enumerate(jobs):
         if on_start:
             on_start(k, job)
@@ -146,6 +167,9 @@ def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], p
             "started_at": started_at,
             "duration_s": time.perf_counter() - t0,
         }
+        comparison = pipeline_comparison(result, earlier + results)
+        if comparison is not None:
+            result["metrics"]["pipeline_vs_device"] = comparison
         append_result(run_dir, result)
         results.append(result)
         if on_finish:

@@ -25,7 +25,7 @@ from gpubench.results.schema import outcome
 from gpubench.results.store import write_json_atomic
 from gpubench.suite import Config
 from gpubench.workloads import get_workload
-from gpubench.workloads.data import pool_batches, synthetic_batches
+from gpubench.workloads.data import make_batches
 
 
 def _peak_rss_bytes() -> int:
@@ -80,13 +80,16 @@ def run_config(config: Config) -> dict[str, Any]:
         return outcome(*verdict)
 
     spec = get_workload(config.workload).spec(**dict(config.workload_params))
+    if config.dataset == "mnist" and (spec.input_shape != (1, 28, 28) or spec.num_classes != 10):
+        return outcome("unsupported", f"dataset mnist needs a 1x28x28 input and 10 classes; {spec.name} takes "
+                                      f"{'x'.join(map(str, spec.input_shape))} and {spec.num_classes}")
     model = {"params": spec.params, "flops_per_sample": spec.train_flops_per_sample,
              "forward_flops_per_sample": spec.forward_flops_per_sample}
     memory: dict[str, int] = {"baseline_rss_bytes": psutil.Process().memory_info().rss}
     trainer = None
     try:
         t0 = time.perf_counter()
-        batches = synthetic_batches(spec, config.batch_size, pool_batches(spec, config.batch_size), config.seed)
+        batches = make_batches(spec, config.dataset, config.data_dir, config.batch_size, config.seed)
         memory["data_bytes"] = batches.nbytes
         trainer = backend.build(spec, config, batches)
         del batches

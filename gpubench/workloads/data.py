@@ -59,3 +59,22 @@ def synthetic_batches(spec: WorkloadSpec, batch_size: int, n_batches: int, seed:
     flip = rng.random((n_batches, batch_size)) < LABEL_NOISE
     y = np.where(flip, rng.integers(0, spec.num_classes, size=(n_batches, batch_size), dtype=np.int64), y)
     return Batches(x=x, y=y)
+
+
+def batches_from_arrays(x: np.ndarray, y: np.ndarray, batch_size: int) -> Batches:
+    """Whole batches of a data set, in order (the remainder is dropped)."""
+    n = len(x) // batch_size
+    if n < 1:
+        raise ValueError(f"batch size {batch_size} is larger than the data set ({len(x)} samples)")
+    keep = n * batch_size
+    return Batches(x=x[:keep].reshape(n, batch_size, *x.shape[1:]), y=y[:keep].reshape(n, batch_size))
+
+
+def make_batches(spec: WorkloadSpec, dataset: str, data_dir: str, batch_size: int, seed: int) -> Batches:
+    """The batches a config trains on: the synthetic pool, or MNIST from ``data_dir``."""
+    if dataset == "mnist":
+        from gpubench.workloads.mnist import load_mnist
+
+        x, y = load_mnist(data_dir)
+        return batches_from_arrays(x, y, batch_size)
+    return synthetic_batches(spec, batch_size, pool_batches(spec, batch_size), seed)

@@ -21,6 +21,8 @@ class TorchBackend(Backend):
 
     def static_unsupported(self, config: Config) -> str | None:
         kind = device_kind(config.device)
+        if config.compile == "xla":
+            return "compile = xla is TensorFlow's XLA (jit_compile); PyTorch configs use compile = none"
         if kind == "cpu" and config.precision == "tf32":
             return "tf32 is a CUDA (Ampere or newer) math mode; on CPU use fp32 or amp-bf16"
         if kind == "cpu" and config.precision == "amp-fp16":

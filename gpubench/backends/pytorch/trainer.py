@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from gpubench.backends.base import Trainer, device_kind
 from gpubench.measure.timers import HostStepTimer, StepTimer
@@ -63,10 +64,20 @@ class TorchTrainer(Trainer):
         self.model.train()
         self.optimizer = make_optimizer(config.optimizer, self.model.parameters(), config.lr, fused=self.cuda)
         self.loss_fn = nn.CrossEntropyLoss()
-        self.x = torch.from_numpy(batches.x).to(self.device)
-        self.y = torch.from_numpy(batches.y).to(self.device)
         self.n_batches = batches.n_batches
         self._i = 0
+        self.loader = None
+        if config.data == "pipeline":
+            # the framework's real input pipeline over the same samples, in the same order
+            flat = TensorDataset(torch.from_numpy(batches.x.reshape(-1, *batches.x.shape[2:])),
+                                 torch.from_numpy(batches.y.reshape(-1)))
+            self.loader = DataLoader(flat, batch_size=config.batch_size, shuffle=False, drop_last=True,
+                                     num_workers=config.data_workers, pin_memory=self.cuda,
+                                     persistent_workers=config.data_workers > 0)
+            self._iter = iter(self.loader)
+        else:
+            self.x = torch.from_numpy(batches.x).to(self.device)
+            self.y = torch.from_numpy(batches.y).to(self.device)
         dtype = AUTOCAST_DTYPES.get(config.precision)
         self.autocast = (torch.autocast(device_type=self.device.type, dtype=dtype) if dtype is not None
                          else contextlib.nullcontext())
@@ -79,15 +90,29 @@ class TorchTrainer(Trainer):
             "cudnn_benchmark": self.cuda,
             "tf32": config.precision == "tf32",
             "num_threads": torch.get_num_threads(),
+            "step_timing": "cuda_events" if self.cuda else "host_clock",
+            "data": (f"DataLoader(num_workers={config.data_workers}, pin_memory={self.cuda})"
+                     if self.loader is not None else "device-resident"),
         }
         if self.cuda:
             self.sync()
             torch.cuda.reset_peak_memory_stats(self.device)
 
+    def _next_pipeline_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            x, y = next(self._iter)
+        except StopIteration:  # a new epoch: its start-up cost is part of pipeline mode
+            self._iter = iter(self.loader)
+            x, y = next(self._iter)
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
     def step(self) -> None:
-        i = self._i
-        self._i = (i + 1) % self.n_batches
-        x, y = self.x[i], self.y[i]
+        if self.loader is not None:
+            x, y = self._next_pipeline_batch()
+        else:
+            i = self._i
+            self._i = (i + 1) % self.n_batches
+            x, y = self.x[i], self.y[i]
         self.optimizer.zero_grad(set_to_none=True)
         with self.autocast:
             loss = self.loss_fn(self.model(x), y)

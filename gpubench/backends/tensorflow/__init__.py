@@ -1,0 +1,1 @@
+"""TensorFlow/Keras 3 backend (imports tensorflow lazily)."""

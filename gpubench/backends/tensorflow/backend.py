@@ -1,0 +1,106 @@
+"""The TensorFlow backend: device and precision rules, probing, building trainers."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo, device_index, device_kind
+
+if TYPE_CHECKING:
+    from gpubench.backends.base import Trainer
+    from gpubench.suite import Config
+    from gpubench.workloads.base import WorkloadSpec
+    from gpubench.workloads.data import Batches
+
+_OOM_TEXT = ("OOM when allocating", "out of memory", "can't allocate memory")
+
+
+def _import_tf():
+    """Import TensorFlow quietly, with GPU memory growth on: TensorFlow would otherwise
+    reserve almost all of every visible GPU's memory at start-up."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    for gpu in tf.config.list_physical_devices("GPU"):
+        try:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        except RuntimeError:  # already initialised in this process: growth was set before
+            pass
+    return tf
+
+
+def tf_device(device: str) -> str:
+    """gpubench's device name as a TensorFlow device: cpu -> /CPU:0, cuda[:N] -> /GPU:N."""
+    return f"/GPU:{device_index(device)}" if device_kind(device) == "cuda" else "/CPU:0"
+
+
+def _capability(tf, index: int) -> tuple[int, int] | None:
+    gpus = tf.config.list_physical_devices("GPU")
+    details = tf.config.experimental.get_device_details(gpus[index]) if index < len(gpus) else {}
+    return details.get("compute_capability")
+
+
+class TensorFlowBackend(Backend):
+    name = "tensorflow"
+    install_hint = "pip install tensorflow-cpu==2.21.0 (CPU) or pip install 'tensorflow[and-cuda]' (GPU)"
+
+    def static_unsupported(self, config: Config) -> str | None:
+        kind = device_kind(config.device)
+        if kind == "cpu" and config.precision == "tf32":
+            return "tf32 is a CUDA (Ampere or newer) math mode; on CPU use fp32 or amp-bf16"
+        if kind == "cpu" and config.precision == "amp-fp16":
+            return "amp-fp16 (mixed_float16 with loss scaling) is for GPUs; on CPU use amp-bf16"
+        return None
+
+    def probe(self) -> ProbeInfo:
+        tf = _import_tf()
+        import keras
+
+        from gpubench.env import cpu_model
+
+        info = tf.sysconfig.get_build_info()
+        devices = [DeviceInfo("cpu", cpu_model())]
+        for i, gpu in enumerate(tf.config.list_physical_devices("GPU")):
+            details = tf.config.experimental.get_device_details(gpu)
+            devices.append(DeviceInfo(f"cuda:{i}", details.get("device_name", gpu.name)))
+        build = {
+            "keras": keras.__version__,
+            "cuda_build": bool(info.get("is_cuda_build")),
+            "cuda": info.get("cuda_version"),
+            "cudnn": info.get("cudnn_version"),
+            "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+            "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+        }
+        return ProbeInfo("tensorflow", True, version=tf.__version__, devices=tuple(devices), build=build)
+
+    def check(self, config: Config) -> tuple[str, str] | None:
+        reason = self.static_unsupported(config)
+        if reason:
+            return ("unsupported", reason)
+        tf = _import_tf()
+        if device_kind(config.device) != "cuda":
+            return None
+        gpus = tf.config.list_physical_devices("GPU")
+        if not gpus:
+            build = "a CUDA build" if tf.test.is_built_with_cuda() else "a CPU-only build"
+            return ("unavailable", f"no GPU visible to TensorFlow {tf.__version__} ({build})")
+        index = device_index(config.device)
+        if index >= len(gpus):
+            return ("unavailable", f"{config.device} requested; TensorFlow sees {len(gpus)} GPU(s)")
+        cc = _capability(tf, index)
+        if config.precision in ("tf32", "amp-bf16") and cc is not None and tuple(cc) < (8, 0):
+            return ("unsupported", f"{config.precision} needs compute capability 8.0 or newer; this GPU is "
+                                   f"{cc[0]}.{cc[1]}")
+        return None
+
+    def build(self, spec: WorkloadSpec, config: Config, batches: Batches) -> Trainer:
+        from gpubench.backends.tensorflow.trainer import TFTrainer
+
+        return TFTrainer(spec, config, batches)
+
+    def is_oom(self, exc: BaseException) -> bool:
+        tf = _import_tf()
+        if isinstance(exc, (MemoryError, tf.errors.ResourceExhaustedError)):
+            return True
+        return isinstance(exc, (RuntimeError, tf.errors.OpError)) and any(t in str(exc) for t in _OOM_TEXT)

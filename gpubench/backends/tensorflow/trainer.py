@@ -1,0 +1,155 @@
+"""The TensorFlow trainer: a Keras model, a Keras optimizer and a tf.function training step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from gpubench.backends.base import Trainer, device_kind
+from gpubench.backends.tensorflow.backend import tf_device
+from gpubench.backends.tensorflow.layout import nhwc_data
+from gpubench.backends.tensorflow.model import build_model
+from gpubench.measure.loop import clock_ns
+from gpubench.measure.timers import HostStepTimer, StepTimer
+from gpubench.suite import Config
+from gpubench.workloads.base import WorkloadSpec
+from gpubench.workloads.data import Batches
+
+POLICIES = {"amp-fp16": "mixed_float16", "amp-bf16": "mixed_bfloat16"}
+
+
+class WindowTimer:
+    """For TensorFlow on a GPU, which has no device events to record between steps: the window
+    is timed on the host clock, synchronised at its end, and yields one value, the window's
+    mean step time (``runtime.step_timing = window_mean``)."""
+
+    def __init__(self, n_steps: int) -> None:
+        self.n_steps = n_steps
+        self._start: int | None = None
+        self._marks = 0
+
+    def mark(self) -> None:
+        if self._start is None:
+            self._start = clock_ns()
+        self._marks += 1
+
+    def elapsed_ms(self) -> list[float]:  # called after the loop synchronised the device
+        steps = self._marks - 1
+        if self._start is None or steps < 1:
+            return []
+        return [(clock_ns() - self._start) / 1e6 / steps]
+
+
+def make_optimizer(name: str, lr: float) -> keras.optimizers.Optimizer:
+    """The same optimizers and hyper-parameters as the PyTorch backend. Keras' Adam adds
+    epsilon before bias correction of the second moment ("epsilon hat"), PyTorch after it:
+    with epsilon 1e-8 both give the same updates unless gradients are near epsilon."""
+    if name == "adam":
+        return keras.optimizers.Adam(learning_rate=lr, beta_1=0.9, beta_2=0.999, epsilon=1e-8)
+    if name == "adamw":
+        return keras.optimizers.AdamW(learning_rate=lr, weight_decay=0.01, beta_1=0.9, beta_2=0.999, epsilon=1e-8)
+    if name == "sgd":
+        return keras.optimizers.SGD(learning_rate=lr, momentum=0.9)
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+class TFTrainer(Trainer):
+    def __init__(self, spec: WorkloadSpec, config: Config, batches: Batches) -> None:
+        self.gpu = device_kind(config.device) == "cuda"
+        self.device = tf_device(config.device)
+        # fp32 means true fp32: TensorFlow enables TF32 on Ampere+ GPUs by default
+        tf.config.experimental.enable_tensor_float_32_execution(config.precision == "tf32")
+        keras.utils.set_random_seed(config.seed)
+        policy = POLICIES.get(config.precision)
+        n_batches, batch = batches.y.shape
+        sample_ndim = batches.x.ndim - 2
+        x = nhwc_data(batches.x, sample_ndim)
+        with tf.device(self.device):
+            self.model = build_model(spec, spec.init_weights(config.seed), policy, config.seed)
+            optimizer = make_optimizer(config.optimizer, config.lr)
+            if config.precision == "amp-fp16":
+                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+            optimizer.build(self.model.trainable_variables)
+            self.optimizer = optimizer
+            self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+            self.scaled = config.precision == "amp-fp16"
+            xla = config.compile == "xla"
+            self.pipeline = config.data == "pipeline"
+            if self.pipeline:
+                ds = tf.data.Dataset.from_tensor_slices((x.reshape(-1, *x.shape[2:]), batches.y.reshape(-1)))
+                ds = ds.batch(batch, drop_remainder=True).repeat()
+                if self.gpu:
+                    ds = ds.apply(tf.data.experimental.prefetch_to_device(self.device))
+                else:
+                    ds = ds.prefetch(tf.data.AUTOTUNE)
+                self._iter = iter(ds)
+                self._step = tf.function(self._train_step, jit_compile=xla)
+            else:
+                self.x = tf.constant(x)
+                self.y = tf.constant(batches.y)
+                self.n_batches = n_batches
+                self.counter = tf.Variable(0, dtype=tf.int64, trainable=False)
+                self._step = tf.function(self._device_step, jit_compile=xla)
+        self._loss: tf.Tensor | None = None
+        self._info = {
+            "optimizer_impl": "keras",
+            "mixed_precision_policy": policy,
+            "loss_scale": self.scaled,
+            "tf32": config.precision == "tf32",
+            "xla": xla,
+            "step_timing": "window_mean" if self.gpu else "host_clock",
+            "data": "tf.data(prefetch)" if self.pipeline else "device-resident",
+            "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+            "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+        }
+        if self.gpu:
+            self.sync()
+            tf.config.experimental.reset_memory_stats(self._memory_device)
+
+    @property
+    def _memory_device(self) -> str:
+        return self.device.lstrip("/")
+
+    def _train_step(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        variables = self.model.trainable_variables
+        with tf.GradientTape() as tape:
+            logits = self.model(x, training=True)
+            loss = self.loss_fn(y, logits)
+            target = self.optimizer.scale_loss(loss) if self.scaled else loss
+        grads = tape.gradient(target, variables)
+        self.optimizer.apply_gradients(zip(grads, variables))  # unscales, skips non-finite (fp16)
+        return loss
+
+    def _device_step(self) -> tf.Tensor:
+        i = self.counter % self.n_batches
+        self.counter.assign_add(1)
+        return self._train_step(tf.gather(self.x, i), tf.gather(self.y, i))
+
+    def step(self) -> None:
+        with tf.device(self.device):
+            if self.pipeline:
+                self._loss = self._step(*next(self._iter))
+            else:
+                self._loss = self._step()
+
+    def sync(self) -> None:
+        if self.gpu:
+            tf.test.experimental.sync_devices()
+
+    def read_loss(self) -> float:
+        return float("nan") if self._loss is None else float(np.asarray(self._loss, dtype=np.float64))
+
+    def step_timer(self, n_steps: int) -> StepTimer:
+        return WindowTimer(n_steps) if self.gpu else HostStepTimer(n_steps)
+
+    def memory(self) -> dict[str, int]:
+        if not self.gpu:
+            return {}
+        info = tf.config.experimental.get_memory_info(self._memory_device)
+        return {"peak_allocated_bytes": int(info["peak"])}
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self._info)

@@ -1,0 +1,152 @@
+"""Input-pipeline mode, the MNIST IDX reader, and pipeline-vs-device comparisons."""
+
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import pytest
+
+from gpubench.results.store import load_results
+from gpubench.runner.sweep import pipeline_comparison
+from gpubench.suite import Config
+from gpubench.workloads import get_workload
+from gpubench.workloads.data import batches_from_arrays, make_batches
+from gpubench.workloads.mnist import IMAGES, LABELS, IdxError, load_mnist, read_idx, write_idx
+from tests.conftest import run_cli
+
+
+def tiny_mnist(directory, n=64, gz=False, seed=0):
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=n, dtype=np.uint8)
+    suffix = ".gz" if gz else ""
+    directory.mkdir(parents=True, exist_ok=True)
+    write_idx(directory / f"{IMAGES}{suffix}", images)
+    write_idx(directory / f"{LABELS}{suffix}", labels)
+    return images, labels
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_mnist_idx_round_trip(tmp_path, gz):
+    images, labels = tiny_mnist(tmp_path, gz=gz)
+    x, y = load_mnist(tmp_path)
+    assert x.shape == (64, 1, 28, 28) and x.dtype == np.float32
+    np.testing.assert_allclose(x[:, 0], (images / 255.0 - 0.1307) / 0.3081, rtol=1e-6)
+    assert np.array_equal(y, labels) and y.dtype == np.int64
+
+
+def test_mnist_errors_name_the_file(tmp_path):
+    with pytest.raises(IdxError, match=f"no {IMAGES}"):
+        load_mnist(tmp_path)
+    tiny_mnist(tmp_path)
+    (tmp_path / IMAGES).write_bytes(b"\x00\x00\x08\x03" + (5).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2 + b"x" * 10)
+    with pytest.raises(IdxError, match=r"header says \(5, 28, 28\) \(3920 bytes of data\) but 10 bytes follow"):
+        load_mnist(tmp_path)
+    (tmp_path / IMAGES).write_bytes(b"PK\x03\x04 not idx at all")
+    with pytest.raises(IdxError, match=f"{IMAGES}: not an unsigned-byte IDX file with 3 dimension"):
+        load_mnist(tmp_path)
+    (tmp_path / IMAGES).unlink()
+    (tmp_path / f"{IMAGES}.gz").write_bytes(b"not gzip")
+    with pytest.raises(IdxError, match="cannot read"):
+        load_mnist(tmp_path)
+    (tmp_path / f"{IMAGES}.gz").write_bytes(gzip.compress(b"\x00\x00\x08\x03"))
+    with pytest.raises(IdxError, match="too short"):
+        read_idx(tmp_path / f"{IMAGES}.gz", 3)
+
+
+def test_batches_from_arrays_and_make_batches(tmp_path):
+    x = np.arange(10 * 2, dtype=np.float32).reshape(10, 2)
+    b = batches_from_arrays(x, np.arange(10), 4)
+    assert b.x.shape == (2, 4, 2) and b.y.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    with pytest.raises(ValueError, match="larger than the data set"):
+        batches_from_arrays(x, np.arange(10), 11)
+    tiny_mnist(tmp_path, n=50)
+    spec = get_workload("cnn").spec()
+    mb = make_batches(spec, "mnist", str(tmp_path), 16, seed=0)
+    assert mb.x.shape == (3, 16, 1, 28, 28)
+
+
+def test_torch_pipeline_mode_trains_on_the_same_batches():
+    pytest.importorskip("torch")
+    from gpubench.backends import get_backend
+    from gpubench.workloads.data import synthetic_batches
+
+    spec = get_workload("mlp").spec(depth=1, width=32)
+    batches = synthetic_batches(spec, 16, 6, seed=0)
+    out = {}
+    for data, workers in (("device", 2), ("pipeline", 0), ("pipeline", 2)):
+        config = Config(workload="mlp", batch_size=16, optimizer="sgd", lr=0.01, data=data, data_workers=workers,
+                        workload_params=(("depth", 1), ("width", 32)))
+        trainer = get_backend("torch").build(spec, config, batches)
+        losses = []
+        for _ in range(14):  # wraps around the 6 batches twice
+            trainer.step()
+            losses.append(trainer.read_loss())
+        out[(data, workers)] = losses
+        assert trainer.describe()["data"].startswith("DataLoader" if data == "pipeline" else "device")
+    assert out[("pipeline", 0)] == pytest.approx(out[("device", 2)], rel=1e-6)
+    assert out[("pipeline", 2)] == pytest.approx(out[("device", 2)], rel=1e-6)
+
+
+def result(config: Config, status="ok", rate=100.0):
+    return {"config_id": config.config_id, "config": config.to_dict(), "status": status,
+            "metrics": {"throughput": {"median": rate}}}
+
+
+def test_pipeline_comparison_uses_the_device_twin():
+    dev = Config(workload="cnn")
+    pipe = Config(workload="cnn", data="pipeline", data_workers=4)
+    earlier = [result(dev, rate=90.0), result(dev, rate=110.0), result(dev, status="error"),
+               result(Config(workload="mlp"), rate=1.0)]
+    cmp = pipeline_comparison(result(pipe, rate=50.0), earlier)
+    assert cmp == {"device_config_id": dev.config_id, "device_throughput": 100.0, "slowdown": 2.0}
+    assert pipe.config_id == dev.config_id + "-data=pipeline-data_workers=4"
+    assert pipeline_comparison(result(pipe), []) is None
+    assert pipeline_comparison(result(dev), earlier) is None
+
+
+def test_run_records_how_much_slower_pipeline_mode_is(tmp_path, write_suite):
+    pytest.importorskip("torch")
+    tiny_mnist(tmp_path / "mnist", n=96)
+    suite = write_suite(f"""
+[defaults]
+workload = "mlp"
+depth = 1
+width = 16
+batch_size = 16
+warmup_steps = 1
+steps = 4
+windows = 2
+data_workers = 0
+dataset = "mnist"
+data_dir = "{tmp_path / 'mnist'}"
+[matrix]
+data = ["device", "pipeline"]
+""")
+    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs")], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    device, pipeline = load_results(run_dir)
+    assert device["status"] == pipeline["status"] == "ok"
+    assert device["config"]["dataset"] == "mnist" and device["metrics"]["memory"]["data_bytes"] == 96 * (784 * 4 + 8)
+    cmp = pipeline["metrics"]["pipeline_vs_device"]
+    assert cmp["device_config_id"] == device["config_id"]
+    assert cmp["slowdown"] == pytest.approx(device["metrics"]["throughput"]["median"]
+                                            / pipeline["metrics"]["throughput"]["median"])
+
+
+@pytest.mark.parametrize("extra, message", [
+    ('dataset = "mnist"', "data_dir: dataset 'mnist' needs data_dir"),
+    ('dataset = "mnist"\ndata_dir = "{missing}"', f"data_dir: {{missing}}: no {IMAGES}"),
+    ('dataset = "imagenet"', "defaults.dataset: unknown dataset 'imagenet'; expected one of: synthetic, mnist"),
+    ('data = "disk"', "defaults.data: unknown data mode 'disk'; expected one of: device, pipeline"),
+    ('data_workers = -1', "defaults.data_workers: must be >= 0"),
+])
+def test_bad_data_settings_exit_2_before_anything_is_written(tmp_path, write_suite, extra, message):
+    missing = tmp_path / "nowhere"
+    suite = write_suite('[defaults]\nworkload = "cnn"\n' + extra.format(missing=missing) + "\n")
+    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs")], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message.format(missing=missing) in proc.stderr
+    assert not (tmp_path / "runs").exists()
