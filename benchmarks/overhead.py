@@ -1,11 +1,13 @@
 """Harness overhead: the same training step as a bare hand-written loop and through gpubench.
 
-What it measures: the throughput (samples/s) of gpubench's measurement path -- the torch
-backend's trainer driven by ``gpubench.measure.loop.run_loop`` with its per-step timer --
-relative to a plain PyTorch loop written out by hand doing the same work: the same model
-(an ``nn.Sequential`` written here, not built by gpubench's translation), initial weights,
-optimizer, precision settings and device-resident synthetic batches, timed only as the total
-wall time of N steps (after a device synchronisation on a GPU).
+What it measures: the throughput (samples/s) of gpubench's measurement path -- the backend's
+trainer driven by ``gpubench.measure.loop.run_loop`` with its per-step timer -- relative to a
+plain loop written out by hand doing the same work: the same model (written out in
+``_bare_torch.py`` as an ``nn.Sequential``, or in ``_bare_tf.py`` as a channels-last Keras
+``Sequential`` with a plain ``@tf.function`` step; not built by gpubench's translation),
+initial weights, optimizer, precision settings and device-resident synthetic batches, timed
+only as the total wall time of N steps (after a device synchronisation on a GPU).
+``--framework`` picks PyTorch (default) or TensorFlow; only that framework is imported.
 
 Why: gpubench reports the speed of a training step, so its own cost (timer marks, the
 trainer's indirection, the loss kept per step) must be measured, not assumed (DESIGN.md 5.7).
@@ -16,27 +18,27 @@ takes one untimed step before its N timed ones (as run_loop's cold-start step). 
 rounds (both orders) gives one ratio, the geometric mean of its two gpubench/bare ratios, so
 an advantage of going first cancels. The verdict uses the median over pairs and its
 distribution-free 95% CI (order statistics): PASS when the whole CI is >= 0.99, FAIL when it
-is wholly below, INCONCLUSIVE otherwise (machine noise wider than 1%). ``--aa`` runs a second bare loop in gpubench's
-place: the spread of that A/A ratio around 1 is this machine's noise floor.
+is wholly below, INCONCLUSIVE otherwise (machine noise wider than 1%). ``--aa`` runs a second
+bare loop in gpubench's place: the spread of that A/A ratio around 1 is this machine's noise
+floor.
 
-    PYTHONPATH=. python benchmarks/overhead.py [--device cuda] [--json out.json] [--strict]
+    PYTHONPATH=. python benchmarks/overhead.py [--framework tensorflow [--compile xla]] [--device cuda]
+        [--aa] [--json out.json] [--strict]
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import importlib
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain checkout
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]  # run from a plain checkout; the bare loops are beside
 
 import numpy as np
-import torch
-from torch import nn
 
 from gpubench.backends import get_backend
 from gpubench.measure.loop import run_loop
@@ -44,96 +46,29 @@ from gpubench.measure.stats import median_ci
 from gpubench.runner.worker import metrics_from
 from gpubench.suite import Config
 from gpubench.workloads import get_workload
-from gpubench.workloads.data import Batches, pool_batches, synthetic_batches
+from gpubench.workloads.data import pool_batches, synthetic_batches
 
 TARGET = 0.99  # gpubench throughput >= 99% of the bare loop's ...
 MIN_STEP_MS = 1.0  # ... for steps of at least this long
 SEED = 0
 # defaults per device kind: (batch size, mlp depth, mlp width), each giving steps of >= 1 ms
 DEFAULTS = {"cpu": (128, 2, 512), "cuda": (512, 4, 4096)}
-
-
-def bare_model(workload: str, depth: int, width: int) -> nn.Sequential:
-    """The workload written out by hand (mirrors gpubench/workloads/{mlp,cnn}.py)."""
-    if workload == "mlp":
-        layers: list[nn.Module] = [nn.Flatten()]
-        n_in = 28 * 28
-        for _ in range(depth):
-            layers += [nn.Linear(n_in, width), nn.ReLU()]
-            n_in = width
-        return nn.Sequential(*layers, nn.Linear(n_in, 10))
-    return nn.Sequential(  # cnn
-        nn.Conv2d(1, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(),
-        nn.MaxPool2d(2), nn.Dropout(0.25), nn.Flatten(),
-        nn.Linear(64 * 12 * 12, 128), nn.ReLU(), nn.Dropout(0.5), nn.Linear(128, 10))
-
-
-class BareLoop:
-    """A plain PyTorch training loop; ``run(n)`` returns the wall seconds of n steps."""
-
-    def __init__(self, args: argparse.Namespace, weights: list[list[np.ndarray]], batches: Batches) -> None:
-        dev = torch.device(args.device)
-        self.cuda = dev.type == "cuda"
-        if self.cuda:  # the same global settings gpubench's trainer makes
-            torch.backends.cudnn.benchmark = True
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.precision == "tf32"
-        self.model = bare_model(args.workload, args.depth, args.width).to(dev).train()
-        with torch.no_grad():  # canonical layout is PyTorch's: copy straight in
-            for module, arrays in zip(self.model, weights, strict=True):
-                for p, a in zip(module.parameters(), arrays, strict=True):
-                    p.copy_(torch.from_numpy(a))
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-3, **({"fused": True} if self.cuda else {}))
-        self.loss_fn = nn.CrossEntropyLoss()
-        self.xs = torch.from_numpy(batches.x).to(dev)
-        self.ys = torch.from_numpy(batches.y).to(dev)
-        dtype = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}.get(args.precision)
-        self.amp = torch.autocast(dev.type, dtype=dtype) if dtype else contextlib.nullcontext()
-        self.scaler = torch.amp.GradScaler(dev.type) if args.precision == "amp-fp16" else None
-        self.i = 0
-        self.loss = float("nan")
-
-    def run(self, n: int) -> float:
-        """One untimed step (as run_loop's cold-start step), then n timed steps."""
-        model, opt, loss_fn, amp, scaler, xs, ys = (self.model, self.opt, self.loss_fn, self.amp,
-                                                    self.scaler, self.xs, self.ys)
-        nb = xs.shape[0]
-
-        def train(n: int, i: int) -> tuple[int, torch.Tensor]:
-            for _ in range(n):
-                x, y = xs[i], ys[i]
-                i = (i + 1) % nb
-                opt.zero_grad(set_to_none=True)
-                with amp:
-                    loss = loss_fn(model(x), y)
-                if scaler is not None:
-                    scaler.scale(loss).backward()
-                    scaler.step(opt)
-                    scaler.update()
-                else:
-                    loss.backward()
-                    opt.step()
-            return i, loss
-
-        self.i, _ = train(1, self.i)
-        if self.cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        self.i, loss = train(n, self.i)
-        if self.cuda:
-            torch.cuda.synchronize()
-        t1 = time.perf_counter()
-        self.loss = float(loss.float().item())
-        return t1 - t0
+# the bare loop per framework (a module beside this one, imported only when chosen):
+# BareLoop(args, spec, weights, batches) with .run(n) -> seconds and .loss, and describe(args)
+BARE = {"torch": "_bare_torch", "tensorflow": "_bare_tf"}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--framework", default="torch", choices=sorted(BARE), help="default torch")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--workload", default="mlp", choices=["mlp", "cnn"])
     p.add_argument("--batch-size", type=int, help="default 128 on cpu, 512 on cuda")
     p.add_argument("--depth", type=int, help="mlp hidden layers (default 2 on cpu, 4 on cuda)")
     p.add_argument("--width", type=int, help="mlp hidden units (default 512 on cpu, 4096 on cuda)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "amp-fp16", "amp-bf16"])
+    p.add_argument("--compile", default="none", choices=["none", "xla"],
+                   help="xla: TensorFlow's jit_compile on both sides (default none)")
     p.add_argument("--steps", type=int, default=20, help="timed steps per side per round (default 20)")
     p.add_argument("--rounds", type=int, default=80, help="interleaved rounds, even (default 80)")
     p.add_argument("--warmup", type=int, default=30, help="untimed steps per side first (default 30)")
@@ -154,18 +89,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     params = (("depth", args.depth), ("width", args.width)) if args.workload == "mlp" else ()
-    config = Config(workload=args.workload, device=args.device, batch_size=args.batch_size,
-                    precision=args.precision, optimizer="adam", lr=1e-3, seed=SEED, workload_params=params)
-    backend = get_backend("torch")
-    verdict = backend.check(config)
+    config = Config(workload=args.workload, framework=args.framework, device=args.device,
+                    batch_size=args.batch_size, precision=args.precision, optimizer="adam", lr=1e-3,
+                    compile=args.compile, seed=SEED, workload_params=params)
+    backend = get_backend(args.framework)
+    try:
+        verdict = backend.check(config)
+    except ImportError as e:
+        verdict = ("unavailable", f"{args.framework} is not installed ({e})")
     if verdict is not None:
         print(f"cannot run {config.config_id}: {verdict[0]}: {verdict[1]}", file=sys.stderr)
         return 2
     spec = get_workload(args.workload).spec(**dict(params))
     batches = synthetic_batches(spec, args.batch_size, pool_batches(spec, args.batch_size), SEED)
     trainer = backend.build(spec, config, batches)  # sets cudnn/TF32 flags before the bare side
-    bare = BareLoop(args, spec.init_weights(SEED), batches)
-    other = BareLoop(args, spec.init_weights(SEED), batches) if args.aa else None
+    bare_loops = importlib.import_module(BARE[args.framework])
+    bare = bare_loops.BareLoop(args, spec, spec.init_weights(SEED), batches)
+    other = bare_loops.BareLoop(args, spec, spec.init_weights(SEED), batches) if args.aa else None
     name = "bare-2" if args.aa else "gpubench"
     samples = args.batch_size * args.steps
 
@@ -208,10 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         result = "n/a"  # the target is only claimed for steps of 1 ms or longer
     else:  # a verdict only where the 95% CI lies wholly on one side of the target
         result = "PASS" if lo >= TARGET else "FAIL" if hi < TARGET else "INCONCLUSIVE"
-    dev_name = torch.cuda.get_device_name(torch.device(args.device)) if bare.cuda else "cpu"
+    dev_name, framework_text, framework_fields = bare_loops.describe(args)
 
     print(f"harness overhead{' (A/A test: bare vs bare-2)' if args.aa else ''}: {config.config_id}")
-    print(f"device {args.device} ({dev_name}), torch {torch.__version__}, {torch.get_num_threads()} threads; "
+    print(f"device {args.device} ({dev_name}), {framework_text}; "
           f"{args.rounds} rounds x {args.steps} steps per side, {args.warmup} warm-up steps")
     print(f"{'round':>5} {'first':>8} {'bare/s':>10} {name + '/s':>11} {'ratio':>7} {'pair':>7} {'median-step/s':>13}")
     for r, row in enumerate(rounds):
@@ -228,10 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"target ratio >= {TARGET}: {result}{note}")
 
     if args.json:
-        doc = {"config_id": config.config_id, "aa_test": args.aa, "device": args.device, "device_name": dev_name,
-               "torch_version": torch.__version__, "num_threads": torch.get_num_threads(),
+        doc = {"config_id": config.config_id, "framework": args.framework, "aa_test": args.aa,
+               "device": args.device, "device_name": dev_name, **framework_fields,
                "workload": args.workload, "workload_params": dict(params), "batch_size": args.batch_size,
-               "precision": args.precision, "steps": args.steps, "n_rounds": args.rounds, "warmup": args.warmup,
+               "precision": args.precision, "compile": args.compile, "steps": args.steps, "n_rounds": args.rounds, "warmup": args.warmup,
                "bare_step_ms": step_ms, "bare_sps": med("bare_sps"), "gpubench_sps": med("gpubench_sps"),
                "gpubench_median_sps": med("gpubench_median_sps"), "extra_us_per_step": extra_us,
                "ratio": ratio, "ratio_ci": [lo, hi], "pair_ratios": pairs.tolist(), "target": TARGET,

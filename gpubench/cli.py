@@ -38,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", type=Path, metavar="RUN_DIR", help="complete an interrupted run")
     run.add_argument("--no-report", action="store_true", help="do not write the HTML/CSV/markdown report")
 
+    rep = sub.add_parser("report", help="HTML (self-contained), PNG charts, CSV and markdown from run directories")
+    rep.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
+                     help="one run, or several to put side by side")
+    rep.add_argument("--out", type=Path, help="output directory (default: reports/<run_id>)")
+
     lst = sub.add_parser("list", help="suites, workloads, frameworks and the devices detected here")
     lst.add_argument("--suites-dir", type=Path, default=Path("suites"))
 
@@ -59,7 +64,16 @@ def main(argv: list[str] | None = None) -> int:
             from gpubench.runner.run import execute
 
             return execute(RunRequest(suite=args.suite, out=args.out, sets=args.sets, repeats=args.repeats,
-                                      resume=args.resume), console)
+                                      resume=args.resume, report=not args.no_report), console)
+        if args.command == "report":
+            from gpubench.report.build import build_report
+
+            report = build_report(args.run_dirs, args.out)
+            for warning in report.warnings:
+                print(f"gpubench: warning: {warning}", file=sys.stderr)
+            console.print(f"report: {report.index}\n  charts: {len(report.charts)} PNG in {report.index.parent / 'charts'}"
+                          f"\n  csv: {report.csv}\n  markdown: {report.markdown}", highlight=False)
+            return 0
         if args.command == "list":
             from gpubench.inventory import show_list
 

@@ -72,16 +72,24 @@ class Config:
         return self.batch_size
 
     @property
+    def workload_label(self) -> str:
+        """``cnn``, ``mlp_depth2_width512``: the workload with its parameters."""
+        return self.workload + "".join(f"_{k}{v}" for k, v in self.workload_params)
+
+    @property
+    def variant(self) -> str:
+        """The training settings that differ from their built-in default, ``key=value`` joined
+        by ``-`` (``""`` when none do); data_workers only counts in pipeline mode."""
+        return "-".join(f"{name}={getattr(self, name)}" for name in _ID_EXTRAS
+                        if getattr(self, name) != _DEFAULTS[name] and (name != "data_workers" or self.data == "pipeline"))
+
+    @property
     def config_id(self) -> str:
         """Stable, readable id: the identity axes, plus any other training setting that
         differs from its built-in default (measurement settings are left out)."""
-        wl = self.workload + "".join(f"_{k}{v}" for k, v in self.workload_params)
-        parts = [wl, self.framework, self.device, f"bs{self.batch_size}", self.precision, self.parallelism]
-        for name in _ID_EXTRAS:
-            value = getattr(self, name)
-            if value != _DEFAULTS[name] and (name != "data_workers" or self.data == "pipeline"):
-                parts.append(f"{name}={value}")
-        return "-".join(parts)
+        parts = [self.workload_label, self.framework, self.device, f"bs{self.batch_size}", self.precision,
+                 self.parallelism]
+        return "-".join(parts + ([self.variant] if self.variant else []))
 
     @property
     def config_hash(self) -> str:

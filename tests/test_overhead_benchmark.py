@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -11,17 +12,34 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
-
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "overhead.py"
+# runs the script as __main__, then says which frameworks the run imported
+WRAPPER = """
+import runpy, sys
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit as e:
+    code = e.code
+else:
+    code = 0
+print("frameworks imported:", sorted(m for m in ("torch", "tensorflow") if m in sys.modules))
+sys.exit(code)
+"""
+
+
+def _needs(module: str) -> None:
+    """Skip without importing the framework here (the script imports it in its own process)."""
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed")
 
 
 def _run(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], dict]:
     out = tmp_path / "overhead.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--depth", "1", "--width", "32", "--batch-size", "16",
+        [sys.executable, "-c", WRAPPER, str(SCRIPT), "--depth", "1", "--width", "32", "--batch-size", "16",
          "--steps", "3", "--rounds", "2", "--warmup", "1", "--json", str(out), *extra],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )
@@ -29,19 +47,39 @@ def _run(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str],
     return proc, json.loads(out.read_text())
 
 
-def test_overhead_script_writes_figures(tmp_path: Path) -> None:
-    proc, doc = _run(tmp_path)
-    for key in ("config_id", "device", "torch_version", "bare_step_ms", "bare_sps", "gpubench_sps",
+def _check_figures(proc: subprocess.CompletedProcess[str], doc: dict, config_id: str, second: str) -> None:
+    for key in ("config_id", "framework", "device", "device_name", "bare_step_ms", "bare_sps", "gpubench_sps",
                 "gpubench_median_sps", "ratio", "ratio_ci", "pair_ratios", "target", "result", "rounds"):
         assert key in doc, key
-    assert doc["device"] == "cpu" and doc["aa_test"] is False
-    assert doc["config_id"].startswith("mlp_depth1_width32-torch-cpu-bs16-fp32")
+    assert doc["device"] == "cpu"
+    assert doc["config_id"].startswith(config_id)
     assert len(doc["rounds"]) == 2 and len(doc["pair_ratios"]) == 1
-    assert [r["first"] for r in doc["rounds"]] == ["bare", "gpubench"]
+    assert [r["first"] for r in doc["rounds"]] == ["bare", second]
     for row in doc["rounds"]:
         for key in ("bare_sps", "gpubench_sps", "gpubench_median_sps", "ratio"):
             assert math.isfinite(row[key]) and row[key] > 0, (key, row)
+        assert math.isfinite(row["bare_loss"]) and math.isfinite(row["gpubench_loss"]), row
+    assert doc["bare_step_ms"] > 0 and doc["bare_sps"] > 0 and doc["gpubench_sps"] > 0
     assert doc["ratio"] > 0 and doc["ratio_ci"][0] <= doc["ratio"] <= doc["ratio_ci"][1]
     assert doc["result"] in ("PASS", "FAIL", "INCONCLUSIVE", "n/a")
     assert "target ratio >= 0.99" in proc.stdout
 
+
+def test_overhead_script_writes_figures(tmp_path: Path) -> None:
+    _needs("torch")
+    proc, doc = _run(tmp_path)
+    _check_figures(proc, doc, "mlp_depth1_width32-torch-cpu-bs16-fp32", "gpubench")
+    assert doc["framework"] == "torch" and doc["aa_test"] is False
+    assert doc["torch_version"] and doc["num_threads"] >= 1
+    assert "frameworks imported: ['torch']" in proc.stdout  # TensorFlow stays out of a torch run
+
+
+def test_overhead_script_tensorflow(tmp_path: Path) -> None:
+    _needs("tensorflow")
+    proc, doc = _run(tmp_path, "--framework", "tensorflow")
+    _check_figures(proc, doc, "mlp_depth1_width32-tensorflow-cpu-bs16-fp32", "gpubench")
+    assert doc["framework"] == "tensorflow" and doc["aa_test"] is False and doc["compile"] == "none"
+    assert doc["tensorflow_version"] and doc["keras_version"]
+    assert "frameworks imported: ['tensorflow']" in proc.stdout  # torch stays out of a TensorFlow run
+    for row in doc["rounds"]:  # the bare loop and gpubench's trainer do the same work, step for step
+        assert row["gpubench_loss"] == pytest.approx(row["bare_loss"], rel=1e-4), row

@@ -37,6 +37,9 @@ def test_each_failure_costs_only_its_own_config(tmp_path, write_suite):
     suite = write_suite(FAULTS.replace("timeout_s = 20", "timeout_s = 4"))
     proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs")], cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # errors and a timeout
+    (report,) = (tmp_path / "reports").iterdir()  # written by default, even when configs failed
+    assert f"report: {report.relative_to(tmp_path) / 'index.html'}" in proc.stdout
+    assert "injected failure in build" in (report / "summary.md").read_text()
     run_dir, by_mode = results_of(tmp_path / "runs")
     status = {m: r["status"] for m, r in by_mode.items()}
     assert status == {0: "ok", 1: "error", 2: "timeout", 3: "oom", 4: "error", 5: "diverged"}
@@ -79,7 +82,8 @@ def test_unavailable_and_unsupported_do_not_fail_the_run(tmp_path, write_suite):
 
 def test_repeats_run_in_rounds_each_in_a_fresh_process(tmp_path, write_suite):
     suite = write_suite(FAULTS.replace("[0, 1, 2, 3, 4, 5]", "[0]\nbatch_size = [4, 8]"))
-    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--repeats", "2"], cwd=tmp_path)
+    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--repeats", "2", "--no-report"],
+                   cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
     order = [(r["config"]["batch_size"], r["repeat"]) for r in load_results(run_dir)]
@@ -91,8 +95,9 @@ def test_repeats_run_in_rounds_each_in_a_fresh_process(tmp_path, write_suite):
 def test_resume_completes_an_interrupted_run(tmp_path, write_suite):
     suite = write_suite(FAULTS.replace("[0, 1, 2, 3, 4, 5]", "[0]\nbatch_size = [1, 2, 3, 4]"))
     out = tmp_path / "runs"
-    proc = run_cli(["run", str(suite), "--out", str(out)], cwd=tmp_path)
+    proc = run_cli(["run", str(suite), "--out", str(out), "--no-report"], cwd=tmp_path)
     assert proc.returncode == 0
+    assert not (tmp_path / "reports").exists()
     (run_dir,) = list(out.iterdir())
     results_file = run_dir / "results.jsonl"
     lines = results_file.read_text().splitlines(keepends=True)

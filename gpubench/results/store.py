@@ -64,10 +64,11 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         raise InputError(f"{path}: unreadable run file: {e}") from None
 
 
-def load_results(run_dir: Path, repair: bool = False) -> list[dict[str, Any]]:
+def load_results(run_dir: Path, repair: bool = False, strict: bool = True) -> list[dict[str, Any]]:
     """All results of a run. A half-written last line (a killed run) is skipped with a
-    warning, and with ``repair`` cut off the file so that appends continue cleanly; a bad
-    line elsewhere, or an unknown schema version, is an InputError naming the line."""
+    warning, and with ``repair`` cut off the file so that appends continue cleanly. A bad line
+    elsewhere, or an unknown schema version, is an InputError naming the line; with
+    ``strict=False`` (reports) it is skipped with a warning instead."""
     path = run_dir / RESULTS_FILE
     if not path.exists():
         return []
@@ -92,13 +93,21 @@ def load_results(run_dir: Path, repair: bool = False) -> list[dict[str, Any]]:
                     with open(path, "r+b") as f:
                         f.truncate(start)
                 break
-            raise InputError(f"{path}:{i}: corrupt result line: {e}") from None
+            _problem(f"{path}:{i}: corrupt result line: {e}", strict)
+            continue
         version = obj.get("schema_version")
         if version not in SUPPORTED_SCHEMA_VERSIONS:
-            raise InputError(f"{path}:{i}: unknown schema_version {version!r}; this gpubench reads: "
-                             f"{', '.join(map(str, SUPPORTED_SCHEMA_VERSIONS))}")
+            _problem(f"{path}:{i}: unknown schema_version {version!r}; this gpubench reads: "
+                     f"{', '.join(map(str, SUPPORTED_SCHEMA_VERSIONS))}", strict)
+            continue
         results.append(obj)
     return results
+
+
+def _problem(message: str, strict: bool) -> None:
+    if strict:
+        raise InputError(message)
+    warnings.warn(message + " (line skipped)")
 
 
 def slug(text: str) -> str:

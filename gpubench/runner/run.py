@@ -35,6 +35,7 @@ class RunRequest:
     sets: list[str] = field(default_factory=list)
     repeats: int | None = None
     resume: Path | None = None
+    report: bool = True
 
 
 def _probe_all(configs: list[Config], console: Console) -> dict[str, ProbeInfo]:
@@ -135,4 +136,19 @@ def execute(req: RunRequest, console: Console) -> int:
     failed = [r for r in results if r["status"] in FAILED_STATUSES]
     console.print(f"results: {run_dir / 'results.jsonl'}" + (f"  ([red]{len(failed)} failed[/red])" if failed else ""),
                   highlight=False)
+    if req.report:
+        _report(run_dir, console)
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _report(run_dir: Path, console: Console) -> None:
+    """Write the report; a failure here is reported but never costs the results."""
+    from gpubench.report.build import build_report
+
+    try:
+        report = build_report([run_dir])
+    except Exception as e:  # noqa: BLE001 - the run's results are safe on disk whatever happens here
+        console.print(f"[yellow]report not written[/yellow]: {type(e).__name__}: {e}; "
+                      f"retry with: gpubench report {run_dir}", highlight=False)
+        return
+    console.print(f"report: {report.index}", highlight=False)

@@ -1,0 +1,1 @@
+"""Reports: tables, PNG charts, a self-contained HTML page, CSV and markdown."""

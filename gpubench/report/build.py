@@ -1,0 +1,197 @@
+"""Build a report: index.html (self-contained), the PNG charts, results.csv, summary.md."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+import gpubench
+from gpubench.report import charts, fmt, tables
+from gpubench.report.load import ReportData, load_report_data
+
+TEMPLATES = Path(__file__).parent / "templates"
+CSV_COLUMNS = [
+    "run", "config_id", "config_hash", "workload", "workload_label", "variant", "framework", "device", "device_model",
+    "batch_size", "precision", "parallelism", "optimizer", "lr", "loss", "compile", "data", "data_workers", "dataset",
+    "status", "reason", "repeats", "repeats_ok", "throughput", "throughput_ci_low", "throughput_ci_high", "ci_kind",
+    "throughput_mean", "throughput_wall", "step_ms", "step_ms_p5", "step_ms_p95", "step_ms_iqr", "step_cv", "noisy",
+    "cold_start_ms", "setup_ms", "loss_first", "loss_last", "loss_fell", "peak_memory_bytes", "peak_rss_bytes",
+    "peak_allocated_bytes", "peak_reserved_bytes", "data_bytes", "pipeline_slowdown", "energy_per_sample_j",
+    "params", "flops_per_sample", "step_timing",
+]
+
+
+@dataclass
+class Report:
+    out: Path
+    index: Path
+    csv: Path
+    markdown: Path
+    charts: list[Path] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def default_out(data: ReportData, base: Path = Path("reports")) -> Path:
+    return base / "__".join(r.run_id.replace("/", "_") for r in data.runs)
+
+
+def _html_table(df: pd.DataFrame) -> str:
+    if df.empty:
+        return '<p class="note">none</p>'
+    return df.to_html(index=False, escape=True, border=0, na_rep="-")
+
+
+def _step_times(data: ReportData) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for run in data.runs:
+        for r in run.results:
+            times = (r.get("metrics") or {}).get("step_times_ms")
+            if r.get("status") == "ok" and times:
+                label = (f"{run.run_id}: " if data.multi_run else "") + r["config_id"]
+                out.setdefault(label, []).extend(float(t) for t in times if t is not None)
+    return out
+
+
+def _how_measured(run_meta: dict[str, Any]) -> str:
+    suite = run_meta.get("suite") or {}
+    d = suite.get("defaults", {})
+    m = suite.get("matrix", {})
+    def setting(key: str, default: Any) -> str:
+        return str(m.get(key, d.get(key, default)))
+    repeats = (run_meta.get("args") or {}).get("repeats", 1)
+    return (f"Each config in a fresh process: 1 cold-start step (reported separately), "
+            f"{setting('warmup_steps', 5)} warm-up steps, then {setting('windows', 5)} windows of "
+            f"{setting('steps', 20)} timed steps; {repeats} repeat(s) per config; seed {setting('seed', 0)}. "
+            f"Run started {run_meta.get('created_at', '?')}, "
+            f"{'completed' if run_meta.get('completed') else 'not completed (interrupted or still running)'}.")
+
+
+def _env_table(env: dict[str, Any]) -> str:
+    rows = []
+    for key, value in env.items():
+        if key == "frameworks":
+            for name, p in (value or {}).items():
+                text = (f"{p.get('version')} {json.dumps(p.get('build'))}; devices: "
+                        + ", ".join(f"{d['name']} ({d['model']})" for d in p.get("devices", []))
+                        if p.get("available") else f"unavailable: {p.get('reason')}")
+                rows.append((f"framework {name}", text))
+        else:
+            rows.append((key, value if isinstance(value, str) else json.dumps(value)))
+    body = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
+    return f"<table>{body}</table>"
+
+
+def _env_of(run: RunData) -> dict[str, Any]:
+    return run.meta.get("env") or (run.results[0].get("env", {}) if run.results else {})
+
+
+def _machine_line(env: dict[str, Any]) -> str:
+    gpus = ", ".join(g.get("name", "?") for g in env.get("gpus") or []) or "none"
+    frameworks = ", ".join(f"{n} {p.get('version')}" for n, p in (env.get("frameworks") or {}).items()
+                           if p.get("available"))
+    return (f"Host {env.get('hostname', '?')}: CPU {env.get('cpu_model', '?')} "
+            f"({env.get('cpu_logical_cores', '?')} logical cores), GPUs: {gpus}; "
+            f"Python {env.get('python', '?')}; {frameworks or 'no framework information'}.")
+
+
+def _counts(configs: pd.DataFrame) -> str:
+    counts = configs["status"].value_counts()
+    return f"{len(configs)} configs: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+
+
+def write_markdown(data: ReportData, path: Path) -> None:
+    """A compact summary fit for a CI job summary or a PR comment."""
+    c = data.configs
+    lines = [f"## gpubench: {', '.join(r.run_id for r in data.runs)}", "", _counts(c), ""]
+    for w in data.warnings:
+        lines.append(f"> warning: {w}")
+    if data.warnings:
+        lines.append("")
+    ok = c[c["status"] == "ok"]
+    table = pd.DataFrame({
+        **({"run": ok["run"]} if data.multi_run else {}),
+        "config": ok["config_id"],
+        "samples/s (95% CI)": [fmt.rate_ci(r.throughput, r.throughput_ci_low, r.throughput_ci_high)
+                               + (" *" if r.noisy else "") for r in ok.itertuples()],
+        "step": ok["step_ms"].map(fmt.ms),
+        "cv": ok["step_cv"].map(fmt.pct),
+        "peak memory": ok["peak_memory_bytes"].map(fmt.nbytes),
+    })
+    lines += [tables.to_markdown(table), "`*` noisy (cv of step times > 10%)", ""]
+    if data.multi_run:
+        lines += ["### Runs side by side", "", tables.to_markdown(tables.run_comparison(c, [r.run_id for r in data.runs]))]
+    for comparison in tables.COMPARISONS:
+        t = tables.speedup_table(c, comparison, data.multi_run)
+        if not t.empty:
+            lines += [f"### {comparison.title}", "", tables.to_markdown(t)]
+    bad = tables.failures(c, data.multi_run)
+    if not bad.empty:
+        lines += ["### Not measured", "", tables.to_markdown(bad)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def write_csv(data: ReportData, path: Path) -> None:
+    c = data.configs.copy()
+    params = sorted(col for col in c.columns if col.startswith("param_"))
+    cols = [col for col in CSV_COLUMNS if col in c.columns]
+    c[cols[:3] + params + cols[3:]].to_csv(path, index=False)
+
+
+def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
+    data = load_report_data(run_dirs)
+    out = out or default_out(data)
+    chart_dir = out / "charts"
+    chart_dir.mkdir(parents=True, exist_ok=True)
+    c = data.configs
+    multi = data.multi_run
+
+    made = [p for p in (
+        charts.throughput_vs_batch(c, chart_dir / "throughput_vs_batch.png"),
+        charts.speedup_bars(c, chart_dir / "speedups.png"),
+        charts.step_time_boxes(_step_times(data), chart_dir / "step_times.png"),
+        charts.memory_vs_batch(c, chart_dir / "memory_vs_batch.png"),
+    ) if p is not None]
+
+    ci_kinds = set(c.get("ci_kind", pd.Series(dtype=str)).dropna())
+    ci_note = {"within-process": "within one process: one repeat per config",
+               "between-repeats": "between repeats: each repeat a fresh process"}
+    ci_note = "; ".join(ci_note[k] for k in sorted(ci_kinds)) or ci_note["within-process"]
+    context = {
+        "title": ", ".join(r.run_id for r in data.runs),
+        "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "version": gpubench.__version__,
+        "warnings": data.warnings,
+        "counts": _counts(c),
+        "comparison": _html_table(tables.run_comparison(c, [r.run_id for r in data.runs])) if multi else None,
+        "ci_note": ci_note,
+        "throughput": {k: _html_table(v) for k, v in tables.throughput_tables(c, multi).items()},
+        "speedups": [{"title": cmp.title, "note": cmp.note, "table": _html_table(t)}
+                     for cmp in tables.COMPARISONS
+                     if not (t := tables.speedup_table(c, cmp, multi)).empty],
+        "charts": [{"name": p.name, "data": base64.b64encode(p.read_bytes()).decode()} for p in made],
+        "telemetry_note": "No telemetry timelines in these results." if "telemetry" not in
+                          {k for run in data.runs for r in run.results for k in r} else "",
+        "memory": {k: _html_table(v) for k, v in tables.memory_tables(c, multi).items()},
+        "energy": {k: _html_table(v) for k, v in tables.energy_tables(c, multi).items()},
+        "failures": _html_table(tables.failures(c, multi)),
+        "noisy": _html_table(tables.noisy(c, multi)),
+        "runs": [{"run_id": r.run_id, "how": _how_measured(r.meta), "machine": _machine_line(_env_of(r)),
+                  "env": _env_table(_env_of(r)),
+                  "suite": json.dumps(r.meta.get("suite", {}), indent=2)} for r in data.runs],
+    }
+    env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html", "j2"]))
+    index = out / "index.html"
+    index.write_text(env.get_template("report.html.j2").render(**context), encoding="utf-8")
+    csv = out / "results.csv"
+    write_csv(data, csv)
+    md = out / "summary.md"
+    write_markdown(data, md)
+    return Report(out=out, index=index, csv=csv, markdown=md, charts=made, warnings=data.warnings)

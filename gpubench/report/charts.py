@@ -1,0 +1,171 @@
+"""Report charts (matplotlib, Agg): one consistent style, axes with units, legends that name
+framework and precision. Each function writes one PNG and returns its path, or None when the
+data has nothing to show (e.g. a single batch size)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from gpubench.report.tables import COMPARISONS, speedup_frame  # noqa: E402
+
+STYLE = {
+    "figure.dpi": 110,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "legend.fontsize": 8,
+}
+RUN_LINESTYLES = ["-", "--", ":", "-."]
+_MPL = tuple(int(x) for x in matplotlib.__version__.split(".")[:2])
+FRAMEWORK_NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow"}
+
+
+def _series_label(framework: str, precision: str, variant: str = "", run: str | None = None) -> str:
+    label = f"{FRAMEWORK_NAMES.get(framework, framework)} {precision}"
+    if variant:
+        label += f" {variant}"
+    return f"{label} ({run})" if run else label
+
+
+# the same framework x precision has the same colour in every chart: blues for PyTorch,
+# reds and oranges for TensorFlow
+COLORS = {
+    ("torch", "fp32"): "#1f77b4", ("torch", "tf32"): "#6baed6", ("torch", "amp-fp16"): "#08306b",
+    ("torch", "amp-bf16"): "#17becf",
+    ("tensorflow", "fp32"): "#d62728", ("tensorflow", "tf32"): "#ff9896", ("tensorflow", "amp-fp16"): "#7f0000",
+    ("tensorflow", "amp-bf16"): "#ff7f0e",
+}
+VARIANT_MARKERS = ["o", "s", "^", "D", "v", "P", "X"]
+
+
+def _color(framework: str, precision: str) -> Any:
+    return COLORS.get((framework, precision), "#7f7f7f")
+
+
+def _grid(workloads: list[str], devices: list[str]):
+    fig, axes = plt.subplots(len(workloads), len(devices), figsize=(5.2 * len(devices), 3.4 * len(workloads)),
+                             squeeze=False)
+    return fig, axes
+
+
+def _lines_by_batch(configs: pd.DataFrame, value: str, path: Path, ylabel: str, title: str,
+                    ci: tuple[str, str] | None = None, scale: float = 1.0) -> Path | None:
+    ok = configs[configs[value].notna()]
+    if ok.empty or ok.groupby(["run", "config_id"]).ngroups < 2:
+        return None
+    workloads = list(dict.fromkeys(ok["workload_label"]))
+    devices = sorted(ok["device"].unique())
+    runs = list(dict.fromkeys(ok["run"]))
+    variants = sorted(set(ok["variant"]))
+    with plt.rc_context(STYLE):
+        fig, axes = _grid(workloads, devices)
+        for i, workload in enumerate(workloads):
+            for j, device in enumerate(devices):
+                ax = axes[i][j]
+                g = ok[(ok["workload_label"] == workload) & (ok["device"] == device)]
+                for (run, fw, prec, var), s in g.groupby(["run", "framework", "precision", "variant"], sort=True):
+                    s = s.sort_values("batch_size")
+                    y = s[value].astype(float).to_numpy() * scale
+                    style = RUN_LINESTYLES[runs.index(run) % len(RUN_LINESTYLES)]
+                    label = _series_label(fw, prec, var, run if len(runs) > 1 else None)
+                    marker = VARIANT_MARKERS[variants.index(var) % len(VARIANT_MARKERS)]
+                    kw: dict[str, Any] = {"color": _color(fw, prec), "linestyle": style, "marker": marker,
+                                          "markersize": 4, "label": label}
+                    if ci is not None:
+                        lo = s[ci[0]].astype(float).to_numpy() * scale
+                        hi = s[ci[1]].astype(float).to_numpy() * scale
+                        ax.errorbar(s["batch_size"], y, yerr=[y - lo, hi - y], capsize=3, **kw)
+                    else:
+                        ax.plot(s["batch_size"], y, **kw)
+                ax.set_xscale("log", base=2)
+                sizes = sorted(g["batch_size"].unique())
+                if sizes:
+                    ax.set_xticks(sizes, [str(b) for b in sizes])
+                    ax.minorticks_off()
+                ax.set_title(f"{workload} on {device}")
+                ax.set_xlabel("batch size (samples per step)")
+                ax.set_ylabel(ylabel)
+                ax.set_ylim(bottom=0)
+                if ax.has_data():
+                    ax.legend(loc="best")
+                else:
+                    ax.text(0.5, 0.5, "no measurements", ha="center", va="center", transform=ax.transAxes)
+        fig.suptitle(title)
+        fig.tight_layout()
+        fig.savefig(path)
+        plt.close(fig)
+    return path
+
+
+def throughput_vs_batch(configs: pd.DataFrame, path: Path) -> Path | None:
+    return _lines_by_batch(configs[configs["status"] == "ok"], "throughput", path, "throughput (samples/s)",
+                           "Training throughput vs batch size (median, 95% CI)", ci=("throughput_ci_low",
+                                                                                     "throughput_ci_high"))
+
+
+def memory_vs_batch(configs: pd.DataFrame, path: Path) -> Path | None:
+    return _lines_by_batch(configs, "peak_memory_bytes", path, "peak memory (MiB)",
+                           "Peak memory vs batch size (GPU: allocator peak; CPU: process peak RSS)",
+                           scale=1 / 2**20)
+
+
+def speedup_bars(configs: pd.DataFrame, path: Path) -> Path | None:
+    panels = [(c, speedup_frame(configs, c)) for c in COMPARISONS]
+    panels = [(c, f) for c, f in panels if not f.empty]
+    if not panels:
+        return None
+    runs = list(dict.fromkeys(configs["run"]))
+    with plt.rc_context(STYLE):
+        heights = [max(1.6, 0.28 * len(f) + 1.0) for _, f in panels]
+        fig, axes = plt.subplots(len(panels), 1, figsize=(9, sum(heights)), squeeze=False,
+                                 gridspec_kw={"height_ratios": heights})
+        for ax, (comparison, f) in zip(axes[:, 0], panels):
+            labels = [(f"{r['run']}: " if len(runs) > 1 else "") + r["config_id"] for _, r in f.iterrows()]
+            values = f["speedup"].to_numpy(dtype=float)
+            colors = ["tab:green" if v >= 1 else "tab:red" for v in values]
+            y = np.arange(len(values))
+            ax.barh(y, values, color=colors, alpha=0.8)
+            ax.axvline(1.0, color="black", linewidth=0.8)
+            ax.set_yticks(y, labels, fontsize=7)
+            ax.invert_yaxis()
+            for yi, v in zip(y, values):
+                ax.text(v, yi, f" {v:.2f}x", va="center", fontsize=7)
+            ax.set_xlabel("speed-up (x, throughput ratio; 1 = same speed)")
+            ax.set_title(f"{comparison.title} ({comparison.short})")
+            ax.set_xlim(0, max(values.max() * 1.2, 1.2))
+        fig.tight_layout()
+        fig.savefig(path)
+        plt.close(fig)
+    return path
+
+
+def step_time_boxes(step_times: dict[str, list[float]], path: Path) -> Path | None:
+    """Distribution of raw step times per config (box: IQR, whiskers: 5th-95th percentile)."""
+    items = [(k, v) for k, v in step_times.items() if v]
+    if not items:
+        return None
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(9, max(2.2, 0.3 * len(items) + 1.2)))
+        horizontal = {"orientation": "horizontal"} if _MPL >= (3, 10) else {"vert": False}
+        ax.boxplot([v for _, v in items], whis=(5, 95), showfliers=True, flierprops={"markersize": 2, "alpha": 0.5},
+                   **horizontal)
+        ax.set_yticks(np.arange(1, len(items) + 1), [k for k, _ in items], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.set_xlabel("step time (ms, log scale)")
+        ax.set_title("Step-time distributions (box: IQR; whiskers: 5th-95th percentile; dots: outliers)")
+        fig.tight_layout()
+        fig.savefig(path)
+        plt.close(fig)
+    return path

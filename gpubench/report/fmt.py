@@ -1,0 +1,60 @@
+"""Number formatting with units, shared by the HTML, markdown and terminal views."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def rate(v: Any) -> str:
+    """Samples per second, 3-4 significant digits: 812.3, 12.3k, 1.23M."""
+    if _missing(v):
+        return "-"
+    v = float(v)
+    if v >= 1e6:
+        return f"{v / 1e6:.2f}M"
+    if v >= 1e4:
+        return f"{v / 1e3:.1f}k"
+    if v >= 1e3:
+        return f"{v / 1e3:.2f}k"
+    return f"{v:.1f}"
+
+
+def rate_ci(v: Any, lo: Any, hi: Any) -> str:
+    if _missing(v):
+        return "-"
+    return f"{rate(v)}/s [{rate(lo)}, {rate(hi)}]"
+
+
+def nbytes(v: Any) -> str:
+    if _missing(v):
+        return "-"
+    v = float(v)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(v) < 1024:
+            return f"{v:.0f} {unit}" if unit == "B" else f"{v:.1f} {unit}"
+        v /= 1024
+    return f"{v:.1f} TiB"
+
+
+def ms(v: Any) -> str:
+    return "-" if _missing(v) else f"{float(v):.3g} ms"
+
+
+def pct(v: Any) -> str:
+    return "-" if _missing(v) else f"{100 * float(v):.1f}%"
+
+
+def ratio(v: Any) -> str:
+    return "-" if _missing(v) else f"{float(v):.2f}x"
+
+
+def joules(v: Any) -> str:
+    if _missing(v):
+        return "-"
+    v = float(v)
+    return f"{v * 1e3:.3g} mJ" if v < 1 else f"{v:.3g} J"

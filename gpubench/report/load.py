@@ -1,0 +1,74 @@
+"""Load run directories for a report, tolerating what a killed or damaged run leaves behind.
+
+A problem with one run (missing directory, no run.json, truncated or corrupt lines, unknown
+schema versions) becomes a warning and the rest of the report is still produced; only when
+no run yields anything is it an error.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gpubench.errors import InputError
+from gpubench.results.frame import aggregate, results_frame
+from gpubench.results.store import RESULTS_FILE, load_results, load_run
+
+
+@dataclass
+class RunData:
+    path: Path
+    run_id: str
+    meta: dict[str, Any]
+    results: list[dict[str, Any]]
+
+
+@dataclass
+class ReportData:
+    runs: list[RunData]
+    warnings: list[str] = field(default_factory=list)
+    frame: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per result
+    configs: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per (run, config)
+
+    @property
+    def multi_run(self) -> bool:
+        return len(self.runs) > 1
+
+
+def _load_one(path: Path, notes: list[str]) -> RunData | None:
+    if not path.is_dir():
+        notes.append(f"{path}: no such run directory; left out of the report")
+        return None
+    try:
+        meta = load_run(path)
+    except InputError as e:
+        notes.append(f"{e}; the report has no suite or environment context for this run")
+        meta = {}
+    if not (path / RESULTS_FILE).exists():
+        notes.append(f"{path / RESULTS_FILE}: missing; no results from this run")
+        return RunData(path, meta.get("run_id", path.name), meta, [])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = load_results(path, strict=False)
+    notes.extend(str(w.message) for w in caught)
+    if not results:
+        notes.append(f"{path / RESULTS_FILE}: no results (empty file)")
+    return RunData(path, meta.get("run_id") or (results[0]["run_id"] if results else path.name), meta, results)
+
+
+def load_report_data(paths: list[Path]) -> ReportData:
+    notes: list[str] = []
+    runs = [r for r in (_load_one(p, notes) for p in paths) if r is not None]
+    labels = [r.run_id for r in runs]
+    if len(set(labels)) < len(labels):  # the same run id twice (e.g. copies): label by path
+        for r in runs:
+            r.run_id = str(r.path)
+    if not any(r.results for r in runs):
+        raise InputError("nothing to report: " + ("; ".join(notes) or "no results"))
+    frames = [results_frame(r.results, run=r.run_id) for r in runs if r.results]
+    frame = pd.concat(frames, ignore_index=True)
+    return ReportData(runs=runs, warnings=notes, frame=frame, configs=aggregate(frame))

@@ -1,0 +1,146 @@
+"""Results into pandas: one flat row per result, and one row per config over its repeats."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpubench.measure.stats import median_ci
+from gpubench.suite import Config
+
+CONFIG_COLUMNS = ["workload", "framework", "device", "batch_size", "precision", "parallelism", "optimizer", "lr",
+                  "loss", "compile", "data", "data_workers", "dataset"]
+
+
+def _get(d: dict[str, Any] | None, *path: str) -> Any:
+    for key in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(key)
+    return d
+
+
+def device_model(result: dict[str, Any]) -> str | None:
+    """The model name of the device a result ran on, from its environment fingerprint."""
+    config = result.get("config", {})
+    probe = _get(result, "env", "frameworks", config.get("framework", ""))
+    if not isinstance(probe, dict):
+        return None
+    device = config.get("device", "")
+    for d in probe.get("devices", []):
+        if d.get("name") == device or (":" not in device and d.get("name", "").split(":")[0] == device):
+            return d.get("model")
+    return None
+
+
+def flatten(result: dict[str, Any], run: str | None = None) -> dict[str, Any]:
+    config = result.get("config", {})
+    m = result.get("metrics") or {}
+    try:
+        typed = Config.from_dict(config)
+        labels = {"workload_label": typed.workload_label, "variant": typed.variant,
+                  "variant_nodata": replace(typed, data="device", data_workers=Config.data_workers).variant}
+    except TypeError:  # a config this gpubench cannot build (e.g. from a plugin not loaded now)
+        labels = {"workload_label": config.get("workload"), "variant": "", "variant_nodata": ""}
+    row: dict[str, Any] = {
+        "run": run or result.get("run_id"),
+        "config_id": result.get("config_id"),
+        "config_hash": result.get("config_hash"),
+        "repeat": result.get("repeat", 0),
+        **{c: config.get(c) for c in CONFIG_COLUMNS},
+        **{f"param_{k}": v for k, v in (config.get("workload_params") or {}).items()},
+        **labels,
+        "device_model": device_model(result),
+        "status": result.get("status"),
+        "reason": result.get("reason") or "",
+        "throughput": _get(m, "throughput", "median"),
+        "throughput_ci_low": _get(m, "throughput", "ci_low"),
+        "throughput_ci_high": _get(m, "throughput", "ci_high"),
+        "throughput_mean": _get(m, "throughput", "mean"),
+        "throughput_wall": m.get("throughput_wall"),
+        "step_ms": _get(m, "step_time_ms", "median"),
+        "step_ms_p5": _get(m, "step_time_ms", "p5"),
+        "step_ms_p95": _get(m, "step_time_ms", "p95"),
+        "step_ms_iqr": _get(m, "step_time_ms", "iqr"),
+        "step_cv": _get(m, "step_time_ms", "cv"),
+        "n_steps": _get(m, "step_time_ms", "n"),
+        "noisy": m.get("noisy"),
+        "cold_start_ms": m.get("cold_start_ms"),
+        "setup_ms": m.get("setup_ms"),
+        "loss_first": _get(m, "loss", "first"),
+        "loss_last": _get(m, "loss", "last"),
+        "loss_fell": _get(m, "loss", "fell"),
+        "peak_rss_bytes": _get(m, "memory", "peak_rss_bytes"),
+        "peak_allocated_bytes": _get(m, "memory", "peak_allocated_bytes"),
+        "peak_reserved_bytes": _get(m, "memory", "peak_reserved_bytes"),
+        "data_bytes": _get(m, "memory", "data_bytes"),
+        "pipeline_slowdown": _get(m, "pipeline_vs_device", "slowdown"),
+        "energy_per_sample_j": _get(result, "telemetry", "gpu", "energy_per_sample_j"),
+        "params": _get(result, "model", "params"),
+        "flops_per_sample": _get(result, "model", "flops_per_sample"),
+        "step_timing": _get(result, "runtime", "step_timing"),
+        "duration_s": result.get("duration_s"),
+        "started_at": result.get("started_at"),
+    }
+    # the memory a user cares about: the device's allocator peak on a GPU, the process's RSS on CPU
+    row["peak_memory_bytes"] = row["peak_allocated_bytes"] if row["peak_allocated_bytes"] is not None \
+        else row["peak_rss_bytes"]
+    return row
+
+
+def results_frame(results: list[dict[str, Any]], run: str | None = None) -> pd.DataFrame:
+    """One row per result (per config per repeat)."""
+    return pd.DataFrame([flatten(r, run) for r in results])
+
+
+_FIRST = ["config_hash", *CONFIG_COLUMNS, "workload_label", "variant", "variant_nodata", "device_model", "params", "flops_per_sample",
+          "step_timing"]
+_MEDIAN = ["throughput_mean", "throughput_wall", "step_ms", "step_ms_p5", "step_ms_p95", "step_ms_iqr", "step_cv",
+           "cold_start_ms", "setup_ms", "loss_first", "loss_last", "peak_rss_bytes", "peak_allocated_bytes",
+           "peak_reserved_bytes", "peak_memory_bytes", "data_bytes", "pipeline_slowdown", "energy_per_sample_j"]
+
+
+def _aggregate_group(g: pd.DataFrame) -> dict[str, Any]:
+    ok = g[g["status"] == "ok"]
+    row: dict[str, Any] = {c: g[c].iloc[0] for c in _FIRST if c in g}
+    row.update({c: g[c].iloc[0] for c in g.columns if c.startswith("param_")})
+    row["repeats"] = len(g)
+    row["repeats_ok"] = len(ok)
+    if len(ok) == len(g):
+        row["status"], row["reason"] = "ok", ""
+    else:
+        bad = g[g["status"] != "ok"]
+        row["status"] = bad["status"].iloc[0]
+        reason = bad["reason"].iloc[0]
+        row["reason"] = reason if len(g) == 1 else f"{len(ok)} of {len(g)} repeats ok; {reason}"
+    if len(ok):
+        rates = ok["throughput"].astype(float).to_numpy()
+        row["throughput"] = float(np.median(rates))
+        if len(ok) == 1:
+            row["throughput_ci_low"] = float(ok["throughput_ci_low"].iloc[0])
+            row["throughput_ci_high"] = float(ok["throughput_ci_high"].iloc[0])
+            row["ci_kind"] = "within-process"
+        else:
+            row["throughput_ci_low"], row["throughput_ci_high"] = median_ci(rates)
+            row["ci_kind"] = "between-repeats"
+        for c in _MEDIAN:
+            if c in ok:
+                vals = pd.to_numeric(ok[c], errors="coerce").dropna()
+                row[c] = float(vals.median()) if len(vals) else None
+        row["noisy"] = bool(ok["noisy"].fillna(False).astype(bool).any())
+        row["loss_fell"] = bool(ok["loss_fell"].fillna(False).astype(bool).all())
+    return row
+
+
+def aggregate(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run, config): the median over ok repeats; the CI of a single repeat is
+    within-process, over several repeats distribution-free between repeats."""
+    if frame.empty:
+        return frame
+    rows = []
+    for (run, config_id), g in frame.groupby(["run", "config_id"], sort=False):
+        rows.append({"run": run, "config_id": config_id, **_aggregate_group(g)})
+    return pd.DataFrame(rows)

@@ -1,0 +1,154 @@
+"""Reports from small committed fixtures (tests/fixtures/run_a, run_b; see make_fixtures.py)."""
+
+from __future__ import annotations
+
+import csv
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gpubench.errors import InputError
+from gpubench.report.build import build_report
+from tests.conftest import REPO, run_cli
+
+FIX = REPO / "tests" / "fixtures"
+CHARTS = ["throughput_vs_batch.png", "speedups.png", "step_times.png", "memory_vs_batch.png"]
+
+
+@pytest.fixture(scope="module")
+def report_a(tmp_path_factory):
+    return build_report([FIX / "run_a"], tmp_path_factory.mktemp("rep") / "a")
+
+
+def test_files_and_charts(report_a):
+    assert report_a.index.exists() and report_a.csv.exists() and report_a.markdown.exists()
+    assert sorted(p.name for p in report_a.charts) == sorted(CHARTS)
+    for p in report_a.charts:
+        data = p.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000  # a real, non-trivial image
+    assert report_a.warnings == []
+
+
+def test_html_is_self_contained_and_embeds_every_chart(report_a):
+    page = report_a.index.read_text()
+    for name in CHARTS:
+        assert f'data-file="{name}"' in page
+    assert page.count('src="data:image/png;base64,') == len(CHARTS)
+    assert not re.search(r'(src|href)="(https?:)?//', page)  # no network fetches
+    assert "<script" not in page
+
+
+def test_throughput_numbers_match_the_fixture(report_a):
+    page = report_a.index.read_text()
+    # torch fp32 bs32: 32 samples / 40 ms = 800/s, CI from step-time CI 39.6..40.4 ms
+    assert "800.0/s [792.1, 808.1]" in page
+    assert "1.00k/s [990.1, 1.01k]" in page  # torch fp32 bs64: 64 / 64 ms
+    assert "1.60k/s [1.58k, 1.62k] *" in page  # torch amp-bf16 bs64, cv 15%: noisy
+    assert "2.00k/s [1.98k, 2.02k]" in page  # tensorflow fp32 bs64
+
+
+def test_csv_has_one_row_per_config_with_the_numbers(report_a):
+    rows = list(csv.DictReader(report_a.csv.open()))
+    assert len(rows) == 8
+    by_id = {r["config_id"]: r for r in rows}
+    r = by_id["cnn-torch-cpu-bs32-fp32-single"]
+    assert float(r["throughput"]) == pytest.approx(800.0)
+    assert float(r["step_ms"]) == pytest.approx(40.0)
+    assert r["status"] == "ok" and r["repeats"] == "1" and r["ci_kind"] == "within-process"
+    assert float(by_id["cnn-torch-cpu-bs64-fp32-single"]["peak_memory_bytes"]) == 700 * 2**20
+    assert by_id["cnn-torch-cuda-bs32-fp32-single"]["status"] == "unavailable"
+    assert by_id["cnn-tensorflow-cpu-bs32-amp-bf16-single"]["reason"] == "ValueError: injected"
+
+
+def test_markdown_speedups_and_failures(report_a):
+    md = report_a.markdown.read_text()
+    assert "8 configs: 6 ok, 1 unavailable, 1 error" in md
+    assert "| cnn-torch-cpu-bs32-amp-bf16-single | cnn-torch-cpu-bs32-fp32-single | 1.25x |" in md
+    assert "| cnn-torch-cpu-bs64-amp-bf16-single | cnn-torch-cpu-bs64-fp32-single | 1.60x |" in md
+    assert "| cnn-torch-cpu-bs32-fp32-single | cnn-tensorflow-cpu-bs32-fp32-single | 0.50x |" in md
+    assert "| cnn-tensorflow-cpu-bs32-amp-bf16-single | error | ValueError: injected |" in md
+    assert "| cnn-torch-cpu-bs64-amp-bf16-single | 1.60k/s [1.58k, 1.62k] * |" in md
+
+
+def test_several_runs_side_by_side(tmp_path):
+    rep = build_report([FIX / "run_a", FIX / "run_b"], tmp_path / "ab")
+    md = rep.markdown.read_text()
+    assert "| cnn-torch-cpu-bs32-fp32-single | 800.0 | 640.0 | 0.80x |" in md
+    assert "| cnn-torch-cpu-bs64-fp32-single | 1.00k | 1.00k | 1.00x |" in md
+    page = rep.index.read_text()
+    assert "Runs side by side" in page and "run_b / run_a" in page
+
+
+def copy_run(tmp_path, name="run_a") -> Path:
+    dst = tmp_path / name
+    shutil.copytree(FIX / name, dst)
+    return dst
+
+
+def test_truncated_results_still_give_a_report_with_a_warning(tmp_path):
+    run = copy_run(tmp_path)
+    data = (run / "results.jsonl").read_text()
+    (run / "results.jsonl").write_text(data[: len(data) - 200])  # half of the last line
+    rep = build_report([run], tmp_path / "out")
+    assert any("truncated last line" in w for w in rep.warnings)
+    assert len(list(csv.DictReader(rep.csv.open()))) == 7
+    assert "truncated last line" in rep.index.read_text() and "truncated last line" in rep.markdown.read_text()
+
+
+def test_unknown_schema_version_and_corrupt_lines_are_skipped_with_warnings(tmp_path):
+    run = copy_run(tmp_path)
+    lines = (run / "results.jsonl").read_text().splitlines(keepends=True)
+    lines[0] = lines[0].replace('"schema_version":1', '"schema_version":99')
+    lines[1] = "{garbage\n"
+    (run / "results.jsonl").write_text("".join(lines))
+    rep = build_report([run], tmp_path / "out")
+    text = " ".join(rep.warnings)
+    assert "results.jsonl:1: unknown schema_version 99" in text and "results.jsonl:2: corrupt result line" in text
+    assert len(list(csv.DictReader(rep.csv.open()))) == 6
+
+
+def test_missing_run_json_and_missing_dirs(tmp_path):
+    run = copy_run(tmp_path)
+    (run / "run.json").unlink()
+    rep = build_report([run, tmp_path / "gone"], tmp_path / "out")
+    assert any("run.json: missing" in w for w in rep.warnings)
+    assert any("gone: no such run directory" in w for w in rep.warnings)
+    with pytest.raises(InputError, match="nothing to report"):
+        build_report([tmp_path / "gone"], tmp_path / "out2")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "results.jsonl").write_text("")
+    with pytest.raises(InputError, match=r"results\.jsonl: no results \(empty file\)"):
+        build_report([empty], tmp_path / "out3")
+
+
+def test_cli_report_exit_codes(tmp_path):
+    proc = run_cli(["report", str(FIX / "run_a"), "--out", str(tmp_path / "r")], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"report: {tmp_path / 'r' / 'index.html'}" in proc.stdout
+    proc = run_cli(["report", str(tmp_path / "nope")], cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"gpubench: error: nothing to report: {tmp_path / 'nope'}: no such run directory; left out of the report"]
+    proc = run_cli(["report", str(FIX / "run_a")], cwd=tmp_path)  # default output: reports/<run_id>
+    assert proc.returncode == 0 and (tmp_path / "reports" / "run_a" / "index.html").exists()
+
+
+def test_page_renders_in_headless_chromium(tmp_path, report_a):
+    if not shutil.which("chromium"):
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    import subprocess
+
+    from PIL import Image
+
+    shot = tmp_path / "page.png"
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "screenshot_report.sh"), str(report_a.index), str(shot),
+                           "3000"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    image = Image.open(shot).convert("L")
+    assert image.size == (1280, 3000)
+    top = image.crop((0, 0, 1280, 1500))
+    assert top.getextrema()[0] < 60  # dark text and lines, not a blank page
+    assert len(top.histogram()) == 256 and sum(1 for n in top.histogram() if n) > 50  # many shades: text, a chart
