@@ -31,19 +31,19 @@ POLICIES = {"amp-fp16": "mixed_float16", "amp-bf16": "mixed_bfloat16"}
 def bare_model(workload: str, depth: int, width: int, policy: str | None) -> keras.Sequential:
     """The workload written out by hand (mirrors gpubench/workloads/{mlp,cnn}.py), channels last.
     With a mixed policy the logits are cast to float32, so the loss is computed in float32. The
-    dropout seeds are those gpubench gives (seed 0: 1000 * seed + layer index), so that the two
-    sides' losses can be compared."""
+    dropout seeds are the ones gpubench gives at seed 0 (1000 * seed + layer index), so that the
+    two sides' losses can be compared."""
     kw: dict[str, Any] = {"dtype": policy} if policy else {}
-    L = keras.layers
+    kl = keras.layers
     if workload == "mlp":
-        layers = [L.Flatten(**kw), *(L.Dense(width, activation="relu", **kw) for _ in range(depth)),
-                  L.Dense(10, **kw)]
+        layers = [kl.Flatten(**kw), *(kl.Dense(width, activation="relu", **kw) for _ in range(depth)),
+                  kl.Dense(10, **kw)]
     else:  # cnn
-        layers = [L.Conv2D(32, 3, activation="relu", **kw), L.Conv2D(64, 3, activation="relu", **kw),
-                  L.MaxPooling2D(2, **kw), L.Dropout(0.25, seed=5, **kw), L.Flatten(**kw),
-                  L.Dense(128, activation="relu", **kw), L.Dropout(0.5, seed=9, **kw), L.Dense(10, **kw)]
+        layers = [kl.Conv2D(32, 3, activation="relu", **kw), kl.Conv2D(64, 3, activation="relu", **kw),
+                  kl.MaxPooling2D(2, **kw), kl.Dropout(0.25, seed=5, **kw), kl.Flatten(**kw),
+                  kl.Dense(128, activation="relu", **kw), kl.Dropout(0.5, seed=9, **kw), kl.Dense(10, **kw)]
     if policy:
-        layers.append(L.Activation("linear", dtype="float32"))
+        layers.append(kl.Activation("linear", dtype="float32"))
     return keras.Sequential([keras.Input(shape=(28, 28, 1)), *layers])
 
 

@@ -43,6 +43,29 @@ def build_parser() -> argparse.ArgumentParser:
                      help="one run, or several to put side by side")
     rep.add_argument("--out", type=Path, help="output directory (default: reports/<run_id>)")
 
+    cmp = sub.add_parser("compare", help="regression gate: compare a run against a baseline, config by config")
+    cmp.add_argument("baseline", help="run directory or saved baseline name")
+    cmp.add_argument("current", help="run directory or saved baseline name")
+    cmp.add_argument("--threshold", default="3%", help="slowdown that matters, e.g. 3%% (default 3%%)")
+    cmp.add_argument("--noise-floor", default="1%", help="changes inside this are noise (default 1%%)")
+    cmp.add_argument("--alpha", type=float, default=0.01, help="family-wise error rate (default 0.01)")
+    cmp.add_argument("--metric", default="throughput",
+                     help="throughput, step_time, peak_memory or energy_per_sample (default throughput)")
+    cmp.add_argument("--markdown", type=Path, metavar="FILE", help="write a markdown summary (CI job summary)")
+    cmp.add_argument("--json", type=Path, metavar="FILE", help="write the verdicts as JSON")
+    cmp.add_argument("--force", action="store_true", help="compare even if the environments differ")
+    cmp.add_argument("--baselines-dir", type=Path, default=Path(".gpubench/baselines"))
+
+    base = sub.add_parser("baseline", help="save or list named baselines")
+    base_sub = base.add_subparsers(dest="action", required=True)
+    save = base_sub.add_parser("save", help="save RUN_DIR as baseline NAME")
+    save.add_argument("run_dir", type=Path)
+    save.add_argument("name")
+    save.add_argument("--force", action="store_true", help="replace an existing baseline of that name")
+    save.add_argument("--baselines-dir", type=Path, default=Path(".gpubench/baselines"))
+    blist = base_sub.add_parser("list", help="list saved baselines")
+    blist.add_argument("--baselines-dir", type=Path, default=Path(".gpubench/baselines"))
+
     lst = sub.add_parser("list", help="suites, workloads, frameworks and the devices detected here")
     lst.add_argument("--suites-dir", type=Path, default=Path("suites"))
 
@@ -74,6 +97,17 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"report: {report.index}\n  charts: {len(report.charts)} PNG in {report.index.parent / 'charts'}"
                           f"\n  csv: {report.csv}\n  markdown: {report.markdown}", highlight=False)
             return 0
+        if args.command == "compare":
+            from gpubench.gate.command import CompareRequest, run_compare
+
+            return run_compare(CompareRequest(args.baseline, args.current, args.threshold, args.noise_floor, args.alpha,
+                                              args.metric, args.markdown, args.json, args.force, args.baselines_dir),
+                               console)
+        if args.command == "baseline":
+            from gpubench.gate.command import run_baseline
+
+            return run_baseline(args.action, getattr(args, "run_dir", None), getattr(args, "name", None),
+                                args.baselines_dir, getattr(args, "force", False), console)
         if args.command == "list":
             from gpubench.inventory import show_list
 

@@ -82,4 +82,4 @@ def test_overhead_script_tensorflow(tmp_path: Path) -> None:
     assert doc["tensorflow_version"] and doc["keras_version"]
     assert "frameworks imported: ['tensorflow']" in proc.stdout  # torch stays out of a TensorFlow run
     for row in doc["rounds"]:  # the bare loop and gpubench's trainer do the same work, step for step
-        assert row["gpubench_loss"] == pytest.approx(row["bare_loss"], rel=1e-4), row
+        assert row["gpubench_loss"] == pytest.approx(row["bare_loss"], rel=1e-3), row

@@ -114,6 +114,12 @@ class TFTrainer(Trainer):
         return self.device.lstrip("/")
 
     def _train_step(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        # the device scope is inside the traced function, so placement is part of the graph
+        # (entering tf.device on every eager call costs ~9 us per step)
+        with tf.device(self.device):
+            return self._train_step_body(x, y)
+
+    def _train_step_body(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         variables = self.model.trainable_variables
         with tf.GradientTape() as tape:
             logits = self.model(x, training=True)
@@ -124,16 +130,16 @@ class TFTrainer(Trainer):
         return loss
 
     def _device_step(self) -> tf.Tensor:
-        i = self.counter % self.n_batches
-        self.counter.assign_add(1)
-        return self._train_step(tf.gather(self.x, i), tf.gather(self.y, i))
+        with tf.device(self.device):
+            i = self.counter % self.n_batches
+            self.counter.assign_add(1)
+            return self._train_step_body(tf.gather(self.x, i), tf.gather(self.y, i))
 
     def step(self) -> None:
-        with tf.device(self.device):
-            if self.pipeline:
-                self._loss = self._step(*next(self._iter))
-            else:
-                self._loss = self._step()
+        if self.pipeline:
+            self._loss = self._step(*next(self._iter))
+        else:
+            self._loss = self._step()
 
     def sync(self) -> None:
         if self.gpu:

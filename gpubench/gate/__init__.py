@@ -1,0 +1,1 @@
+"""The regression gate: compare distributions of per-process repeats, config by config."""

@@ -1,0 +1,83 @@
+"""``gpubench compare`` and ``gpubench baseline``: load, check, compare, print, exit code."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from gpubench.errors import InputError
+from gpubench.gate import render
+from gpubench.gate.compare import METRICS, compare, fingerprint_differences, parse_fraction
+from gpubench.gate.sides import Side, list_baselines, resolve, save_baseline
+from gpubench.results.store import write_json_atomic
+
+EXIT_OK, EXIT_REGRESSED = 0, 1
+
+
+@dataclass
+class CompareRequest:
+    baseline: str
+    current: str
+    threshold: str = "3%"
+    noise_floor: str = "1%"
+    alpha: float = 0.01
+    metric: str = "throughput"
+    markdown: Path | None = None
+    json: Path | None = None
+    force: bool = False
+    baselines_dir: Path = Path(".gpubench/baselines")
+
+
+def check_environments(base: Side, cur: Side, force: bool, console: Console) -> None:
+    frameworks = {r["config"]["framework"] for r in base.results + cur.results}
+    diffs = fingerprint_differences(base.env, cur.env, frameworks)
+    if diffs and not force:
+        raise InputError(f"{base.label} and {cur.label} ran in different environments ({'; '.join(diffs)}); "
+                         "comparing them measures the environment, not the change: use --force to compare anyway")
+    for d in diffs:
+        console.print(f"[yellow]warning[/yellow]: environments differ (--force): {d}", highlight=False)
+
+
+def run_compare(req: CompareRequest, console: Console) -> int:
+    threshold = parse_fraction(req.threshold, "--threshold")
+    noise_floor = parse_fraction(req.noise_floor, "--noise-floor")
+    if noise_floor > threshold:
+        raise InputError(f"--noise-floor {req.noise_floor} is above --threshold {req.threshold}")
+    if not 0 < req.alpha < 1:
+        raise InputError(f"--alpha {req.alpha}: must be between 0 and 1")
+    if req.metric not in METRICS:
+        raise InputError(f"--metric {req.metric}: expected one of: {', '.join(METRICS)}")
+    base = resolve(req.baseline, req.baselines_dir)
+    cur = resolve(req.current, req.baselines_dir)
+    check_environments(base, cur, req.force, console)
+    labels = (base.label, cur.label)
+    result = compare(base.results, cur.results, req.metric, threshold, noise_floor, req.alpha, labels)
+    console.print(render.header(result, labels), highlight=False, soft_wrap=True)
+    console.print(render.table(result))
+    counts = ", ".join(f"{n} {k}" for k, n in result.counts().items())
+    console.print(("[red]REGRESSION[/red]: " if result.regressed else "no regression: ") + counts, highlight=False)
+    if req.markdown:
+        req.markdown.write_text(render.markdown(result, labels), encoding="utf-8")
+    if req.json:
+        write_json_atomic(req.json, {"baseline": str(base.path), "current": str(cur.path), **result.to_dict()})
+    return EXIT_REGRESSED if result.regressed else EXIT_OK
+
+
+def run_baseline(action: str, run_dir: Path | None, name: str | None, baselines_dir: Path, force: bool,
+                 console: Console) -> int:
+    if action == "save":
+        assert run_dir is not None and name is not None
+        target = save_baseline(run_dir, name, baselines_dir, force)
+        console.print(f"saved baseline {name!r}: {target}", highlight=False)
+        return 0
+    rows = list_baselines(baselines_dir)
+    if not rows:
+        console.print(f"no baselines in {baselines_dir}", highlight=False)
+    for row in rows:
+        console.print(json.dumps(row) if "problem" in row else
+                      f"{row['name']}: run {row['run_id']} ({row['created_at']}), {row['configs']} configs, "
+                      f"{row['repeats']} repeat(s)", highlight=False)
+    return 0

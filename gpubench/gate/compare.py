@@ -1,0 +1,205 @@
+"""Per-config verdicts between a baseline and a current set of results (DESIGN §6).
+
+For every config (matched by config_id) the repeats of each side give a shift of the metric
+(``gate.stats.shift``). ``alpha`` is the one-sided error rate of a ``regressed`` (and,
+separately, of an ``improved``) call over all configs compared: each config's interval is the
+two-sided 1 - 2 alpha / K interval, K the number of configs compared (Bonferroni), so each of
+its ends is a one-sided bound at alpha / K. With T the threshold and F the noise floor, in the
+direction where larger is better:
+
+- ``regressed``: the whole CI is below 1 - F and the point estimate at or below 1 - T;
+- ``improved``: the whole CI is above 1 + F and the point estimate at or above 1 + T;
+- ``inconclusive``: no verdict, and the CI reaches beyond 1 - T or 1 + T (or there are too
+  few repeats for an interval);
+- ``unchanged``: the CI lies within (1 - T, 1 + T);
+- ``missing`` / ``new``: no ok repeat on the current / baseline side.
+
+A slowdown of exactly T is caught about half the time (its point estimate falls on either
+side of T), so T should sit below the smallest slowdown that must be caught.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from gpubench.errors import InputError
+from gpubench.gate.stats import Shift, min_repeats, shift
+
+VERDICTS = ("regressed", "improved", "unchanged", "inconclusive", "missing", "new")
+
+
+def _get(d: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(key)
+    return d
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: str
+    bigger_is_better: bool
+    extract: Callable[[dict[str, Any]], float | None]
+
+
+def _peak_memory(r: dict[str, Any]) -> float | None:
+    mem = _get(r, "metrics", "memory") or {}
+    return mem.get("peak_allocated_bytes", mem.get("peak_rss_bytes"))
+
+
+METRICS: dict[str, Metric] = {m.name: m for m in (
+    Metric("throughput", "samples/s", True, lambda r: _get(r, "metrics", "throughput", "median")),
+    Metric("step_time", "ms", False, lambda r: _get(r, "metrics", "step_time_ms", "median")),
+    Metric("peak_memory", "bytes", False, _peak_memory),
+    Metric("energy_per_sample", "J", False, lambda r: _get(r, "telemetry", "gpu", "energy_per_sample_j")),
+)}
+
+
+def parse_fraction(text: str, option: str) -> float:
+    """``5%``, ``0.05`` -> 0.05; anything else is an InputError naming the option."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(%?)\s*", text)
+    if not m:
+        raise InputError(f"{option} {text}: expected a percentage such as 5% or a fraction such as 0.05")
+    value = float(m.group(1)) / (100 if m.group(2) else 1)
+    if not 0 <= value < 1:
+        raise InputError(f"{option} {text}: must be at least 0% and below 100%")
+    return value
+
+
+@dataclass(frozen=True)
+class ConfigVerdict:
+    config_id: str
+    verdict: str
+    ratio: float | None  # current / baseline of the metric
+    ci_low: float | None
+    ci_high: float | None
+    baseline_median: float | None
+    current_median: float | None
+    n_baseline: int
+    n_current: int
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    metric: Metric
+    threshold: float
+    noise_floor: float
+    alpha: float
+    alpha_per_config: float
+    verdicts: list[ConfigVerdict]
+
+    @property
+    def regressed(self) -> list[ConfigVerdict]:
+        return [v for v in self.verdicts if v.verdict == "regressed"]
+
+    def counts(self) -> dict[str, int]:
+        return {k: n for k in VERDICTS if (n := sum(v.verdict == k for v in self.verdicts))}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric.name, "unit": self.metric.unit, "bigger_is_better": self.metric.bigger_is_better,
+                "threshold": self.threshold, "noise_floor": self.noise_floor, "alpha": self.alpha,
+                "alpha_per_config": self.alpha_per_config, "counts": self.counts(),
+                "verdicts": [v.to_dict() for v in self.verdicts]}
+
+
+def _values(results: list[dict[str, Any]], metric: Metric) -> dict[str, list[float]]:
+    """config_id -> the metric of each ok repeat (configs with no ok repeat map to [])."""
+    out: dict[str, list[float]] = {}
+    for r in results:
+        values = out.setdefault(r["config_id"], [])
+        v = metric.extract(r) if r.get("status") == "ok" else None
+        if v is not None and v > 0:
+            values.append(float(v))
+    return out
+
+
+def _reason(results: list[dict[str, Any]], config_id: str) -> str:
+    bad = [r for r in results if r["config_id"] == config_id and r.get("status") != "ok"]
+    return f"{bad[0]['status']}: {bad[0].get('reason', '')}" if bad else "no value of the metric"
+
+
+def judge(s: Shift, metric: Metric, threshold: float, noise_floor: float) -> str:
+    # "good" = the ratio in the direction where larger is better
+    g = s.ratio if metric.bigger_is_better else 1 / s.ratio
+    if not s.has_ci:
+        return "inconclusive"
+    lo, hi = (s.ci_low, s.ci_high) if metric.bigger_is_better else (1 / s.ci_high, 1 / s.ci_low)
+    if hi < 1 - noise_floor and g <= 1 - threshold:
+        return "regressed"
+    if lo > 1 + noise_floor and g >= 1 + threshold:
+        return "improved"
+    if lo < 1 - threshold or hi > 1 + threshold:
+        return "inconclusive"
+    return "unchanged"
+
+
+def compare(baseline: list[dict[str, Any]], current: list[dict[str, Any]], metric_name: str = "throughput",
+            threshold: float = 0.03, noise_floor: float = 0.01, alpha: float = 0.01,
+            labels: tuple[str, str] = ("baseline", "current")) -> Comparison:
+    metric = METRICS[metric_name]
+    base, cur = _values(baseline, metric), _values(current, metric)
+    both = [c for c in base if c in cur and base[c] and cur[c]]
+    for side, values, label in ((baseline, base, labels[0]), (current, cur, labels[1])):
+        if side and not any(values.values()):
+            raise InputError(f"{label}: no ok result has the metric {metric_name!r}"
+                             + (" (energy needs GPU telemetry)" if metric_name == "energy_per_sample" else ""))
+    alpha_config = alpha / max(1, len(both))  # one-sided, per config
+    needed = min_repeats(2 * alpha_config)
+    if both and all(min(len(base[c]), len(cur[c])) < needed for c in both):
+        fewest = min(min(len(base[c]), len(cur[c])) for c in both)
+        raise InputError(f"{labels[0]} vs {labels[1]}: configs have {fewest} repeat(s) on a side; comparing "
+                         f"{len(both)} config(s) at alpha {alpha:g} needs at least {needed} repeats per side "
+                         f"(gpubench run --repeats {needed})")
+    verdicts = []
+    for config_id in list(dict.fromkeys([*base, *cur])):
+        b, c = base.get(config_id, []), cur.get(config_id, [])
+        b_med = float(sorted(b)[len(b) // 2]) if b else None
+        c_med = float(sorted(c)[len(c) // 2]) if c else None
+        if not c:
+            note = "not in current" if config_id not in cur else _reason(current, config_id)
+            verdicts.append(ConfigVerdict(config_id, "missing", None, None, None, b_med, None, len(b), 0, note))
+            continue
+        if not b:
+            note = "not in baseline" if config_id not in base else _reason(baseline, config_id)
+            verdicts.append(ConfigVerdict(config_id, "new", None, None, None, None, c_med, 0, len(c), note))
+            continue
+        s = shift(b, c, 2 * alpha_config)
+        note = "" if s.has_ci else f"too few repeats for a CI (needs {needed} per side)"
+        verdicts.append(ConfigVerdict(config_id, judge(s, metric, threshold, noise_floor), s.ratio,
+                                      None if math.isnan(s.ci_low) else s.ci_low,
+                                      None if math.isnan(s.ci_high) else s.ci_high, b_med, c_med, len(b), len(c), note))
+    return Comparison(metric, threshold, noise_floor, alpha, alpha_config, verdicts)
+
+
+FINGERPRINT_KEYS = ("cpu_model",)
+
+
+def fingerprint_differences(a: dict[str, Any], b: dict[str, Any], frameworks: set[str]) -> list[str]:
+    """What differs between two environments in ways that change performance: the CPU model,
+    the GPUs and their driver, and the versions (and CUDA builds) of the frameworks compared."""
+    diffs = []
+    for key in FINGERPRINT_KEYS:
+        if a.get(key) != b.get(key):
+            diffs.append(f"{key}: {a.get(key)!r} vs {b.get(key)!r}")
+    def gpus(env: dict[str, Any]) -> list[tuple[Any, Any]]:
+        return [(g.get("name"), g.get("driver")) for g in env.get("gpus") or []]
+    if gpus(a) != gpus(b):
+        diffs.append(f"GPUs/driver: {gpus(a) or 'none'} vs {gpus(b) or 'none'}")
+    for fw in sorted(frameworks):
+        pa, pb = _get(a, "frameworks", fw) or {}, _get(b, "frameworks", fw) or {}
+        for key in ("version",):
+            if pa.get(key) != pb.get(key):
+                diffs.append(f"{fw} {key}: {pa.get(key)} vs {pb.get(key)}")
+        for key in ("cuda", "cudnn"):
+            if (pa.get("build") or {}).get(key) != (pb.get("build") or {}).get(key):
+                diffs.append(f"{fw} {key}: {(pa.get('build') or {}).get(key)} vs {(pb.get('build') or {}).get(key)}")
+    return diffs

@@ -1,0 +1,61 @@
+"""A comparison as a terminal table, markdown (CI job summary) and JSON."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from gpubench.gate.compare import Comparison, ConfigVerdict
+
+STYLE = {"regressed": "red", "improved": "green", "unchanged": "", "inconclusive": "yellow", "missing": "magenta",
+         "new": "cyan"}
+
+
+def _change(v: ConfigVerdict) -> str:
+    if v.ratio is None:
+        return "-"
+    text = f"{100 * (v.ratio - 1):+.1f}%"
+    if v.ci_low is not None and v.ci_high is not None:
+        text += f" [{100 * (v.ci_low - 1):+.1f}%, {100 * (v.ci_high - 1):+.1f}%]"
+    return text
+
+
+def _value(x: float | None, unit: str) -> str:
+    if x is None:
+        return "-"
+    if unit == "bytes":
+        return f"{x / 2**20:.1f} MiB"
+    return f"{x:.4g} {unit}"
+
+
+def header(c: Comparison, labels: tuple[str, str]) -> str:
+    direction = "higher is better" if c.metric.bigger_is_better else "lower is better"
+    return (f"{labels[1]} vs {labels[0]}: {c.metric.name} ({c.metric.unit}, {direction}); threshold "
+            f"{100 * c.threshold:g}%, noise floor {100 * c.noise_floor:g}%, alpha {c.alpha:g} "
+            f"({c.alpha_per_config:.2g} per config over {sum(v.ratio is not None for v in c.verdicts)} compared)")
+
+
+def table(c: Comparison) -> Table:
+    t = Table(title_justify="left")
+    for col in ("config", "verdict", "baseline", "current", "change [CI]", "n", "note"):
+        t.add_column(col, no_wrap=col in ("config", "change [CI]"))
+    for v in c.verdicts:
+        style = STYLE[v.verdict]
+        t.add_row(v.config_id, f"[{style}]{v.verdict}[/{style}]" if style else v.verdict,
+                  _value(v.baseline_median, c.metric.unit), _value(v.current_median, c.metric.unit), _change(v),
+                  f"{v.n_baseline}/{v.n_current}", v.note)
+    return t
+
+
+def markdown(c: Comparison, labels: tuple[str, str]) -> str:
+    counts = ", ".join(f"{n} {k}" for k, n in c.counts().items())
+    status = "**regression**" if c.regressed else "no regression"
+    lines = [f"## gpubench compare: {status}", "", header(c, labels), "", counts, "",
+             "| config | verdict | baseline | current | change [CI] | repeats | note |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    order = {k: i for i, k in enumerate(("regressed", "inconclusive", "missing", "improved", "new", "unchanged"))}
+    for v in sorted(c.verdicts, key=lambda v: order[v.verdict]):
+        verdict = f"**{v.verdict}**" if v.verdict == "regressed" else v.verdict
+        lines.append(f"| {v.config_id} | {verdict} | {_value(v.baseline_median, c.metric.unit)} | "
+                     f"{_value(v.current_median, c.metric.unit)} | {_change(v)} | {v.n_baseline}/{v.n_current} | "
+                     f"{v.note.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,89 @@
+"""What ``compare`` compares: run directories, or named baselines saved with ``baseline save``.
+
+A baseline is a copy of a run's run.json and results.jsonl under ``.gpubench/baselines/NAME/``
+(a directory users can commit), so later runs are compared against a fixed reference.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpubench.errors import InputError
+from gpubench.results.store import RESULTS_FILE, RUN_FILE, load_results, load_run
+
+DEFAULT_BASELINES = Path(".gpubench/baselines")
+
+
+@dataclass
+class Side:
+    label: str
+    path: Path
+    meta: dict[str, Any]
+    results: list[dict[str, Any]]
+
+    @property
+    def env(self) -> dict[str, Any]:
+        return self.meta.get("env") or (self.results[0].get("env", {}) if self.results else {})
+
+
+def _load(path: Path, label: str) -> Side:
+    meta = load_run(path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = load_results(path)
+    for w in caught:
+        print(f"gpubench: warning: {w.message}")
+    if not results:
+        raise InputError(f"{path / RESULTS_FILE}: no results to compare")
+    return Side(label, path, meta, results)
+
+
+def resolve(text: str, baselines_dir: Path) -> Side:
+    """A run directory, or the name of a saved baseline."""
+    path = Path(text)
+    if path.is_dir():
+        return _load(path, text)
+    saved = baselines_dir / text
+    if re.fullmatch(r"[A-Za-z0-9_.-]+", text) and saved.is_dir():
+        return _load(saved, f"baseline {text}")
+    names = ", ".join(b["name"] for b in list_baselines(baselines_dir)) or "none"
+    raise InputError(f"{text}: no such run directory or saved baseline (saved in {baselines_dir}: {names})")
+
+
+def save_baseline(run_dir: Path, name: str, baselines_dir: Path, force: bool = False) -> Path:
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise InputError(f"baseline name {name!r}: use letters, digits, '_', '.' or '-'")
+    _load(run_dir, str(run_dir))  # validate before writing anything
+    target = baselines_dir / name
+    if target.exists() and not force:
+        raise InputError(f"{target}: a baseline named {name!r} exists; use --force to replace it")
+    baselines_dir.mkdir(parents=True, exist_ok=True)
+    tmp = baselines_dir / f".{name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for f in (RUN_FILE, RESULTS_FILE):
+        shutil.copy2(run_dir / f, tmp / f)
+    if target.exists():
+        shutil.rmtree(target)
+    tmp.rename(target)
+    return target
+
+
+def list_baselines(baselines_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    for d in sorted(p for p in baselines_dir.glob("*") if p.is_dir() and not p.name.startswith(".")):
+        try:
+            meta = load_run(d)
+            results = load_results(d)
+        except InputError as e:
+            out.append({"name": d.name, "problem": str(e)})
+            continue
+        out.append({"name": d.name, "run_id": meta.get("run_id"), "created_at": meta.get("created_at"),
+                    "configs": len({r["config_id"] for r in results}),
+                    "repeats": max((r.get("repeat", 0) for r in results), default=0) + 1})
+    return out

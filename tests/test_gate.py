@@ -1,0 +1,219 @@
+"""The regression gate: statistics, verdicts, validation on simulated data, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from gpubench.errors import InputError
+from gpubench.gate.compare import METRICS, compare, fingerprint_differences, judge, parse_fraction
+from gpubench.gate.stats import Shift, _rank_k, _u_cdf, min_repeats, shift
+from tests.conftest import REPO, run_cli
+
+ENV = {"cpu_model": "Fixture CPU", "gpus": [], "frameworks": {"torch": {"version": "2.13.0", "build": {}}}}
+
+
+def results(values: dict[str, list[float]], run_id: str = "r", status: str = "ok", memory: float | None = None):
+    out = []
+    for config_id, vs in values.items():
+        for i, v in enumerate(vs):
+            out.append({"schema_version": 1, "run_id": run_id, "config_id": config_id, "repeat": i,
+                        "config": {"framework": "torch"}, "status": status, "reason": "",
+                        "metrics": {"throughput": {"median": v}, "step_time_ms": {"median": 1000.0 / v},
+                                    "memory": {"peak_rss_bytes": memory or 1e9}}, "env": ENV})
+    return out
+
+
+def test_u_distribution_matches_scipy_exact():
+    from scipy.stats import mannwhitneyu
+
+    rng = np.random.default_rng(0)
+    for n, m in ((4, 6), (7, 5), (10, 10)):
+        cdf = _u_cdf(n, m)
+        assert cdf[-1] == pytest.approx(1.0) and np.all(np.diff(cdf) >= 0)
+        for _ in range(20):
+            x, y = rng.normal(size=n), rng.normal(0.5, size=m)
+            res = mannwhitneyu(x, y, alternative="less", method="exact")  # P(U <= u) for U of x
+            assert cdf[int(res.statistic)] == pytest.approx(res.pvalue)
+    assert _rank_k(10, 10, 0.05) == 24  # tables: two-sided 5% critical U for n = m = 10 is 23
+    assert min_repeats(0.01) == 5 and min_repeats(0.05) == 4
+
+
+def test_hodges_lehmann_shift_on_fixed_values():
+    s = shift([100, 101, 99, 100.5, 99.5, 100], [95, 96, 94, 95.5, 94.5, 95], alpha=0.05)
+    assert s.ratio == pytest.approx(0.95, abs=1e-3)
+    assert s.ci_low < 0.95 < s.ci_high < 0.97
+    tiny = shift([1.0, 2.0], [1.5], alpha=0.05)
+    assert not tiny.has_ci
+
+
+@pytest.mark.parametrize("ratio, lo, hi, verdict", [
+    (0.94, 0.92, 0.96, "regressed"),
+    (0.96, 0.94, 0.98, "inconclusive"),  # real but under the threshold, CI crosses it
+    (0.98, 0.975, 0.985, "unchanged"),  # real, small, CI inside the threshold band
+    (1.00, 0.98, 1.02, "unchanged"),
+    (0.94, 0.88, 1.00, "inconclusive"),  # point beyond the threshold but CI reaches the noise floor
+    (1.06, 1.03, 1.09, "improved"),
+])
+def test_judge_rules(ratio, lo, hi, verdict):
+    assert judge(Shift(ratio, lo, hi, 10, 10), METRICS["throughput"], 0.05, 0.01) == verdict
+
+
+def test_lower_is_better_metrics_flip_the_direction():
+    step = METRICS["step_time"]
+    assert judge(Shift(1.06, 1.04, 1.08, 10, 10), step, 0.05, 0.01) == "regressed"
+    assert judge(Shift(0.94, 0.92, 0.96, 10, 10), step, 0.05, 0.01) == "improved"
+
+
+def lognormal(rng, n, cv, scale=1000.0):
+    return list(scale * np.exp(rng.normal(0, cv, n)))
+
+
+def test_a_a_false_positive_rate_is_at_most_1_percent():
+    """1,000 A/A comparisons, between-process CV 2-5%, 10 repeats per side, default gate."""
+    rng = np.random.default_rng(12345)
+    flagged = 0
+    for i in range(1000):
+        cv = 0.02 + 0.03 * (i % 4) / 3  # 2%, 3%, 4%, 5%
+        c = compare(results({"c": lognormal(rng, 10, cv)}), results({"c": lognormal(rng, 10, cv)}))
+        flagged += bool(c.regressed)
+    assert flagged / 1000 <= 0.01, flagged
+
+
+def test_family_wise_false_positives_over_many_configs():
+    """A/A on 20 configs at once: Bonferroni keeps the chance of any false alarm low."""
+    rng = np.random.default_rng(7)
+    alarms = 0
+    for _ in range(100):
+        base = {f"c{k}": lognormal(rng, 10, 0.04) for k in range(20)}
+        cur = {f"c{k}": lognormal(rng, 10, 0.04) for k in range(20)}
+        alarms += bool(compare(results(base), results(cur)).regressed)
+    assert alarms <= 3
+
+
+def test_a_5_percent_slowdown_is_caught_95_percent_of_the_time():
+    """10 repeats per side at CV 2%, a true 5% slowdown, default gate."""
+    rng = np.random.default_rng(99)
+    caught = sum(bool(compare(results({"c": lognormal(rng, 10, 0.02)}),
+                              results({"c": lognormal(rng, 10, 0.02, scale=950.0)})).regressed)
+                 for _ in range(2000))
+    assert caught / 2000 >= 0.95, caught
+
+
+def test_missing_new_and_failed_configs():
+    rng = np.random.default_rng(0)
+    base = results({"a": lognormal(rng, 8, 0.01), "gone": lognormal(rng, 8, 0.01)})
+    cur = results({"a": lognormal(rng, 8, 0.01), "fresh": lognormal(rng, 8, 0.01)})
+    cur += results({"gone": [1.0]}, status="error")
+    verdicts = {v.config_id: v for v in compare(base, cur).verdicts}
+    assert verdicts["a"].verdict == "unchanged"
+    assert verdicts["gone"].verdict == "missing" and verdicts["gone"].note.startswith("error")
+    assert verdicts["fresh"].verdict == "new" and verdicts["fresh"].note == "not in baseline"
+
+
+def test_too_few_repeats_is_an_error_saying_how_many():
+    with pytest.raises(InputError, match=r"configs have 1 repeat\(s\).*needs at least 5 repeats per side "
+                                         r"\(gpubench run --repeats 5\)"):
+        compare(results({"a": [1.0]}), results({"a": [1.0]}))
+    with pytest.raises(InputError, match="no ok result has the metric 'energy_per_sample'"):
+        compare(results({"a": [1.0] * 6}), results({"a": [1.0] * 6}), "energy_per_sample")
+
+
+def test_peak_memory_growth_is_a_regression():
+    base = results({"a": [1000.0] * 6}, memory=1e9)
+    cur = results({"a": [1000.0] * 6}, memory=1.2e9)
+    (v,) = compare(base, cur, "peak_memory").verdicts
+    assert v.verdict == "regressed" and v.ratio == pytest.approx(1.2)
+
+
+@pytest.mark.parametrize("text, value", [("5%", 0.05), ("0.05", 0.05), ("2.5 %", 0.025), ("0", 0.0)])
+def test_parse_fraction(text, value):
+    assert parse_fraction(text, "--threshold") == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["abc", "-5%", "150%", "5%%", ""])
+def test_parse_fraction_errors(text):
+    with pytest.raises(InputError, match="--threshold"):
+        parse_fraction(text, "--threshold")
+
+
+def test_fingerprint_differences():
+    a = {"cpu_model": "X", "gpus": [{"name": "H100", "driver": "550"}],
+         "frameworks": {"torch": {"version": "2.11", "build": {"cuda": "12.8"}}}}
+    b = {"cpu_model": "X", "gpus": [{"name": "H100", "driver": "560"}],
+         "frameworks": {"torch": {"version": "2.12", "build": {"cuda": "12.8"}}}}
+    diffs = fingerprint_differences(a, b, {"torch"})
+    assert any("GPUs/driver" in d for d in diffs) and "torch version: 2.11 vs 2.12" in diffs
+    assert fingerprint_differences(a, a, {"torch"}) == []
+
+
+# --- the CLI --------------------------------------------------------------------------------
+
+def write_run(path, values, env=ENV):
+    path.mkdir(parents=True)
+    (path / "run.json").write_text(json.dumps({"run_id": path.name, "created_at": "now", "env": env}))
+    (path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results(values, path.name)))
+    return path
+
+
+def test_cli_compare_exit_codes_and_outputs(tmp_path):
+    rng = np.random.default_rng(3)
+    a = write_run(tmp_path / "a", {"cnn": lognormal(rng, 10, 0.02), "mlp": lognormal(rng, 10, 0.02)})
+    b = write_run(tmp_path / "b", {"cnn": lognormal(rng, 10, 0.02), "mlp": lognormal(rng, 10, 0.02)})
+    slow = write_run(tmp_path / "slow", {"cnn": lognormal(rng, 10, 0.02, scale=900.0),
+                                         "mlp": lognormal(rng, 10, 0.02)})
+    proc = run_cli(["compare", str(a), str(b)], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no regression" in proc.stdout
+    proc = run_cli(["compare", str(a), str(slow), "--markdown", "s.md", "--json", "s.json"], cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "REGRESSION" in proc.stdout
+    md = (tmp_path / "s.md").read_text()
+    assert "## gpubench compare: **regression**" in md and "| cnn | **regressed** |" in md
+    data = json.loads((tmp_path / "s.json").read_text())
+    verdicts = {v["config_id"]: v for v in data["verdicts"]}
+    assert verdicts["cnn"]["verdict"] == "regressed" and verdicts["cnn"]["ratio"] == pytest.approx(0.9, abs=0.02)
+    assert data["alpha_per_config"] == pytest.approx(0.005)
+
+
+def test_cli_refuses_different_environments_unless_forced(tmp_path):
+    rng = np.random.default_rng(4)
+    a = write_run(tmp_path / "a", {"cnn": lognormal(rng, 6, 0.01)})
+    other = {**ENV, "frameworks": {"torch": {"version": "2.14.0", "build": {}}}}
+    b = write_run(tmp_path / "b", {"cnn": lognormal(rng, 6, 0.01)}, env=other)
+    proc = run_cli(["compare", str(a), str(b)], cwd=tmp_path)
+    assert proc.returncode == 2 and "different environments (torch version: 2.13.0 vs 2.14.0)" in proc.stderr
+    proc = run_cli(["compare", str(a), str(b), "--force"], cwd=tmp_path)
+    assert proc.returncode == 0 and "environments differ (--force)" in proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["compare", "nope", "{a}"], "nope: no such run directory or saved baseline"),
+    (["compare", "{a}", "{a}", "--threshold", "abc"], "--threshold abc: expected a percentage"),
+    (["compare", "{a}", "{a}", "--metric", "speed"], "--metric speed: expected one of: throughput, step_time"),
+    (["compare", "{a}", "{a}", "--noise-floor", "10%"], "--noise-floor 10% is above --threshold 3%"),
+    (["compare", "{one}", "{one}"], "needs at least 5 repeats per side (gpubench run --repeats 5)"),
+])
+def test_cli_compare_bad_input(tmp_path, args, message):
+    a = write_run(tmp_path / "a", {"cnn": [1000.0] * 6})
+    one = write_run(tmp_path / "one", {"cnn": [1000.0]})
+    proc = run_cli([x.format(a=a, one=one) for x in args], cwd=tmp_path)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_baselines(tmp_path):
+    rng = np.random.default_rng(5)
+    a = write_run(tmp_path / "a", {"cnn": lognormal(rng, 6, 0.01)})
+    assert run_cli(["baseline", "save", str(a), "main"], cwd=tmp_path).returncode == 0
+    assert (tmp_path / ".gpubench" / "baselines" / "main" / "results.jsonl").exists()
+    again = run_cli(["baseline", "save", str(a), "main"], cwd=tmp_path)
+    assert again.returncode == 2 and "exists; use --force" in again.stderr
+    listed = run_cli(["baseline", "list"], cwd=tmp_path)
+    assert "main: run a" in listed.stdout and "1 configs, 6 repeat(s)" in listed.stdout
+    proc = run_cli(["compare", "main", str(a)], cwd=tmp_path)
+    assert proc.returncode == 0 and "baseline main" in proc.stdout
+    bad = run_cli(["baseline", "save", str(tmp_path / "missing"), "x"], cwd=tmp_path)
+    assert bad.returncode == 2 and "no such run directory" in bad.stderr
