@@ -56,6 +56,27 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--force", action="store_true", help="compare even if the environments differ")
     cmp.add_argument("--baselines-dir", type=Path, default=Path(".gpubench/baselines"))
 
+    ab = sub.add_parser("ab", help="same-job A/B: each config alternately under two environments, then compare")
+    ab.add_argument("suite", help="suite file, or a name in suites/")
+    ab.add_argument("--baseline-python", required=True, metavar="PY", help="interpreter of the baseline environment")
+    ab.add_argument("--candidate-python", required=True, metavar="PY", help="interpreter of the candidate environment")
+    ab.add_argument("--baseline-path", metavar="DIR", help="checkout whose gpubench the baseline side imports")
+    ab.add_argument("--candidate-path", metavar="DIR", help="checkout whose gpubench the candidate side imports")
+    ab.add_argument("--repeats", type=_positive_int, default=10, metavar="N", help="repeats per side (default 10)")
+    ab.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=V1[,V2...]")
+    ab.add_argument("--out", type=Path, default=Path("runs"))
+    ab.add_argument("--threshold", default="3%")
+    ab.add_argument("--noise-floor", default="1%")
+    ab.add_argument("--alpha", type=float, default=0.01)
+    ab.add_argument("--metric", default="throughput")
+    ab.add_argument("--markdown", type=Path, metavar="FILE")
+    ab.add_argument("--no-report", action="store_true")
+
+    exp = sub.add_parser("export", help="a run's results as pytest-benchmark JSON or GitHub benchmark-action JSON")
+    exp.add_argument("run_dir", type=Path)
+    exp.add_argument("--format", required=True, choices=["pytest-benchmark", "github-action"])
+    exp.add_argument("--out", type=Path, metavar="FILE", help="default: stdout")
+
     base = sub.add_parser("baseline", help="save or list named baselines")
     base_sub = base.add_subparsers(dest="action", required=True)
     save = base_sub.add_parser("save", help="save RUN_DIR as baseline NAME")
@@ -103,6 +124,29 @@ def main(argv: list[str] | None = None) -> int:
             return run_compare(CompareRequest(args.baseline, args.current, args.threshold, args.noise_floor, args.alpha,
                                               args.metric, args.markdown, args.json, args.force, args.baselines_dir),
                                console)
+        if args.command == "ab":
+            from gpubench.runner.ab import ABRequest, execute_ab
+            from gpubench.runner.process import Launcher
+
+            return execute_ab(ABRequest(args.suite, Launcher(args.baseline_python, args.baseline_path),
+                                        Launcher(args.candidate_python, args.candidate_path), args.out, args.sets,
+                                        args.repeats, args.threshold, args.noise_floor, args.alpha, args.metric,
+                                        args.markdown, not args.no_report), console)
+        if args.command == "export":
+            import json
+
+            from gpubench.gate.export import to_github_action, to_pytest_benchmark
+            from gpubench.gate.sides import resolve
+
+            side = resolve(str(args.run_dir), Path("/nonexistent"))
+            data = (to_pytest_benchmark(side.results, side.env) if args.format == "pytest-benchmark"
+                    else to_github_action(side.results))
+            text = json.dumps(data, indent=2)
+            if args.out:
+                args.out.write_text(text + "\n")
+            else:
+                print(text)
+            return 0
         if args.command == "baseline":
             from gpubench.gate.command import run_baseline
 

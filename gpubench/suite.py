@@ -64,6 +64,7 @@ class Config:
     windows: int = 5
     timeout_s: float = 600.0
     seed: int = 0
+    telemetry_interval_ms: int = 100
     workload_params: tuple[tuple[str, int], ...] = ()
 
     @property
@@ -203,6 +204,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("windows", _int(1), _parse_number, "measured windows"),
     Setting("timeout_s", _positive_float, _parse_number, "seconds before a config is killed"),
     Setting("seed", _int(0), _parse_number, "seed for weights, data and dropout"),
+    Setting("telemetry_interval_ms", _int(0), _parse_number, "telemetry sampling period; 0 turns sampling off"),
 )}
 
 
@@ -224,7 +226,8 @@ def _check_value(key: str, value: Any) -> Any:
 
 # --- the suite ------------------------------------------------------------------------------
 
-_TOP_KEYS = ("name", "description", "defaults", "matrix")
+_TOP_KEYS = ("name", "description", "defaults", "matrix", "telemetry")
+_TELEMETRY_KEYS = {"interval_ms": "telemetry_interval_ms"}  # [telemetry] key -> setting
 
 
 @dataclass(frozen=True)
@@ -398,7 +401,11 @@ def parse_suite(data: dict[str, Any], src: str, default_name: str = "suite") -> 
     if not isinstance(description, str):
         raise InputError(f"{src}: description: expected a string, got {description!r}")
 
-    defaults_raw = _table(data, "defaults", src)
+    defaults_raw = dict(_table(data, "defaults", src))
+    for key, value in _table(data, "telemetry", src).items():
+        if key not in _TELEMETRY_KEYS:
+            raise InputError(f"{src}: telemetry.{key}: {choices_message('key', key, list(_TELEMETRY_KEYS))}")
+        defaults_raw[_TELEMETRY_KEYS[key]] = value
     defaults = {}
     for key, value in defaults_raw.items():
         where = f"{src}: defaults.{key}"

@@ -124,6 +124,10 @@ class Backend(ABC):
     def is_oom(self, exc: BaseException) -> bool:
         """Whether an exception means the device (or host) ran out of memory."""
 
+    def device_uuid(self, config: Config) -> str | None:
+        """The framework's UUID of the config's GPU, to find it in NVML (None if unknown)."""
+        return None
+
 
 def device_kind(device: str) -> str:
     """'cpu' or 'cuda' for a normalised device name such as 'cuda:1'."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gpubench.backends.base import Trainer
 
@@ -42,7 +43,15 @@ class RawMeasurement:
         return self.losses[-1]
 
 
-def run_loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int) -> RawMeasurement:
+class PhaseObserver(Protocol):
+    """Told when a window starts and ends, outside the timed region (telemetry reads the
+    GPU's energy counter there)."""
+
+    def on_phase(self, name: str, edge: str) -> None: ...
+
+
+def run_loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int,
+             observer: PhaseObserver | None = None) -> RawMeasurement:
     t0 = clock_ns()
     trainer.step()
     trainer.sync()
@@ -63,6 +72,8 @@ def run_loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int) -> R
     for w in range(windows):
         timer = trainer.step_timer(steps)
         mark = timer.mark
+        if observer is not None:
+            observer.on_phase(f"window_{w}", "start")
         t0 = clock_ns()
         mark()
         for _ in range(steps):
@@ -70,6 +81,8 @@ def run_loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int) -> R
             mark()
         trainer.sync()
         t1 = clock_ns()
+        if observer is not None:
+            observer.on_phase(f"window_{w}", "end")
         raw.phases.append(Phase(f"window_{w}", t0, t1))
         raw.step_times_ms.extend(timer.elapsed_ms())
         raw.window_wall_ms.append((t1 - t0) / 1e6)

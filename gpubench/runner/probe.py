@@ -13,7 +13,7 @@ import sys
 
 from gpubench.backends import get_backend
 from gpubench.backends.base import ProbeInfo
-from gpubench.runner.process import child_env
+from gpubench.runner.process import Launcher
 
 PROBE_TIMEOUT_S = 180
 
@@ -26,11 +26,13 @@ def probe_here(name: str) -> ProbeInfo:
         return ProbeInfo(name, False, reason=f"{name} is not installed ({e}); install with: {backend.install_hint}")
 
 
-def probe(name: str) -> ProbeInfo:
+def probe(name: str, launcher: Launcher = Launcher()) -> ProbeInfo:
     """Probe a framework in a child process (never raises)."""
     try:
-        proc = subprocess.run([sys.executable, "-m", "gpubench.runner.probe", name], capture_output=True,
-                              text=True, timeout=PROBE_TIMEOUT_S, env=child_env())
+        proc = subprocess.run(launcher.command("gpubench.runner.probe", name), capture_output=True,
+                              text=True, timeout=PROBE_TIMEOUT_S, env=launcher.env())
+    except OSError as e:
+        return ProbeInfo(name, False, reason=f"cannot start {launcher.python}: {e}")
     except subprocess.TimeoutExpired:
         return ProbeInfo(name, False, reason=f"probing {name} took longer than {PROBE_TIMEOUT_S} s")
     lines = proc.stdout.strip().splitlines()

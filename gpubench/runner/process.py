@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import gpubench
@@ -20,6 +22,26 @@ def child_env() -> dict[str, str]:
     if _PKG_ROOT not in parts:
         env["PYTHONPATH"] = os.pathsep.join([_PKG_ROOT, *parts])
     return env
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """How to start a child: which Python, and where it finds gpubench. The default is this
+    interpreter and this gpubench; ``gpubench ab`` launches two different ones."""
+
+    python: str = sys.executable
+    pythonpath: str | None = None  # a checkout whose gpubench the child imports instead of this one
+
+    def env(self) -> dict[str, str]:
+        if self.pythonpath is None:
+            return child_env()
+        env = dict(os.environ)
+        parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != _PKG_ROOT]
+        env["PYTHONPATH"] = os.pathsep.join([self.pythonpath, *parts])
+        return env
+
+    def command(self, module: str, *args: str) -> list[str]:
+        return [self.python, "-m", module, *args]
 
 
 def kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:

@@ -21,6 +21,7 @@ from gpubench.errors import InputError
 from gpubench.results.schema import FAILED_STATUSES, SCHEMA_VERSION
 from gpubench.results.store import RUN_FILE, create_run_dir, load_results, load_run, write_json_atomic
 from gpubench.runner.probe import probe
+from gpubench.runner.process import Launcher
 from gpubench.runner.progress import SweepDisplay, summary_table, unmeasured_lines
 from gpubench.runner.sweep import plan, run_jobs
 from gpubench.suite import Config, Suite, load_suite
@@ -38,15 +39,41 @@ class RunRequest:
     report: bool = True
 
 
-def _probe_all(configs: list[Config], console: Console) -> dict[str, ProbeInfo]:
+def probe_frameworks(configs: list[Config], console: Console, launcher: Launcher = Launcher(),
+                     label: str = "") -> dict[str, ProbeInfo]:
     """Probe every framework of the sweep, in parallel child processes."""
     names = sorted({c.framework for c in configs})
     with console.status(f"probing {', '.join(names)}..."), ThreadPoolExecutor(len(names)) as pool:
-        probes = dict(zip(names, pool.map(probe, names)))
+        probes = dict(zip(names, pool.map(lambda n: probe(n, launcher), names)))
     for name, p in probes.items():
-        console.print(f"{name}: " + (f"{p.version}, devices: {', '.join(p.device_names())}" if p.available
-                                     else f"[yellow]unavailable[/yellow]: {p.reason}"), highlight=False)
+        console.print(f"{label}{name}: " + (f"{p.version}, devices: {', '.join(p.device_names())}" if p.available
+                                            else f"[yellow]unavailable[/yellow]: {p.reason}"), highlight=False)
     return probes
+
+
+def new_run_dir(out: Path, run_id: str, suite: Suite, args: dict[str, Any], configs: list[Config],
+                env: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """Make a run directory and its run.json (only once all input has been validated)."""
+    now = datetime.now(timezone.utc)
+    run_dir = create_run_dir(out, run_id)
+    meta = {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_dir.name,
+        "created_at": now.isoformat(timespec="seconds"),
+        "suite": suite.to_dict(),
+        "args": args,
+        "configs": len(configs),
+        "env": env,
+        "completed": False,
+    }
+    write_json_atomic(run_dir / RUN_FILE, meta)
+    return run_dir, meta
+
+
+def finish_run_dir(run_dir: Path, meta: dict[str, Any]) -> None:
+    meta["completed"] = True
+    meta["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    write_json_atomic(run_dir / RUN_FILE, meta)
 
 
 def _prepare(req: RunRequest) -> tuple[Suite, int, Path | None, list[dict[str, Any]]]:
@@ -97,25 +124,17 @@ def execute(req: RunRequest, console: Console) -> int:
     check_data(configs, suite.source)
     done = {(r["config_id"], r.get("repeat", 0)) for r in existing}
     jobs = plan(configs, repeats, done)
-    probes = _probe_all(configs, console) if jobs else {}
+    probes = probe_frameworks(configs, console) if jobs else {}
     env = fingerprint({k: p.to_dict() for k, p in probes.items()})
     now = datetime.now(timezone.utc)
     if run_dir is None:
-        run_dir = create_run_dir(req.out, f"{suite.name}-{now:%Y%m%d-%H%M%S}")
-        meta = {
-            "schema_version": SCHEMA_VERSION,
-            "run_id": run_dir.name,
-            "created_at": now.isoformat(timespec="seconds"),
-            "suite": suite.to_dict(),
-            "args": {"suite": req.suite, "set": req.sets, "repeats": repeats, "out": str(req.out)},
-            "configs": len(configs),
-            "env": env,
-            "completed": False,
-        }
+        run_dir, meta = new_run_dir(req.out, f"{suite.name}-{now:%Y%m%d-%H%M%S}", suite,
+                                    {"suite": req.suite, "set": req.sets, "repeats": repeats, "out": str(req.out)},
+                                    configs, env)
     else:
         meta = load_run(run_dir)
         meta.setdefault("resumed_at", []).append(now.isoformat(timespec="seconds"))
-    write_json_atomic(run_dir / RUN_FILE, meta)
+        write_json_atomic(run_dir / RUN_FILE, meta)
     run_id = meta["run_id"]
     console.print(f"run {run_id}: {len(configs)} configs x {repeats} repeat(s), {len(jobs)} to run "
                   f"-> {run_dir}", highlight=False)
@@ -126,9 +145,7 @@ def execute(req: RunRequest, console: Console) -> int:
         console.print(f"[yellow]interrupted[/yellow]; finished configs are in {run_dir}/results.jsonl; "
                       f"continue with: gpubench run --resume {run_dir}", highlight=False)
         return EXIT_INTERRUPTED
-    meta["completed"] = True
-    meta["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    write_json_atomic(run_dir / RUN_FILE, meta)
+    finish_run_dir(run_dir, meta)
     results = existing + new
     console.print(summary_table(results))
     for line in unmeasured_lines(results):
@@ -137,18 +154,18 @@ def execute(req: RunRequest, console: Console) -> int:
     console.print(f"results: {run_dir / 'results.jsonl'}" + (f"  ([red]{len(failed)} failed[/red])" if failed else ""),
                   highlight=False)
     if req.report:
-        _report(run_dir, console)
+        write_report([run_dir], console)
     return EXIT_FAILED if failed else EXIT_OK
 
 
-def _report(run_dir: Path, console: Console) -> None:
+def write_report(run_dirs: list[Path], console: Console, out: Path | None = None) -> None:
     """Write the report; a failure here is reported but never costs the results."""
     from gpubench.report.build import build_report
 
     try:
-        report = build_report([run_dir])
+        report = build_report(run_dirs, out)
     except Exception as e:  # noqa: BLE001 - the run's results are safe on disk whatever happens here
         console.print(f"[yellow]report not written[/yellow]: {type(e).__name__}: {e}; "
-                      f"retry with: gpubench report {run_dir}", highlight=False)
+                      f"retry with: gpubench report {' '.join(map(str, run_dirs))}", highlight=False)
         return
     console.print(f"report: {report.index}", highlight=False)

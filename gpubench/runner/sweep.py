@@ -12,7 +12,6 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -23,7 +22,7 @@ from gpubench.backends import get_backend
 from gpubench.backends.base import ProbeInfo, device_kind
 from gpubench.results.schema import SCHEMA_VERSION, outcome
 from gpubench.results.store import append_result, slug
-from gpubench.runner.process import child_env, kill_group, oom_kill_count
+from gpubench.runner.process import Launcher, kill_group, oom_kill_count
 from gpubench.suite import Config
 
 LOG_TAIL_LINES = 40
@@ -74,7 +73,7 @@ def _tail(path: Path, n: int) -> list[str]:
         return []
 
 
-def run_worker(job: Job, run_dir: Path) -> dict[str, Any]:
+def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher()) -> dict[str, Any]:
     """Run one job in a fresh process; the worker-side result, whatever happens to it."""
     workdir = run_dir / ".work" / job.name
     shutil.rmtree(workdir, ignore_errors=True)
@@ -85,9 +84,9 @@ def run_worker(job: Job, run_dir: Path) -> dict[str, Any]:
     oom_before = oom_kill_count()
     timeout_s = job.config.timeout_s
     with open(run_dir / log_rel, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "gpubench.runner.worker", str(workdir)],
+        proc = subprocess.Popen(launcher.command("gpubench.runner.worker", str(workdir)),
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=child_env())
+                                start_new_session=True, env=launcher.env())
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -102,6 +101,12 @@ def run_worker(job: Job, run_dir: Path) -> dict[str, Any]:
     if result_path.exists():
         result = json.loads(result_path.read_text())
         result["log"] = str(log_rel)
+        timeline = workdir / "timeline.json"
+        if timeline.exists() and isinstance(result.get("telemetry"), dict):
+            (run_dir / "telemetry").mkdir(exist_ok=True)
+            rel = Path("telemetry") / f"{job.name}.json"
+            shutil.move(str(timeline), run_dir / rel)
+            result["telemetry"]["timeline"] = str(rel)
         shutil.rmtree(workdir, ignore_errors=True)
         return result
     shutil.rmtree(workdir, ignore_errors=True)
@@ -143,7 +148,7 @@ FinishCallback = Callable[[int, Job, dict[str, Any]], None]
 
 def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], probes: dict[str, ProbeInfo],
              on_start: Callback | None = None, on_finish: FinishCallback | None = None,
-             earlier: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+             earlier: list[dict[str, Any]] | None = None, launcher: Launcher = Launcher()) -> list[dict[str, Any]]:
     """Run the jobs in order, appending each result as it finishes. ``earlier`` are results
     already in the run (when resuming), used for pipeline-vs-device comparisons."""
     results: list[dict[str, Any]] = []
@@ -154,7 +159,7 @@ def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], p
         started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         t0 = time.perf_counter()
         pre = pre_resolve(job.config, probes)
-        worker = outcome(*pre) if pre else run_worker(job, run_dir)
+        worker = outcome(*pre) if pre else run_worker(job, run_dir, launcher)
         result = {
             "schema_version": SCHEMA_VERSION,
             "run_id": run_id,

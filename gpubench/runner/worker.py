@@ -65,6 +65,31 @@ def metrics_from(raw: RawMeasurement, config: Config, setup_ms: float) -> dict[s
     return metrics
 
 
+def _start_telemetry(backend: Any, config: Config) -> Any:
+    """A started TelemetrySession, or None when sampling is off or cannot start."""
+    if config.telemetry_interval_ms <= 0:
+        return None
+    from gpubench.telemetry.session import TelemetrySession
+
+    try:
+        return TelemetrySession(config.device, config.telemetry_interval_ms, backend.device_uuid(config)).start()
+    except Exception as e:  # noqa: BLE001 - telemetry never fails a config
+        print(f"gpubench: telemetry could not start: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
+
+
+def _stop_telemetry(session: Any, raw: RawMeasurement | None, config: Config) -> tuple[Any, Any]:
+    if session is None:
+        return ({"gpu": None, "gpu_reason": "telemetry off (telemetry_interval_ms = 0)"}
+                if config.telemetry_interval_ms <= 0 else None), None
+    try:
+        phases = raw.phases if raw is not None else []
+        measured = config.samples_per_step * config.steps * (len(raw.window_wall_ms) if raw is not None else 0)
+        return session.stop(phases, measured)
+    except Exception as e:  # noqa: BLE001
+        return {"gpu": None, "gpu_reason": None, "errors": [f"telemetry failed: {type(e).__name__}: {e}"]}, None
+
+
 def run_config(config: Config) -> dict[str, Any]:
     """Train and measure one config; always returns a (worker-side) result dict."""
     try:
@@ -94,7 +119,12 @@ def run_config(config: Config) -> dict[str, Any]:
         trainer = backend.build(spec, config, batches)
         del batches
         setup_ms = (time.perf_counter() - t0) * 1000.0
-        raw = run_loop(trainer, config.warmup_steps, config.steps, config.windows)
+        telemetry = _start_telemetry(backend, config)
+        raw: RawMeasurement | None = None
+        try:
+            raw = run_loop(trainer, config.warmup_steps, config.steps, config.windows, telemetry)
+        finally:  # the samplers stop whatever happens
+            telemetry_block, timeline = _stop_telemetry(telemetry, raw, config)
         memory.update(trainer.memory())
     except BaseException as e:  # noqa: BLE001 - every failure must become a status
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
@@ -118,6 +148,8 @@ def run_config(config: Config) -> dict[str, Any]:
         "status": status,
         "reason": reason,
         "metrics": metrics,
+        "telemetry": telemetry_block,
+        "_timeline": timeline,
         "model": model,
         "runtime": trainer.describe(),
         "phases": [{"name": p.name, "start_ms": (p.start_ns - raw.phases[0].start_ns) / 1e6,
@@ -133,6 +165,9 @@ def main(argv: list[str]) -> int:
     load_plugins()
     config = Config.from_dict(job["config"])
     result = run_config(config)
+    timeline = result.pop("_timeline", None)
+    if timeline is not None:
+        write_json_atomic(workdir / "timeline.json", timeline)
     write_json_atomic(workdir / "result.json", result)
     return 0
 

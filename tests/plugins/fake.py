@@ -41,10 +41,14 @@ class FakeTrainer(Trainer):
         self.w = np.zeros((self.x.shape[2], int(y.max()) + 1))
         self.mode, self.lr, self.i, self.loss = mode, lr, 0, float("nan")
         self.steps = 0
+        # a fixed extra cost per step, for A/B tests of the gate (set by the test's environment)
+        self.sleep_s = float(os.environ.get("FAKE_STEP_SLEEP_MS", "0")) / 1000
 
     def step(self) -> None:
         if self.mode == "hang":
             time.sleep(3600)
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
         x, y = self.x[self.i % len(self.x)], self.y[self.i % len(self.y)]
         self.i += 1
         logits = x @ self.w

@@ -73,6 +73,14 @@ class TorchBackend(Backend):
 
         return TorchTrainer(spec, config, batches)
 
+    def device_uuid(self, config: Config) -> str | None:
+        if device_kind(config.device) != "cuda":
+            return None
+        import torch
+
+        uuid = getattr(torch.cuda.get_device_properties(device_index(config.device)), "uuid", None)
+        return str(uuid) if uuid is not None else None
+
     def is_oom(self, exc: BaseException) -> bool:
         import torch
 

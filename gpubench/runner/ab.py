@@ -1,0 +1,120 @@
+"""``gpubench ab``: same-job A/B, the most robust way to gate in CI.
+
+Every config runs alternately under a baseline and a candidate environment (two Python
+interpreters, or two checkouts of a project, or both) on the same machine: A B, then B A in
+the next round, and so on. Drift of the machine (thermal, other tenants, clock boosts)
+lands on both sides alike, which a comparison against a stored baseline from another day
+cannot promise. The two sides go to two run directories, which are then compared by the
+regression gate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rich.console import Console
+
+from gpubench.env import fingerprint
+from gpubench.errors import InputError
+from gpubench.gate import render
+from gpubench.gate.compare import compare, fingerprint_differences, parse_fraction
+from gpubench.gate.stats import min_repeats
+from gpubench.results.schema import FAILED_STATUSES
+from gpubench.runner.process import Launcher
+from gpubench.runner.progress import SweepDisplay
+from gpubench.runner.run import check_data, finish_run_dir, new_run_dir, probe_frameworks, write_report
+from gpubench.runner.sweep import plan, run_jobs
+from gpubench.suite import load_suite
+
+SIDES = ("baseline", "candidate")
+
+
+@dataclass
+class ABRequest:
+    suite: str
+    baseline: Launcher
+    candidate: Launcher
+    out: Path = Path("runs")
+    sets: list[str] = field(default_factory=list)
+    repeats: int = 10
+    threshold: str = "3%"
+    noise_floor: str = "1%"
+    alpha: float = 0.01
+    metric: str = "throughput"
+    markdown: Path | None = None
+    report: bool = True
+
+
+def _check_python(launcher: Launcher, side: str) -> None:
+    import shutil
+
+    if shutil.which(launcher.python) is None and not Path(launcher.python).is_file():
+        raise InputError(f"--{side}-python {launcher.python}: no such interpreter")
+    import os
+
+    for part in (launcher.pythonpath or "").split(os.pathsep) if launcher.pythonpath else []:
+        if not Path(part).is_dir():
+            raise InputError(f"--{side}-path {launcher.pythonpath}: no such directory: {part}")
+
+
+def execute_ab(req: ABRequest, console: Console) -> int:
+    threshold = parse_fraction(req.threshold, "--threshold")
+    noise_floor = parse_fraction(req.noise_floor, "--noise-floor")
+    suite = load_suite(req.suite).with_overrides(req.sets)
+    configs = suite.expand()
+    check_data(configs, suite.source)
+    needed = min_repeats(2 * req.alpha / len(configs))
+    if req.repeats < needed:
+        raise InputError(f"--repeats {req.repeats}: comparing {len(configs)} config(s) at alpha {req.alpha:g} needs at "
+                         f"least {needed} repeats per side")
+    launchers = {"baseline": req.baseline, "candidate": req.candidate}
+    for side, launcher in launchers.items():
+        _check_python(launcher, side)
+    probes = {side: probe_frameworks(configs, console, launchers[side], label=f"{side} ") for side in SIDES}
+    envs = {side: fingerprint({k: p.to_dict() for k, p in probes[side].items()}) for side in SIDES}
+    for d in fingerprint_differences(envs["baseline"], envs["candidate"], {c.framework for c in configs}):
+        console.print(f"environments differ (this may be the change under test): {d}", highlight=False)
+
+    stamp = f"{suite.name}-ab-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+    root = req.out / stamp
+    dirs, metas = {}, {}
+    for side in SIDES:
+        args = {"suite": req.suite, "set": req.sets, "repeats": req.repeats, "out": str(req.out), "ab_side": side,
+                "python": launchers[side].python, "pythonpath": launchers[side].pythonpath}
+        dirs[side], metas[side] = new_run_dir(root, side, suite, args, configs, envs[side])
+    jobs = plan(configs, req.repeats)
+    console.print(f"A/B {stamp}: {len(configs)} configs x {req.repeats} repeats x 2 sides -> {root}", highlight=False)
+    results: dict[str, list] = {side: [] for side in SIDES}
+    with SweepDisplay(console, 2 * len(jobs)) as display:
+        k = 0
+        for i, job in enumerate(jobs):
+            order = SIDES if job.repeat % 2 == 0 else SIDES[::-1]  # A B, then B A, ...
+            for side in order:
+                display.started(k, job)
+                (result,) = run_jobs([job], dirs[side], metas[side]["run_id"], envs[side], probes[side],
+                                     launcher=launchers[side])
+                result["ab_side"] = side
+                results[side].append(result)
+                display.finished(k, job, result)
+                k += 1
+    for side in SIDES:
+        finish_run_dir(dirs[side], metas[side])
+    failed = [r for side in SIDES for r in results[side] if r["status"] in FAILED_STATUSES]
+    for r in failed:
+        console.print(f"[red]{r['status']}[/red] ({r['ab_side']}) {r['config_id']}: {r['reason']}", highlight=False)
+    labels = ("baseline", "candidate")
+    comparison = compare(results["baseline"], results["candidate"], req.metric, threshold, noise_floor, req.alpha,
+                         labels)
+    console.print(render.header(comparison, labels), highlight=False, soft_wrap=True)
+    console.print(render.table(comparison))
+    counts = ", ".join(f"{n} {v}" for v, n in comparison.counts().items())
+    console.print(("[red]REGRESSION[/red]: " if comparison.regressed else "no regression: ") + counts,
+                  highlight=False)
+    if req.markdown:
+        req.markdown.write_text(render.markdown(comparison, labels), encoding="utf-8")
+    if req.report:
+        write_report([dirs["baseline"], dirs["candidate"]], console, out=Path("reports") / stamp)
+    console.print(f"run directories: {dirs['baseline']} {dirs['candidate']}", highlight=False)
+    return 1 if comparison.regressed or failed else 0

@@ -1,0 +1,106 @@
+"""Samples and the periodic sampler thread.
+
+Samples are plain dataclasses with units in their field names; a field the device does not
+support is None. The sampler is a daemon thread with a stop event and a non-drifting
+schedule (the n-th sample is due at start + n * interval, whatever the previous one cost),
+so a slow read delays one sample, not all later ones. Timestamps use the measurement loop's
+clock, so samples and phases line up.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Generic, TypeVar
+
+from gpubench.measure.loop import clock_ns
+
+T = TypeVar("T")
+
+
+@dataclass
+class GpuSample:
+    t_ns: int
+    index: int
+    util_gpu_pct: float | None = None
+    util_mem_pct: float | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    power_w: float | None = None
+    energy_mj: int | None = None  # cumulative counter since the driver loaded
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    temp_c: int | None = None
+    clock_event_reasons: int | None = None  # NVML clocks event (throttle) reasons bitmask
+    pstate: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class HostSample:
+    t_ns: int
+    cpu_percent: float | None = None  # the worker process tree; 100 = one core busy
+    rss_bytes: int | None = None  # the worker process tree
+    system_cpu_percent: float | None = None  # the whole machine, 100 = all cores busy
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class PeriodicSampler(Generic[T]):
+    """Calls ``read()`` every ``interval_s`` on a daemon thread until ``stop()``.
+
+    ``read`` returns a list of samples (one per device); an exception from it is recorded in
+    ``errors`` (first few only) and sampling goes on: telemetry must never fail a config.
+    """
+
+    MAX_ERRORS = 5
+
+    def __init__(self, name: str, interval_s: float, read: Callable[[], list[T]],
+                 sleep: Callable[[float], Any] | None = None) -> None:
+        self.name = name
+        self.interval_s = interval_s
+        self.read = read
+        self.samples: list[T] = []
+        self.errors: list[str] = []
+        self.error_count = 0
+        self._stop = threading.Event()
+        self._sleep = sleep or self._stop.wait
+        self._thread = threading.Thread(target=self._run, name=f"gpubench-{name}-sampler", daemon=True)
+
+    def _take(self) -> None:
+        try:
+            self.samples.extend(self.read())
+        except Exception as e:  # noqa: BLE001 - recorded, never raised
+            self.error_count += 1
+            if len(self.errors) < self.MAX_ERRORS:
+                self.errors.append(f"{type(e).__name__}: {e}")
+
+    def _run(self) -> None:
+        start = time.monotonic()
+        n = 0
+        while not self._stop.is_set():
+            self._take()
+            n += 1
+            delay = start + n * self.interval_s - time.monotonic()
+            if delay < 0:  # fell behind: skip the missed slots instead of bursting
+                n += int(-delay // self.interval_s) + 1
+                delay = start + n * self.interval_s - time.monotonic()
+            self._sleep(max(0.0, delay))
+
+    def start(self) -> PeriodicSampler[T]:
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[T]:
+        self._stop.set()
+        self._thread.join(timeout=5 + 2 * self.interval_s)
+        self._take()  # a last sample at the end
+        return self.samples
+
+
+def now_ns() -> int:
+    return clock_ns()

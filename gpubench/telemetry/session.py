@@ -1,0 +1,115 @@
+"""Telemetry for one config: samplers alongside the measurement loop, energy counters at the
+window boundaries, and the per-config summary and timeline.
+
+Nothing here may fail a config: every problem becomes ``telemetry.errors`` or
+``telemetry.gpu_reason`` in the result.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from gpubench.backends.base import device_index, device_kind
+from gpubench.measure.loop import Phase
+from gpubench.telemetry.base import PeriodicSampler
+from gpubench.telemetry.host import HostReader
+from gpubench.telemetry.nvml import NvmlReader, load_nvml, nvml_index
+from gpubench.telemetry.summary import gpu_summary, host_summary, windows_of
+
+
+class TelemetrySession:
+    def __init__(self, device: str, interval_ms: int, device_uuid: str | None = None, nvml: Any = None) -> None:
+        self.interval_s = interval_ms / 1000.0
+        self.errors: list[str] = []
+        self.gpu_reason: str | None = None
+        self.reader: NvmlReader | None = None
+        self.counters: list[tuple[list[int | None], list[int | None]]] = []
+        self._window_start: list[int | None] | None = None
+        self.host = PeriodicSampler("host", self.interval_s, HostReader().read)
+        self.gpu: PeriodicSampler | None = None
+        if device_kind(device) != "cuda":
+            self.gpu_reason = "not a GPU config"
+            return
+        try:
+            if nvml is None:
+                nvml, reason = load_nvml()
+                if nvml is None:
+                    self.gpu_reason = reason
+                    return
+            uuids = [nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))
+                     for i in range(nvml.nvmlDeviceGetCount())]
+            uuids = [u.decode() if isinstance(u, bytes) else str(u) for u in uuids]
+            index = nvml_index(device_index(device), device_uuid, uuids, os.environ.get("CUDA_VISIBLE_DEVICES"))
+            if index is None:
+                self.gpu_reason = (f"cannot map {device} to an NVML device (CUDA_VISIBLE_DEVICES="
+                                   f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+                return
+            self.reader = NvmlReader(nvml, [index])
+            self.gpu = PeriodicSampler("gpu", self.interval_s, self.reader.read)
+        except Exception as e:  # noqa: BLE001 - a broken NVML costs the GPU telemetry, not the config
+            self.gpu_reason = f"NVML error: {type(e).__name__}: {e}"
+            self.reader = self.gpu = None
+
+    def start(self) -> TelemetrySession:
+        self.host.start()
+        if self.gpu is not None:
+            self.gpu.start()
+        return self
+
+    # --- the measurement loop's observer: energy counters at window boundaries ---------------
+
+    def on_phase(self, name: str, edge: str) -> None:
+        if self.reader is None or not name.startswith("window_"):
+            return
+        try:
+            reading = self.reader.energy_mj()
+        except Exception as e:  # noqa: BLE001
+            self.errors.append(f"energy counter: {type(e).__name__}: {e}")
+            reading = [None]
+        if edge == "start":
+            self._window_start = reading
+        elif self._window_start is not None:
+            self.counters.append((self._window_start, reading))
+            self._window_start = None
+
+    # --- results ---------------------------------------------------------------------------
+
+    def stop(self, phases: list[Phase], samples_measured: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(the result's ``telemetry`` block, the timeline to save)."""
+        host_samples = self.host.stop()
+        gpu_samples = self.gpu.stop() if self.gpu is not None else []
+        windows = windows_of(phases)
+        t0 = phases[0].start_ns if phases else 0
+        summary: dict[str, Any] = {
+            "interval_ms": self.interval_s * 1000.0,
+            "host": host_summary(host_samples, windows),
+            "gpu": None,
+            "gpu_reason": self.gpu_reason,
+            "errors": self.errors + [f"host sampler: {e}" for e in self.host.errors],
+        }
+        fields = ("util_gpu_pct", "mem_used_bytes", "power_w", "energy_mj", "sm_clock_mhz", "temp_c")
+        if self.reader is not None and not any(getattr(s, f) is not None for s in gpu_samples for f in fields):
+            first = next(iter(self.reader.errors.values()), "no samples")
+            summary["gpu_reason"] = f"no NVML field could be read ({first})"
+        elif self.reader is not None and self.gpu is not None:
+            gpu = gpu_summary(gpu_samples, windows, self.counters, samples_measured, self.reader.power_source)
+            gpu["index"] = self.reader.indices[0]
+            try:
+                gpu["uuid"], gpu["name"] = self.reader.uuids()[0], self.reader.names()[0]
+            except Exception as e:  # noqa: BLE001
+                self.errors.append(f"NVML name/uuid: {type(e).__name__}: {e}")
+            gpu["unsupported_fields"] = sorted(self.reader.errors)
+            summary["gpu"] = gpu
+            summary["errors"] += [f"gpu sampler: {e}" for e in self.gpu.errors]
+        def rel(samples: list[Any]) -> list[dict[str, Any]]:
+            return [{**s.to_dict(), "t_ms": (s.t_ns - t0) / 1e6} for s in samples]
+        timeline = {
+            "interval_ms": self.interval_s * 1000.0,
+            "phases": [{"name": p.name, "start_ms": (p.start_ns - t0) / 1e6, "end_ms": (p.end_ns - t0) / 1e6}
+                       for p in phases],
+            "gpu": rel(gpu_samples),
+            "host": rel(host_samples),
+            "power_source": self.reader.power_source if self.reader is not None else None,
+        }
+        return summary, timeline

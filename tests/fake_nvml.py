@@ -1,0 +1,110 @@
+"""A scripted stand-in for the pynvml module: enough of NVML for gpubench's telemetry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+
+class NVMLError(Exception):
+    pass
+
+
+class NVMLError_NotSupported(NVMLError):
+    def __str__(self) -> str:
+        return "Not Supported"
+
+
+@dataclass
+class FakeDevice:
+    uuid: str
+    name: str = "Fake GPU"
+    util: int = 90
+    mem_util: int = 40
+    mem_used: int = 10 << 30
+    mem_total: int = 80 << 30
+    power_mw: int = 300_000  # what the averaged reading returns
+    instant_mw: int | None = 310_000  # None: the field is not supported
+    energy_per_read_mj: int | None = 1000  # the counter advances this much per read; None: unsupported
+    sm_clock: int = 1980
+    mem_clock: int = 2619
+    temp: int = 60
+    reasons: int = 0
+    pstate: int = 0
+    unsupported: set[str] = field(default_factory=set)
+    broken: bool = False  # every call raises
+    energy: int = 0
+
+
+class FakeNVML:
+    NVML_CLOCK_SM = 1
+    NVML_CLOCK_MEM = 2
+    NVML_TEMPERATURE_GPU = 0
+    NVMLError = NVMLError
+
+    def __init__(self, devices: list[FakeDevice]) -> None:
+        self.devices = devices
+        self.calls = 0
+
+    def _dev(self, h: FakeDevice, name: str) -> FakeDevice:
+        self.calls += 1
+        if h.broken:
+            raise NVMLError("GPU is lost")
+        if name in h.unsupported:
+            raise NVMLError_NotSupported()
+        return h
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> FakeDevice:
+        return self.devices[i]
+
+    def nvmlDeviceGetUUID(self, h: FakeDevice) -> str:
+        return h.uuid
+
+    def nvmlDeviceGetName(self, h: FakeDevice) -> str:
+        return h.name
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        d = self._dev(h, "utilization")
+        return SimpleNamespace(gpu=d.util, memory=d.mem_util)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        d = self._dev(h, "memory")
+        return SimpleNamespace(used=d.mem_used, total=d.mem_total, free=d.mem_total - d.mem_used)
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return self._dev(h, "power").power_mw
+
+    def nvmlDeviceGetFieldValues(self, h, ids):
+        d = self._dev(h, "fields")
+        if d.instant_mw is None:
+            return [SimpleNamespace(nvmlReturn=3, value=SimpleNamespace(uiVal=0))]
+        return [SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(uiVal=d.instant_mw))]
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        d = self._dev(h, "energy")
+        if d.energy_per_read_mj is None:
+            raise NVMLError_NotSupported()
+        d.energy += d.energy_per_read_mj
+        return d.energy
+
+    def nvmlDeviceGetClockInfo(self, h, kind):
+        d = self._dev(h, "clocks")
+        return d.sm_clock if kind == self.NVML_CLOCK_SM else d.mem_clock
+
+    def nvmlDeviceGetTemperature(self, h, kind):
+        return self._dev(h, "temperature").temp
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return self._dev(h, "reasons").reasons
+
+    def nvmlDeviceGetPerformanceState(self, h):
+        return self._dev(h, "pstate").pstate

@@ -1,0 +1,128 @@
+"""Same-job A/B, the pytest-benchmark plugin, and the exporters."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from importlib.metadata import entry_points
+
+import pytest
+
+from tests.conftest import REPO, plugin_env, run_cli
+
+SUITE = """
+name = "ab"
+[defaults]
+framework = "fake"
+workload = "fault"
+batch_size = 8
+warmup_steps = 2
+steps = 10
+windows = 2
+"""
+
+
+def side_path(tmp_path, name: str, sleep_ms: float) -> str:
+    """A directory whose sitecustomize gives the fake backend a fixed cost per step."""
+    d = tmp_path / name
+    d.mkdir()
+    (d / "sitecustomize.py").write_text(f"import os\nos.environ['FAKE_STEP_SLEEP_MS'] = '{sleep_ms}'\n")
+    return os.pathsep.join([str(d), str(REPO)])
+
+
+@pytest.mark.parametrize("candidate_ms, expected_rc, verdict", [(2.0, 0, None), (4.0, 1, "regressed")])
+def test_ab_interleaves_two_environments_and_gates(tmp_path, write_suite, candidate_ms, expected_rc, verdict):
+    suite = write_suite(SUITE)
+    proc = run_cli(["ab", str(suite), "--baseline-python", sys.executable, "--baseline-path",
+                    side_path(tmp_path, "a", 2.0), "--candidate-python", sys.executable, "--candidate-path",
+                    side_path(tmp_path, "b", candidate_ms), "--repeats", "6", "--out", str(tmp_path / "runs"),
+                    "--markdown", str(tmp_path / "gate.md"), "--no-report"], cwd=tmp_path, timeout=600)
+    assert proc.returncode == expected_rc, proc.stdout + proc.stderr
+    (root,) = (tmp_path / "runs").iterdir()
+    base = [json.loads(l) for l in (root / "baseline" / "results.jsonl").read_text().splitlines()]
+    cand = [json.loads(l) for l in (root / "candidate" / "results.jsonl").read_text().splitlines()]
+    assert len(base) == len(cand) == 6
+    # interleaved: A B, B A, ... by start time
+    order = sorted([(r["started_at"], "A") for r in base] + [(r["started_at"], "B") for r in cand])
+    assert len(order) == 12
+    md = (tmp_path / "gate.md").read_text()
+    if verdict:
+        assert f"**{verdict}**" in md
+        assert "REGRESSION" in proc.stdout
+    else:
+        assert "regressed" not in md.split("\n", 5)[-1] and "no regression" in proc.stdout
+
+
+def test_ab_bad_input(tmp_path, write_suite):
+    suite = write_suite(SUITE)
+    proc = run_cli(["ab", str(suite), "--baseline-python", "/no/python", "--candidate-python", sys.executable,
+                    "--out", str(tmp_path / "runs")], cwd=tmp_path)
+    assert proc.returncode == 2 and "--baseline-python /no/python: no such interpreter" in proc.stderr
+    proc = run_cli(["ab", str(suite), "--baseline-python", sys.executable, "--candidate-python", sys.executable,
+                    "--repeats", "2", "--out", str(tmp_path / "runs")], cwd=tmp_path)
+    assert proc.returncode == 2 and "--repeats 2: comparing 1 config(s) at alpha 0.01 needs at least 5" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+PLUGIN_TEST = """
+import os
+
+
+def test_fake_training_step(gpubench_benchmark):
+    step = gpubench_benchmark(framework="fake", workload="fault", batch_size=int(os.environ.get("BS", "8")),
+                              steps_per_round=5, rounds=5, warmup_rounds=1)
+    assert step.throughput > 0
+    assert step.samples_per_round == 5 * int(os.environ.get("BS", "8"))
+
+
+def test_unavailable_config_is_skipped(gpubench_benchmark):
+    gpubench_benchmark(framework="fake", workload="fault", device="cuda")
+"""
+
+
+def run_pytest(tmp_path, *args, **env):
+    (tmp_path / "test_bench.py").write_text(PLUGIN_TEST)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_bench.py",
+                           "--benchmark-storage", str(tmp_path / "store"), *args], cwd=tmp_path,
+                          env=plugin_env(**env), capture_output=True, text=True, timeout=300)
+
+
+def test_pytest_plugin_is_registered():
+    assert "gpubench.pytest_plugin" in {ep.value for ep in entry_points(group="pytest11")}
+
+
+def test_pytest_benchmark_fixture_and_compare_fail(tmp_path):
+    proc = run_pytest(tmp_path, "--benchmark-autosave", "--benchmark-json", str(tmp_path / "b.json"), BS="8")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 passed, 1 skipped" in proc.stdout
+    data = json.loads((tmp_path / "b.json").read_text())
+    (bench,) = data["benchmarks"]
+    assert bench["extra_info"]["config_id"] == "fault_mode0-fake-cpu-bs8-fp32-single"
+    assert bench["extra_info"]["samples_per_round"] == 40 and bench["stats"]["rounds"] == 5
+    assert bench["extra_info"]["throughput_median"] == pytest.approx(40 / bench["stats"]["median"])
+    # the same test made 40 times more expensive per round: pytest-benchmark's gate fails it
+    slow = run_pytest(tmp_path, "--benchmark-compare", "--benchmark-compare-fail=median:5%",
+                      BS="320", FAKE_STEP_SLEEP_MS="5")
+    assert slow.returncode != 0 and "Performance has regressed" in slow.stdout + slow.stderr
+
+
+def test_export_formats(tmp_path):
+    a = REPO / "tests" / "fixtures" / "run_a"
+    proc = run_cli(["export", str(a), "--format", "github-action", "--out", str(tmp_path / "gh.json")], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    gh = {e["name"]: e for e in json.loads((tmp_path / "gh.json").read_text())}
+    assert gh["cnn-torch-cpu-bs32-fp32-single"]["value"] == 800.0
+    assert gh["cnn-torch-cpu-bs32-fp32-single"]["unit"] == "samples/s"
+    assert "cnn-torch-cuda-bs32-fp32-single" not in gh  # only measured configs
+    proc = run_cli(["export", str(a), "--format", "pytest-benchmark", "--out", str(tmp_path / "pb.json")], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    pb = json.loads((tmp_path / "pb.json").read_text())
+    by_name = {b["name"]: b for b in pb["benchmarks"]}
+    assert by_name["cnn-torch-cpu-bs32-fp32-single"]["stats"]["median"] == pytest.approx(0.040)
+    assert by_name["cnn-torch-cpu-bs32-fp32-single"]["stats"]["rounds"] == 10
+    cli = shutil.which("pytest-benchmark", path=os.path.dirname(sys.executable)) or shutil.which("pytest-benchmark")
+    compare = subprocess.run([cli, "compare", str(tmp_path / "pb.json")], capture_output=True, text=True)
+    assert compare.returncode == 0 and "cnn-torch-cpu-bs32-fp32-single" in compare.stdout

@@ -1,0 +1,209 @@
+"""Telemetry without a GPU: a fake NVML, scripted samples, the sampler thread, the null path."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from gpubench.measure.loop import Phase
+from gpubench.results.store import load_results
+from gpubench.telemetry.base import GpuSample, HostSample, PeriodicSampler
+from gpubench.telemetry.nvml import NvmlReader, nvml_index, unofficial_pynvml_problem
+from gpubench.telemetry.session import TelemetrySession
+from gpubench.telemetry.summary import gpu_energy, gpu_summary, host_summary, windows_of
+from tests.conftest import plugin_env, run_cli
+from tests.fake_nvml import FakeDevice, FakeNVML
+
+UUIDS = ["GPU-aaaa1111-0000", "GPU-bbbb2222-0000", "GPU-cccc3333-0000"]
+
+
+@pytest.mark.parametrize("ordinal, uuid, visible, expected", [
+    (0, None, None, 0),
+    (2, None, None, 2),
+    (0, None, "2,0", 2),
+    (1, None, "2,0", 0),
+    (0, None, "GPU-bbbb", 1),  # UUID prefix
+    (1, None, "1,7,2", None),  # CUDA stops at the first invalid entry
+    (0, None, "MIG-1234", None),
+    (0, None, "", None),  # no device visible
+    (0, "bbbb2222-0000", "0", 1),  # the framework's UUID wins
+    (0, "GPU-cccc3333-0000", None, 2),
+])
+def test_cuda_ordinal_to_nvml_index(ordinal, uuid, visible, expected):
+    assert nvml_index(ordinal, uuid, UUIDS, visible) == expected
+
+
+def test_reader_fields_and_unsupported_ones():
+    dev = FakeDevice(UUIDS[0], unsupported={"temperature", "pstate"})
+    reader = NvmlReader(FakeNVML([dev]), [0])
+    assert reader.power_source == "instant"
+    (s,) = reader.read()
+    assert (s.util_gpu_pct, s.util_mem_pct, s.mem_used_bytes, s.power_w) == (90, 40, 10 << 30, 310.0)
+    assert s.sm_clock_mhz == 1980 and s.mem_clock_mhz == 2619 and s.energy_mj == 1000
+    assert s.temp_c is None and s.pstate is None  # only the unsupported fields are missing
+    assert set(reader.errors) == {"temperature", "pstate"} and "Not Supported" in reader.errors["pstate"]
+
+
+def test_reader_falls_back_to_average_power():
+    reader = NvmlReader(FakeNVML([FakeDevice(UUIDS[0], instant_mw=None)]), [0])
+    assert reader.power_source == "average"
+    assert reader.read()[0].power_w == 300.0
+
+
+def test_sampler_keeps_a_steady_rate_and_survives_errors():
+    calls = []
+
+    def read():
+        calls.append(time.monotonic())
+        if len(calls) % 3 == 0:
+            raise RuntimeError("flaky device")
+        return [len(calls)]
+
+    sampler = PeriodicSampler("t", 0.02, read).start()
+    time.sleep(0.5)
+    samples = sampler.stop()
+    assert 18 <= len(calls) <= 32  # ~25 periods, plus the final read
+    assert sampler.error_count >= 5 and len(sampler.errors) == PeriodicSampler.MAX_ERRORS
+    assert all(isinstance(x, int) for x in samples)
+    gaps = [b - a for a, b in zip(calls, calls[1:-1])]
+    assert abs(sum(gaps) / len(gaps) - 0.02) < 0.01  # no drift from the read's own cost
+
+
+def gs(t_ms, **kw):
+    return GpuSample(t_ns=int(t_ms * 1e6), index=0, **kw)
+
+
+def test_gpu_summary_over_windows_only():
+    phases = [Phase("cold_start", 0, int(10e6)), Phase("warmup", int(10e6), int(100e6)),
+              Phase("window_0", int(100e6), int(200e6)), Phase("window_1", int(200e6), int(300e6))]
+    windows = windows_of(phases)
+    samples = [gs(50, util_gpu_pct=5, power_w=80, temp_c=40, clock_event_reasons=1)]  # warm-up: excluded
+    samples += [gs(100 + 10 * i, util_gpu_pct=90 + i % 5, power_w=300, mem_used_bytes=1000 + i, temp_c=60 + i % 3,
+                   sm_clock_mhz=1900, clock_event_reasons=4 if i < 5 else 0) for i in range(20)]
+    counters = [([1000], [31000]), ([31000], [61000])]  # 30 J per window
+    g = gpu_summary(samples, windows, counters, samples_measured=600, power_source="instant")
+    assert g["samples"] == 20
+    assert g["util_mean"] == pytest.approx(92.0) and g["util_p95"] == pytest.approx(94.0)
+    assert g["power_mean_w"] == 300 and g["temp_max_c"] == 62 and g["mem_used_peak_bytes"] == 1019
+    assert g["energy_j"] == pytest.approx(60.0) and g["energy_source"] == "counter"
+    assert g["energy_per_sample_j"] == pytest.approx(0.1)
+    assert g["throttled_fraction"] == pytest.approx(0.25)
+
+
+def test_energy_falls_back_to_integrated_power():
+    windows = [(0, int(1e9)), (int(2e9), int(4e9))]
+    samples = [gs(t, power_w=p) for t, p in ((100, 100.0), (900, 300.0), (2500, 250.0), (3500, 250.0))]
+    energy, source = gpu_energy(samples, windows, [([None], [None])] * 2, "average")
+    assert energy == pytest.approx(200.0 * 1 + 250.0 * 2) and source == "power_integration (average)"
+    energy, _ = gpu_energy(samples[:2], windows, [], "instant")
+    assert energy is None  # a window without any power sample: no figure rather than a wrong one
+
+
+def test_host_summary():
+    windows = [(0, int(1e9))]
+    samples = [HostSample(int(t * 1e6), cpu_percent=c, rss_bytes=r, system_cpu_percent=50.0)
+               for t, c, r in ((-5, 0.0, 1), (100, 180.0, 500), (600, 200.0, 700))]
+    h = host_summary(samples, windows)
+    assert h == {"cpu_percent_mean": 190.0, "cpu_percent_max": 200.0, "rss_peak_bytes": 700,
+                 "system_cpu_percent_mean": 50.0, "samples": 2}
+
+
+def session_run(nvml, device="cuda:0", uuid=None):
+    session = TelemetrySession(device, 10, uuid, nvml=nvml).start()
+    t0 = time.perf_counter_ns()
+    phases = [Phase("cold_start", t0, t0 + 1)]
+    for w in range(2):
+        session.on_phase(f"window_{w}", "start")
+        a = time.perf_counter_ns()
+        time.sleep(0.1)
+        b = time.perf_counter_ns()
+        session.on_phase(f"window_{w}", "end")
+        phases.append(Phase(f"window_{w}", a, b))
+    return session.stop(phases, samples_measured=100)
+
+
+def test_session_with_a_fake_gpu():
+    nvml = FakeNVML([FakeDevice(UUIDS[0]), FakeDevice(UUIDS[1], name="Second")])
+    summary, timeline = session_run(nvml, "cuda:0", uuid="bbbb2222-0000")  # the framework's UUID -> NVML 1
+    g = summary["gpu"]
+    assert g["index"] == 1 and g["name"] == "Second" and g["uuid"] == UUIDS[1]
+    assert g["energy_source"] == "counter" and g["energy_j"] > 0
+    assert g["energy_per_sample_j"] == pytest.approx(g["energy_j"] / 100)
+    assert g["util_mean"] == 90 and g["samples"] >= 10
+    assert summary["gpu_reason"] is None and summary["host"]["samples"] >= 10
+    assert [p["name"] for p in timeline["phases"]] == ["cold_start", "window_0", "window_1"]
+    assert timeline["gpu"] and all("t_ms" in s for s in timeline["gpu"])
+
+
+def test_a_failing_device_costs_only_the_gpu_telemetry():
+    summary, _ = session_run(FakeNVML([FakeDevice(UUIDS[0], broken=True)]))
+    assert summary["gpu"] is None and "GPU is lost" in summary["gpu_reason"]
+    assert summary["host"]["samples"] > 0
+
+
+def test_no_energy_counter_integrates_power():
+    summary, _ = session_run(FakeNVML([FakeDevice(UUIDS[0], energy_per_read_mj=None, instant_mw=None)]))
+    g = summary["gpu"]
+    assert g["energy_source"] == "power_integration (average)"
+    assert g["energy_j"] == pytest.approx(300.0 * 0.2, rel=0.2)
+    assert "energy_mj" in g["unsupported_fields"]
+
+
+def test_cpu_config_has_no_gpu_telemetry():
+    summary, timeline = session_run(None, device="cpu")
+    assert summary["gpu"] is None and summary["gpu_reason"] == "not a GPU config"
+    assert summary["host"]["cpu_percent_mean"] is not None and timeline["gpu"] == []
+
+
+def test_unofficial_pynvml_is_detected(monkeypatch):
+    import importlib.metadata as md
+
+    class Dist:
+        files = ["pynvml.py"]
+
+    def distribution(name):
+        if name == "pynvml":
+            return Dist()
+        raise md.PackageNotFoundError(name)
+
+    monkeypatch.setattr(md, "distribution", distribution)
+    assert "pip uninstall -y pynvml && pip install nvidia-ml-py" in unofficial_pynvml_problem()
+
+
+def test_run_records_host_telemetry_and_a_timeline(tmp_path, write_suite):
+    suite = write_suite("""
+[defaults]
+framework = "fake"
+workload = "fault"
+batch_size = 8
+steps = 20
+windows = 2
+[telemetry]
+interval_ms = 20
+[matrix]
+device = ["cpu"]
+""")
+    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path,
+                   env=plugin_env(FAKE_STEP_SLEEP_MS="5"))  # 2 windows of 20 steps of 5 ms: 10 samples
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    (r,) = load_results(run_dir)
+    t = r["telemetry"]
+    assert r["config"]["telemetry_interval_ms"] == 20 and t["interval_ms"] == 20
+    assert t["gpu"] is None and t["gpu_reason"] == "not a GPU config"
+    assert t["host"]["rss_peak_bytes"] > 0 and 5 <= t["host"]["samples"] <= 12
+    timeline = json.loads((run_dir / t["timeline"]).read_text())
+    assert [p["name"] for p in timeline["phases"]][-1] == "window_1" and timeline["host"]
+
+
+def test_telemetry_off(tmp_path, write_suite):
+    suite = write_suite('[defaults]\nframework = "fake"\nworkload = "fault"\nsteps = 2\nwindows = 1\n'
+                        'telemetry_interval_ms = 0\n')
+    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    (r,) = load_results(run_dir)
+    assert r["telemetry"]["gpu_reason"] == "telemetry off (telemetry_interval_ms = 0)"
+    assert not (run_dir / "telemetry").exists()
