@@ -56,6 +56,9 @@ DEFAULTS = {"cpu": (128, 2, 512), "cuda": (512, 4, 4096)}
 # the bare loop per framework (a module beside this one, imported only when chosen):
 # BareLoop(args, spec, weights, batches) with .run(n) -> seconds and .loss, and describe(args)
 BARE = {"torch": "_bare_torch", "tensorflow": "_bare_tf"}
+# --telemetry: untimed steps at the start of each round on both sides, so that starting the
+# samplers falls outside the timed window, as it does in a run (sampling starts before warm-up)
+TELEMETRY_WARMUP = 5
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -69,18 +72,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "amp-fp16", "amp-bf16"])
     p.add_argument("--compile", default="none", choices=["none", "xla"],
                    help="xla: TensorFlow's jit_compile on both sides (default none)")
-    p.add_argument("--steps", type=int, default=20, help="timed steps per side per round (default 20)")
-    p.add_argument("--rounds", type=int, default=80, help="interleaved rounds, even (default 80)")
+    p.add_argument("--steps", type=int, help="timed steps per side per round (default 20; 100 with --telemetry)")
+    p.add_argument("--rounds", type=int, help="interleaved rounds, even (default 80; 40 with --telemetry)")
     p.add_argument("--warmup", type=int, default=30, help="untimed steps per side first (default 30)")
-    p.add_argument("--aa", action="store_true", help="A/A test: a second bare loop in gpubench's place")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--aa", action="store_true", help="A/A test: a second bare loop in gpubench's place")
+    mode.add_argument("--telemetry", action="store_true",
+                      help="telemetry overhead: gpubench with sampling on vs off")
+    p.add_argument("--interval-ms", type=int, default=100, help="sampling interval with --telemetry (default 100)")
     p.add_argument("--json", type=Path, help="write the figures to this file")
     p.add_argument("--strict", action="store_true", help="exit 1 on FAIL")
     a = p.parse_args(argv)
+    a.steps = a.steps if a.steps is not None else 100 if a.telemetry else 20
+    a.rounds = a.rounds if a.rounds is not None else 40 if a.telemetry else 80
     batch, depth, width = DEFAULTS["cuda" if a.device.startswith("cuda") else "cpu"]
     a.batch_size, a.depth, a.width = (batch if a.batch_size is None else a.batch_size,
                                       depth if a.depth is None else a.depth, width if a.width is None else a.width)
-    if min(a.steps, a.batch_size, a.depth, a.width) < 1 or a.warmup < 0:
-        p.error("--steps, --batch-size, --depth and --width must be >= 1, --warmup >= 0")
+    if min(a.steps, a.batch_size, a.depth, a.width, a.interval_ms) < 1 or a.warmup < 0:
+        p.error("--steps, --batch-size, --depth, --width and --interval-ms must be >= 1, --warmup >= 0")
     if a.rounds < 2 or a.rounds % 2:
         p.error("--rounds must be even and >= 2 (each pair of rounds runs both orders)")
     return a
@@ -104,13 +113,30 @@ def main(argv: list[str] | None = None) -> int:
     batches = synthetic_batches(spec, args.batch_size, pool_batches(spec, args.batch_size), SEED)
     trainer = backend.build(spec, config, batches)  # sets cudnn/TF32 flags before the bare side
     bare_loops = importlib.import_module(BARE[args.framework])
-    bare = bare_loops.BareLoop(args, spec, spec.init_weights(SEED), batches)
+    bare = None if args.telemetry else bare_loops.BareLoop(args, spec, spec.init_weights(SEED), batches)
     other = bare_loops.BareLoop(args, spec, spec.init_weights(SEED), batches) if args.aa else None
-    name = "bare-2" if args.aa else "gpubench"
+    base_name, name = ("off", "on") if args.telemetry else ("bare", "bare-2" if args.aa else "gpubench")
     samples = args.batch_size * args.steps
+    last_loss = {"bare": float("nan")}
 
     def run_bare() -> dict[str, float]:
-        return {"bare_sps": samples / bare.run(args.steps)}
+        if bare is not None:
+            return {"bare_sps": samples / bare.run(args.steps)}
+        raw = run_loop(trainer, warmup_steps=TELEMETRY_WARMUP, steps=args.steps, windows=1)  # telemetry off
+        last_loss["bare"] = raw.loss_last
+        return {"bare_sps": samples * 1000.0 / sum(raw.window_wall_ms)}
+
+    def run_telemetry_on() -> dict[str, float]:
+        from gpubench.telemetry.session import TelemetrySession
+        session = TelemetrySession(args.device, args.interval_ms, backend.device_uuid(config)).start()
+        raw = run_loop(trainer, warmup_steps=TELEMETRY_WARMUP, steps=args.steps, windows=1, observer=session)
+        block, timeline = session.stop(raw.phases, samples)
+        if block["errors"]:
+            raise SystemExit(f"telemetry errors: {block['errors']}")
+        m = metrics_from(raw, config, 0.0)
+        return {"gpubench_sps": samples * 1000.0 / sum(raw.window_wall_ms), "gpubench_median_sps":
+                m["throughput"]["median"], "gpubench_loss": m["loss"]["last"],
+                "host_samples": len(timeline["host"]), "gpu_samples": len(timeline["gpu"])}
 
     def run_gpubench() -> dict[str, float]:
         if other is not None:
@@ -121,18 +147,20 @@ def main(argv: list[str] | None = None) -> int:
         return {"gpubench_sps": samples * 1000.0 / sum(raw.window_wall_ms),
                 "gpubench_median_sps": m["throughput"]["median"], "gpubench_loss": m["loss"]["last"]}
 
-    bare.run(args.warmup + 1)  # each side: 1 + warmup + 1 steps, as run_loop does
+    if bare is not None:
+        bare.run(args.warmup + 1)  # each side: 1 + warmup + 1 steps, as run_loop does
     if other is not None:
         other.run(args.warmup + 1)
     else:
         run_loop(trainer, warmup_steps=args.warmup, steps=1, windows=1)
     rounds: list[dict[str, Any]] = []
     for r in range(args.rounds):
-        order: list[tuple[str, Callable[[], dict[str, float]]]] = [("bare", run_bare), (name, run_gpubench)]
+        order: list[tuple[str, Callable[[], dict[str, float]]]] = [
+            (base_name, run_bare), (name, run_telemetry_on if args.telemetry else run_gpubench)]
         row: dict[str, Any] = {"round": r, "first": order[r % 2][0]}
         for _, fn in order[::-1] if r % 2 else order:
             row.update(fn())
-        row["bare_loss"] = bare.loss
+        row["bare_loss"] = bare.loss if bare is not None else last_loss["bare"]
         row["ratio"] = row["gpubench_sps"] / row["bare_sps"]
         rounds.append(row)
 
@@ -150,25 +178,33 @@ def main(argv: list[str] | None = None) -> int:
         result = "PASS" if lo >= TARGET else "FAIL" if hi < TARGET else "INCONCLUSIVE"
     dev_name, framework_text, framework_fields = bare_loops.describe(args)
 
-    print(f"harness overhead{' (A/A test: bare vs bare-2)' if args.aa else ''}: {config.config_id}")
+    title = ("telemetry overhead (sampling off vs on, every "
+             f"{args.interval_ms} ms)" if args.telemetry else "harness overhead")
+    print(f"{title}{' (A/A test: bare vs bare-2)' if args.aa else ''}: {config.config_id}")
     print(f"device {args.device} ({dev_name}), {framework_text}; "
           f"{args.rounds} rounds x {args.steps} steps per side, {args.warmup} warm-up steps")
-    print(f"{'round':>5} {'first':>8} {'bare/s':>10} {name + '/s':>11} {'ratio':>7} {'pair':>7} {'median-step/s':>13}")
+    print(f"{'round':>5} {'first':>8} {base_name + '/s':>10} {name + '/s':>11} {'ratio':>7} {'pair':>7} "
+          f"{'median-step/s':>13}")
     for r, row in enumerate(rounds):
         pair = f"{pairs[r // 2]:.4f}" if r % 2 else ""
         print(f"{r:>5} {row['first']:>8} {row['bare_sps']:>10.1f} {row['gpubench_sps']:>11.1f} "
               f"{row['ratio']:>7.4f} {pair:>7} {row['gpubench_median_sps']:>13.1f}")
-    print(f"bare step time {step_ms:.3f} ms (median over rounds); final loss bare {bare.loss:.4g}, "
-          f"{name} {rounds[-1]['gpubench_loss']:.4g}")
+    print(f"{base_name} step time {step_ms:.3f} ms (median over rounds); final loss {base_name} "
+          f"{rounds[-1]['bare_loss']:.4g}, {name} {rounds[-1]['gpubench_loss']:.4g}")
+    if args.telemetry:
+        print(f"samples per 'on' round (median): host {med('host_samples'):.0f}, gpu {med('gpu_samples'):.0f}")
     own = "" if args.aa else f" (gpubench's own median-step figure {med('gpubench_median_sps'):.1f}/s)"
-    print(f"throughput (median over rounds): bare {med('bare_sps'):.1f}/s, {name} {med('gpubench_sps'):.1f}/s{own}")
-    print(f"ratio {name}/bare: {ratio:.4f}, 95% CI [{lo:.4f}, {hi:.4f}] over {len(pairs)} pairs of rounds "
+    print(f"throughput (median over rounds): {base_name} {med('bare_sps'):.1f}/s, "
+          f"{name} {med('gpubench_sps'):.1f}/s{own}")
+    print(f"ratio {name}/{base_name}: {ratio:.4f}, 95% CI [{lo:.4f}, {hi:.4f}] over {len(pairs)} pairs of rounds "
           f"(overhead {100 * (1 - ratio):+.2f}%, {extra_us:+.1f} us/step)")
     note = f" (the target applies to steps >= {MIN_STEP_MS:g} ms)" if result == "n/a" else ""
     print(f"target ratio >= {TARGET}: {result}{note}")
 
     if args.json:
         doc = {"config_id": config.config_id, "framework": args.framework, "aa_test": args.aa,
+               "mode": "telemetry" if args.telemetry else "aa" if args.aa else "harness",
+               "interval_ms": args.interval_ms if args.telemetry else None,
                "device": args.device, "device_name": dev_name, **framework_fields,
                "workload": args.workload, "workload_params": dict(params), "batch_size": args.batch_size,
                "precision": args.precision, "compile": args.compile, "steps": args.steps, "n_rounds": args.rounds, "warmup": args.warmup,

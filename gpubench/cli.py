@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override or narrow a matrix axis or a default, e.g. --set batch_size=64")
     run.add_argument("--repeats", type=_positive_int, metavar="N",
                      help="run each config N times, each in a fresh process (default 1)")
+    run.add_argument("--telemetry-interval-ms", type=int, metavar="MS",
+                     help="telemetry sampling interval (default: the suite's [telemetry] interval_ms, else 100; "
+                          "0 = off); the same as --set telemetry_interval_ms=MS")
     run.add_argument("--resume", type=Path, metavar="RUN_DIR", help="complete an interrupted run")
     run.add_argument("--no-report", action="store_true", help="do not write the HTML/CSV/markdown report")
 
@@ -107,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             from gpubench.runner.run import execute
 
-            return execute(RunRequest(suite=args.suite, out=args.out, sets=args.sets, repeats=args.repeats,
+            sets = args.sets + ([] if args.telemetry_interval_ms is None
+                                else [f"telemetry_interval_ms={args.telemetry_interval_ms}"])
+            return execute(RunRequest(suite=args.suite, out=args.out, sets=sets, repeats=args.repeats,
                                       resume=args.resume, report=not args.no_report), console)
         if args.command == "report":
             from gpubench.report.build import build_report

@@ -42,7 +42,12 @@ step quick "$PY" -m gpubench run suites/quick.toml --out "$OUT/runs" --no-report
 # 2. harness overhead against a hand-written loop
 step overhead "$PY" benchmarks/overhead.py --device "$DEV" --json "$OUT/overhead.json"
 
-# 3. the GPU tests (skip themselves without CUDA)
+# 3. telemetry: utilisation high while measuring and low idle, power above idle, counter
+#    energy vs integrated power within 10% (issue #4); and its cost on throughput
+step telemetry "$PY" scripts/telemetry_check.py --device "$DEV" --out "$OUT/telemetry-runs" --python "$PY"
+step telemetry-overhead "$PY" benchmarks/overhead.py --telemetry --device "$DEV" --json "$OUT/telemetry-overhead.json"
+
+# 4. the GPU tests (skip themselves without CUDA)
 step gpu-tests "$PY" -m pytest -q -m gpu tests/
 
 echo "=== done: status $status, outputs in $OUT"

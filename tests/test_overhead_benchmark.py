@@ -47,14 +47,15 @@ def _run(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str],
     return proc, json.loads(out.read_text())
 
 
-def _check_figures(proc: subprocess.CompletedProcess[str], doc: dict, config_id: str, second: str) -> None:
+def _check_figures(proc: subprocess.CompletedProcess[str], doc: dict, config_id: str, second: str,
+                   first: str = "bare") -> None:
     for key in ("config_id", "framework", "device", "device_name", "bare_step_ms", "bare_sps", "gpubench_sps",
                 "gpubench_median_sps", "ratio", "ratio_ci", "pair_ratios", "target", "result", "rounds"):
         assert key in doc, key
     assert doc["device"] == "cpu"
     assert doc["config_id"].startswith(config_id)
     assert len(doc["rounds"]) == 2 and len(doc["pair_ratios"]) == 1
-    assert [r["first"] for r in doc["rounds"]] == ["bare", second]
+    assert [r["first"] for r in doc["rounds"]] == [first, second]
     for row in doc["rounds"]:
         for key in ("bare_sps", "gpubench_sps", "gpubench_median_sps", "ratio"):
             assert math.isfinite(row[key]) and row[key] > 0, (key, row)
@@ -83,3 +84,16 @@ def test_overhead_script_tensorflow(tmp_path: Path) -> None:
     assert "frameworks imported: ['tensorflow']" in proc.stdout  # torch stays out of a TensorFlow run
     for row in doc["rounds"]:  # the bare loop and gpubench's trainer do the same work, step for step
         assert row["gpubench_loss"] == pytest.approx(row["bare_loss"], rel=1e-3), row
+
+
+def test_overhead_script_telemetry_mode(tmp_path: Path) -> None:
+    _needs("torch")
+    proc, doc = _run(tmp_path, "--telemetry", "--interval-ms", "10")
+    _check_figures(proc, doc, "mlp_depth1_width32-torch-cpu-bs16-fp32", "on", first="off")
+    assert doc["mode"] == "telemetry" and doc["interval_ms"] == 10
+    assert "telemetry overhead (sampling off vs on, every 10 ms)" in proc.stdout
+    on = [r for r in doc["rounds"] if "host_samples" in r]
+    assert len(on) == 2 and all(r["host_samples"] >= 2 and r["gpu_samples"] == 0 for r in on)  # start + stop
+    bad = subprocess.run([sys.executable, str(SCRIPT), "--telemetry", "--aa"], cwd=ROOT, capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert bad.returncode == 2 and "not allowed with" in bad.stderr

@@ -152,3 +152,55 @@ def test_page_renders_in_headless_chromium(tmp_path, report_a):
     top = image.crop((0, 0, 1280, 1500))
     assert top.getextrema()[0] < 60  # dark text and lines, not a blank page
     assert len(top.histogram()) == 256 and sum(1 for n in top.histogram() if n) > 50  # many shades: text, a chart
+
+
+def _timeline(gpu: bool) -> dict:
+    """A synthetic timeline: cold start 0-50 ms, warm-up to 500 ms, two windows to 1.5 s;
+    utilisation 5% outside the windows and 95% inside, power 100 W idle and 400 W busy."""
+    phases = [{"name": "cold_start", "start_ms": 0.0, "end_ms": 50.0},
+              {"name": "warmup", "start_ms": 50.0, "end_ms": 500.0},
+              {"name": "window_0", "start_ms": 500.0, "end_ms": 1000.0},
+              {"name": "window_1", "start_ms": 1000.0, "end_ms": 1500.0}]
+    ts = [i * 100.0 for i in range(-2, 19)]
+    busy = [500.0 <= t <= 1500.0 for t in ts]
+    g = [{"t_ms": t, "index": 0, "util_gpu_pct": 95 if b else 5, "util_mem_pct": 40, "mem_used_bytes": 3 * 2**30,
+          "mem_total_bytes": 80 * 2**30, "power_w": 400.0 if b else 100.0, "energy_mj": int(t * 300),
+          "sm_clock_mhz": 1980 if b else 345, "mem_clock_mhz": 2619, "temp_c": 40, "clock_event_reasons": 0,
+          "pstate": 0} for t, b in zip(ts, busy)]
+    h = [{"t_ms": t, "cpu_percent": 100.0 if b else 20.0, "rss_bytes": 2**30, "system_cpu_percent": 55.0}
+         for t, b in zip(ts[::3], busy[::3])]
+    return {"interval_ms": 100, "host_interval_ms": 300, "power_source": "instant", "phases": phases,
+            "gpu": g if gpu else [], "host": h}
+
+
+def test_telemetry_timelines_become_charts_and_energy_table(tmp_path):
+    import json
+
+    run = copy_run(tmp_path)
+    lines = [json.loads(x) for x in (run / "results.jsonl").read_text().splitlines()]
+    (run / "telemetry").mkdir()
+    with_gpu = "cnn-torch-cuda-bs32-fp32-single"
+    ok_cpu = [r for r in lines if r["status"] == "ok"][:2]
+    assert not any(r["config_id"] == with_gpu for r in ok_cpu)
+    for i, r in enumerate(ok_cpu):
+        gpu = i == 0  # pretend the first one ran on a GPU
+        rel = f"telemetry/{r['config_id']}-r0.json"
+        (run / rel).write_text(json.dumps(_timeline(gpu)))
+        r["telemetry"] = {"interval_ms": 100, "host": {"cpu_percent_mean": 100.0}, "timeline": rel,
+                          "gpu": {"energy_per_sample_j": 0.125, "energy_source": "counter"} if gpu else None,
+                          "gpu_reason": None if gpu else "not a GPU config", "errors": []}
+    lines[2]["telemetry"] = {"gpu": None, "timeline": "telemetry/gone.json"}  # referenced, missing
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+    rep = build_report([run], tmp_path / "out")
+    names = sorted(p.name for p in rep.charts)
+    assert names == sorted(CHARTS + ["telemetry_gpu.png", "telemetry_host.png"])
+    for name in ("telemetry_gpu.png", "telemetry_host.png"):
+        data = (rep.out / "charts" / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    page = rep.index.read_text()
+    assert 'data-file="telemetry_gpu.png"' in page and 'data-file="telemetry_host.png"' in page
+    assert "No telemetry timelines" not in page
+    assert [w for w in rep.warnings if "gone.json" in w and "unreadable" in w]
+    # energy per sample of the GPU config: 0.125 J
+    assert 'id="energy"' in page and "125 mJ" in page

@@ -117,7 +117,7 @@ def session_run(nvml, device="cuda:0", uuid=None):
     for w in range(2):
         session.on_phase(f"window_{w}", "start")
         a = time.perf_counter_ns()
-        time.sleep(0.1)
+        time.sleep(0.3)  # 0.6 s of windows: >= 2 host samples (every 250 ms) inside
         b = time.perf_counter_ns()
         session.on_phase(f"window_{w}", "end")
         phases.append(Phase(f"window_{w}", a, b))
@@ -131,8 +131,9 @@ def test_session_with_a_fake_gpu():
     assert g["index"] == 1 and g["name"] == "Second" and g["uuid"] == UUIDS[1]
     assert g["energy_source"] == "counter" and g["energy_j"] > 0
     assert g["energy_per_sample_j"] == pytest.approx(g["energy_j"] / 100)
-    assert g["util_mean"] == 90 and g["samples"] >= 10
-    assert summary["gpu_reason"] is None and summary["host"]["samples"] >= 10
+    assert g["util_mean"] == 90 and g["samples"] >= 30
+    assert summary["gpu_reason"] is None and summary["host"]["samples"] >= 2
+    assert summary["host_interval_ms"] == 250 and summary["interval_ms"] == 10
     assert [p["name"] for p in timeline["phases"]] == ["cold_start", "window_0", "window_1"]
     assert timeline["gpu"] and all("t_ms" in s for s in timeline["gpu"])
 
@@ -147,7 +148,7 @@ def test_no_energy_counter_integrates_power():
     summary, _ = session_run(FakeNVML([FakeDevice(UUIDS[0], energy_per_read_mj=None, instant_mw=None)]))
     g = summary["gpu"]
     assert g["energy_source"] == "power_integration (average)"
-    assert g["energy_j"] == pytest.approx(300.0 * 0.2, rel=0.2)
+    assert g["energy_j"] == pytest.approx(300.0 * 0.6, rel=0.2)  # 300 W over 0.6 s of windows
     assert "energy_mj" in g["unsupported_fields"]
 
 
@@ -178,7 +179,7 @@ def test_run_records_host_telemetry_and_a_timeline(tmp_path, write_suite):
 framework = "fake"
 workload = "fault"
 batch_size = 8
-steps = 20
+steps = 100
 windows = 2
 [telemetry]
 interval_ms = 20
@@ -186,14 +187,17 @@ interval_ms = 20
 device = ["cpu"]
 """)
     proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path,
-                   env=plugin_env(FAKE_STEP_SLEEP_MS="5"))  # 2 windows of 20 steps of 5 ms: 10 samples
+                   env=plugin_env(FAKE_STEP_SLEEP_MS="5"))  # 2 windows of 100 steps of 5 ms
+
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
     (r,) = load_results(run_dir)
     t = r["telemetry"]
     assert r["config"]["telemetry_interval_ms"] == 20 and t["interval_ms"] == 20
+    assert t["host_interval_ms"] == 250  # the host sampler's floor (HOST_MIN_INTERVAL_MS)
     assert t["gpu"] is None and t["gpu_reason"] == "not a GPU config"
-    assert t["host"]["rss_peak_bytes"] > 0 and 5 <= t["host"]["samples"] <= 12
+    # >= 1 s of windows at one host sample per 250 ms
+    assert t["host"]["rss_peak_bytes"] > 0 and 3 <= t["host"]["samples"] <= 6
     timeline = json.loads((run_dir / t["timeline"]).read_text())
     assert [p["name"] for p in timeline["phases"]][-1] == "window_1" and timeline["host"]
 
@@ -207,3 +211,19 @@ def test_telemetry_off(tmp_path, write_suite):
     (r,) = load_results(run_dir)
     assert r["telemetry"]["gpu_reason"] == "telemetry off (telemetry_interval_ms = 0)"
     assert not (run_dir / "telemetry").exists()
+
+
+def test_cli_interval_override_and_bad_values(tmp_path, write_suite):
+    suite = write_suite('[defaults]\nframework = "fake"\nworkload = "fault"\nsteps = 2\nwindows = 1\n'
+                        '[telemetry]\ninterval_ms = 50\n')
+    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report", "--telemetry-interval-ms", "0"],
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    (r,) = load_results(run_dir)
+    assert r["config"]["telemetry_interval_ms"] == 0  # the flag wins over the suite's 50
+    assert r["telemetry"]["gpu_reason"] == "telemetry off (telemetry_interval_ms = 0)"
+    bad = run_cli(["run", str(suite), "--out", str(tmp_path / "bad"), "--telemetry-interval-ms", "-5"], cwd=tmp_path)
+    assert bad.returncode == 2 and "telemetry_interval_ms" in bad.stderr and not (tmp_path / "bad").exists()
+    bad = run_cli(["run", str(suite), "--out", str(tmp_path / "bad"), "--telemetry-interval-ms", "fast"], cwd=tmp_path)
+    assert bad.returncode == 2 and "--telemetry-interval-ms" in bad.stderr

@@ -60,6 +60,29 @@ def _step_times(data: ReportData) -> dict[str, list[float]]:
     return out
 
 
+def _timelines(data: ReportData) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    """(label, timeline) for the first repeat of each config that saved one, and warnings for
+    timeline files that are referenced but missing or unreadable."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    notes: list[str] = []
+    seen: set[tuple[str, str]] = set()
+    for run in data.runs:
+        for r in run.results:
+            rel = (r.get("telemetry") or {}).get("timeline") if isinstance(r.get("telemetry"), dict) else None
+            key = (run.run_id, r.get("config_id", "?"))
+            if not rel or key in seen:
+                continue
+            path = run.path / rel
+            try:
+                timeline = json.loads(path.read_text())
+            except (OSError, ValueError) as e:
+                notes.append(f"{path}: telemetry timeline unreadable ({type(e).__name__}); left out of the charts")
+                continue
+            seen.add(key)
+            out.append((f"{key[1]} ({run.run_id})" if data.multi_run else key[1], timeline))
+    return out, notes
+
+
 def _how_measured(run_meta: dict[str, Any]) -> str:
     suite = run_meta.get("suite") or {}
     d = suite.get("defaults", {})
@@ -153,12 +176,26 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
     c = data.configs
     multi = data.multi_run
 
+    timelines, timeline_notes = _timelines(data)
+    data.warnings.extend(timeline_notes)
     made = [p for p in (
         charts.throughput_vs_batch(c, chart_dir / "throughput_vs_batch.png"),
         charts.speedup_bars(c, chart_dir / "speedups.png"),
         charts.step_time_boxes(_step_times(data), chart_dir / "step_times.png"),
         charts.memory_vs_batch(c, chart_dir / "memory_vs_batch.png"),
+        charts.telemetry_timelines(timelines, "gpu", chart_dir / "telemetry_gpu.png"),
+        charts.telemetry_timelines(timelines, "host", chart_dir / "telemetry_host.png"),
     ) if p is not None]
+    n_gpu = sum(1 for _, t in timelines if t.get("gpu"))
+    n_host = sum(1 for _, t in timelines if t.get("host"))
+    if not timelines:
+        telemetry_note = "No telemetry timelines in these results."
+    elif max(n_gpu, n_host) > charts.TIMELINE_MAX_ROWS:
+        telemetry_note = (f"Telemetry charts show the first {charts.TIMELINE_MAX_ROWS} configs (of {n_host} with "
+                          f"host and {n_gpu} with GPU timelines); every timeline is in the run directory's "
+                          "telemetry/ folder.")
+    else:
+        telemetry_note = ""
 
     ci_kinds = set(c.get("ci_kind", pd.Series(dtype=str)).dropna())
     ci_note = {"within-process": "within one process: one repeat per config",
@@ -177,8 +214,7 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
                      for cmp in tables.COMPARISONS
                      if not (t := tables.speedup_table(c, cmp, multi)).empty],
         "charts": [{"name": p.name, "data": base64.b64encode(p.read_bytes()).decode()} for p in made],
-        "telemetry_note": "No telemetry timelines in these results." if "telemetry" not in
-                          {k for run in data.runs for r in run.results for k in r} else "",
+        "telemetry_note": telemetry_note,
         "memory": {k: _html_table(v) for k, v in tables.memory_tables(c, multi).items()},
         "energy": {k: _html_table(v) for k, v in tables.energy_tables(c, multi).items()},
         "failures": _html_table(tables.failures(c, multi)),

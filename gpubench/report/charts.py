@@ -169,3 +169,66 @@ def step_time_boxes(step_times: dict[str, list[float]], path: Path) -> Path | No
         fig.savefig(path)
         plt.close(fig)
     return path
+
+
+# --- telemetry timelines -----------------------------------------------------------------------
+
+TIMELINE_MAX_ROWS = 12  # configs per timeline figure; the rest are named in the report
+PHASE_COLORS = {"cold_start": ("#bdbdbd", "cold start"), "warmup": ("#fdd0a2", "warm-up"),
+                "window": ("#c7e9c0", "measured window")}
+# (sample field, y label, scale) per panel; GPU timelines and host timelines
+GPU_PANELS = [("util_gpu_pct", "GPU util (%)", 1.0), ("mem_used_bytes", "GPU memory (GiB)", 1 / 2**30),
+              ("power_w", "power (W)", 1.0), ("sm_clock_mhz", "SM clock (MHz)", 1.0)]
+HOST_PANELS = [("cpu_percent", "worker CPU (%; 100 = 1 core)", 1.0), ("rss_bytes", "worker RSS (GiB)", 1 / 2**30),
+               ("system_cpu_percent", "machine CPU (%; 100 = all cores)", 1.0)]
+
+
+def _shade_phases(ax: Any, phases: list[dict[str, Any]]) -> None:
+    for p in phases:
+        kind = "window" if p["name"].startswith("window_") else p["name"]
+        color, _ = PHASE_COLORS.get(kind, ("#eeeeee", kind))
+        ax.axvspan(p["start_ms"] / 1000.0, p["end_ms"] / 1000.0, color=color, alpha=0.6, lw=0, zorder=0)
+
+
+def telemetry_timelines(timelines: list[tuple[str, dict[str, Any]]], kind: str, path: Path) -> Path | None:
+    """One row per config, one panel per quantity (``kind`` "gpu": utilisation, memory, power,
+    SM clock; "host": worker CPU % and RSS), time on x from the config's first step, with the
+    cold start, warm-up and measured windows shaded. ``timelines`` is (label, timeline file
+    contents); configs without samples of that kind are skipped."""
+    panels = GPU_PANELS if kind == "gpu" else HOST_PANELS
+    rows = [(label, tl) for label, tl in timelines if tl.get(kind)][:TIMELINE_MAX_ROWS]
+    if not rows:
+        return None
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(len(rows), len(panels), figsize=(3.6 * len(panels), 1.9 * len(rows) + 0.9),
+                                 squeeze=False, layout="constrained")
+        for r, (label, tl) in enumerate(rows):
+            samples = tl[kind]
+            t = np.array([s["t_ms"] / 1000.0 for s in samples])
+            for c, (field, ylabel, scale) in enumerate(panels):
+                ax = axes[r][c]
+                _shade_phases(ax, tl.get("phases", []))
+                pts = [(ti, s[field] * scale) for ti, s in zip(t, samples) if s.get(field) is not None]
+                if pts:
+                    ax.plot(*zip(*pts), lw=1.1, color="#1f77b4", marker="." if len(pts) < 30 else None, ms=3)
+                else:
+                    ax.text(0.5, 0.5, "not supported", transform=ax.transAxes, ha="center", va="center",
+                            color="#7f7f7f")
+                if field == "power_w" and tl.get("power_source"):
+                    ylabel = f"power (W, {tl['power_source']})"
+                ax.set_ylabel(ylabel, fontsize=7)
+                ax.set_ylim(0, 105) if field in ("util_gpu_pct", "system_cpu_percent") else ax.set_ylim(bottom=0)
+                if r == len(rows) - 1:
+                    ax.set_xlabel("time since the first step (s)")
+                if c == 0:
+                    ax.set_title(label, fontsize=7, loc="left")
+        handles = [plt.Rectangle((0, 0), 1, 1, color=color, alpha=0.6) for color, _ in PHASE_COLORS.values()]
+        labels = [name for _, name in PHASE_COLORS.values()]
+        fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), frameon=False)
+        interval = rows[0][1].get("interval_ms" if kind == "gpu" else "host_interval_ms")
+        every = f", a sample every {interval:g} ms" if interval else ""
+        fig.suptitle(("GPU telemetry (NVML" if kind == "gpu" else "Host telemetry (psutil") + f"{every})",
+                     x=0.01, ha="left", fontsize=10)
+        fig.savefig(path)
+        plt.close(fig)
+    return path

@@ -18,15 +18,23 @@ from gpubench.telemetry.nvml import NvmlReader, load_nvml, nvml_index
 from gpubench.telemetry.summary import gpu_summary, host_summary, windows_of
 
 
+# The host sampler runs at the telemetry interval but never more often than this: the kernel
+# counts process CPU time in 10 ms ticks, so a 100 ms CPU % is quantised to +-10 points, and a
+# host reading costs about 0.5 ms of CPU on the 2-vCPU development VM (measured; /proc reads),
+# which a training loop using every core pays for (see docs/performance.md).
+HOST_MIN_INTERVAL_MS = 250
+
+
 class TelemetrySession:
     def __init__(self, device: str, interval_ms: int, device_uuid: str | None = None, nvml: Any = None) -> None:
         self.interval_s = interval_ms / 1000.0
+        self.host_interval_s = max(interval_ms, HOST_MIN_INTERVAL_MS) / 1000.0
         self.errors: list[str] = []
         self.gpu_reason: str | None = None
         self.reader: NvmlReader | None = None
         self.counters: list[tuple[list[int | None], list[int | None]]] = []
         self._window_start: list[int | None] | None = None
-        self.host = PeriodicSampler("host", self.interval_s, HostReader().read)
+        self.host = PeriodicSampler("host", self.host_interval_s, HostReader().read)
         self.gpu: PeriodicSampler | None = None
         if device_kind(device) != "cuda":
             self.gpu_reason = "not a GPU config"
@@ -83,6 +91,7 @@ class TelemetrySession:
         t0 = phases[0].start_ns if phases else 0
         summary: dict[str, Any] = {
             "interval_ms": self.interval_s * 1000.0,
+            "host_interval_ms": self.host_interval_s * 1000.0,
             "host": host_summary(host_samples, windows),
             "gpu": None,
             "gpu_reason": self.gpu_reason,
@@ -106,6 +115,7 @@ class TelemetrySession:
             return [{**s.to_dict(), "t_ms": (s.t_ns - t0) / 1e6} for s in samples]
         timeline = {
             "interval_ms": self.interval_s * 1000.0,
+            "host_interval_ms": self.host_interval_s * 1000.0,
             "phases": [{"name": p.name, "start_ms": (p.start_ns - t0) / 1e6, "end_ms": (p.end_ns - t0) / 1e6}
                        for p in phases],
             "gpu": rel(gpu_samples),
