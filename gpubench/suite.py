@@ -34,7 +34,8 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from gpubench.backends import BACKENDS
-from gpubench.backends.base import COMPILES, DATA_MODES, DATASETS, LOSSES, OPTIMIZERS, PARALLELISMS, PRECISIONS
+from gpubench.backends.base import (COMPILES, DATA_MODES, DATASETS, DISTRIBUTED_KINDS, LOSSES, OPTIMIZERS,
+                                    PRECISIONS, parse_parallelism)
 from gpubench.errors import InputError, choices_message
 from gpubench.workloads import WORKLOADS
 
@@ -68,9 +69,27 @@ class Config:
     workload_params: tuple[tuple[str, int], ...] = ()
 
     @property
+    def accum_steps(self) -> int:
+        """Micro-batches per optimizer step (``grad-accum:N``; 1 otherwise)."""
+        kind, n = parse_parallelism(self.parallelism)
+        return n if kind == "grad-accum" else 1
+
+    @property
+    def distributed(self) -> bool:
+        """One process per rank, started by the framework's launcher (``ddp:N``, also N = 1)."""
+        return parse_parallelism(self.parallelism)[0] in DISTRIBUTED_KINDS
+
+    @property
+    def devices(self) -> int:
+        """Devices (ranks or replicas) one optimizer step runs on."""
+        kind, n = parse_parallelism(self.parallelism)
+        return n if kind in DISTRIBUTED_KINDS else 1
+
+    @property
     def samples_per_step(self) -> int:
-        """Global samples per optimizer step (all ranks, all micro-batches)."""
-        return self.batch_size
+        """Global samples per optimizer step (all ranks, all micro-batches); ``batch_size``
+        is the micro-batch of one device."""
+        return self.batch_size * self.accum_steps * self.devices
 
     @property
     def workload_label(self) -> str:
@@ -89,7 +108,7 @@ class Config:
         """Stable, readable id: the identity axes, plus any other training setting that
         differs from its built-in default (measurement settings are left out)."""
         parts = [self.workload_label, self.framework, self.device, f"bs{self.batch_size}", self.precision,
-                 self.parallelism]
+                 self.parallelism.replace(":", "")]  # grad-accum:4 -> grad-accum4 (no ':' in file names)
         return "-".join(parts + ([self.variant] if self.variant else []))
 
     @property
@@ -160,6 +179,11 @@ def _device(v: Any) -> str:
     return kind + (m.group(2) or "")
 
 
+def _parallelism(v: Any) -> str:
+    parse_parallelism(v)  # raises ValueError naming the allowed forms
+    return v
+
+
 def _string(v: Any) -> str:
     if not isinstance(v, str):
         raise ValueError(f"expected a string, got {v!r}")
@@ -190,7 +214,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("device", _device, str, "cpu, cuda or cuda:N"),
     Setting("batch_size", _int(1), _parse_number, "samples per step per device"),
     Setting("precision", _choice("precision", PRECISIONS), str, "numeric precision"),
-    Setting("parallelism", _choice("parallelism", PARALLELISMS), str, "parallel strategy"),
+    Setting("parallelism", _parallelism, str, "parallel strategy: single, grad-accum:N, ddp:N"),
     Setting("optimizer", _choice("optimizer", OPTIMIZERS), str, "optimizer"),
     Setting("lr", _positive_float, _parse_number, "learning rate"),
     Setting("loss", _choice("loss", LOSSES), str, "loss function"),

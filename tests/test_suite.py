@@ -169,7 +169,7 @@ def test_repo_quick_suite_is_valid():
     ("[matrix]\nworkload = 'cnn'\nbatch_size = ['big']", "matrix.batch_size: expected an integer >= 1, got 'big'"),
     ("[matrix]\nworkload = 'cnn'\nbatch_size = [true]", "matrix.batch_size: expected an integer >= 1, got True"),
     ("[matrix]\nworkload = 'cnn'\nbatch_size = []", "matrix.batch_size: empty list"),
-    ("[matrix]\nworkload = 'cnn'\nparallelism = 'ddp:2'", "matrix.parallelism: unknown parallelism 'ddp:2'; expected one of: single"),
+    ("[matrix]\nworkload = 'cnn'\nparallelism = 'pipeline:2'", "matrix.parallelism: unknown parallelism 'pipeline:2'; expected one of: single, grad-accum:N, ddp:N"),
     ("[matrix]\nworkload = 'cnn'\noptimizer = 'lion'", "matrix.optimizer: unknown optimizer 'lion'; expected one of: adam, adamw, sgd"),
     ("[matrix]\nworkload = 'cnn'\nlr = 0", "matrix.lr: must be > 0, got 0"),
     ("[matrix]\nworkload = 'cnn'\nbatchsize = 3", "matrix.batchsize: unknown key 'batchsize'; expected one of: workload,"),

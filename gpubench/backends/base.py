@@ -18,7 +18,21 @@ if TYPE_CHECKING:
     from gpubench.workloads.data import Batches
 
 PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16")
-PARALLELISMS = ("single",)
+# parallel strategies: "single", or "<kind>:N" for the kinds below (N >= 1)
+PARALLELISMS = ("single", "grad-accum:N", "ddp:N")
+PARALLEL_KINDS = ("grad-accum", "ddp")
+DISTRIBUTED_KINDS = ("ddp",)  # one process per rank, started by the framework's launcher
+
+
+def parse_parallelism(value: str) -> tuple[str, int]:
+    """``"single"`` -> ("single", 1); ``"grad-accum:4"`` -> ("grad-accum", 4). Raises
+    ValueError naming the allowed forms."""
+    kind, sep, n = value.partition(":") if isinstance(value, str) else ("", "", "")
+    if value == "single":
+        return "single", 1
+    if kind in PARALLEL_KINDS and sep and n.isdigit() and int(n) >= 1:
+        return kind, int(n)
+    raise ValueError(f"unknown parallelism {value!r}; expected one of: {', '.join(PARALLELISMS)} (N >= 1)")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 LOSSES = ("cross_entropy",)
 COMPILES = ("none", "xla")
@@ -96,6 +110,22 @@ class Trainer(ABC):
         """How the framework was set up for this config (optimizer implementation, autocast
         dtype...), recorded in the result so that the numbers can be interpreted."""
         return {}
+
+    # --- distributed trainers (one process per rank) override these ---------------------------
+
+    rank: int = 0
+    world_size: int = 1
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order (outside the timed region)."""
+        return [obj]
+
+    def weights_digest(self) -> str | None:
+        """A hash of the model's weights, to check that the ranks agree; None if unsupported."""
+        return None
+
+    def close(self) -> None:
+        """Release what the trainer holds beyond its process (a process group)."""
 
 
 class Backend(ABC):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from gpubench.gate.compare import Comparison, ConfigVerdict
+from gpubench.report import fmt
 
 STYLE = {"regressed": "red", "improved": "green", "unchanged": "", "inconclusive": "yellow", "missing": "magenta",
          "new": "cyan"}
@@ -23,7 +24,13 @@ def _value(x: float | None, unit: str) -> str:
     if x is None:
         return "-"
     if unit == "bytes":
-        return f"{x / 2**20:.1f} MiB"
+        return fmt.nbytes(x)
+    if unit == "samples/s":
+        return f"{fmt.rate(x)}/s"
+    if unit == "ms":
+        return fmt.ms(x)
+    if unit == "J":
+        return fmt.joules(x)
     return f"{x:.4g} {unit}"
 
 

@@ -67,14 +67,18 @@ def _lines_by_batch(configs: pd.DataFrame, value: str, path: Path, ylabel: str, 
     workloads = list(dict.fromkeys(ok["workload_label"]))
     devices = sorted(ok["device"].unique())
     runs = list(dict.fromkeys(ok["run"]))
-    variants = sorted(set(ok["variant"]))
+    # a series per framework x precision x (parallel strategy and settings that differ)
+    par = ok["parallelism"] if "parallelism" in ok else pd.Series("single", index=ok.index)
+    ok = ok.assign(series=[" ".join(x for x in (p if p != "single" else "", v) if x)
+                           for p, v in zip(par, ok["variant"])])
+    variants = sorted(set(ok["series"]))
     with plt.rc_context(STYLE):
         fig, axes = _grid(workloads, devices)
         for i, workload in enumerate(workloads):
             for j, device in enumerate(devices):
                 ax = axes[i][j]
                 g = ok[(ok["workload_label"] == workload) & (ok["device"] == device)]
-                for (run, fw, prec, var), s in g.groupby(["run", "framework", "precision", "variant"], sort=True):
+                for (run, fw, prec, var), s in g.groupby(["run", "framework", "precision", "series"], sort=True):
                     s = s.sort_values("batch_size")
                     y = s[value].astype(float).to_numpy() * scale
                     style = RUN_LINESTYLES[runs.index(run) % len(RUN_LINESTYLES)]
@@ -94,7 +98,7 @@ def _lines_by_batch(configs: pd.DataFrame, value: str, path: Path, ylabel: str, 
                     ax.set_xticks(sizes, [str(b) for b in sizes])
                     ax.minorticks_off()
                 ax.set_title(f"{workload} on {device}")
-                ax.set_xlabel("batch size (samples per step)")
+                ax.set_xlabel("batch size (per device and micro-batch)")
                 ax.set_ylabel(ylabel)
                 ax.set_ylim(bottom=0)
                 if ax.has_data():

@@ -33,37 +33,33 @@ COMPARISONS = (
     Comparison("PyTorch over TensorFlow", "framework", "tensorflow",
                "PyTorch throughput / TensorFlow throughput, same config (above 1: PyTorch faster)",
                "above 1: PyTorch is faster"),
+    Comparison("Parallel strategy over single", "parallelism", "single",
+               "throughput with this strategy / the single-device config at the same per-device batch "
+               "(grad-accum:N: one optimizer update per N micro-batches)", "above 1: faster than single"),
     Comparison("Input pipeline over device-resident data", "data", "device",
                "throughput through the framework's input pipeline / with batches already on the device",
                "below 1: the pipeline costs throughput"),
 )
 
 
-def _row_label(row: pd.Series, multi_run: bool) -> list[str]:
-    label = [row["framework"], row["device"], row["precision"]]
-    if row.get("variant"):
-        label.append(row["variant"])
-    return ([row["run"]] if multi_run else []) + label
-
-
 def _pivot(configs: pd.DataFrame, cell, multi_run: bool) -> dict[str, pd.DataFrame]:
-    """Per workload: rows framework x device x precision (x variant), columns batch size."""
+    """Per workload: rows framework x device x precision (x parallelism, x variant, where the
+    workload has more than one), columns batch size."""
     out: dict[str, pd.DataFrame] = {}
     for workload, g in configs.groupby("workload_label", sort=False):
         batches = sorted(g["batch_size"].unique())
-        rows: dict[tuple[str, ...], dict[str, str]] = {}
-        for _, r in g.iterrows():
-            key = tuple(_row_label(r, multi_run))
-            rows.setdefault(key, {})[f"batch {r['batch_size']}"] = cell(r)
         index_names = (["run"] if multi_run else []) + ["framework", "device", "precision"]
+        if "parallelism" in g and (g["parallelism"] != "single").any():
+            index_names.append("parallelism")
         if g["variant"].astype(bool).any():
             index_names.append("variant")
-        records = []
-        for key, cells in rows.items():
-            key = key + ("",) * (len(index_names) - len(key))
-            records.append({**dict(zip(index_names, key)), **{f"batch {b}": cells.get(f"batch {b}", "")
-                                                              for b in batches}})
-        out[workload] = pd.DataFrame(records)
+        rows: dict[tuple[str, ...], dict[str, str]] = {}
+        for _, r in g.iterrows():
+            key = tuple(str(r[name]) for name in index_names)
+            rows.setdefault(key, {})[f"batch {r['batch_size']}"] = cell(r)
+        out[workload] = pd.DataFrame([{**dict(zip(index_names, key)),
+                                       **{f"batch {b}": cells.get(f"batch {b}", "") for b in batches}}
+                                      for key, cells in rows.items()])
     return out
 
 

@@ -43,6 +43,15 @@ class Launcher:
     def command(self, module: str, *args: str) -> list[str]:
         return [self.python, "-m", module, *args]
 
+    def worker_command(self, workdir: Path, ranks: int | None = None) -> list[str]:
+        """The worker for one job; for a distributed config (``ranks`` given), started by
+        PyTorch's elastic launcher (torchrun: one process per rank on this node, a local
+        rendezvous on a free port)."""
+        if ranks is None:
+            return self.command("gpubench.runner.worker", str(workdir))
+        return self.command("torch.distributed.run", "--standalone", "--nnodes=1", f"--nproc-per-node={ranks}",
+                            "-m", "gpubench.runner.worker", str(workdir))
+
 
 def kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
     """SIGTERM the child's process group, then SIGKILL what is left after a grace period."""

@@ -84,7 +84,7 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher()) -> dict
     oom_before = oom_kill_count()
     timeout_s = job.config.timeout_s
     with open(run_dir / log_rel, "wb") as log:
-        proc = subprocess.Popen(launcher.command("gpubench.runner.worker", str(workdir)),
+        proc = subprocess.Popen(launcher.worker_command(workdir, job.config.devices if job.config.distributed else None),
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=launcher.env())
         try:
@@ -98,6 +98,9 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher()) -> dict
             kill_group(proc)
             raise
     result_path = workdir / "result.json"
+    # a distributed config where a rank other than 0 failed: that rank's failure is the cause
+    # (rank 0 then fails in a collective, or is stopped by torchrun)
+    result_path = next(iter(sorted(workdir.glob("result-rank*.json"))), result_path)
     if result_path.exists():
         result = json.loads(result_path.read_text())
         result["log"] = str(log_rel)
@@ -142,6 +145,23 @@ def pipeline_comparison(result: dict[str, Any], earlier: list[dict[str, Any]]) -
     return {"device_config_id": twin, "device_throughput": device_rate,
             "slowdown": device_rate / pipeline_rate}
 
+def scaling_comparison(result: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """For an ok result of a parallel strategy: ``scaling_efficiency`` = its throughput over
+    (devices x the throughput of the ``single`` config with the same workload, device,
+    precision and per-device batch), from the ok results of that twin already in the run
+    (median over its repeats). None when there is no such result yet."""
+    config = Config.from_dict(result["config"])
+    if config.parallelism == "single" or result["status"] != "ok":
+        return None
+    twin = replace(config, parallelism="single").config_id
+    rates = [r["metrics"]["throughput"]["median"] for r in earlier if r["config_id"] == twin and r["status"] == "ok"]
+    if not rates:
+        return None
+    single = statistics.median(rates)
+    return {"single_config_id": twin, "single_throughput": single,
+            "scaling_efficiency": result["metrics"]["throughput"]["median"] / (config.devices * single)}
+
+
 Callback = Callable[[int, Job], None]
 FinishCallback = Callable[[int, Job, dict[str, Any]], None]
 
@@ -175,6 +195,9 @@ def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], p
         comparison = pipeline_comparison(result, earlier + results)
         if comparison is not None:
             result["metrics"]["pipeline_vs_device"] = comparison
+        scaling = scaling_comparison(result, earlier + results)
+        if scaling is not None:
+            result["metrics"].update(scaling)
         append_result(run_dir, result)
         results.append(result)
         if on_finish:

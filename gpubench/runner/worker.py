@@ -9,6 +9,7 @@ hung, crashed in native code).
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
@@ -42,6 +43,10 @@ def metrics_from(raw: RawMeasurement, config: Config, setup_ms: float) -> dict[s
     """The result's ``metrics`` block from a raw measurement (no memory figures)."""
     metrics: dict[str, Any] = {
         "samples_per_step": config.samples_per_step,
+        "micro_batch_size": config.batch_size,
+        "effective_batch_size": config.samples_per_step,
+        "accum_steps": config.accum_steps,
+        "devices": config.devices,
         "setup_ms": setup_ms,
         "cold_start_ms": raw.cold_start_ms,
         "step_times_ms": raw.step_times_ms,
@@ -57,6 +62,7 @@ def metrics_from(raw: RawMeasurement, config: Config, setup_ms: float) -> dict[s
         st = step_stats(raw.step_times_ms)
         metrics["step_time_ms"] = st.to_dict()
         metrics["throughput"] = throughput(st, config.samples_per_step).to_dict()
+        metrics["throughput_per_device"] = metrics["throughput"]["median"] / config.devices
         metrics["noisy"] = is_noisy(st)
         # samples over wall time of the windows: includes anything between steps
         wall = sum(raw.window_wall_ms)
@@ -65,14 +71,15 @@ def metrics_from(raw: RawMeasurement, config: Config, setup_ms: float) -> dict[s
     return metrics
 
 
-def _start_telemetry(backend: Any, config: Config) -> Any:
+def _start_telemetry(backend: Any, config: Config, host_pid: int | None = None) -> Any:
     """A started TelemetrySession, or None when sampling is off or cannot start."""
     if config.telemetry_interval_ms <= 0:
         return None
     from gpubench.telemetry.session import TelemetrySession
 
     try:
-        return TelemetrySession(config.device, config.telemetry_interval_ms, backend.device_uuid(config)).start()
+        return TelemetrySession(config.device, config.telemetry_interval_ms, backend.device_uuid(config),
+                                host_pid=host_pid).start()
     except Exception as e:  # noqa: BLE001 - telemetry never fails a config
         print(f"gpubench: telemetry could not start: {type(e).__name__}: {e}", file=sys.stderr)
         return None
@@ -88,6 +95,22 @@ def _stop_telemetry(session: Any, raw: RawMeasurement | None, config: Config) ->
         return session.stop(phases, measured)
     except Exception as e:  # noqa: BLE001
         return {"gpu": None, "gpu_reason": None, "errors": [f"telemetry failed: {type(e).__name__}: {e}"]}, None
+
+
+def rank_of(config: Config) -> tuple[int, int]:
+    """(this process's rank, the number of ranks) for the config; (0, 1) unless distributed."""
+    if not config.distributed:
+        return 0, 1
+    return int(os.environ.get("RANK", "0")), config.devices
+
+
+def rank_summaries(trainer: Any, raw: RawMeasurement, config: Config) -> list[dict[str, Any]]:
+    """Every rank's own figures, gathered in rank order (a collective, after the windows)."""
+    median = step_stats(raw.step_times_ms).median if raw.step_times_ms else None
+    mine = {"rank": trainer.rank, "step_time_median_ms": median,
+            "throughput": config.batch_size * 1000.0 / median if median else None,
+            "peak_rss_bytes": _peak_rss_bytes(), "weights_sha1": trainer.weights_digest(), **trainer.memory()}
+    return trainer.all_gather(mine)
 
 
 def run_config(config: Config) -> dict[str, Any]:
@@ -111,21 +134,36 @@ def run_config(config: Config) -> dict[str, Any]:
     model = {"params": spec.params, "flops_per_sample": spec.train_flops_per_sample,
              "forward_flops_per_sample": spec.forward_flops_per_sample}
     memory: dict[str, int] = {"baseline_rss_bytes": psutil.Process().memory_info().rss}
+    rank, world = rank_of(config)
     trainer = None
     try:
+        if config.distributed and os.environ.get("WORLD_SIZE") != str(world):
+            raise RuntimeError(f"{config.parallelism} needs {world} processes started by torchrun; this worker has "
+                               f"WORLD_SIZE={os.environ.get('WORLD_SIZE')}")
         t0 = time.perf_counter()
-        batches = make_batches(spec, config.dataset, config.data_dir, config.batch_size, config.seed)
+        # one global batch = accum_steps x devices micro-batches; each rank keeps its own share
+        batches = make_batches(spec, config.dataset, config.data_dir, config.batch_size, config.seed,
+                               config.accum_steps * world)
+        if world > 1:
+            batches = batches.shard(rank, world)
         memory["data_bytes"] = batches.nbytes
         trainer = backend.build(spec, config, batches)
         del batches
+        if config.distributed and os.environ.get("GPUBENCH_TEST_FAIL_RANK") == str(rank):  # tests' fault injection
+            raise RuntimeError(f"injected failure on rank {rank} (GPUBENCH_TEST_FAIL_RANK)")
         setup_ms = (time.perf_counter() - t0) * 1000.0
-        telemetry = _start_telemetry(backend, config)
+        # rank 0 samples; with several ranks its host sampler watches the launcher's process
+        # tree, which holds every rank
+        telemetry = (_start_telemetry(backend, config, os.getppid() if config.distributed else None)
+                     if rank == 0 else None)
         raw: RawMeasurement | None = None
         try:
             raw = run_loop(trainer, config.warmup_steps, config.steps, config.windows, telemetry)
         finally:  # the samplers stop whatever happens
             telemetry_block, timeline = _stop_telemetry(telemetry, raw, config)
         memory.update(trainer.memory())
+        ranks = rank_summaries(trainer, raw, config) if config.distributed else None
+        trainer.close()
     except BaseException as e:  # noqa: BLE001 - every failure must become a status
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
@@ -144,6 +182,12 @@ def run_config(config: Config) -> dict[str, Any]:
     status, reason = ("ok", "")
     if raw.diverged:
         status, reason = "diverged", "loss became non-finite"
+    if ranks is not None:
+        metrics["ranks"] = ranks
+        digests = {r["weights_sha1"] for r in ranks}
+        metrics["ranks_weights_identical"] = len(digests) == 1 and None not in digests
+        if not metrics["ranks_weights_identical"] and status == "ok":
+            status, reason = "error", "the ranks ended with different weights (data-parallel replicas diverged)"
     return {
         "status": status,
         "reason": reason,
@@ -165,11 +209,18 @@ def main(argv: list[str]) -> int:
     load_plugins()
     config = Config.from_dict(job["config"])
     result = run_config(config)
+    rank, _ = rank_of(config)
     timeline = result.pop("_timeline", None)
+    if rank > 0:  # rank 0 writes the config's result; another rank only its failure
+        if result["status"] not in ("ok", "diverged"):
+            result["reason"] = f"rank {rank}: {result['reason']}"
+            write_json_atomic(workdir / f"result-rank{rank}.json", result)
+            return 1  # torchrun then stops the other ranks
+        return 0
     if timeline is not None:
         write_json_atomic(workdir / "timeline.json", timeline)
     write_json_atomic(workdir / "result.json", result)
-    return 0
+    return 1 if config.distributed and result["status"] not in ("ok", "diverged") else 0
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ HOST_MIN_INTERVAL_MS = 250
 
 
 class TelemetrySession:
-    def __init__(self, device: str, interval_ms: int, device_uuid: str | None = None, nvml: Any = None) -> None:
+    def __init__(self, device: str, interval_ms: int, device_uuid: str | None = None, nvml: Any = None,
+                 host_pid: int | None = None) -> None:
         self.interval_s = interval_ms / 1000.0
         self.host_interval_s = max(interval_ms, HOST_MIN_INTERVAL_MS) / 1000.0
         self.errors: list[str] = []
@@ -34,7 +35,7 @@ class TelemetrySession:
         self.reader: NvmlReader | None = None
         self.counters: list[tuple[list[int | None], list[int | None]]] = []
         self._window_start: list[int | None] | None = None
-        self.host = PeriodicSampler("host", self.host_interval_s, HostReader().read)
+        self.host = PeriodicSampler("host", self.host_interval_s, HostReader(host_pid).read)
         self.gpu: PeriodicSampler | None = None
         if device_kind(device) != "cuda":
             self.gpu_reason = "not a GPU config"

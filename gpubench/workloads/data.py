@@ -31,6 +31,12 @@ class Batches:
     x: np.ndarray
     y: np.ndarray
 
+    def shard(self, rank: int, world_size: int) -> Batches:
+        """Rank ``rank``'s share when every ``world_size`` consecutive batches form one global
+        batch (built with ``group=world_size``): batches rank, rank + world_size, ..."""
+        return Batches(x=np.ascontiguousarray(self.x[rank::world_size]),
+                       y=np.ascontiguousarray(self.y[rank::world_size]))
+
     @property
     def n_batches(self) -> int:
         return int(self.x.shape[0])
@@ -61,20 +67,26 @@ def synthetic_batches(spec: WorkloadSpec, batch_size: int, n_batches: int, seed:
     return Batches(x=x, y=y)
 
 
-def batches_from_arrays(x: np.ndarray, y: np.ndarray, batch_size: int) -> Batches:
-    """Whole batches of a data set, in order (the remainder is dropped)."""
-    n = len(x) // batch_size
+def batches_from_arrays(x: np.ndarray, y: np.ndarray, batch_size: int, group: int = 1) -> Batches:
+    """Whole batches of a data set, in order (the remainder is dropped), their number a
+    multiple of ``group`` (the micro-batches of one optimizer step)."""
+    n = len(x) // (batch_size * group) * group
     if n < 1:
-        raise ValueError(f"batch size {batch_size} is larger than the data set ({len(x)} samples)")
+        raise ValueError(f"batch size {batch_size} x {group} is larger than the data set ({len(x)} samples)")
     keep = n * batch_size
     return Batches(x=x[:keep].reshape(n, batch_size, *x.shape[1:]), y=y[:keep].reshape(n, batch_size))
 
 
-def make_batches(spec: WorkloadSpec, dataset: str, data_dir: str, batch_size: int, seed: int) -> Batches:
-    """The batches a config trains on: the synthetic pool, or MNIST from ``data_dir``."""
+def make_batches(spec: WorkloadSpec, dataset: str, data_dir: str, batch_size: int, seed: int,
+                 group: int = 1) -> Batches:
+    """The batches a config trains on: the synthetic pool, or MNIST from ``data_dir``.
+
+    With ``group`` micro-batches per optimizer step (gradient accumulation), the pool holds
+    the same samples, in the same order, as the pool of one batch of ``batch_size * group``,
+    cut into micro-batches: accumulation trains on exactly what the big batch would."""
     if dataset == "mnist":
         from gpubench.workloads.mnist import load_mnist
 
         x, y = load_mnist(data_dir)
-        return batches_from_arrays(x, y, batch_size)
-    return synthetic_batches(spec, batch_size, pool_batches(spec, batch_size), seed)
+        return batches_from_arrays(x, y, batch_size, group)
+    return synthetic_batches(spec, batch_size, pool_batches(spec, batch_size * group) * group, seed)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo, device_index, device_kind
+from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo, device_index, device_kind, parse_parallelism
 
 if TYPE_CHECKING:
     from gpubench.backends.base import Trainer
@@ -27,6 +27,8 @@ class TorchBackend(Backend):
             return "tf32 is a CUDA (Ampere or newer) math mode; on CPU use fp32 or amp-bf16"
         if kind == "cpu" and config.precision == "amp-fp16":
             return "amp-fp16 (float16 autocast with a gradient scaler) is for CUDA devices; on CPU use amp-bf16"
+        if parse_parallelism(config.parallelism)[0] == "ddp" and ":" in config.device:
+            return f"ddp:N puts rank r on cuda:r; use device = cuda, not {config.device}"
         return None
 
     def probe(self) -> ProbeInfo:
@@ -54,6 +56,17 @@ class TorchBackend(Backend):
             return ("unsupported", reason)
         import torch  # here, so that the worker's setup time does not include the import
 
+        kind, n = parse_parallelism(config.parallelism)
+        if kind == "ddp":
+            import torch.distributed as dist
+
+            if not dist.is_available():
+                return ("unsupported", "this torch build has no torch.distributed")
+            if device_kind(config.device) == "cuda" and not dist.is_nccl_available():
+                return ("unsupported", "ddp on CUDA uses NCCL, which this torch build lacks")
+            if device_kind(config.device) == "cuda" and torch.cuda.device_count() < n:
+                return ("unavailable", f"{config.parallelism} needs {n} CUDA devices; this machine has "
+                                       f"{torch.cuda.device_count()}")
         if device_kind(config.device) != "cuda":
             return None
         if not torch.cuda.is_available():

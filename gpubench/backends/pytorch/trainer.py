@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import os
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from gpubench.backends.base import Trainer, device_kind
+from gpubench.backends.base import Trainer, device_kind, parse_parallelism
 from gpubench.measure.timers import HostStepTimer, StepTimer
 from gpubench.suite import Config
 from gpubench.workloads.base import WorkloadSpec
@@ -51,20 +53,36 @@ def make_optimizer(name: str, params: Any, lr: float, fused: bool) -> torch.opti
 
 class TorchTrainer(Trainer):
     def __init__(self, spec: WorkloadSpec, config: Config, batches: Batches) -> None:
-        self.device = torch.device(config.device)
         self.cuda = device_kind(config.device) == "cuda"
+        # ddp:N: one process per rank, started by torchrun, which sets RANK, WORLD_SIZE and
+        # LOCAL_RANK; rank r trains on cuda:LOCAL_RANK (or the CPU) with its shard of the data
+        self.ddp = parse_parallelism(config.parallelism)[0] == "ddp"
+        device = config.device
+        if self.ddp:
+            self.rank, self.world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            device = f"cuda:{int(os.environ['LOCAL_RANK'])}" if self.cuda else "cpu"
+        self.device = torch.device(device)
         torch.manual_seed(config.seed)
         if self.cuda:
             torch.cuda.set_device(self.device)
+        if self.ddp:
+            import torch.distributed as dist
+
+            dist.init_process_group("nccl" if self.cuda else "gloo")
             torch.backends.cudnn.benchmark = True
             tf32 = config.precision == "tf32"
             torch.backends.cuda.matmul.allow_tf32 = tf32  # fp32 means true fp32, not TF32
             torch.backends.cudnn.allow_tf32 = tf32
         self.model = build_model(spec, spec.init_weights(config.seed)).to(self.device)
         self.model.train()
+        if self.ddp:  # every rank starts from the same weights (and DDP broadcasts rank 0's)
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.model = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.cuda else None)
         self.optimizer = make_optimizer(config.optimizer, self.model.parameters(), config.lr, fused=self.cuda)
         self.loss_fn = nn.CrossEntropyLoss()
         self.n_batches = batches.n_batches
+        self.accum = config.accum_steps
         self._i = 0
         self.loader = None
         if config.data == "pipeline":
@@ -91,6 +109,9 @@ class TorchTrainer(Trainer):
             "tf32": config.precision == "tf32",
             "num_threads": torch.get_num_threads(),
             "step_timing": "cuda_events" if self.cuda else "host_clock",
+            "grad_accum": self.accum,
+            "distributed": (f"DistributedDataParallel({'nccl' if self.cuda else 'gloo'}, world_size="
+                            f"{self.world_size})" if self.ddp else None),
             "data": (f"DataLoader(num_workers={config.data_workers}, pin_memory={self.cuda})"
                      if self.loader is not None else "device-resident"),
         }
@@ -106,22 +127,32 @@ class TorchTrainer(Trainer):
             x, y = next(self._iter)
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
-    def step(self) -> None:
+    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.loader is not None:
-            x, y = self._next_pipeline_batch()
-        else:
-            i = self._i
-            self._i = (i + 1) % self.n_batches
-            x, y = self.x[i], self.y[i]
+            return self._next_pipeline_batch()
+        i = self._i
+        self._i = (i + 1) % self.n_batches
+        return self.x[i], self.y[i]
+
+    def step(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
-        with self.autocast:
-            loss = self.loss_fn(self.model(x), y)
+        if self.accum == 1:
+            x, y = self._next_batch()
+            with self.autocast:
+                loss = self.loss_fn(self.model(x), y)
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        else:  # gradient accumulation: the mean loss over the micro-batches, one update
+            loss = None
+            for _ in range(self.accum):
+                x, y = self._next_batch()
+                with self.autocast:
+                    part = self.loss_fn(self.model(x), y) / self.accum
+                (self.scaler.scale(part) if self.scaler is not None else part).backward()
+                loss = part.detach() if loss is None else loss + part.detach()
         if self.scaler is not None:
-            self.scaler.scale(loss).backward()
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
-            loss.backward()
             self.optimizer.step()
         self._loss = loss.detach()
 
@@ -130,7 +161,39 @@ class TorchTrainer(Trainer):
             torch.cuda.synchronize(self.device)
 
     def read_loss(self) -> float:
-        return float("nan") if self._loss is None else float(self._loss.float().item())
+        """The last step's loss; with ddp, its mean over the ranks (a collective: every rank
+        reads it at the same point, outside the timed region)."""
+        if self._loss is None:
+            return float("nan")
+        if not self.ddp:
+            return float(self._loss.float().item())
+        import torch.distributed as dist
+
+        loss = self._loss.float().clone()
+        dist.all_reduce(loss)
+        return float(loss.item()) / self.world_size
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        if not self.ddp:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def weights_digest(self) -> str | None:
+        h = hashlib.sha1()
+        for p in self.model.parameters():
+            h.update(p.detach().float().cpu().numpy().tobytes())
+        return h.hexdigest()
+
+    def close(self) -> None:
+        if self.ddp:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
     def step_timer(self, n_steps: int) -> StepTimer:
         return CudaEventTimer(n_steps) if self.cuda else HostStepTimer(n_steps)

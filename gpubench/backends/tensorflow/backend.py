@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo, device_index, device_kind
+from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo, device_index, device_kind, parse_parallelism
 
 if TYPE_CHECKING:
     from gpubench.backends.base import Trainer
@@ -51,6 +51,9 @@ class TensorFlowBackend(Backend):
             return "tf32 is a CUDA (Ampere or newer) math mode; on CPU use fp32 or amp-bf16"
         if kind == "cpu" and config.precision == "amp-fp16":
             return "amp-fp16 (mixed_float16 with loss scaling) is for GPUs; on CPU use amp-bf16"
+        if parse_parallelism(config.parallelism)[0] == "ddp":
+            return ("ddp:N is PyTorch's DistributedDataParallel; TensorFlow's data-parallel strategies "
+                    "(MirroredStrategy) are not in gpubench yet")
         return None
 
     def probe(self) -> ProbeInfo:

@@ -64,6 +64,7 @@ class TFTrainer(Trainer):
         tf.config.experimental.enable_tensor_float_32_execution(config.precision == "tf32")
         keras.utils.set_random_seed(config.seed)
         policy = POLICIES.get(config.precision)
+        self.accum = config.accum_steps
         n_batches, batch = batches.y.shape
         sample_ndim = batches.x.ndim - 2
         x = nhwc_data(batches.x, sample_ndim)
@@ -80,7 +81,10 @@ class TFTrainer(Trainer):
             self.pipeline = config.data == "pipeline"
             if self.pipeline:
                 ds = tf.data.Dataset.from_tensor_slices((x.reshape(-1, *x.shape[2:]), batches.y.reshape(-1)))
-                ds = ds.batch(batch, drop_remainder=True).repeat()
+                ds = ds.batch(batch, drop_remainder=True)
+                if self.accum > 1:  # one element = the micro-batches of one optimizer step
+                    ds = ds.batch(self.accum, drop_remainder=True)
+                ds = ds.repeat()
                 if self.gpu:
                     ds = ds.apply(tf.data.experimental.prefetch_to_device(self.device))
                 else:
@@ -101,6 +105,7 @@ class TFTrainer(Trainer):
             "tf32": config.precision == "tf32",
             "xla": xla,
             "step_timing": "window_mean" if self.gpu else "host_clock",
+            "grad_accum": self.accum,
             "data": "tf.data(prefetch)" if self.pipeline else "device-resident",
             "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
             "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
@@ -117,23 +122,36 @@ class TFTrainer(Trainer):
         # the device scope is inside the traced function, so placement is part of the graph
         # (entering tf.device on every eager call costs ~9 us per step)
         with tf.device(self.device):
-            return self._train_step_body(x, y)
+            if self.accum == 1:
+                return self._train_step_body([(x, y)])
+            return self._train_step_body([(x[k], y[k]) for k in range(self.accum)])
 
-    def _train_step_body(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+    def _train_step_body(self, micro: list[tuple[tf.Tensor, tf.Tensor]]) -> tf.Tensor:
+        """One optimizer update from one batch, or (gradient accumulation) from the mean loss
+        over several micro-batches: their gradients summed, one update. Returns the loss."""
         variables = self.model.trainable_variables
-        with tf.GradientTape() as tape:
-            logits = self.model(x, training=True)
-            loss = self.loss_fn(y, logits)
-            target = self.optimizer.scale_loss(loss) if self.scaled else loss
-        grads = tape.gradient(target, variables)
+        total = grads = None
+        for x, y in micro:  # unrolled when traced
+            with tf.GradientTape() as tape:
+                logits = self.model(x, training=True)
+                loss = self.loss_fn(y, logits)
+                if len(micro) > 1:
+                    loss = loss / len(micro)
+                target = self.optimizer.scale_loss(loss) if self.scaled else loss
+            part = tape.gradient(target, variables)
+            grads = part if grads is None else [a + b for a, b in zip(grads, part)]
+            total = loss if total is None else total + loss
         self.optimizer.apply_gradients(zip(grads, variables))  # unscales, skips non-finite (fp16)
-        return loss
+        return total
 
     def _device_step(self) -> tf.Tensor:
         with tf.device(self.device):
-            i = self.counter % self.n_batches
-            self.counter.assign_add(1)
-            return self._train_step_body(tf.gather(self.x, i), tf.gather(self.y, i))
+            micro = []
+            for _ in range(self.accum):
+                i = self.counter % self.n_batches
+                self.counter.assign_add(1)
+                micro.append((tf.gather(self.x, i), tf.gather(self.y, i)))
+            return self._train_step_body(micro)
 
     def step(self) -> None:
         if self.pipeline:

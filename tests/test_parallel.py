@@ -1,0 +1,187 @@
+"""Parallel strategies (issue #7): gradient accumulation so far."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from gpubench.backends.base import parse_parallelism
+from gpubench.errors import InputError
+from gpubench.results.store import load_results
+from gpubench.suite import Config, load_suite
+from gpubench.workloads import get_workload
+from gpubench.workloads.data import make_batches, pool_batches, synthetic_batches
+from tests.conftest import plugin_env, run_cli
+
+
+def test_parallelism_values():
+    assert parse_parallelism("single") == ("single", 1)
+    assert parse_parallelism("grad-accum:4") == ("grad-accum", 4)
+    for bad in ("grad-accum", "grad-accum:0", "grad-accum:x", "ddp", "warp:2", ""):
+        with pytest.raises(ValueError, match="expected one of: single, grad-accum:N"):
+            parse_parallelism(bad)
+    c = Config(workload="mlp", batch_size=16, parallelism="grad-accum:4")
+    assert (c.accum_steps, c.devices, c.samples_per_step) == (4, 1, 64)
+    assert c.config_id == "mlp-torch-cpu-bs16-fp32-grad-accum4"  # no ':' in ids (they name files)
+    assert Config(workload="mlp", batch_size=16).samples_per_step == 16
+
+
+def test_a_bad_parallelism_in_a_suite_names_file_key_and_values(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text('[matrix]\nworkload = ["mlp"]\nparallelism = ["single", "grad-accum:-1"]\n')
+    with pytest.raises(InputError) as e:
+        load_suite(str(path)).expand()
+    text = str(e.value)
+    assert str(path) in text and "parallelism" in text and "grad-accum:N" in text
+
+
+def test_accumulation_pool_holds_the_big_batches_samples_in_order():
+    spec = get_workload("cnn").spec()
+    big = make_batches(spec, "synthetic", "", 64, 0)
+    small = make_batches(spec, "synthetic", "", 16, 0, group=4)
+    assert small.n_batches == 4 * big.n_batches == 4 * pool_batches(spec, 64)
+    assert np.array_equal(small.x.reshape(big.x.shape), big.x)
+    assert np.array_equal(small.y.reshape(big.y.shape), big.y)
+
+
+def _weights(trainer, framework):
+    if framework == "torch":
+        return [p.detach().numpy().copy() for p in trainer.model.parameters()]
+    return [v.numpy().copy() for v in trainer.model.trainable_variables]
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+@pytest.mark.parametrize("optimizer, data", [("sgd", "device"), ("adam", "device"), ("sgd", "pipeline")])
+def test_grad_accum_4_at_16_gives_the_update_of_single_at_64(framework, optimizer, data):
+    pytest.importorskip(framework)
+    from gpubench.backends import get_backend
+
+    spec = get_workload("mlp").spec(depth=2, width=64).without_dropout()
+    big = synthetic_batches(spec, 64, 3, seed=0)
+    small = synthetic_batches(spec, 16, 12, seed=0)  # the same samples, in the same order
+    single = Config(workload="mlp", framework=framework, batch_size=64, optimizer=optimizer, lr=0.01, data=data,
+                    data_workers=0, workload_params=(("depth", 2), ("width", 64)))
+    accum = replace(single, batch_size=16, parallelism="grad-accum:4")
+    backend = get_backend(framework)
+    a, b = backend.build(spec, single, big), backend.build(spec, accum, small)
+    assert _weights(a, framework)[0].shape == _weights(b, framework)[0].shape
+    for _ in range(3):
+        a.step()
+        b.step()
+        # the loss of a step is the mean over its samples in both
+        assert b.read_loss() == pytest.approx(a.read_loss(), rel=1e-5)
+    # SGD: the same weights to float rounding. Adam divides by sqrt(v): where a gradient is
+    # near zero, a rounding difference in it (the summation order differs) moves the update
+    # by a visible fraction of lr, so its weights agree to 1% of one step (lr) instead
+    atol = 1e-6 if optimizer == "sgd" else 1e-2 * single.lr
+    for wa, wb in zip(_weights(a, framework), _weights(b, framework)):
+        np.testing.assert_allclose(wb, wa, rtol=1e-4, atol=atol)
+    assert b.describe()["grad_accum"] == 4 and a.describe()["grad_accum"] == 1
+
+
+TINY_SUITE = """
+[defaults]
+warmup_steps = 1
+steps = 3
+windows = 2
+telemetry_interval_ms = 0
+[matrix]
+workload = ["mlp"]
+depth = [1]
+width = [32]
+batch_size = [8]
+parallelism = {parallelism}
+"""
+
+
+def run_tiny(tmp_path, write_suite, parallelism: str, **env: str):
+    """Run TINY_SUITE with the given parallelism axis: (exit code, run dir, results)."""
+    suite = write_suite(TINY_SUITE.format(parallelism=parallelism))
+    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path,
+                   env=plugin_env(**env))
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    return proc, run_dir, load_results(run_dir)
+
+
+def test_run_records_batch_sizes_and_scaling_efficiency(tmp_path, write_suite):
+    pytest.importorskip("torch")
+    proc, run_dir, (single, accum) = run_tiny(tmp_path, write_suite, '["single", "grad-accum:2"]')
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert single["config_id"] == "mlp_depth1_width32-torch-cpu-bs8-fp32-single"
+    assert accum["config_id"] == "mlp_depth1_width32-torch-cpu-bs8-fp32-grad-accum2"
+    m = accum["metrics"]
+    assert (m["micro_batch_size"], m["accum_steps"], m["effective_batch_size"], m["samples_per_step"]) == (8, 2, 16, 16)
+    assert m["devices"] == 1 and m["throughput_per_device"] == m["throughput"]["median"]
+    assert m["single_config_id"] == single["config_id"]
+    assert m["single_throughput"] == single["metrics"]["throughput"]["median"]
+    assert m["scaling_efficiency"] == pytest.approx(m["throughput"]["median"] / m["single_throughput"])
+    assert "scaling_efficiency" not in single["metrics"]
+    # throughput counts every micro-batch: samples per step / median step time
+    assert m["throughput"]["median"] == pytest.approx(16 * 1000.0 / m["step_time_ms"]["median"])
+    assert json.loads((run_dir / "run.json").read_text())["suite"]["matrix"]["parallelism"] == ["single", "grad-accum:2"]
+
+
+
+
+def test_ddp_2_on_cpu_trains_two_ranks_with_identical_weights(tmp_path, write_suite):
+    pytest.importorskip("torch")
+    proc, run_dir, (single, one, ddp) = run_tiny(tmp_path, write_suite, '["single", "ddp:1", "ddp:2"]')
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # ddp:1 also goes through torchrun and DDP: one rank, the single config's batch
+    assert one["status"] == "ok" and one["metrics"]["devices"] == 1 and one["metrics"]["samples_per_step"] == 8
+    assert one["runtime"]["distributed"] == "DistributedDataParallel(gloo, world_size=1)"
+    assert len(one["metrics"]["ranks"]) == 1 and one["metrics"]["ranks_weights_identical"] is True
+    assert ddp["status"] == "ok", ddp["reason"]
+    assert ddp["config_id"] == "mlp_depth1_width32-torch-cpu-bs8-fp32-ddp2"
+    m = ddp["metrics"]
+    assert (m["devices"], m["samples_per_step"], m["micro_batch_size"]) == (2, 16, 8)
+    assert m["throughput"]["median"] == pytest.approx(16 * 1000.0 / m["step_time_ms"]["median"])  # global
+    assert m["throughput_per_device"] == pytest.approx(m["throughput"]["median"] / 2)
+    assert m["scaling_efficiency"] == pytest.approx(m["throughput"]["median"] / (2 * m["single_throughput"]))
+    assert [r["rank"] for r in m["ranks"]] == [0, 1]
+    assert m["ranks_weights_identical"] is True and m["ranks"][0]["weights_sha1"] == m["ranks"][1]["weights_sha1"]
+    assert ddp["runtime"]["distributed"] == "DistributedDataParallel(gloo, world_size=2)"
+    assert "torch.distributed" in (run_dir / ddp["log"]).read_text() or ddp["runtime"]["num_threads"] == 1
+
+
+def test_a_failing_rank_fails_the_config_and_leaves_no_process(tmp_path, write_suite):
+    pytest.importorskip("torch")
+    import psutil
+
+    proc, run_dir, (r,) = run_tiny(tmp_path, write_suite, '["ddp:2"]', GPUBENCH_TEST_FAIL_RANK="1")
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # an error makes run exit 1
+    assert r["status"] == "error"
+    assert r["reason"] == "rank 1: RuntimeError: injected failure on rank 1 (GPUBENCH_TEST_FAIL_RANK)"
+    assert "injected failure" in r["traceback"]
+    left = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
+    assert left == []
+
+
+def test_ddp_unsupported_and_unavailable_combinations(tmp_path, write_suite):
+    suite = write_suite("""
+[defaults]
+steps = 1
+windows = 1
+[matrix]
+workload = ["mlp"]
+framework = ["torch", "tensorflow"]
+device = ["cpu", "cuda", "cuda:1"]
+parallelism = ["ddp:2"]
+[[matrix.exclude]]
+framework = "torch"
+device = "cpu"
+""")
+    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    by_id = {r["config_id"]: r for r in load_results(run_dir)}
+    assert len(by_id) == 5
+    tf_cpu = by_id["mlp_depth2_width512-tensorflow-cpu-bs64-fp32-ddp2"]
+    if tf_cpu["status"] != "unavailable":  # (unavailable where TensorFlow is not installed)
+        assert tf_cpu["status"] == "unsupported" and "DistributedDataParallel" in tf_cpu["reason"]
+    pinned = by_id["mlp_depth2_width512-torch-cuda:1-bs64-fp32-ddp2"]
+    assert pinned["status"] == "unsupported" and "use device = cuda" in pinned["reason"]
+    assert by_id["mlp_depth2_width512-torch-cuda-bs64-fp32-ddp2"]["status"] in ("unavailable", "ok")  # ok on a 2-GPU machine
