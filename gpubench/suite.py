@@ -35,7 +35,7 @@ else:  # pragma: no cover - Python 3.10
 
 from gpubench.backends import BACKENDS
 from gpubench.backends.base import (COMPILES, DATA_MODES, DATASETS, DISTRIBUTED_KINDS, LOSSES, OPTIMIZERS,
-                                    PRECISIONS, parse_parallelism)
+                                    PRECISIONS, REPLICA_KINDS, parse_parallelism)
 from gpubench.errors import InputError, choices_message
 from gpubench.workloads import WORKLOADS
 
@@ -83,7 +83,7 @@ class Config:
     def devices(self) -> int:
         """Devices (ranks or replicas) one optimizer step runs on."""
         kind, n = parse_parallelism(self.parallelism)
-        return n if kind in DISTRIBUTED_KINDS else 1
+        return n if kind in REPLICA_KINDS else 1
 
     @property
     def samples_per_step(self) -> int:
@@ -214,7 +214,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("device", _device, str, "cpu, cuda or cuda:N"),
     Setting("batch_size", _int(1), _parse_number, "samples per step per device"),
     Setting("precision", _choice("precision", PRECISIONS), str, "numeric precision"),
-    Setting("parallelism", _parallelism, str, "parallel strategy: single, grad-accum:N, ddp:N"),
+    Setting("parallelism", _parallelism, str, "parallel strategy: single, grad-accum:N, ddp:N, dp:N, mirrored:N"),
     Setting("optimizer", _choice("optimizer", OPTIMIZERS), str, "optimizer"),
     Setting("lr", _positive_float, _parse_number, "learning rate"),
     Setting("loss", _choice("loss", LOSSES), str, "loss function"),

@@ -185,3 +185,62 @@ device = "cpu"
     pinned = by_id["mlp_depth2_width512-torch-cuda:1-bs64-fp32-ddp2"]
     assert pinned["status"] == "unsupported" and "use device = cuda" in pinned["reason"]
     assert by_id["mlp_depth2_width512-torch-cuda-bs64-fp32-ddp2"]["status"] in ("unavailable", "ok")  # ok on a 2-GPU machine
+
+
+def test_dp_rules_and_batch_merging():
+    from gpubench.backends import get_backend
+
+    c = Config(workload="mlp", batch_size=16, parallelism="dp:2", device="cuda")
+    assert (c.devices, c.samples_per_step, c.distributed) == (2, 32, False)
+    torch_rules = get_backend("torch").static_unsupported
+    assert "on CPU use ddp:N" in torch_rules(replace(c, device="cpu"))
+    assert "use device = cuda" in torch_rules(replace(c, device="cuda:1"))
+    assert torch_rules(c) is None
+    assert "DataParallel" in get_backend("tensorflow").static_unsupported(replace(c, framework="tensorflow"))
+    spec = get_workload("mlp").spec(depth=1, width=8)
+    small = synthetic_batches(spec, 16, 6, seed=0)
+    merged = small.merge(2)  # what DataParallel gets: the global batch of 2 x 16, in order
+    assert merged.x.shape == (3, 32, *spec.input_shape)
+    assert np.array_equal(merged.x[1], np.concatenate([small.x[2], small.x[3]]))
+    assert np.array_equal(small.shard(1, 2).y, small.y[1::2])  # what ddp rank 1 gets
+
+
+def test_mirrored_2_on_two_logical_cpus_trains_like_single_at_the_global_batch(tmp_path, write_suite):
+    pytest.importorskip("tensorflow")
+    suite = write_suite("""
+[defaults]
+warmup_steps = 1
+steps = 3
+windows = 2
+telemetry_interval_ms = 0
+framework = "tensorflow"
+optimizer = "sgd"
+lr = 0.01
+data_workers = 0
+[matrix]
+workload = ["mlp"]
+depth = [1]
+width = [32]
+batch_size = [16]
+parallelism = ["single"]
+[[matrix.include]]
+batch_size = 8
+parallelism = "mirrored:2"
+data = ["device", "pipeline"]
+""")
+    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    single, mirrored, piped = load_results(run_dir)
+    for r in (mirrored, piped):
+        assert r["status"] == "ok", r["reason"]
+        m = r["metrics"]
+        assert (m["devices"], m["samples_per_step"], m["micro_batch_size"]) == (2, 16, 8)
+        assert r["runtime"]["distributed"].startswith("MirroredStrategy(") and "CPU:1" in r["runtime"]["distributed"]
+        # two replicas of 8 over the same global batches of 16: the same losses as single at 16
+        # (gradients all-reduced across replicas; no dropout in the mlp)
+        assert m["loss"]["windows"] == pytest.approx(single["metrics"]["loss"]["windows"], rel=1e-5)
+        assert m["loss"]["first"] == pytest.approx(single["metrics"]["loss"]["first"], rel=1e-5)
+    # scaling efficiency is against single at the same per-device batch (8), not in this run
+    assert "scaling_efficiency" not in mirrored["metrics"]
+    assert piped["runtime"]["data"] == "tf.data(distributed)"

@@ -19,9 +19,10 @@ if TYPE_CHECKING:
 
 PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16")
 # parallel strategies: "single", or "<kind>:N" for the kinds below (N >= 1)
-PARALLELISMS = ("single", "grad-accum:N", "ddp:N")
-PARALLEL_KINDS = ("grad-accum", "ddp")
+PARALLELISMS = ("single", "grad-accum:N", "ddp:N", "dp:N", "mirrored:N")
+PARALLEL_KINDS = ("grad-accum", "ddp", "dp", "mirrored")
 DISTRIBUTED_KINDS = ("ddp",)  # one process per rank, started by the framework's launcher
+REPLICA_KINDS = ("ddp", "dp", "mirrored")  # N devices, batch_size samples on each
 
 
 def parse_parallelism(value: str) -> tuple[str, int]:

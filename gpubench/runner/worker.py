@@ -141,11 +141,14 @@ def run_config(config: Config) -> dict[str, Any]:
             raise RuntimeError(f"{config.parallelism} needs {world} processes started by torchrun; this worker has "
                                f"WORLD_SIZE={os.environ.get('WORLD_SIZE')}")
         t0 = time.perf_counter()
-        # one global batch = accum_steps x devices micro-batches; each rank keeps its own share
+        # one global batch = accum_steps x devices micro-batches; each rank keeps its own
+        # share (ddp), or one process takes them all at once (dp)
         batches = make_batches(spec, config.dataset, config.data_dir, config.batch_size, config.seed,
-                               config.accum_steps * world)
-        if world > 1:
+                               config.accum_steps * config.devices)
+        if config.distributed and world > 1:
             batches = batches.shard(rank, world)
+        elif config.devices > 1:
+            batches = batches.merge(config.devices)
         memory["data_bytes"] = batches.nbytes
         trainer = backend.build(spec, config, batches)
         del batches

@@ -37,6 +37,13 @@ class Batches:
         return Batches(x=np.ascontiguousarray(self.x[rank::world_size]),
                        y=np.ascontiguousarray(self.y[rank::world_size]))
 
+    def merge(self, group: int) -> Batches:
+        """Every ``group`` consecutive batches as one (built with ``group``): the global
+        batches that DataParallel splits over its devices."""
+        n, b = self.y.shape
+        return Batches(x=self.x.reshape(n // group, group * b, *self.x.shape[2:]),
+                       y=self.y.reshape(n // group, group * b))
+
     @property
     def n_batches(self) -> int:
         return int(self.x.shape[0])

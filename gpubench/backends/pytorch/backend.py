@@ -27,8 +27,15 @@ class TorchBackend(Backend):
             return "tf32 is a CUDA (Ampere or newer) math mode; on CPU use fp32 or amp-bf16"
         if kind == "cpu" and config.precision == "amp-fp16":
             return "amp-fp16 (float16 autocast with a gradient scaler) is for CUDA devices; on CPU use amp-bf16"
-        if parse_parallelism(config.parallelism)[0] == "ddp" and ":" in config.device:
+        parallel = parse_parallelism(config.parallelism)[0]
+        if parallel == "ddp" and ":" in config.device:
             return f"ddp:N puts rank r on cuda:r; use device = cuda, not {config.device}"
+        if parallel == "mirrored":
+            return "mirrored:N is TensorFlow's MirroredStrategy; PyTorch's data parallelism is ddp:N (or dp:N)"
+        if parallel == "dp" and kind == "cpu":
+            return "dp:N (DataParallel) splits each batch over N GPUs; on CPU use ddp:N"
+        if parallel == "dp" and ":" in config.device:
+            return f"dp:N uses cuda:0..cuda:N-1; use device = cuda, not {config.device}"
         return None
 
     def probe(self) -> ProbeInfo:
@@ -64,9 +71,9 @@ class TorchBackend(Backend):
                 return ("unsupported", "this torch build has no torch.distributed")
             if device_kind(config.device) == "cuda" and not dist.is_nccl_available():
                 return ("unsupported", "ddp on CUDA uses NCCL, which this torch build lacks")
-            if device_kind(config.device) == "cuda" and torch.cuda.device_count() < n:
-                return ("unavailable", f"{config.parallelism} needs {n} CUDA devices; this machine has "
-                                       f"{torch.cuda.device_count()}")
+        if kind in ("ddp", "dp") and device_kind(config.device) == "cuda" and torch.cuda.device_count() < n:
+            return ("unavailable", f"{config.parallelism} needs {n} CUDA devices; this machine has "
+                                   f"{torch.cuda.device_count()}")
         if device_kind(config.device) != "cuda":
             return None
         if not torch.cuda.is_available():

@@ -79,6 +79,9 @@ class TorchTrainer(Trainer):
             from torch.nn.parallel import DistributedDataParallel
 
             self.model = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.cuda else None)
+        self.dp = parse_parallelism(config.parallelism)[0] == "dp"
+        if self.dp:  # one process; each (merged) batch is scattered over cuda:0..N-1
+            self.model = nn.DataParallel(self.model, device_ids=list(range(config.devices)))
         self.optimizer = make_optimizer(config.optimizer, self.model.parameters(), config.lr, fused=self.cuda)
         self.loss_fn = nn.CrossEntropyLoss()
         self.n_batches = batches.n_batches
@@ -111,7 +114,8 @@ class TorchTrainer(Trainer):
             "step_timing": "cuda_events" if self.cuda else "host_clock",
             "grad_accum": self.accum,
             "distributed": (f"DistributedDataParallel({'nccl' if self.cuda else 'gloo'}, world_size="
-                            f"{self.world_size})" if self.ddp else None),
+                            f"{self.world_size})" if self.ddp else
+                            f"DataParallel(device_ids={list(range(config.devices))})" if self.dp else None),
             "data": (f"DataLoader(num_workers={config.data_workers}, pin_memory={self.cuda})"
                      if self.loader is not None else "device-resident"),
         }

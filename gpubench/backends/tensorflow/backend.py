@@ -51,9 +51,13 @@ class TensorFlowBackend(Backend):
             return "tf32 is a CUDA (Ampere or newer) math mode; on CPU use fp32 or amp-bf16"
         if kind == "cpu" and config.precision == "amp-fp16":
             return "amp-fp16 (mixed_float16 with loss scaling) is for GPUs; on CPU use amp-bf16"
-        if parse_parallelism(config.parallelism)[0] == "ddp":
-            return ("ddp:N is PyTorch's DistributedDataParallel; TensorFlow's data-parallel strategies "
-                    "(MirroredStrategy) are not in gpubench yet")
+        parallel = parse_parallelism(config.parallelism)[0]
+        if parallel in ("ddp", "dp"):
+            engine = "DistributedDataParallel" if parallel == "ddp" else "DataParallel"
+            return (f"{config.parallelism} is PyTorch's {engine}; TensorFlow's data parallelism in gpubench is "
+                    "mirrored:N (MirroredStrategy)")
+        if parallel == "mirrored" and ":" in config.device:
+            return f"mirrored:N uses /GPU:0../GPU:N-1; use device = cuda, not {config.device}"
         return None
 
     def probe(self) -> ProbeInfo:
@@ -85,6 +89,9 @@ class TensorFlowBackend(Backend):
         if device_kind(config.device) != "cuda":
             return None
         gpus = tf.config.list_physical_devices("GPU")
+        kind, n = parse_parallelism(config.parallelism)
+        if kind == "mirrored" and gpus and len(gpus) < n:
+            return ("unavailable", f"{config.parallelism} needs {n} GPUs; TensorFlow sees {len(gpus)}")
         if not gpus:
             build = "a CUDA build" if tf.test.is_built_with_cuda() else "a CPU-only build"
             return ("unavailable", f"no GPU visible to TensorFlow {tf.__version__} ({build})")

@@ -56,10 +56,29 @@ def make_optimizer(name: str, lr: float) -> keras.optimizers.Optimizer:
     raise ValueError(f"unknown optimizer {name!r}")
 
 
+def _mirrored_strategy(n: int, gpu: bool) -> tf.distribute.Strategy:
+    if gpu:
+        return tf.distribute.MirroredStrategy(devices=[f"/GPU:{i}" for i in range(n)])
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
+    except RuntimeError:  # TensorFlow is already initialised in this process (a test's second trainer)
+        pass
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+    if len(devices) != n:
+        raise RuntimeError(f"mirrored:{n} needs {n} logical CPU devices; TensorFlow was initialised with "
+                           f"{len(devices)} before this config could set them up")
+    return tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
+
+
 class TFTrainer(Trainer):
     def __init__(self, spec: WorkloadSpec, config: Config, batches: Batches) -> None:
         self.gpu = device_kind(config.device) == "cuda"
         self.device = tf_device(config.device)
+        # mirrored:N: N replicas (GPUs, or logical CPU devices, which must be set up before
+        # TensorFlow initialises its devices); data: every global batch split over them
+        self.strategy = _mirrored_strategy(config.devices, self.gpu) if config.parallelism.startswith(
+            "mirrored:") else None
         # fp32 means true fp32: TensorFlow enables TF32 on Ampere+ GPUs by default
         tf.config.experimental.enable_tensor_float_32_execution(config.precision == "tf32")
         keras.utils.set_random_seed(config.seed)
@@ -68,6 +87,9 @@ class TFTrainer(Trainer):
         n_batches, batch = batches.y.shape
         sample_ndim = batches.x.ndim - 2
         x = nhwc_data(batches.x, sample_ndim)
+        if self.strategy is not None:
+            self._init_mirrored(spec, config, x, batches.y, policy)
+            return
         with tf.device(self.device):
             self.model = build_model(spec, spec.init_weights(config.seed), policy, config.seed)
             optimizer = make_optimizer(config.optimizer, config.lr)
@@ -113,6 +135,80 @@ class TFTrainer(Trainer):
         if self.gpu:
             self.sync()
             tf.config.experimental.reset_memory_stats(self._memory_device)
+
+    def _init_mirrored(self, spec: WorkloadSpec, config: Config, x: np.ndarray, y: np.ndarray,
+                       policy: str | None) -> None:
+        strategy = self.strategy
+        n = config.devices
+        with strategy.scope():  # variables mirrored on every replica
+            self.model = build_model(spec, spec.init_weights(config.seed), policy, config.seed)
+            optimizer = make_optimizer(config.optimizer, config.lr)
+            if config.precision == "amp-fp16":
+                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+            optimizer.build(self.model.trainable_variables)
+        self.optimizer = optimizer
+        self.scaled = config.precision == "amp-fp16"
+        self.pipeline = config.data == "pipeline"
+        n_batches, global_batch = y.shape
+        # per example; each replica's mean is over the global batch, so the replicas' gradients
+        # sum (the optimizer all-reduces them) to the gradient of the global batch's mean loss
+        per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+        def replica_step(xb: tf.Tensor, yb: tf.Tensor) -> tf.Tensor:
+            variables = self.model.trainable_variables
+            with tf.GradientTape() as tape:
+                logits = self.model(xb, training=True)
+                loss = tf.nn.compute_average_loss(per_example(yb, logits), global_batch_size=global_batch)
+                target = self.optimizer.scale_loss(loss) if self.scaled else loss
+            grads = tape.gradient(target, variables)
+            self.optimizer.apply_gradients(zip(grads, variables))
+            return loss
+
+        def total(per_replica: Any) -> tf.Tensor:
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+        xla = config.compile == "xla"
+        if self.pipeline:  # tf.data splits each global batch over the replicas
+            ds = tf.data.Dataset.from_tensor_slices((x.reshape(-1, *x.shape[2:]), y.reshape(-1)))
+            ds = ds.batch(global_batch, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE)
+            self._iter = iter(strategy.experimental_distribute_dataset(ds))
+            self._step = tf.function(lambda xb, yb: total(strategy.run(replica_step, args=(xb, yb))),
+                                     jit_compile=xla)
+        else:  # device-resident: replica r holds slice r of every global batch
+            b = global_batch // n
+            xr = x.reshape(n_batches, n, b, *x.shape[2:])
+            yr = y.reshape(n_batches, n, b)
+            xs = strategy.experimental_distribute_values_from_function(
+                lambda ctx: tf.constant(xr[:, ctx.replica_id_in_sync_group]))
+            ys = strategy.experimental_distribute_values_from_function(
+                lambda ctx: tf.constant(yr[:, ctx.replica_id_in_sync_group]))
+            counter = tf.Variable(0, dtype=tf.int64, trainable=False)
+            self.x, self.y, self.counter = xs, ys, counter
+
+            def device_step() -> tf.Tensor:
+                i = counter % n_batches
+                counter.assign_add(1)
+                return total(strategy.run(lambda xv, yv: replica_step(tf.gather(xv, i), tf.gather(yv, i)),
+                                          args=(xs, ys)))
+
+            self._step = tf.function(device_step, jit_compile=xla)
+        self._loss = None
+        self._info = {
+            "optimizer_impl": "keras",
+            "mixed_precision_policy": policy,
+            "loss_scale": self.scaled,
+            "tf32": config.precision == "tf32",
+            "xla": xla,
+            "step_timing": "window_mean" if self.gpu else "host_clock",
+            "grad_accum": 1,
+            "distributed": f"MirroredStrategy({', '.join(strategy.extended.worker_devices)})",
+            "data": "tf.data(distributed)" if self.pipeline else "device-resident (per replica)",
+            "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+            "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+        }
+        if self.gpu:
+            self.sync()
+            tf.config.experimental.reset_memory_stats("GPU:0")
 
     @property
     def _memory_device(self) -> str:
