@@ -93,6 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="suites, workloads, frameworks and the devices detected here")
     lst.add_argument("--suites-dir", type=Path, default=Path("suites"))
 
+    fb = sub.add_parser("find-batch", help="the largest batch that fits, per config: doubling then bisection, "
+                                           "a fresh process per probe")
+    fb.add_argument("suite", help="suite file, or a name in suites/ (its batch sizes are where the search starts)")
+    fb.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=V1[,V2...]")
+    fb.add_argument("--limit", type=_positive_int, default=1 << 20, metavar="N",
+                    help="largest batch to try (default 1048576)")
+    fb.add_argument("--json", type=Path, metavar="FILE", help="write every search and its probes as JSON")
+
     env = sub.add_parser("env", help="print the environment fingerprint")
     env.add_argument("--json", action="store_true", help="as JSON")
     return parser
@@ -137,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
                                         Launcher(args.candidate_python, args.candidate_path), args.out, args.sets,
                                         args.repeats, args.threshold, args.noise_floor, args.alpha, args.metric,
                                         args.markdown, not args.no_report), console)
+        if args.command == "find-batch":
+            from gpubench.runner.find_batch_command import run_find_batch
+
+            return run_find_batch(args.suite, args.sets, args.limit, args.json, console)
         if args.command == "export":
             import json
 

@@ -56,5 +56,11 @@ step parallel "$PY" -m gpubench run suites/parallel.toml --out "$OUT/runs" --no-
 # 5. the GPU tests (skip themselves without CUDA)
 step gpu-tests "$PY" -m pytest -q -m gpu tests/
 
+# 6. the largest batch that fits, cnn and mlp at fp32 and amp-bf16 (issue #7; last: it is the
+#    longest step, a fresh process per probe)
+if [ "$DEV" = cuda ]; then flimit=131072; else flimit=512; fi
+step find-batch "$PY" -m gpubench find-batch suites/quick.toml --set framework=torch --set device="$DEV" \
+  --set precision=fp32,amp-bf16 --set batch_size=256 --limit "$flimit" --json "$OUT/find-batch.json"
+
 echo "=== done: status $status, outputs in $OUT"
 exit $status

@@ -244,3 +244,52 @@ data = ["device", "pipeline"]
     # scaling efficiency is against single at the same per-device batch (8), not in this run
     assert "scaling_efficiency" not in mirrored["metrics"]
     assert piped["runtime"]["data"] == "tf.data(distributed)"
+
+
+# --- find-batch ----------------------------------------------------------------------------
+
+def _probe_fitting(max_fit: int, other: dict[int, str] | None = None):
+    seen: list[int] = []
+
+    def probe(b: int) -> dict:
+        seen.append(b)
+        if other and b in other:
+            return {"status": other[b], "reason": "boom"}
+        return {"status": "ok" if b <= max_fit else "oom", "metrics": {"memory": {"peak_rss_bytes": b}}}
+    return probe, seen
+
+
+def test_find_batch_search_doubles_then_bisects():
+    from gpubench.runner.find_batch import search
+
+    probe, seen = _probe_fitting(100)
+    good, bad, stopped, probes = search(probe, 8, 1 << 20)
+    assert (good, bad, stopped) == (100, 101, "")
+    assert seen == [8, 16, 32, 64, 128, 96, 112, 104, 100, 102, 101]
+    assert probes[0] == {"batch_size": 8, "status": "ok", "reason": "", "peak_allocated_bytes": None,
+                         "peak_rss_bytes": 8}
+    probe, seen = _probe_fitting(5)  # the start itself does not fit: search below it
+    assert search(probe, 8, 1000)[:2] == (5, 6)
+    probe, _ = _probe_fitting(0)  # nothing fits
+    assert search(probe, 4, 1000)[:2] == (None, 1)
+    probe, seen = _probe_fitting(10**9)  # everything up to the limit fits
+    assert search(probe, 1, 64)[:2] == (64, None) and seen == [1, 2, 4, 8, 16, 32, 64]
+    probe, _ = _probe_fitting(100, {64: "error"})
+    good, bad, stopped, _ = search(probe, 8, 1000)
+    assert (good, bad) == (32, None) and stopped == "batch 64: error: boom"
+
+
+def test_find_batch_command_with_fresh_processes(tmp_path, write_suite):
+    import json
+
+    suite = write_suite('[defaults]\nframework = "fake"\nworkload = "fault"\n[matrix]\nbatch_size = [8, 16]\n')
+    out = tmp_path / "fb.json"
+    proc = run_cli(["find-batch", str(suite), "--json", str(out)], cwd=tmp_path, env=plugin_env(FAKE_MAX_BATCH="20"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (s,) = json.loads(out.read_text())  # one search: batch sizes are what is searched
+    assert s["config_id"] == "fault_mode0-fake-cpu-bs8-fp32-single"  # started at the smallest
+    assert (s["max_batch"], s["first_oom"], s["stopped"]) == (20, 21, "")
+    assert [p["batch_size"] for p in s["probes"]] == [8, 16, 32, 24, 20, 22, 21]
+    assert {p["status"] for p in s["probes"]} == {"ok", "oom"}
+    bad = run_cli(["find-batch", str(suite), "--set", "precision=fp17"], cwd=tmp_path)
+    assert bad.returncode == 2 and "precision" in bad.stderr and "fp17" in bad.stderr

@@ -99,6 +99,9 @@ class FakeBackend(Backend):
             raise ValueError("injected failure in build")
         if mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        # a simulated device memory: batches above FAKE_MAX_BATCH do not fit (find-batch tests)
+        if int(os.environ.get("FAKE_MAX_BATCH", "0")) and config.batch_size > int(os.environ["FAKE_MAX_BATCH"]):
+            raise MemoryError(f"fake device: batch {config.batch_size} > FAKE_MAX_BATCH")
         if mode == "oom":
             soft, hard = resource.getrlimit(resource.RLIMIT_AS)
             resource.setrlimit(resource.RLIMIT_AS, (4 << 30, hard))

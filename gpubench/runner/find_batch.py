@@ -1,0 +1,89 @@
+"""The largest batch that fits: doubling, then bisection, one fresh worker per probe.
+
+A probe trains the config at one batch size for a few steps in its own process (so that a
+failed allocation cannot leave the next probe a fragmented or poisoned device), through
+the same worker as ``gpubench run``. ``ok`` means it fits, ``oom`` that it does not; any
+other status stops the search with that reason.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from gpubench.runner.process import Launcher
+from gpubench.runner.sweep import Job, run_worker
+from gpubench.suite import Config
+
+PROBE_SETTINGS = {"warmup_steps": 1, "steps": 2, "windows": 1, "telemetry_interval_ms": 0}
+
+
+@dataclass
+class Search:
+    config_id: str
+    max_batch: int | None = None  # the largest batch that trained; None if none did
+    first_oom: int | None = None  # the smallest batch that ran out of memory (None: never)
+    stopped: str = ""  # why the search ended early (a status other than ok/oom), else ""
+    probes: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return vars(self)
+
+
+Probe = Callable[[int], dict[str, Any]]
+
+
+def search(probe: Probe, start: int, limit: int) -> tuple[int | None, int | None, str, list[dict[str, Any]]]:
+    """(largest ok batch, smallest oom batch, why it stopped early, probes) for a probe that
+    returns a worker result; batch sizes from ``start`` doubling up to ``limit``, then
+    bisection between the last fit and the first miss."""
+    probes: list[dict[str, Any]] = []
+
+    def fits(b: int) -> bool | None:
+        r = probe(b)
+        peak = ((r.get("metrics") or {}).get("memory") or {})
+        probes.append({"batch_size": b, "status": r["status"], "reason": r.get("reason", ""),
+                       "peak_allocated_bytes": peak.get("peak_allocated_bytes"),
+                       "peak_rss_bytes": peak.get("peak_rss_bytes")})
+        return True if r["status"] == "ok" else False if r["status"] == "oom" else None
+
+    good, bad, b = None, None, start
+    while b <= limit:
+        fit = fits(b)
+        if fit is None:
+            return good, bad, f"batch {b}: {probes[-1]['status']}: {probes[-1]['reason']}", probes
+        if not fit:
+            bad = b
+            break
+        good, b = b, b * 2
+    if good is None and bad is not None and bad > 1:  # even the start failed: search below it
+        lo, hi = 0, bad
+    else:
+        lo, hi = good or 0, bad
+    while hi is not None and hi - lo > 1:
+        mid = (lo + hi) // 2
+        fit = fits(mid)
+        if fit is None:
+            return good, bad, f"batch {mid}: {probes[-1]['status']}: {probes[-1]['reason']}", probes
+        lo, hi = (mid, hi) if fit else (lo, mid)
+        good, bad = (mid, bad) if fit else (good, mid)
+    return good, bad, "", probes
+
+
+def find_max_batch(config: Config, limit: int, launcher: Launcher = Launcher(),
+                   on_probe: Callable[[Config], None] | None = None) -> Search:
+    work = Path(tempfile.mkdtemp(prefix="gpubench-find-batch-"))
+    try:
+        def probe(b: int) -> dict[str, Any]:
+            c = replace(config, batch_size=b, **PROBE_SETTINGS)
+            if on_probe:
+                on_probe(c)
+            return run_worker(Job(c, 0), work, launcher)
+
+        good, bad, stopped, probes = search(probe, max(1, config.batch_size), limit)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return Search(config.config_id, good, bad, stopped, probes)

@@ -1,0 +1,39 @@
+"""``gpubench find-batch``: the largest batch per config of a suite."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from gpubench.runner.find_batch import find_max_batch
+from gpubench.suite import Config, load_suite
+
+
+def run_find_batch(suite_name: str, sets: list[str], limit: int, json_path: Path | None, console: Console) -> int:
+    suite = load_suite(suite_name).with_overrides(sets)  # InputError -> exit 2 in the CLI
+    starts: dict[str, Config] = {}
+    for c in suite.expand():  # one search per config apart from its batch size, from its smallest
+        key = replace(c, batch_size=1).config_id
+        if key not in starts or c.batch_size < starts[key].batch_size:
+            starts[key] = c
+    searches = []
+    for config in starts.values():
+        console.print(f"searching {config.config_id} from batch {config.batch_size} (limit {limit})",
+                      highlight=False)
+        s = find_max_batch(config, limit, on_probe=lambda c: console.print(f"  probe batch {c.batch_size}",
+                                                                          highlight=False))
+        searches.append(s)
+    table = Table(title="largest batch that fits")
+    for col in ("config (where the search started)", "max batch", "first oom", "probes", "note"):
+        table.add_column(col, no_wrap=col.startswith("config"))
+    for s in searches:
+        note = s.stopped or ("" if s.first_oom is not None else f"fits up to the limit {limit}")
+        table.add_row(s.config_id, str(s.max_batch or "-"), str(s.first_oom or "-"), str(len(s.probes)), note)
+    console.print(table)
+    if json_path is not None:
+        json_path.write_text(json.dumps([s.to_dict() for s in searches], indent=2) + "\n")
+    return 1 if any(s.stopped for s in searches) else 0
