@@ -227,3 +227,17 @@ def test_cli_interval_override_and_bad_values(tmp_path, write_suite):
     assert bad.returncode == 2 and "telemetry_interval_ms" in bad.stderr and not (tmp_path / "bad").exists()
     bad = run_cli(["run", str(suite), "--out", str(tmp_path / "bad"), "--telemetry-interval-ms", "fast"], cwd=tmp_path)
     assert bad.returncode == 2 and "--telemetry-interval-ms" in bad.stderr
+
+
+def test_host_reader_leaves_out_cpu_over_too_short_an_interval():
+    from gpubench.telemetry.host import HostReader
+
+    reader = HostReader()
+    (first,) = reader.read()  # right after priming: no meaningful CPU figure
+    assert first.cpu_percent is None and first.system_cpu_percent is None and first.rss_bytes > 0
+    end = time.perf_counter() + 0.15
+    while time.perf_counter() < end:  # keep this process busy
+        sum(i * i for i in range(1000))
+    (busy,) = reader.read()
+    assert busy.cpu_percent is not None and busy.cpu_percent > 20  # one busy thread: near 100 when idle
+    assert busy.system_cpu_percent is not None and busy.rss_bytes > 0

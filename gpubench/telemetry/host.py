@@ -9,8 +9,14 @@ import psutil
 from gpubench.telemetry.base import HostSample, now_ns
 
 
+MIN_CPU_INTERVAL_S = 0.05
+
+
 class HostReader:
-    """CPU percent needs two readings; the first call primes every counter (and returns 0).
+    """CPU percent needs two readings: the constructor primes every counter, and a reading
+    less than ``MIN_CPU_INTERVAL_S`` after the previous one (the first sample, taken as the
+    sampler starts) has no CPU figures (None): the kernel counts CPU time in 10 ms ticks, so
+    over a few ms it would read 0%, which is not what the process did.
 
     Finding the process tree's children scans every process on the machine (about 0.8 ms on
     the 2-vCPU development VM, measured), so the tree is refreshed at most every
@@ -26,6 +32,7 @@ class HostReader:
         self._refreshed_ns: int | None = None
         psutil.cpu_percent(None)
         self._tree()
+        self._cpu_read_ns = now_ns()
 
     def _tree(self) -> list[psutil.Process]:
         now = now_ns()
@@ -59,4 +66,10 @@ class HostReader:
                     rss += p.memory_info().rss
             except psutil.Error:
                 continue
-        return [HostSample(t_ns=now_ns(), cpu_percent=cpu, rss_bytes=rss, system_cpu_percent=psutil.cpu_percent(None))]
+        system = psutil.cpu_percent(None)
+        now = now_ns()
+        short = now - self._cpu_read_ns < MIN_CPU_INTERVAL_S * 1e9  # since psutil's previous reading
+        self._cpu_read_ns = now
+        if short:  # too short to mean anything
+            return [HostSample(t_ns=now, cpu_percent=None, rss_bytes=rss, system_cpu_percent=None)]
+        return [HostSample(t_ns=now, cpu_percent=cpu, rss_bytes=rss, system_cpu_percent=system)]
