@@ -119,16 +119,21 @@ class TFTrainer(Trainer):
                 self.n_batches = n_batches
                 self.counter = tf.Variable(0, dtype=tf.int64, trainable=False)
                 self._step = tf.function(self._device_step, jit_compile=xla)
+        self._finish_init(config, policy, data="tf.data(prefetch)" if self.pipeline else "device-resident")
+
+    def _finish_init(self, config: Config, policy: str | None, data: str, distributed: str | None = None) -> None:
+        """What every trainer records in ``runtime``; the GPU synchronised, its peaks reset."""
         self._loss: tf.Tensor | None = None
         self._info = {
             "optimizer_impl": "keras",
             "mixed_precision_policy": policy,
             "loss_scale": self.scaled,
             "tf32": config.precision == "tf32",
-            "xla": xla,
+            "xla": config.compile == "xla",
             "step_timing": "window_mean" if self.gpu else "host_clock",
             "grad_accum": self.accum,
-            "data": "tf.data(prefetch)" if self.pipeline else "device-resident",
+            "distributed": distributed,
+            "data": data,
             "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
             "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
         }
@@ -192,23 +197,9 @@ class TFTrainer(Trainer):
                                           args=(xs, ys)))
 
             self._step = tf.function(device_step, jit_compile=xla)
-        self._loss = None
-        self._info = {
-            "optimizer_impl": "keras",
-            "mixed_precision_policy": policy,
-            "loss_scale": self.scaled,
-            "tf32": config.precision == "tf32",
-            "xla": xla,
-            "step_timing": "window_mean" if self.gpu else "host_clock",
-            "grad_accum": 1,
-            "distributed": f"MirroredStrategy({', '.join(strategy.extended.worker_devices)})",
-            "data": "tf.data(distributed)" if self.pipeline else "device-resident (per replica)",
-            "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
-            "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
-        }
-        if self.gpu:
-            self.sync()
-            tf.config.experimental.reset_memory_stats("GPU:0")
+        data = "tf.data(distributed)" if self.pipeline else "device-resident (per replica)"
+        self._finish_init(config, policy, data,
+                          distributed=f"MirroredStrategy({', '.join(strategy.extended.worker_devices)})")
 
     @property
     def _memory_device(self) -> str:
