@@ -241,3 +241,19 @@ def test_host_reader_leaves_out_cpu_over_too_short_an_interval():
     (busy,) = reader.read()
     assert busy.cpu_percent is not None and busy.cpu_percent > 20  # one busy thread: near 100 when idle
     assert busy.system_cpu_percent is not None and busy.rss_bytes > 0
+
+
+def test_host_reader_drops_a_reading_delayed_in_the_middle():
+    """A reading whose /proc snapshot took long (the sampler thread waited for the GIL) must not
+    put the CPU time of the wait on a short interval."""
+    from gpubench.telemetry.host import HostReader
+
+    # clock calls: the constructor's tree refresh, then per snapshot its start, the tree, its end
+    ticks = iter([0, 0, 0, 0,
+                  300_000_000, 300_000_000, 310_000_000,  # a reading at 0.3 s taking 10 ms: kept
+                  600_000_000, 600_000_000, 900_000_000])  # one taking 300 ms of a 590 ms interval: dropped
+    reader = HostReader(tree_refresh_s=100.0, clock=lambda: next(ticks))
+    (kept,) = reader.read()
+    (dropped,) = reader.read()
+    assert kept.cpu_percent is not None and kept.cpu_percent >= 0
+    assert dropped.cpu_percent is None and dropped.system_cpu_percent is None and dropped.rss_bytes > 0
