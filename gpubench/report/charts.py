@@ -120,7 +120,7 @@ def throughput_vs_batch(configs: pd.DataFrame, path: Path) -> Path | None:
 
 def memory_vs_batch(configs: pd.DataFrame, path: Path) -> Path | None:
     return _lines_by_batch(configs, "peak_memory_bytes", path, "peak memory (MiB)",
-                           "Peak memory vs batch size (GPU: allocator peak; CPU: process peak RSS)",
+                           "Peak memory vs batch size\n(GPU: allocator peak; CPU: process peak RSS)",
                            scale=1 / 2**20)
 
 
