@@ -248,8 +248,8 @@ def test_host_reader_drops_a_reading_delayed_in_the_middle():
     put the CPU time of the wait on a short interval."""
     from gpubench.telemetry.host import HostReader
 
-    # clock calls: the constructor's tree refresh, then per snapshot its start, the tree, its end
-    ticks = iter([0, 0, 0, 0,
+    # clock calls: per snapshot (the constructor's first) its start, the tree, its end
+    ticks = iter([0, 0, 0,
                   300_000_000, 300_000_000, 310_000_000,  # a reading at 0.3 s taking 10 ms: kept
                   600_000_000, 600_000_000, 900_000_000])  # one taking 300 ms of a 590 ms interval: dropped
     reader = HostReader(tree_refresh_s=100.0, clock=lambda: next(ticks))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.errors import InputError
-from gpubench.results.store import RESULTS_FILE, RUN_FILE, load_results, load_run
+from gpubench.results.store import RESULTS_FILE, RUN_FILE, load_results, load_run, run_env
 
 DEFAULT_BASELINES = Path(".gpubench/baselines")
 
@@ -28,7 +28,7 @@ class Side:
 
     @property
     def env(self) -> dict[str, Any]:
-        return self.meta.get("env") or (self.results[0].get("env", {}) if self.results else {})
+        return run_env(self.meta, self.results)
 
 
 def _load(path: Path, label: str) -> Side:

@@ -16,6 +16,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 import gpubench
 from gpubench.report import charts, fmt, tables
 from gpubench.report.load import ReportData, load_report_data
+from gpubench.results.store import run_env
 
 TEMPLATES = Path(__file__).parent / "templates"
 CSV_COLUMNS = [
@@ -110,10 +111,6 @@ def _env_table(env: dict[str, Any]) -> str:
             rows.append((key, value if isinstance(value, str) else json.dumps(value)))
     body = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
     return f"<table>{body}</table>"
-
-
-def _env_of(run: RunData) -> dict[str, Any]:
-    return run.meta.get("env") or (run.results[0].get("env", {}) if run.results else {})
 
 
 def _machine_line(env: dict[str, Any]) -> str:
@@ -219,8 +216,8 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
         "energy": {k: _html_table(v) for k, v in tables.energy_tables(c, multi).items()},
         "failures": _html_table(tables.failures(c, multi)),
         "noisy": _html_table(tables.noisy(c, multi)),
-        "runs": [{"run_id": r.run_id, "how": _how_measured(r.meta), "machine": _machine_line(_env_of(r)),
-                  "env": _env_table(_env_of(r)),
+        "runs": [{"run_id": r.run_id, "how": _how_measured(r.meta), "machine": _machine_line(run_env(r.meta, r.results)),
+                  "env": _env_table(run_env(r.meta, r.results)),
                   "suite": json.dumps(r.meta.get("suite", {}), indent=2)} for r in data.runs],
     }
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html", "j2"]))

@@ -64,6 +64,11 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         raise InputError(f"{path}: unreadable run file: {e}") from None
 
 
+def run_env(meta: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, Any]:
+    """A run's environment fingerprint: from run.json, else from its first result."""
+    return meta.get("env") or (results[0].get("env", {}) if results else {})
+
+
 def load_results(run_dir: Path, repair: bool = False, strict: bool = True) -> list[dict[str, Any]]:
     """All results of a run. A half-written last line (a killed run) is skipped with a
     warning, and with ``repair`` cut off the file so that appends continue cleanly. A bad line

@@ -50,25 +50,24 @@ def search(probe: Probe, start: int, limit: int) -> tuple[int | None, int | None
                        "peak_rss_bytes": peak.get("peak_rss_bytes")})
         return True if r["status"] == "ok" else False if r["status"] == "oom" else None
 
+    def stopped() -> str:
+        return f"batch {probes[-1]['batch_size']}: {probes[-1]['status']}: {probes[-1]['reason']}"
+
     good, bad, b = None, None, start
-    while b <= limit:
+    while b <= limit:  # doubling
         fit = fits(b)
         if fit is None:
-            return good, bad, f"batch {b}: {probes[-1]['status']}: {probes[-1]['reason']}", probes
+            return good, bad, stopped(), probes
         if not fit:
             bad = b
             break
         good, b = b, b * 2
-    if good is None and bad is not None and bad > 1:  # even the start failed: search below it
-        lo, hi = 0, bad
-    else:
-        lo, hi = good or 0, bad
-    while hi is not None and hi - lo > 1:
-        mid = (lo + hi) // 2
+    # bisection between the last fit (0: none yet, e.g. the start itself failed) and the first miss
+    while bad is not None and bad - (good or 0) > 1:
+        mid = ((good or 0) + bad) // 2
         fit = fits(mid)
         if fit is None:
-            return good, bad, f"batch {mid}: {probes[-1]['status']}: {probes[-1]['reason']}", probes
-        lo, hi = (mid, hi) if fit else (lo, mid)
+            return good, bad, stopped(), probes
         good, bad = (mid, bad) if fit else (good, mid)
     return good, bad, "", probes
 

@@ -129,6 +129,12 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher()) -> dict
     return outcome("error", reason, traceback="\n".join(tail), log=str(log_rel))
 
 
+def twin_throughput(config_id: str, earlier: list[dict[str, Any]]) -> float | None:
+    """The median throughput over the ok repeats of ``config_id`` already in the run, or None."""
+    rates = [r["metrics"]["throughput"]["median"] for r in earlier if r["config_id"] == config_id and r["status"] == "ok"]
+    return statistics.median(rates) if rates else None
+
+
 def pipeline_comparison(result: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, Any] | None:
     """For an ok pipeline-mode result: how much slower it is than the same config with
     device-resident data, from the ok results of that twin already in the run (median over
@@ -137,10 +143,9 @@ def pipeline_comparison(result: dict[str, Any], earlier: list[dict[str, Any]]) -
     if config.data != "pipeline" or result["status"] != "ok":
         return None
     twin = replace(config, data="device", data_workers=Config.data_workers).config_id  # the default
-    rates = [r["metrics"]["throughput"]["median"] for r in earlier if r["config_id"] == twin and r["status"] == "ok"]
-    if not rates:
+    device_rate = twin_throughput(twin, earlier)
+    if device_rate is None:
         return None
-    device_rate = statistics.median(rates)
     pipeline_rate = result["metrics"]["throughput"]["median"]
     return {"device_config_id": twin, "device_throughput": device_rate,
             "slowdown": device_rate / pipeline_rate}
@@ -154,10 +159,9 @@ def scaling_comparison(result: dict[str, Any], earlier: list[dict[str, Any]]) ->
     if config.parallelism == "single" or result["status"] != "ok":
         return None
     twin = replace(config, parallelism="single").config_id
-    rates = [r["metrics"]["throughput"]["median"] for r in earlier if r["config_id"] == twin and r["status"] == "ok"]
-    if not rates:
+    single = twin_throughput(twin, earlier)
+    if single is None:
         return None
-    single = statistics.median(rates)
     return {"single_config_id": twin, "single_throughput": single,
             "scaling_efficiency": result["metrics"]["throughput"]["median"] / (config.devices * single)}
 

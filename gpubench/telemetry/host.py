@@ -40,8 +40,7 @@ class HostReader:
         self._last_cpu_s: dict[int, float] = {}  # per pid: user + system seconds at the last reading
         self._last_ns: int | None = None
         psutil.cpu_percent(None)
-        self._tree()
-        self._snapshot()
+        self._snapshot()  # primes the CPU-time counters (and lists the tree)
 
     def _tree(self) -> list[psutil.Process]:
         now = self.clock()

@@ -56,7 +56,8 @@ class TorchTrainer(Trainer):
         self.cuda = device_kind(config.device) == "cuda"
         # ddp:N: one process per rank, started by torchrun, which sets RANK, WORLD_SIZE and
         # LOCAL_RANK; rank r trains on cuda:LOCAL_RANK (or the CPU) with its shard of the data
-        self.ddp = parse_parallelism(config.parallelism)[0] == "ddp"
+        parallel = parse_parallelism(config.parallelism)[0]
+        self.ddp, self.dp = parallel == "ddp", parallel == "dp"
         device = config.device
         if self.ddp:
             self.rank, self.world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -79,7 +80,6 @@ class TorchTrainer(Trainer):
             from torch.nn.parallel import DistributedDataParallel
 
             self.model = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.cuda else None)
-        self.dp = parse_parallelism(config.parallelism)[0] == "dp"
         if self.dp:  # one process; each (merged) batch is scattered over cuda:0..N-1
             self.model = nn.DataParallel(self.model, device_ids=list(range(config.devices)))
         self.optimizer = make_optimizer(config.optimizer, self.model.parameters(), config.lr, fused=self.cuda)

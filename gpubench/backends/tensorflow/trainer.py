@@ -91,14 +91,8 @@ class TFTrainer(Trainer):
             self._init_mirrored(spec, config, x, batches.y, policy)
             return
         with tf.device(self.device):
-            self.model = build_model(spec, spec.init_weights(config.seed), policy, config.seed)
-            optimizer = make_optimizer(config.optimizer, config.lr)
-            if config.precision == "amp-fp16":
-                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-            optimizer.build(self.model.trainable_variables)
-            self.optimizer = optimizer
+            self._build_model(spec, config, policy)
             self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-            self.scaled = config.precision == "amp-fp16"
             xla = config.compile == "xla"
             self.pipeline = config.data == "pipeline"
             if self.pipeline:
@@ -141,18 +135,23 @@ class TFTrainer(Trainer):
             self.sync()
             tf.config.experimental.reset_memory_stats(self._memory_device)
 
+    def _build_model(self, spec: WorkloadSpec, config: Config, policy: str | None) -> None:
+        """Model and optimizer (loss-scaled for amp-fp16), built under the caller's device or
+        strategy scope so that their variables are placed there."""
+        self.model = build_model(spec, spec.init_weights(config.seed), policy, config.seed)
+        optimizer = make_optimizer(config.optimizer, config.lr)
+        self.scaled = config.precision == "amp-fp16"
+        if self.scaled:
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        optimizer.build(self.model.trainable_variables)
+        self.optimizer = optimizer
+
     def _init_mirrored(self, spec: WorkloadSpec, config: Config, x: np.ndarray, y: np.ndarray,
                        policy: str | None) -> None:
         strategy = self.strategy
         n = config.devices
         with strategy.scope():  # variables mirrored on every replica
-            self.model = build_model(spec, spec.init_weights(config.seed), policy, config.seed)
-            optimizer = make_optimizer(config.optimizer, config.lr)
-            if config.precision == "amp-fp16":
-                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-            optimizer.build(self.model.trainable_variables)
-        self.optimizer = optimizer
-        self.scaled = config.precision == "amp-fp16"
+            self._build_model(spec, config, policy)
         self.pipeline = config.data == "pipeline"
         n_batches, global_batch = y.shape
         # per example; each replica's mean is over the global batch, so the replicas' gradients
