@@ -101,6 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="largest batch to try (default 1048576)")
     fb.add_argument("--json", type=Path, metavar="FILE", help="write every search and its probes as JSON")
 
+    prof = sub.add_parser("profile", help="profile each config in a fresh process: operator tables, a trace, "
+                                          "NVTX ranges on CUDA, the where-time-goes breakdown")
+    prof.add_argument("suite", help="suite file, or a name in suites/")
+    prof.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=V1[,V2...]",
+                      help="override or narrow a matrix axis or a default, e.g. --set framework=torch")
+    prof.add_argument("--out", type=Path, default=Path("runs"), help="where run directories go (default: runs)")
+    prof.add_argument("--steps", type=_positive_int, default=10, metavar="N",
+                      help="steps of the breakdown pass and of the profiler pass (default 10)")
+    prof.add_argument("--no-report", action="store_true", help="do not write the HTML/CSV/markdown report")
+
     env = sub.add_parser("env", help="print the environment fingerprint")
     env.add_argument("--json", action="store_true", help="as JSON")
     return parser
@@ -149,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
             from gpubench.runner.find_batch_command import run_find_batch
 
             return run_find_batch(args.suite, args.sets, args.limit, args.json, console)
+        if args.command == "profile":
+            from gpubench.profile.command import ProfileRequest, execute_profile
+
+            return execute_profile(ProfileRequest(args.suite, args.out, args.sets, args.steps, not args.no_report),
+                                   console)
         if args.command == "export":
             import json
 

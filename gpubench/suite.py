@@ -34,8 +34,8 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from gpubench.backends import BACKENDS
-from gpubench.backends.base import (COMPILES, DATA_MODES, DATASETS, DISTRIBUTED_KINDS, LOSSES, OPTIMIZERS,
-                                    PRECISIONS, REPLICA_KINDS, parse_parallelism)
+from gpubench.backends.base import (COMPILES, DATA_MODES, DATASETS, DISTRIBUTED_KINDS, LOSSES, MEMORY_FORMATS,
+                                    OPTIMIZERS, PRECISIONS, REPLICA_KINDS, parse_parallelism)
 from gpubench.errors import InputError, choices_message
 from gpubench.workloads import WORKLOADS
 
@@ -56,6 +56,7 @@ class Config:
     lr: float = 1e-3
     loss: str = "cross_entropy"
     compile: str = "none"
+    memory_format: str = "contiguous"
     data: str = "device"
     data_workers: int = 2
     dataset: str = "synthetic"
@@ -134,7 +135,7 @@ class Config:
 _DEFAULTS = {f.name: f.default for f in fields(Config)}
 # training settings named in config_id when they differ from their default (data_workers only
 # in pipeline mode, where it matters); data_dir is a path and stays out of the id
-_ID_EXTRAS = ("optimizer", "lr", "loss", "compile", "data", "data_workers", "dataset")
+_ID_EXTRAS = ("optimizer", "lr", "loss", "compile", "memory_format", "data", "data_workers", "dataset")
 
 
 # --- settings: type, check, default ------------------------------------------------------
@@ -218,7 +219,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("optimizer", _choice("optimizer", OPTIMIZERS), str, "optimizer"),
     Setting("lr", _positive_float, _parse_number, "learning rate"),
     Setting("loss", _choice("loss", LOSSES), str, "loss function"),
-    Setting("compile", _choice("compile", COMPILES), str, "graph compiler (xla: TensorFlow jit_compile)"),
+    Setting("compile", _choice("compile", COMPILES), str,
+            "graph compiler: xla (TensorFlow jit_compile), torch-compile[-reduce-overhead|-max-autotune], cuda-graph"),
+    Setting("memory_format", _choice("memory_format", MEMORY_FORMATS), str,
+            "PyTorch tensor layout of 4-D inputs and conv weights"),
     Setting("data", _choice("data mode", DATA_MODES), str, "device-resident batches or the framework's input pipeline"),
     Setting("data_workers", _int(0), _parse_number, "input-pipeline worker processes (PyTorch DataLoader)"),
     Setting("dataset", _choice("dataset", DATASETS), str, "synthetic task, or MNIST IDX files from data_dir"),

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 if TYPE_CHECKING:
+    from gpubench.measure.breakdown import PhaseClock
     from gpubench.measure.timers import StepTimer
     from gpubench.suite import Config
     from gpubench.workloads.base import WorkloadSpec
@@ -36,7 +38,12 @@ def parse_parallelism(value: str) -> tuple[str, int]:
     raise ValueError(f"unknown parallelism {value!r}; expected one of: {', '.join(PARALLELISMS)} (N >= 1)")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 LOSSES = ("cross_entropy",)
-COMPILES = ("none", "xla")
+# none: eager PyTorch / a TensorFlow graph tf.function; xla: TensorFlow jit_compile; the
+# torch-compile values: torch.compile with that mode; cuda-graph: the whole PyTorch step
+# captured as one CUDA graph
+COMPILES = ("none", "xla", "torch-compile", "torch-compile-reduce-overhead", "torch-compile-max-autotune",
+            "cuda-graph")
+MEMORY_FORMATS = ("contiguous", "channels-last")
 DATA_MODES = ("device", "pipeline")
 DATASETS = ("synthetic", "mnist")
 
@@ -84,8 +91,23 @@ class ProbeInfo:
         )
 
 
+Lap = Callable[[str], None]  # called with a phase name at the end of each phase of a step
+
+
+def no_lap(phase: str) -> None:
+    """The lap of a normal (unsplit) step: nothing."""
+
+
+class PhasesUnavailable(Exception):
+    """This trainer cannot time the phases of its step apart (the message says why)."""
+
+
 class Trainer(ABC):
     """One model + optimizer + device-resident data, ready to take training steps."""
+
+    # steps the trainer needs after the cold-start step before its steps are steady (a
+    # compiler recording CUDA graphs): the loop warms up at least this many
+    min_warmup_steps: int = 0
 
     @abstractmethod
     def step(self) -> None:
@@ -111,6 +133,35 @@ class Trainer(ABC):
         """How the framework was set up for this config (optimizer implementation, autocast
         dtype...), recorded in the result so that the numbers can be interpreted."""
         return {}
+
+    def compile_events(self) -> int | None:
+        """Compilations (graph compiles, CUDA-graph recordings) so far; None when the trainer
+        does not compile at runtime. The loop checks that none falls in a measured window."""
+        return None
+
+    # --- profiling (``gpubench profile``), never used by a normal run --------------------------
+
+    def phased_step(self, lap: Lap) -> None:
+        """One training step with ``lap(phase)`` called at the end of each phase (``data``,
+        ``forward``, ``backward``, ``optimizer``; or ``forward_backward`` for a framework that
+        can only time backward together with a forward). Raises PhasesUnavailable."""
+        raise PhasesUnavailable(f"{type(self).__name__} does not split its step into phases")
+
+    def phase_clock(self) -> PhaseClock:
+        """Times the phases of ``phased_step``, synchronising the device at each lap."""
+        from gpubench.measure.breakdown import HostPhaseClock
+
+        return HostPhaseClock(self.sync)
+
+    def ranges(self) -> Any:
+        """An object with ``push(name)`` / ``pop()`` that marks named ranges for external
+        profilers (NVTX on CUDA), or None."""
+        return None
+
+    def profile(self, steps: int, out_dir: Path) -> dict[str, Any]:
+        """Take ``steps`` steps under the framework's profiler, write its trace under
+        ``out_dir`` and return ``{"files": {...}, "ops": [...]}`` (see gpubench.profile.ops)."""
+        raise PhasesUnavailable(f"{type(self).__name__} has no profiler")
 
     # --- distributed trainers (one process per rank) override these ---------------------------
 

@@ -14,19 +14,21 @@ import pandas as pd
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 import gpubench
-from gpubench.report import charts, fmt, tables
+from gpubench.report import breakdown, charts, fmt, tables
 from gpubench.report.load import ReportData, load_report_data
+from gpubench.results.frame import BREAKDOWN_COLUMNS
 from gpubench.results.store import run_env
 
 TEMPLATES = Path(__file__).parent / "templates"
 CSV_COLUMNS = [
     "run", "config_id", "config_hash", "workload", "workload_label", "variant", "framework", "device", "device_model",
-    "batch_size", "precision", "parallelism", "optimizer", "lr", "loss", "compile", "data", "data_workers", "dataset",
+    "batch_size", "precision", "parallelism", "optimizer", "lr", "loss", "compile", "memory_format", "data",
+    "data_workers", "dataset",
     "status", "reason", "repeats", "repeats_ok", "throughput", "throughput_ci_low", "throughput_ci_high", "ci_kind",
     "throughput_mean", "throughput_wall", "step_ms", "step_ms_p5", "step_ms_p95", "step_ms_iqr", "step_cv", "noisy",
     "cold_start_ms", "setup_ms", "loss_first", "loss_last", "loss_fell", "peak_memory_bytes", "peak_rss_bytes",
     "peak_allocated_bytes", "peak_reserved_bytes", "data_bytes", "pipeline_slowdown", "energy_per_sample_j",
-    "params", "flops_per_sample", "step_timing",
+    "params", "flops_per_sample", "step_timing", *BREAKDOWN_COLUMNS, "breakdown_timing",
 ]
 
 
@@ -152,6 +154,9 @@ def write_markdown(data: ReportData, path: Path) -> None:
         t = tables.speedup_table(c, comparison, data.multi_run)
         if not t.empty:
             lines += [f"### {comparison.title}", "", tables.to_markdown(t)]
+    bd = breakdown.breakdown_table(c, data.multi_run)
+    if not bd.empty:
+        lines += ["### Where time goes (ms per step, gpubench profile)", "", tables.to_markdown(bd)]
     bad = tables.failures(c, data.multi_run)
     if not bad.empty:
         lines += ["### Not measured", "", tables.to_markdown(bad)]
@@ -182,6 +187,7 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
         charts.memory_vs_batch(c, chart_dir / "memory_vs_batch.png"),
         charts.telemetry_timelines(timelines, "gpu", chart_dir / "telemetry_gpu.png"),
         charts.telemetry_timelines(timelines, "host", chart_dir / "telemetry_host.png"),
+        breakdown.breakdown_chart(c, chart_dir / "breakdown.png"),
     ) if p is not None]
     n_gpu = sum(1 for _, t in timelines if t.get("gpu"))
     n_host = sum(1 for _, t in timelines if t.get("host"))
@@ -213,6 +219,7 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
         "charts": [{"name": p.name, "data": base64.b64encode(p.read_bytes()).decode()} for p in made],
         "telemetry_note": telemetry_note,
         "memory": {k: _html_table(v) for k, v in tables.memory_tables(c, multi).items()},
+        "breakdown": _html_table(bd) if not (bd := breakdown.breakdown_table(c, multi)).empty else None,
         "energy": {k: _html_table(v) for k, v in tables.energy_tables(c, multi).items()},
         "failures": _html_table(tables.failures(c, multi)),
         "noisy": _html_table(tables.noisy(c, multi)),

@@ -12,7 +12,10 @@ from gpubench.measure.stats import median_ci
 from gpubench.suite import Config
 
 CONFIG_COLUMNS = ["workload", "framework", "device", "batch_size", "precision", "parallelism", "optimizer", "lr",
-                  "loss", "compile", "data", "data_workers", "dataset"]
+                  "loss", "compile", "memory_format", "data", "data_workers", "dataset"]
+# metrics.breakdown (gpubench profile) -> breakdown_<field> columns
+BREAKDOWN_FIELDS = ["data_ms", "forward_ms", "backward_ms", "optimizer_ms", "idle_ms", "overlap_ms", "step_ms"]
+BREAKDOWN_COLUMNS = [f"breakdown_{f}" for f in BREAKDOWN_FIELDS]
 
 
 def _get(d: dict[str, Any] | None, *path: str) -> Any:
@@ -82,6 +85,8 @@ def flatten(result: dict[str, Any], run: str | None = None) -> dict[str, Any]:
         "params": _get(result, "model", "params"),
         "flops_per_sample": _get(result, "model", "flops_per_sample"),
         "step_timing": _get(result, "runtime", "step_timing"),
+        **{f"breakdown_{f}": _get(m, "breakdown", f) for f in BREAKDOWN_FIELDS},
+        "breakdown_timing": _get(m, "breakdown", "timing"),
         "duration_s": result.get("duration_s"),
         "started_at": result.get("started_at"),
     }
@@ -97,10 +102,11 @@ def results_frame(results: list[dict[str, Any]], run: str | None = None) -> pd.D
 
 
 _FIRST = ["config_hash", *CONFIG_COLUMNS, "workload_label", "variant", "variant_nodata", "device_model", "params", "flops_per_sample",
-          "step_timing"]
+          "step_timing", "breakdown_timing"]
 _MEDIAN = ["throughput_mean", "throughput_wall", "step_ms", "step_ms_p5", "step_ms_p95", "step_ms_iqr", "step_cv",
            "cold_start_ms", "setup_ms", "loss_first", "loss_last", "peak_rss_bytes", "peak_allocated_bytes",
-           "peak_reserved_bytes", "peak_memory_bytes", "data_bytes", "pipeline_slowdown", "energy_per_sample_j"]
+           "peak_reserved_bytes", "peak_memory_bytes", "data_bytes", "pipeline_slowdown", "energy_per_sample_j",
+           *BREAKDOWN_COLUMNS]
 
 
 def _aggregate_group(g: pd.DataFrame) -> dict[str, Any]:

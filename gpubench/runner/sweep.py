@@ -32,6 +32,7 @@ LOG_TAIL_LINES = 40
 class Job:
     config: Config
     repeat: int
+    options: dict[str, Any] | None = None  # passed to the worker in job.json (``profile``: gpubench profile)
 
     @property
     def name(self) -> str:
@@ -78,7 +79,8 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher()) -> dict
     workdir = run_dir / ".work" / job.name
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    (workdir / "job.json").write_text(json.dumps({"config": job.config.to_dict(), "repeat": job.repeat}))
+    (workdir / "job.json").write_text(json.dumps({"config": job.config.to_dict(), "repeat": job.repeat,
+                                                  "options": job.options}))
     log_rel = Path("logs") / f"{job.name}.log"
     (run_dir / "logs").mkdir(exist_ok=True)
     oom_before = oom_kill_count()

@@ -42,6 +42,7 @@ def _first_line(exc: BaseException) -> str:
 def metrics_from(raw: RawMeasurement, config: Config, setup_ms: float) -> dict[str, Any]:
     """The result's ``metrics`` block from a raw measurement (no memory figures)."""
     metrics: dict[str, Any] = {
+        "warmup_steps_run": raw.warmup_steps,
         "samples_per_step": config.samples_per_step,
         "micro_batch_size": config.batch_size,
         "effective_batch_size": config.samples_per_step,
@@ -97,6 +98,16 @@ def _stop_telemetry(session: Any, raw: RawMeasurement | None, config: Config) ->
         return {"gpu": None, "gpu_reason": None, "errors": [f"telemetry failed: {type(e).__name__}: {e}"]}, None
 
 
+def _profile(trainer: Any, raw: RawMeasurement, config: Config, options: dict[str, Any]) -> Any:
+    """The profiling passes; a failure there fails the config, saying where it came from."""
+    from gpubench.profile.capture import profile_trainer
+
+    try:
+        return profile_trainer(trainer, raw, config, options)
+    except Exception as e:  # an OOM keeps its text, so that it still reads as oom
+        raise RuntimeError(f"profiling failed: {_first_line(e)}") from e
+
+
 def rank_of(config: Config) -> tuple[int, int]:
     """(this process's rank, the number of ranks) for the config; (0, 1) unless distributed."""
     if not config.distributed:
@@ -113,8 +124,10 @@ def rank_summaries(trainer: Any, raw: RawMeasurement, config: Config) -> list[di
     return trainer.all_gather(mine)
 
 
-def run_config(config: Config) -> dict[str, Any]:
-    """Train and measure one config; always returns a (worker-side) result dict."""
+def run_config(config: Config, profile: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train and measure one config; always returns a (worker-side) result dict. With
+    ``profile`` (``gpubench profile``: ``steps``, ``dir``, ``rel``), NVTX ranges mark the
+    phases and the profiling passes follow the measured windows."""
     try:
         backend = get_backend(config.framework)
     except KeyError as e:
@@ -161,10 +174,12 @@ def run_config(config: Config) -> dict[str, Any]:
                      if rank == 0 else None)
         raw: RawMeasurement | None = None
         try:
-            raw = run_loop(trainer, config.warmup_steps, config.steps, config.windows, telemetry)
+            raw = run_loop(trainer, config.warmup_steps, config.steps, config.windows, telemetry,
+                           ranges=trainer.ranges() if profile is not None else None)
         finally:  # the samplers stop whatever happens
             telemetry_block, timeline = _stop_telemetry(telemetry, raw, config)
         memory.update(trainer.memory())
+        profiled = _profile(trainer, raw, config, profile) if profile is not None and not raw.diverged else None
         ranks = rank_summaries(trainer, raw, config) if config.distributed else None
         trainer.close()
     except BaseException as e:  # noqa: BLE001 - every failure must become a status
@@ -182,6 +197,14 @@ def run_config(config: Config) -> dict[str, Any]:
     memory["peak_rss_bytes"] = _peak_rss_bytes()
     metrics = metrics_from(raw, config, setup_ms)
     metrics["memory"] = memory
+    runtime = trainer.describe()
+    if raw.compile_events_in_windows is not None:
+        runtime.setdefault("compile", {})["events_in_windows"] = raw.compile_events_in_windows
+        if raw.compile_events_in_windows:
+            print(f"gpubench: warning: {raw.compile_events_in_windows} compilation(s) inside the measured windows; "
+                  "raise warmup_steps", file=sys.stderr)
+    if profiled is not None:
+        metrics.update(profiled[0])
     status, reason = ("ok", "")
     if raw.diverged:
         status, reason = "diverged", "loss became non-finite"
@@ -198,7 +221,8 @@ def run_config(config: Config) -> dict[str, Any]:
         "telemetry": telemetry_block,
         "_timeline": timeline,
         "model": model,
-        "runtime": trainer.describe(),
+        "runtime": runtime,
+        **({"profile": profiled[1]} if profiled is not None and profiled[1] is not None else {}),
         "phases": [{"name": p.name, "start_ms": (p.start_ns - raw.phases[0].start_ns) / 1e6,
                     "end_ms": (p.end_ns - raw.phases[0].start_ns) / 1e6} for p in raw.phases],
     }
@@ -211,7 +235,7 @@ def main(argv: list[str]) -> int:
 
     load_plugins()
     config = Config.from_dict(job["config"])
-    result = run_config(config)
+    result = run_config(config, (job.get("options") or {}).get("profile"))
     rank, _ = rank_of(config)
     timeline = result.pop("_timeline", None)
     if rank > 0:  # rank 0 writes the config's result; another rank only its failure

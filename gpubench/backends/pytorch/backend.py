@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo, device_index, device_kind, parse_parallelism
+from gpubench.workloads import get_workload
 
 if TYPE_CHECKING:
     from gpubench.backends.base import Trainer
@@ -13,6 +14,61 @@ if TYPE_CHECKING:
     from gpubench.workloads.data import Batches
 
 _OOM_TEXT = ("out of memory", "can't allocate memory", "not enough memory")
+# compile setting -> torch.compile mode
+TORCH_COMPILE_MODES = {"torch-compile": "default", "torch-compile-reduce-overhead": "reduce-overhead",
+                       "torch-compile-max-autotune": "max-autotune"}
+# modes in which Inductor records CUDA graphs (CUDA devices only): the first call runs eagerly,
+# the second records, later calls replay
+CUDAGRAPH_MODES = ("torch-compile-reduce-overhead", "torch-compile-max-autotune")
+# the optimizers whose state, zeroed, is exactly their state before the first step (Adam/AdamW:
+# step 0 and zero moments; SGD: a zero momentum buffer gives the first step's buf = grad)
+GRAPH_RESETTABLE_OPTIMIZERS = ("adam", "adamw", "sgd")
+
+
+def compile_unsupported(config: Config, input_ndim: int, workload: str) -> str | None:
+    """Why PyTorch cannot run this compile / memory-format combination (static rules)."""
+    parallel = parse_parallelism(config.parallelism)[0]
+    if config.compile == "xla":
+        return ("compile = xla is TensorFlow's XLA (jit_compile); PyTorch configs use none, torch-compile, "
+                "torch-compile-reduce-overhead, torch-compile-max-autotune or cuda-graph")
+    if config.compile in TORCH_COMPILE_MODES and parallel == "dp":
+        return "torch.compile with dp:N (DataParallel re-replicates the module every step) is not supported; use ddp:N"
+    if config.compile == "torch-compile-reduce-overhead" and device_kind(config.device) == "cpu":
+        return ("torch-compile-reduce-overhead adds CUDA graphs to torch-compile; on CPU it is the same as "
+                "torch-compile: use that")
+    if config.compile == "cuda-graph":
+        if device_kind(config.device) == "cpu":
+            return "cuda-graph captures CUDA kernels; on CPU use none or torch-compile"
+        if config.data == "pipeline":
+            return ("cuda-graph replays a fixed set of kernels; the input pipeline's per-batch host work cannot be "
+                    "replayed: use data = device")
+        if parallel in ("ddp", "dp"):
+            return f"cuda-graph capture of a {config.parallelism} step is not supported; use single or grad-accum:N"
+        if config.precision == "amp-fp16":
+            return ("cuda-graph with amp-fp16: GradScaler's step synchronises with the host, which graph capture "
+                    "forbids; use amp-bf16 (no scaler)")
+        if config.optimizer not in GRAPH_RESETTABLE_OPTIMIZERS:
+            return f"cuda-graph supports the optimizers {', '.join(GRAPH_RESETTABLE_OPTIMIZERS)}"
+    if config.memory_format == "channels-last" and input_ndim != 3:
+        return (f"memory_format = channels-last is a layout of 4-D (N, C, H, W) tensors; {workload} takes a "
+                f"{input_ndim}-D sample, not (C, H, W)")
+    return None
+
+
+def compiler_missing(config: Config) -> str | None:
+    """Why torch.compile cannot compile here (no Triton for CUDA, no C++ compiler for CPU)."""
+    if config.compile not in TORCH_COMPILE_MODES:
+        return None
+    if device_kind(config.device) == "cuda":
+        from torch.utils._triton import has_triton
+
+        return None if has_triton() else "torch.compile on CUDA needs Triton, which is not installed"
+    import os
+    import shutil
+
+    if not any(shutil.which(c) for c in (os.environ.get("CXX"), "g++", "c++", "clang++") if c):
+        return "torch.compile on CPU needs a C++ compiler (g++ or clang++) on PATH"
+    return None
 
 
 class TorchBackend(Backend):
@@ -21,8 +77,6 @@ class TorchBackend(Backend):
 
     def static_unsupported(self, config: Config) -> str | None:
         kind = device_kind(config.device)
-        if config.compile == "xla":
-            return "compile = xla is TensorFlow's XLA (jit_compile); PyTorch configs use compile = none"
         if kind == "cpu" and config.precision == "tf32":
             return "tf32 is a CUDA (Ampere or newer) math mode; on CPU use fp32 or amp-bf16"
         if kind == "cpu" and config.precision == "amp-fp16":
@@ -36,7 +90,8 @@ class TorchBackend(Backend):
             return "dp:N (DataParallel) splits each batch over N GPUs; on CPU use ddp:N"
         if parallel == "dp" and ":" in config.device:
             return f"dp:N uses cuda:0..cuda:N-1; use device = cuda, not {config.device}"
-        return None
+        spec = get_workload(config.workload).spec(**dict(config.workload_params))
+        return compile_unsupported(config, len(spec.input_shape), spec.name)
 
     def probe(self) -> ProbeInfo:
         import torch
@@ -62,6 +117,10 @@ class TorchBackend(Backend):
         if reason:
             return ("unsupported", reason)
         import torch  # here, so that the worker's setup time does not include the import
+
+        reason = compiler_missing(config)
+        if reason:
+            return ("unavailable", reason)
 
         kind, n = parse_parallelism(config.parallelism)
         if kind == "ddp":

@@ -5,18 +5,21 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from gpubench.backends.base import Trainer, device_kind, parse_parallelism
+from gpubench.backends.base import Lap, Trainer, device_kind, no_lap, parse_parallelism
+from gpubench.backends.pytorch.compile import (TORCH_COMPILE_MODES, CompileCounter, CudaGraphStep, build_step,
+                                               channels_last_pool, compile_model)
+from gpubench.backends.pytorch.model import build_model
 from gpubench.measure.timers import HostStepTimer, StepTimer
 from gpubench.suite import Config
 from gpubench.workloads.base import WorkloadSpec
 from gpubench.workloads.data import Batches
-from gpubench.backends.pytorch.model import build_model
 
 AUTOCAST_DTYPES = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
 
@@ -38,10 +41,13 @@ class CudaEventTimer:
         return [a.elapsed_time(b) for a, b in zip(ev, ev[1:])]
 
 
-def make_optimizer(name: str, params: Any, lr: float, fused: bool) -> torch.optim.Optimizer:
+def make_optimizer(name: str, params: Any, lr: float, fused: bool, capturable: bool = False) -> torch.optim.Optimizer:
     """adam / adamw / sgd (momentum 0.9). ``fused`` selects the single-kernel implementations
-    (the fastest standard path on CUDA)."""
+    (the fastest standard path on CUDA); ``capturable`` keeps Adam's step count on the device,
+    as CUDA-graph capture requires (SGD has no host state to keep)."""
     kw: dict[str, Any] = {"fused": True} if fused else {}
+    if capturable and name in ("adam", "adamw"):
+        kw["capturable"] = True
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, **kw)
     if name == "adamw":
@@ -66,15 +72,18 @@ class TorchTrainer(Trainer):
         torch.manual_seed(config.seed)
         if self.cuda:
             torch.cuda.set_device(self.device)
-        if self.ddp:
-            import torch.distributed as dist
-
-            dist.init_process_group("nccl" if self.cuda else "gloo")
             torch.backends.cudnn.benchmark = True
             tf32 = config.precision == "tf32"
             torch.backends.cuda.matmul.allow_tf32 = tf32  # fp32 means true fp32, not TF32
             torch.backends.cudnn.allow_tf32 = tf32
-        self.model = build_model(spec, spec.init_weights(config.seed)).to(self.device)
+        if self.ddp:
+            import torch.distributed as dist
+
+            dist.init_process_group("nccl" if self.cuda else "gloo")
+        # channels-last: conv weights and every input batch in NHWC memory order
+        self.memory_format = torch.channels_last if config.memory_format == "channels-last" else None
+        self.model = build_model(spec, spec.init_weights(config.seed)).to(
+            self.device, **({"memory_format": self.memory_format} if self.memory_format else {}))
         self.model.train()
         if self.ddp:  # every rank starts from the same weights (and DDP broadcasts rank 0's)
             from torch.nn.parallel import DistributedDataParallel
@@ -82,7 +91,9 @@ class TorchTrainer(Trainer):
             self.model = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.cuda else None)
         if self.dp:  # one process; each (merged) batch is scattered over cuda:0..N-1
             self.model = nn.DataParallel(self.model, device_ids=list(range(config.devices)))
-        self.optimizer = make_optimizer(config.optimizer, self.model.parameters(), config.lr, fused=self.cuda)
+        graphed = config.compile == "cuda-graph"
+        self.optimizer = make_optimizer(config.optimizer, self.model.parameters(), config.lr, fused=self.cuda,
+                                        capturable=graphed)
         self.loss_fn = nn.CrossEntropyLoss()
         self.n_batches = batches.n_batches
         self.accum = config.accum_steps
@@ -98,12 +109,19 @@ class TorchTrainer(Trainer):
             self._iter = iter(self.loader)
         else:
             self.x = torch.from_numpy(batches.x).to(self.device)
+            if self.memory_format is not None:
+                self.x = channels_last_pool(self.x)
             self.y = torch.from_numpy(batches.y).to(self.device)
         dtype = AUTOCAST_DTYPES.get(config.precision)
-        self.autocast = (torch.autocast(device_type=self.device.type, dtype=dtype) if dtype is not None
-                         else contextlib.nullcontext())
+        # graph capture needs autocast's weight-cast cache off (PyTorch's CUDA-graph notes)
+        self.autocast = (torch.autocast(device_type=self.device.type, dtype=dtype, cache_enabled=not graphed)
+                         if dtype is not None else contextlib.nullcontext())
         self.scaler = torch.amp.GradScaler(self.device.type) if config.precision == "amp-fp16" else None
         self._loss: torch.Tensor | None = None
+        self._compiles = CompileCounter() if config.compile in TORCH_COMPILE_MODES else None
+        self.forward, compile_info = compile_model(self.model, config)
+        self.min_warmup_steps = compile_info.pop("min_warmup_steps", 0)
+        self._step = build_step(self, config)
         self._info = {
             "optimizer_impl": "fused" if self.cuda else "default",
             "autocast_dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
@@ -118,6 +136,8 @@ class TorchTrainer(Trainer):
                             f"DataParallel(device_ids={list(range(config.devices))})" if self.dp else None),
             "data": (f"DataLoader(num_workers={config.data_workers}, pin_memory={self.cuda})"
                      if self.loader is not None else "device-resident"),
+            "compile": CudaGraphStep.describe() if graphed else compile_info,
+            "memory_format": "channels_last" if self.memory_format is not None else "contiguous",
         }
         if self.cuda:
             self.sync()
@@ -129,6 +149,9 @@ class TorchTrainer(Trainer):
         except StopIteration:  # a new epoch: its start-up cost is part of pipeline mode
             self._iter = iter(self.loader)
             x, y = next(self._iter)
+        if self.memory_format is not None:
+            return (x.to(self.device, non_blocking=True, memory_format=self.memory_format),
+                    y.to(self.device, non_blocking=True))
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
     def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,27 +161,40 @@ class TorchTrainer(Trainer):
         self._i = (i + 1) % self.n_batches
         return self.x[i], self.y[i]
 
-    def step(self) -> None:
+    def train_step(self, next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]], lap: Lap = no_lap
+                   ) -> torch.Tensor:
+        """One optimizer update on the next batch, or (gradient accumulation) on the mean loss
+        over ``accum`` micro-batches; returns the detached loss. ``lap(phase)`` ends each phase
+        (the breakdown pass; a no-op otherwise). Built into a step by compile.build_step."""
         self.optimizer.zero_grad(set_to_none=True)
-        if self.accum == 1:
-            x, y = self._next_batch()
+        loss = None
+        for _ in range(self.accum):
+            x, y = next_batch()
+            lap("data")
             with self.autocast:
-                loss = self.loss_fn(self.model(x), y)
-            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-        else:  # gradient accumulation: the mean loss over the micro-batches, one update
-            loss = None
-            for _ in range(self.accum):
-                x, y = self._next_batch()
-                with self.autocast:
-                    part = self.loss_fn(self.model(x), y) / self.accum
-                (self.scaler.scale(part) if self.scaler is not None else part).backward()
-                loss = part.detach() if loss is None else loss + part.detach()
+                part = self.loss_fn(self.forward(x), y)
+            if self.accum > 1:
+                part = part / self.accum
+            lap("forward")
+            (self.scaler.scale(part) if self.scaler is not None else part).backward()
+            lap("backward")
+            loss = part.detach() if loss is None else loss + part.detach()
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
-        self._loss = loss.detach()
+        lap("optimizer")
+        return loss
+
+    def step(self) -> None:
+        self._loss = self._step()
+
+    def phased_step(self, lap: Lap) -> None:
+        self._loss = self._step(lap)
+
+    def compile_events(self) -> int | None:
+        return self._compiles.count if self._compiles is not None and self._compiles.available else None
 
     def sync(self) -> None:
         if self.cuda:
@@ -201,6 +237,23 @@ class TorchTrainer(Trainer):
 
     def step_timer(self, n_steps: int) -> StepTimer:
         return CudaEventTimer(n_steps) if self.cuda else HostStepTimer(n_steps)
+
+    def phase_clock(self) -> Any:
+        if not self.cuda:
+            return super().phase_clock()
+        from gpubench.backends.pytorch.profiling import CudaEventPhaseClock
+
+        return CudaEventPhaseClock(self.device)
+
+    def ranges(self) -> Any:
+        from gpubench.backends.pytorch.profiling import NvtxRanges
+
+        return NvtxRanges() if self.cuda else None
+
+    def profile(self, steps: int, out_dir: Path) -> dict[str, Any]:
+        from gpubench.backends.pytorch.profiling import profile_steps
+
+        return profile_steps(self, steps, out_dir)
 
     def memory(self) -> dict[str, int]:
         if not self.cuda:

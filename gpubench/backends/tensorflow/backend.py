@@ -58,6 +58,12 @@ class TensorFlowBackend(Backend):
                     "mirrored:N (MirroredStrategy)")
         if parallel == "mirrored" and ":" in config.device:
             return f"mirrored:N uses /GPU:0../GPU:N-1; use device = cuda, not {config.device}"
+        if config.compile not in ("none", "xla"):
+            return (f"compile = {config.compile} is a PyTorch setting; TensorFlow's training step is a tf.function "
+                    "(compile = none) or an XLA-compiled one (compile = xla)")
+        if config.memory_format != "contiguous":
+            return ("memory_format = channels-last is a PyTorch setting; Keras here always runs convolutions "
+                    "channels-last (NHWC)")
         return None
 
     def probe(self) -> ProbeInfo:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from gpubench.backends.base import Trainer, device_kind
+from gpubench.backends.base import Lap, PhasesUnavailable, Trainer, device_kind
 from gpubench.backends.tensorflow.backend import tf_device
 from gpubench.backends.tensorflow.layout import nhwc_data
 from gpubench.backends.tensorflow.model import build_model
@@ -75,6 +76,8 @@ class TFTrainer(Trainer):
     def __init__(self, spec: WorkloadSpec, config: Config, batches: Batches) -> None:
         self.gpu = device_kind(config.device) == "cuda"
         self.device = tf_device(config.device)
+        self.xla = config.compile == "xla"
+        self._phases: Any = None  # the breakdown pass's separate tf.functions, built on first use
         # mirrored:N: N replicas (GPUs, or logical CPU devices, which must be set up before
         # TensorFlow initialises its devices); data: every global batch split over them
         self.strategy = _mirrored_strategy(config.devices, self.gpu) if config.parallelism.startswith(
@@ -124,6 +127,9 @@ class TFTrainer(Trainer):
             "loss_scale": self.scaled,
             "tf32": config.precision == "tf32",
             "xla": config.compile == "xla",
+            "compile": {"setting": config.compile,
+                        "how": "tf.function(jit_compile=True): the step XLA-compiled" if config.compile == "xla"
+                        else "tf.function: the step as a TensorFlow graph"},
             "step_timing": "window_mean" if self.gpu else "host_clock",
             "grad_accum": self.accum,
             "distributed": distributed,
@@ -212,32 +218,40 @@ class TFTrainer(Trainer):
                 return self._train_step_body([(x, y)])
             return self._train_step_body([(x[k], y[k]) for k in range(self.accum)])
 
+    def _forward_loss(self, x: tf.Tensor, y: tf.Tensor, n_micro: int) -> tf.Tensor:
+        """Forward and loss of one micro-batch (its share of the mean over ``n_micro``)."""
+        loss = self.loss_fn(y, self.model(x, training=True))
+        return loss / n_micro if n_micro > 1 else loss
+
+    def _gradients(self, x: tf.Tensor, y: tf.Tensor, n_micro: int) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        """(loss, gradients) of one micro-batch; loss-scaled gradients for amp-fp16."""
+        with tf.GradientTape() as tape:
+            loss = self._forward_loss(x, y, n_micro)
+            target = self.optimizer.scale_loss(loss) if self.scaled else loss
+        return loss, tape.gradient(target, self.model.trainable_variables)
+
+    def _apply(self, grads: list[tf.Tensor]) -> None:
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))  # unscales, skips non-finite
+
     def _train_step_body(self, micro: list[tuple[tf.Tensor, tf.Tensor]]) -> tf.Tensor:
         """One optimizer update from one batch, or (gradient accumulation) from the mean loss
         over several micro-batches: their gradients summed, one update. Returns the loss."""
-        variables = self.model.trainable_variables
         total = grads = None
         for x, y in micro:  # unrolled when traced
-            with tf.GradientTape() as tape:
-                logits = self.model(x, training=True)
-                loss = self.loss_fn(y, logits)
-                if len(micro) > 1:
-                    loss = loss / len(micro)
-                target = self.optimizer.scale_loss(loss) if self.scaled else loss
-            part = tape.gradient(target, variables)
+            loss, part = self._gradients(x, y, len(micro))
             grads = part if grads is None else [a + b for a, b in zip(grads, part)]
             total = loss if total is None else total + loss
-        self.optimizer.apply_gradients(zip(grads, variables))  # unscales, skips non-finite (fp16)
+        self._apply(grads)
         return total
+
+    def _next_device_batch(self) -> tuple[tf.Tensor, tf.Tensor]:
+        i = self.counter % self.n_batches
+        self.counter.assign_add(1)
+        return tf.gather(self.x, i), tf.gather(self.y, i)
 
     def _device_step(self) -> tf.Tensor:
         with tf.device(self.device):
-            micro = []
-            for _ in range(self.accum):
-                i = self.counter % self.n_batches
-                self.counter.assign_add(1)
-                micro.append((tf.gather(self.x, i), tf.gather(self.y, i)))
-            return self._train_step_body(micro)
+            return self._train_step_body([self._next_device_batch() for _ in range(self.accum)])
 
     def step(self) -> None:
         if self.pipeline:
@@ -263,3 +277,18 @@ class TFTrainer(Trainer):
 
     def describe(self) -> dict[str, Any]:
         return dict(self._info)
+
+    def phased_step(self, lap: Lap) -> None:
+        if self.strategy is not None:
+            raise PhasesUnavailable("mirrored:N runs each step across replicas in one tf.function; its phases are "
+                                    "not timed apart")
+        if self._phases is None:
+            from gpubench.backends.tensorflow.profiling import PhaseFunctions
+
+            self._phases = PhaseFunctions(self)
+        self._loss = self._phases.step(lap)
+
+    def profile(self, steps: int, out_dir: Path) -> dict[str, Any]:
+        from gpubench.backends.tensorflow.profiling import profile_steps
+
+        return profile_steps(self, steps, out_dir)

@@ -1,0 +1,156 @@
+"""How a PyTorch training step is built: eager, torch.compile, or one captured CUDA graph;
+and the memory format (channels-last) of the model and its data.
+
+``build_step`` returns the callable the trainer runs for one optimizer step. Everything that
+compiles or captures happens in the cold-start step and the warm-up, never in a measured
+window: torch.compile compiles forward and backward on the first step; its CUDA-graph modes
+record on the next calls (the trainer asks the loop for at least ``CUDAGRAPH_WARMUP_STEPS``
+warm-up steps); ``cuda-graph`` warms up, captures and replays in the first step. Every
+compilation after the first step is counted (``CompileCounter``) and the loop records how
+many fell inside the measured windows.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from gpubench.backends.base import Lap, PhasesUnavailable, no_lap
+from gpubench.backends.pytorch.backend import CUDAGRAPH_MODES, TORCH_COMPILE_MODES
+
+if TYPE_CHECKING:
+    from gpubench.backends.pytorch.trainer import TorchTrainer
+    from gpubench.suite import Config
+
+CUDAGRAPH_WARMUP_STEPS = 3
+GRAPH_EAGER_WARMUP_STEPS = 3  # eager steps on a side stream before capture, as PyTorch's docs do
+
+
+class CompileCounter:
+    """Counts compilations (Dynamo frames, lazy backward compiles, CUDA-graph recordings) with
+    Dynamo's compile-start callbacks (nested ones count once)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        try:
+            from torch._dynamo.callback import on_compile_start
+        except ImportError:  # pragma: no cover - torch < 2.5
+            self.available = False
+            return
+        on_compile_start(self._started)
+        self.available = True
+
+    def _started(self, *_: Any) -> None:
+        self.count += 1
+
+
+def channels_last_pool(x: torch.Tensor) -> torch.Tensor:
+    """A (n_batches, B, C, H, W) pool laid out so that every batch ``pool[i]`` is channels-last."""
+    return x.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
+
+
+def compile_model(model: torch.nn.Module, config: Config) -> tuple[Callable[..., torch.Tensor], dict[str, Any]]:
+    """(the module to call for the forward pass, the ``runtime.compile`` description)."""
+    mode = TORCH_COMPILE_MODES.get(config.compile)
+    if mode is None:
+        return model, {"setting": config.compile, "how": "eager"}
+    compiled = torch.compile(model, mode=mode)
+    cudagraphs = config.compile in CUDAGRAPH_MODES and config.device.startswith("cuda")
+    return compiled, {
+        "setting": config.compile, "mode": mode, "backend": "inductor",
+        "how": f"torch.compile(model, mode={mode!r}): forward and backward compiled by Inductor"
+               + (" and recorded as CUDA graphs" if cudagraphs else "") + "; loss and optimizer step eager",
+        "min_warmup_steps": CUDAGRAPH_WARMUP_STEPS if cudagraphs else 0,
+    }
+
+
+def build_step(trainer: TorchTrainer, config: Config) -> Callable[..., torch.Tensor]:
+    """The trainer's step: ``step(lap=no_lap) -> detached loss``."""
+    if config.compile == "cuda-graph":
+        return CudaGraphStep(trainer)
+    if config.compile in CUDAGRAPH_MODES and trainer.cuda:
+        mark = torch.compiler.cudagraph_mark_step_begin  # outputs of the last step may be overwritten now
+
+        def step(lap: Lap = no_lap) -> torch.Tensor:
+            mark()
+            return trainer.train_step(trainer._next_batch, lap)
+        return step
+    return lambda lap=no_lap: trainer.train_step(trainer._next_batch, lap)
+
+
+class CudaGraphStep:
+    """The whole training step (batch selection, forward, loss, backward, optimizer step) as
+    one CUDA graph, replayed once per step with no host work but the launch.
+
+    Inputs are refreshed *inside* the graph: a device-side batch counter selects the next
+    batch of the device-resident pool (``index_select``) and advances itself, so the graph
+    walks the pool in the same order as the eager trainer. The first call warms up on a side
+    stream (eager steps: optimizer state, cuDNN autotuning, allocator), restores the weights,
+    the optimizer state and the CUDA RNG to what they were, captures, and replays once: every
+    call is exactly one training step, and the losses equal the eager trainer's.
+    """
+
+    def __init__(self, trainer: TorchTrainer) -> None:
+        self.t = trainer
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.loss: torch.Tensor | None = None
+        self.index: torch.Tensor | None = None
+
+    def __call__(self, lap: Lap = no_lap) -> torch.Tensor:
+        if lap is not no_lap:
+            raise PhasesUnavailable("cuda-graph runs the whole step as one CUDA graph; its phases cannot be timed "
+                                    "apart")
+        if self.graph is None:
+            self._capture()
+        self.graph.replay()
+        return self.loss
+
+    def _gather(self) -> tuple[torch.Tensor, torch.Tensor]:
+        t = self.t
+        x = t.x.index_select(0, self.index)[0]
+        y = t.y.index_select(0, self.index)[0]
+        self.index.add_(1).remainder_(t.n_batches)
+        return x.contiguous(memory_format=t.memory_format), y  # a no-op unless the gather lost the layout
+
+    def _capture(self) -> None:
+        t = self.t
+        start = t._i
+        weights = [p.detach().clone() for p in t.model.parameters()]
+        rng = torch.cuda.get_rng_state(t.device)
+        side = torch.cuda.Stream(t.device)
+        side.wait_stream(torch.cuda.current_stream(t.device))
+        with torch.cuda.stream(side), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*capturable=True.*")  # uncaptured warm-up is expected
+            for _ in range(GRAPH_EAGER_WARMUP_STEPS):
+                t.train_step(t._next_batch)
+        torch.cuda.current_stream(t.device).wait_stream(side)
+        with torch.no_grad():  # undo the warm-up: the first replay is the run's first step
+            for p, w in zip(t.model.parameters(), weights):
+                p.copy_(w)
+            for state in t.optimizer.state.values():
+                for value in state.values():
+                    if torch.is_tensor(value):
+                        value.zero_()
+        torch.cuda.set_rng_state(rng, t.device)
+        t._i = start
+        self.index = torch.tensor([start], dtype=torch.long, device=t.device)
+        del weights
+        t.optimizer.zero_grad(set_to_none=True)  # backward allocates the grads from the graph's pool
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.loss = t.train_step(self._gather)
+
+    @staticmethod
+    def describe() -> dict[str, Any]:
+        return {
+            "setting": "cuda-graph",
+            "how": "one CUDA graph per step: batch selection, forward, loss, backward and optimizer step",
+            "inputs": "refreshed inside the graph: a device-side counter selects the next batch of the "
+                      "device-resident pool",
+            "eager_warmup_steps": GRAPH_EAGER_WARMUP_STEPS,
+            "warmup": "eager steps on a side stream before capture, then weights, optimizer state and CUDA RNG "
+                      "restored",
+            "optimizer": "capturable",
+        }

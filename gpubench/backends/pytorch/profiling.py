@@ -1,0 +1,79 @@
+"""PyTorch profiling pieces: NVTX ranges, CUDA-event phase clock, the torch.profiler pass."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from gpubench.profile.ops import OpRow
+
+if TYPE_CHECKING:
+    from gpubench.backends.pytorch.trainer import TorchTrainer
+
+STEP_RANGE = "gpubench step"
+
+
+class NvtxRanges:
+    """NVTX ranges (Nsight Systems shows them on the CPU timeline above the kernels)."""
+
+    def push(self, name: str) -> None:
+        torch.cuda.nvtx.range_push(name)
+
+    def pop(self) -> None:
+        torch.cuda.nvtx.range_pop()
+
+
+class CudaEventPhaseClock:
+    """Phase times on the GPU's clock: an event recorded at each lap, waited for."""
+
+    timing = "cuda_events"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._last: torch.cuda.Event | None = None
+
+    def _event(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        event.synchronize()
+        return event
+
+    def start(self) -> None:
+        torch.cuda.synchronize(self.device)
+        self._last = self._event()
+
+    def lap(self) -> float:
+        event = self._event()
+        ms = self._last.elapsed_time(event)
+        self._last = event
+        return ms
+
+
+def _device_us(event: Any) -> float:
+    # self_device_time_total since torch 2.4 (self_cuda_time_total before, now deprecated)
+    value = getattr(event, "self_device_time_total", None)
+    return float(value if value is not None else getattr(event, "self_cuda_time_total", 0.0))
+
+
+def profile_steps(trainer: TorchTrainer, steps: int, out_dir: Path) -> dict[str, Any]:
+    """``steps`` steps under torch.profiler (CPU, and CUDA on a GPU), each in a
+    ``gpubench step`` range; a Chrome/Perfetto trace and the per-operator self times."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.cuda else [])
+    trainer.sync()
+    with profile(activities=activities) as prof:
+        for i in range(steps):
+            with record_function(f"{STEP_RANGE} {i}"):
+                trainer.step()
+        trainer.sync()
+    trace = out_dir / "trace.json"
+    prof.export_chrome_trace(str(trace))
+    ops = [OpRow(name=e.key, calls=int(e.count), self_cpu_ms=e.self_cpu_time_total / 1000.0,
+                 total_cpu_ms=e.cpu_time_total / 1000.0,
+                 self_device_ms=_device_us(e) / 1000.0 if trainer.cuda else None)
+           for e in prof.key_averages() if not e.key.startswith(STEP_RANGE) and not e.key.startswith("ProfilerStep")]
+    return {"profiler": f"torch.profiler ({', '.join(a.name for a in activities)})", "trace": trace, "ops": ops,
+            "steps": steps}

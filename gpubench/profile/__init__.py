@@ -1,0 +1,1 @@
+"""``gpubench profile``: operator profiles, traces and the where-time-goes breakdown."""

@@ -1,0 +1,117 @@
+"""``gpubench profile``: profile the configs of a suite, each in a fresh worker process.
+
+A profile run is a run directory like ``run``'s (run.json, results.jsonl, logs/), whose
+results carry ``metrics.breakdown`` and a ``profile`` block, plus ``profile/<config_id>/``
+with the trace and the operator tables. Each worker measures the config as ``run`` does
+(with NVTX ranges on CUDA), then runs the breakdown pass and the profiler pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from gpubench.env import fingerprint
+from gpubench.results.schema import FAILED_STATUSES
+from gpubench.results.store import slug
+from gpubench.runner.progress import SweepDisplay
+from gpubench.runner.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, check_data, finish_run_dir, new_run_dir, \
+    probe_frameworks, write_report
+from gpubench.runner.sweep import Job, run_jobs
+from gpubench.suite import load_suite
+
+PRINTED_OPS = 10
+
+
+@dataclass
+class ProfileRequest:
+    suite: str
+    out: Path
+    sets: list[str] = field(default_factory=list)
+    steps: int = 10
+    report: bool = True
+
+
+def _jobs(configs: list[Any], run_dir: Path, steps: int) -> list[Job]:
+    return [Job(c, 0, options={"profile": {"steps": steps, "rel": f"profile/{slug(c.config_id)}",
+                                           "dir": str((run_dir / "profile" / slug(c.config_id)).resolve())}})
+            for c in configs]
+
+
+def execute_profile(req: ProfileRequest, console: Console) -> int:
+    suite = load_suite(req.suite).with_overrides(req.sets)  # InputError -> exit 2, nothing written
+    configs = suite.expand()
+    check_data(configs, suite.source)
+    probes = probe_frameworks(configs, console)
+    env = fingerprint({k: p.to_dict() for k, p in probes.items()})
+    now = datetime.now(timezone.utc)
+    run_dir, meta = new_run_dir(req.out, f"{suite.name}-profile-{now:%Y%m%d-%H%M%S}", suite,
+                                {"suite": req.suite, "set": req.sets, "repeats": 1, "out": str(req.out),
+                                 "profile_steps": req.steps}, configs, env)
+    console.print(f"profile {meta['run_id']}: {len(configs)} configs, {req.steps} profiled steps each -> {run_dir}",
+                  highlight=False)
+    jobs = _jobs(configs, run_dir, req.steps)
+    try:
+        with SweepDisplay(console, len(jobs)) as display:
+            results = run_jobs(jobs, run_dir, meta["run_id"], env, probes, display.started, display.finished)
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted[/yellow]; finished configs are in {run_dir}", highlight=False)
+        return EXIT_INTERRUPTED
+    finish_run_dir(run_dir, meta)
+    failed = 0
+    for r in results:
+        failed += _show(r, run_dir, console)
+    profiled = sum(1 for r in results if (r.get("profile") or {}).get("files"))
+    console.print(f"run directory: {run_dir}  (results.jsonl, profile/, logs/)", highlight=False)
+    if req.report and any(r["status"] == "ok" for r in results):
+        write_report([run_dir], console)
+    if profiled == 0:
+        console.print("[red]nothing was profiled[/red]", highlight=False)
+    return EXIT_FAILED if failed or profiled == 0 else EXIT_OK
+
+
+def _show(result: dict[str, Any], run_dir: Path, console: Console) -> int:
+    """Print one config's outcome; 1 if it failed (error, timeout, profiler failure)."""
+    cid, status = result["config_id"], result["status"]
+    profile = result.get("profile") or {}
+    if status != "ok":
+        where = f" (log: {run_dir / result['log']})" if status in FAILED_STATUSES and result.get("log") else ""
+        console.print(f"{cid}: [bold]{status}[/bold]: {result.get('reason') or 'no reason given'}{where}",
+                      highlight=False, soft_wrap=True)
+        return 1 if status in FAILED_STATUSES else 0
+    if profile.get("error"):
+        console.print(f"{cid}: [red]not profiled[/red]: {profile['error']}", highlight=False, soft_wrap=True)
+        return 1
+    console.print(f"[bold]{cid}[/bold]: ok, {profile.get('profiler')}", highlight=False)
+    metrics = result.get("metrics") or {}
+    console.print("  " + breakdown_line(metrics), highlight=False, soft_wrap=True)
+    for key, title in (("top_cpu", "self time on the CPU"), ("top_device", "self time on the GPU")):
+        if profile.get(key):
+            console.print(_ops_table(profile[key][:PRINTED_OPS], f"top operators by {title}"))
+    for name, rel in (profile.get("files") or {}).items():
+        console.print(f"  {name}: {run_dir / rel}", highlight=False, soft_wrap=True)
+    return 0
+
+
+def breakdown_line(metrics: dict[str, Any]) -> str:
+    b = metrics.get("breakdown")
+    if not b:
+        return f"breakdown: not measured ({metrics.get('breakdown_reason') or 'no phases'})"
+    parts = ", ".join(f"{k.removesuffix('_ms')} {b[k]:.3g}" for k in ("data_ms", "forward_ms", "backward_ms",
+                                                                       "optimizer_ms", "idle_ms", "overlap_ms")
+                      if b.get(k) is not None and (k != "overlap_ms" or b[k] > 0))
+    return f"breakdown (ms per step, {b['timing']}): {parts}; measured step {b['step_ms']:.3g}"
+
+
+def _ops_table(rows: list[dict[str, Any]], title: str) -> Table:
+    table = Table(title=f"{title} (top {len(rows)})", title_justify="left")
+    for col, justify in (("operator", "left"), ("calls", "right"), ("self ms", "right")):
+        table.add_column(col, justify=justify, overflow="fold")
+    for r in rows:
+        table.add_row(r["name"], str(r["calls"]), f"{r['self_ms']:.3f}")
+    return table

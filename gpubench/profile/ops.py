@@ -1,0 +1,71 @@
+"""Operator tables: the operators that took the most self time, on the host and on the device.
+
+Both frameworks' profilers are reduced to the same rows (``OpRow``), so the tables, the
+JSON file and the printed summary are written once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+TOP_N = 15
+
+
+@dataclass(frozen=True)
+class OpRow:
+    name: str  # aten::addmm, a CUDA kernel, a TensorFlow op type (MatMul)
+    calls: int
+    self_cpu_ms: float  # host time inside the op, excluding the ops it called
+    total_cpu_ms: float | None = None
+    self_device_ms: float | None = None  # GPU time of the op's own kernels (None: no device trace)
+
+
+def top(ops: list[OpRow], key: str, n: int = TOP_N) -> list[OpRow]:
+    """The n rows with the largest ``key`` (rows where it is 0 or missing left out)."""
+    rows = [o for o in ops if (getattr(o, key) or 0.0) > 0.0]
+    return sorted(rows, key=lambda o: getattr(o, key), reverse=True)[:n]
+
+
+def _share(value: float, total: float) -> str:
+    return f"{100.0 * value / total:.1f}%" if total > 0 else "-"
+
+
+def _markdown_table(rows: list[OpRow], key: str, total: float, title: str) -> list[str]:
+    lines = [f"### {title}", "", "| operator | calls | self ms | share |", "| --- | ---: | ---: | ---: |"]
+    for o in rows:
+        name = o.name.replace("|", "\\|")
+        lines.append(f"| `{name}` | {o.calls} | {getattr(o, key):.3f} | {_share(getattr(o, key), total)} |")
+    return lines + [""]
+
+
+def tables(ops: list[OpRow], n: int = TOP_N) -> dict[str, list[OpRow]]:
+    """{"cpu": top by host self time, "device": top by device self time (empty without one)}."""
+    return {"cpu": top(ops, "self_cpu_ms", n), "device": top(ops, "self_device_ms", n)}
+
+
+def write_op_tables(ops: list[OpRow], out_dir: Path, heading: str) -> dict[str, Path]:
+    """``top_ops.md`` (the two tables) and ``top_ops.json`` (every row)."""
+    md, js = out_dir / "top_ops.md", out_dir / "top_ops.json"
+    t = tables(ops)
+    lines = [f"## {heading}", ""]
+    lines += _markdown_table(t["cpu"], "self_cpu_ms", sum(o.self_cpu_ms for o in ops),
+                             "Top operators by self time on the CPU (host)")
+    if t["device"]:
+        lines += _markdown_table(t["device"], "self_device_ms", sum(o.self_device_ms or 0.0 for o in ops),
+                                 "Top operators by self time on the GPU")
+    else:
+        lines += ["No device trace (a CPU config): the host table is the whole picture.", ""]
+    md.write_text("\n".join(lines), encoding="utf-8")
+    js.write_text(json.dumps([asdict(o) for o in sorted(ops, key=lambda o: o.self_cpu_ms, reverse=True)], indent=1)
+                  + "\n", encoding="utf-8")
+    return {"top_ops_md": md, "top_ops_json": js}
+
+
+def summary(ops: list[OpRow], n: int = 10) -> dict[str, Any]:
+    """The top rows for the result line (``profile.top_cpu`` / ``profile.top_device``)."""
+    t = tables(ops, n)
+    return {"top_cpu": [{"name": o.name, "calls": o.calls, "self_ms": o.self_cpu_ms} for o in t["cpu"]],
+            "top_device": [{"name": o.name, "calls": o.calls, "self_ms": o.self_device_ms} for o in t["device"]]}
