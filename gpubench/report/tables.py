@@ -39,7 +39,15 @@ COMPARISONS = (
     Comparison("Input pipeline over device-resident data", "data", "device",
                "throughput through the framework's input pipeline / with batches already on the device",
                "below 1: the pipeline costs throughput"),
+    Comparison("Compile setting over none", "compile", "none",
+               "throughput with this compile setting / with compile = none, same config (PyTorch's none is eager; "
+               "TensorFlow's is already a tf.function graph)", "above 1: faster than none"),
+    Comparison("Channels-last over contiguous", "memory_format", "contiguous",
+               "throughput with channels-last (NHWC) convolutions / contiguous (NCHW), same config",
+               "above 1: channels-last is faster"),
 )
+# axes that are part of ``variant``: a comparison along one matches configs on the variant without it
+_VARIANT_AXES = {"data": "variant_nodata", "compile": "variant_nocompile", "memory_format": "variant_nomemory_format"}
 
 
 def _pivot(configs: pd.DataFrame, cell, multi_run: bool) -> dict[str, pd.DataFrame]:
@@ -100,11 +108,10 @@ def speedup_frame(configs: pd.DataFrame, comparison: Comparison) -> pd.DataFrame
         targets = ok[ok["device"].str.startswith("cuda")]
     elif comparison.axis == "framework":
         targets = ok[ok["framework"] == "torch"]
-    elif comparison.axis == "data":  # match on the variant without data / data_workers
-        targets = ok[ok["data"] == "pipeline"]
-        key = [c if c != "variant" else "variant_nodata" for c in key]
     else:
         targets = ok[ok[comparison.axis] != comparison.baseline]
+    if comparison.axis in _VARIANT_AXES:  # match on the variant without this axis
+        key = [c if c != "variant" else _VARIANT_AXES[comparison.axis] for c in key]
     merged = targets.merge(base, on=key, suffixes=("", "_base"))
     if merged.empty:
         return pd.DataFrame(columns=["run", "workload_label", "config_id", "baseline_id", "speedup"])

@@ -45,9 +45,13 @@ def flatten(result: dict[str, Any], run: str | None = None) -> dict[str, Any]:
     try:
         typed = Config.from_dict(config)
         labels = {"workload_label": typed.workload_label, "variant": typed.variant,
-                  "variant_nodata": replace(typed, data="device", data_workers=Config.data_workers).variant}
+                  "variant_nodata": replace(typed, data="device", data_workers=Config.data_workers).variant,
+                  # the variant without the axis a speed-up compares (report tables)
+                  "variant_nocompile": replace(typed, compile=Config.compile).variant,
+                  "variant_nomemory_format": replace(typed, memory_format=Config.memory_format).variant}
     except TypeError:  # a config this gpubench cannot build (e.g. from a plugin not loaded now)
-        labels = {"workload_label": config.get("workload"), "variant": "", "variant_nodata": ""}
+        labels = {"workload_label": config.get("workload"), "variant": "", "variant_nodata": "",
+                  "variant_nocompile": "", "variant_nomemory_format": ""}
     row: dict[str, Any] = {
         "run": run or result.get("run_id"),
         "config_id": result.get("config_id"),
@@ -101,7 +105,8 @@ def results_frame(results: list[dict[str, Any]], run: str | None = None) -> pd.D
     return pd.DataFrame([flatten(r, run) for r in results])
 
 
-_FIRST = ["config_hash", *CONFIG_COLUMNS, "workload_label", "variant", "variant_nodata", "device_model", "params", "flops_per_sample",
+_FIRST = ["config_hash", *CONFIG_COLUMNS, "workload_label", "variant", "variant_nodata", "variant_nocompile",
+          "variant_nomemory_format", "device_model", "params", "flops_per_sample",
           "step_timing", "breakdown_timing"]
 _MEDIAN = ["throughput_mean", "throughput_wall", "step_ms", "step_ms_p5", "step_ms_p95", "step_ms_iqr", "step_cv",
            "cold_start_ms", "setup_ms", "loss_first", "loss_last", "peak_rss_bytes", "peak_allocated_bytes",
