@@ -53,6 +53,26 @@ step parallel "$PY" -m gpubench run suites/parallel.toml --out "$OUT/runs" --no-
   --set framework=torch --set device="$DEV" --set precision=fp32,amp-bf16 --set batch_size=128 \
   --set parallelism=single,grad-accum:4,ddp:1 --set steps="$psteps" --set windows=5
 
+# 4b. compile settings and channels-last (issue #8): eager, torch.compile, Inductor's CUDA
+#     graphs, the whole step as one CUDA graph (torch-compile-max-autotune left out: its
+#     autotuning takes minutes per config)
+if [ "$DEV" = cuda ]; then csteps=20; ccompile=none,torch-compile,torch-compile-reduce-overhead,cuda-graph
+else csteps=2; ccompile=none,torch-compile; fi
+step compile "$PY" -m gpubench run suites/compile.toml --out "$OUT/runs" --no-report \
+  --set framework=torch --set device="$DEV" --set precision=fp32,amp-bf16 --set compile="$ccompile" \
+  --set steps="$csteps"
+
+# 4c. gpubench profile: torch.profiler with CUDA kernels, the breakdown on CUDA events; under
+#     Nsight Systems (when installed) the NVTX ranges of the warm-up, windows and steps
+step profile "$PY" -m gpubench profile suites/quick.toml --out "$OUT/runs" --no-report --set framework=torch \
+  --set device="$DEV" --set workload=cnn --set batch_size=128 --set precision=fp32,amp-bf16 --steps 10
+if command -v nsys >/dev/null && [ "$DEV" = cuda ]; then
+  step nsys nsys profile --trace=cuda,nvtx --force-overwrite=true -o "$OUT/profile-nsys" \
+    "$PY" -m gpubench profile suites/quick.toml --out "$OUT/runs" --no-report --set framework=torch \
+    --set device=cuda --set workload=cnn --set batch_size=128 --set precision=fp32 --steps 5
+  step nsys-nvtx nsys stats --report nvtx_sum "$OUT/profile-nsys.nsys-rep"
+fi
+
 # 5. the GPU tests (skip themselves without CUDA)
 step gpu-tests "$PY" -m pytest -q -m gpu tests/
 

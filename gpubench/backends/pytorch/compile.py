@@ -112,7 +112,9 @@ class CudaGraphStep:
         x = t.x.index_select(0, self.index)[0]
         y = t.y.index_select(0, self.index)[0]
         self.index.add_(1).remainder_(t.n_batches)
-        return x.contiguous(memory_format=t.memory_format), y  # a no-op unless the gather lost the layout
+        if t.memory_format is not None:  # a copy only if the gather did not keep the pool's channels-last layout
+            x = x.contiguous(memory_format=t.memory_format)
+        return x, y
 
     def _capture(self) -> None:
         t = self.t
