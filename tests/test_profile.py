@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpubench.backends.base import PhasesUnavailable, Trainer
+from gpubench.backends.base import ProfilingUnavailable, Trainer
 from gpubench.measure.breakdown import measure_breakdown
 from gpubench.measure.loop import run_loop
 from gpubench.measure.timers import HostStepTimer
@@ -111,7 +111,7 @@ def test_breakdown_backward_by_difference_and_unavailable():
 
     class Whole(PhasedTrainer):
         def phased_step(self, lap) -> None:
-            raise PhasesUnavailable("one graph")
+            raise ProfilingUnavailable("one graph")
 
     assert measure_breakdown(Whole([], [1.0]), steps=2, step_ms=1.0) == (None, "one graph")
 

@@ -98,8 +98,8 @@ def no_lap(phase: str) -> None:
     """The lap of a normal (unsplit) step: nothing."""
 
 
-class PhasesUnavailable(Exception):
-    """This trainer cannot time the phases of its step apart (the message says why)."""
+class ProfilingUnavailable(Exception):
+    """This trainer cannot split its step into phases, or has no profiler (the message says why)."""
 
 
 class Trainer(ABC):
@@ -144,8 +144,8 @@ class Trainer(ABC):
     def phased_step(self, lap: Lap) -> None:
         """One training step with ``lap(phase)`` called at the end of each phase (``data``,
         ``forward``, ``backward``, ``optimizer``; or ``forward_backward`` for a framework that
-        can only time backward together with a forward). Raises PhasesUnavailable."""
-        raise PhasesUnavailable(f"{type(self).__name__} does not split its step into phases")
+        can only time backward together with a forward). Raises ProfilingUnavailable."""
+        raise ProfilingUnavailable(f"{type(self).__name__} does not split its step into phases")
 
     def phase_clock(self) -> PhaseClock:
         """Times the phases of ``phased_step``, synchronising the device at each lap."""
@@ -159,9 +159,10 @@ class Trainer(ABC):
         return None
 
     def profile(self, steps: int, out_dir: Path) -> dict[str, Any]:
-        """Take ``steps`` steps under the framework's profiler, write its trace under
-        ``out_dir`` and return ``{"files": {...}, "ops": [...]}`` (see gpubench.profile.ops)."""
-        raise PhasesUnavailable(f"{type(self).__name__} has no profiler")
+        """Take ``steps`` steps under the framework's profiler, write its trace under ``out_dir``
+        and return ``{"profiler": description, "trace": path, "ops": [OpRow...]}`` (and
+        ``"logdir"`` where the profiler keeps its own directory). Raises ProfilingUnavailable."""
+        raise ProfilingUnavailable(f"{type(self).__name__} has no profiler")
 
     # --- distributed trainers (one process per rank) override these ---------------------------
 

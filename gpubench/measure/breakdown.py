@@ -19,7 +19,7 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from gpubench.backends.base import PhasesUnavailable
+from gpubench.backends.base import ProfilingUnavailable
 from gpubench.measure.loop import clock_ns
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def measure_breakdown(trainer: Trainer, steps: int, step_ms: float | None) -> tu
     """(breakdown, "") or (None, why not). ``step_ms``: the measured median step time."""
     try:  # one untimed step first: the pass's own first-use costs (TensorFlow traces its functions)
         trainer.phased_step(_ignore)
-    except PhasesUnavailable as e:
+    except ProfilingUnavailable as e:
         return None, str(e)
     clock = trainer.phase_clock()
     per_phase: dict[str, list[float]] = {p: [] for p in PHASES}

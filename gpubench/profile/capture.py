@@ -12,7 +12,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpubench.backends.base import PhasesUnavailable
+from gpubench.backends.base import ProfilingUnavailable
 from gpubench.measure.breakdown import measure_breakdown
 from gpubench.profile.ops import summary, write_op_tables
 
@@ -52,7 +52,7 @@ def profile_trainer(trainer: Trainer, raw: RawMeasurement, config: Config, optio
     ranges.push("profiler")
     try:
         captured = trainer.profile(steps, out_dir)
-    except PhasesUnavailable as e:
+    except ProfilingUnavailable as e:
         return metrics, {"dir": options["rel"], "error": str(e)}
     finally:
         ranges.pop()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from gpubench.backends.base import Lap, PhasesUnavailable, no_lap
+from gpubench.backends.base import Lap, ProfilingUnavailable, no_lap
 from gpubench.backends.pytorch.backend import CUDAGRAPH_MODES, TORCH_COMPILE_MODES
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ class CudaGraphStep:
 
     def __call__(self, lap: Lap = no_lap) -> torch.Tensor:
         if lap is not no_lap:
-            raise PhasesUnavailable("cuda-graph runs the whole step as one CUDA graph; its phases cannot be timed "
+            raise ProfilingUnavailable("cuda-graph runs the whole step as one CUDA graph; its phases cannot be timed "
                                     "apart")
         if self.graph is None:
             self._capture()

@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from gpubench.backends.base import Lap, PhasesUnavailable, Trainer, device_kind
+from gpubench.backends.base import Lap, ProfilingUnavailable, Trainer, device_kind
 from gpubench.backends.tensorflow.backend import tf_device
 from gpubench.backends.tensorflow.layout import nhwc_data
 from gpubench.backends.tensorflow.model import build_model
@@ -280,7 +280,7 @@ class TFTrainer(Trainer):
 
     def phased_step(self, lap: Lap) -> None:
         if self.strategy is not None:
-            raise PhasesUnavailable("mirrored:N runs each step across replicas in one tf.function; its phases are "
+            raise ProfilingUnavailable("mirrored:N runs each step across replicas in one tf.function; its phases are "
                                     "not timed apart")
         if self._phases is None:
             from gpubench.backends.tensorflow.profiling import PhaseFunctions
