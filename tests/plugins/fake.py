@@ -13,6 +13,7 @@ import signal
 import time
 
 import numpy as np
+import psutil
 
 from gpubench.backends import register_backend
 from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo, Trainer
@@ -103,9 +104,12 @@ class FakeBackend(Backend):
         if int(os.environ.get("FAKE_MAX_BATCH", "0")) and config.batch_size > int(os.environ["FAKE_MAX_BATCH"]):
             raise MemoryError(f"fake device: batch {config.batch_size} > FAKE_MAX_BATCH")
         if mode == "oom":
+            # address space capped just above what the process maps now, so the first 1 GiB
+            # allocation fails at once (filling GiBs first made this mode slow on a loaded machine)
             soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-            resource.setrlimit(resource.RLIMIT_AS, (4 << 30, hard))
-            hog = [np.ones(1 << 27) for _ in range(64)]  # 64 GiB, far past the 4 GiB limit
+            limit = psutil.Process().memory_info().vms + (256 << 20)
+            resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+            hog = [np.ones(1 << 27) for _ in range(64)]  # 64 GiB, far past the limit
             del hog
         return FakeTrainer(batches.x, batches.y, mode, config.lr)
 
