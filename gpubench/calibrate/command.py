@@ -75,7 +75,7 @@ def run_calibrate(devices: list[str] | None, force: bool, json_path: Path | None
     code = 0
     for device in wanted:
         try:
-            with console.status(f"calibrating {device} (a fresh process; seconds on a CPU, about a minute on a GPU)..."):
+            with console.status(f"calibrating {device} (a fresh process; seconds on a CPU, longer on a GPU)..."):
                 cal = get_calibration(device, force=force)
         except CalibrationError as e:
             console.print(f"[red]{device}[/red]: {e}", highlight=False, soft_wrap=True)
