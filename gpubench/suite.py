@@ -162,8 +162,10 @@ MAX_BATCH = "max"
 def _batch_size(v: Any) -> int | str:
     if v == MAX_BATCH:
         return v
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f'expected an integer >= 1 or "{MAX_BATCH}" (the largest batch that fits), got {v!r}')
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f'expected an integer >= 1 or "{MAX_BATCH}", got {v!r}')
+    if v < 1:
+        raise ValueError(f'must be >= 1 or "{MAX_BATCH}", got {v}')
     return v
 
 

@@ -149,7 +149,8 @@ def measure(device: str) -> dict[str, Any]:
                                                         "num_threads": torch.get_num_threads()}}
     if kind == "cuda":
         if not torch.cuda.is_available():
-            return {**info, "error": f"no CUDA device here (torch {torch.__version__}, CUDA build {torch.version.cuda})"}
+            return {**info, "error": f"no CUDA device here (torch {torch.__version__}, "
+                                      f"CUDA build {torch.version.cuda})"}
         if device_index(device) >= torch.cuda.device_count():
             return {**info, "error": f"{device} requested; this machine has {torch.cuda.device_count()} CUDA device(s)"}
         torch.cuda.set_device(device_index(device))

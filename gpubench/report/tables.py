@@ -102,7 +102,9 @@ def flops_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[str, pd
 def memory_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[str, pd.DataFrame]:
     """Peak memory: the device allocator's peak on a GPU, the worker's peak RSS on CPU."""
     def cell(r: pd.Series) -> str:
-        return fmt.nbytes(r.get("peak_memory_bytes")) + _trained(r) if r["status"] in ("ok", "diverged") else r["status"]
+        if r["status"] not in ("ok", "diverged"):
+            return r["status"]
+        return fmt.nbytes(r.get("peak_memory_bytes")) + _trained(r)
     ok = configs[configs["peak_memory_bytes"].notna()] if "peak_memory_bytes" in configs else configs.iloc[0:0]
     return _pivot(ok, cell, multi_run)
 

@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from gpubench.runner.process import Launcher
 from gpubench.runner.sweep import Job, run_worker
@@ -90,7 +90,7 @@ def find_max_batch(config: Config, limit: int, launcher: Launcher = Launcher(),
 
 
 def batch_search(config: Config, launcher: Launcher = Launcher(),
-                 earlier: list[dict[str, Any]] = ()) -> dict[str, Any]:
+                 earlier: Iterable[dict[str, Any]] = ()) -> dict[str, Any]:
     """For a ``batch_size = "max"`` config: the search's record (``metrics.batch_search``), from
     ``config.max_batch_start`` up to ``config.max_batch_limit``; reused from a result of the
     same config already in the run (a repeat, or a resumed run) so that every repeat trains at
@@ -104,7 +104,8 @@ def batch_search(config: Config, launcher: Launcher = Launcher(),
             "max_batch": s.max_batch, "first_oom": s.first_oom, "stopped": s.stopped, "probes": s.probes}
 
 
-def run_at_max_batch(job: Job, search: dict[str, Any], run_dir: Path, launcher: Launcher = Launcher()) -> dict[str, Any]:
+def run_at_max_batch(job: Job, search: dict[str, Any], run_dir: Path,
+                     launcher: Launcher = Launcher()) -> dict[str, Any]:
     """The worker result of a ``"max"`` job trained at the batch its search found (the search
     recorded in ``metrics.batch_search``); ``oom`` (or the status that stopped the search)
     when no batch fitted."""
