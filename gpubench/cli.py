@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "0 = off); the same as --set telemetry_interval_ms=MS")
     run.add_argument("--resume", type=Path, metavar="RUN_DIR", help="complete an interrupted run")
     run.add_argument("--no-report", action="store_true", help="do not write the HTML/CSV/markdown report")
+    run.add_argument("--no-calibrate", action="store_true",
+                     help="no device peaks (results get achieved_tflops but no mfu); by default they come from the "
+                          "calibration cache, measured once per machine when missing (see gpubench calibrate)")
 
     rep = sub.add_parser("report", help="HTML (self-contained), PNG charts, CSV and markdown from run directories")
     rep.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
@@ -110,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--steps", type=_positive_int, default=10, metavar="N",
                       help="steps of the breakdown pass and of the profiler pass (default 10)")
     prof.add_argument("--no-report", action="store_true", help="do not write the HTML/CSV/markdown report")
+    cal = sub.add_parser("calibrate", help="measure this machine's peaks (matmul FLOP/s per precision, memory "
+                                           "bandwidth) once, cached per environment; MFU is against them")
+    cal.add_argument("--device", dest="devices", action="append", metavar="cpu|cuda|cuda:N",
+                     help="device to calibrate (repeatable; default: cpu, and cuda:0 where NVML lists a GPU)")
+    cal.add_argument("--force", action="store_true", help="measure again even if cached")
+    cal.add_argument("--json", type=Path, metavar="FILE", help="write the figures (and datasheet labels) as JSON")
 
     env = sub.add_parser("env", help="print the environment fingerprint")
     env.add_argument("--json", action="store_true", help="as JSON")
@@ -131,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             sets = args.sets + ([] if args.telemetry_interval_ms is None
                                 else [f"telemetry_interval_ms={args.telemetry_interval_ms}"])
             return execute(RunRequest(suite=args.suite, out=args.out, sets=sets, repeats=args.repeats,
-                                      resume=args.resume, report=not args.no_report), console)
+                                      resume=args.resume, report=not args.no_report,
+                                      calibrate=not args.no_calibrate), console)
         if args.command == "report":
             from gpubench.report.build import build_report
 
@@ -164,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
 
             return execute_profile(ProfileRequest(args.suite, args.out, args.sets, args.steps, not args.no_report),
                                    console)
+        if args.command == "calibrate":
+            from gpubench.calibrate.command import run_calibrate
+
+            return run_calibrate(args.devices, args.force, args.json, console)
         if args.command == "export":
             import json
 

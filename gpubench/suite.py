@@ -49,7 +49,7 @@ class Config:
     workload: str
     framework: str = "torch"
     device: str = "cpu"
-    batch_size: int = 64
+    batch_size: int | str = 64  # or "max": the largest batch that fits, searched before the config runs
     precision: str = "fp32"
     parallelism: str = "single"
     optimizer: str = "adam"
@@ -67,6 +67,8 @@ class Config:
     timeout_s: float = 600.0
     seed: int = 0
     telemetry_interval_ms: int = 100
+    max_batch_start: int = 64  # batch_size = "max": the search starts here (doubling, then bisection)
+    max_batch_limit: int = 65536  # ... and tries no batch above this
     workload_params: tuple[tuple[str, int], ...] = ()
 
     @property
@@ -90,6 +92,8 @@ class Config:
     def samples_per_step(self) -> int:
         """Global samples per optimizer step (all ranks, all micro-batches); ``batch_size``
         is the micro-batch of one device."""
+        if not isinstance(self.batch_size, int):
+            raise ValueError(f"batch_size = {self.batch_size!r} is resolved to a number before training")
         return self.batch_size * self.accum_steps * self.devices
 
     @property
@@ -153,6 +157,19 @@ def _int(minimum: int) -> Check:
     return check
 
 
+MAX_BATCH = "max"
+
+
+def _batch_size(v: Any) -> int | str:
+    if v == MAX_BATCH:
+        return v
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f'expected an integer >= 1 or "{MAX_BATCH}", got {v!r}')
+    if v < 1:
+        raise ValueError(f'must be >= 1 or "{MAX_BATCH}", got {v}')
+    return v
+
+
 def _positive_float(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ValueError(f"expected a positive number, got {v!r}")
@@ -213,7 +230,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("workload", _choice("workload", lambda: sorted(WORKLOADS)), str, "model family"),
     Setting("framework", _choice("framework", lambda: sorted(BACKENDS)), str, "training framework"),
     Setting("device", _device, str, "cpu, cuda or cuda:N"),
-    Setting("batch_size", _int(1), _parse_number, "samples per step per device"),
+    Setting("batch_size", _batch_size, _parse_number, 'samples per step per device, or "max" (the largest that fits)'),
     Setting("precision", _choice("precision", PRECISIONS), str, "numeric precision"),
     Setting("parallelism", _parallelism, str, "parallel strategy: single, grad-accum:N, ddp:N, dp:N, mirrored:N"),
     Setting("optimizer", _choice("optimizer", OPTIMIZERS), str, "optimizer"),
@@ -233,6 +250,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("timeout_s", _positive_float, _parse_number, "seconds before a config is killed"),
     Setting("seed", _int(0), _parse_number, "seed for weights, data and dropout"),
     Setting("telemetry_interval_ms", _int(0), _parse_number, "telemetry sampling period; 0 turns sampling off"),
+    Setting("max_batch_start", _int(1), _parse_number, 'batch_size = "max": the first batch the search tries'),
+    Setting("max_batch_limit", _int(1), _parse_number, 'batch_size = "max": the largest batch the search tries'),
 )}
 
 
@@ -359,7 +378,11 @@ class Suite:
         workload = WORKLOADS[values["workload"]]
         params = tuple(sorted((p.name, values.get(p.name, p.default)) for p in workload.params))
         settings = {k: v for k, v in values.items() if k in SETTINGS}
-        return Config(**settings, workload_params=params)
+        config = Config(**settings, workload_params=params)
+        if config.batch_size == MAX_BATCH and config.max_batch_limit < config.max_batch_start:
+            raise InputError(f"{self.source}: max_batch_limit ({config.max_batch_limit}) is below max_batch_start "
+                             f"({config.max_batch_start}); the batch_size = \"max\" search needs start <= limit")
+        return config
 
     def check_params_used(self) -> None:
         """A workload parameter no workload of the suite takes is a mistake (a typo, or the

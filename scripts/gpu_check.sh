@@ -33,6 +33,11 @@ print("gpus:", [(g["name"], g["driver"], g["cuda_driver"]) for g in env["gpus"]]
 print("torch:", t.get("version"), t.get("build"), "python", env["python"], "cpu", env["cpu_model"])
 PYEOF
 
+# 0. device peaks (issue #8): matmul TFLOP/s per precision and copy bandwidth, measured again
+#    (--force) and cached in $OUT/cache, so the runs below report MFU against them
+export GPUBENCH_CACHE_DIR=${GPUBENCH_CACHE_DIR:-$OUT/cache}
+step calibrate "$PY" -m gpubench calibrate --device "$DEV" --force --json "$OUT/calibration.json"
+
 # 1. the quick suite's CUDA configs at every precision, batch 128 and 512, longer windows
 if [ "$DEV" = cuda ]; then precisions=fp32,tf32,amp-fp16,amp-bf16; steps=50; else precisions=fp32,amp-bf16; steps=2; fi
 step quick "$PY" -m gpubench run suites/quick.toml --out "$OUT/runs" --no-report \
@@ -81,6 +86,12 @@ step gpu-tests "$PY" -m pytest -q -m gpu tests/
 if [ "$DEV" = cuda ]; then flimit=131072; else flimit=512; fi
 step find-batch "$PY" -m gpubench find-batch suites/quick.toml --set framework=torch --set device="$DEV" \
   --set precision=fp32,amp-bf16 --set batch_size=256 --limit "$flimit" --json "$OUT/find-batch.json"
+
+# 7. batch_size = "max": the search before the config, then the config at the batch found (issue #7)
+if [ "$DEV" = cuda ]; then mstart=1024; mlimit=16384; else mstart=32; mlimit=128; fi
+step max-batch "$PY" -m gpubench run suites/quick.toml --out "$OUT/runs" --no-report --set framework=torch \
+  --set device="$DEV" --set workload=cnn --set precision=amp-bf16 --set batch_size=max \
+  --set max_batch_start="$mstart" --set max_batch_limit="$mlimit" --set steps=5 --set windows=3
 
 echo "=== done: status $status, outputs in $OUT"
 exit $status

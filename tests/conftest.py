@@ -27,6 +27,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _calibration_cache(tmp_path_factory):
+    """Every gpubench the tests start caches device peaks in one fresh directory of the test
+    session (calibrated once, by the first run that needs it), never in the user's cache."""
+    os.environ["GPUBENCH_CACHE_DIR"] = str(tmp_path_factory.mktemp("gpubench-cache"))
+
+
 def plugin_env(**extra: str) -> dict[str, str]:
     """Environment for a gpubench subprocess that loads the fake test backend."""
     env = dict(os.environ)

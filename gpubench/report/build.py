@@ -29,6 +29,7 @@ CSV_COLUMNS = [
     "cold_start_ms", "setup_ms", "loss_first", "loss_last", "loss_fell", "peak_memory_bytes", "peak_rss_bytes",
     "peak_allocated_bytes", "peak_reserved_bytes", "data_bytes", "pipeline_slowdown", "energy_per_sample_j",
     "params", "flops_per_sample", "step_timing", *BREAKDOWN_COLUMNS, "breakdown_timing",
+    "batch_trained", "max_batch", "achieved_tflops", "peak_tflops", "mfu",
 ]
 
 
@@ -129,6 +130,22 @@ def _counts(configs: pd.DataFrame) -> str:
     return f"{len(configs)} configs: " + ", ".join(f"{n} {s}" for s, n in counts.items())
 
 
+def peaks_used(data: ReportData) -> pd.DataFrame:
+    """The measured peaks the results' MFU is against, one row per device and precision."""
+    rows: dict[tuple[str, ...], dict[str, Any]] = {}
+    for run in data.runs:
+        for r in run.results:
+            peak = (r.get("metrics") or {}).get("peak")
+            if isinstance(peak, dict):
+                key = (run.run_id, str(peak.get("device")), str(peak.get("precision")), str(peak.get("measured_at")))
+                rows[key] = {**({"run": run.run_id} if data.multi_run else {}),
+                             "device": f"{peak.get('device')} ({peak.get('device_name')})",
+                             "precision": peak.get("precision"),
+                             "peak per device": fmt.tflops(peak.get("per_device_tflops")),
+                             "source": f"{peak.get('source')}, {peak.get('measured_at')}"}
+    return pd.DataFrame(list(rows.values()))
+
+
 def write_markdown(data: ReportData, path: Path) -> None:
     """A compact summary fit for a CI job summary or a PR comment."""
     c = data.configs
@@ -146,8 +163,11 @@ def write_markdown(data: ReportData, path: Path) -> None:
         "step": ok["step_ms"].map(fmt.ms),
         "cv": ok["step_cv"].map(fmt.pct),
         "peak memory": ok["peak_memory_bytes"].map(fmt.nbytes),
+        "TFLOP/s": ok["achieved_tflops"].map(lambda v: fmt.tflops(v).removesuffix(" TFLOP/s")),
+        "MFU": ok["mfu"].map(fmt.pct),
     })
-    lines += [tables.to_markdown(table), "`*` noisy (cv of step times > 10%)", ""]
+    lines += [tables.to_markdown(table), "`*` noisy (cv of step times > 10%); TFLOP/s: model training FLOPs x "
+              "samples/s; MFU: of the measured matmul peak at the config's precision (`gpubench calibrate`)", ""]
     if data.multi_run:
         lines += ["### Runs side by side", "", tables.to_markdown(tables.run_comparison(c, [r.run_id for r in data.runs]))]
     for comparison in tables.COMPARISONS:
@@ -218,6 +238,8 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
                      if not (t := tables.speedup_table(c, cmp, multi)).empty],
         "charts": [{"name": p.name, "data": base64.b64encode(p.read_bytes()).decode()} for p in made],
         "telemetry_note": telemetry_note,
+        "flops": {k: _html_table(v) for k, v in tables.flops_tables(c, multi).items()},
+        "peaks": _html_table(peaks_used(data)),
         "memory": {k: _html_table(v) for k, v in tables.memory_tables(c, multi).items()},
         "breakdown": _html_table(bd) if not (bd := breakdown.breakdown_table(c, multi)).empty else None,
         "energy": {k: _html_table(v) for k, v in tables.energy_tables(c, multi).items()},

@@ -79,7 +79,7 @@ def _lines_by_batch(configs: pd.DataFrame, value: str, path: Path, ylabel: str, 
                 ax = axes[i][j]
                 g = ok[(ok["workload_label"] == workload) & (ok["device"] == device)]
                 for (run, fw, prec, var), s in g.groupby(["run", "framework", "precision", "series"], sort=True):
-                    s = s.sort_values("batch_size")
+                    s = s[s["batch_trained"].notna()].sort_values("batch_trained")
                     y = s[value].astype(float).to_numpy() * scale
                     style = RUN_LINESTYLES[runs.index(run) % len(RUN_LINESTYLES)]
                     label = _series_label(fw, prec, var, run if len(runs) > 1 else None)
@@ -89,13 +89,13 @@ def _lines_by_batch(configs: pd.DataFrame, value: str, path: Path, ylabel: str, 
                     if ci is not None:
                         lo = s[ci[0]].astype(float).to_numpy() * scale
                         hi = s[ci[1]].astype(float).to_numpy() * scale
-                        ax.errorbar(s["batch_size"], y, yerr=[y - lo, hi - y], capsize=3, **kw)
+                        ax.errorbar(s["batch_trained"], y, yerr=[y - lo, hi - y], capsize=3, **kw)
                     else:
-                        ax.plot(s["batch_size"], y, **kw)
+                        ax.plot(s["batch_trained"], y, **kw)
                 ax.set_xscale("log", base=2)
-                sizes = sorted(g["batch_size"].unique())
+                sizes = sorted(g["batch_trained"].dropna().unique())  # a "max" config at the batch it found
                 if sizes:
-                    ax.set_xticks(sizes, [str(b) for b in sizes])
+                    ax.set_xticks(sizes, [str(int(b)) for b in sizes])
                     ax.minorticks_off()
                 ax.set_title(f"{workload} on {device}")
                 ax.set_xlabel("batch size (per device and micro-batch)")

@@ -53,6 +53,11 @@ def ratio(v: Any) -> str:
     return "-" if _missing(v) else f"{float(v):.2f}x"
 
 
+def tflops(v: Any) -> str:
+    """FLOP/s in TFLOP/s, 3 significant digits (CPU figures are small fractions)."""
+    return "-" if _missing(v) else f"{float(v):.3g} TFLOP/s"
+
+
 def joules(v: Any) -> str:
     if _missing(v):
         return "-"

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from gpubench.report import fmt
+from gpubench.suite import MAX_BATCH
 
 # what makes two configs "the same config" apart from the axis being compared
 IDENTITY = ["run", "workload_label", "framework", "device", "batch_size", "precision", "parallelism", "variant"]
@@ -50,12 +51,23 @@ COMPARISONS = (
 _VARIANT_AXES = {"data": "variant_nodata", "compile": "variant_nocompile", "memory_format": "variant_nomemory_format"}
 
 
+def batch_order(batch: object) -> tuple[int, int]:
+    """Sort key of batch sizes: numbers ascending, then ``"max"``."""
+    return (1, 0) if batch == MAX_BATCH else (0, int(batch))
+
+
+def _trained(r: pd.Series) -> str:
+    """`` (bs 4096)`` after the cell of a ``"max"`` config: the batch its search found."""
+    b = r.get("batch_trained")
+    return f" (bs {int(b)})" if r["batch_size"] == MAX_BATCH and b is not None and not pd.isna(b) else ""
+
+
 def _pivot(configs: pd.DataFrame, cell, multi_run: bool) -> dict[str, pd.DataFrame]:
     """Per workload: rows framework x device x precision (x parallelism, x variant, where the
     workload has more than one), columns batch size."""
     out: dict[str, pd.DataFrame] = {}
     for workload, g in configs.groupby("workload_label", sort=False):
-        batches = sorted(g["batch_size"].unique())
+        batches = sorted(g["batch_size"].unique(), key=batch_order)
         index_names = (["run"] if multi_run else []) + ["framework", "device", "precision"]
         if "parallelism" in g and (g["parallelism"] != "single").any():
             index_names.append("parallelism")
@@ -75,7 +87,7 @@ def _throughput_cell(r: pd.Series) -> str:
     if r["status"] != "ok":
         return r["status"]
     text = fmt.rate_ci(r["throughput"], r["throughput_ci_low"], r["throughput_ci_high"])
-    return text + (" *" if r.get("noisy") else "")
+    return text + (" *" if r.get("noisy") else "") + _trained(r)
 
 
 def throughput_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[str, pd.DataFrame]:
@@ -83,10 +95,24 @@ def throughput_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[st
     return _pivot(configs, _throughput_cell, multi_run)
 
 
+def flops_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[str, pd.DataFrame]:
+    """Model TFLOP/s achieved, and MFU against the measured peak where there is one."""
+    if "achieved_tflops" not in configs or configs["achieved_tflops"].isna().all():
+        return {}
+
+    def cell(r: pd.Series) -> str:
+        mfu = r.get("mfu")
+        return (fmt.tflops(r["achieved_tflops"]) + ("" if mfu is None or pd.isna(mfu) else f", MFU {fmt.pct(mfu)}")
+                + _trained(r))
+    return _pivot(configs[configs["achieved_tflops"].notna()], cell, multi_run)
+
+
 def memory_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[str, pd.DataFrame]:
     """Peak memory: the device allocator's peak on a GPU, the worker's peak RSS on CPU."""
     def cell(r: pd.Series) -> str:
-        return fmt.nbytes(r.get("peak_memory_bytes")) if r["status"] in ("ok", "diverged") else r["status"]
+        if r["status"] not in ("ok", "diverged"):
+            return r["status"]
+        return fmt.nbytes(r.get("peak_memory_bytes")) + _trained(r)
     ok = configs[configs["peak_memory_bytes"].notna()] if "peak_memory_bytes" in configs else configs.iloc[0:0]
     return _pivot(ok, cell, multi_run)
 

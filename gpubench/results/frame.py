@@ -85,6 +85,10 @@ def flatten(result: dict[str, Any], run: str | None = None) -> dict[str, Any]:
         "peak_reserved_bytes": _get(m, "memory", "peak_reserved_bytes"),
         "data_bytes": _get(m, "memory", "data_bytes"),
         "pipeline_slowdown": _get(m, "pipeline_vs_device", "slowdown"),
+        "achieved_tflops": m.get("achieved_tflops"),
+        "peak_tflops": m.get("peak_tflops"),
+        "mfu": m.get("mfu"),
+        "max_batch": _get(m, "batch_search", "max_batch"),
         "energy_per_sample_j": _get(result, "telemetry", "gpu", "energy_per_sample_j"),
         "params": _get(result, "model", "params"),
         "flops_per_sample": _get(result, "model", "flops_per_sample"),
@@ -94,6 +98,9 @@ def flatten(result: dict[str, Any], run: str | None = None) -> dict[str, Any]:
         "duration_s": result.get("duration_s"),
         "started_at": result.get("started_at"),
     }
+    # the batch one device trained on: a "max" config's is the one its search found
+    row["batch_trained"] = m.get("micro_batch_size") or row["max_batch"] or (
+        config.get("batch_size") if isinstance(config.get("batch_size"), int) else None)
     # the memory a user cares about: the device's allocator peak on a GPU, the process's RSS on CPU
     row["peak_memory_bytes"] = row["peak_allocated_bytes"] if row["peak_allocated_bytes"] is not None \
         else row["peak_rss_bytes"]
@@ -107,11 +114,11 @@ def results_frame(results: list[dict[str, Any]], run: str | None = None) -> pd.D
 
 _FIRST = ["config_hash", *CONFIG_COLUMNS, "workload_label", "variant", "variant_nodata", "variant_nocompile",
           "variant_nomemory_format", "device_model", "params", "flops_per_sample",
-          "step_timing", "breakdown_timing"]
+          "step_timing", "breakdown_timing", "batch_trained", "max_batch"]
 _MEDIAN = ["throughput_mean", "throughput_wall", "step_ms", "step_ms_p5", "step_ms_p95", "step_ms_iqr", "step_cv",
            "cold_start_ms", "setup_ms", "loss_first", "loss_last", "peak_rss_bytes", "peak_allocated_bytes",
            "peak_reserved_bytes", "peak_memory_bytes", "data_bytes", "pipeline_slowdown", "energy_per_sample_j",
-           *BREAKDOWN_COLUMNS]
+           *BREAKDOWN_COLUMNS, "achieved_tflops", "peak_tflops", "mfu"]
 
 
 def _aggregate_group(g: pd.DataFrame) -> dict[str, Any]:

@@ -12,11 +12,12 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from gpubench.runner.process import Launcher
 from gpubench.runner.sweep import Job, run_worker
-from gpubench.suite import Config
+from gpubench.results.schema import outcome
+from gpubench.suite import MAX_BATCH, Config
 
 PROBE_SETTINGS = {"warmup_steps": 1, "steps": 2, "windows": 1, "telemetry_interval_ms": 0}
 
@@ -86,3 +87,35 @@ def find_max_batch(config: Config, limit: int, launcher: Launcher = Launcher(),
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return Search(config.config_id, good, bad, stopped, probes)
+
+
+def batch_search(config: Config, launcher: Launcher = Launcher(),
+                 earlier: Iterable[dict[str, Any]] = ()) -> dict[str, Any]:
+    """For a ``batch_size = "max"`` config: the search's record (``metrics.batch_search``), from
+    ``config.max_batch_start`` up to ``config.max_batch_limit``; reused from a result of the
+    same config already in the run (a repeat, or a resumed run) so that every repeat trains at
+    the same batch."""
+    for r in earlier:
+        found = (r.get("metrics") or {}).get("batch_search")
+        if r["config_id"] == config.config_id and found:
+            return found
+    s = find_max_batch(replace(config, batch_size=config.max_batch_start), config.max_batch_limit, launcher)
+    return {"requested": MAX_BATCH, "start": config.max_batch_start, "limit": config.max_batch_limit,
+            "max_batch": s.max_batch, "first_oom": s.first_oom, "stopped": s.stopped, "probes": s.probes}
+
+
+def run_at_max_batch(job: Job, search: dict[str, Any], run_dir: Path,
+                     launcher: Launcher = Launcher()) -> dict[str, Any]:
+    """The worker result of a ``"max"`` job trained at the batch its search found (the search
+    recorded in ``metrics.batch_search``); ``oom`` (or the status that stopped the search)
+    when no batch fitted."""
+    if search["max_batch"] is None:
+        if search["stopped"]:
+            status = search["probes"][-1]["status"]
+            return outcome(status, f'batch_size = "max": the search stopped at {search["stopped"]}',
+                           metrics={"batch_search": search})
+        return outcome("oom", f'batch_size = "max": not even batch {search["first_oom"]} fits',
+                       metrics={"batch_search": search})
+    result = run_worker(job, run_dir, launcher, replace(job.config, batch_size=search["max_batch"]))
+    result["metrics"] = {**(result.get("metrics") or {}), "batch_search": search}
+    return result

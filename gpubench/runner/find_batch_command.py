@@ -10,13 +10,15 @@ from rich.console import Console
 from rich.table import Table
 
 from gpubench.runner.find_batch import find_max_batch
-from gpubench.suite import Config, load_suite
+from gpubench.suite import MAX_BATCH, Config, load_suite
 
 
 def run_find_batch(suite_name: str, sets: list[str], limit: int, json_path: Path | None, console: Console) -> int:
     suite = load_suite(suite_name).with_overrides(sets)  # InputError -> exit 2 in the CLI
     starts: dict[str, Config] = {}
     for c in suite.expand():  # one search per config apart from its batch size, from its smallest
+        if c.batch_size == MAX_BATCH:
+            c = replace(c, batch_size=c.max_batch_start)
         key = replace(c, batch_size=1).config_id
         if key not in starts or c.batch_size < starts[key].batch_size:
             starts[key] = c

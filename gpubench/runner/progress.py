@@ -98,7 +98,7 @@ def summary_table(results: list[dict[str, Any]]) -> Table:
     table.add_column("config", no_wrap=True)
     if repeats:
         table.add_column("rep", justify="right")
-    for col in ("status", "samples/s", "95% CI", "step ms", "cv", "cold ms", "peak mem"):
+    for col in ("status", "samples/s", "95% CI", "step ms", "cv", "cold ms", "peak mem", "MFU"):
         table.add_column(col, justify="left" if col == "status" else "right", no_wrap=True)
     for r in results:
         m = r.get("metrics") or {}
@@ -108,7 +108,8 @@ def summary_table(results: list[dict[str, Any]]) -> Table:
         peak = mem.get("peak_allocated_bytes", mem.get("peak_rss_bytes"))
         status = r["status"]
         style = STATUS_STYLE.get(status, "")
-        row = [r["config_id"]]
+        searched = (m.get("batch_search") or {}).get("max_batch")
+        row = [r["config_id"] + (f" (bs {searched})" if searched else "")]
         if repeats:
             row.append(str(r.get("repeat", 0)))
         row += [
@@ -119,6 +120,7 @@ def summary_table(results: list[dict[str, Any]]) -> Table:
             f"{100 * st['cv']:.1f}%",
             f"{m['cold_start_ms']:.0f}",
             fmt_bytes(peak),
+            "-" if m.get("mfu") is None else f"{100 * m['mfu']:.1f}%",
         ]
         table.add_row(*row)
     return table

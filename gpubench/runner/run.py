@@ -23,7 +23,8 @@ from gpubench.results.store import RUN_FILE, create_run_dir, load_results, load_
 from gpubench.runner.probe import probe
 from gpubench.runner.process import Launcher
 from gpubench.runner.progress import SweepDisplay, summary_table, unmeasured_lines
-from gpubench.runner.sweep import plan, run_jobs
+from gpubench.runner.mfu import load_peaks, peak_devices
+from gpubench.runner.sweep import plan, pre_resolve, run_jobs
 from gpubench.suite import Config, Suite, load_suite
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -37,6 +38,7 @@ class RunRequest:
     repeats: int | None = None
     resume: Path | None = None
     report: bool = True
+    calibrate: bool = True  # look up (or measure) device peaks for MFU
 
 
 def probe_frameworks(configs: list[Config], console: Console, launcher: Launcher = Launcher(),
@@ -126,6 +128,8 @@ def execute(req: RunRequest, console: Console) -> int:
     jobs = plan(configs, repeats, done)
     probes = probe_frameworks(configs, console) if jobs else {}
     env = fingerprint({k: p.to_dict() for k, p in probes.items()})
+    runnable = [job.config for job in jobs if pre_resolve(job.config, probes) is None]
+    peaks = load_peaks(peak_devices(runnable), console) if req.calibrate else {}
     now = datetime.now(timezone.utc)
     if run_dir is None:
         run_dir, meta = new_run_dir(req.out, f"{suite.name}-{now:%Y%m%d-%H%M%S}", suite,
@@ -140,7 +144,8 @@ def execute(req: RunRequest, console: Console) -> int:
                   f"-> {run_dir}", highlight=False)
     try:
         with SweepDisplay(console, len(jobs)) as display:
-            new = run_jobs(jobs, run_dir, run_id, env, probes, display.started, display.finished, existing)
+            new = run_jobs(jobs, run_dir, run_id, env, probes, display.started, display.finished, existing,
+                           peaks=peaks)
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted[/yellow]; finished configs are in {run_dir}/results.jsonl; "
                       f"continue with: gpubench run --resume {run_dir}", highlight=False)

@@ -23,7 +23,8 @@ from gpubench.backends.base import ProbeInfo, device_kind
 from gpubench.results.schema import SCHEMA_VERSION, outcome
 from gpubench.results.store import append_result, slug
 from gpubench.runner.process import Launcher, kill_group, oom_kill_count
-from gpubench.suite import Config
+from gpubench.runner.mfu import mfu_metrics
+from gpubench.suite import MAX_BATCH, Config
 
 LOG_TAIL_LINES = 40
 
@@ -74,19 +75,23 @@ def _tail(path: Path, n: int) -> list[str]:
         return []
 
 
-def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher()) -> dict[str, Any]:
-    """Run one job in a fresh process; the worker-side result, whatever happens to it."""
+def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), train: Config | None = None
+               ) -> dict[str, Any]:
+    """Run one job in a fresh process; the worker-side result, whatever happens to it.
+    ``train`` is the config the worker trains when it is not the job's own (a resolved
+    ``batch_size = "max"``); files are still named after the job."""
+    train = train or job.config
     workdir = run_dir / ".work" / job.name
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    (workdir / "job.json").write_text(json.dumps({"config": job.config.to_dict(), "repeat": job.repeat,
+    (workdir / "job.json").write_text(json.dumps({"config": train.to_dict(), "repeat": job.repeat,
                                                   "options": job.options}))
     log_rel = Path("logs") / f"{job.name}.log"
     (run_dir / "logs").mkdir(exist_ok=True)
     oom_before = oom_kill_count()
-    timeout_s = job.config.timeout_s
+    timeout_s = train.timeout_s
     with open(run_dir / log_rel, "wb") as log:
-        proc = subprocess.Popen(launcher.worker_command(workdir, job.config.devices if job.config.distributed else None),
+        proc = subprocess.Popen(launcher.worker_command(workdir, train.devices if train.distributed else None),
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=launcher.env())
         try:
@@ -174,9 +179,13 @@ FinishCallback = Callable[[int, Job, dict[str, Any]], None]
 
 def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], probes: dict[str, ProbeInfo],
              on_start: Callback | None = None, on_finish: FinishCallback | None = None,
-             earlier: list[dict[str, Any]] | None = None, launcher: Launcher = Launcher()) -> list[dict[str, Any]]:
+             earlier: list[dict[str, Any]] | None = None, launcher: Launcher = Launcher(),
+             peaks: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Run the jobs in order, appending each result as it finishes. ``earlier`` are results
-    already in the run (when resuming), used for pipeline-vs-device comparisons."""
+    already in the run (when resuming), used for pipeline-vs-device comparisons and to reuse a
+    ``batch_size = "max"`` search; ``peaks`` are device calibrations, for MFU."""
+    from gpubench.runner.find_batch import batch_search, run_at_max_batch  # find_batch imports this module
+
     results: list[dict[str, Any]] = []
     earlier = list(earlier or [])
     for k, job in enumerate(jobs):
@@ -185,7 +194,12 @@ def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], p
         started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         t0 = time.perf_counter()
         pre = pre_resolve(job.config, probes)
-        worker = outcome(*pre) if pre else run_worker(job, run_dir, launcher)
+        if pre:
+            worker = outcome(*pre)
+        elif job.config.batch_size == MAX_BATCH:
+            worker = run_at_max_batch(job, batch_search(job.config, launcher, earlier + results), run_dir, launcher)
+        else:
+            worker = run_worker(job, run_dir, launcher)
         result = {
             "schema_version": SCHEMA_VERSION,
             "run_id": run_id,
@@ -204,6 +218,9 @@ def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], p
         scaling = scaling_comparison(result, earlier + results)
         if scaling is not None:
             result["metrics"].update(scaling)
+        flops = mfu_metrics(result, peaks or {})
+        if flops is not None:
+            result["metrics"].update(flops)
         append_result(run_dir, result)
         results.append(result)
         if on_finish:

@@ -1,0 +1,210 @@
+"""Calibrations cached per device and environment fingerprint, measured on demand.
+
+One JSON file per device and key, ``calibration-<cpu|cuda>-<hash>.json``, in
+``$GPUBENCH_CACHE_DIR``, else ``~/.cache/gpubench/``. The key holds what decides the peaks and
+is read in the parent without importing torch or touching CUDA:
+
+- both: host name, CPU model, the torch version, its CUDA build and git revision (read from
+  torch's ``version.py``: cuBLAS / oneDNN ship with torch);
+- cpu: the number of cores this process may run on, and OMP_NUM_THREADS / MKL_NUM_THREADS
+  when set (torch's thread count follows them);
+- cuda:N: the GPU's name and UUID and the driver version, from NVML (the CUDA ordinal mapped
+  through CUDA_VISIBLE_DEVICES); where NVML cannot map it, the ordinal and CUDA_VISIBLE_DEVICES.
+
+A file that cannot be read, parsed or checked is measured again with a one-line warning.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import gpubench
+from gpubench.backends.base import device_index, device_kind
+from gpubench.env import cpu_model
+from gpubench.results.store import write_json_atomic
+from gpubench.runner.process import Launcher
+
+CACHE_VERSION = 1
+CACHE_ENV = "GPUBENCH_CACHE_DIR"
+TIMEOUT_S = {"cpu": 300, "cuda": 900}
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+class CalibrationError(Exception):
+    """No calibration: ``unavailable`` when torch or the device is missing (bad input for
+    ``gpubench calibrate``), else the measurement failed."""
+
+    def __init__(self, message: str, unavailable: bool = False) -> None:
+        super().__init__(message)
+        self.unavailable = unavailable
+
+
+@dataclass
+class Calibration:
+    entry: dict[str, Any]  # what the child measured, plus cache_version, key, measured_at
+    path: Path
+    cached: bool  # read from the cache (False: measured now)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "gpubench")
+
+
+def calibration_device(device: str) -> str:
+    """The device a config's peak comes from: ``cuda`` is ``cuda:0``."""
+    return "cuda:0" if device == "cuda" else device
+
+
+def missing_torch_message() -> str:
+    from gpubench.backends import get_backend
+
+    return ("calibration needs torch (its matmul and copy kernels are the measuring engine), which is not "
+            f"installed; install with: {get_backend('torch').install_hint}")
+
+
+def torch_build() -> dict[str, Any] | None:
+    """torch's version, CUDA build and git revision from its version.py, without importing it;
+    None when torch is not installed."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "version.py"
+    values: dict[str, Any] = {"version": None, "cuda": None, "git_version": None}
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return values
+    names = {"__version__": "version", "cuda": "cuda", "git_version": "git_version"}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        value = getattr(node, "value", None)
+        if isinstance(target, ast.Name) and target.id in names and isinstance(value, ast.Constant):
+            values[names[target.id]] = value.value
+    return values
+
+
+def calibration_key(device: str) -> dict[str, Any]:
+    """The environment fields that decide a device's peaks (module docstring)."""
+    build = torch_build()
+    if build is None:
+        raise CalibrationError(missing_torch_message(), unavailable=True)
+    kind = device_kind(device)
+    key: dict[str, Any] = {"device": kind, "hostname": socket.gethostname(), "cpu_model": cpu_model(),
+                           "torch": build["version"], "torch_cuda": build["cuda"], "torch_git": build["git_version"]}
+    if kind == "cpu":
+        key["cpu_affinity"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        key["thread_env"] = {k: os.environ[k] for k in _THREAD_VARS if k in os.environ}
+        return key
+    from gpubench.telemetry.nvml import gpu_inventory, nvml_index
+
+    gpus, _ = gpu_inventory()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    idx = nvml_index(device_index(device), None, [g["uuid"] for g in gpus], visible)
+    if idx is None:
+        key.update(gpu=device, cuda_visible_devices=visible)
+    else:
+        key.update(gpu_name=gpus[idx]["name"], gpu_uuid=gpus[idx]["uuid"], driver=gpus[idx]["driver"])
+    return key
+
+
+def cache_file(key: dict[str, Any]) -> Path:
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return cache_dir() / f"calibration-{key['device']}-{digest}.json"
+
+
+def _positive(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+
+def entry_problem(entry: Any, key: dict[str, Any]) -> str | None:
+    """Why a cached entry cannot be used, or None."""
+    if not isinstance(entry, dict):
+        return "not a JSON object"
+    if entry.get("cache_version") != CACHE_VERSION:
+        return f"cache_version {entry.get('cache_version')!r}, expected {CACHE_VERSION}"
+    if entry.get("key") != key:
+        return "its key does not match this environment"
+    matmul = entry.get("matmul_tflops")
+    if not isinstance(matmul, dict) or not matmul or not all(_positive(v) for v in matmul.values()):
+        return "no valid matmul_tflops"
+    if not _positive(entry.get("memory_bandwidth_gbs")):
+        return "no valid memory_bandwidth_gbs"
+    return None
+
+
+def read_cached(path: Path, key: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """(the cached entry or None, why an existing file is unusable; "" when it is fine or absent)."""
+    if not path.exists():
+        return None, ""
+    try:
+        entry = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return None, f"{type(e).__name__}: {str(e)[:200]}"
+    problem = entry_problem(entry, key)
+    return (None, problem) if problem else (entry, "")
+
+
+def measure_in_child(device: str, launcher: Launcher = Launcher()) -> dict[str, Any]:
+    """Run gpubench.calibrate.measure in a fresh process; its figures, or CalibrationError."""
+    timeout_s = TIMEOUT_S[device_kind(device)]
+    try:
+        proc = subprocess.run(launcher.command("gpubench.calibrate.measure", device), capture_output=True, text=True,
+                              timeout=timeout_s, env=launcher.env(), stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise CalibrationError(f"calibrating {device} took longer than {timeout_s} s") from None
+    except OSError as e:
+        raise CalibrationError(f"cannot start {launcher.python}: {e}") from None
+    lines = proc.stdout.strip().splitlines()
+    try:
+        out = json.loads(lines[-1]) if proc.returncode == 0 and lines else None
+    except ValueError:
+        out = None
+    if not isinstance(out, dict):
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise CalibrationError(f"calibrating {device} failed (exit code {proc.returncode}): {tail}")
+    if out.get("missing_torch"):
+        raise CalibrationError(missing_torch_message(), unavailable=True)
+    if out.get("error"):
+        raise CalibrationError(out["error"], unavailable=True)
+    return out
+
+
+def warn_stderr(message: str) -> None:
+    print(f"gpubench: warning: {message}", file=sys.stderr)
+
+
+def get_calibration(device: str, force: bool = False,
+                    measure: Callable[[str], dict[str, Any]] = measure_in_child,
+                    warn: Callable[[str], None] = warn_stderr) -> Calibration:
+    """The cached calibration of ``device`` for this environment, measured (in a child
+    process) and cached when there is none, it is unusable, or ``force``."""
+    device = calibration_device(device)
+    key = calibration_key(device)
+    path = cache_file(key)
+    if not force:
+        entry, problem = read_cached(path, key)
+        if entry is not None:
+            return Calibration(entry, path, cached=True)
+        if problem:
+            warn(f"calibration cache {path} is unusable ({problem}); measuring again")
+    measured = measure(device)
+    entry = {"cache_version": CACHE_VERSION, "key": key,
+             "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+             "gpubench": gpubench.__version__, **measured}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, entry)
+    except OSError as e:
+        warn(f"calibration not cached: cannot write {path}: {e}")
+    return Calibration(entry, path, cached=False)

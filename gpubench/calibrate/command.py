@@ -1,0 +1,92 @@
+"""``gpubench calibrate``: measure (or show the cached) peaks of this machine's devices."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from gpubench.calibrate.cache import (Calibration, CalibrationError, calibration_device, get_calibration,
+                                     missing_torch_message, torch_build)
+from gpubench.calibrate.datasheet import datasheet_for
+from gpubench.calibrate.measure import PRECISIONS
+from gpubench.errors import InputError
+
+_DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+def default_devices() -> list[str]:
+    """The CPU, and the first GPU where NVML lists one."""
+    from gpubench.telemetry.nvml import gpu_inventory
+
+    return ["cpu"] + (["cuda:0"] if gpu_inventory()[0] else [])
+
+
+def check_devices(devices: list[str]) -> list[str]:
+    for d in devices:
+        if not _DEVICE_RE.match(d):
+            raise InputError(f"--device {d}: unknown device {d!r}; expected one of: cpu, cuda, cuda:N")
+    return list(dict.fromkeys(calibration_device(d) for d in devices))
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+def figures_table(calibrations: list[Calibration]) -> Table:
+    """Measured figures, with the datasheet figure beside them where the GPU is in the table."""
+    table = Table(title="device peaks: measured here by gpubench calibrate (datasheet: NVIDIA's published dense "
+                        "figures, for reference only)", title_justify="left")
+    for col in ("device", "figure", "measured", "datasheet", "measured / datasheet"):
+        table.add_column(col, justify="left" if col in ("device", "figure") else "right")
+    for cal in calibrations:
+        e = cal.entry
+        sheet = datasheet_for(e.get("device_name"))
+        label = f"{e['device']} ({e.get('device_name') or '?'})"
+        rows: list[tuple[str, float | None, float | None]] = [
+            (f"matmul {p} (TFLOP/s)", e["matmul_tflops"].get(p), sheet.tflops.get(p) if sheet else None)
+            for p in PRECISIONS if p in e["matmul_tflops"]]
+        rows.append(("memory bandwidth (GB/s)", e["memory_bandwidth_gbs"], sheet.bandwidth_gbs if sheet else None))
+        for i, (figure, measured, datasheet) in enumerate(rows):
+            ratio = f"{measured / datasheet:.0%}" if measured and datasheet else "-"
+            table.add_row(label if i == 0 else "", figure, _num(measured),
+                          f"{datasheet:g} (datasheet: {sheet.label})" if datasheet and sheet else "-", ratio)
+    return table
+
+
+def summary(cal: Calibration) -> dict[str, Any]:
+    sheet = datasheet_for(cal.entry.get("device_name"))
+    return {**cal.entry, "cache_file": str(cal.path), "from_cache": cal.cached,
+            "datasheet": None if sheet is None else {"label": sheet.label, "tflops": sheet.tflops,
+                                                     "bandwidth_gbs": sheet.bandwidth_gbs}}
+
+
+def run_calibrate(devices: list[str] | None, force: bool, json_path: Path | None, console: Console) -> int:
+    """0 when every device calibrated; 2 when torch or a device is missing; 1 when a
+    measurement failed."""
+    wanted = check_devices(devices) if devices else default_devices()
+    if torch_build() is None:
+        raise InputError(missing_torch_message())
+    done: list[Calibration] = []
+    code = 0
+    for device in wanted:
+        try:
+            with console.status(f"calibrating {device} (a fresh process; seconds on a CPU, longer on a GPU)..."):
+                cal = get_calibration(device, force=force)
+        except CalibrationError as e:
+            console.print(f"[red]{device}[/red]: {e}", highlight=False, soft_wrap=True)
+            code = max(code, 2 if e.unavailable else 1)
+            continue
+        done.append(cal)
+        how = (f"from the cache {cal.path} (measured {cal.entry.get('measured_at')}; --force measures again)"
+               if cal.cached else f"measured now in {cal.entry.get('seconds', 0):.1f} s, cached in {cal.path}")
+        console.print(f"{device}: {how}", highlight=False, soft_wrap=True)
+    if done:
+        console.print(figures_table(done))
+    if json_path is not None and done:
+        json_path.write_text(json.dumps([summary(c) for c in done], indent=2) + "\n")
+    return code

@@ -1,0 +1,72 @@
+"""Model FLOP utilisation: a result's training FLOP/s against the measured peak of its device.
+
+The parent looks the peaks up before the sweep (from the calibration cache, calibrating in a
+child process where a device has none) and adds to every ok result:
+
+- ``achieved_tflops`` = ``model.flops_per_sample`` x global throughput (median) / 1e12;
+- ``mfu`` = achieved / ``peak_tflops``, where ``peak_tflops`` is the measured dense matmul
+  peak of the device at the config's precision (fp32 -> fp32, tf32 -> tf32, amp-fp16 -> fp16,
+  amp-bf16 -> bf16), times the devices of a parallel strategy on GPUs (ddp:N, dp:N,
+  mirrored:N: N GPUs, assumed alike: cuda:0 is calibrated). On the CPU every rank shares the
+  one CPU that the calibration measured with all its cores, so the peak is not multiplied;
+- ``peak``: which peak, from which calibration.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+
+from gpubench.backends.base import device_kind
+from gpubench.calibrate.cache import CalibrationError, calibration_device, get_calibration
+from gpubench.suite import Config
+
+PEAK_PRECISION = {"fp32": "fp32", "tf32": "tf32", "amp-fp16": "fp16", "amp-bf16": "bf16"}
+
+
+def peak_devices(configs: list[Config]) -> list[str]:
+    """The devices whose peaks these configs need (``cuda`` and ``cuda:0`` are one)."""
+    return sorted({calibration_device(c.device) for c in configs})
+
+
+def load_peaks(devices: list[str], console: Console) -> dict[str, dict[str, Any]]:
+    """Calibration entry per device, from the cache or measured now; a device that cannot be
+    calibrated is left out with a one-line note (its results get no mfu)."""
+    peaks: dict[str, dict[str, Any]] = {}
+    for device in devices:
+        try:
+            with console.status(f"calibrating {device} once for MFU (--no-calibrate skips it)..."):
+                cal = get_calibration(device)
+        except CalibrationError as e:
+            console.print(f"[yellow]no peaks for {device}[/yellow] (results will have no mfu): {e}",
+                          highlight=False, soft_wrap=True)
+            continue
+        peaks[device] = {**cal.entry, "cache_file": str(cal.path)}
+        figures = ", ".join(f"{p} {v:.4g}" for p, v in cal.entry["matmul_tflops"].items())
+        console.print(f"peaks of {device} ({'cached' if cal.cached else 'measured now'}): matmul TFLOP/s {figures}",
+                      highlight=False, soft_wrap=True)
+    return peaks
+
+
+def mfu_metrics(result: dict[str, Any], peaks: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """``achieved_tflops`` for an ok result with a FLOP count, and ``mfu``, ``peak_tflops``,
+    ``peak`` where its device has a measured peak at its precision; None otherwise."""
+    flops = (result.get("model") or {}).get("flops_per_sample")
+    rate = ((result.get("metrics") or {}).get("throughput") or {}).get("median")
+    if result["status"] != "ok" or not flops or not rate:
+        return None
+    out: dict[str, Any] = {"achieved_tflops": flops * rate / 1e12}
+    config = Config.from_dict(result["config"])
+    entry = peaks.get(calibration_device(config.device))
+    precision = PEAK_PRECISION.get(config.precision)
+    per_device = (entry or {}).get("matmul_tflops", {}).get(precision)
+    if not per_device:
+        return out
+    devices = config.devices if device_kind(config.device) == "cuda" else 1
+    out["peak_tflops"] = per_device * devices
+    out["mfu"] = out["achieved_tflops"] / out["peak_tflops"]
+    out["peak"] = {"source": "measured (gpubench calibrate)", "precision": precision, "per_device_tflops": per_device,
+                   "devices": devices, "device": entry["device"], "device_name": entry.get("device_name"),
+                   "measured_at": entry.get("measured_at"), "cache_file": entry.get("cache_file")}
+    return out
