@@ -21,7 +21,8 @@ from typing import Any, Callable
 from gpubench.backends import get_backend
 from gpubench.backends.base import ProbeInfo, device_kind
 from gpubench.results.schema import SCHEMA_VERSION, outcome
-from gpubench.results.store import append_result, slug
+from gpubench.results.store import NODE_FILE, RESULTS_FILE, append_result, slug
+from gpubench.runner.nodes import Nodes
 from gpubench.runner.process import Launcher, kill_group, oom_kill_count
 from gpubench.suite import Config
 
@@ -57,7 +58,7 @@ def pre_resolve(config: Config, probes: dict[str, ProbeInfo]) -> tuple[str, str]
     probe = probes.get(config.framework)
     if probe is not None and not probe.available:
         return ("unavailable", probe.reason)
-    reason = get_backend(config.framework).static_unsupported(config)
+    reason = config.topology_unsupported() or get_backend(config.framework).static_unsupported(config)
     if reason:
         return ("unsupported", reason)
     if probe is not None and not device_present(config.device, probe):
@@ -73,8 +74,9 @@ def _tail(path: Path, n: int) -> list[str]:
         return []
 
 
-def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher()) -> dict[str, Any]:
-    """Run one job in a fresh process; the worker-side result, whatever happens to it."""
+def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: Nodes = Nodes()) -> dict[str, Any]:
+    """Run one job in a fresh process; the worker-side result, whatever happens to it. On
+    node r > 0 of a multi-node run: this node's outcome (node 0 writes the result)."""
     workdir = run_dir / ".work" / job.name
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
@@ -84,7 +86,7 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher()) -> dict
     oom_before = oom_kill_count()
     timeout_s = job.config.timeout_s
     with open(run_dir / log_rel, "wb") as log:
-        proc = subprocess.Popen(launcher.worker_command(workdir, job.config.devices if job.config.distributed else None),
+        proc = subprocess.Popen(launcher.worker_command(workdir, job.config, nodes),
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=launcher.env())
         try:
@@ -113,8 +115,14 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher()) -> dict
         shutil.rmtree(workdir, ignore_errors=True)
         return result
     shutil.rmtree(workdir, ignore_errors=True)
-    tail = _tail(run_dir / log_rel, LOG_TAIL_LINES)
     rc = proc.returncode
+    if rc == 0 and nodes.node_rank > 0:
+        per_node = job.config.devices // nodes.nnodes
+        first = nodes.node_rank * per_node
+        return outcome("ok", f"node {nodes.node_rank}: ranks {first}-{first + per_node - 1} finished; node 0 writes "
+                             "the result",
+                       log=str(log_rel))
+    tail = _tail(run_dir / log_rel, LOG_TAIL_LINES)
     if rc < 0:
         sig = signal.Signals(-rc).name
         oom_after = oom_kill_count()
@@ -172,9 +180,11 @@ FinishCallback = Callable[[int, Job, dict[str, Any]], None]
 
 def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], probes: dict[str, ProbeInfo],
              on_start: Callback | None = None, on_finish: FinishCallback | None = None,
-             earlier: list[dict[str, Any]] | None = None, launcher: Launcher = Launcher()) -> list[dict[str, Any]]:
+             earlier: list[dict[str, Any]] | None = None, launcher: Launcher = Launcher(),
+             nodes: Nodes = Nodes()) -> list[dict[str, Any]]:
     """Run the jobs in order, appending each result as it finishes. ``earlier`` are results
-    already in the run (when resuming), used for pipeline-vs-device comparisons."""
+    already in the run (when resuming), used for pipeline-vs-device comparisons. Node r > 0
+    of a multi-node run appends its own outcome of each config to node.jsonl instead."""
     results: list[dict[str, Any]] = []
     earlier = list(earlier or [])
     for k, job in enumerate(jobs):
@@ -183,7 +193,7 @@ def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], p
         started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         t0 = time.perf_counter()
         pre = pre_resolve(job.config, probes)
-        worker = outcome(*pre) if pre else run_worker(job, run_dir, launcher)
+        worker = outcome(*pre) if pre else run_worker(job, run_dir, launcher, nodes)
         result = {
             "schema_version": SCHEMA_VERSION,
             "run_id": run_id,
@@ -196,13 +206,20 @@ def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], p
             "started_at": started_at,
             "duration_s": time.perf_counter() - t0,
         }
+        if nodes.node_rank > 0:
+            result["node_rank"] = nodes.node_rank
+            append_result(run_dir, result, NODE_FILE)
+            results.append(result)
+            if on_finish:
+                on_finish(k, job, result)
+            continue
         comparison = pipeline_comparison(result, earlier + results)
         if comparison is not None:
             result["metrics"]["pipeline_vs_device"] = comparison
         scaling = scaling_comparison(result, earlier + results)
         if scaling is not None:
             result["metrics"].update(scaling)
-        append_result(run_dir, result)
+        append_result(run_dir, result, RESULTS_FILE)
         results.append(result)
         if on_finish:
             on_finish(k, job, result)
