@@ -11,12 +11,17 @@ node_rank x N + local rank.
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
+import socket
+import time
 from dataclasses import dataclass
+from typing import Any
 
 from gpubench.errors import InputError
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default
+RETRY_S = 0.5
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")
 
 
@@ -69,6 +74,118 @@ class Nodes:
     def to_dict(self) -> dict[str, object]:
         return {"nnodes": self.nnodes, "node_rank": self.node_rank, "master_addr": self.master_addr,
                 "master_port": self.master_port}
+
+
+class Skipped(RuntimeError):
+    """The nodes are not at the same config (one of them skipped this one)."""
+
+
+def _send(conn: socket.socket, obj: dict[str, Any]) -> None:
+    conn.sendall((json.dumps(obj) + "\n").encode())
+
+
+def _receive(conn: socket.socket) -> dict[str, Any] | None:
+    """One JSON object line, or None for anything else (a closed or silent connection,
+    another program)."""
+    try:
+        with conn.makefile("r", encoding="utf-8") as f:
+            obj = json.loads(f.readline())
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _remaining(deadline: float | None) -> float | None:
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the other nodes did not arrive in time")
+    return left
+
+
+def meet(nodes: Nodes, job: str, index: int, payload: list[int], deadline: float | None = None
+         ) -> list[tuple[str, list[int]]]:
+    """Meet every other node at job ``job`` (the ``index``-th of the plan every node shares) on
+    master_addr:master_port; every node's (address, payload), in node order. Node 0 listens;
+    node r connects (retrying until node 0 listens, also while the port still belongs to the
+    previous config's torchrun store) and sends its job and payload; node 0's address is
+    master_addr, node r's the address its connection came from. Nodes at different jobs never
+    pair: the one behind is told to skip its job (Skipped), the one ahead waits for it, and two
+    different jobs at the same index both fail. TimeoutError past ``deadline`` (monotonic)."""
+    hello = {"job": job, "index": index, "node_rank": nodes.node_rank, "payload": payload}
+    if nodes.node_rank == 0:
+        return _serve(nodes, hello, deadline)
+    while True:
+        left = _remaining(deadline)
+        try:
+            conn = socket.create_connection((nodes.master_addr, nodes.master_port), timeout=5.0)
+        except OSError:  # node 0 does not listen yet
+            time.sleep(RETRY_S)
+            continue
+        with conn:
+            conn.settimeout(left)
+            _send(conn, hello)
+            answer = _receive(conn)
+        if answer is None or "wait" in answer:  # not our rendezvous (yet), or node 0 is behind us
+            time.sleep(RETRY_S)
+            continue
+        if "skip" in answer:
+            raise Skipped(answer["skip"])
+        return [(host, list(ports)) for host, ports in answer["nodes"]]
+
+
+def _serve(nodes: Nodes, hello: dict[str, Any], deadline: float | None) -> list[tuple[str, list[int]]]:
+    arrived: dict[int, tuple[str, list[int]]] = {0: (nodes.master_addr, hello["payload"])}
+    waiting: list[socket.socket] = []
+    try:
+        with socket.create_server(("", nodes.master_port)) as server:
+            while len(arrived) < nodes.nnodes:
+                server.settimeout(_remaining(deadline))
+                conn, (peer, *_) = server.accept()
+                conn.settimeout(5.0)
+                other = _receive(conn)
+                rank = other.get("node_rank") if other else None
+                if rank not in range(1, nodes.nnodes) or rank in arrived or not isinstance(other.get("index"), int):
+                    conn.close()  # a stray connection: not one of our nodes
+                    continue
+                if other["index"] < hello["index"] or (other["index"] == hello["index"] and other["job"] != hello["job"]):
+                    _send(conn, {"skip": f"node {rank} is at {other['job']!r}, node 0 at {hello['job']!r}"})
+                    conn.close()
+                    if other["index"] < hello["index"]:  # it is behind: node 0 skipped its job; wait on
+                        continue
+                    raise Skipped(f"node {rank} is at {other['job']!r}, node 0 at {hello['job']!r}")
+                waiting.append(conn)
+                if other["index"] > hello["index"]:  # it is ahead: it skipped this job
+                    raise Skipped(f"node {rank} is at {other['job']!r}, past node 0's {hello['job']!r}")
+                arrived[rank] = (peer, [int(p) for p in other["payload"]])
+            everyone = [arrived[r] for r in range(nodes.nnodes)]
+            for conn in waiting:
+                _send(conn, {"nodes": everyone})
+            return everyone
+    except BaseException:
+        for conn in waiting:  # come back later (they are ahead, or node 0 gave up on this job)
+            try:
+                _send(conn, {"wait": True})
+            except OSError:
+                pass
+        raise
+    finally:
+        for conn in waiting:
+            conn.close()
+
+
+def barrier(nodes: Nodes, job: str, index: int, timeout_s: float) -> tuple[str, str] | None:
+    """Before a distributed config: wait until every node is at it, so that each launcher's
+    rendezvous finds the others there. None when they are, else the config's (status, reason)."""
+    try:
+        meet(nodes, job, index, [], time.monotonic() + timeout_s)
+    except Skipped as e:
+        return ("error", f"the nodes did not all run this config: {e} (are the nodes alike: frameworks, "
+                         "GPUs, suite and settings?)")
+    except (TimeoutError, socket.timeout):
+        return ("timeout", f"not every node reached this config within {timeout_s:g} s (timeout_s)")
+    return None
 
 
 def _valid_host(text: str) -> bool:

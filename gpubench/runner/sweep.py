@@ -22,7 +22,7 @@ from gpubench.backends import get_backend
 from gpubench.backends.base import ProbeInfo, device_kind
 from gpubench.results.schema import SCHEMA_VERSION, outcome
 from gpubench.results.store import NODE_FILE, RESULTS_FILE, append_result, slug
-from gpubench.runner.nodes import Nodes
+from gpubench.runner.nodes import Nodes, barrier
 from gpubench.runner.process import Launcher, kill_group, oom_kill_count
 from gpubench.suite import Config
 
@@ -119,8 +119,8 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: 
     if rc == 0 and nodes.node_rank > 0:
         per_node = job.config.devices // nodes.nnodes
         first = nodes.node_rank * per_node
-        return outcome("ok", f"node {nodes.node_rank}: ranks {first}-{first + per_node - 1} finished; node 0 writes "
-                             "the result",
+        ranks = f"rank {first}" if per_node == 1 else f"ranks {first}-{first + per_node - 1}"
+        return outcome("ok", f"node {nodes.node_rank}: {ranks} finished; node 0 writes the result",
                        log=str(log_rel))
     tail = _tail(run_dir / log_rel, LOG_TAIL_LINES)
     if rc < 0:
@@ -193,6 +193,9 @@ def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], p
         started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         t0 = time.perf_counter()
         pre = pre_resolve(job.config, probes)
+        if pre is None and nodes.multi and job.config.distributed:
+            # every node at this config before any launcher starts its rendezvous
+            pre = barrier(nodes, job.name, k, job.config.timeout_s)
         worker = outcome(*pre) if pre else run_worker(job, run_dir, launcher, nodes)
         result = {
             "schema_version": SCHEMA_VERSION,

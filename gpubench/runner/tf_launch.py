@@ -10,8 +10,8 @@ variables torchrun sets (RANK = node_rank x N + local rank, LOCAL_RANK, WORLD_SI
 LOCAL_WORLD_SIZE, GROUP_RANK), so the worker handles ranks the same way for every
 launcher. Ports: each node picks N free ports of its own. On one node the cluster is
 ``localhost:<port>``; across nodes, node 0 listens on master_addr:master_port, every other
-node connects and sends its ports (and the name of the job, WORKDIR's name, so that nodes
-that drifted apart fail instead of pairing wrong configs), node 0 answers with the whole
+node connects and sends its ports (and the name of the job, WORKDIR's name, so that nodes at
+different configs fail instead of pairing wrong workers), node 0 answers with the whole
 worker list: node 0's workers at master_addr, node r's at the address its connection came
 from. Like torchrun, a worker that fails stops the others, and the launcher exits with the
 failed worker's code.
@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpubench.runner.nodes import DEFAULT_MASTER_PORT, Nodes
+from gpubench.runner.nodes import DEFAULT_MASTER_PORT, Nodes, meet
 
 POLL_S = 0.1
 GRACE_S = 5.0
@@ -53,72 +53,13 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _send(conn: socket.socket, obj: dict) -> None:
-    conn.sendall((json.dumps(obj) + "\n").encode())
-
-
-def _receive(conn: socket.socket) -> dict:
-    with conn.makefile("r", encoding="utf-8") as f:
-        line = f.readline()
-    try:
-        obj = json.loads(line)
-    except ValueError:
-        raise RuntimeError(f"rendezvous: unreadable message {line[:80]!r} (another program on the master port?)")
-    if not isinstance(obj, dict):
-        raise RuntimeError(f"rendezvous: unexpected message {line[:80]!r}")
-    return obj
-
-
-def _serve(nodes: Nodes, job: str, ports: list[int]) -> list[str]:
-    """Node 0: collect every other node's ports, answer with the whole cluster."""
-    hosts: dict[int, tuple[str, list[int]]] = {0: (nodes.master_addr, ports)}
-    conns: list[socket.socket] = []
-    with socket.create_server(("", nodes.master_port)) as server:
-        try:
-            while len(hosts) < nodes.nnodes:
-                conn, (peer, *_) = server.accept()
-                conns.append(conn)
-                hello = _receive(conn)
-                rank = hello.get("node_rank")
-                problem = (f"node {rank} is at job {hello.get('job')!r}, node 0 at {job!r}" if hello.get("job") != job
-                           else f"node rank {rank!r} twice or out of range" if rank in hosts or rank not in
-                           range(nodes.nnodes) else None)
-                if problem:
-                    _send(conn, {"error": problem})
-                    raise RuntimeError(f"rendezvous: {problem}")
-                hosts[rank] = (peer, [int(p) for p in hello["ports"]])
-            workers = [_address(hosts[r][0], port) for r in sorted(hosts) for port in hosts[r][1]]
-            for conn in conns:
-                _send(conn, {"workers": workers})
-            return workers
-        finally:
-            for conn in conns:
-                conn.close()
-
-
-def _join(nodes: Nodes, job: str, ports: list[int]) -> list[str]:
-    """Node r > 0: connect to node 0 (retrying until it listens), send our ports, get the cluster."""
-    while True:
-        try:
-            conn = socket.create_connection((nodes.master_addr, nodes.master_port), timeout=5.0)
-            break
-        except OSError:
-            time.sleep(0.5)
-    with conn:
-        conn.settimeout(None)
-        _send(conn, {"job": job, "node_rank": nodes.node_rank, "ports": ports})
-        answer = _receive(conn)
-    if "error" in answer:
-        raise RuntimeError(f"rendezvous: {answer['error']}")
-    return list(answer["workers"])
-
-
 def cluster(nodes: Nodes, job: str, nproc: int) -> list[str]:
-    """Every worker's host:port, in rank order."""
+    """Every worker's host:port, in rank order: this node's free ports, or across nodes the
+    ports every node sent to node 0's rendezvous (gpubench.runner.nodes.meet)."""
     ports = free_ports(nproc)
     if not nodes.multi:
         return [_address("localhost", p) for p in ports]
-    return (_serve if nodes.node_rank == 0 else _join)(nodes, job, ports)
+    return [_address(host, port) for host, node_ports in meet(nodes, job, 0, ports) for port in node_ports]
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
