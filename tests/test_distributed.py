@@ -158,7 +158,8 @@ def test_multiworker_2_trains_like_single_at_twice_the_batch(tmp_path, write_sui
     pytest.importorskip("tensorflow")
     proc, run_dir, (single, multi) = run_suite(
         tmp_path, write_suite, 'framework = "tensorflow"',
-        'batch_size = [16]\nparallelism = ["single"]\n[[matrix.include]]\nbatch_size = 8\nparallelism = "multiworker:2"')
+        'batch_size = [16]\nparallelism = ["single"]\n'
+        '[[matrix.include]]\nbatch_size = 8\nparallelism = "multiworker:2"')
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert multi["status"] == "ok", multi["reason"]
     m = multi["metrics"]

@@ -41,7 +41,8 @@ class Nodes:
         if self.nnodes < 1:
             raise InputError(f"--nnodes: expected an integer >= 1, got {self.nnodes}")
         if not 0 <= self.node_rank < self.nnodes:
-            raise InputError(f"--node-rank: expected 0..{self.nnodes - 1} (--nnodes {self.nnodes}), got {self.node_rank}")
+            raise InputError(f"--node-rank: expected 0..{self.nnodes - 1} (--nnodes {self.nnodes}), "
+                             f"got {self.node_rank}")
         if not 1 <= self.master_port <= 65535:
             raise InputError(f"--master-port: expected a TCP port 1..65535, got {self.master_port}")
         if not self.multi:
@@ -80,8 +81,13 @@ class Skipped(RuntimeError):
     """The nodes are not at the same config (one of them skipped this one)."""
 
 
-def _send(conn: socket.socket, obj: dict[str, Any]) -> None:
-    conn.sendall((json.dumps(obj) + "\n").encode())
+def _send(conn: socket.socket, obj: dict[str, Any], quiet: bool = False) -> None:
+    """One JSON line; with ``quiet``, a peer that is gone is no error (it will come back)."""
+    try:
+        conn.sendall((json.dumps(obj) + "\n").encode())
+    except OSError:
+        if not quiet:
+            raise
 
 
 def _receive(conn: socket.socket) -> dict[str, Any] | None:
@@ -149,12 +155,14 @@ def _serve(nodes: Nodes, hello: dict[str, Any], deadline: float | None) -> list[
                 if rank not in range(1, nodes.nnodes) or rank in arrived or not isinstance(other.get("index"), int):
                     conn.close()  # a stray connection: not one of our nodes
                     continue
-                if other["index"] < hello["index"] or (other["index"] == hello["index"] and other["job"] != hello["job"]):
-                    _send(conn, {"skip": f"node {rank} is at {other['job']!r}, node 0 at {hello['job']!r}"})
+                behind = other["index"] < hello["index"]
+                if behind or (other["index"] == hello["index"] and other["job"] != hello["job"]):
+                    apart = f"node {rank} is at {other['job']!r}, node 0 at {hello['job']!r}"
+                    _send(conn, {"skip": apart}, quiet=True)
                     conn.close()
-                    if other["index"] < hello["index"]:  # it is behind: node 0 skipped its job; wait on
+                    if behind:  # node 0 skipped its job: that node fails it, node 0 waits on
                         continue
-                    raise Skipped(f"node {rank} is at {other['job']!r}, node 0 at {hello['job']!r}")
+                    raise Skipped(apart)  # different jobs at the same place: both fail
                 waiting.append(conn)
                 if other["index"] > hello["index"]:  # it is ahead: it skipped this job
                     raise Skipped(f"node {rank} is at {other['job']!r}, past node 0's {hello['job']!r}")
@@ -165,10 +173,7 @@ def _serve(nodes: Nodes, hello: dict[str, Any], deadline: float | None) -> list[
             return everyone
     except BaseException:
         for conn in waiting:  # come back later (they are ahead, or node 0 gave up on this job)
-            try:
-                _send(conn, {"wait": True})
-            except OSError:
-                pass
+            _send(conn, {"wait": True}, quiet=True)
         raise
     finally:
         for conn in waiting:

@@ -145,7 +145,7 @@ def run_config(config: Config) -> dict[str, Any]:
     trainer = None
     try:
         if config.distributed and os.environ.get("WORLD_SIZE") != str(world):
-            raise RuntimeError(f"{config.parallelism} needs {world} processes started by torchrun; this worker has "
+            raise RuntimeError(f"{config.parallelism} needs {world} processes started by its launcher; this worker has "
                                f"WORLD_SIZE={os.environ.get('WORLD_SIZE')}")
         t0 = time.perf_counter()
         # one global batch = accum_steps x replicas micro-batches; each rank keeps its own

@@ -72,7 +72,7 @@ class TorchTrainerBase(Trainer):
         if self.distributed:
             import torch.distributed as dist
 
-            dist.init_process_group("nccl" if self.cuda else "gloo")
+            dist.init_process_group(self.backend_name)
             torch.backends.cudnn.benchmark = True
             tf32 = config.precision == "tf32"
             torch.backends.cuda.matmul.allow_tf32 = tf32  # fp32 means true fp32, not TF32
