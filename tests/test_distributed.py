@@ -187,49 +187,43 @@ def test_a_failing_worker_stops_the_other_workers(tmp_path, write_suite):
     assert leftover(run_dir) == []
 
 
-def _cluster_pair(job0: str, job1: str, port: int) -> list:
-    from gpubench.runner.tf_launch import cluster
+def _as_nodes(work: dict, port: int) -> dict:
+    """Run ``work[rank](nodes)`` for each rank of a 2-node layout on localhost, each node a
+    thread; every node's return value (or the RuntimeError it raised)."""
+    out: dict = {}
 
-    out: list = [None, None]
-
-    def node(rank: int, job: str) -> None:
+    def node(rank: int) -> None:
         try:
-            out[rank] = cluster(Nodes(2, rank, "127.0.0.1", port), job, 2)
+            out[rank] = work[rank](Nodes(2, rank, "127.0.0.1", port))
         except RuntimeError as e:
             out[rank] = e
 
-    threads = [threading.Thread(target=node, args=(r, j)) for r, j in ((1, job1), (0, job0))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    return out
-
-
-def test_multiworker_rendezvous_gives_every_node_the_same_cluster():
-    zero, one = _cluster_pair("job-a", "job-a", free_port())
-    assert zero == one and len(zero) == 4  # 2 workers on each of 2 nodes, node 0's first
-    assert all(w.startswith("127.0.0.1:") for w in zero) and len(set(zero)) == 4
-    zero, one = _cluster_pair("job-a", "job-b", free_port())  # nodes at different configs fail
-    assert isinstance(zero, RuntimeError) and str(zero) == "node 1 is at 'job-b', node 0 at 'job-a'"
-    assert isinstance(one, RuntimeError) and str(one) == "node 1 is at 'job-b', node 0 at 'job-a'"
-
-
-def _nodes_in_threads(plans: dict[int, list[tuple[str, int]]], port: int, timeout_s: float = 20) -> dict:
-    """Each node (a thread) runs the barrier for each (job, index) of its plan in turn."""
-    from gpubench.runner.nodes import barrier
-
-    out: dict[int, list] = {}
-
-    def node(rank: int) -> None:
-        out[rank] = [barrier(Nodes(2, rank, "127.0.0.1", port), job, k, timeout_s) for job, k in plans[rank]]
-
-    threads = [threading.Thread(target=node, args=(r,)) for r in plans]
+    threads = [threading.Thread(target=node, args=(r,)) for r in work]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=60)
     return out
+
+
+def test_multiworker_rendezvous_gives_every_node_the_same_cluster():
+    from gpubench.runner.tf_launch import cluster
+
+    out = _as_nodes({1: lambda n: cluster(n, "job-a", 2), 0: lambda n: cluster(n, "job-a", 2)}, free_port())
+    assert out[0] == out[1] and len(out[0]) == 4  # 2 workers on each of 2 nodes, node 0's first
+    assert all(w.startswith("127.0.0.1:") for w in out[0]) and len(set(out[0])) == 4
+    # nodes at different configs fail
+    out = _as_nodes({1: lambda n: cluster(n, "job-b", 2), 0: lambda n: cluster(n, "job-a", 2)}, free_port())
+    for rank in (0, 1):
+        assert isinstance(out[rank], RuntimeError) and str(out[rank]) == "node 1 is at 'job-b', node 0 at 'job-a'"
+
+
+def _nodes_in_threads(plans: dict[int, list[tuple[str, int]]], port: int, timeout_s: float = 20) -> dict:
+    """Each node runs the barrier for each (job, index) of its plan in turn."""
+    from gpubench.runner.nodes import barrier
+
+    return _as_nodes({rank: lambda n, plan=plan: [barrier(n, job, k, timeout_s) for job, k in plan]
+                      for rank, plan in plans.items()}, port)
 
 
 def test_the_node_barrier_realigns_nodes_that_skipped_different_configs():
