@@ -10,6 +10,7 @@ from rich.console import Console
 
 from gpubench import __version__
 from gpubench.errors import InputError
+from gpubench.runner.nodes import DEFAULT_MASTER_PORT, Nodes
 from gpubench.runner.run import EXIT_BAD_INPUT, EXIT_INTERRUPTED, RunRequest
 
 
@@ -43,6 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-calibrate", action="store_true",
                      help="no device peaks (results get achieved_tflops but no mfu); by default they come from the "
                           "calibration cache, measured once per machine when missing (see gpubench calibrate)")
+    run.add_argument("--nnodes", type=int, default=1, metavar="N",
+                     help="multi-node run: start the same command on N nodes; distributed configs run N x their "
+                          "processes (default 1)")
+    run.add_argument("--node-rank", type=int, default=0, metavar="R", help="this node's rank, 0..N-1 (node 0 "
+                                                                           "writes the results)")
+    run.add_argument("--master-addr", metavar="HOST", help="node 0's address, reachable from every node")
+    run.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT, metavar="P",
+                     help=f"the rendezvous port on node 0 (default {DEFAULT_MASTER_PORT})")
 
     rep = sub.add_parser("report", help="HTML (self-contained), PNG charts, CSV and markdown from run directories")
     rep.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
@@ -139,9 +148,10 @@ def main(argv: list[str] | None = None) -> int:
 
             sets = args.sets + ([] if args.telemetry_interval_ms is None
                                 else [f"telemetry_interval_ms={args.telemetry_interval_ms}"])
+            nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port)
             return execute(RunRequest(suite=args.suite, out=args.out, sets=sets, repeats=args.repeats,
                                       resume=args.resume, report=not args.no_report,
-                                      calibrate=not args.no_calibrate), console)
+                                      calibrate=not args.no_calibrate, nodes=nodes), console)
         if args.command == "report":
             from gpubench.report.build import build_report
 

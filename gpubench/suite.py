@@ -35,7 +35,8 @@ else:  # pragma: no cover - Python 3.10
 
 from gpubench.backends import BACKENDS
 from gpubench.backends.base import (COMPILES, DATA_MODES, DATASETS, DISTRIBUTED_KINDS, LOSSES, MEMORY_FORMATS,
-                                    OPTIMIZERS, PRECISIONS, REPLICA_KINDS, parse_parallelism)
+                                    OPTIMIZERS, PIPELINE_SCHEDULES, PRECISIONS, REPLICA_KINDS, STAGE_KINDS,
+                                    parse_parallelism)
 from gpubench.errors import InputError, choices_message
 from gpubench.workloads import WORKLOADS
 
@@ -69,6 +70,11 @@ class Config:
     telemetry_interval_ms: int = 100
     max_batch_start: int = 64  # batch_size = "max": the search starts here (doubling, then bisection)
     max_batch_limit: int = 65536  # ... and tries no batch above this
+    pipeline_microbatches: int = 4
+    pipeline_schedule: str = "gpipe"
+    # nodes of a multi-node run (``run --nnodes``; not a suite key): a distributed config runs
+    # its N processes on every node
+    nnodes: int = 1
     workload_params: tuple[tuple[str, int], ...] = ()
 
     @property
@@ -79,22 +85,53 @@ class Config:
 
     @property
     def distributed(self) -> bool:
-        """One process per rank, started by the framework's launcher (``ddp:N``, also N = 1)."""
+        """One process per rank, started by a launcher (``ddp:N``, ``pipeline:N``,
+        ``multiworker:N``, also N = 1)."""
         return parse_parallelism(self.parallelism)[0] in DISTRIBUTED_KINDS
 
     @property
+    def pipelined(self) -> bool:
+        """``pipeline:N``: the model split into N stages, each on its own device."""
+        return parse_parallelism(self.parallelism)[0] in STAGE_KINDS
+
+    @property
     def devices(self) -> int:
-        """Devices (ranks or replicas) one optimizer step runs on."""
+        """Devices (ranks, replicas or pipeline stages) one optimizer step runs on; a
+        distributed config has N on each of ``nnodes`` nodes."""
         kind, n = parse_parallelism(self.parallelism)
-        return n if kind in REPLICA_KINDS else 1
+        if kind not in REPLICA_KINDS + STAGE_KINDS:
+            return 1
+        return n * self.nnodes if kind in DISTRIBUTED_KINDS else n
+
+    @property
+    def replicas(self) -> int:
+        """Data-parallel replicas, each taking ``batch_size`` samples of every global batch
+        (pipeline stages all see the same samples: 1)."""
+        return 1 if self.pipelined else self.devices
 
     @property
     def samples_per_step(self) -> int:
         """Global samples per optimizer step (all ranks, all micro-batches); ``batch_size``
-        is the micro-batch of one device."""
+        is the batch of one device: the micro-batch of one replica, or with ``pipeline:N``
+        the batch every stage processes, in ``pipeline_microbatches`` micro-batches."""
         if not isinstance(self.batch_size, int):
             raise ValueError(f"batch_size = {self.batch_size!r} is resolved to a number before training")
-        return self.batch_size * self.accum_steps * self.devices
+        return self.batch_size * self.accum_steps * self.replicas
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Samples of one forward/backward pass on one device."""
+        return self.batch_size // self.pipeline_microbatches if self.pipelined else self.batch_size
+
+    def topology_unsupported(self) -> str | None:
+        """Why this config cannot run in its run's node layout (every framework), or None.
+        Every node must reach each distributed config's rendezvous together, so a multi-node
+        run skips the single-process configs on every node."""
+        if self.nnodes > 1 and not self.distributed:
+            kinds = ", ".join(f"{k}:N" for k in DISTRIBUTED_KINDS)
+            return (f"a multi-node run (--nnodes {self.nnodes}) runs distributed configs only ({kinds}); "
+                    f"run {self.parallelism} configs without --nnodes")
+        return None
 
     @property
     def workload_label(self) -> str:
@@ -106,7 +143,7 @@ class Config:
         """The training settings that differ from their built-in default, ``key=value`` joined
         by ``-`` (``""`` when none do); data_workers only counts in pipeline mode."""
         return "-".join(f"{name}={getattr(self, name)}" for name in _ID_EXTRAS
-                        if getattr(self, name) != _DEFAULTS[name] and (name != "data_workers" or self.data == "pipeline"))
+                        if getattr(self, name) != _DEFAULTS[name] and _ID_ONLY_WHEN.get(name, _ALWAYS)(self))
 
     @property
     def config_id(self) -> str:
@@ -137,9 +174,16 @@ class Config:
 
 
 _DEFAULTS = {f.name: f.default for f in fields(Config)}
-# training settings named in config_id when they differ from their default (data_workers only
-# in pipeline mode, where it matters); data_dir is a path and stays out of the id
-_ID_EXTRAS = ("optimizer", "lr", "loss", "compile", "memory_format", "data", "data_workers", "dataset")
+# training settings named in config_id when they differ from their default (some only where
+# they matter: _ID_ONLY_WHEN); data_dir is a path and stays out of the id
+_ID_EXTRAS = ("optimizer", "lr", "loss", "compile", "memory_format", "data", "data_workers", "dataset",
+              "pipeline_microbatches", "pipeline_schedule", "nnodes")
+_ALWAYS: Callable[[Config], bool] = lambda c: True
+_ID_ONLY_WHEN: dict[str, Callable[[Config], bool]] = {
+    "data_workers": lambda c: c.data == "pipeline",
+    "pipeline_microbatches": lambda c: c.pipelined,
+    "pipeline_schedule": lambda c: c.pipelined,
+}
 
 
 # --- settings: type, check, default ------------------------------------------------------
@@ -232,7 +276,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("device", _device, str, "cpu, cuda or cuda:N"),
     Setting("batch_size", _batch_size, _parse_number, 'samples per step per device, or "max" (the largest that fits)'),
     Setting("precision", _choice("precision", PRECISIONS), str, "numeric precision"),
-    Setting("parallelism", _parallelism, str, "parallel strategy: single, grad-accum:N, ddp:N, dp:N, mirrored:N"),
+    Setting("parallelism", _parallelism, str, "parallel strategy: single, grad-accum:N, ddp:N, dp:N, mirrored:N, "
+                                              "pipeline:N, multiworker:N"),
     Setting("optimizer", _choice("optimizer", OPTIMIZERS), str, "optimizer"),
     Setting("lr", _positive_float, _parse_number, "learning rate"),
     Setting("loss", _choice("loss", LOSSES), str, "loss function"),
@@ -252,6 +297,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("telemetry_interval_ms", _int(0), _parse_number, "telemetry sampling period; 0 turns sampling off"),
     Setting("max_batch_start", _int(1), _parse_number, 'batch_size = "max": the first batch the search tries'),
     Setting("max_batch_limit", _int(1), _parse_number, 'batch_size = "max": the largest batch the search tries'),
+    Setting("pipeline_microbatches", _int(1), _parse_number, "pipeline:N: micro-batches each batch is split into"),
+    Setting("pipeline_schedule", _choice("pipeline schedule", PIPELINE_SCHEDULES), str,
+            "pipeline:N: the torch.distributed.pipelining schedule"),
 )}
 
 

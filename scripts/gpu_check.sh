@@ -52,11 +52,12 @@ step overhead "$PY" benchmarks/overhead.py --device "$DEV" --json "$OUT/overhead
 step telemetry "$PY" scripts/telemetry_check.py --device "$DEV" --out "$OUT/telemetry-runs" --python "$PY"
 step telemetry-overhead "$PY" benchmarks/overhead.py --telemetry --device "$DEV" --json "$OUT/telemetry-overhead.json"
 
-# 4. parallel strategies on the GPU: grad-accum and ddp:1 over NCCL against single (issue #7)
+# 4. parallel strategies on the GPU: grad-accum, ddp:1 and pipeline:1 over NCCL against single,
+#    and ddp:2 / pipeline:2 (unavailable with one GPU) (issue #7)
 if [ "$DEV" = cuda ]; then psteps=50; else psteps=2; fi
 step parallel "$PY" -m gpubench run suites/parallel.toml --out "$OUT/runs" --no-report \
   --set framework=torch --set device="$DEV" --set precision=fp32,amp-bf16 --set batch_size=128 \
-  --set parallelism=single,grad-accum:4,ddp:1 --set steps="$psteps" --set windows=5
+  --set parallelism=single,grad-accum:4,ddp:1,pipeline:1,ddp:2,pipeline:2 --set steps="$psteps" --set windows=5
 
 # 4b. compile settings and channels-last (issue #8): eager, torch.compile, Inductor's CUDA
 #     graphs, the whole step as one CUDA graph (torch-compile-max-autotune left out: its

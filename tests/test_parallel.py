@@ -147,11 +147,13 @@ def test_ddp_2_on_cpu_trains_two_ranks_with_identical_weights(tmp_path, write_su
     assert "torch.distributed" in (run_dir / ddp["log"]).read_text() or ddp["runtime"]["num_threads"] == 1
 
 
-def test_a_failing_rank_fails_the_config_and_leaves_no_process(tmp_path, write_suite):
+@pytest.mark.parametrize("parallelism", ["ddp:2", "pipeline:2"])
+def test_a_failing_rank_fails_the_config_and_leaves_no_process(tmp_path, write_suite, parallelism):
     pytest.importorskip("torch")
     import psutil
 
-    proc, run_dir, (r,) = run_tiny(tmp_path, write_suite, '["ddp:2"]', GPUBENCH_TEST_FAIL_RANK="1")
+    # pipeline:2: stage 1 fails while stage 0 waits for it in the schedule's first step
+    proc, run_dir, (r,) = run_tiny(tmp_path, write_suite, f'["{parallelism}"]', GPUBENCH_TEST_FAIL_RANK="1")
     assert proc.returncode == 1, proc.stdout + proc.stderr  # an error makes run exit 1
     assert r["status"] == "error"
     assert r["reason"] == "rank 1: RuntimeError: injected failure on rank 1 (GPUBENCH_TEST_FAIL_RANK)"

@@ -21,10 +21,14 @@ if TYPE_CHECKING:
 
 PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16")
 # parallel strategies: "single", or "<kind>:N" for the kinds below (N >= 1)
-PARALLELISMS = ("single", "grad-accum:N", "ddp:N", "dp:N", "mirrored:N")
-PARALLEL_KINDS = ("grad-accum", "ddp", "dp", "mirrored")
-DISTRIBUTED_KINDS = ("ddp",)  # one process per rank, started by the framework's launcher
-REPLICA_KINDS = ("ddp", "dp", "mirrored")  # N devices, batch_size samples on each
+PARALLELISMS = ("single", "grad-accum:N", "ddp:N", "dp:N", "mirrored:N", "pipeline:N", "multiworker:N")
+PARALLEL_KINDS = ("grad-accum", "ddp", "dp", "mirrored", "pipeline", "multiworker")
+# one process per rank, started by a launcher (torchrun; gpubench.runner.tf_launch for
+# multiworker); N processes per node, N x nnodes in all
+DISTRIBUTED_KINDS = ("ddp", "pipeline", "multiworker")
+REPLICA_KINDS = ("ddp", "dp", "mirrored", "multiworker")  # data parallel: N devices, batch_size samples on each
+STAGE_KINDS = ("pipeline",)  # model parallel: N devices, each runs its stage on every sample
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 
 
 def parse_parallelism(value: str) -> tuple[str, int]:

@@ -15,6 +15,7 @@ from gpubench.results.schema import SUPPORTED_SCHEMA_VERSIONS, clean
 
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
+NODE_FILE = "node.jsonl"  # node r > 0 of a multi-node run: its own outcome of each config
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -28,10 +29,10 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def append_result(run_dir: Path, result: dict[str, Any]) -> None:
+def append_result(run_dir: Path, result: dict[str, Any], name: str = RESULTS_FILE) -> None:
     """Append one result as a single write of one line, then fsync."""
     line = (json.dumps(clean(result), separators=(",", ":")) + "\n").encode()
-    fd = os.open(run_dir / RESULTS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(run_dir / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)
         os.fsync(fd)

@@ -116,6 +116,6 @@ def run_at_max_batch(job: Job, search: dict[str, Any], run_dir: Path,
                            metrics={"batch_search": search})
         return outcome("oom", f'batch_size = "max": not even batch {search["first_oom"]} fits',
                        metrics={"batch_search": search})
-    result = run_worker(job, run_dir, launcher, replace(job.config, batch_size=search["max_batch"]))
+    result = run_worker(job, run_dir, launcher, train=replace(job.config, batch_size=search["max_batch"]))
     result["metrics"] = {**(result.get("metrics") or {}), "batch_search": search}
     return result

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gpubench
+from gpubench.backends.base import parse_parallelism
+from gpubench.runner.nodes import Nodes
+from gpubench.suite import Config
 
 _PKG_ROOT = str(Path(gpubench.__file__).resolve().parent.parent)
 
@@ -43,14 +46,19 @@ class Launcher:
     def command(self, module: str, *args: str) -> list[str]:
         return [self.python, "-m", module, *args]
 
-    def worker_command(self, workdir: Path, ranks: int | None = None) -> list[str]:
-        """The worker for one job; for a distributed config (``ranks`` given), started by
-        PyTorch's elastic launcher (torchrun: one process per rank on this node, a local
-        rendezvous on a free port)."""
-        if ranks is None:
+    def worker_command(self, workdir: Path, config: Config, nodes: Nodes = Nodes()) -> list[str]:
+        """The worker for one job. A distributed config's ranks (N on this node) are started by
+        a launcher: PyTorch's elastic launcher (torchrun: a local rendezvous on a free port, or
+        the static rendezvous of a multi-node run), or for TensorFlow's multiworker:N
+        gpubench.runner.tf_launch (one TF_CONFIG per worker)."""
+        if not config.distributed:
             return self.command("gpubench.runner.worker", str(workdir))
-        return self.command("torch.distributed.run", "--standalone", "--nnodes=1", f"--nproc-per-node={ranks}",
-                            "-m", "gpubench.runner.worker", str(workdir))
+        kind, nproc = parse_parallelism(config.parallelism)
+        if kind == "multiworker":
+            return self.command("gpubench.runner.tf_launch", f"--nproc-per-node={nproc}", *nodes.launch_args(),
+                                str(workdir))
+        return self.command("torch.distributed.run", *nodes.torchrun_args(nproc), "-m", "gpubench.runner.worker",
+                            str(workdir))
 
 
 def kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:

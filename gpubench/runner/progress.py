@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -81,7 +82,7 @@ class SweepDisplay:
         style = STATUS_STYLE.get(status, "")
         rep = f" r{job.repeat}" if job.repeat else ""
         line = (f"[{k + 1}/{self.total}] {job.config.config_id}{rep}: [{style}]{status}[/{style}] "
-                f"{one_line(result)} ({result['duration_s']:.1f} s)")
+                f"{escape(one_line(result))} ({result['duration_s']:.1f} s)")
         if self.progress:
             self.progress.console.print(line, highlight=False)
             self.progress.advance(self.task)
@@ -137,5 +138,5 @@ def unmeasured_lines(results: list[dict[str, Any]]) -> list[str]:
     for (status, reason), ids in groups.items():
         style = STATUS_STYLE.get(status, "")
         shown = ", ".join(ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
-        lines.append(f"[{style}]{status}[/{style}] x{len(ids)}: {reason} ({shown})")
+        lines.append(f"[{style}]{status}[/{style}] x{len(ids)}: {escape(reason)} ({escape(shown)})")
     return lines

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,8 @@ from gpubench.backends.base import ProbeInfo
 from gpubench.env import fingerprint
 from gpubench.errors import InputError
 from gpubench.results.schema import FAILED_STATUSES, SCHEMA_VERSION
-from gpubench.results.store import RUN_FILE, create_run_dir, load_results, load_run, write_json_atomic
+from gpubench.results.store import NODE_FILE, RUN_FILE, create_run_dir, load_results, load_run, write_json_atomic
+from gpubench.runner.nodes import Nodes
 from gpubench.runner.probe import probe
 from gpubench.runner.process import Launcher
 from gpubench.runner.progress import SweepDisplay, summary_table, unmeasured_lines
@@ -39,6 +40,7 @@ class RunRequest:
     resume: Path | None = None
     report: bool = True
     calibrate: bool = True  # look up (or measure) device peaks for MFU
+    nodes: Nodes = field(default_factory=Nodes)
 
 
 def probe_frameworks(configs: list[Config], console: Console, launcher: Launcher = Launcher(),
@@ -86,7 +88,12 @@ def _prepare(req: RunRequest) -> tuple[Suite, int, Path | None, list[dict[str, A
         suite = load_suite(req.suite).with_overrides(req.sets)
         repeats = req.repeats or 1
         return suite, repeats, None, []
+    if req.nodes.multi:
+        raise InputError(f"--resume {req.resume}: --nnodes cannot be combined with --resume; start the multi-node "
+                         "run again on every node")
     meta = load_run(req.resume)
+    if meta.get("args", {}).get("nodes"):
+        raise InputError(f"--resume {req.resume}: that is a multi-node run; start it again on every node")
     if req.sets:
         raise InputError(f"--resume {req.resume}: --set cannot be combined with --resume; "
                          "the run keeps the settings it started with")
@@ -121,8 +128,10 @@ def check_data(configs: list[Config], source: str) -> None:
 
 
 def execute(req: RunRequest, console: Console) -> int:
+    nodes = req.nodes.check()
     suite, repeats, run_dir, existing = _prepare(req)
-    configs = suite.expand()
+    # every node expands the same suite: the same configs in the same order
+    configs = [replace(c, nnodes=nodes.nnodes) for c in suite.expand()]
     check_data(configs, suite.source)
     done = {(r["config_id"], r.get("repeat", 0)) for r in existing}
     jobs = plan(configs, repeats, done)
@@ -132,26 +141,31 @@ def execute(req: RunRequest, console: Console) -> int:
     peaks = load_peaks(peak_devices(runnable), console) if req.calibrate else {}
     now = datetime.now(timezone.utc)
     if run_dir is None:
-        run_dir, meta = new_run_dir(req.out, f"{suite.name}-{now:%Y%m%d-%H%M%S}", suite,
-                                    {"suite": req.suite, "set": req.sets, "repeats": repeats, "out": str(req.out)},
-                                    configs, env)
+        args: dict[str, Any] = {"suite": req.suite, "set": req.sets, "repeats": repeats, "out": str(req.out)}
+        if nodes.multi:
+            args["nodes"] = nodes.to_dict()
+        node = f"-node{nodes.node_rank}" if nodes.node_rank else ""
+        run_dir, meta = new_run_dir(req.out, f"{suite.name}-{now:%Y%m%d-%H%M%S}{node}", suite, args, configs, env)
     else:
         meta = load_run(run_dir)
         meta.setdefault("resumed_at", []).append(now.isoformat(timespec="seconds"))
         write_json_atomic(run_dir / RUN_FILE, meta)
     run_id = meta["run_id"]
-    console.print(f"run {run_id}: {len(configs)} configs x {repeats} repeat(s), {len(jobs)} to run "
+    where = f" (node {nodes.node_rank} of {nodes.nnodes})" if nodes.multi else ""
+    console.print(f"run {run_id}{where}: {len(configs)} configs x {repeats} repeat(s), {len(jobs)} to run "
                   f"-> {run_dir}", highlight=False)
     try:
         with SweepDisplay(console, len(jobs)) as display:
             new = run_jobs(jobs, run_dir, run_id, env, probes, display.started, display.finished, existing,
-                           peaks=peaks)
+                           peaks=peaks, nodes=nodes)
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted[/yellow]; finished configs are in {run_dir}/results.jsonl; "
                       f"continue with: gpubench run --resume {run_dir}", highlight=False)
         return EXIT_INTERRUPTED
     finish_run_dir(run_dir, meta)
     results = existing + new
+    if nodes.node_rank > 0:
+        return _node_summary(new, run_dir, console)
     console.print(summary_table(results))
     for line in unmeasured_lines(results):
         console.print(line, highlight=False, soft_wrap=True)
@@ -160,6 +174,16 @@ def execute(req: RunRequest, console: Console) -> int:
                   highlight=False)
     if req.report:
         write_report([run_dir], console)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _node_summary(outcomes: list[dict[str, Any]], run_dir: Path, console: Console) -> int:
+    """Node r > 0 of a multi-node run: its own outcome of each config (node 0 has the results)."""
+    for line in unmeasured_lines(outcomes):
+        console.print(line, highlight=False, soft_wrap=True)
+    failed = [r for r in outcomes if r["status"] in FAILED_STATUSES]
+    console.print(f"this node's outcomes: {run_dir / NODE_FILE}; the results and the report are on node 0"
+                  + (f"  ([red]{len(failed)} failed[/red])" if failed else ""), highlight=False)
     return EXIT_FAILED if failed else EXIT_OK
 
 

@@ -21,7 +21,8 @@ from typing import Any, Callable
 from gpubench.backends import get_backend
 from gpubench.backends.base import ProbeInfo, device_kind
 from gpubench.results.schema import SCHEMA_VERSION, outcome
-from gpubench.results.store import append_result, slug
+from gpubench.results.store import NODE_FILE, RESULTS_FILE, append_result, slug
+from gpubench.runner.nodes import Nodes, barrier
 from gpubench.runner.process import Launcher, kill_group, oom_kill_count
 from gpubench.runner.mfu import mfu_metrics
 from gpubench.suite import MAX_BATCH, Config
@@ -59,7 +60,7 @@ def pre_resolve(config: Config, probes: dict[str, ProbeInfo]) -> tuple[str, str]
     probe = probes.get(config.framework)
     if probe is not None and not probe.available:
         return ("unavailable", probe.reason)
-    reason = get_backend(config.framework).static_unsupported(config)
+    reason = config.topology_unsupported() or get_backend(config.framework).static_unsupported(config)
     if reason:
         return ("unsupported", reason)
     if probe is not None and not device_present(config.device, probe):
@@ -75,9 +76,10 @@ def _tail(path: Path, n: int) -> list[str]:
         return []
 
 
-def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), train: Config | None = None
-               ) -> dict[str, Any]:
-    """Run one job in a fresh process; the worker-side result, whatever happens to it.
+def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: Nodes = Nodes(),
+               train: Config | None = None) -> dict[str, Any]:
+    """Run one job in a fresh process; the worker-side result, whatever happens to it. On
+    node r > 0 of a multi-node run: this node's outcome (node 0 writes the result).
     ``train`` is the config the worker trains when it is not the job's own (a resolved
     ``batch_size = "max"``); files are still named after the job."""
     train = train or job.config
@@ -91,7 +93,7 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), train: 
     oom_before = oom_kill_count()
     timeout_s = train.timeout_s
     with open(run_dir / log_rel, "wb") as log:
-        proc = subprocess.Popen(launcher.worker_command(workdir, train.devices if train.distributed else None),
+        proc = subprocess.Popen(launcher.worker_command(workdir, train, nodes),
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=launcher.env())
         try:
@@ -120,8 +122,14 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), train: 
         shutil.rmtree(workdir, ignore_errors=True)
         return result
     shutil.rmtree(workdir, ignore_errors=True)
-    tail = _tail(run_dir / log_rel, LOG_TAIL_LINES)
     rc = proc.returncode
+    if rc == 0 and nodes.node_rank > 0:
+        per_node = job.config.devices // nodes.nnodes
+        first = nodes.node_rank * per_node
+        ranks = f"rank {first}" if per_node == 1 else f"ranks {first}-{first + per_node - 1}"
+        return outcome("ok", f"node {nodes.node_rank}: {ranks} finished; node 0 writes the result",
+                       log=str(log_rel))
+    tail = _tail(run_dir / log_rel, LOG_TAIL_LINES)
     if rc < 0:
         sig = signal.Signals(-rc).name
         oom_after = oom_kill_count()
@@ -180,10 +188,11 @@ FinishCallback = Callable[[int, Job, dict[str, Any]], None]
 def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], probes: dict[str, ProbeInfo],
              on_start: Callback | None = None, on_finish: FinishCallback | None = None,
              earlier: list[dict[str, Any]] | None = None, launcher: Launcher = Launcher(),
-             peaks: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+             peaks: dict[str, dict[str, Any]] | None = None, nodes: Nodes = Nodes()) -> list[dict[str, Any]]:
     """Run the jobs in order, appending each result as it finishes. ``earlier`` are results
     already in the run (when resuming), used for pipeline-vs-device comparisons and to reuse a
-    ``batch_size = "max"`` search; ``peaks`` are device calibrations, for MFU."""
+    ``batch_size = "max"`` search; ``peaks`` are device calibrations, for MFU. Node r > 0 of a
+    multi-node run appends its own outcome of each config to node.jsonl instead."""
     from gpubench.runner.find_batch import batch_search, run_at_max_batch  # find_batch imports this module
 
     results: list[dict[str, Any]] = []
@@ -194,12 +203,18 @@ def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], p
         started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         t0 = time.perf_counter()
         pre = pre_resolve(job.config, probes)
+        if pre is None and nodes.multi and job.config.batch_size == MAX_BATCH:
+            pre = ("unsupported", 'batch_size = "max" is searched on one node; in a multi-node run give the batch '
+                                  "(gpubench find-batch finds it)")
+        if pre is None and nodes.multi and job.config.distributed:
+            # every node at this config before any launcher starts its rendezvous
+            pre = barrier(nodes, job.name, k, job.config.timeout_s)
         if pre:
             worker = outcome(*pre)
         elif job.config.batch_size == MAX_BATCH:
             worker = run_at_max_batch(job, batch_search(job.config, launcher, earlier + results), run_dir, launcher)
         else:
-            worker = run_worker(job, run_dir, launcher)
+            worker = run_worker(job, run_dir, launcher, nodes)
         result = {
             "schema_version": SCHEMA_VERSION,
             "run_id": run_id,
@@ -212,6 +227,13 @@ def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], p
             "started_at": started_at,
             "duration_s": time.perf_counter() - t0,
         }
+        if nodes.node_rank > 0:
+            result["node_rank"] = nodes.node_rank
+            append_result(run_dir, result, NODE_FILE)
+            results.append(result)
+            if on_finish:
+                on_finish(k, job, result)
+            continue
         comparison = pipeline_comparison(result, earlier + results)
         if comparison is not None:
             result["metrics"]["pipeline_vs_device"] = comparison
@@ -221,7 +243,7 @@ def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], p
         flops = mfu_metrics(result, peaks or {})
         if flops is not None:
             result["metrics"].update(flops)
-        append_result(run_dir, result)
+        append_result(run_dir, result, RESULTS_FILE)
         results.append(result)
         if on_finish:
             on_finish(k, job, result)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import socket
 import sys
 import time
 import traceback
@@ -20,6 +21,7 @@ from typing import Any
 import psutil
 
 from gpubench.backends import get_backend
+from gpubench.backends.base import REPLICA_KINDS, parse_parallelism
 from gpubench.measure.loop import RawMeasurement, run_loop
 from gpubench.measure.stats import is_noisy, step_stats, throughput
 from gpubench.results.schema import outcome
@@ -44,10 +46,11 @@ def metrics_from(raw: RawMeasurement, config: Config, setup_ms: float) -> dict[s
     metrics: dict[str, Any] = {
         "warmup_steps_run": raw.warmup_steps,
         "samples_per_step": config.samples_per_step,
-        "micro_batch_size": config.batch_size,
+        "micro_batch_size": config.micro_batch_size,
         "effective_batch_size": config.samples_per_step,
         "accum_steps": config.accum_steps,
         "devices": config.devices,
+        "nodes": config.nnodes,
         "setup_ms": setup_ms,
         "cold_start_ms": raw.cold_start_ms,
         "step_times_ms": raw.step_times_ms,
@@ -118,7 +121,8 @@ def rank_of(config: Config) -> tuple[int, int]:
 def rank_summaries(trainer: Any, raw: RawMeasurement, config: Config) -> list[dict[str, Any]]:
     """Every rank's own figures, gathered in rank order (a collective, after the windows)."""
     median = step_stats(raw.step_times_ms).median if raw.step_times_ms else None
-    mine = {"rank": trainer.rank, "step_time_median_ms": median,
+    mine = {"rank": trainer.rank, "node": int(os.environ.get("GROUP_RANK", "0")), "host": socket.gethostname(),
+            "step_time_median_ms": median,
             "throughput": config.batch_size * 1000.0 / median if median else None,
             "peak_rss_bytes": _peak_rss_bytes(), "weights_sha1": trainer.weights_digest(), **trainer.memory()}
     return trainer.all_gather(mine)
@@ -139,6 +143,9 @@ def run_config(config: Config, profile: dict[str, Any] | None = None) -> dict[st
                                       f"{backend.install_hint}")
     if verdict is not None:
         return outcome(*verdict)
+    reason = config.topology_unsupported()
+    if reason:
+        return outcome("unsupported", reason)
 
     spec = get_workload(config.workload).spec(**dict(config.workload_params))
     if config.dataset == "mnist" and (spec.input_shape != (1, 28, 28) or spec.num_classes != 10):
@@ -151,17 +158,18 @@ def run_config(config: Config, profile: dict[str, Any] | None = None) -> dict[st
     trainer = None
     try:
         if config.distributed and os.environ.get("WORLD_SIZE") != str(world):
-            raise RuntimeError(f"{config.parallelism} needs {world} processes started by torchrun; this worker has "
+            raise RuntimeError(f"{config.parallelism} needs {world} processes started by its launcher; this worker has "
                                f"WORLD_SIZE={os.environ.get('WORLD_SIZE')}")
         t0 = time.perf_counter()
-        # one global batch = accum_steps x devices micro-batches; each rank keeps its own
-        # share (ddp), or one process takes them all at once (dp)
+        # one global batch = accum_steps x replicas micro-batches; each rank keeps its own
+        # share (ddp, multiworker), or one process takes them all at once (dp, mirrored);
+        # every pipeline stage sees the whole batch (the first feeds its inputs, the last its labels)
         batches = make_batches(spec, config.dataset, config.data_dir, config.batch_size, config.seed,
-                               config.accum_steps * config.devices)
-        if config.distributed and world > 1:
+                               config.accum_steps * config.replicas)
+        if config.distributed and config.replicas > 1:
             batches = batches.shard(rank, world)
-        elif config.devices > 1:
-            batches = batches.merge(config.devices)
+        elif config.replicas > 1:
+            batches = batches.merge(config.replicas)
         memory["data_bytes"] = batches.nbytes
         trainer = backend.build(spec, config, batches)
         del batches
@@ -210,6 +218,7 @@ def run_config(config: Config, profile: dict[str, Any] | None = None) -> dict[st
         status, reason = "diverged", "loss became non-finite"
     if ranks is not None:
         metrics["ranks"] = ranks
+    if ranks is not None and parse_parallelism(config.parallelism)[0] in REPLICA_KINDS:
         digests = {r["weights_sha1"] for r in ranks}
         metrics["ranks_weights_identical"] = len(digests) == 1 and None not in digests
         if not metrics["ranks_weights_identical"] and status == "ok":

@@ -71,6 +71,34 @@ def compiler_missing(config: Config) -> str | None:
     return None
 
 
+def pipeline_unsupported(config: Config) -> str | None:
+    """The rules of ``pipeline:N`` that need no import: devices, precision, data, batch split."""
+    _, n = parse_parallelism(config.parallelism)
+    m = config.pipeline_microbatches
+    if ":" in config.device:
+        return f"pipeline:N puts stage r on cuda:r; use device = cuda, not {config.device}"
+    if config.precision == "amp-fp16":
+        return ("amp-fp16 needs a gradient scaler whose overflow check spans every stage; pipeline:N runs fp32, "
+                "tf32 or amp-bf16")
+    if config.data == "pipeline":
+        return "pipeline:N feeds device-resident batches to its first stage; use data = device"
+    if config.compile != "none" or config.memory_format != "contiguous":
+        return ("pipeline:N runs its stages eagerly in the contiguous format; compile and memory_format apply to "
+                "single-process configs (use compile = none, memory_format = contiguous)")
+    if isinstance(config.batch_size, int) and config.batch_size % m:  # "max": checked again once resolved
+        return (f"pipeline:N splits each batch into pipeline_microbatches = {m} equal micro-batches; batch_size "
+                f"{config.batch_size} is not a multiple of {m}")
+    if config.pipeline_schedule == "1f1b" and m < n * config.nnodes:
+        return (f"the 1f1b schedule needs at least as many micro-batches as stages; pipeline_microbatches = {m} < "
+                f"{n * config.nnodes}")
+    from gpubench.workloads import get_workload
+
+    layers = len(get_workload(config.workload).spec(**dict(config.workload_params)).layers)
+    if layers < n * config.nnodes:
+        return f"{config.workload_label} has {layers} top-level layers, fewer than the {n * config.nnodes} stages"
+    return None
+
+
 class TorchBackend(Backend):
     name = "torch"
     install_hint = "pip install torch==2.13.0 (CPU build) or pip install 'gpubench[torch]'"
@@ -84,8 +112,11 @@ class TorchBackend(Backend):
         parallel = parse_parallelism(config.parallelism)[0]
         if parallel == "ddp" and ":" in config.device:
             return f"ddp:N puts rank r on cuda:r; use device = cuda, not {config.device}"
-        if parallel == "mirrored":
-            return "mirrored:N is TensorFlow's MirroredStrategy; PyTorch's data parallelism is ddp:N (or dp:N)"
+        if parallel in ("mirrored", "multiworker"):
+            engine = "MirroredStrategy" if parallel == "mirrored" else "MultiWorkerMirroredStrategy"
+            return f"{parallel}:N is TensorFlow's {engine}; PyTorch's data parallelism is ddp:N (or dp:N)"
+        if parallel == "pipeline":
+            return pipeline_unsupported(config)
         if parallel == "dp" and kind == "cpu":
             return "dp:N (DataParallel) splits each batch over N GPUs; on CPU use ddp:N"
         if parallel == "dp" and ":" in config.device:
@@ -123,15 +154,21 @@ class TorchBackend(Backend):
             return ("unavailable", reason)
 
         kind, n = parse_parallelism(config.parallelism)
-        if kind == "ddp":
+        if kind in ("ddp", "pipeline"):
             import torch.distributed as dist
 
             if not dist.is_available():
                 return ("unsupported", "this torch build has no torch.distributed")
             if device_kind(config.device) == "cuda" and not dist.is_nccl_available():
-                return ("unsupported", "ddp on CUDA uses NCCL, which this torch build lacks")
-        if kind in ("ddp", "dp") and device_kind(config.device) == "cuda" and torch.cuda.device_count() < n:
-            return ("unavailable", f"{config.parallelism} needs {n} CUDA devices; this machine has "
+                return ("unsupported", f"{kind} on CUDA uses NCCL, which this torch build lacks")
+        if kind == "pipeline":
+            try:
+                import torch.distributed.pipelining  # noqa: F401
+            except ImportError as e:
+                return ("unsupported", f"pipeline:N needs torch.distributed.pipelining (torch 2.4 or newer): {e}")
+        if kind in ("ddp", "dp", "pipeline") and device_kind(config.device) == "cuda" and torch.cuda.device_count() < n:
+            where = "this machine" if config.nnodes == 1 else "this node"
+            return ("unavailable", f"{config.parallelism} needs {n} CUDA devices; {where} has "
                                    f"{torch.cuda.device_count()}")
         if device_kind(config.device) != "cuda":
             return None
@@ -148,6 +185,10 @@ class TorchBackend(Backend):
         return None
 
     def build(self, spec: WorkloadSpec, config: Config, batches: Batches) -> Trainer:
+        if config.pipelined:
+            from gpubench.backends.pytorch.pipeline import PipelineTrainer
+
+            return PipelineTrainer(spec, config, batches)
         from gpubench.backends.pytorch.trainer import TorchTrainer
 
         return TorchTrainer(spec, config, batches)

@@ -57,29 +57,114 @@ def make_optimizer(name: str, params: Any, lr: float, fused: bool, capturable: b
     raise ValueError(f"unknown optimizer {name!r}")
 
 
-class TorchTrainer(Trainer):
-    def __init__(self, spec: WorkloadSpec, config: Config, batches: Batches) -> None:
+class TorchTrainerBase(Trainer):
+    """What every PyTorch trainer shares: the device (for a distributed config, rank r's:
+    ``cuda:LOCAL_RANK`` or the CPU, with the process group set up), precision flags, timers,
+    memory figures and the rank collectives."""
+
+    def _setup(self, config: Config) -> None:
         self.cuda = device_kind(config.device) == "cuda"
-        # ddp:N: one process per rank, started by torchrun, which sets RANK, WORLD_SIZE and
-        # LOCAL_RANK; rank r trains on cuda:LOCAL_RANK (or the CPU) with its shard of the data
-        parallel = parse_parallelism(config.parallelism)[0]
-        self.ddp, self.dp = parallel == "ddp", parallel == "dp"
+        # ddp:N / pipeline:N: one process per rank, started by torchrun, which sets RANK,
+        # WORLD_SIZE and LOCAL_RANK; rank r trains on cuda:LOCAL_RANK (or the CPU)
+        self.distributed = config.distributed
         device = config.device
-        if self.ddp:
+        if self.distributed:
             self.rank, self.world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
             device = f"cuda:{int(os.environ['LOCAL_RANK'])}" if self.cuda else "cpu"
         self.device = torch.device(device)
         torch.manual_seed(config.seed)
-        if self.cuda:
+        if self.cuda:  # every CUDA config, not only distributed ones
             torch.cuda.set_device(self.device)
             torch.backends.cudnn.benchmark = True
             tf32 = config.precision == "tf32"
             torch.backends.cuda.matmul.allow_tf32 = tf32  # fp32 means true fp32, not TF32
             torch.backends.cudnn.allow_tf32 = tf32
-        if self.ddp:
+        if self.distributed:
             import torch.distributed as dist
 
-            dist.init_process_group("nccl" if self.cuda else "gloo")
+            dist.init_process_group(self.backend_name)
+        dtype = AUTOCAST_DTYPES.get(config.precision)
+        # graph capture needs autocast's weight-cast cache off (PyTorch's CUDA-graph notes)
+        self.autocast = (torch.autocast(device_type=self.device.type, dtype=dtype,
+                                        cache_enabled=config.compile != "cuda-graph")
+                         if dtype is not None else contextlib.nullcontext())
+        self._info: dict[str, Any] = {
+            "optimizer_impl": "fused" if self.cuda else "default",
+            "autocast_dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
+            "cudnn_benchmark": self.cuda,
+            "tf32": config.precision == "tf32",
+            "num_threads": torch.get_num_threads(),
+            "step_timing": "cuda_events" if self.cuda else "host_clock",
+        }
+
+    @property
+    def backend_name(self) -> str:
+        return "nccl" if self.cuda else "gloo"
+
+    def _ready(self) -> None:
+        """The end of construction: the GPU synchronised and its peaks reset."""
+        if self.cuda:
+            self.sync()
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        if not self.distributed:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def weights_digest(self) -> str | None:
+        h = hashlib.sha1()
+        for p in self.model.parameters():
+            h.update(p.detach().float().cpu().numpy().tobytes())
+        return h.hexdigest()
+
+    def close(self) -> None:
+        if self.distributed:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+    def step_timer(self, n_steps: int) -> StepTimer:
+        return CudaEventTimer(n_steps) if self.cuda else HostStepTimer(n_steps)
+
+    def phase_clock(self) -> Any:
+        if not self.cuda:
+            return super().phase_clock()
+        from gpubench.backends.pytorch.profiling import CudaEventPhaseClock
+
+        return CudaEventPhaseClock(self.device)
+
+    def ranges(self) -> Any:
+        from gpubench.backends.pytorch.profiling import NvtxRanges
+
+        return NvtxRanges() if self.cuda else None
+
+    def memory(self) -> dict[str, int]:
+        if not self.cuda:
+            return {}
+        return {
+            "peak_allocated_bytes": int(torch.cuda.max_memory_allocated(self.device)),
+            "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(self.device)),
+        }
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self._info)
+
+
+class TorchTrainer(TorchTrainerBase):
+    def __init__(self, spec: WorkloadSpec, config: Config, batches: Batches) -> None:
+        parallel = parse_parallelism(config.parallelism)[0]
+        self.ddp, self.dp = parallel == "ddp", parallel == "dp"
+        self._setup(config)
         # channels-last: conv weights and every input batch in NHWC memory order
         self.memory_format = torch.channels_last if config.memory_format == "channels-last" else None
         self.model = build_model(spec, spec.init_weights(config.seed)).to(
@@ -112,36 +197,23 @@ class TorchTrainer(Trainer):
             if self.memory_format is not None:
                 self.x = channels_last_pool(self.x)
             self.y = torch.from_numpy(batches.y).to(self.device)
-        dtype = AUTOCAST_DTYPES.get(config.precision)
-        # graph capture needs autocast's weight-cast cache off (PyTorch's CUDA-graph notes)
-        self.autocast = (torch.autocast(device_type=self.device.type, dtype=dtype, cache_enabled=not graphed)
-                         if dtype is not None else contextlib.nullcontext())
         self.scaler = torch.amp.GradScaler(self.device.type) if config.precision == "amp-fp16" else None
         self._loss: torch.Tensor | None = None
         self._compiles = CompileCounter() if config.compile in TORCH_COMPILE_MODES else None
         self.forward, compile_info = compile_model(self.model, config)
         self.min_warmup_steps = compile_info.pop("min_warmup_steps", 0)
         self._step = build_step(self, config)
-        self._info = {
-            "optimizer_impl": "fused" if self.cuda else "default",
-            "autocast_dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
+        self._info.update({
             "grad_scaler": self.scaler is not None,
-            "cudnn_benchmark": self.cuda,
-            "tf32": config.precision == "tf32",
-            "num_threads": torch.get_num_threads(),
-            "step_timing": "cuda_events" if self.cuda else "host_clock",
             "grad_accum": self.accum,
-            "distributed": (f"DistributedDataParallel({'nccl' if self.cuda else 'gloo'}, world_size="
-                            f"{self.world_size})" if self.ddp else
-                            f"DataParallel(device_ids={list(range(config.devices))})" if self.dp else None),
+            "distributed": (f"DistributedDataParallel({self.backend_name}, world_size={self.world_size})" if self.ddp
+                            else f"DataParallel(device_ids={list(range(config.devices))})" if self.dp else None),
             "data": (f"DataLoader(num_workers={config.data_workers}, pin_memory={self.cuda})"
                      if self.loader is not None else "device-resident"),
             "compile": CudaGraphStep.describe() if graphed else compile_info,
             "memory_format": "channels_last" if self.memory_format is not None else "contiguous",
-        }
-        if self.cuda:
-            self.sync()
-            torch.cuda.reset_peak_memory_stats(self.device)
+        })
+        self._ready()
 
     def _next_pipeline_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         try:
@@ -196,10 +268,6 @@ class TorchTrainer(Trainer):
     def compile_events(self) -> int | None:
         return self._compiles.count if self._compiles is not None and self._compiles.available else None
 
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-
     def read_loss(self) -> float:
         """The last step's loss; with ddp, its mean over the ranks (a collective: every rank
         reads it at the same point, outside the timed region)."""
@@ -213,55 +281,7 @@ class TorchTrainer(Trainer):
         dist.all_reduce(loss)
         return float(loss.item()) / self.world_size
 
-    def all_gather(self, obj: Any) -> list[Any]:
-        if not self.ddp:
-            return [obj]
-        import torch.distributed as dist
-
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj)
-        return out
-
-    def weights_digest(self) -> str | None:
-        h = hashlib.sha1()
-        for p in self.model.parameters():
-            h.update(p.detach().float().cpu().numpy().tobytes())
-        return h.hexdigest()
-
-    def close(self) -> None:
-        if self.ddp:
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                dist.destroy_process_group()
-
-    def step_timer(self, n_steps: int) -> StepTimer:
-        return CudaEventTimer(n_steps) if self.cuda else HostStepTimer(n_steps)
-
-    def phase_clock(self) -> Any:
-        if not self.cuda:
-            return super().phase_clock()
-        from gpubench.backends.pytorch.profiling import CudaEventPhaseClock
-
-        return CudaEventPhaseClock(self.device)
-
-    def ranges(self) -> Any:
-        from gpubench.backends.pytorch.profiling import NvtxRanges
-
-        return NvtxRanges() if self.cuda else None
-
     def profile(self, steps: int, out_dir: Path) -> dict[str, Any]:
         from gpubench.backends.pytorch.profiling import profile_steps
 
         return profile_steps(self, steps, out_dir)
-
-    def memory(self) -> dict[str, int]:
-        if not self.cuda:
-            return {}
-        return {
-            "peak_allocated_bytes": int(torch.cuda.max_memory_allocated(self.device)),
-            "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(self.device)),
-        }
-
-    def describe(self) -> dict[str, Any]:
-        return dict(self._info)

@@ -52,10 +52,11 @@ class TensorFlowBackend(Backend):
         if kind == "cpu" and config.precision == "amp-fp16":
             return "amp-fp16 (mixed_float16 with loss scaling) is for GPUs; on CPU use amp-bf16"
         parallel = parse_parallelism(config.parallelism)[0]
-        if parallel in ("ddp", "dp"):
-            engine = "DistributedDataParallel" if parallel == "ddp" else "DataParallel"
+        if parallel in ("ddp", "dp", "pipeline"):
+            engine = {"ddp": "DistributedDataParallel", "dp": "DataParallel",
+                      "pipeline": "pipeline parallelism (torch.distributed.pipelining)"}[parallel]
             return (f"{config.parallelism} is PyTorch's {engine}; TensorFlow's data parallelism in gpubench is "
-                    "mirrored:N (MirroredStrategy)")
+                    "mirrored:N (MirroredStrategy) or multiworker:N (MultiWorkerMirroredStrategy)")
         if parallel == "mirrored" and ":" in config.device:
             return f"mirrored:N uses /GPU:0../GPU:N-1; use device = cuda, not {config.device}"
         if config.compile not in ("none", "xla"):
@@ -64,6 +65,8 @@ class TensorFlowBackend(Backend):
         if config.memory_format != "contiguous":
             return ("memory_format = channels-last is a PyTorch setting; Keras here always runs convolutions "
                     "channels-last (NHWC)")
+        if parallel == "multiworker" and ":" in config.device:
+            return f"multiworker:N puts worker r on /GPU:r of its node; use device = cuda, not {config.device}"
         return None
 
     def probe(self) -> ProbeInfo:
@@ -96,7 +99,7 @@ class TensorFlowBackend(Backend):
             return None
         gpus = tf.config.list_physical_devices("GPU")
         kind, n = parse_parallelism(config.parallelism)
-        if kind == "mirrored" and gpus and len(gpus) < n:
+        if kind in ("mirrored", "multiworker") and gpus and len(gpus) < n:
             return ("unavailable", f"{config.parallelism} needs {n} GPUs; TensorFlow sees {len(gpus)}")
         if not gpus:
             build = "a CUDA build" if tf.test.is_built_with_cuda() else "a CPU-only build"

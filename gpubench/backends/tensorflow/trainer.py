@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from gpubench.backends.base import Lap, ProfilingUnavailable, Trainer, device_kind
+from gpubench.backends.base import Lap, ProfilingUnavailable, Trainer, device_kind, parse_parallelism
 from gpubench.backends.tensorflow.backend import tf_device
 from gpubench.backends.tensorflow.layout import nhwc_data
 from gpubench.backends.tensorflow.model import build_model
@@ -72,6 +75,20 @@ def _mirrored_strategy(n: int, gpu: bool) -> tf.distribute.Strategy:
     return tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
 
 
+def _multiworker_strategy(gpu: bool) -> tf.distribute.Strategy:
+    """One replica per worker process (worker r of a node on its /GPU:r, or on the CPU), in
+    the cluster that TF_CONFIG describes (set by gpubench.runner.tf_launch). Collectives: NCCL
+    between GPUs, ring all-reduce over gRPC between CPUs."""
+    gpus = tf.config.list_physical_devices("GPU")
+    tf.config.set_visible_devices([gpus[int(os.environ.get("LOCAL_RANK", "0"))]] if gpu else [], "GPU")
+    comm = tf.distribute.experimental.CommunicationImplementation
+    options = tf.distribute.experimental.CommunicationOptions(implementation=comm.NCCL if gpu else comm.RING)
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+_GATHER_BYTES = 1 << 14  # room for one rank's summary in all_gather
+
+
 class TFTrainer(Trainer):
     def __init__(self, spec: WorkloadSpec, config: Config, batches: Batches) -> None:
         self.gpu = device_kind(config.device) == "cuda"
@@ -80,8 +97,12 @@ class TFTrainer(Trainer):
         self._phases: Any = None  # the breakdown pass's separate tf.functions, built on first use
         # mirrored:N: N replicas (GPUs, or logical CPU devices, which must be set up before
         # TensorFlow initialises its devices); data: every global batch split over them
-        self.strategy = _mirrored_strategy(config.devices, self.gpu) if config.parallelism.startswith(
-            "mirrored:") else None
+        # multiworker:N: one replica per worker process, N per node (the cluster from TF_CONFIG)
+        kind = parse_parallelism(config.parallelism)[0]
+        self.strategy = (_mirrored_strategy(config.devices, self.gpu) if kind == "mirrored" else
+                         _multiworker_strategy(self.gpu) if kind == "multiworker" else None)
+        if kind == "multiworker":
+            self.rank, self.world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         # fp32 means true fp32: TensorFlow enables TF32 on Ampere+ GPUs by default
         tf.config.experimental.enable_tensor_float_32_execution(config.precision == "tf32")
         keras.utils.set_random_seed(config.seed)
@@ -154,12 +175,18 @@ class TFTrainer(Trainer):
 
     def _init_mirrored(self, spec: WorkloadSpec, config: Config, x: np.ndarray, y: np.ndarray,
                        policy: str | None) -> None:
+        """MirroredStrategy (this process's replicas are all of them; ``x``, ``y`` the global
+        batches) and MultiWorkerMirroredStrategy (``x``, ``y`` this worker's shard of every
+        global batch): replica r trains on slice r of each global batch."""
         strategy = self.strategy
-        n = config.devices
         with strategy.scope():  # variables mirrored on every replica
             self._build_model(spec, config, policy)
         self.pipeline = config.data == "pipeline"
-        n_batches, global_batch = y.shape
+        local = len(strategy.extended.worker_devices)  # replicas in this process
+        first = self.rank * local  # the global replica id of the first of them
+        n_batches, local_batch = y.shape
+        b = local_batch // local
+        global_batch = b * strategy.num_replicas_in_sync
         # per example; each replica's mean is over the global batch, so the replicas' gradients
         # sum (the optimizer all-reduces them) to the gradient of the global batch's mean loss
         per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
@@ -178,20 +205,19 @@ class TFTrainer(Trainer):
             return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
         xla = config.compile == "xla"
-        if self.pipeline:  # tf.data splits each global batch over the replicas
+        if self.pipeline:  # tf.data: this process's consecutive per-replica batches go to its replicas in turn
             ds = tf.data.Dataset.from_tensor_slices((x.reshape(-1, *x.shape[2:]), y.reshape(-1)))
-            ds = ds.batch(global_batch, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE)
-            self._iter = iter(strategy.experimental_distribute_dataset(ds))
+            ds = ds.batch(b, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE)
+            self._iter = iter(strategy.distribute_datasets_from_function(lambda ctx: ds))
             self._step = tf.function(lambda xb, yb: total(strategy.run(replica_step, args=(xb, yb))),
                                      jit_compile=xla)
         else:  # device-resident: replica r holds slice r of every global batch
-            b = global_batch // n
-            xr = x.reshape(n_batches, n, b, *x.shape[2:])
-            yr = y.reshape(n_batches, n, b)
+            xr = x.reshape(n_batches, local, b, *x.shape[2:])
+            yr = y.reshape(n_batches, local, b)
             xs = strategy.experimental_distribute_values_from_function(
-                lambda ctx: tf.constant(xr[:, ctx.replica_id_in_sync_group]))
+                lambda ctx: tf.constant(xr[:, ctx.replica_id_in_sync_group - first]))
             ys = strategy.experimental_distribute_values_from_function(
-                lambda ctx: tf.constant(yr[:, ctx.replica_id_in_sync_group]))
+                lambda ctx: tf.constant(yr[:, ctx.replica_id_in_sync_group - first]))
             counter = tf.Variable(0, dtype=tf.int64, trainable=False)
             self.x, self.y, self.counter = xs, ys, counter
 
@@ -203,8 +229,12 @@ class TFTrainer(Trainer):
 
             self._step = tf.function(device_step, jit_compile=xla)
         data = "tf.data(distributed)" if self.pipeline else "device-resident (per replica)"
-        self._finish_init(config, policy, data,
-                          distributed=f"MirroredStrategy({', '.join(strategy.extended.worker_devices)})")
+        if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            distributed = (f"MultiWorkerMirroredStrategy({'NCCL' if self.gpu else 'RING'}, "
+                           f"workers={self.world_size})")
+        else:
+            distributed = f"MirroredStrategy({', '.join(strategy.extended.worker_devices)})"
+        self._finish_init(config, policy, data, distributed=distributed)
 
     @property
     def _memory_device(self) -> str:
@@ -265,6 +295,26 @@ class TFTrainer(Trainer):
 
     def read_loss(self) -> float:
         return float("nan") if self._loss is None else float(np.asarray(self._loss, dtype=np.float64))
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every worker's ``obj`` in rank order, through the strategy's own all-gather (the
+        JSON bytes, zero-padded to a fixed length)."""
+        if self.world_size == 1:
+            return [obj]
+        data = np.frombuffer(json.dumps(obj).encode(), dtype=np.uint8)
+        if len(data) > _GATHER_BYTES:
+            raise ValueError(f"all_gather: {len(data)} bytes, more than {_GATHER_BYTES}")
+        buf = np.zeros((1, _GATHER_BYTES), dtype=np.int32)
+        buf[0, :len(data)] = data
+        value = self.strategy.experimental_distribute_values_from_function(lambda ctx: tf.constant(buf))
+        rows = self.strategy.gather(value, axis=0).numpy()
+        return [json.loads(bytes(row.astype(np.uint8)).rstrip(b"\0")) for row in rows]
+
+    def weights_digest(self) -> str | None:
+        h = hashlib.sha1()
+        for v in self.model.trainable_variables:
+            h.update(np.asarray(v.numpy(), dtype=np.float32).tobytes())
+        return h.hexdigest()
 
     def step_timer(self, n_steps: int) -> StepTimer:
         return WindowTimer(n_steps) if self.gpu else HostStepTimer(n_steps)

@@ -1,0 +1,152 @@
+"""``pipeline:N``: the model split into N stages, one process (and device) per stage, with
+PyTorch's own pipelining (``torch.distributed.pipelining``: PipelineStage + a schedule).
+
+``batch_size`` is the batch of one optimizer step; every stage processes all of it, in
+``pipeline_microbatches`` micro-batches. The schedule divides each stage's accumulated
+gradients by the number of micro-batches (``scale_grads``) and the loss is the mean over the
+micro-batches, so a step trains exactly like ``single`` at the same batch (the same losses,
+step for step, where nothing random such as dropout differs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpubench.backends.pytorch.model import build_model
+from gpubench.backends.pytorch.trainer import TorchTrainerBase, make_optimizer
+from gpubench.suite import Config
+from gpubench.workloads.base import WorkloadSpec, has_params
+from gpubench.workloads.data import Batches
+
+SCHEDULE_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+
+
+def layer_costs(spec: WorkloadSpec) -> list[int]:
+    """Forward FLOPs per sample of each top-level layer (0 for parameter-free layers)."""
+    return [layer.forward_flops(i) if has_params(layer) else 0 for layer, (i, _) in zip(spec.layers, spec.shapes())]
+
+
+def split_stages(costs: list[int], n: int) -> list[tuple[int, int]]:
+    """Cut the layers into ``n`` contiguous, non-empty stages ``(start, end)``: the split whose
+    most expensive stage costs least; among those, the most even one (smallest sum of squared
+    stage costs); then the one with later cuts (a parameter-free layer stays with the layer
+    before it). Dynamic programming over (stages, layers), two passes."""
+    if not 1 <= n <= len(costs):
+        raise ValueError(f"cannot split {len(costs)} layers into {n} stages")
+    prefix = [0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+
+    def cost(a: int, b: int) -> int:
+        return prefix[b] - prefix[a]
+
+    def best(combine: Any, limit: float) -> list[list[tuple[float, int]]]:
+        # table[k][i]: (best score of the first i layers in k stages, where the last stage starts)
+        table = [[(float("inf"), -1)] * (len(costs) + 1) for _ in range(n + 1)]
+        table[0][0] = (0, 0)
+        for k in range(1, n + 1):
+            for i in range(k, len(costs) + 1):
+                for j in range(k - 1, i):  # the last stage is layers j..i-1
+                    prev = table[k - 1][j][0]
+                    if prev == float("inf") or cost(j, i) > limit:
+                        continue
+                    value = combine(prev, cost(j, i))
+                    if value <= table[k][i][0]:  # "<=": later cuts win ties
+                        table[k][i] = (value, j)
+        return table
+
+    widest = best(max, float("inf"))[n][len(costs)][0]
+    table = best(lambda prev, c: prev + c * c, widest)
+    cuts, i = [], len(costs)
+    for k in range(n, 0, -1):
+        j = table[k][i][1]
+        cuts.append((j, i))
+        i = j
+    return cuts[::-1]
+
+
+class _AutocastStage(nn.Module):
+    """A stage that runs under autocast (amp-bf16); the last stage's logits in float32, so the
+    loss is computed in float32 as in the single-process trainer."""
+
+    def __init__(self, inner: nn.Module, autocast: Any, last: bool) -> None:
+        super().__init__()
+        self.inner, self.autocast, self.last = inner, autocast, last
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with self.autocast:
+            out = self.inner(x)
+        return out.float() if self.last else out
+
+
+class PipelineTrainer(TorchTrainerBase):
+    def __init__(self, spec: WorkloadSpec, config: Config, batches: Batches) -> None:
+        import torch.distributed.pipelining as pipelining
+
+        self._setup(config)
+        self.first, self.last = self.rank == 0, self.rank == self.world_size - 1
+        costs = layer_costs(spec)
+        self.stages = split_stages(costs, self.world_size)
+        start, end = self.stages[self.rank]
+        # every rank builds the whole model from the canonical weights and keeps its stage
+        model = build_model(spec, spec.init_weights(config.seed))
+        self.model = model[start:end].to(self.device)
+        self.model.train()
+        module = _AutocastStage(self.model, self.autocast, self.last) if config.precision == "amp-bf16" else self.model
+        stage = pipelining.PipelineStage(module, self.rank, self.world_size, self.device)
+        schedule_class = getattr(pipelining, SCHEDULE_CLASSES[config.pipeline_schedule])
+        self.schedule = schedule_class(stage, config.pipeline_microbatches, loss_fn=nn.CrossEntropyLoss(),
+                                       scale_grads=True)
+        self.optimizer = make_optimizer(config.optimizer, self.model.parameters(), config.lr, fused=self.cuda)
+        # the first stage feeds the inputs, the last one the targets
+        self.n_batches = batches.n_batches
+        self.x = torch.from_numpy(batches.x).to(self.device) if self.first else None
+        self.y = torch.from_numpy(batches.y).to(self.device) if self.last else None
+        self._i = 0
+        self._loss: torch.Tensor | None = None
+        self._stepped = False
+        layers = [type(m).__name__ for m in model]
+        self._info.update({
+            "grad_scaler": False,
+            "grad_accum": 1,
+            "distributed": (f"{SCHEDULE_CLASSES[config.pipeline_schedule]}({self.backend_name}, "
+                            f"stages={self.world_size}, microbatches={config.pipeline_microbatches})"),
+            "data": "device-resident",
+            "pipeline": {
+                "schedule": config.pipeline_schedule,
+                "microbatches": config.pipeline_microbatches,
+                "micro_batch_size": config.micro_batch_size,
+                "balance": "forward FLOPs",
+                "stages": [{"layers": [a, b], "modules": layers[a:b],
+                            "params": sum(p.numel() for p in model[a:b].parameters()),
+                            "forward_flops_per_sample": sum(costs[a:b])} for a, b in self.stages],
+            },
+        })
+        self._ready()
+
+    def step(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        i = self._i
+        self._i = (i + 1) % self.n_batches
+        args = (self.x[i],) if self.first else ()
+        losses: list[torch.Tensor] = []
+        kwargs = {"target": self.y[i], "losses": losses} if self.last else {}
+        self.schedule.step(*args, **kwargs)
+        self.optimizer.step()
+        if self.last:  # the mean of the micro-batches' mean losses: the batch's mean loss
+            self._loss = torch.stack(losses).detach().mean()
+        self._stepped = True
+
+    def read_loss(self) -> float:
+        """The last step's loss, computed on the last stage and broadcast to every rank (a
+        collective: every rank reads it at the same point, outside the timed region)."""
+        if not self._stepped:
+            return float("nan")
+        import torch.distributed as dist
+
+        loss = self._loss.float().clone() if self.last else torch.zeros((), device=self.device)
+        dist.broadcast(loss, src=self.world_size - 1)
+        return float(loss.item())
