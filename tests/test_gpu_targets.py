@@ -1,0 +1,57 @@
+"""scripts/gpu_targets.py: issue #8's GPU targets judged from hand-built results (no GPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import replace
+
+from gpubench.suite import Config
+from tests.conftest import REPO
+
+_spec = importlib.util.spec_from_file_location("gpu_targets", REPO / "scripts" / "gpu_targets.py")
+targets = importlib.util.module_from_spec(_spec)
+sys.modules["gpu_targets"] = targets  # its dataclasses look their module up
+_spec.loader.exec_module(targets)
+
+
+def result(config: Config, throughput: float, status: str = "ok") -> dict:
+    return {"config_id": config.config_id, "config": config.to_dict(), "status": status,
+            "metrics": {"throughput": {"median": throughput}}}
+
+
+R50 = Config(workload="resnet50", device="cuda", batch_size=256, precision="amp-bf16", memory_format="channels-last")
+CNN = Config(workload="cnn", device="cuda", batch_size=128, precision="amp-bf16")
+CAL = [{"device": "cpu", "matmul_tflops": {"bf16": 1.0}},
+       {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "matmul_tflops": {"bf16": 790.0}}]
+
+
+def verdicts(results, calibration=CAL):
+    return {v.target.split(" >=")[0].split(" in [")[0].split(" (")[0]: v for v in targets.check(results, calibration)}
+
+
+def test_every_target_passes_on_figures_above_the_bars():
+    results = [result(R50, 3600.0), result(replace(R50, compile="cuda-graph"), 4700.0),
+               result(replace(R50, precision="tf32"), 3600.0 / 2.5),
+               result(replace(CNN, batch_size=1024), 1_200_000.0),
+               result(CNN, 100_000.0), result(replace(CNN, compile="cuda-graph"), 350_000.0)]
+    v = verdicts(results)
+    assert {k: x.status for k, x in v.items()} == dict.fromkeys(v, "PASS") and len(v) == 6
+    assert v["calibrate: bf16 matmul"].measured.startswith("790.0 TFLOP/s")
+    assert v["ResNet-50 amp-bf16 over tf32"].measured.startswith("2.50x")
+    assert "3.50x" in v["MNIST CNN bs128 cuda-graph"].measured
+
+
+def test_figures_below_the_bars_fail_and_absent_configs_are_missing():
+    results = [result(R50, 3000.0), result(replace(R50, compile="torch-compile"), 4000.0),
+               result(replace(R50, precision="tf32"), 1000.0),  # ratio 3.0: above the band
+               result(replace(CNN, batch_size=1024), 900_000.0, status="ok"),
+               result(CNN, 100_000.0), result(replace(CNN, compile="cuda-graph"), 250_000.0, status="oom")]
+    v = verdicts(results, calibration=[{"device": "cuda:0", "matmul_tflops": {"bf16": 700.0}}])
+    assert v["calibrate: bf16 matmul"].status == "FAIL"
+    assert v["ResNet-50 amp-bf16 channels-last bs256 eager"].status == "FAIL"
+    assert v["ResNet-50 amp-bf16 channels-last bs256 compiled or graph-captured"].status == "FAIL"
+    assert v["ResNet-50 amp-bf16 over tf32"].status == "FAIL"
+    assert v["MNIST CNN amp-bf16 bs1024 data on device"].status == "FAIL"
+    assert v["MNIST CNN bs128 cuda-graph"].status == "MISSING"  # the graph config did not end ok
+    assert {x.status for x in verdicts([], calibration=[]).values()} == {"MISSING"}
