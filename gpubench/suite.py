@@ -34,8 +34,8 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from gpubench.backends import BACKENDS
-from gpubench.backends.base import (COMPILES, DATA_MODES, DATASETS, DISTRIBUTED_KINDS, LOSSES, OPTIMIZERS,
-                                    PRECISIONS, REPLICA_KINDS, parse_parallelism)
+from gpubench.backends.base import (CHECKPOINTINGS, COMPILES, DATA_MODES, DATASETS, DISTRIBUTED_KINDS, LOSSES,
+                                    OPTIMIZERS, PRECISIONS, REPLICA_KINDS, parse_parallelism)
 from gpubench.errors import InputError, choices_message
 from gpubench.workloads import WORKLOADS
 
@@ -60,6 +60,7 @@ class Config:
     data_workers: int = 2
     dataset: str = "synthetic"
     data_dir: str = ""
+    checkpointing: str = "none"
     warmup_steps: int = 5
     steps: int = 20
     windows: int = 5
@@ -134,7 +135,7 @@ class Config:
 _DEFAULTS = {f.name: f.default for f in fields(Config)}
 # training settings named in config_id when they differ from their default (data_workers only
 # in pipeline mode, where it matters); data_dir is a path and stays out of the id
-_ID_EXTRAS = ("optimizer", "lr", "loss", "compile", "data", "data_workers", "dataset")
+_ID_EXTRAS = ("optimizer", "lr", "loss", "compile", "data", "data_workers", "dataset", "checkpointing")
 
 
 # --- settings: type, check, default ------------------------------------------------------
@@ -223,6 +224,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("data_workers", _int(0), _parse_number, "input-pipeline worker processes (PyTorch DataLoader)"),
     Setting("dataset", _choice("dataset", DATASETS), str, "synthetic task, or MNIST IDX files from data_dir"),
     Setting("data_dir", _string, str, "directory holding the MNIST IDX files"),
+    Setting("checkpointing", _choice("checkpointing", CHECKPOINTINGS), str,
+            "activation checkpointing: none, or activations (recomputed in the backward pass)"),
     Setting("warmup_steps", _int(0), _parse_number, "steps after the cold-start step, not measured"),
     Setting("steps", _int(1), _parse_number, "measured steps per window"),
     Setting("windows", _int(1), _parse_number, "measured windows"),

@@ -39,6 +39,7 @@ LOSSES = ("cross_entropy",)
 COMPILES = ("none", "xla")
 DATA_MODES = ("device", "pipeline")
 DATASETS = ("synthetic", "mnist")
+CHECKPOINTINGS = ("none", "activations")  # activations: recomputed in the backward pass
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,13 @@ TEMPLATES = Path(__file__).parent / "templates"
 CSV_COLUMNS = [
     "run", "config_id", "config_hash", "workload", "workload_label", "variant", "framework", "device", "device_model",
     "batch_size", "precision", "parallelism", "optimizer", "lr", "loss", "compile", "data", "data_workers", "dataset",
+    "checkpointing",
     "status", "reason", "repeats", "repeats_ok", "throughput", "throughput_ci_low", "throughput_ci_high", "ci_kind",
     "throughput_mean", "throughput_wall", "step_ms", "step_ms_p5", "step_ms_p95", "step_ms_iqr", "step_cv", "noisy",
     "cold_start_ms", "setup_ms", "loss_first", "loss_last", "loss_fell", "peak_memory_bytes", "peak_rss_bytes",
-    "peak_allocated_bytes", "peak_reserved_bytes", "data_bytes", "pipeline_slowdown", "energy_per_sample_j",
+    "peak_allocated_bytes", "peak_reserved_bytes", "train_peak_rss_bytes", "data_bytes", "pipeline_slowdown",
+    "checkpointing_baseline_config_id", "checkpointing_peak_source", "checkpointing_baseline_peak_bytes",
+    "checkpointing_peak_bytes", "checkpointing_memory_saving", "checkpointing_slowdown", "energy_per_sample_j",
     "params", "flops_per_sample", "step_timing",
 ]
 
@@ -152,6 +155,9 @@ def write_markdown(data: ReportData, path: Path) -> None:
         t = tables.speedup_table(c, comparison, data.multi_run)
         if not t.empty:
             lines += [f"### {comparison.title}", "", tables.to_markdown(t)]
+    checkpointing = tables.checkpointing_table(c, data.multi_run)
+    if not checkpointing.empty:
+        lines += ["### Activation checkpointing", "", tables.to_markdown(checkpointing)]
     bad = tables.failures(c, data.multi_run)
     if not bad.empty:
         lines += ["### Not measured", "", tables.to_markdown(bad)]
@@ -213,6 +219,7 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
         "charts": [{"name": p.name, "data": base64.b64encode(p.read_bytes()).decode()} for p in made],
         "telemetry_note": telemetry_note,
         "memory": {k: _html_table(v) for k, v in tables.memory_tables(c, multi).items()},
+        "checkpointing": (_html_table(t) if not (t := tables.checkpointing_table(c, multi)).empty else None),
         "energy": {k: _html_table(v) for k, v in tables.energy_tables(c, multi).items()},
         "failures": _html_table(tables.failures(c, multi)),
         "noisy": _html_table(tables.noisy(c, multi)),

@@ -12,7 +12,12 @@ from gpubench.measure.stats import median_ci
 from gpubench.suite import Config
 
 CONFIG_COLUMNS = ["workload", "framework", "device", "batch_size", "precision", "parallelism", "optimizer", "lr",
-                  "loss", "compile", "data", "data_workers", "dataset"]
+                  "loss", "compile", "data", "data_workers", "dataset", "checkpointing"]
+
+
+# metrics.checkpointing (activation checkpointing against the same config without it)
+CHECKPOINTING_FIELDS = ("baseline_config_id", "peak_source", "baseline_peak_bytes", "peak_bytes", "memory_saving",
+                        "slowdown")
 
 
 def _get(d: dict[str, Any] | None, *path: str) -> Any:
@@ -78,6 +83,8 @@ def flatten(result: dict[str, Any], run: str | None = None) -> dict[str, Any]:
         "peak_reserved_bytes": _get(m, "memory", "peak_reserved_bytes"),
         "data_bytes": _get(m, "memory", "data_bytes"),
         "pipeline_slowdown": _get(m, "pipeline_vs_device", "slowdown"),
+        "train_peak_rss_bytes": _get(m, "memory", "train_peak_rss_bytes"),
+        **{f"checkpointing_{k}": _get(m, "checkpointing", k) for k in CHECKPOINTING_FIELDS},
         "energy_per_sample_j": _get(result, "telemetry", "gpu", "energy_per_sample_j"),
         "params": _get(result, "model", "params"),
         "flops_per_sample": _get(result, "model", "flops_per_sample"),
@@ -97,10 +104,12 @@ def results_frame(results: list[dict[str, Any]], run: str | None = None) -> pd.D
 
 
 _FIRST = ["config_hash", *CONFIG_COLUMNS, "workload_label", "variant", "variant_nodata", "device_model", "params", "flops_per_sample",
-          "step_timing"]
+          "step_timing", "checkpointing_baseline_config_id", "checkpointing_peak_source"]
 _MEDIAN = ["throughput_mean", "throughput_wall", "step_ms", "step_ms_p5", "step_ms_p95", "step_ms_iqr", "step_cv",
            "cold_start_ms", "setup_ms", "loss_first", "loss_last", "peak_rss_bytes", "peak_allocated_bytes",
-           "peak_reserved_bytes", "peak_memory_bytes", "data_bytes", "pipeline_slowdown", "energy_per_sample_j"]
+           "peak_reserved_bytes", "peak_memory_bytes", "data_bytes", "pipeline_slowdown", "energy_per_sample_j",
+           "train_peak_rss_bytes", "checkpointing_baseline_peak_bytes", "checkpointing_peak_bytes",
+           "checkpointing_memory_saving", "checkpointing_slowdown"]
 
 
 def _aggregate_group(g: pd.DataFrame) -> dict[str, Any]:

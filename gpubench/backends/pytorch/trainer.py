@@ -16,6 +16,8 @@ from gpubench.measure.timers import HostStepTimer, StepTimer
 from gpubench.suite import Config
 from gpubench.workloads.base import WorkloadSpec
 from gpubench.workloads.data import Batches
+from gpubench.backends.pytorch.checkpointing import checkpointed
+from gpubench.backends.pytorch.checkpointing import describe as describe_checkpointing
 from gpubench.backends.pytorch.model import build_model
 
 AUTOCAST_DTYPES = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
@@ -76,6 +78,10 @@ class TorchTrainer(Trainer):
             torch.backends.cudnn.allow_tf32 = tf32
         self.model = build_model(spec, spec.init_weights(config.seed)).to(self.device)
         self.model.train()
+        checkpointing = "none"
+        if config.checkpointing == "activations":  # recomputed in the backward pass (inside DDP/DP replicas too)
+            self.model = checkpointed(self.model)
+            checkpointing = describe_checkpointing(self.model)
         if self.ddp:  # every rank starts from the same weights (and DDP broadcasts rank 0's)
             from torch.nn.parallel import DistributedDataParallel
 
@@ -113,6 +119,7 @@ class TorchTrainer(Trainer):
             "num_threads": torch.get_num_threads(),
             "step_timing": "cuda_events" if self.cuda else "host_clock",
             "grad_accum": self.accum,
+            "checkpointing": checkpointing,
             "distributed": (f"DistributedDataParallel({'nccl' if self.cuda else 'gloo'}, world_size="
                             f"{self.world_size})" if self.ddp else
                             f"DataParallel(device_ids={list(range(config.devices))})" if self.dp else None),

@@ -58,6 +58,10 @@ class TensorFlowBackend(Backend):
                     "mirrored:N (MirroredStrategy)")
         if parallel == "mirrored" and ":" in config.device:
             return f"mirrored:N uses /GPU:0../GPU:N-1; use device = cuda, not {config.device}"
+        if config.checkpointing != "none":
+            return ("checkpointing = activations is implemented for PyTorch only: TensorFlow's tf.recompute_grad "
+                    "re-runs Keras Dropout with a new mask (wrong gradients) and BatchNormalization's "
+                    "moving-statistics update when it recomputes")
         return None
 
     def probe(self) -> ProbeInfo:

@@ -126,6 +126,7 @@ class TFTrainer(Trainer):
             "xla": config.compile == "xla",
             "step_timing": "window_mean" if self.gpu else "host_clock",
             "grad_accum": self.accum,
+            "checkpointing": "none",
             "distributed": distributed,
             "data": data,
             "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
