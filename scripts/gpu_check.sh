@@ -53,6 +53,12 @@ step parallel "$PY" -m gpubench run suites/parallel.toml --out "$OUT/runs" --no-
   --set framework=torch --set device="$DEV" --set precision=fp32,amp-bf16 --set batch_size=128 \
   --set parallelism=single,grad-accum:4,ddp:1 --set steps="$psteps" --set windows=5
 
+# 4b. ResNet-18 and ResNet-50 with and without activation checkpointing (issues #7, #8): each
+#     checkpointed result records its peak memory and slowdown against the one without
+if [ "$DEV" = cuda ]; then rsets=(--set steps=20); else rsets=(--set workload=resnet18 --set batch_size=8 --set steps=2); fi
+step resnet "$PY" -m gpubench run suites/resnet.toml --out "$OUT/runs" --no-report \
+  --set framework=torch --set device="$DEV" "${rsets[@]}"
+
 # 5. the GPU tests (skip themselves without CUDA)
 step gpu-tests "$PY" -m pytest -q -m gpu tests/
 
