@@ -264,3 +264,13 @@ def test_resnet50_same_logits_and_the_same_loss_after_an_sgd_step(frameworks):
     assert abs(keras_losses[0] - torch_losses[0]) <= 1e-5 * torch_losses[0]
     np.testing.assert_allclose(keras_losses[1], torch_losses[1], rtol=2e-2)
     assert torch_losses[1] < torch_losses[0]
+
+
+@pytest.mark.parametrize("name", ["resnet18", "resnet50"])
+def test_mnist_is_unsupported_for_three_channel_workloads(name):
+    pytest.importorskip("torch")
+    from gpubench.runner.worker import run_config
+    from gpubench.suite import Config
+
+    out = run_config(Config(workload=name, dataset="mnist", data_dir="/nonexistent"))
+    assert out["status"] == "unsupported" and "1x28x28" in out["reason"] and "3x" in out["reason"]

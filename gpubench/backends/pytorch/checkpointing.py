@@ -72,12 +72,13 @@ class CheckpointedSequential(nn.Sequential):
             x = checkpoint(partial(_run, run), x, use_reentrant=False, **kw)
         return _run(modules[bounds[-1][0]:], x)
 
+    def describe(self) -> str:
+        """How it checkpoints (``runtime.checkpointing``)."""
+        bounds = segment_bounds(len(self))
+        return (f"activations: {len(bounds) - 1} checkpointed runs of the {len(self)} top-level modules "
+                "(torch.utils.checkpoint, non-reentrant), the last run not checkpointed")
+
 
 def checkpointed(model: nn.Sequential) -> CheckpointedSequential:
+    """The same modules (shared, not copied) in a CheckpointedSequential."""
     return CheckpointedSequential(*model)
-
-
-def describe(model: nn.Sequential) -> str:
-    bounds = segment_bounds(len(model))
-    return (f"activations: {len(bounds) - 1} checkpointed runs of the {len(model)} top-level modules "
-            "(torch.utils.checkpoint, non-reentrant), the last run not checkpointed")

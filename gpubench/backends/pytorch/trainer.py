@@ -17,7 +17,6 @@ from gpubench.suite import Config
 from gpubench.workloads.base import WorkloadSpec
 from gpubench.workloads.data import Batches
 from gpubench.backends.pytorch.checkpointing import checkpointed
-from gpubench.backends.pytorch.checkpointing import describe as describe_checkpointing
 from gpubench.backends.pytorch.model import build_model
 
 AUTOCAST_DTYPES = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
@@ -79,9 +78,9 @@ class TorchTrainer(Trainer):
         self.model = build_model(spec, spec.init_weights(config.seed)).to(self.device)
         self.model.train()
         checkpointing = "none"
-        if config.checkpointing == "activations":  # recomputed in the backward pass (inside DDP/DP replicas too)
+        if config.checkpointing == "activations":  # before DDP/DP wrap it: their replicas checkpoint too
             self.model = checkpointed(self.model)
-            checkpointing = describe_checkpointing(self.model)
+            checkpointing = self.model.describe()
         if self.ddp:  # every rank starts from the same weights (and DDP broadcasts rank 0's)
             from torch.nn.parallel import DistributedDataParallel
 
