@@ -37,12 +37,12 @@ def show_list(console: Console, suites_dir: Path) -> None:
     console.print(suites)
 
     workloads = Table(title="workloads")
-    for col in ("workload", "parameters (default)", "params", "train GFLOP/sample", "description"):
+    for col in ("workload", "parameters (default)", "params", "train FLOPs/sample", "description"):
         workloads.add_column(col)
     for name, w in sorted(WORKLOADS.items()):
         spec = w.spec()
         params = ", ".join(f"{p.name}={p.default}" for p in w.params) or "-"
-        workloads.add_row(name, params, f"{spec.params:,}", f"{spec.train_flops_per_sample / 1e9:.4f}", w.description)
+        workloads.add_row(name, params, f"{spec.params:,}", f"{spec.train_flops_per_sample:,}", w.description)
     console.print(workloads)
 
     frameworks = Table(title="frameworks and devices (detected here)")

@@ -34,9 +34,9 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from gpubench.backends import BACKENDS
-from gpubench.backends.base import (COMPILES, DATA_MODES, DATASETS, DISTRIBUTED_KINDS, LOSSES, MEMORY_FORMATS,
-                                    OPTIMIZERS, PIPELINE_SCHEDULES, PRECISIONS, REPLICA_KINDS, STAGE_KINDS,
-                                    parse_parallelism)
+from gpubench.backends.base import (CHECKPOINTINGS, COMPILES, DATA_MODES, DATASETS, DISTRIBUTED_KINDS, LOSSES,
+                                    MEMORY_FORMATS, OPTIMIZERS, PIPELINE_SCHEDULES, PRECISIONS, REPLICA_KINDS,
+                                    STAGE_KINDS, parse_parallelism)
 from gpubench.errors import InputError, choices_message
 from gpubench.workloads import WORKLOADS
 
@@ -62,6 +62,7 @@ class Config:
     data_workers: int = 2
     dataset: str = "synthetic"
     data_dir: str = ""
+    checkpointing: str = "none"
     warmup_steps: int = 5
     steps: int = 20
     windows: int = 5
@@ -177,7 +178,7 @@ _DEFAULTS = {f.name: f.default for f in fields(Config)}
 # training settings named in config_id when they differ from their default (some only where
 # they matter: _ID_ONLY_WHEN); data_dir is a path and stays out of the id
 _ID_EXTRAS = ("optimizer", "lr", "loss", "compile", "memory_format", "data", "data_workers", "dataset",
-              "pipeline_microbatches", "pipeline_schedule", "nnodes")
+              "checkpointing", "pipeline_microbatches", "pipeline_schedule", "nnodes")
 _ALWAYS: Callable[[Config], bool] = lambda c: True
 _ID_ONLY_WHEN: dict[str, Callable[[Config], bool]] = {
     "data_workers": lambda c: c.data == "pipeline",
@@ -289,6 +290,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("data_workers", _int(0), _parse_number, "input-pipeline worker processes (PyTorch DataLoader)"),
     Setting("dataset", _choice("dataset", DATASETS), str, "synthetic task, or MNIST IDX files from data_dir"),
     Setting("data_dir", _string, str, "directory holding the MNIST IDX files"),
+    Setting("checkpointing", _choice("checkpointing", CHECKPOINTINGS), str,
+            "activation checkpointing: none, or activations (recomputed in the backward pass)"),
     Setting("warmup_steps", _int(0), _parse_number, "steps after the cold-start step, not measured"),
     Setting("steps", _int(1), _parse_number, "measured steps per window"),
     Setting("windows", _int(1), _parse_number, "measured windows"),

@@ -79,6 +79,12 @@ if command -v nsys >/dev/null && [ "$DEV" = cuda ]; then
   step nsys-nvtx nsys stats --report nvtx_sum "$OUT/profile-nsys.nsys-rep"
 fi
 
+# 4b. ResNet-18 and ResNet-50 with and without activation checkpointing (issues #7, #8): each
+#     checkpointed result records its peak memory and slowdown against the one without
+if [ "$DEV" = cuda ]; then rsets=(--set steps=20); else rsets=(--set workload=resnet18 --set batch_size=8 --set steps=2); fi
+step resnet "$PY" -m gpubench run suites/resnet.toml --out "$OUT/runs" --no-report \
+  --set framework=torch --set device="$DEV" "${rsets[@]}"
+
 # 5. the GPU tests (skip themselves without CUDA)
 step gpu-tests "$PY" -m pytest -q -m gpu tests/
 

@@ -46,6 +46,7 @@ def flat_workload(monkeypatch):
     ({"compile": "cuda-graph", "device": "cuda", "data": "pipeline"}, "torch", "use data = device"),
     ({"compile": "cuda-graph", "device": "cuda", "precision": "amp-fp16"}, "torch", "GradScaler"),
     ({"compile": "cuda-graph", "device": "cuda", "parallelism": "ddp:2"}, "torch", "use single or grad-accum:N"),
+    ({"compile": "cuda-graph", "device": "cuda", "checkpointing": "activations"}, "torch", "restores the RNG state"),
     ({"compile": "torch-compile", "device": "cuda", "parallelism": "dp:2"}, "torch", "use ddp:N"),
     ({"compile": "torch-compile-reduce-overhead"}, "torch", "on CPU it is the same as torch-compile"),
     ({"compile": "xla"}, "torch", "TensorFlow's XLA"),

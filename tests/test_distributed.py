@@ -106,6 +106,7 @@ def test_pipeline_and_multiworker_sizes_ids_and_rules():
     # stages run eagerly: a compile setting or channels-last would be silently ignored
     assert "stages eagerly" in torch_rules(replace(c, compile="torch-compile"))
     assert "stages eagerly" in torch_rules(replace(c, workload="cnn", memory_format="channels-last"))
+    assert "stages eagerly" in torch_rules(replace(c, checkpointing="activations"))
     # batch_size = "max" is checked once the search has resolved it, not before
     assert torch_rules(replace(c, batch_size="max")) is None
 

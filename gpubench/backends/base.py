@@ -50,6 +50,7 @@ COMPILES = ("none", "xla", "torch-compile", "torch-compile-reduce-overhead", "to
 MEMORY_FORMATS = ("contiguous", "channels-last")
 DATA_MODES = ("device", "pipeline")
 DATASETS = ("synthetic", "mnist")
+CHECKPOINTINGS = ("none", "activations")  # activations: recomputed in the backward pass
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,13 @@ TEMPLATES = Path(__file__).parent / "templates"
 CSV_COLUMNS = [
     "run", "config_id", "config_hash", "workload", "workload_label", "variant", "framework", "device", "device_model",
     "batch_size", "precision", "parallelism", "optimizer", "lr", "loss", "compile", "memory_format", "data",
-    "data_workers", "dataset",
+    "data_workers", "dataset", "checkpointing",
     "status", "reason", "repeats", "repeats_ok", "throughput", "throughput_ci_low", "throughput_ci_high", "ci_kind",
     "throughput_mean", "throughput_wall", "step_ms", "step_ms_p5", "step_ms_p95", "step_ms_iqr", "step_cv", "noisy",
     "cold_start_ms", "setup_ms", "loss_first", "loss_last", "loss_fell", "peak_memory_bytes", "peak_rss_bytes",
-    "peak_allocated_bytes", "peak_reserved_bytes", "data_bytes", "pipeline_slowdown", "energy_per_sample_j",
+    "peak_allocated_bytes", "peak_reserved_bytes", "train_peak_rss_bytes", "data_bytes", "pipeline_slowdown",
+    "checkpointing_baseline_config_id", "checkpointing_peak_source", "checkpointing_baseline_peak_bytes",
+    "checkpointing_peak_bytes", "checkpointing_memory_saving", "checkpointing_slowdown", "energy_per_sample_j",
     "params", "flops_per_sample", "step_timing", *BREAKDOWN_COLUMNS, "breakdown_timing",
     "batch_trained", "max_batch", "achieved_tflops", "peak_tflops", "mfu",
 ]
@@ -174,6 +176,9 @@ def write_markdown(data: ReportData, path: Path) -> None:
         t = tables.speedup_table(c, comparison, data.multi_run)
         if not t.empty:
             lines += [f"### {comparison.title}", "", tables.to_markdown(t)]
+    checkpointing = tables.checkpointing_table(c, data.multi_run)
+    if not checkpointing.empty:
+        lines += ["### Activation checkpointing", "", tables.to_markdown(checkpointing)]
     bd = breakdown.breakdown_table(c, data.multi_run)
     if not bd.empty:
         lines += ["### Where time goes (ms per step, gpubench profile)", "", tables.to_markdown(bd)]
@@ -241,6 +246,7 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
         "flops": {k: _html_table(v) for k, v in tables.flops_tables(c, multi).items()},
         "peaks": _html_table(peaks_used(data)),
         "memory": {k: _html_table(v) for k, v in tables.memory_tables(c, multi).items()},
+        "checkpointing": (_html_table(t) if not (t := tables.checkpointing_table(c, multi)).empty else None),
         "breakdown": _html_table(bd) if not (bd := breakdown.breakdown_table(c, multi)).empty else None,
         "energy": {k: _html_table(v) for k, v in tables.energy_tables(c, multi).items()},
         "failures": _html_table(tables.failures(c, multi)),

@@ -117,6 +117,28 @@ def memory_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[str, p
     return _pivot(ok, cell, multi_run)
 
 
+PEAK_SOURCES = {"device_allocator_peak": "device allocator peak",
+                "process_peak_rss_during_training": "process peak RSS while training"}
+
+
+def checkpointing_table(configs: pd.DataFrame, multi_run: bool = False) -> pd.DataFrame:
+    """Activation checkpointing against the same config without it (``metrics.checkpointing``,
+    recorded when that config ran earlier in the run): peak memory, the saving, the slowdown."""
+    if "checkpointing_memory_saving" not in configs:
+        return pd.DataFrame()
+    rows = configs[configs["checkpointing_memory_saving"].notna()]
+    return pd.DataFrame({
+        **({"run": rows["run"]} if multi_run else {}),
+        "config": rows["config_id"],
+        "without checkpointing": rows["checkpointing_baseline_config_id"],
+        "peak memory": rows["checkpointing_peak_source"].map(lambda v: PEAK_SOURCES.get(v, v)),
+        "peak": rows["checkpointing_peak_bytes"].map(fmt.nbytes),
+        "peak without": rows["checkpointing_baseline_peak_bytes"].map(fmt.nbytes),
+        "memory saving": rows["checkpointing_memory_saving"].map(fmt.pct),
+        "slowdown": rows["checkpointing_slowdown"].map(fmt.ratio),
+    }).reset_index(drop=True)
+
+
 def energy_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[str, pd.DataFrame]:
     """Energy per sample, where GPU telemetry measured it."""
     if "energy_per_sample_j" not in configs or configs["energy_per_sample_j"].isna().all():

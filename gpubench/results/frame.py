@@ -12,10 +12,13 @@ from gpubench.measure.stats import median_ci
 from gpubench.suite import Config
 
 CONFIG_COLUMNS = ["workload", "framework", "device", "batch_size", "precision", "parallelism", "optimizer", "lr",
-                  "loss", "compile", "memory_format", "data", "data_workers", "dataset"]
+                  "loss", "compile", "memory_format", "data", "data_workers", "dataset", "checkpointing"]
 # metrics.breakdown (gpubench profile) -> breakdown_<field> columns
 BREAKDOWN_FIELDS = ["data_ms", "forward_ms", "backward_ms", "optimizer_ms", "idle_ms", "overlap_ms", "step_ms"]
 BREAKDOWN_COLUMNS = [f"breakdown_{f}" for f in BREAKDOWN_FIELDS]
+# metrics.checkpointing (activation checkpointing against the same config without it)
+CHECKPOINTING_FIELDS = ("baseline_config_id", "peak_source", "baseline_peak_bytes", "peak_bytes", "memory_saving",
+                        "slowdown")
 
 
 def _get(d: dict[str, Any] | None, *path: str) -> Any:
@@ -89,6 +92,8 @@ def flatten(result: dict[str, Any], run: str | None = None) -> dict[str, Any]:
         "peak_tflops": m.get("peak_tflops"),
         "mfu": m.get("mfu"),
         "max_batch": _get(m, "batch_search", "max_batch"),
+        "train_peak_rss_bytes": _get(m, "memory", "train_peak_rss_bytes"),
+        **{f"checkpointing_{k}": _get(m, "checkpointing", k) for k in CHECKPOINTING_FIELDS},
         "energy_per_sample_j": _get(result, "telemetry", "gpu", "energy_per_sample_j"),
         "params": _get(result, "model", "params"),
         "flops_per_sample": _get(result, "model", "flops_per_sample"),
@@ -114,11 +119,14 @@ def results_frame(results: list[dict[str, Any]], run: str | None = None) -> pd.D
 
 _FIRST = ["config_hash", *CONFIG_COLUMNS, "workload_label", "variant", "variant_nodata", "variant_nocompile",
           "variant_nomemory_format", "device_model", "params", "flops_per_sample",
-          "step_timing", "breakdown_timing", "batch_trained", "max_batch"]
+          "step_timing", "breakdown_timing", "batch_trained", "max_batch", "checkpointing_baseline_config_id",
+          "checkpointing_peak_source"]
 _MEDIAN = ["throughput_mean", "throughput_wall", "step_ms", "step_ms_p5", "step_ms_p95", "step_ms_iqr", "step_cv",
            "cold_start_ms", "setup_ms", "loss_first", "loss_last", "peak_rss_bytes", "peak_allocated_bytes",
            "peak_reserved_bytes", "peak_memory_bytes", "data_bytes", "pipeline_slowdown", "energy_per_sample_j",
-           *BREAKDOWN_COLUMNS, "achieved_tflops", "peak_tflops", "mfu"]
+           *BREAKDOWN_COLUMNS, "achieved_tflops", "peak_tflops", "mfu",
+           "train_peak_rss_bytes", "checkpointing_baseline_peak_bytes", "checkpointing_peak_bytes",
+           "checkpointing_memory_saving", "checkpointing_slowdown"]
 
 
 def _aggregate_group(g: pd.DataFrame) -> dict[str, Any]:

@@ -144,10 +144,27 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: 
     return outcome("error", reason, traceback="\n".join(tail), log=str(log_rel))
 
 
+def twin_median(config_id: str, earlier: list[dict[str, Any]], value: Callable[[dict[str, Any]], float | None]
+                ) -> float | None:
+    """The median of ``value(result)`` over the ok repeats of ``config_id`` already in the run
+    (those where it is not None), or None."""
+    values = [v for r in earlier if r["config_id"] == config_id and r["status"] == "ok" and (v := value(r)) is not None]
+    return statistics.median(values) if values else None
+
+
 def twin_throughput(config_id: str, earlier: list[dict[str, Any]]) -> float | None:
     """The median throughput over the ok repeats of ``config_id`` already in the run, or None."""
-    rates = [r["metrics"]["throughput"]["median"] for r in earlier if r["config_id"] == config_id and r["status"] == "ok"]
-    return statistics.median(rates) if rates else None
+    return twin_median(config_id, earlier, lambda r: r["metrics"]["throughput"]["median"])
+
+
+def training_peak(result: dict[str, Any]) -> tuple[int | None, str]:
+    """(bytes, what they are) of a result's peak memory while training: the device allocator's
+    peak on a GPU; on the CPU the worker's peak RSS during training (the whole process:
+    framework, model, data and activations; setup's transients excluded)."""
+    memory = result["metrics"].get("memory", {})
+    if memory.get("peak_allocated_bytes") is not None:
+        return memory["peak_allocated_bytes"], "device_allocator_peak"
+    return memory.get("train_peak_rss_bytes"), "process_peak_rss_during_training"
 
 
 def pipeline_comparison(result: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -181,6 +198,24 @@ def scaling_comparison(result: dict[str, Any], earlier: list[dict[str, Any]]) ->
             "scaling_efficiency": result["metrics"]["throughput"]["median"] / (config.devices * single)}
 
 
+def checkpointing_comparison(result: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """For an ok result with activation checkpointing: its peak memory and throughput against
+    the same config without checkpointing, from the ok results of that twin already in the
+    run (medians over its repeats). None when there is no such result yet."""
+    config = Config.from_dict(result["config"])
+    if config.checkpointing == "none" or result["status"] != "ok":
+        return None
+    twin = replace(config, checkpointing="none").config_id
+    peak, source = training_peak(result)
+    baseline_peak = twin_median(twin, earlier, lambda r: training_peak(r)[0])
+    baseline_rate = twin_throughput(twin, earlier)
+    if peak is None or baseline_peak is None or baseline_rate is None:
+        return None
+    return {"baseline_config_id": twin, "peak_source": source, "baseline_peak_bytes": baseline_peak,
+            "peak_bytes": peak, "memory_saving": 1.0 - peak / baseline_peak,
+            "slowdown": baseline_rate / result["metrics"]["throughput"]["median"]}
+
+
 Callback = Callable[[int, Job], None]
 FinishCallback = Callable[[int, Job, dict[str, Any]], None]
 
@@ -190,9 +225,10 @@ def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], p
              earlier: list[dict[str, Any]] | None = None, launcher: Launcher = Launcher(),
              peaks: dict[str, dict[str, Any]] | None = None, nodes: Nodes = Nodes()) -> list[dict[str, Any]]:
     """Run the jobs in order, appending each result as it finishes. ``earlier`` are results
-    already in the run (when resuming), used for pipeline-vs-device comparisons and to reuse a
-    ``batch_size = "max"`` search; ``peaks`` are device calibrations, for MFU. Node r > 0 of a
-    multi-node run appends its own outcome of each config to node.jsonl instead."""
+    already in the run (when resuming), used for the comparisons with twin configs (pipeline vs
+    device data, parallel vs single, checkpointing vs none) and to reuse a ``batch_size = "max"``
+    search; ``peaks`` are device calibrations, for MFU. Node r > 0 of a multi-node run appends
+    its own outcome of each config to node.jsonl instead."""
     from gpubench.runner.find_batch import batch_search, run_at_max_batch  # find_batch imports this module
 
     results: list[dict[str, Any]] = []
@@ -240,6 +276,9 @@ def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], p
         scaling = scaling_comparison(result, earlier + results)
         if scaling is not None:
             result["metrics"].update(scaling)
+        checkpointing = checkpointing_comparison(result, earlier + results)
+        if checkpointing is not None:
+            result["metrics"]["checkpointing"] = checkpointing
         flops = mfu_metrics(result, peaks or {})
         if flops is not None:
             result["metrics"].update(flops)

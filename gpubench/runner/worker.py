@@ -36,6 +36,32 @@ def _peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+class PeakRss:
+    """The worker's peak RSS over its life, and over training alone. Linux lets a process
+    reset its peak mark (writing 5 to /proc/self/clear_refs), so the training peak does not
+    include setup's transients (generating the synthetic pool); the lifetime peak is kept
+    across the reset."""
+
+    def __init__(self) -> None:
+        self._before_training = 0
+        self._reset = False
+
+    def start_training(self) -> None:
+        self._before_training = _peak_rss_bytes()
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self._reset = True
+        except OSError:  # not Linux, or not allowed: no training-only figure
+            self._reset = False
+
+    def lifetime(self) -> int:
+        return max(self._before_training, _peak_rss_bytes())
+
+    def training(self) -> int | None:
+        return _peak_rss_bytes() if self._reset else None
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
@@ -118,13 +144,13 @@ def rank_of(config: Config) -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), config.devices
 
 
-def rank_summaries(trainer: Any, raw: RawMeasurement, config: Config) -> list[dict[str, Any]]:
+def rank_summaries(trainer: Any, raw: RawMeasurement, config: Config, rss: PeakRss) -> list[dict[str, Any]]:
     """Every rank's own figures, gathered in rank order (a collective, after the windows)."""
     median = step_stats(raw.step_times_ms).median if raw.step_times_ms else None
     mine = {"rank": trainer.rank, "node": int(os.environ.get("GROUP_RANK", "0")), "host": socket.gethostname(),
             "step_time_median_ms": median,
             "throughput": config.batch_size * 1000.0 / median if median else None,
-            "peak_rss_bytes": _peak_rss_bytes(), "weights_sha1": trainer.weights_digest(), **trainer.memory()}
+            "peak_rss_bytes": rss.lifetime(), "weights_sha1": trainer.weights_digest(), **trainer.memory()}
     return trainer.all_gather(mine)
 
 
@@ -154,6 +180,7 @@ def run_config(config: Config, profile: dict[str, Any] | None = None) -> dict[st
     model = {"params": spec.params, "flops_per_sample": spec.train_flops_per_sample,
              "forward_flops_per_sample": spec.forward_flops_per_sample}
     memory: dict[str, int] = {"baseline_rss_bytes": psutil.Process().memory_info().rss}
+    rss = PeakRss()
     rank, world = rank_of(config)
     trainer = None
     try:
@@ -181,19 +208,22 @@ def run_config(config: Config, profile: dict[str, Any] | None = None) -> dict[st
         telemetry = (_start_telemetry(backend, config, os.getppid() if config.distributed else None)
                      if rank == 0 else None)
         raw: RawMeasurement | None = None
+        rss.start_training()
         try:
             raw = run_loop(trainer, config.warmup_steps, config.steps, config.windows, telemetry,
                            ranges=trainer.ranges() if profile is not None else None)
         finally:  # the samplers stop whatever happens
             telemetry_block, timeline = _stop_telemetry(telemetry, raw, config)
         memory.update(trainer.memory())
+        if rss.training() is not None:
+            memory["train_peak_rss_bytes"] = rss.training()
         profiled = _profile(trainer, raw, config, profile) if profile is not None and not raw.diverged else None
-        ranks = rank_summaries(trainer, raw, config) if config.distributed else None
+        ranks = rank_summaries(trainer, raw, config, rss) if config.distributed else None
         trainer.close()
     except BaseException as e:  # noqa: BLE001 - every failure must become a status
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
-        memory["peak_rss_bytes"] = _peak_rss_bytes()
+        memory["peak_rss_bytes"] = rss.lifetime()
         if backend.is_oom(e):
             if trainer is not None:
                 try:
@@ -202,7 +232,7 @@ def run_config(config: Config, profile: dict[str, Any] | None = None) -> dict[st
                     pass
             return outcome("oom", _first_line(e), metrics={"memory": memory}, model=model)
         return outcome("error", _first_line(e), model=model, traceback=traceback.format_exc())
-    memory["peak_rss_bytes"] = _peak_rss_bytes()
+    memory["peak_rss_bytes"] = rss.lifetime()
     metrics = metrics_from(raw, config, setup_ms)
     metrics["memory"] = memory
     runtime = trainer.describe()

@@ -10,9 +10,13 @@ Conventions (documented in docs/results-schema.md):
 - canonical weight layout is PyTorch's: conv (out, in, kh, kw), linear (out, in); a flatten
   after a conv stack flattens in (C, H, W) order. Backends with other layouts convert;
 - FLOPs count a multiply-accumulate as 2 and include only convolutions and matrix
-  multiplies (the ops that dominate; bias adds, activations, pooling, loss and optimizer are
-  left out). A training step costs forward + weight-gradient + input-gradient, where the
-  input gradient of the first parametric layer is skipped because the data needs none.
+  multiplies (the ops that dominate; bias adds, batch norm, activations, pooling, loss and
+  optimizer are left out). A training step costs forward + weight-gradient + input-gradient,
+  where the input gradient is skipped for a layer whose input needs none (no parametric layer
+  before it: the first convolution or linear layer, whose input is the data);
+- a Residual layer nests branches of layers; shapes, parameters, FLOPs and initial weights
+  recurse through it (main branch first, then the shortcut). Canonical weights are one list
+  of arrays per top-level layer, a residual block's being its leaves' arrays in that order.
 """
 
 from __future__ import annotations
@@ -26,22 +30,38 @@ import numpy as np
 Shape = tuple[int, ...]
 
 
+def _fan_in_uniform(shapes: list[Shape], rng: np.random.Generator) -> list[np.ndarray]:
+    """Uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)) for the weight and its bias: PyTorch's default
+    initialisation of convolutions and linear layers."""
+    bound = 1.0 / math.sqrt(math.prod(shapes[0][1:]))
+    return [rng.uniform(-bound, bound, size=s).astype(np.float32) for s in shapes]
+
+
+def _pooled(size: int, kernel: int, stride: int, padding: int) -> int:
+    return (size + 2 * padding - kernel) // stride + 1
+
+
 @dataclass(frozen=True)
 class Conv2d:
     out_channels: int
     kernel_size: int
     stride: int = 1
-    padding: int = 0
+    padding: int = 0  # zeros on every side
+    bias: bool = True
     kind: ClassVar[str] = "conv2d"
 
     def out_shape(self, shape: Shape) -> Shape:
         c, h, w = _expect_chw(self, shape)
         k, s, p = self.kernel_size, self.stride, self.padding
-        return (self.out_channels, (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1)
+        return (self.out_channels, _pooled(h, k, s, p), _pooled(w, k, s, p))
 
     def param_shapes(self, shape: Shape) -> list[Shape]:
         c = shape[0]
-        return [(self.out_channels, c, self.kernel_size, self.kernel_size), (self.out_channels,)]
+        weight = (self.out_channels, c, self.kernel_size, self.kernel_size)
+        return [weight, (self.out_channels,)] if self.bias else [weight]
+
+    def init_params(self, shape: Shape, rng: np.random.Generator) -> list[np.ndarray]:
+        return _fan_in_uniform(self.param_shapes(shape), rng)
 
     def forward_flops(self, shape: Shape) -> int:
         c = shape[0]
@@ -62,8 +82,43 @@ class Linear:
     def param_shapes(self, shape: Shape) -> list[Shape]:
         return [(self.out_features, shape[0]), (self.out_features,)]
 
+    def init_params(self, shape: Shape, rng: np.random.Generator) -> list[np.ndarray]:
+        return _fan_in_uniform(self.param_shapes(shape), rng)
+
     def forward_flops(self, shape: Shape) -> int:
         return 2 * shape[0] * self.out_features
+
+
+@dataclass(frozen=True)
+class BatchNorm2d:
+    """Batch normalisation over (N, H, W) per channel. Training uses the batch statistics;
+    the running statistics are buffers (not parameters), updated as
+    ``running = (1 - momentum) * running + momentum * batch`` (PyTorch's convention; Keras'
+    momentum is ``1 - momentum``)."""
+
+    eps: float = 1e-5
+    momentum: float = 0.1
+    kind: ClassVar[str] = "batchnorm2d"
+
+    def out_shape(self, shape: Shape) -> Shape:
+        _expect_chw(self, shape)
+        return shape
+
+    def param_shapes(self, shape: Shape) -> list[Shape]:
+        return [(shape[0],), (shape[0],)]  # gamma (scale), beta (shift)
+
+    def init_params(self, shape: Shape, rng: np.random.Generator) -> list[np.ndarray]:
+        return [np.ones(shape[0], np.float32), np.zeros(shape[0], np.float32)]
+
+
+@dataclass(frozen=True)
+class GlobalAvgPool:
+    """The mean over H and W: (C, H, W) -> (C,)."""
+
+    kind: ClassVar[str] = "globalavgpool"
+
+    def out_shape(self, shape: Shape) -> Shape:
+        return (_expect_chw(self, shape)[0],)
 
 
 @dataclass(frozen=True)
@@ -77,12 +132,18 @@ class ReLU:
 @dataclass(frozen=True)
 class MaxPool2d:
     kernel_size: int
+    stride: int | None = None  # None: the kernel size
+    padding: int = 0  # on every side; padded positions never win the max
     kind: ClassVar[str] = "maxpool2d"
+
+    @property
+    def step(self) -> int:
+        return self.kernel_size if self.stride is None else self.stride
 
     def out_shape(self, shape: Shape) -> Shape:
         c, h, w = _expect_chw(self, shape)
-        k = self.kernel_size
-        return (c, h // k, w // k)
+        k, s, p = self.kernel_size, self.step, self.padding
+        return (c, _pooled(h, k, s, p), _pooled(w, k, s, p))
 
 
 @dataclass(frozen=True)
@@ -102,7 +163,20 @@ class Flatten:
         return (math.prod(shape),)
 
 
-Layer = Union[Conv2d, Linear, ReLU, MaxPool2d, Dropout, Flatten]
+@dataclass(frozen=True)
+class Residual:
+    """``relu(main(x) + shortcut(x))``: a residual block; an empty shortcut is the identity.
+    Backends translate it as one unit (one module, one block of layers)."""
+
+    main: tuple[Layer, ...]
+    shortcut: tuple[Layer, ...] = ()
+    kind: ClassVar[str] = "residual"
+
+    def out_shape(self, shape: Shape) -> Shape:
+        return walk((self,), shape)[1]
+
+
+Layer = Union[Conv2d, Linear, ReLU, MaxPool2d, Dropout, Flatten, BatchNorm2d, GlobalAvgPool, Residual]
 
 
 def _expect_chw(layer: object, shape: Shape) -> Shape:
@@ -116,6 +190,45 @@ def has_params(layer: Layer) -> bool:
 
 
 @dataclass(frozen=True)
+class Leaf:
+    """A non-residual layer where it sits in the model: its input shape, and whether the
+    backward pass computes its input gradient (only after some parametric layer)."""
+
+    layer: Layer
+    in_shape: Shape
+    input_grad: bool
+
+    def param_shapes(self) -> list[Shape]:
+        return self.layer.param_shapes(self.in_shape) if has_params(self.layer) else []
+
+    def forward_flops(self) -> int:
+        return self.layer.forward_flops(self.in_shape) if hasattr(self.layer, "forward_flops") else 0
+
+
+def walk(layers: tuple[Layer, ...], shape: Shape, grad: bool = False) -> tuple[list[Leaf], Shape, bool]:
+    """The leaves of ``layers`` in execution order (a residual block's main branch, then its
+    shortcut), the output shape, and whether the output depends on a parameter."""
+    leaves: list[Leaf] = []
+    for layer in layers:
+        if isinstance(layer, Residual):
+            main, main_shape, main_grad = walk(layer.main, shape, grad)
+            short, short_shape, short_grad = walk(layer.shortcut, shape, grad)
+            if main_shape != short_shape:
+                raise ValueError(f"residual block: main branch gives {main_shape}, shortcut {short_shape}")
+            leaves += main + short
+            shape, grad = main_shape, main_grad or short_grad
+        else:
+            leaves.append(Leaf(layer, shape, grad))
+            shape, grad = layer.out_shape(shape), grad or has_params(layer)
+    return leaves, shape, grad
+
+
+def _without_dropout(layers: tuple[Layer, ...]) -> tuple[Layer, ...]:
+    return tuple(Residual(_without_dropout(l.main), _without_dropout(l.shortcut)) if isinstance(l, Residual) else l
+                 for l in layers if not isinstance(l, Dropout))
+
+
+@dataclass(frozen=True)
 class WorkloadSpec:
     """A model, its input and its task, independent of any framework."""
 
@@ -126,20 +239,38 @@ class WorkloadSpec:
     loss: str = "cross_entropy"
 
     def shapes(self) -> list[tuple[Shape, Shape]]:
-        """(input shape, output shape) of every layer, per sample."""
+        """(input shape, output shape) of every top-level layer, per sample."""
         out = []
         shape = self.input_shape
         for layer in self.layers:
             nxt = layer.out_shape(shape)
             out.append((shape, nxt))
             shape = nxt
-        if shape != (self.num_classes,):
-            raise ValueError(f"workload {self.name}: output shape {shape} != ({self.num_classes},)")
+        self._check_output(shape)
         return out
 
+    def _check_output(self, shape: Shape) -> None:
+        if shape != (self.num_classes,):
+            raise ValueError(f"workload {self.name}: output shape {shape} != ({self.num_classes},)")
+
+    def leaves_by_layer(self) -> list[list[Leaf]]:
+        """Per top-level layer, its leaves (one for a plain layer); checks the output shape."""
+        out: list[list[Leaf]] = []
+        shape, grad = self.input_shape, False
+        for layer in self.layers:
+            leaves, shape, grad = walk((layer,), shape, grad)
+            out.append(leaves)
+        self._check_output(shape)
+        return out
+
+    def leaves(self) -> list[Leaf]:
+        """Every non-residual layer, in execution order."""
+        return [leaf for leaves in self.leaves_by_layer() for leaf in leaves]
+
     def param_shapes(self) -> list[list[Shape]]:
-        """Per layer, the canonical shapes of its parameters (empty for parameter-free layers)."""
-        return [layer.param_shapes(i) if has_params(layer) else [] for layer, (i, _) in zip(self.layers, self.shapes())]
+        """Per top-level layer, the canonical shapes of its parameters (empty for parameter-free
+        layers; a residual block's are its leaves' in order)."""
+        return [[s for leaf in leaves for s in leaf.param_shapes()] for leaves in self.leaves_by_layer()]
 
     @property
     def params(self) -> int:
@@ -147,44 +278,25 @@ class WorkloadSpec:
 
     @property
     def forward_flops_per_sample(self) -> int:
-        return sum(layer.forward_flops(i) for layer, (i, _) in zip(self.layers, self.shapes()) if has_params(layer))
+        return sum(leaf.forward_flops() for leaf in self.leaves())
 
     @property
     def train_flops_per_sample(self) -> int:
         """Forward + backward FLOPs of one training sample (see the module docstring)."""
-        total = 0
-        first = True
-        for layer, (i, _) in zip(self.layers, self.shapes()):
-            if not has_params(layer):
-                continue
-            fwd = layer.forward_flops(i)
-            total += fwd + fwd  # forward + weight gradient
-            if not first:
-                total += fwd  # input gradient
-            first = False
-        return total
+        return sum((3 if leaf.input_grad else 2) * leaf.forward_flops() for leaf in self.leaves())
 
     def without_dropout(self) -> WorkloadSpec:
         """The same model with dropout removed (for deterministic cross-framework checks)."""
-        return WorkloadSpec(self.name, self.input_shape, self.num_classes,
-                            tuple(l for l in self.layers if not isinstance(l, Dropout)), self.loss)
+        return WorkloadSpec(self.name, self.input_shape, self.num_classes, _without_dropout(self.layers), self.loss)
 
     def init_weights(self, seed: int) -> list[list[np.ndarray]]:
-        """Initial weights in canonical layout, from a seeded numpy generator.
-
-        Uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases: PyTorch's default
-        initialisation, so the distribution is the usual one whichever framework loads it.
-        """
+        """Initial weights in canonical layout, per top-level layer, from a seeded numpy
+        generator: PyTorch's default initialisation, so the distribution is the usual one
+        whichever framework loads it. Convolutions and linear layers: Uniform(-1/sqrt(fan_in),
+        1/sqrt(fan_in)) for weights and biases; batch norm: scale 1, shift 0."""
         rng = np.random.default_rng([seed, 0])
-        weights: list[list[np.ndarray]] = []
-        for shapes in self.param_shapes():
-            if not shapes:
-                weights.append([])
-                continue
-            fan_in = math.prod(shapes[0][1:])
-            bound = 1.0 / math.sqrt(fan_in)
-            weights.append([rng.uniform(-bound, bound, size=s).astype(np.float32) for s in shapes])
-        return weights
+        return [[a for leaf in leaves if has_params(leaf.layer) for a in leaf.layer.init_params(leaf.in_shape, rng)]
+                for leaves in self.leaves_by_layer()]
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,9 @@ def compile_unsupported(config: Config, input_ndim: int, workload: str) -> str |
         if config.precision == "amp-fp16":
             return ("cuda-graph with amp-fp16: GradScaler's step synchronises with the host, which graph capture "
                     "forbids; use amp-bf16 (no scaler)")
+        if config.checkpointing != "none":
+            return ("cuda-graph with checkpointing = activations is not supported: each recomputation saves and "
+                    "restores the RNG state and batch-norm buffers from the host")
         if config.optimizer not in GRAPH_RESETTABLE_OPTIMIZERS:
             return f"cuda-graph supports the optimizers {', '.join(GRAPH_RESETTABLE_OPTIMIZERS)}"
     if config.memory_format == "channels-last" and input_ndim != 3:
@@ -82,9 +85,10 @@ def pipeline_unsupported(config: Config) -> str | None:
                 "tf32 or amp-bf16")
     if config.data == "pipeline":
         return "pipeline:N feeds device-resident batches to its first stage; use data = device"
-    if config.compile != "none" or config.memory_format != "contiguous":
-        return ("pipeline:N runs its stages eagerly in the contiguous format; compile and memory_format apply to "
-                "single-process configs (use compile = none, memory_format = contiguous)")
+    if config.compile != "none" or config.memory_format != "contiguous" or config.checkpointing != "none":
+        return ("pipeline:N runs its stages eagerly in the contiguous format without checkpointing; compile, "
+                "memory_format and checkpointing apply to the other strategies (use compile = none, "
+                "memory_format = contiguous, checkpointing = none)")
     if isinstance(config.batch_size, int) and config.batch_size % m:  # "max": checked again once resolved
         return (f"pipeline:N splits each batch into pipeline_microbatches = {m} equal micro-batches; batch_size "
                 f"{config.batch_size} is not a multiple of {m}")

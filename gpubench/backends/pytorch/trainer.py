@@ -20,6 +20,7 @@ from gpubench.measure.timers import HostStepTimer, StepTimer
 from gpubench.suite import Config
 from gpubench.workloads.base import WorkloadSpec
 from gpubench.workloads.data import Batches
+from gpubench.backends.pytorch.checkpointing import checkpointed
 
 AUTOCAST_DTYPES = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
 
@@ -170,6 +171,10 @@ class TorchTrainer(TorchTrainerBase):
         self.model = build_model(spec, spec.init_weights(config.seed)).to(
             self.device, **({"memory_format": self.memory_format} if self.memory_format else {}))
         self.model.train()
+        checkpointing = "none"
+        if config.checkpointing == "activations":  # before DDP/DP wrap it: their replicas checkpoint too
+            self.model = checkpointed(self.model)
+            checkpointing = self.model.describe()
         if self.ddp:  # every rank starts from the same weights (and DDP broadcasts rank 0's)
             from torch.nn.parallel import DistributedDataParallel
 
@@ -206,6 +211,7 @@ class TorchTrainer(TorchTrainerBase):
         self._info.update({
             "grad_scaler": self.scaler is not None,
             "grad_accum": self.accum,
+            "checkpointing": checkpointing,
             "distributed": (f"DistributedDataParallel({self.backend_name}, world_size={self.world_size})" if self.ddp
                             else f"DataParallel(device_ids={list(range(config.devices))})" if self.dp else None),
             "data": (f"DataLoader(num_workers={config.data_workers}, pin_memory={self.cuda})"

@@ -67,6 +67,10 @@ class TensorFlowBackend(Backend):
                     "channels-last (NHWC)")
         if parallel == "multiworker" and ":" in config.device:
             return f"multiworker:N puts worker r on /GPU:r of its node; use device = cuda, not {config.device}"
+        if config.checkpointing != "none":
+            return ("checkpointing = activations is implemented for PyTorch only: TensorFlow's tf.recompute_grad "
+                    "re-runs Keras Dropout with a new mask (wrong gradients) and BatchNormalization's "
+                    "moving-statistics update when it recomputes")
         return None
 
     def probe(self) -> ProbeInfo:

@@ -153,6 +153,7 @@ class TFTrainer(Trainer):
                         else "tf.function: the step as a TensorFlow graph"},
             "step_timing": "window_mean" if self.gpu else "host_clock",
             "grad_accum": self.accum,
+            "checkpointing": "none",
             "distributed": distributed,
             "data": data,
             "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),

@@ -1,0 +1,197 @@
+"""Activation checkpointing (issue #7): the same training with less stored activation memory,
+its comparison with the same config without it, and the resnet18 run through the CLI."""
+
+from __future__ import annotations
+
+import gc
+import json
+
+import numpy as np
+import pytest
+
+from gpubench.backends import get_backend
+from gpubench.errors import InputError
+from gpubench.results.frame import aggregate, results_frame
+from gpubench.report.build import write_markdown
+from gpubench.report.load import load_report_data
+from gpubench.report.tables import checkpointing_table
+from gpubench.results.store import load_results
+from gpubench.runner.sweep import checkpointing_comparison
+from gpubench.suite import Config, load_suite
+from gpubench.workloads.base import (BatchNorm2d, Conv2d, Dropout, GlobalAvgPool, Linear, ReLU, Residual,
+                                     WorkloadSpec)
+from gpubench.workloads.data import synthetic_batches
+from tests.conftest import REPO, plugin_env, run_cli
+
+# batch norm, residual blocks and dropout, small enough for a few steps in a second
+TINY = WorkloadSpec("tiny", (3, 8, 8), 10, (
+    Conv2d(8, 3, 1, 1, bias=False), BatchNorm2d(), ReLU(),
+    *(Residual(main=(Conv2d(8, 3, 1, 1, bias=False), BatchNorm2d(), ReLU(), Dropout(0.2),
+                     Conv2d(8, 3, 1, 1, bias=False), BatchNorm2d())) for _ in range(4)),
+    Residual(main=(Conv2d(16, 3, 2, 1, bias=False), BatchNorm2d()), shortcut=(Conv2d(16, 1, 2, bias=False),
+                                                                             BatchNorm2d())),
+    GlobalAvgPool(), Linear(10),
+))
+
+
+def test_setting_values_and_config_id(tmp_path):
+    config = Config(workload="resnet18", checkpointing="activations")
+    assert config.config_id == "resnet18-torch-cpu-bs64-fp32-single-checkpointing=activations"
+    assert Config(workload="resnet18").config_id == "resnet18-torch-cpu-bs64-fp32-single"
+    path = tmp_path / "s.toml"
+    path.write_text('[matrix]\nworkload = ["resnet18"]\ncheckpointing = ["none", "gradients"]\n')
+    with pytest.raises(InputError) as e:
+        load_suite(str(path))
+    assert str(e.value) == (f"{path}: matrix.checkpointing: unknown checkpointing 'gradients'; expected one of: "
+                            "none, activations")
+
+
+def test_tensorflow_says_why_it_is_unsupported():
+    reason = get_backend("tensorflow").static_unsupported(Config(workload="resnet18", framework="tensorflow",
+                                                                 checkpointing="activations"))
+    assert "PyTorch only" in reason and "Dropout" in reason and "BatchNormalization" in reason
+    assert get_backend("tensorflow").static_unsupported(Config(workload="resnet18", framework="tensorflow")) is None
+
+
+def test_segments_are_about_sqrt_n_runs_of_whole_modules():
+    from gpubench.backends.pytorch.checkpointing import segment_bounds
+
+    assert segment_bounds(13) == [(0, 4), (4, 8), (8, 12), (12, 13)]  # resnet18: 13 top-level modules
+    assert segment_bounds(22) == [(0, 5), (5, 10), (10, 15), (15, 20), (20, 22)]  # resnet50
+    assert segment_bounds(1) == [(0, 1)]
+
+
+@pytest.mark.parametrize("parallelism", ["single", "grad-accum:2"])
+def test_same_losses_weights_and_running_stats_as_without(parallelism):
+    torch = pytest.importorskip("torch")
+    from gpubench.backends.pytorch.checkpointing import CheckpointedSequential
+
+    out = {}
+    for checkpointing in ("none", "activations"):
+        config = Config(workload="resnet18", batch_size=4, optimizer="sgd", lr=0.05, parallelism=parallelism,
+                        checkpointing=checkpointing)
+        trainer = get_backend("torch").build(TINY, config, synthetic_batches(TINY, 4, 8, seed=0))
+        assert isinstance(trainer.model, CheckpointedSequential) == (checkpointing == "activations")
+        losses = []
+        for _ in range(3):
+            trainer.step()
+            losses.append(trainer.read_loss())
+        out[checkpointing] = (losses, trainer.model.state_dict(), trainer.describe()["checkpointing"])
+    (plain, plain_state, plain_info), (ckpt, ckpt_state, ckpt_info) = out["none"], out["activations"]
+    assert ckpt == plain and plain[-1] < plain[0]
+    # weights, and batch norm's running statistics: recomputation does not update them twice
+    assert ckpt_state.keys() == plain_state.keys() and any(k.endswith("running_mean") for k in ckpt_state)
+    assert all(torch.equal(ckpt_state[k], plain_state[k]) for k in plain_state)
+    assert plain_info == "none" and ckpt_info.startswith("activations: 2 checkpointed runs of the 10 top-level")
+
+
+def test_checkpointing_stores_fewer_activations():
+    """What the backward pass keeps from the forward: far less with checkpointing (the peak adds
+    the recomputation of one run; the GPU test measures the allocator's peak)."""
+    torch = pytest.importorskip("torch")
+    from gpubench.backends.pytorch.checkpointing import checkpointed
+    from gpubench.backends.pytorch.model import build_model
+
+    model = build_model(TINY, TINY.init_weights(0)).train()
+    x = torch.randn(16, *TINY.input_shape)
+
+    def saved_bytes(m) -> int:
+        storages: dict[int, int] = {}
+
+        def pack(t):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            m(x).sum()
+        weights = {p.untyped_storage().data_ptr() for p in m.parameters()}
+        return sum(n for ptr, n in storages.items() if ptr not in weights)
+
+    assert saved_bytes(checkpointed(model)) < 0.4 * saved_bytes(model)
+
+
+def result(config: Config, rate: float = 100.0, status: str = "ok", **memory: int) -> dict:
+    return {"config_id": config.config_id, "config": config.to_dict(), "status": status,
+            "metrics": {"throughput": {"median": rate, "ci_low": rate, "ci_high": rate}, "memory": memory}}
+
+
+def test_comparison_with_the_same_config_without_checkpointing():
+    base = Config(workload="resnet18", device="cuda")
+    ckpt = Config(workload="resnet18", device="cuda", checkpointing="activations")
+    earlier = [result(base, 100.0, peak_allocated_bytes=900), result(base, 120.0, peak_allocated_bytes=1100),
+               result(base, status="oom"), result(Config(workload="cnn", device="cuda"), peak_allocated_bytes=1)]
+    cmp = checkpointing_comparison(result(ckpt, 55.0, peak_allocated_bytes=600), earlier)
+    assert cmp == {"baseline_config_id": base.config_id, "peak_source": "device_allocator_peak",
+                   "baseline_peak_bytes": 1000, "peak_bytes": 600, "memory_saving": pytest.approx(0.4),
+                   "slowdown": 2.0}
+    assert checkpointing_comparison(result(ckpt, peak_allocated_bytes=600), []) is None
+    assert checkpointing_comparison(result(base, peak_allocated_bytes=600), earlier) is None
+    cpu_base, cpu = Config(workload="resnet18"), Config(workload="resnet18", checkpointing="activations")
+    cmp = checkpointing_comparison(result(cpu, 80.0, train_peak_rss_bytes=750, peak_rss_bytes=2000),
+                                   [result(cpu_base, 100.0, train_peak_rss_bytes=1000, peak_rss_bytes=2000)])
+    assert cmp["peak_source"] == "process_peak_rss_during_training"
+    assert (cmp["memory_saving"], cmp["slowdown"]) == (pytest.approx(0.25), pytest.approx(1.25))
+    # the report's table, from the flattened and aggregated results
+    with_cmp = result(ckpt, 55.0, peak_allocated_bytes=600)
+    with_cmp["metrics"]["checkpointing"] = checkpointing_comparison(with_cmp, earlier)
+    table = checkpointing_table(aggregate(results_frame([*earlier[:2], with_cmp], run="r")))
+    assert table.to_dict("records") == [{
+        "config": ckpt.config_id, "without checkpointing": base.config_id, "peak memory": "device allocator peak",
+        "peak": "600 B", "peak without": "1000 B", "memory saving": "40.0%", "slowdown": "2.00x"}]
+
+
+def test_resnet18_runs_through_the_cli_with_and_without_checkpointing(tmp_path):
+    """CPU, a few steps: both ok with a falling loss, and the checkpointed result compares its
+    peak memory and speed with the config without checkpointing; the report shows it."""
+    pytest.importorskip("torch")
+    env = plugin_env()
+    env.pop("GPUBENCH_PLUGINS")
+    sets = ["workload=resnet18", "framework=torch", "device=cpu", "precision=fp32", "batch_size=8",
+            "warmup_steps=1", "steps=2", "windows=2", "checkpointing=none,activations", "telemetry_interval_ms=0"]
+    proc = run_cli(["run", str(REPO / "suites" / "quick.toml"), "--out", str(tmp_path / "runs"), "--no-report",
+                    *(arg for s in sets for arg in ("--set", s))], cwd=tmp_path, env=env, timeout=400)
+    assert proc.returncode == 0, proc.stderr
+    run_dir = next((tmp_path / "runs").iterdir())
+    base, ckpt = load_results(run_dir)
+    assert [base["status"], ckpt["status"]] == ["ok", "ok"]
+    assert base["model"]["params"] == 11_173_962
+    assert base["metrics"]["loss"]["fell"] and ckpt["metrics"]["loss"]["fell"]
+    assert base["metrics"]["loss"]["windows"] == ckpt["metrics"]["loss"]["windows"]  # same training
+    assert ckpt["runtime"]["checkpointing"].startswith("activations: 3 checkpointed runs of the 13")
+    cmp = ckpt["metrics"]["checkpointing"]
+    assert cmp["baseline_config_id"] == base["config_id"] and "checkpointing" not in base["metrics"]
+    assert cmp["peak_source"] == "process_peak_rss_during_training"
+    assert cmp["baseline_peak_bytes"] == base["metrics"]["memory"]["train_peak_rss_bytes"] > 0
+    assert cmp["peak_bytes"] == ckpt["metrics"]["memory"]["train_peak_rss_bytes"] > 0
+    assert cmp["memory_saving"] == pytest.approx(1 - cmp["peak_bytes"] / cmp["baseline_peak_bytes"])
+    write_markdown(load_report_data([run_dir]), tmp_path / "summary.md")
+    summary = (tmp_path / "summary.md").read_text()
+    assert "### Activation checkpointing" in summary and ckpt["config_id"] in summary
+    assert json.loads((run_dir / "run.json").read_text())["suite"]["matrix"]["checkpointing"] == ["none", "activations"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "amp-bf16"])
+def test_resnet18_trains_on_cuda_and_checkpointing_lowers_the_allocator_peak(precision):
+    """ResNet-18 at batch 256 on the GPU, with and without checkpointing: the loss falls, the
+    losses agree, and the allocator's peak is lower with checkpointing (the activations,
+    about 1.1 GiB at fp32 without it, dominate the model, optimizer state and data pool)."""
+    pytest.importorskip("torch")
+    from gpubench.measure.loop import run_loop
+    from gpubench.workloads import get_workload
+
+    spec = get_workload("resnet18").spec()
+    batches = synthetic_batches(spec, 256, 8, seed=0)
+    peaks, losses = {}, {}
+    for checkpointing in ("none", "activations"):
+        config = Config(workload="resnet18", device="cuda", batch_size=256, precision=precision,
+                        checkpointing=checkpointing)
+        trainer = get_backend("torch").build(spec, config, batches)
+        raw = run_loop(trainer, warmup_steps=2, steps=5, windows=2)
+        assert not raw.diverged and raw.loss_last < raw.loss_first
+        peaks[checkpointing] = trainer.memory()["peak_allocated_bytes"]
+        losses[checkpointing] = raw.losses
+        del trainer
+        gc.collect()  # the first trainer's tensors must not count in the second one's peak
+    assert peaks["activations"] < 0.9 * peaks["none"], peaks
+    # cuDNN's autotuned kernels are not bitwise reproducible (atomic adds): equal up to rounding
+    np.testing.assert_allclose(losses["activations"], losses["none"], rtol=1e-2 if precision == "fp32" else 5e-2)
