@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpubench.errors import InputError
@@ -153,6 +155,37 @@ def test_repo_quick_suite_is_valid():
     assert {c.precision for c in configs} == {"fp32", "amp-bf16"}
     assert len({c.batch_size for c in configs}) == 2
     assert {c.framework for c in configs} == {"torch", "tensorflow"}
+
+
+SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
+
+
+@pytest.mark.parametrize("path", sorted(SUITES_DIR.glob("*.toml")), ids=lambda p: p.stem)
+def test_every_shipped_suite_loads_and_no_config_is_statically_unsupported_by_mistake(path):
+    """A shipped suite expands, and none of its configs is refused by a framework's static rules
+    unless the suite means it (TensorFlow's checkpointed configs in the resnet suite)."""
+    from gpubench.backends import get_backend
+
+    configs = load_suite(str(path)).expand()
+    assert configs
+    refused = [(c.config_id, r) for c in configs if (r := get_backend(c.framework).static_unsupported(c))]
+    expected = [(cid, r) for cid, r in refused if path.stem == "resnet" and "checkpointing" in cid]
+    assert refused == expected
+
+
+def test_the_gpu_suites_sweep_what_issue_8_names():
+    gpu = load_suite(str(SUITES_DIR / "gpu.toml")).expand()
+    assert {c.workload for c in gpu} == {"cnn", "mlp", "resnet18", "resnet50"}
+    assert {c.framework for c in gpu} == {"torch", "tensorflow"}
+    assert {c.precision for c in gpu} == {"fp32", "tf32", "amp-fp16", "amp-bf16"}
+    assert {c.compile for c in gpu} == {"none", "torch-compile", "cuda-graph", "xla"}
+    assert {c.device for c in gpu} == {"cuda"}
+    assert len({c.batch_size for c in gpu if c.workload == "cnn"}) >= 3
+    targets = {c.config_id for c in load_suite(str(SUITES_DIR / "gpu-targets.toml")).expand()}
+    assert "resnet50-torch-cuda-bs256-amp-bf16-single-memory_format=channels-last" in targets
+    assert "resnet50-torch-cuda-bs256-tf32-single-memory_format=channels-last" in targets
+    assert "cnn-torch-cuda-bs1024-amp-bf16-single" in targets
+    assert "cnn-torch-cuda-bs128-fp32-single-compile=cuda-graph" in targets
 
 
 # --- every validation error: one line naming file, key and allowed values -----------------

@@ -170,6 +170,8 @@ def _serve(nodes: Nodes, hello: dict[str, Any], deadline: float | None) -> list[
             everyone = [arrived[r] for r in range(nodes.nnodes)]
             for conn in waiting:
                 _send(conn, {"nodes": everyone})
+            for conn in waiting:
+                _await_close(conn)
             return everyone
     except BaseException:
         for conn in waiting:  # come back later (they are ahead, or node 0 gave up on this job)
@@ -178,6 +180,18 @@ def _serve(nodes: Nodes, hello: dict[str, Any], deadline: float | None) -> list[
     finally:
         for conn in waiting:
             conn.close()
+
+
+def _await_close(conn: socket.socket, timeout_s: float = 5.0) -> None:
+    """Let the other node close the connection first: the side that closes first keeps the
+    connection in TIME_WAIT, and that must not be master_port, which torchrun's store binds
+    next."""
+    try:
+        conn.settimeout(timeout_s)
+        while conn.recv(64):
+            pass
+    except OSError:
+        pass
 
 
 def barrier(nodes: Nodes, job: str, index: int, timeout_s: float) -> tuple[str, str] | None:
