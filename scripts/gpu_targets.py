@@ -35,11 +35,13 @@ class Verdict:
 
 
 def throughputs(results: list[dict[str, Any]], **want: Any) -> dict[str, float]:
-    """config_id -> median throughput over its ok repeats, for the torch configs matching ``want``."""
+    """config_id -> median throughput over its ok repeats, for the one-GPU torch configs
+    (single, one node, no checkpointing) matching ``want``."""
     rates: dict[str, list[float]] = {}
     for r in results:
         c = r["config"]
-        if r["status"] != "ok" or c["framework"] != "torch" or not c["device"].startswith("cuda"):
+        if (r["status"] != "ok" or c["framework"] != "torch" or not c["device"].startswith("cuda")
+                or c.get("parallelism") != "single" or c.get("nnodes", 1) != 1 or c.get("checkpointing", "none") != "none"):
             continue
         if all(c.get(k) == v if not isinstance(v, tuple) else c.get(k) in v for k, v in want.items()):
             rates.setdefault(r["config_id"], []).append(r["metrics"]["throughput"]["median"])
@@ -70,22 +72,24 @@ def check(results: list[dict[str, Any]], calibration: list[dict[str, Any]]) -> l
                         best(throughputs(results, **r50, precision="amp-bf16", compile="none")), 3500, "img/s"))
     out.append(at_least("ResNet-50 amp-bf16 channels-last bs256 compiled or graph-captured >= 4,500 img/s",
                         best(throughputs(results, **r50, precision="amp-bf16", compile=COMPILED)), 4500, "img/s"))
-    bf = best(throughputs(results, **r50, precision="amp-bf16", compile="none"))
-    tf = best(throughputs(results, **r50, precision="tf32", compile="none"))
-    if bf is None or tf is None:
+    configs = {r["config_id"]: r["config"] for r in results}
+    bf16 = throughputs(results, **r50, precision="amp-bf16", compile="none")
+    tf32 = throughputs(results, **r50, precision="tf32", compile="none")
+    ratios = [(cid, rate / tf32[twin], tf32[twin]) for cid, rate in bf16.items()
+              if (twin := replace(Config.from_dict(configs[cid]), precision="tf32").config_id) in tf32]
+    if not ratios:
         out.append(Verdict("ResNet-50 amp-bf16 over tf32 (eager) in [2.2, 2.7]", "MISSING",
-                           "needs both the amp-bf16 and the tf32 eager configs"))
+                           "needs the same config at amp-bf16 and at tf32, eager"))
     else:
-        ratio = bf[1] / tf[1]
+        cid, ratio, base = ratios[0]
         out.append(Verdict("ResNet-50 amp-bf16 over tf32 (eager) in [2.2, 2.7]",
                            "PASS" if 2.2 <= ratio <= 2.7 else "FAIL",
-                           f"{ratio:.2f}x ({bf[1]:,.0f} / {tf[1]:,.0f} img/s)"))
+                           f"{ratio:.2f}x ({bf16[cid]:,.0f} / {base:,.0f} img/s)"))
 
     out.append(at_least("MNIST CNN amp-bf16 bs1024 data on device >= 1,000,000 img/s",
                         best(throughputs(results, workload="cnn", precision="amp-bf16", batch_size=1024,
                                          data="device")), 1_000_000, "img/s"))
 
-    configs = {r["config_id"]: r["config"] for r in results}
     cnn128: Callable[[str], dict[str, float]] = lambda compile_: throughputs(
         results, workload="cnn", batch_size=128, data="device", memory_format="contiguous", compile=compile_)
     eager, graph = cnn128("none"), cnn128("cuda-graph")
@@ -107,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run_dirs", nargs="+", type=Path)
     ap.add_argument("--calibration", type=Path, help="gpubench calibrate --json output")
     args = ap.parse_args(argv)
+    missing = [d for d in args.run_dirs if not (d / "results.jsonl").is_file()]
+    if missing:
+        ap.error(f"no results.jsonl in {', '.join(map(str, missing))}")
     results = [r for d in args.run_dirs for r in load_results(d)]
     calibration = json.loads(args.calibration.read_text()) if args.calibration and args.calibration.exists() else []
     verdicts = check(results, calibration)

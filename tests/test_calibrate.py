@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from dataclasses import replace
 
 import pytest
 from rich.console import Console
@@ -13,7 +15,7 @@ from gpubench.calibrate.command import figures_table
 from gpubench.calibrate.datasheet import datasheet_for
 from gpubench.errors import InputError
 from gpubench.results.store import load_results
-from gpubench.runner.find_batch import batch_search, run_at_max_batch
+from gpubench.runner.find_batch import Search, batch_search, run_at_max_batch
 from gpubench.runner.mfu import mfu_metrics
 from gpubench.runner.sweep import Job
 from gpubench.suite import Config, load_suite
@@ -57,13 +59,14 @@ def test_cache_miss_hit_corrupt_and_force(cache_dir):
     assert json.loads(first.path.read_text()) == rebuilt.entry  # the rebuilt entry is on disk
 
     for broken in ({**rebuilt.entry, "matmul_tflops": {"fp32": "fast"}}, {**rebuilt.entry, "key": {"other": 1}},
-                   {**rebuilt.entry, "cache_version": 0}, [1, 2]):
+                   {**rebuilt.entry, "cache_version": 0}, [1, 2],
+                   {k: v for k, v in rebuilt.entry.items() if k != "device"}):
         first.path.write_text(json.dumps(broken))
         assert not cache.get_calibration("cpu", measure=measure, warn=warnings.append).cached
-    assert measure.calls == 6 and len(warnings) == 5
+    assert measure.calls == 7 and len(warnings) == 6
 
     forced = cache.get_calibration("cpu", force=True, measure=measure, warn=warnings.append)
-    assert not forced.cached and measure.calls == 7 and len(warnings) == 5
+    assert not forced.cached and measure.calls == 8 and len(warnings) == 6
 
 
 def test_cache_key_fields(cache_dir, monkeypatch):
@@ -166,6 +169,8 @@ def test_mfu_arithmetic():
     assert m["peak"]["precision"] == "bf16" and m["peak"]["devices"] == 2 and m["peak"]["per_device_tflops"] == 800.0
     cpu = mfu_metrics(_ok_result(Config("mlp", precision="fp32", parallelism="ddp:2"), rate=100.0), peaks)
     assert cpu["peak_tflops"] == 0.5 and cpu["mfu"] == pytest.approx(0.1 / 0.5)  # ranks share the one CPU
+    two_nodes = mfu_metrics(_ok_result(Config("mlp", parallelism="ddp:2", nnodes=2), rate=100.0), peaks)
+    assert two_nodes["peak_tflops"] == 1.0 and two_nodes["peak"]["devices"] == 2  # one CPU per node
     no_peak = mfu_metrics(_ok_result(Config("mlp", device="cuda", precision="tf32")), peaks)
     assert no_peak == {"achieved_tflops": pytest.approx(2.0)}  # no tf32 peak measured: no mfu
     assert mfu_metrics(_ok_result(Config("mlp", device="cuda:1")), peaks) == {"achieved_tflops": pytest.approx(2.0)}
@@ -173,6 +178,40 @@ def test_mfu_arithmetic():
 
 
 # --- batch_size = "max" -------------------------------------------------------------------------
+
+def test_twin_comparisons_pair_only_results_that_trained_the_same_batch():
+    from gpubench.results.frame import flatten
+    from gpubench.runner.sweep import checkpointing_comparison, scaling_comparison
+
+    def trained(config: Config, batch: int, peak: int, rate: float) -> dict:
+        r = _ok_result(config, rate=rate)
+        r["config_id"] = config.config_id
+        r["metrics"]["memory"] = {"peak_allocated_bytes": peak}
+        r["metrics"]["batch_search"] = {"max_batch": batch}
+        return r
+
+    base = Config("mlp", device="cuda", batch_size="max")
+    plain = trained(base, 512, 70 << 30, 1000.0)
+    ckpt = trained(replace(base, checkpointing="activations"), 2048, 70 << 30, 1500.0)
+    ddp = trained(replace(base, parallelism="ddp:2"), 1024, 70 << 30, 3000.0)
+    # each side's search found another batch: comparing them would not compare like with like
+    assert checkpointing_comparison(ckpt, [plain]) is None and scaling_comparison(ddp, [plain]) is None
+    same = trained(replace(base, checkpointing="activations"), 512, 35 << 30, 800.0)
+    assert checkpointing_comparison(same, [plain])["memory_saving"] == pytest.approx(0.5)
+    # the report places a config at the batch it trained, a pipeline config at its whole batch
+    assert flatten(ckpt)["batch_trained"] == 2048
+    pipe = _ok_result(Config("mlp", batch_size=128, parallelism="pipeline:2"))
+    pipe["metrics"]["micro_batch_size"] = 32
+    assert flatten(pipe)["batch_trained"] == 128
+
+
+def test_ab_refuses_batch_size_max(tmp_path, write_suite):
+    suite = write_suite('[defaults]\nframework = "fake"\nworkload = "fault"\nbatch_size = "max"\n')
+    proc = run_cli(["ab", str(suite), "--baseline-python", sys.executable, "--candidate-python", sys.executable,
+                    "--out", str(tmp_path / "runs")], cwd=tmp_path)
+    assert proc.returncode == 2 and '"max" is not for gpubench ab' in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
 
 def test_batch_size_max_validation(write_suite):
     base = '[defaults]\nworkload = "mlp"\n'
@@ -197,8 +236,14 @@ def test_a_max_search_is_reused_and_no_fit_is_oom(tmp_path, monkeypatch):
     search = {"requested": "max", "start": 64, "limit": 65536, "max_batch": 256, "first_oom": 257, "stopped": "",
               "probes": []}
     monkeypatch.setattr("gpubench.runner.find_batch.find_max_batch", lambda *a: pytest.fail("searched again"))
-    earlier = [{"config_id": config.config_id, "metrics": {"batch_search": search}}]
+    earlier = [{"config_id": config.config_id, "config_hash": config.config_hash, "metrics": {"batch_search": search}}]
     assert batch_search(config, earlier=earlier) is search
+    # the same id with other search settings (max_batch_limit is not in the id) searches anew
+    other = replace(config, max_batch_limit=128)
+    assert other.config_id == config.config_id
+    monkeypatch.setattr("gpubench.runner.find_batch.find_max_batch",
+                        lambda c, limit, launcher: Search(c.config_id, 64, 128, "", []))
+    assert batch_search(other, earlier=earlier)["limit"] == 128
     none_fit = {**search, "max_batch": None, "first_oom": 1, "probes": [{"batch_size": 1, "status": "oom"}]}
     r = run_at_max_batch(Job(config, 0), none_fit, tmp_path)
     assert r["status"] == "oom" and "not even batch 1" in r["reason"] and r["metrics"]["batch_search"] is none_fit

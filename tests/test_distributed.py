@@ -69,6 +69,11 @@ def test_stage_split_balances_forward_flops_at_module_boundaries():
     assert split_stages([5, 5, 5, 5], 2) == [(0, 2), (2, 4)]
     assert split_stages([9, 1, 1, 1, 1], 2) == [(0, 1), (1, 5)]
     assert split_stages([3], 1) == [(0, 1)]
+    # residual blocks cost their convolutions (batch norm, pooling: nothing), one block per module
+    resnet = get_workload("resnet18").spec()
+    costs = layer_costs(resnet)
+    assert len(costs) == len(resnet.layers) and sum(costs) == resnet.forward_flops_per_sample
+    assert all(c > 0 for c, layer in zip(costs, resnet.layers) if type(layer).__name__ == "Residual")
     with pytest.raises(ValueError, match="cannot split 2 layers into 3 stages"):
         split_stages([1, 1], 3)
 

@@ -55,3 +55,22 @@ def test_figures_below_the_bars_fail_and_absent_configs_are_missing():
     assert v["MNIST CNN amp-bf16 bs1024 data on device"].status == "FAIL"
     assert v["MNIST CNN bs128 cuda-graph"].status == "MISSING"  # the graph config did not end ok
     assert {x.status for x in verdicts([], calibration=[]).values()} == {"MISSING"}
+
+
+def test_only_one_gpu_single_configs_count_and_the_ratio_pairs_twins():
+    faster_on_two = replace(R50, parallelism="ddp:2")
+    results = [result(R50, 3000.0), result(faster_on_two, 6000.0),
+               result(replace(R50, precision="tf32"), 1250.0),
+               result(replace(faster_on_two, precision="tf32"), 1000.0)]
+    v = verdicts(results)
+    eager = v["ResNet-50 amp-bf16 channels-last bs256 eager"]
+    assert eager.status == "FAIL" and eager.measured.startswith("3,000 img/s")  # not ddp:2's 6,000
+    assert v["ResNet-50 amp-bf16 over tf32"].measured.startswith("2.40x (3,000 / 1,250")
+
+
+def test_a_run_directory_without_results_is_an_error(tmp_path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        targets.main([str(tmp_path / "nope")])
+    assert e.value.code == 2 and "no results.jsonl" in capsys.readouterr().err

@@ -279,6 +279,16 @@ def test_find_batch_search_doubles_then_bisects():
     probe, _ = _probe_fitting(100, {64: "error"})
     good, bad, stopped, _ = search(probe, 8, 1000)
     assert (good, bad) == (32, None) and stopped == "batch 64: error: boom"
+    # pipeline:N probes only batches its micro-batches divide: multiples of the unit
+    probe, seen = _probe_fitting(100)
+    assert search(probe, 6, 1000, unit=4)[:3] == (100, 104, "") and all(b % 4 == 0 for b in seen)
+    assert seen[0] == 8  # the start rounded up to a multiple
+
+
+def test_find_batch_limit_below_the_start_is_bad_input(tmp_path, write_suite):
+    suite = write_suite('[defaults]\nframework = "fake"\nworkload = "fault"\nbatch_size = 64\n')
+    proc = run_cli(["find-batch", str(suite), "--limit", "4"], cwd=tmp_path)
+    assert proc.returncode == 2 and "--limit 4: below the batch the search starts from (64" in proc.stderr
 
 
 def test_find_batch_command_with_fresh_processes(tmp_path, write_suite):

@@ -237,6 +237,23 @@ device = ["cpu", "cuda"]
     assert not (tmp_path / "runs2").exists()
 
 
+def test_profile_of_a_pipeline_config_profiles_rank_0_and_ends(tmp_path):
+    """Every stage takes the profiled steps (they exchange activations), so rank 0's profiler
+    pass cannot leave the other stages waiting until the timeout."""
+    pytest.importorskip("torch")
+    text = TINY.replace('framework = ["torch", "tensorflow"]', 'framework = ["torch"]\nparallelism = ["pipeline:2"]')
+    (tmp_path / "pipe.toml").write_text(text.replace("timeout_s = 300", "timeout_s = 120")
+                                        .replace("batch_size = 32", "batch_size = 32\npipeline_microbatches = 2"))
+    proc = run_cli(["profile", "pipe.toml", "--out", "runs", "--steps", "2", "--no-report"], cwd=tmp_path,
+                   env=_plain_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    (result,) = load_results(run_dir)
+    assert result["status"] == "ok", result["reason"]
+    assert result["profile"]["steps"] == 2 and (run_dir / result["profile"]["files"]["trace"]).is_file()
+    assert result["metrics"]["breakdown"] is None and result["metrics"]["breakdown_reason"]
+
+
 def test_tensorflow_phased_steps_train_like_the_real_step():
     """The breakdown pass's separate functions make the same update as the one-function step."""
     pytest.importorskip("tensorflow")

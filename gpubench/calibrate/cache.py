@@ -135,6 +135,8 @@ def entry_problem(entry: Any, key: dict[str, Any]) -> str | None:
         return f"cache_version {entry.get('cache_version')!r}, expected {CACHE_VERSION}"
     if entry.get("key") != key:
         return "its key does not match this environment"
+    if not isinstance(entry.get("device"), str) or not isinstance(entry.get("device_name", ""), (str, type(None))):
+        return "no valid device / device_name"
     matmul = entry.get("matmul_tflops")
     if not isinstance(matmul, dict) or not matmul or not all(_positive(v) for v in matmul.values()):
         return "no valid matmul_tflops"

@@ -78,7 +78,7 @@ def ranged_step(step: Callable[[], None], ranges: Ranges) -> Callable[[], None]:
 
 def run_loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int,
              observer: PhaseObserver | None = None, ranges: Ranges | None = None) -> RawMeasurement:
-    push, pop = (ranges.push, ranges.pop) if ranges is not None else (_no_range, _no_range)
+    push, pop = (ranges or NO_RANGES).push, (ranges or NO_RANGES).pop
     push("cold start")
     t0 = clock_ns()
     trainer.step()
@@ -131,5 +131,14 @@ def run_loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int,
     return raw
 
 
-def _no_range(*_: str) -> None:
-    pass
+class NoRanges:
+    """Ranges that go nowhere (no profiler attached)."""
+
+    def push(self, name: str) -> None:
+        pass
+
+    def pop(self) -> None:
+        pass
+
+
+NO_RANGES = NoRanges()

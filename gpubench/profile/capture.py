@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpubench.backends.base import ProfilingUnavailable
 from gpubench.measure.breakdown import measure_breakdown
+from gpubench.measure.loop import NO_RANGES
 from gpubench.profile.ops import summary, write_op_tables
 
 if TYPE_CHECKING:
@@ -22,21 +23,13 @@ if TYPE_CHECKING:
     from gpubench.suite import Config
 
 
-class _NoRanges:
-    def push(self, name: str) -> None:
-        pass
-
-    def pop(self) -> None:
-        pass
-
-
 def profile_trainer(trainer: Trainer, raw: RawMeasurement, config: Config, options: dict[str, Any]
                     ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """({"breakdown": ..., "breakdown_reason": ...} for ``metrics``, the result's ``profile``
     block, or None on ranks other than 0). ``options``: ``steps``, ``dir`` (absolute), ``rel``
     (the same directory relative to the run directory)."""
     steps = int(options["steps"])
-    ranges = trainer.ranges() or _NoRanges()
+    ranges = trainer.ranges() or NO_RANGES
     step_ms = statistics.median(raw.step_times_ms) if raw.step_times_ms else None
     ranges.push("breakdown")
     breakdown, why = measure_breakdown(trainer, steps, step_ms)

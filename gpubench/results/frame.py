@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from gpubench.measure.stats import median_ci
+from gpubench.results.schema import trained_batch
 from gpubench.suite import Config
 
 CONFIG_COLUMNS = ["workload", "framework", "device", "batch_size", "precision", "parallelism", "optimizer", "lr",
@@ -103,9 +104,9 @@ def flatten(result: dict[str, Any], run: str | None = None) -> dict[str, Any]:
         "duration_s": result.get("duration_s"),
         "started_at": result.get("started_at"),
     }
-    # the batch one device trained on: a "max" config's is the one its search found
-    row["batch_trained"] = m.get("micro_batch_size") or row["max_batch"] or (
-        config.get("batch_size") if isinstance(config.get("batch_size"), int) else None)
+    # the batch the config trained at (a "max" config's is the one its search found; for
+    # pipeline:N the batch of a step, not its micro-batches), so strategies line up in charts
+    row["batch_trained"] = trained_batch(result)
     # the memory a user cares about: the device's allocator peak on a GPU, the process's RSS on CPU
     row["peak_memory_bytes"] = row["peak_allocated_bytes"] if row["peak_allocated_bytes"] is not None \
         else row["peak_rss_bytes"]

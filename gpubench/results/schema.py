@@ -28,3 +28,14 @@ def outcome(status: str, reason: str = "", metrics: dict[str, Any] | None = None
     if status not in STATUSES:
         raise ValueError(f"unknown status {status!r}")
     return {"status": status, "reason": reason, "metrics": metrics, **extra}
+
+
+def trained_batch(result: dict[str, Any]) -> int | None:
+    """The ``batch_size`` a result trained at: its config's, or for ``batch_size = "max"`` the
+    batch its search found (None when none fitted). Per device and, for gradient accumulation,
+    per micro-batch; for ``pipeline:N``, the batch every stage processes."""
+    search = (result.get("metrics") or {}).get("batch_search") or {}
+    if search.get("max_batch") is not None:
+        return int(search["max_batch"])
+    batch = result["config"].get("batch_size")
+    return batch if isinstance(batch, int) else None

@@ -26,7 +26,7 @@ from gpubench.runner.process import Launcher
 from gpubench.runner.progress import SweepDisplay
 from gpubench.runner.run import check_data, finish_run_dir, new_run_dir, probe_frameworks, write_report
 from gpubench.runner.sweep import plan, run_jobs
-from gpubench.suite import load_suite
+from gpubench.suite import MAX_BATCH, load_suite
 
 SIDES = ("baseline", "candidate")
 
@@ -65,6 +65,10 @@ def execute_ab(req: ABRequest, console: Console) -> int:
     suite = load_suite(req.suite).with_overrides(req.sets)
     configs = suite.expand()
     check_data(configs, suite.source)
+    searched = [c.config_id for c in configs if c.batch_size == MAX_BATCH]
+    if searched:  # each side's search could settle on another batch near the memory limit
+        raise InputError(f"{suite.source}: batch_size: \"max\" is not for gpubench ab, whose two sides must train "
+                         f"the same batch ({searched[0]}); find it with gpubench find-batch and give the number")
     needed = min_repeats(2 * req.alpha / len(configs))
     if req.repeats < needed:
         raise InputError(f"--repeats {req.repeats}: comparing {len(configs)} config(s) at alpha {req.alpha:g} needs at "

@@ -37,11 +37,15 @@ class Search:
 Probe = Callable[[int], dict[str, Any]]
 
 
-def search(probe: Probe, start: int, limit: int) -> tuple[int | None, int | None, str, list[dict[str, Any]]]:
+def search(probe: Probe, start: int, limit: int, unit: int = 1
+           ) -> tuple[int | None, int | None, str, list[dict[str, Any]]]:
     """(largest ok batch, smallest oom batch, why it stopped early, probes) for a probe that
     returns a worker result; batch sizes from ``start`` doubling up to ``limit``, then
-    bisection between the last fit and the first miss."""
+    bisection between the last fit and the first miss. Every batch tried is a multiple of
+    ``unit`` (``pipeline:N`` splits a batch into that many micro-batches); ``start`` is
+    rounded up to one."""
     probes: list[dict[str, Any]] = []
+    start = -(-start // unit) * unit
 
     def fits(b: int) -> bool | None:
         r = probe(b)
@@ -64,8 +68,8 @@ def search(probe: Probe, start: int, limit: int) -> tuple[int | None, int | None
             break
         good, b = b, b * 2
     # bisection between the last fit (0: none yet, e.g. the start itself failed) and the first miss
-    while bad is not None and bad - (good or 0) > 1:
-        mid = ((good or 0) + bad) // 2
+    while bad is not None and bad - (good or 0) > unit:
+        mid = ((good or 0) + bad) // 2 // unit * unit
         fit = fits(mid)
         if fit is None:
             return good, bad, stopped(), probes
@@ -83,7 +87,8 @@ def find_max_batch(config: Config, limit: int, launcher: Launcher = Launcher(),
                 on_probe(c)
             return run_worker(Job(c, 0), work, launcher)
 
-        good, bad, stopped, probes = search(probe, max(1, config.batch_size), limit)
+        unit = config.pipeline_microbatches if config.pipelined else 1
+        good, bad, stopped, probes = search(probe, max(1, config.batch_size), limit, unit)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return Search(config.config_id, good, bad, stopped, probes)
@@ -95,9 +100,9 @@ def batch_search(config: Config, launcher: Launcher = Launcher(),
     ``config.max_batch_start`` up to ``config.max_batch_limit``; reused from a result of the
     same config already in the run (a repeat, or a resumed run) so that every repeat trains at
     the same batch."""
-    for r in earlier:
+    for r in earlier:  # the same settings (config_hash: the id leaves max_batch_start/limit out)
         found = (r.get("metrics") or {}).get("batch_search")
-        if r["config_id"] == config.config_id and found:
+        if r.get("config_hash") == config.config_hash and found:
             return found
     s = find_max_batch(replace(config, batch_size=config.max_batch_start), config.max_batch_limit, launcher)
     return {"requested": MAX_BATCH, "start": config.max_batch_start, "limit": config.max_batch_limit,

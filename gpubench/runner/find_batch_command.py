@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from gpubench.errors import InputError
 from gpubench.runner.find_batch import find_max_batch
 from gpubench.suite import MAX_BATCH, Config, load_suite
 
@@ -22,6 +23,10 @@ def run_find_batch(suite_name: str, sets: list[str], limit: int, json_path: Path
         key = replace(c, batch_size=1).config_id
         if key not in starts or c.batch_size < starts[key].batch_size:
             starts[key] = c
+    too_big = [c for c in starts.values() if c.batch_size > limit]
+    if too_big:
+        raise InputError(f"--limit {limit}: below the batch the search starts from ({too_big[0].batch_size}, "
+                         f"{too_big[0].config_id}); give a larger --limit or a smaller batch_size")
     searches = []
     for config in starts.values():
         console.print(f"searching {config.config_id} from batch {config.batch_size} (limit {limit})",

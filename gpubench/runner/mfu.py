@@ -63,7 +63,9 @@ def mfu_metrics(result: dict[str, Any], peaks: dict[str, dict[str, Any]]) -> dic
     per_device = (entry or {}).get("matmul_tflops", {}).get(precision)
     if not per_device:
         return out
-    devices = config.devices if device_kind(config.device) == "cuda" else 1
+    # GPUs: every device of the strategy; CPU: the ranks of one node share its CPU, whose
+    # calibration used all its cores, so one CPU per node
+    devices = config.devices if device_kind(config.device) == "cuda" else config.nnodes
     out["peak_tflops"] = per_device * devices
     out["mfu"] = out["achieved_tflops"] / out["peak_tflops"]
     out["peak"] = {"source": "measured (gpubench calibrate)", "precision": precision, "per_device_tflops": per_device,

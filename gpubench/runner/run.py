@@ -92,7 +92,7 @@ def _prepare(req: RunRequest) -> tuple[Suite, int, Path | None, list[dict[str, A
         raise InputError(f"--resume {req.resume}: --nnodes cannot be combined with --resume; start the multi-node "
                          "run again on every node")
     meta = load_run(req.resume)
-    if meta.get("args", {}).get("nodes"):
+    if isinstance(meta.get("args"), dict) and meta["args"].get("nodes"):  # a bad args fails below, with its file
         raise InputError(f"--resume {req.resume}: that is a multi-node run; start it again on every node")
     if req.sets:
         raise InputError(f"--resume {req.resume}: --set cannot be combined with --resume; "

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from gpubench.backends import get_backend
 from gpubench.backends.base import ProbeInfo, device_kind
-from gpubench.results.schema import SCHEMA_VERSION, outcome
+from gpubench.results.schema import SCHEMA_VERSION, outcome, trained_batch
 from gpubench.results.store import NODE_FILE, RESULTS_FILE, append_result, slug
 from gpubench.runner.nodes import Nodes, barrier
 from gpubench.runner.process import Launcher, kill_group, oom_kill_count
@@ -144,17 +144,20 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: 
     return outcome("error", reason, traceback="\n".join(tail), log=str(log_rel))
 
 
-def twin_median(config_id: str, earlier: list[dict[str, Any]], value: Callable[[dict[str, Any]], float | None]
-                ) -> float | None:
+def twin_median(config_id: str, batch: int | None, earlier: list[dict[str, Any]],
+                value: Callable[[dict[str, Any]], float | None]) -> float | None:
     """The median of ``value(result)`` over the ok repeats of ``config_id`` already in the run
-    (those where it is not None), or None."""
-    values = [v for r in earlier if r["config_id"] == config_id and r["status"] == "ok" and (v := value(r)) is not None]
+    that trained at ``batch`` (two ``batch_size = "max"`` configs share an id but each trains
+    at the batch its own search found) and where it is not None; or None."""
+    values = [v for r in earlier if r["config_id"] == config_id and r["status"] == "ok"
+              and trained_batch(r) == batch and (v := value(r)) is not None]
     return statistics.median(values) if values else None
 
 
-def twin_throughput(config_id: str, earlier: list[dict[str, Any]]) -> float | None:
-    """The median throughput over the ok repeats of ``config_id`` already in the run, or None."""
-    return twin_median(config_id, earlier, lambda r: r["metrics"]["throughput"]["median"])
+def twin_throughput(config_id: str, batch: int | None, earlier: list[dict[str, Any]]) -> float | None:
+    """The median throughput over the ok repeats of ``config_id`` at ``batch`` already in the
+    run, or None."""
+    return twin_median(config_id, batch, earlier, lambda r: r["metrics"]["throughput"]["median"])
 
 
 def training_peak(result: dict[str, Any]) -> tuple[int | None, str]:
@@ -175,7 +178,7 @@ def pipeline_comparison(result: dict[str, Any], earlier: list[dict[str, Any]]) -
     if config.data != "pipeline" or result["status"] != "ok":
         return None
     twin = replace(config, data="device", data_workers=Config.data_workers).config_id  # the default
-    device_rate = twin_throughput(twin, earlier)
+    device_rate = twin_throughput(twin, trained_batch(result), earlier)
     if device_rate is None:
         return None
     pipeline_rate = result["metrics"]["throughput"]["median"]
@@ -191,7 +194,7 @@ def scaling_comparison(result: dict[str, Any], earlier: list[dict[str, Any]]) ->
     if config.parallelism == "single" or result["status"] != "ok":
         return None
     twin = replace(config, parallelism="single").config_id
-    single = twin_throughput(twin, earlier)
+    single = twin_throughput(twin, trained_batch(result), earlier)
     if single is None:
         return None
     return {"single_config_id": twin, "single_throughput": single,
@@ -207,8 +210,8 @@ def checkpointing_comparison(result: dict[str, Any], earlier: list[dict[str, Any
         return None
     twin = replace(config, checkpointing="none").config_id
     peak, source = training_peak(result)
-    baseline_peak = twin_median(twin, earlier, lambda r: training_peak(r)[0])
-    baseline_rate = twin_throughput(twin, earlier)
+    baseline_peak = twin_median(twin, trained_batch(result), earlier, lambda r: training_peak(r)[0])
+    baseline_rate = twin_throughput(twin, trained_batch(result), earlier)
     if peak is None or baseline_peak is None or baseline_rate is None:
         return None
     return {"baseline_config_id": twin, "peak_source": source, "baseline_peak_bytes": baseline_peak,

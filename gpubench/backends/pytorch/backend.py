@@ -95,8 +95,6 @@ def pipeline_unsupported(config: Config) -> str | None:
     if config.pipeline_schedule == "1f1b" and m < n * config.nnodes:
         return (f"the 1f1b schedule needs at least as many micro-batches as stages; pipeline_microbatches = {m} < "
                 f"{n * config.nnodes}")
-    from gpubench.workloads import get_workload
-
     layers = len(get_workload(config.workload).spec(**dict(config.workload_params)).layers)
     if layers < n * config.nnodes:
         return f"{config.workload_label} has {layers} top-level layers, fewer than the {n * config.nnodes} stages"

@@ -88,7 +88,8 @@ class CudaGraphStep:
     batch of the device-resident pool (``index_select``) and advances itself, so the graph
     walks the pool in the same order as the eager trainer. The first call warms up on a side
     stream (eager steps: optimizer state, cuDNN autotuning, allocator), restores the weights,
-    the optimizer state and the CUDA RNG to what they were, captures, and replays once: every
+    buffers (batch norm statistics), the optimizer state and the CUDA RNG to what they were,
+    captures, and replays once: every
     call is exactly one training step, and the losses equal the eager trainer's.
     """
 
@@ -119,7 +120,8 @@ class CudaGraphStep:
     def _capture(self) -> None:
         t = self.t
         start = t._i
-        weights = [p.detach().clone() for p in t.model.parameters()]
+        # on the host: a device copy would count in the config's peak allocated memory
+        saved = [v.detach().to("cpu", copy=True) for v in (*t.model.parameters(), *t.model.buffers())]
         rng = torch.cuda.get_rng_state(t.device)
         side = torch.cuda.Stream(t.device)
         side.wait_stream(torch.cuda.current_stream(t.device))
@@ -129,8 +131,8 @@ class CudaGraphStep:
                 t.train_step(t._next_batch)
         torch.cuda.current_stream(t.device).wait_stream(side)
         with torch.no_grad():  # undo the warm-up: the first replay is the run's first step
-            for p, w in zip(t.model.parameters(), weights):
-                p.copy_(w)
+            for v, w in zip((*t.model.parameters(), *t.model.buffers()), saved):
+                v.copy_(w)  # weights, and batch norm's running statistics
             for state in t.optimizer.state.values():
                 for value in state.values():
                     if torch.is_tensor(value):
@@ -138,7 +140,7 @@ class CudaGraphStep:
         torch.cuda.set_rng_state(rng, t.device)
         t._i = start
         self.index = torch.tensor([start], dtype=torch.long, device=t.device)
-        del weights
+        del saved
         t.optimizer.zero_grad(set_to_none=True)  # backward allocates the grads from the graph's pool
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
@@ -152,7 +154,7 @@ class CudaGraphStep:
             "inputs": "refreshed inside the graph: a device-side counter selects the next batch of the "
                       "device-resident pool",
             "eager_warmup_steps": GRAPH_EAGER_WARMUP_STEPS,
-            "warmup": "eager steps on a side stream before capture, then weights, optimizer state and CUDA RNG "
-                      "restored",
+            "warmup": "eager steps on a side stream before capture, then weights, buffers, optimizer state and "
+                      "CUDA RNG restored",
             "optimizer": "capturable",
         }

@@ -5,7 +5,9 @@ PyTorch's own pipelining (``torch.distributed.pipelining``: PipelineStage + a sc
 ``pipeline_microbatches`` micro-batches. The schedule divides each stage's accumulated
 gradients by the number of micro-batches (``scale_grads``) and the loss is the mean over the
 micro-batches, so a step trains exactly like ``single`` at the same batch (the same losses,
-step for step, where nothing random such as dropout differs).
+step for step, where nothing random such as dropout differs) for models without batch
+statistics; a model with batch norm normalises each micro-batch with its own statistics, as
+gradient accumulation over those micro-batches would.
 """
 
 from __future__ import annotations
@@ -18,15 +20,16 @@ from torch import nn
 from gpubench.backends.pytorch.model import build_model
 from gpubench.backends.pytorch.trainer import TorchTrainerBase, make_optimizer
 from gpubench.suite import Config
-from gpubench.workloads.base import WorkloadSpec, has_params
+from gpubench.workloads.base import WorkloadSpec
 from gpubench.workloads.data import Batches
 
 SCHEDULE_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
 
 
 def layer_costs(spec: WorkloadSpec) -> list[int]:
-    """Forward FLOPs per sample of each top-level layer (0 for parameter-free layers)."""
-    return [layer.forward_flops(i) if has_params(layer) else 0 for layer, (i, _) in zip(spec.layers, spec.shapes())]
+    """Forward FLOPs per sample of each top-level layer (a residual block's: its leaves'; 0 for
+    layers without convolutions or matrix multiplies)."""
+    return [sum(leaf.forward_flops() for leaf in leaves) for leaves in spec.leaves_by_layer()]
 
 
 def split_stages(costs: list[int], n: int) -> list[tuple[int, int]]:

@@ -10,7 +10,7 @@ import torch
 from gpubench.profile.ops import OpRow
 
 if TYPE_CHECKING:
-    from gpubench.backends.pytorch.trainer import TorchTrainer
+    from gpubench.backends.pytorch.trainer import TorchTrainerBase
 
 STEP_RANGE = "gpubench step"
 
@@ -57,7 +57,7 @@ def _device_us(event: Any) -> float:
     return float(value if value is not None else getattr(event, "self_cuda_time_total", 0.0))
 
 
-def profile_steps(trainer: TorchTrainer, steps: int, out_dir: Path) -> dict[str, Any]:
+def profile_steps(trainer: TorchTrainerBase, steps: int, out_dir: Path) -> dict[str, Any]:
     """``steps`` steps under torch.profiler (CPU, and CUDA on a GPU), each in a
     ``gpubench step`` range; a Chrome/Perfetto trace and the per-operator self times."""
     from torch.profiler import ProfilerActivity, profile, record_function

@@ -149,6 +149,12 @@ class TorchTrainerBase(Trainer):
 
         return NvtxRanges() if self.cuda else None
 
+    def profile(self, steps: int, out_dir: Path) -> dict[str, Any]:
+        """Every PyTorch trainer (the pipeline's too: its other ranks take the same steps)."""
+        from gpubench.backends.pytorch.profiling import profile_steps
+
+        return profile_steps(self, steps, out_dir)
+
     def memory(self) -> dict[str, int]:
         if not self.cuda:
             return {}
@@ -286,8 +292,3 @@ class TorchTrainer(TorchTrainerBase):
         loss = self._loss.float().clone()
         dist.all_reduce(loss)
         return float(loss.item()) / self.world_size
-
-    def profile(self, steps: int, out_dir: Path) -> dict[str, Any]:
-        from gpubench.backends.pytorch.profiling import profile_steps
-
-        return profile_steps(self, steps, out_dir)

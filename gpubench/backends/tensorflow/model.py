@@ -54,10 +54,14 @@ class _Builder:
             return kl.ReLU(**kw)(kl.Add(**kw)([main, shortcut]))
         index = len(self.leaf_layers)  # the leaf's position, for its dropout seed
         if isinstance(layer, Conv2d):
-            if layer.padding:  # symmetric, as PyTorch's (Keras' "same" pads the bottom/right first)
+            # Keras' "same" pads (k - 1) / 2 on each side at stride 1, as PyTorch does with that
+            # padding: one op. Otherwise (strided: "same" pads the bottom/right first) an explicit
+            # symmetric ZeroPadding2D before a "valid" convolution
+            same = layer.stride == 1 and 2 * layer.padding == layer.kernel_size - 1
+            if layer.padding and not same:
                 x = kl.ZeroPadding2D(layer.padding, **kw)(x)
-            out = kl.Conv2D(layer.out_channels, layer.kernel_size, strides=layer.stride, padding="valid",
-                            use_bias=layer.bias, **kw)
+            out = kl.Conv2D(layer.out_channels, layer.kernel_size, strides=layer.stride,
+                            padding="same" if same else "valid", use_bias=layer.bias, **kw)
         elif isinstance(layer, Linear):
             out = kl.Dense(layer.out_features, **kw)
         elif isinstance(layer, BatchNorm2d):  # Keras' momentum weighs the old value: 1 - PyTorch's

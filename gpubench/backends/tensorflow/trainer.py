@@ -99,6 +99,7 @@ class TFTrainer(Trainer):
         # TensorFlow initialises its devices); data: every global batch split over them
         # multiworker:N: one replica per worker process, N per node (the cluster from TF_CONFIG)
         kind = parse_parallelism(config.parallelism)[0]
+        self.parallelism = config.parallelism
         self.strategy = (_mirrored_strategy(config.devices, self.gpu) if kind == "mirrored" else
                          _multiworker_strategy(self.gpu) if kind == "multiworker" else None)
         if kind == "multiworker":
@@ -331,8 +332,8 @@ class TFTrainer(Trainer):
 
     def phased_step(self, lap: Lap) -> None:
         if self.strategy is not None:
-            raise ProfilingUnavailable("mirrored:N runs each step across replicas in one tf.function; its phases are "
-                                    "not timed apart")
+            raise ProfilingUnavailable(f"{self.parallelism} runs each step across replicas in one tf.function; "
+                                       "its phases are not timed apart")
         if self._phases is None:
             from gpubench.backends.tensorflow.profiling import PhaseFunctions
 
