@@ -62,11 +62,10 @@ class Nodes:
         static rendezvous on master_addr:master_port."""
         if not self.multi:
             return ["--standalone", "--nnodes=1", f"--nproc-per-node={nproc_per_node}"]
-        return [f"--nnodes={self.nnodes}", f"--node-rank={self.node_rank}", f"--master-addr={self.master_addr}",
-                f"--master-port={self.master_port}", f"--nproc-per-node={nproc_per_node}"]
+        return [*self.launch_args(), f"--nproc-per-node={nproc_per_node}"]
 
     def launch_args(self) -> list[str]:
-        """The same layout as flags of gpubench.runner.tf_launch."""
+        """The node layout as flags, named alike by torchrun and gpubench.runner.tf_launch."""
         if not self.multi:
             return []
         return [f"--nnodes={self.nnodes}", f"--node-rank={self.node_rank}", f"--master-addr={self.master_addr}",

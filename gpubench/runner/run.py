@@ -138,7 +138,9 @@ def execute(req: RunRequest, console: Console) -> int:
     probes = probe_frameworks(configs, console) if jobs else {}
     env = fingerprint({k: p.to_dict() for k, p in probes.items()})
     runnable = [job.config for job in jobs if pre_resolve(job.config, probes) is None]
-    peaks = load_peaks(peak_devices(runnable), console) if req.calibrate else {}
+    # only node 0 writes results, so only node 0 needs the peaks (a calibration on the others
+    # would only delay their first rendezvous)
+    peaks = load_peaks(peak_devices(runnable), console) if req.calibrate and nodes.node_rank == 0 else {}
     now = datetime.now(timezone.utc)
     if run_dir is None:
         args: dict[str, Any] = {"suite": req.suite, "set": req.sets, "repeats": repeats, "out": str(req.out)}
