@@ -10,7 +10,7 @@ only as the total wall time of N steps (after a device synchronisation on a GPU)
 ``--framework`` picks PyTorch (default) or TensorFlow; only that framework is imported.
 
 Why: gpubench reports the speed of a training step, so its own cost (timer marks, the
-trainer's indirection, the loss kept per step) must be measured, not assumed (DESIGN.md 5.7).
+trainer's indirection, the loss kept per step) must be measured, not assumed.
 Target: gpubench's throughput within 1% of the bare loop for steps of 1 ms or longer.
 
 Method: both sides are warmed up, then run in rounds interleaved A B, B A, A B ... Each side

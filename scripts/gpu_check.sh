@@ -5,8 +5,9 @@
 #   bash scripts/gpu_check.sh --list             # the steps, one line each
 #   CHECK_DEVICE=cpu bash scripts/gpu_check.sh quick   # dry run of a step on a CPU machine
 # A lent GPU machine allows 10 minutes a call and 30 minutes a session: the steps are ordered
-# by what they prove (the targets and telemetry first), and the rough duration of each
-# on an H100 is in --list, so a session can split them over calls. The calibration cache lives
+# by what they prove (the targets and telemetry first), and --list gives each step's
+# planned minutes on an H100 (a guess for splitting a session into calls, not a measurement:
+# the summary at the end prints each step's measured seconds, which replace the guesses). The calibration cache lives
 # in runs/gpu-check-cache of the checkout (ignored by git, so it stays on a warm machine between
 # calls even where each call gets a fresh $OUT); it is keyed by GPU and build, so a cache from
 # another machine is never used.
@@ -27,17 +28,18 @@ cuda() { [ "$DEV" = cuda ]; }
 step() {  # step NAME CMD...: run, tee the log, remember a failure, keep going
   local name=$1; shift
   echo "=== $name: $*"
+  local start=$SECONDS
   "$@" 2>&1 | tee "$OUT/$name.log"
   local rc=${PIPESTATUS[0]}
   echo "=== $name: exit $rc"
-  summary+=("$name: exit $rc ($OUT/$name.log)")
+  summary+=("$name: exit $rc, $((SECONDS - start)) s ($OUT/$name.log)")
   [ "$rc" -eq 0 ] || status=1
 }
 summary=()
 run() { "$PY" -m gpubench run "$@" --out "$OUT/runs" --no-report; }
 latest_run() { ls -td "$OUT"/runs/"$1"-* 2>/dev/null | head -n 1; }  # latest_run SUITE_NAME
 
-# --- the steps: NAME, rough minutes on an H100, what it checks --------------------------------
+# --- the steps: NAME, planned minutes on an H100 (a guess), what it checks ---------------------
 STEPS=(
   "env         0  the machine: nvidia-smi, gpubench env"
   "calibrate   1  #8: matmul TFLOP/s per precision and copy bandwidth (cached for MFU)"
@@ -50,7 +52,7 @@ STEPS=(
   "resnet      4  #7/#8: ResNet-18/50 with and without activation checkpointing (memory saving)"
   "profile     2  #8: gpubench profile (CUDA kernels, breakdown on CUDA events; NVTX under nsys if installed)"
   "gpu-tests   6  every @pytest.mark.gpu test"
-  "find-batch  5  #7: the largest batch for cnn and mlp at amp-bf16 (fits to the limit), and for ResNet-18 fp32 (runs out of memory partway)"
+  "find-batch  5  #7: the largest batch for cnn and mlp at amp-bf16 (expected to fit to the limit), and for ResNet-18 fp32 (chosen to run out of memory partway)"
   "max-batch   2  #7: batch_size = \"max\" resolved before the config runs; a config past the GPU's memory ends oom"
 )
 
@@ -171,7 +173,7 @@ PYEOF
 
 names=()
 for s in "${STEPS[@]}"; do names+=("${s%% *}"); done
-if [ "${1:-}" = --list ]; then printf '%s\n' "${STEPS[@]}"; exit 0; fi
+if [ "${1:-}" = --list ]; then echo "step        planned minutes on an H100 (a guess, not measured)"; printf '%s\n' "${STEPS[@]}"; exit 0; fi
 chosen=("$@")
 [ ${#chosen[@]} -gt 0 ] || chosen=("${names[@]}")
 for name in "${chosen[@]}"; do
