@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import re
 import sys
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -202,12 +203,18 @@ _ID_ONLY_WHEN: dict[str, Callable[[Config], bool]] = {
 Check = Callable[[Any], Any]  # returns the normalised value or raises ValueError(message)
 
 
-def _int(minimum: int) -> Check:
+INT_MAX = 2**31 - 1  # a tensor dimension, a step count: beyond it the frameworks fail mid-run
+SEED_MAX = 2**32 - 1  # the widest seed every generator takes (numpy's legacy seeding)
+
+
+def _int(minimum: int, maximum: int = INT_MAX) -> Check:
     def check(v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int):
             raise ValueError(f"expected an integer >= {minimum}, got {v!r}")
         if v < minimum:
             raise ValueError(f"must be >= {minimum}, got {v}")
+        if v > maximum:
+            raise ValueError(f"must be <= {maximum}, got {v}")
         return v
     return check
 
@@ -220,8 +227,8 @@ def _batch_size(v: Any) -> int | str:
         return v
     if isinstance(v, bool) or not isinstance(v, int):
         raise ValueError(f'expected an integer >= 1 or "{MAX_BATCH}", got {v!r}')
-    if v < 1:
-        raise ValueError(f'must be >= 1 or "{MAX_BATCH}", got {v}')
+    if not 1 <= v <= INT_MAX:
+        raise ValueError(f'must be 1..{INT_MAX} or "{MAX_BATCH}", got {v}')
     return v
 
 
@@ -230,6 +237,8 @@ def _positive_float(v: Any) -> float:
         raise ValueError(f"expected a positive number, got {v!r}")
     if not v > 0:
         raise ValueError(f"must be > 0, got {v}")
+    if v == math.inf:
+        raise ValueError(f"must be finite, got {v}")
     return float(v)
 
 
@@ -306,7 +315,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("steps", _int(1), _parse_number, "measured steps per window"),
     Setting("windows", _int(1), _parse_number, "measured windows"),
     Setting("timeout_s", _positive_float, _parse_number, "seconds before a config is killed"),
-    Setting("seed", _int(0), _parse_number, "seed for weights, data and dropout"),
+    Setting("seed", _int(0, SEED_MAX), _parse_number, "seed for weights, data and dropout"),
     Setting("telemetry_interval_ms", _int(0), _parse_number, "telemetry sampling period; 0 turns sampling off"),
     Setting("max_batch_start", _int(1), _parse_number, 'batch_size = "max": the first batch the search tries'),
     Setting("max_batch_limit", _int(1), _parse_number, 'batch_size = "max": the largest batch the search tries'),
@@ -362,13 +371,19 @@ class Suite:
         }
 
     @staticmethod
-    def from_dict(d: dict[str, Any]) -> Suite:
-        return Suite(
-            name=d["name"], description=d.get("description", ""), source=d.get("source", "run.json"),
-            defaults=dict(d.get("defaults", {})), matrix=dict(d.get("matrix", {})),
-            include=tuple(d.get("include", ())), exclude=tuple(d.get("exclude", ())),
-            overrides=dict(d.get("overrides", {})),
-        )
+    def from_dict(d: Any, src: str = "run.json") -> Suite:
+        """The suite a run directory stored (``to_dict``), checked again as a suite file is:
+        a hand-edited or damaged run.json fails here with its key, not midway through a run."""
+        where = f"{src}: suite"
+        if not isinstance(d, dict):
+            raise InputError(f"{where}: expected an object, got {type(d).__name__}")
+        matrix = _table(d, "matrix", where)
+        data = {"name": d.get("name"), "description": d.get("description", ""), "defaults": d.get("defaults", {}),
+                "matrix": {**matrix, "include": d.get("include", []), "exclude": d.get("exclude", [])}}
+        suite = parse_suite(data, where)
+        overrides = {k: _values(f"{where}.overrides.{k}", k, v) for k, v in _table(d, "overrides", where).items()}
+        source = d.get("source")
+        return replace(suite, source=source if isinstance(source, str) else src, overrides=overrides)
 
     # --- overrides -------------------------------------------------------------------------
 
@@ -392,7 +407,9 @@ class Suite:
             else:
                 defaults[key] = values[0]
         suite = replace(self, defaults=defaults, matrix=matrix, overrides=overrides)
-        suite.expand()  # surface expansion errors (e.g. a parameter no workload takes) now
+        for item in sets:  # a parameter set here that no workload of the suite takes is a typo
+            suite.check_params_used(keys={item.partition("=")[0].strip()}, where=f"--set {item}")
+        suite.expand()  # surface expansion errors now
         return suite
 
     # --- expansion -------------------------------------------------------------------------
@@ -445,19 +462,25 @@ class Suite:
                              f"({config.max_batch_start}); the batch_size = \"max\" search needs start <= limit")
         return config
 
-    def check_params_used(self) -> None:
+    def check_params_used(self, keys: set[str] | None = None, where: str | None = None) -> None:
         """A workload parameter no workload of the suite takes is a mistake (a typo, or the
-        wrong workload): say which workloads take which parameters."""
+        wrong workload): say which workloads take which parameters. ``keys``: only these (the
+        ones a ``--set`` gave), else every key of the suite. Without any workload there is
+        nothing to check (expansion reports the missing key)."""
         used_workloads = set(self.matrix.get("workload", [])) | {self.defaults.get("workload")}
         for e in self.include:
             used_workloads |= set(e.get("workload", []))
         used_workloads.discard(None)
+        if not used_workloads:
+            return
         takes = {p.name for w in used_workloads for p in WORKLOADS[w].params}
-        keys = set(self.defaults) | set(self.matrix) | {k for e in self.include for k in e}
+        if keys is None:
+            keys = set(self.defaults) | set(self.matrix) | {k for e in self.include for k in e}
         for key in sorted(keys & set(workload_param_names()) - takes):
             offered = "; ".join(f"{w} takes: {', '.join(WORKLOADS[w].param_names()) or 'none'}"
                                 for w in sorted(used_workloads))
-            raise InputError(f"{self.source}: {key}: no workload in this suite takes '{key}' ({offered})")
+            prefix = where or f"{self.source}: {key}"
+            raise InputError(f"{prefix}: no workload in this suite takes '{key}' ({offered})")
 
 
 _AXIS_ORDER = ("workload", "framework", "device", "precision", "batch_size", "parallelism")

@@ -121,6 +121,18 @@ def test_resume_completes_an_interrupted_run(tmp_path, write_suite):
     assert again.returncode == 0 and "0 to run" in again.stdout
     assert len(load_results(run_dir)) == 4
 
+    # a damaged run.json is refused before anything runs, naming the file and key
+    good = json.loads((run_dir / "run.json").read_text())
+    for edit, expected in [(lambda m: m["suite"]["matrix"].update(workload=["gpt"]), "matrix.workload: unknown workload 'gpt'"),
+                           (lambda m: m["args"].update(repeats=0), "args.repeats: expected an integer >= 1, got 0")]:
+        meta = json.loads(json.dumps(good))
+        edit(meta)
+        (run_dir / "run.json").write_text(json.dumps(meta))
+        proc = run_cli(["run", "--resume", str(run_dir)], cwd=tmp_path)
+        assert proc.returncode == 2 and expected in proc.stderr, proc.stdout + proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and str(run_dir / "run.json") in proc.stderr
+        assert len(load_results(run_dir)) == 4
+
 
 def test_resume_errors(tmp_path):
     proc = run_cli(["run", "--resume", str(tmp_path / "nope")], cwd=tmp_path)

@@ -197,8 +197,8 @@ def test_the_gpu_suites_sweep_what_issue_8_names():
     ("[matrix]\nworkload = 'cnn'\nframework = 'jax'", "matrix.framework: unknown framework 'jax'; expected one of:"),
     ("[matrix]\nworkload = 'cnn'\ndevice = 'tpu'", "matrix.device: unknown device 'tpu'; expected one of: cpu, cuda, cuda:N"),
     ("[matrix]\nworkload = 'cnn'\ndevice = 'cpu:1'", "matrix.device: unknown device 'cpu:1'"),
-    ("[matrix]\nworkload = 'cnn'\nbatch_size = [0]", "matrix.batch_size: must be >= 1 or \"max\", got 0"),
-    ("[matrix]\nworkload = 'cnn'\nbatch_size = [-4]", "matrix.batch_size: must be >= 1 or \"max\", got -4"),
+    ("[matrix]\nworkload = 'cnn'\nbatch_size = [0]", "matrix.batch_size: must be 1..2147483647 or \"max\", got 0"),
+    ("[matrix]\nworkload = 'cnn'\nbatch_size = [-4]", "matrix.batch_size: must be 1..2147483647 or \"max\", got -4"),
     ("[matrix]\nworkload = 'cnn'\nbatch_size = ['big']", "matrix.batch_size: expected an integer >= 1 or \"max\", got 'big'"),
     ("[matrix]\nworkload = 'cnn'\nbatch_size = [true]", "matrix.batch_size: expected an integer >= 1 or \"max\", got True"),
     ("[matrix]\nworkload = 'cnn'\nbatch_size = []", "matrix.batch_size: empty list"),
@@ -210,6 +210,12 @@ def test_the_gpu_suites_sweep_what_issue_8_names():
     ("[defaults]\nworkload = 'cnn'\nsteps = 0", "defaults.steps: must be >= 1, got 0"),
     ("[defaults]\nworkload = 'cnn'\nwarmup_steps = -1", "defaults.warmup_steps: must be >= 0, got -1"),
     ("[defaults]\nworkload = 'cnn'\ntimeout_s = -5", "defaults.timeout_s: must be > 0, got -5"),
+    ("[defaults]\nworkload = 'cnn'\ntimeout_s = inf", "defaults.timeout_s: must be finite, got inf"),
+    ("[matrix]\nworkload = 'cnn'\nbatch_size = [99999999999999999999]",
+     "matrix.batch_size: must be 1..2147483647 or \"max\", got 99999999999999999999"),
+    ("[defaults]\nworkload = 'cnn'\nseed = 18446744073709551616", "defaults.seed: must be <= 4294967295, got"),
+    ("[defaults]\nworkload = 'cnn'\nsteps = 4294967296", "defaults.steps: must be <= 2147483647, got 4294967296"),
+    ("[defaults]\ndepth = 1\n[matrix]\nbatch_size = [8]", "missing key 'workload' (set it in [matrix] or [defaults])"),
     ("[defaults]\nworkload = ['cnn']", "defaults.workload: expected a single value (sweep lists belong in [matrix])"),
     ("[defaults]\nwarmup = 3\nworkload = 'cnn'", "defaults.warmup: unknown key 'warmup'"),
     ("[matrix]\nworkload = 'mlp'\ndepth = [0]", "matrix.depth: must be >= 1, got 0"),
@@ -284,7 +290,7 @@ batch_size = [512, 1024]
     ("=3", "--set =3: expected KEY=VALUE"),
     ("batchsize=3", "--set batchsize=3: unknown key 'batchsize'; expected one of: workload, framework"),
     ("batch_size=abc", "--set batch_size=abc: expected an integer >= 1 or \"max\", got 'abc'"),
-    ("batch_size=0", "--set batch_size=0: must be >= 1 or \"max\", got 0"),
+    ("batch_size=0", "--set batch_size=0: must be 1..2147483647 or \"max\", got 0"),
     ("precision=fp17", "--set precision=fp17: unknown precision 'fp17'; expected one of: fp32, tf32"),
     ("device=npu", "--set device=npu: unknown device 'npu'"),
 ])
@@ -308,3 +314,32 @@ def test_suite_round_trips_through_run_json(write_suite):
 def test_parse_suite_from_dict_defaults_the_name():
     suite = parse_suite({"matrix": {"workload": ["cnn"]}}, "inline.toml", default_name="inline")
     assert suite.name == "inline"
+
+
+def test_set_of_a_parameter_no_workload_takes_is_refused(write_suite):
+    cnn_only = load_suite(str(write_suite("[matrix]\nworkload = ['cnn']\n")))
+    with pytest.raises(InputError) as err:
+        cnn_only.with_overrides(["depth=3"])
+    assert str(err.value) == "--set depth=3: no workload in this suite takes 'depth' (cnn takes: none)"
+    # narrowing the workloads of a suite whose defaults hold another workload's parameters is fine
+    both = load_suite(str(write_suite("[defaults]\ndepth = 3\n[matrix]\nworkload = ['cnn', 'mlp']\n")))
+    assert [c.workload for c in both.with_overrides(["workload=cnn"]).expand()] == ["cnn"]
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda d: d["matrix"].update(workload=["gpt"]), "run.json: suite: matrix.workload: unknown workload 'gpt'"),
+    (lambda d: d["defaults"].update(steps="many"), "run.json: suite: defaults.steps: expected an integer >= 1, got 'many'"),
+    (lambda d: d.pop("name"), "run.json: suite: name: expected letters"),
+    (lambda d: d.update(matrix=[1]), "run.json: suite: matrix: expected a table"),
+    (lambda d: d.update(overrides={"precision": ["fp8"]}), "run.json: suite.overrides.precision: unknown precision"),
+])
+def test_a_stored_suite_is_checked_again(write_suite, edit, expected):
+    from gpubench.suite import Suite
+
+    d = load_suite(str(write_suite(BASE + "[defaults]\nsteps = 2\n"))).to_dict()
+    edit(d)
+    with pytest.raises(InputError) as err:
+        Suite.from_dict(d)
+    assert str(err.value).startswith(expected), str(err.value)
+    with pytest.raises(InputError, match="run.json: suite: expected an object, got list"):
+        Suite.from_dict([d])

@@ -98,10 +98,12 @@ def _prepare(req: RunRequest) -> tuple[Suite, int, Path | None, list[dict[str, A
         raise InputError(f"--resume {req.resume}: --set cannot be combined with --resume; "
                          "the run keeps the settings it started with")
     try:
-        suite = Suite.from_dict(meta["suite"])
-        stored_repeats = int(meta["args"]["repeats"])
-    except (KeyError, TypeError, ValueError) as e:
+        suite = Suite.from_dict(meta["suite"], str(req.resume / RUN_FILE))
+        stored_repeats = meta["args"]["repeats"]
+    except (KeyError, TypeError) as e:
         raise InputError(f"{req.resume / RUN_FILE}: missing or bad field {e}") from None
+    if isinstance(stored_repeats, bool) or not isinstance(stored_repeats, int) or stored_repeats < 1:
+        raise InputError(f"{req.resume / RUN_FILE}: args.repeats: expected an integer >= 1, got {stored_repeats!r}")
     if req.suite is not None and load_suite(req.suite).name != suite.name:
         raise InputError(f"--resume {req.resume}: that run is of suite {suite.name!r}, not {req.suite!r}")
     if req.repeats is not None and req.repeats != stored_repeats:
