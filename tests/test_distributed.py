@@ -350,3 +350,25 @@ def test_reasons_with_brackets_print_as_text():
     for line in unmeasured_lines([result]):
         console.print(line)
     assert console.export_text().count(reason) == 2
+
+
+@pytest.mark.parametrize("parallelism, rank, status, code, left", [
+    ("ddp:2", "0", "ok", 0, True), ("ddp:2", "1", "error", 1, True), ("ddp:2", "1", "ok", 0, True),
+    ("single", "0", "ok", 0, False),
+])
+def test_a_rank_leaves_without_interpreter_teardown(tmp_path, monkeypatch, parallelism, rank, status, code, left):
+    # a gloo thread dropping a collective's last tensor during Py_FinalizeEx aborted a rank
+    # (SIGABRT) after its outcome was written: a distributed worker ends with os._exit instead
+    from gpubench.runner import worker
+
+    config = Config(workload="mlp", parallelism=parallelism)
+    (tmp_path / "job.json").write_text(json.dumps({"config": config.to_dict(), "repeat": 0}))
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setattr(worker, "run_config", lambda config, profile: {"status": status, "reason": "x",
+                                                                        "metrics": None})
+    exits = []
+    monkeypatch.setattr(worker.os, "_exit", exits.append)
+    assert worker.main([str(tmp_path)]) == code
+    assert exits == ([code] if left else [])
+    written = sorted(p.name for p in tmp_path.glob("result*.json"))
+    assert written == (["result.json"] if rank == "0" else ["result-rank1.json"] if status == "error" else [])
