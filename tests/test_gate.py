@@ -21,7 +21,8 @@ def results(values: dict[str, list[float]], run_id: str = "r", status: str = "ok
         for i, v in enumerate(vs):
             out.append({"schema_version": 1, "run_id": run_id, "config_id": config_id, "repeat": i,
                         "config": {"framework": "torch"}, "status": status, "reason": "",
-                        "metrics": {"throughput": {"median": v}, "step_time_ms": {"median": 1000.0 / v},
+                        "metrics": {"throughput": {"median": v, "ci_low": 0.9 * v, "ci_high": 1.1 * v},
+                                    "step_time_ms": {"median": 1000.0 / v, "cv": 0.01}, "cold_start_ms": 3000.0 / v,
                                     "memory": {"peak_rss_bytes": memory or 1e9}}, "env": ENV})
     return out
 
@@ -216,3 +217,26 @@ def test_cli_baselines(tmp_path):
     assert proc.returncode == 0 and "baseline main" in proc.stdout
     bad = run_cli(["baseline", "save", str(tmp_path / "missing"), "x"], cwd=tmp_path)
     assert bad.returncode == 2 and "no such run directory" in bad.stderr
+
+
+def test_cli_a_result_line_of_the_wrong_shape_is_named_not_skipped(tmp_path):
+    rng = np.random.default_rng(6)
+    a = write_run(tmp_path / "a", {"cnn": lognormal(rng, 6, 0.01)})
+    b = write_run(tmp_path / "b", {"cnn": lognormal(rng, 6, 0.01)})
+    lines = (b / "results.jsonl").read_text().splitlines(keepends=True)
+    lines[2] = json.dumps({**json.loads(lines[2]), "status": "fine"}) + "\n"  # once dropped: "5 repeat(s)..."
+    (b / "results.jsonl").write_text("".join(lines))
+    proc = run_cli(["compare", str(a), str(b)], cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{b / 'results.jsonl'}:3: status 'fine': expected one of: ok, oom" in proc.stderr
+    assert "repeat(s)" not in proc.stderr
+    for args in (["baseline", "save", str(b), "broken"], ["export", str(b), "--format", "github-action"]):
+        proc = run_cli(args, cwd=tmp_path)
+        assert proc.returncode == 2 and "results.jsonl:3: status 'fine'" in proc.stderr, proc.stderr
+    assert not (tmp_path / ".gpubench" / "baselines" / "broken").exists()
+    saved = tmp_path / ".gpubench" / "baselines" / "copied"  # a baseline damaged after it was saved
+    saved.mkdir(parents=True)
+    for name in ("run.json", "results.jsonl"):
+        (saved / name).write_text((b / name).read_text())
+    listed = run_cli(["baseline", "list"], cwd=tmp_path)
+    assert listed.returncode == 0 and "results.jsonl:3: status 'fine'" in listed.stdout, listed.stdout + listed.stderr

@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
 from gpubench.errors import InputError
+from gpubench.results.schema import result_problem
 from gpubench.results.store import append_result, create_run_dir, load_results, load_run, write_json_atomic
 
 
 def line(i: int) -> dict:
-    return {"schema_version": 1, "config_id": f"c{i}", "repeat": 0, "status": "ok"}
+    """The smallest line a run writes: a config decided before any worker started."""
+    return {"schema_version": 1, "run_id": "r", "config_id": f"c{i}", "repeat": 0, "config": {"framework": "torch"},
+            "status": "unavailable", "reason": "no such device", "metrics": None}
+
+
+MEASURED = {"throughput": {"median": 100.0, "ci_low": 90.0, "ci_high": 110.0},
+            "step_time_ms": {"median": 10.0, "cv": 0.02}, "cold_start_ms": 30.0}
 
 
 def test_append_and_load_round_trip(tmp_path):
@@ -52,6 +60,57 @@ def test_corrupt_middle_line_and_unknown_schema_are_errors(tmp_path):
     path.write_text(json.dumps({**line(0), "schema_version": 99}) + "\n")
     with pytest.raises(InputError, match=r"results\.jsonl:1: unknown schema_version 99; this gpubench reads: 1"):
         load_results(tmp_path)
+
+
+def test_results_written_by_gpubench_have_the_shape_readers_need():
+    committed = Path(__file__).parent.parent / "reports" / "samples" / "cpu-quick-2vcpu" / "run"
+    fixtures = sorted((Path(__file__).parent / "fixtures").glob("run_*"))
+    for run_dir in (committed, *fixtures):
+        assert {r["status"] for r in load_results(run_dir)} >= {"ok"}
+    node_line = {**line(0), "status": "ok", "reason": "node 1: ranks 2, 3 finished; node 0 writes the result",
+                 "node_rank": 1}
+    assert result_problem(node_line) is None  # node.jsonl: an ok outcome with no metrics
+    assert result_problem({**line(0), "status": "oom", "metrics": {"memory": {"peak_rss_bytes": 5}}}) is None
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"config": None}, "'config' is null, not an object; a result line needs run_id, config_id (strings), config"),
+    ({"repeat": "0"}, "'repeat' is str \"0\", not an integer"),
+    ({"repeat": True}, "'repeat' is bool true, not an integer"),
+    ({"status": "fast"}, "status 'fast': expected one of: ok, oom, unsupported, unavailable, diverged, timeout, error"),
+    ({"metrics": "x"}, "'metrics' is str \"x\", not an object or null"),
+    ({"config": {"workload": "mlp"}}, "'config.framework' is null, not a string"),
+    ({"status": "ok"}, "'metrics.throughput.median' is null, not a positive number; an ok result (or any with "
+                       "metrics.throughput) needs numbers at: metrics.throughput.median, metrics.throughput.ci_low"),
+    ({"status": "ok", "metrics": {**MEASURED, "throughput": None}}, "'metrics.throughput.median' is null"),
+    ({"status": "ok", "metrics": {**MEASURED, "throughput": {**MEASURED["throughput"], "median": "fast"}}},
+     "'metrics.throughput.median' is str \"fast\", not a positive number"),
+    ({"status": "ok", "metrics": {**MEASURED, "step_time_ms": {"median": 0, "cv": 0.1}}},
+     "'metrics.step_time_ms.median' is int 0, not a positive number"),
+    ({"status": "diverged", "metrics": {**MEASURED, "cold_start_ms": None}}, "'metrics.cold_start_ms' is null"),
+    ({"status": "oom", "metrics": {"memory": "lots"}}, "'metrics.memory' is str \"lots\", not an object"),
+    ({"metrics": {"batch_search": {"max_batch": "64"}}}, "'metrics.batch_search.max_batch' is str \"64\""),
+    ({"telemetry": {"gpu": {"energy_per_sample_j": []}}}, "'telemetry.gpu.energy_per_sample_j' is list [], not a"),
+    ({"status": "ok", "metrics": {**MEASURED, "step_times_ms": "1,2"}}, "'metrics.step_times_ms' is str \"1,2\""),
+])
+def test_a_line_of_the_wrong_shape_is_an_error_naming_line_and_problem(tmp_path, change, problem):
+    good = {**line(0), "status": "ok", "reason": "", "metrics": {**MEASURED, "step_times_ms": [9.0, None, 11.0]}}
+    assert result_problem(good) is None
+    path = tmp_path / "results.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**line(1), **change}) + "\n")
+    with pytest.raises(InputError) as e:
+        load_results(tmp_path)
+    assert str(e.value).startswith(f"{path}:2: ") and problem in str(e.value)
+    assert "\n" not in str(e.value)
+    with pytest.warns(UserWarning, match=r"results\.jsonl:2: .*\(line skipped\)"):  # the report's way
+        assert [r["config_id"] for r in load_results(tmp_path, strict=False)] == ["c0"]
+
+
+def test_a_missing_key_is_named(tmp_path):
+    for key in ("run_id", "config_id", "config", "repeat", "status", "reason", "metrics"):
+        (tmp_path / "results.jsonl").write_text(json.dumps({k: v for k, v in line(0).items() if k != key}) + "\n")
+        with pytest.raises(InputError, match=rf"results\.jsonl:1: '{key}' missing; a result line needs run_id"):
+            load_results(tmp_path)
 
 
 def test_write_json_atomic_leaves_no_temporary_file(tmp_path):

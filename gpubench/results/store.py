@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.errors import InputError
-from gpubench.results.schema import SUPPORTED_SCHEMA_VERSIONS, clean
+from gpubench.results.schema import SUPPORTED_SCHEMA_VERSIONS, clean, result_problem
 
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
@@ -73,7 +73,8 @@ def run_env(meta: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, An
 def load_results(run_dir: Path, repair: bool = False, strict: bool = True) -> list[dict[str, Any]]:
     """All results of a run. A half-written last line (a killed run) is skipped with a
     warning, and with ``repair`` cut off the file so that appends continue cleanly. A bad line
-    elsewhere, or an unknown schema version, is an InputError naming the line; with
+    elsewhere (unparsable, or without the shape readers rely on: ``schema.result_problem``), or
+    an unknown schema version, is an InputError naming the line; with
     ``strict=False`` (reports) it is skipped with a warning instead."""
     path = run_dir / RESULTS_FILE
     if not path.exists():
@@ -105,6 +106,10 @@ def load_results(run_dir: Path, repair: bool = False, strict: bool = True) -> li
         if version not in SUPPORTED_SCHEMA_VERSIONS:
             _problem(f"{path}:{i}: unknown schema_version {version!r}; this gpubench reads: "
                      f"{', '.join(map(str, SUPPORTED_SCHEMA_VERSIONS))}", strict)
+            continue
+        problem = result_problem(obj)
+        if problem:
+            _problem(f"{path}:{i}: {problem}", strict)
             continue
         results.append(obj)
     return results
