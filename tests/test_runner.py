@@ -138,6 +138,9 @@ def test_resume_errors(tmp_path):
     proc = run_cli(["run", "--resume", str(tmp_path / "wrong")], cwd=tmp_path)
     assert proc.returncode == 2 and f"{results}:9: 'run_id' missing; a result line needs" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and results.read_bytes() == before
+    (tmp_path / "wrong" / "run.json").write_text("[]")
+    proc = run_cli(["run", "--resume", str(tmp_path / "wrong")], cwd=tmp_path)
+    assert proc.returncode == 2 and "run.json: not a run file: expected a JSON object" in proc.stderr, proc.stderr
 
 
 def test_ctrl_c_keeps_finished_results_and_says_how_to_resume(tmp_path, write_suite):

@@ -134,6 +134,16 @@ def test_load_run_errors(tmp_path):
     (tmp_path / "run.json").write_text("{")
     with pytest.raises(InputError, match="unreadable run file"):
         load_run(tmp_path)
+    (tmp_path / "run.json").write_text("[]")
+    with pytest.raises(InputError, match=r"run\.json: not a run file: expected a JSON object \(run_id, suite, args, "
+                                         r"env, \.\.\.\), got a list$"):
+        load_run(tmp_path)
+    (tmp_path / "run.json").write_text('{"run_id": "r", "env": "x"}')
+    with pytest.raises(InputError, match=r"run\.json: 'env' is a str, not an object"):
+        load_run(tmp_path)
+    (tmp_path / "run.json").write_bytes(b"\xff\xfe")
+    with pytest.raises(InputError, match="unreadable run file"):
+        load_run(tmp_path)
 
 
 def test_one_peak_memory_for_table_report_gate_and_checkpointing():

@@ -54,15 +54,23 @@ def create_run_dir(out: Path, base_id: str) -> Path:
 
 
 def load_run(run_dir: Path) -> dict[str, Any]:
+    """A run's run.json: an object (readers take its keys with ``.get``), whose ``env`` is an
+    object or null."""
     path = run_dir / RUN_FILE
     if not run_dir.is_dir():
         raise InputError(f"{run_dir}: no such run directory")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        meta = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(f"{path}: missing; is {run_dir} a gpubench run directory?") from None
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:
         raise InputError(f"{path}: unreadable run file: {e}") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"{path}: not a run file: expected a JSON object (run_id, suite, args, env, ...), "
+                         f"got a {type(meta).__name__}")
+    if not isinstance(meta.get("env"), (dict, type(None))):
+        raise InputError(f"{path}: 'env' is a {type(meta['env']).__name__}, not an object (the environment fingerprint)")
+    return meta
 
 
 def run_env(meta: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, Any]:
