@@ -113,6 +113,13 @@ def test_a_missing_key_is_named(tmp_path):
             load_results(tmp_path)
 
 
+def test_an_unreadable_results_file_is_an_error_naming_it(tmp_path):
+    (tmp_path / "results.jsonl").mkdir()
+    for strict in (True, False):
+        with pytest.raises(InputError, match=r"results\.jsonl: unreadable results file: Is a directory$"):
+            load_results(tmp_path, strict=strict)
+
+
 def test_write_json_atomic_leaves_no_temporary_file(tmp_path):
     write_json_atomic(tmp_path / "run.json", {"a": 1})
     write_json_atomic(tmp_path / "run.json", {"a": 2})

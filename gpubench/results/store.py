@@ -83,11 +83,15 @@ def load_results(run_dir: Path, repair: bool = False, strict: bool = True) -> li
     warning, and with ``repair`` cut off the file so that appends continue cleanly. A bad line
     elsewhere (unparsable, or without the shape readers rely on: ``schema.result_problem``), or
     an unknown schema version, is an InputError naming the line; with
-    ``strict=False`` (reports) it is skipped with a warning instead."""
+    ``strict=False`` (reports) it is skipped with a warning instead. A file that cannot be read
+    at all is an InputError either way."""
     path = run_dir / RESULTS_FILE
     if not path.exists():
         return []
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+    except OSError as e:  # a directory, no permission: not a line to skip
+        raise InputError(f"{path}: unreadable results file: {e.strerror or e}") from None
     lines = raw.split(b"\n")
     results: list[dict[str, Any]] = []
     offset = 0
