@@ -30,6 +30,44 @@ def test_append_and_load_round_trip(tmp_path):
     assert load_results(tmp_path / "missing-but-fine") == []
 
 
+def test_short_writes_are_continued_and_a_failed_append_is_undone(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    real_write = os.write
+    append_result(tmp_path, line(0))
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, data[:10]))  # 10 bytes a call
+    append_result(tmp_path, line(1))
+    assert [r["config_id"] for r in load_results(tmp_path)] == ["c0", "c1"]
+
+    calls = []
+    def disk_full(fd, data):  # half the line, then no more room
+        calls.append(len(data))
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data[: len(data) // 2])
+    monkeypatch.setattr(os, "write", disk_full)
+    before = (tmp_path / "results.jsonl").read_bytes()
+    with pytest.raises(InputError, match=r"results\.jsonl: could not append a result: No space left on device; the "
+                                         r"result is not recorded and the part written was removed$"):
+        append_result(tmp_path, line(2))
+    assert (tmp_path / "results.jsonl").read_bytes() == before  # whole lines only
+    monkeypatch.setattr(os, "write", real_write)
+    append_result(tmp_path, line(3))
+    assert [r["config_id"] for r in load_results(tmp_path)] == ["c0", "c1", "c3"]
+
+
+def test_no_append_after_a_half_written_line(tmp_path):
+    append_result(tmp_path, line(0))
+    path = tmp_path / "results.jsonl"
+    with open(path, "a") as f:
+        f.write('{"schema_version": 1, "config_id": "c1", "sta')
+    before = path.read_bytes()
+    with pytest.raises(InputError, match=r"results\.jsonl: ends with a half-written line .* run --resume cuts it off"):
+        append_result(tmp_path, line(2))
+    assert path.read_bytes() == before
+
+
 def test_non_finite_floats_are_written_as_null(tmp_path):
     append_result(tmp_path, {**line(0), "loss": math.nan, "x": [math.inf, 1.0]})
     raw = (tmp_path / "results.jsonl").read_text()

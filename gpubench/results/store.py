@@ -3,6 +3,7 @@ config repeat, appended as each finishes, so a crash or Ctrl-C loses nothing fin
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -29,13 +30,40 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """os.write may write less than asked (a full disk): go on until all is written."""
+    while data:
+        n = os.write(fd, data)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        data = data[n:]
+
+
 def append_result(run_dir: Path, result: dict[str, Any], name: str = RESULTS_FILE) -> None:
-    """Append one result as a single write of one line, then fsync."""
+    """Append one result as one whole line, then fsync. The file only ever gains whole lines:
+    a write that fails part-way (disk full) is undone and is an error naming the file, and a
+    file that already ends in half a line (a killed run not yet resumed) is not appended to."""
+    path = run_dir / name
     line = (json.dumps(clean(result), separators=(",", ":")) + "\n").encode()
-    fd = os.open(run_dir / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, line)
-        os.fsync(fd)
+        start = os.fstat(fd).st_size
+        if start and os.pread(fd, 1, start - 1) != b"\n":
+            raise InputError(f"{path}: ends with a half-written line (a killed run); gpubench run --resume cuts it "
+                             "off before adding results")
+        try:
+            _write_all(fd, line)
+            os.fsync(fd)
+        except BaseException as e:
+            try:
+                os.ftruncate(fd, start)  # never half a line that later appends would follow
+                left = "the part written was removed"
+            except OSError:
+                left = "half a line is left at its end (gpubench run --resume cuts it off)"
+            if isinstance(e, OSError):
+                raise InputError(f"{path}: could not append a result: {e.strerror or e}; the result is not recorded "
+                                 f"and {left}") from None
+            raise
     finally:
         os.close(fd)
 
