@@ -114,6 +114,17 @@ def test_missing_new_and_failed_configs():
     assert verdicts["fresh"].verdict == "new" and verdicts["fresh"].note == "not in baseline"
 
 
+def test_no_config_in_common_is_an_error_not_a_pass():
+    rng = np.random.default_rng(1)
+    base = results({"a": lognormal(rng, 6, 0.01), "b": lognormal(rng, 6, 0.01)})
+    renamed = results({"a2": lognormal(rng, 6, 0.01)})
+    with pytest.raises(InputError, match=r"^baseline vs current: no config is in both \(2: a, \.\.\. in baseline, "
+                                         r"1: a2 in current\); configs are matched by config_id$"):
+        compare(base, renamed)
+    verdicts = compare(base, renamed + results({"b": lognormal(rng, 6, 0.01)})).verdicts  # some in common: as before
+    assert [(v.config_id, v.verdict) for v in verdicts] == [("a", "missing"), ("b", "unchanged"), ("a2", "new")]
+
+
 def test_too_few_repeats_is_an_error_saying_how_many():
     with pytest.raises(InputError, match=r"configs have 1 repeat\(s\).*needs at least 5 repeats per side "
                                          r"\(gpubench run --repeats 5\)"):
@@ -196,11 +207,14 @@ def test_cli_refuses_different_environments_unless_forced(tmp_path):
     (["compare", "{a}", "{a}", "--metric", "speed"], "--metric speed: expected one of: throughput, step_time"),
     (["compare", "{a}", "{a}", "--noise-floor", "10%"], "--noise-floor 10% is above --threshold 3%"),
     (["compare", "{one}", "{one}"], "needs at least 5 repeats per side (gpubench run --repeats 5)"),
+    (["compare", "{a}", "{other}"], "no config is in both (1: cnn in {a}, 1: mlp in {other}); configs are matched by"),
 ])
 def test_cli_compare_bad_input(tmp_path, args, message):
     a = write_run(tmp_path / "a", {"cnn": [1000.0] * 6})
     one = write_run(tmp_path / "one", {"cnn": [1000.0]})
-    proc = run_cli([x.format(a=a, one=one) for x in args], cwd=tmp_path)
+    other = write_run(tmp_path / "other", {"mlp": [1000.0] * 6})
+    message = message.format(a=a, other=other)
+    proc = run_cli([x.format(a=a, one=one, other=other) for x in args], cwd=tmp_path)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
 
 
