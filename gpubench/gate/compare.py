@@ -68,6 +68,28 @@ def parse_fraction(text: str, option: str) -> float:
 
 
 @dataclass(frozen=True)
+class GateOptions:
+    threshold: float
+    noise_floor: float
+    alpha: float
+    metric: str
+
+
+def gate_options(threshold: str, noise_floor: str, alpha: float, metric: str) -> GateOptions:
+    """The gate's command-line options, checked: ``compare`` and ``ab`` share this, and call it
+    before they load or run anything."""
+    options = GateOptions(parse_fraction(threshold, "--threshold"), parse_fraction(noise_floor, "--noise-floor"),
+                          alpha, metric)
+    if options.noise_floor > options.threshold:
+        raise InputError(f"--noise-floor {noise_floor} is above --threshold {threshold}")
+    if not 0 < alpha < 1:
+        raise InputError(f"--alpha {alpha:g}: must be between 0 and 1")
+    if metric not in METRICS:
+        raise InputError(f"--metric {metric}: expected one of: {', '.join(METRICS)}")
+    return options
+
+
+@dataclass(frozen=True)
 class ConfigVerdict:
     config_id: str
     verdict: str
