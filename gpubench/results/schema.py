@@ -44,7 +44,7 @@ OPTIONAL = ("metrics.memory.peak_allocated_bytes", "metrics.memory.train_peak_rs
 
 
 def _kind(value: Any) -> str:
-    return "null" if value is None else f"{type(value).__name__} {json.dumps(value)[:40]}"
+    return "null" if value is None else f"{type(value).__name__} {json.dumps(value, default=str)[:40]}"
 
 
 def _is_number(value: Any) -> bool:
