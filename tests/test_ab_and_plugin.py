@@ -68,6 +68,25 @@ def test_ab_bad_input(tmp_path, write_suite):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("option, message", [
+    (["--alpha", "0"], "--alpha 0: must be between 0 and 1"),
+    (["--alpha=-1"], "--alpha -1: must be between 0 and 1"),
+    (["--alpha", "2"], "--alpha 2: must be between 0 and 1"),
+    (["--metric", "latency"], "--metric latency: expected one of: throughput, step_time, peak_memory"),
+    (["--noise-floor", "10%"], "--noise-floor 10% is above --threshold 3%"),
+    (["--threshold", "fast"], "--threshold fast: expected a percentage"),
+])
+def test_ab_checks_the_gate_options_as_compare_does_before_running_anything(tmp_path, write_suite, option, message):
+    suite = write_suite(SUITE)
+    proc = run_cli(["ab", str(suite), "--baseline-python", sys.executable, "--candidate-python", sys.executable,
+                    "--out", str(tmp_path / "runs"), *option], cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"gpubench: error: {message}")
+    assert proc.stderr.count("\n") == 1 and proc.stdout == "", proc.stdout + proc.stderr  # no probe, no config ran
+    assert not (tmp_path / "runs").exists()
+    compare = run_cli(["compare", str(tmp_path), str(tmp_path), *option], cwd=tmp_path)  # the same words
+    assert compare.returncode == 2 and message in compare.stderr
+
+
 PLUGIN_TEST = """
 import os
 

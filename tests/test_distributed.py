@@ -15,6 +15,7 @@ import pytest
 
 from gpubench.backends import get_backend
 from gpubench.cli import main as cli_main
+from gpubench.results.schema import result_problem
 from gpubench.results.store import load_results
 from gpubench.runner.nodes import Nodes
 from gpubench.suite import Config
@@ -313,6 +314,7 @@ def test_two_nodes_on_localhost_run_ddp_across_both(tmp_path, write_suite):
     lines = [json.loads(l) for l in (run1 / "node.jsonl").read_text().splitlines()]
     assert [(l["status"], l["node_rank"]) for l in lines] == [("unsupported", 1), ("ok", 1)]
     assert lines[1]["reason"] == "node 1: rank 1 finished; node 0 writes the result"
+    assert [result_problem(l) for l in lines] == [None, None]  # an ok outcome without metrics has the right shape
     assert json.loads((run0 / "run.json").read_text())["args"]["nodes"]["nnodes"] == 2
     assert leftover(run0) == [] and leftover(run1) == []
 

@@ -21,7 +21,8 @@ def results(values: dict[str, list[float]], run_id: str = "r", status: str = "ok
         for i, v in enumerate(vs):
             out.append({"schema_version": 1, "run_id": run_id, "config_id": config_id, "repeat": i,
                         "config": {"framework": "torch"}, "status": status, "reason": "",
-                        "metrics": {"throughput": {"median": v}, "step_time_ms": {"median": 1000.0 / v},
+                        "metrics": {"throughput": {"median": v, "ci_low": 0.9 * v, "ci_high": 1.1 * v},
+                                    "step_time_ms": {"median": 1000.0 / v, "cv": 0.01}, "cold_start_ms": 3000.0 / v,
                                     "memory": {"peak_rss_bytes": memory or 1e9}}, "env": ENV})
     return out
 
@@ -113,6 +114,17 @@ def test_missing_new_and_failed_configs():
     assert verdicts["fresh"].verdict == "new" and verdicts["fresh"].note == "not in baseline"
 
 
+def test_no_config_in_common_is_an_error_not_a_pass():
+    rng = np.random.default_rng(1)
+    base = results({"a": lognormal(rng, 6, 0.01), "b": lognormal(rng, 6, 0.01)})
+    renamed = results({"a2": lognormal(rng, 6, 0.01)})
+    with pytest.raises(InputError, match=r"^baseline vs current: no config is in both \(2: a, \.\.\. in baseline, "
+                                         r"1: a2 in current\); configs are matched by config_id$"):
+        compare(base, renamed)
+    verdicts = compare(base, renamed + results({"b": lognormal(rng, 6, 0.01)})).verdicts  # some in common: as before
+    assert [(v.config_id, v.verdict) for v in verdicts] == [("a", "missing"), ("b", "unchanged"), ("a2", "new")]
+
+
 def test_too_few_repeats_is_an_error_saying_how_many():
     with pytest.raises(InputError, match=r"configs have 1 repeat\(s\).*needs at least 5 repeats per side "
                                          r"\(gpubench run --repeats 5\)"):
@@ -195,11 +207,14 @@ def test_cli_refuses_different_environments_unless_forced(tmp_path):
     (["compare", "{a}", "{a}", "--metric", "speed"], "--metric speed: expected one of: throughput, step_time"),
     (["compare", "{a}", "{a}", "--noise-floor", "10%"], "--noise-floor 10% is above --threshold 3%"),
     (["compare", "{one}", "{one}"], "needs at least 5 repeats per side (gpubench run --repeats 5)"),
+    (["compare", "{a}", "{other}"], "no config is in both (1: cnn in {a}, 1: mlp in {other}); configs are matched by"),
 ])
 def test_cli_compare_bad_input(tmp_path, args, message):
     a = write_run(tmp_path / "a", {"cnn": [1000.0] * 6})
     one = write_run(tmp_path / "one", {"cnn": [1000.0]})
-    proc = run_cli([x.format(a=a, one=one) for x in args], cwd=tmp_path)
+    other = write_run(tmp_path / "other", {"mlp": [1000.0] * 6})
+    message = message.format(a=a, other=other)
+    proc = run_cli([x.format(a=a, one=one, other=other) for x in args], cwd=tmp_path)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -216,3 +231,26 @@ def test_cli_baselines(tmp_path):
     assert proc.returncode == 0 and "baseline main" in proc.stdout
     bad = run_cli(["baseline", "save", str(tmp_path / "missing"), "x"], cwd=tmp_path)
     assert bad.returncode == 2 and "no such run directory" in bad.stderr
+
+
+def test_cli_a_result_line_of_the_wrong_shape_is_named_not_skipped(tmp_path):
+    rng = np.random.default_rng(6)
+    a = write_run(tmp_path / "a", {"cnn": lognormal(rng, 6, 0.01)})
+    b = write_run(tmp_path / "b", {"cnn": lognormal(rng, 6, 0.01)})
+    lines = (b / "results.jsonl").read_text().splitlines(keepends=True)
+    lines[2] = json.dumps({**json.loads(lines[2]), "status": "fine"}) + "\n"  # once dropped: "5 repeat(s)..."
+    (b / "results.jsonl").write_text("".join(lines))
+    proc = run_cli(["compare", str(a), str(b)], cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{b / 'results.jsonl'}:3: status 'fine': expected one of: ok, oom" in proc.stderr
+    assert "repeat(s)" not in proc.stderr
+    for args in (["baseline", "save", str(b), "broken"], ["export", str(b), "--format", "github-action"]):
+        proc = run_cli(args, cwd=tmp_path)
+        assert proc.returncode == 2 and "results.jsonl:3: status 'fine'" in proc.stderr, proc.stderr
+    assert not (tmp_path / ".gpubench" / "baselines" / "broken").exists()
+    saved = tmp_path / ".gpubench" / "baselines" / "copied"  # a baseline damaged after it was saved
+    saved.mkdir(parents=True)
+    for name in ("run.json", "results.jsonl"):
+        (saved / name).write_text((b / name).read_text())
+    listed = run_cli(["baseline", "list"], cwd=tmp_path)
+    assert listed.returncode == 0 and "results.jsonl:3: status 'fine'" in listed.stdout, listed.stdout + listed.stderr

@@ -109,6 +109,27 @@ def test_unknown_schema_version_and_corrupt_lines_are_skipped_with_warnings(tmp_
     assert len(list(csv.DictReader(rep.csv.open()))) == 6
 
 
+def test_lines_of_the_wrong_shape_and_an_unreadable_results_file_are_warnings(tmp_path):
+    run = copy_run(tmp_path)
+    lines = (run / "results.jsonl").read_text().splitlines(keepends=True)
+    lines[0] = '{"schema_version": 1, "foo": 2}\n'
+    lines[1] = lines[1].replace('"metrics":{', '"metrics":"x","was":{', 1)
+    (run / "results.jsonl").write_text("".join(lines))
+    (run / "run.json").write_text("[]")
+    unreadable = copy_run(tmp_path, "run_b")
+    (unreadable / "results.jsonl").unlink()
+    (unreadable / "results.jsonl").mkdir()
+    rep = build_report([run, unreadable], tmp_path / "out")
+    text = " | ".join(rep.warnings)
+    assert "results.jsonl:1: 'run_id' missing; a result line needs" in text
+    assert "results.jsonl:2: 'metrics' is str \"x\", not an object or null" in text
+    assert "run.json: not a run file: expected a JSON object" in text
+    assert f"{unreadable / 'results.jsonl'}: unreadable results file: Is a directory; no results from this run" in text
+    assert len(list(csv.DictReader(rep.csv.open()))) == 6
+    with pytest.raises(InputError, match=r"nothing to report: .*results\.jsonl: unreadable results file"):
+        build_report([unreadable], tmp_path / "out2")
+
+
 def test_missing_run_json_and_missing_dirs(tmp_path):
     run = copy_run(tmp_path)
     (run / "run.json").unlink()

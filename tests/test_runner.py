@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from gpubench.results.store import load_results
 from tests.conftest import plugin_env, run_cli
 
+FIXTURES = Path(__file__).parent / "fixtures"
 FAULTS = """
 name = "faults"
 [defaults]
@@ -140,6 +143,16 @@ def test_resume_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     proc = run_cli(["run", "--resume", str(tmp_path / "empty")], cwd=tmp_path)
     assert proc.returncode == 2 and "run.json: missing" in proc.stderr
+    shutil.copytree(FIXTURES / "run_a", tmp_path / "wrong")  # a line of the wrong shape
+    results = tmp_path / "wrong" / "results.jsonl"
+    results.write_text(results.read_text() + '{"schema_version": 1, "foo": 2}\n')
+    before = results.read_bytes()
+    proc = run_cli(["run", "--resume", str(tmp_path / "wrong")], cwd=tmp_path)
+    assert proc.returncode == 2 and f"{results}:9: 'run_id' missing; a result line needs" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and results.read_bytes() == before
+    (tmp_path / "wrong" / "run.json").write_text("[]")
+    proc = run_cli(["run", "--resume", str(tmp_path / "wrong")], cwd=tmp_path)
+    assert proc.returncode == 2 and "run.json: not a run file: expected a JSON object" in proc.stderr, proc.stderr
 
 
 def test_ctrl_c_keeps_finished_results_and_says_how_to_resume(tmp_path, write_suite):

@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
 from gpubench.errors import InputError
+from gpubench.results.schema import result_problem
 from gpubench.results.store import append_result, create_run_dir, load_results, load_run, write_json_atomic
 
 
 def line(i: int) -> dict:
-    return {"schema_version": 1, "config_id": f"c{i}", "repeat": 0, "status": "ok"}
+    """The smallest line a run writes: a config decided before any worker started."""
+    return {"schema_version": 1, "run_id": "r", "config_id": f"c{i}", "repeat": 0, "config": {"framework": "torch"},
+            "status": "unavailable", "reason": "no such device", "metrics": None}
+
+
+MEASURED = {"throughput": {"median": 100.0, "ci_low": 90.0, "ci_high": 110.0},
+            "step_time_ms": {"median": 10.0, "cv": 0.02}, "cold_start_ms": 30.0}
 
 
 def test_append_and_load_round_trip(tmp_path):
@@ -20,6 +28,44 @@ def test_append_and_load_round_trip(tmp_path):
         append_result(tmp_path, line(i))
     assert [r["config_id"] for r in load_results(tmp_path)] == ["c0", "c1", "c2"]
     assert load_results(tmp_path / "missing-but-fine") == []
+
+
+def test_short_writes_are_continued_and_a_failed_append_is_undone(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    real_write = os.write
+    append_result(tmp_path, line(0))
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, data[:10]))  # 10 bytes a call
+    append_result(tmp_path, line(1))
+    assert [r["config_id"] for r in load_results(tmp_path)] == ["c0", "c1"]
+
+    calls = []
+    def disk_full(fd, data):  # half the line, then no more room
+        calls.append(len(data))
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data[: len(data) // 2])
+    monkeypatch.setattr(os, "write", disk_full)
+    before = (tmp_path / "results.jsonl").read_bytes()
+    with pytest.raises(InputError, match=r"results\.jsonl: could not append a result: No space left on device; the "
+                                         r"result is not recorded and the part written was removed$"):
+        append_result(tmp_path, line(2))
+    assert (tmp_path / "results.jsonl").read_bytes() == before  # whole lines only
+    monkeypatch.setattr(os, "write", real_write)
+    append_result(tmp_path, line(3))
+    assert [r["config_id"] for r in load_results(tmp_path)] == ["c0", "c1", "c3"]
+
+
+def test_no_append_after_a_half_written_line(tmp_path):
+    append_result(tmp_path, line(0))
+    path = tmp_path / "results.jsonl"
+    with open(path, "a") as f:
+        f.write('{"schema_version": 1, "config_id": "c1", "sta')
+    before = path.read_bytes()
+    with pytest.raises(InputError, match=r"results\.jsonl: ends with a half-written line .* run --resume cuts it off"):
+        append_result(tmp_path, line(2))
+    assert path.read_bytes() == before
 
 
 def test_non_finite_floats_are_written_as_null(tmp_path):
@@ -54,6 +100,64 @@ def test_corrupt_middle_line_and_unknown_schema_are_errors(tmp_path):
         load_results(tmp_path)
 
 
+def test_results_written_by_gpubench_have_the_shape_readers_need():
+    committed = Path(__file__).parent.parent / "reports" / "samples" / "cpu-quick-2vcpu" / "run"
+    fixtures = sorted((Path(__file__).parent / "fixtures").glob("run_*"))
+    for run_dir in (committed, *fixtures):
+        assert {r["status"] for r in load_results(run_dir)} >= {"ok"}
+    node_line = {**line(0), "status": "ok", "reason": "node 1: ranks 2, 3 finished; node 0 writes the result",
+                 "node_rank": 1}
+    assert result_problem(node_line) is None  # node.jsonl: an ok outcome with no metrics
+    assert result_problem({**line(0), "status": "oom", "metrics": {"memory": {"peak_rss_bytes": 5}}}) is None
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"config": None}, "'config' is null, not an object; a result line needs run_id, config_id (strings), config"),
+    ({"repeat": "0"}, "'repeat' is str \"0\", not an integer"),
+    ({"repeat": True}, "'repeat' is bool true, not an integer"),
+    ({"status": "fast"}, "status 'fast': expected one of: ok, oom, unsupported, unavailable, diverged, timeout, error"),
+    ({"metrics": "x"}, "'metrics' is str \"x\", not an object or null"),
+    ({"config": {"workload": "mlp"}}, "'config.framework' is null, not a string"),
+    ({"status": "ok"}, "'metrics.throughput.median' is null, not a positive number; an ok result (or any with "
+                       "metrics.throughput) needs numbers at: metrics.throughput.median, metrics.throughput.ci_low"),
+    ({"status": "ok", "metrics": {**MEASURED, "throughput": None}}, "'metrics.throughput.median' is null"),
+    ({"status": "ok", "metrics": {**MEASURED, "throughput": {**MEASURED["throughput"], "median": "fast"}}},
+     "'metrics.throughput.median' is str \"fast\", not a positive number"),
+    ({"status": "ok", "metrics": {**MEASURED, "step_time_ms": {"median": 0, "cv": 0.1}}},
+     "'metrics.step_time_ms.median' is int 0, not a positive number"),
+    ({"status": "diverged", "metrics": {**MEASURED, "cold_start_ms": None}}, "'metrics.cold_start_ms' is null"),
+    ({"status": "oom", "metrics": {"memory": "lots"}}, "'metrics.memory' is str \"lots\", not an object"),
+    ({"metrics": {"batch_search": {"max_batch": "64"}}}, "'metrics.batch_search.max_batch' is str \"64\""),
+    ({"telemetry": {"gpu": {"energy_per_sample_j": []}}}, "'telemetry.gpu.energy_per_sample_j' is list [], not a"),
+    ({"status": "ok", "metrics": {**MEASURED, "step_times_ms": "1,2"}}, "'metrics.step_times_ms' is str \"1,2\""),
+])
+def test_a_line_of_the_wrong_shape_is_an_error_naming_line_and_problem(tmp_path, change, problem):
+    good = {**line(0), "status": "ok", "reason": "", "metrics": {**MEASURED, "step_times_ms": [9.0, None, 11.0]}}
+    assert result_problem(good) is None
+    path = tmp_path / "results.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**line(1), **change}) + "\n")
+    with pytest.raises(InputError) as e:
+        load_results(tmp_path)
+    assert str(e.value).startswith(f"{path}:2: ") and problem in str(e.value)
+    assert "\n" not in str(e.value)
+    with pytest.warns(UserWarning, match=r"results\.jsonl:2: .*\(line skipped\)"):  # the report's way
+        assert [r["config_id"] for r in load_results(tmp_path, strict=False)] == ["c0"]
+
+
+def test_a_missing_key_is_named(tmp_path):
+    for key in ("run_id", "config_id", "config", "repeat", "status", "reason", "metrics"):
+        (tmp_path / "results.jsonl").write_text(json.dumps({k: v for k, v in line(0).items() if k != key}) + "\n")
+        with pytest.raises(InputError, match=rf"results\.jsonl:1: '{key}' missing; a result line needs run_id"):
+            load_results(tmp_path)
+
+
+def test_an_unreadable_results_file_is_an_error_naming_it(tmp_path):
+    (tmp_path / "results.jsonl").mkdir()
+    for strict in (True, False):
+        with pytest.raises(InputError, match=r"results\.jsonl: unreadable results file: Is a directory$"):
+            load_results(tmp_path, strict=strict)
+
+
 def test_write_json_atomic_leaves_no_temporary_file(tmp_path):
     write_json_atomic(tmp_path / "run.json", {"a": 1})
     write_json_atomic(tmp_path / "run.json", {"a": 2})
@@ -73,6 +177,16 @@ def test_load_run_errors(tmp_path):
     with pytest.raises(InputError, match=r"run\.json: missing; is .* a gpubench run directory"):
         load_run(tmp_path)
     (tmp_path / "run.json").write_text("{")
+    with pytest.raises(InputError, match="unreadable run file"):
+        load_run(tmp_path)
+    (tmp_path / "run.json").write_text("[]")
+    with pytest.raises(InputError, match=r"run\.json: not a run file: expected a JSON object \(run_id, suite, args, "
+                                         r"env, \.\.\.\), got a list$"):
+        load_run(tmp_path)
+    (tmp_path / "run.json").write_text('{"run_id": "r", "env": "x"}')
+    with pytest.raises(InputError, match=r"run\.json: 'env' is a str, not an object"):
+        load_run(tmp_path)
+    (tmp_path / "run.json").write_bytes(b"\xff\xfe")
     with pytest.raises(InputError, match="unreadable run file"):
         load_run(tmp_path)
 

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from gpubench.errors import InputError
 from gpubench.gate import render
-from gpubench.gate.compare import METRICS, compare, fingerprint_differences, parse_fraction
+from gpubench.gate.compare import compare, fingerprint_differences, gate_options
 from gpubench.gate.sides import Side, list_baselines, resolve, save_baseline
 from gpubench.results.store import write_json_atomic
 
@@ -42,19 +42,13 @@ def check_environments(base: Side, cur: Side, force: bool, console: Console) -> 
 
 
 def run_compare(req: CompareRequest, console: Console) -> int:
-    threshold = parse_fraction(req.threshold, "--threshold")
-    noise_floor = parse_fraction(req.noise_floor, "--noise-floor")
-    if noise_floor > threshold:
-        raise InputError(f"--noise-floor {req.noise_floor} is above --threshold {req.threshold}")
-    if not 0 < req.alpha < 1:
-        raise InputError(f"--alpha {req.alpha}: must be between 0 and 1")
-    if req.metric not in METRICS:
-        raise InputError(f"--metric {req.metric}: expected one of: {', '.join(METRICS)}")
+    options = gate_options(req.threshold, req.noise_floor, req.alpha, req.metric)
     base = resolve(req.baseline, req.baselines_dir)
     cur = resolve(req.current, req.baselines_dir)
     check_environments(base, cur, req.force, console)
     labels = (base.label, cur.label)
-    result = compare(base.results, cur.results, req.metric, threshold, noise_floor, req.alpha, labels)
+    result = compare(base.results, cur.results, options.metric, options.threshold, options.noise_floor, options.alpha,
+                     labels)
     console.print(render.header(result, labels), highlight=False, soft_wrap=True)
     console.print(render.table(result))
     counts = ", ".join(f"{n} {k}" for k, n in result.counts().items())

@@ -68,6 +68,28 @@ def parse_fraction(text: str, option: str) -> float:
 
 
 @dataclass(frozen=True)
+class GateOptions:
+    threshold: float
+    noise_floor: float
+    alpha: float
+    metric: str
+
+
+def gate_options(threshold: str, noise_floor: str, alpha: float, metric: str) -> GateOptions:
+    """The gate's command-line options, checked: ``compare`` and ``ab`` share this, and call it
+    before they load or run anything."""
+    options = GateOptions(parse_fraction(threshold, "--threshold"), parse_fraction(noise_floor, "--noise-floor"),
+                          alpha, metric)
+    if options.noise_floor > options.threshold:
+        raise InputError(f"--noise-floor {noise_floor} is above --threshold {threshold}")
+    if not 0 < alpha < 1:
+        raise InputError(f"--alpha {alpha:g}: must be between 0 and 1")
+    if metric not in METRICS:
+        raise InputError(f"--metric {metric}: expected one of: {', '.join(METRICS)}")
+    return options
+
+
+@dataclass(frozen=True)
 class ConfigVerdict:
     config_id: str
     verdict: str
@@ -118,6 +140,11 @@ def _values(results: list[dict[str, Any]], metric: Metric) -> dict[str, list[flo
     return out
 
 
+def _some(values: dict[str, list[float]]) -> str:
+    first = next(iter(values))
+    return f"{len(values)}: {first}" + (", ..." if len(values) > 1 else "")
+
+
 def _reason(results: list[dict[str, Any]], config_id: str) -> str:
     bad = [r for r in results if r["config_id"] == config_id and r.get("status") != "ok"]
     return f"{bad[0]['status']}: {bad[0].get('reason', '')}" if bad else "no value of the metric"
@@ -143,6 +170,9 @@ def compare(baseline: list[dict[str, Any]], current: list[dict[str, Any]], metri
             labels: tuple[str, str] = ("baseline", "current")) -> Comparison:
     metric = METRICS[metric_name]
     base, cur = _values(baseline, metric), _values(current, metric)
+    if base and cur and not base.keys() & cur.keys():  # a gate that compared nothing must not pass
+        raise InputError(f"{labels[0]} vs {labels[1]}: no config is in both ({_some(base)} in {labels[0]}, "
+                         f"{_some(cur)} in {labels[1]}); configs are matched by config_id")
     both = [c for c in base if c in cur and base[c] and cur[c]]
     for side, values, label in ((baseline, base, labels[0]), (current, cur, labels[1])):
         if side and not any(values.values()):

@@ -53,7 +53,11 @@ def _load_one(path: Path, notes: list[str]) -> RunData | None:
         return RunData(path, meta.get("run_id", path.name), meta, [])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        results = load_results(path, strict=False)
+        try:
+            results = load_results(path, strict=False)
+        except InputError as e:
+            notes.append(f"{e}; no results from this run")
+            return RunData(path, meta.get("run_id", path.name), meta, [])
     notes.extend(str(w.message) for w in caught)
     if not results:
         notes.append(f"{path / RESULTS_FILE}: no results (empty file)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -21,6 +22,85 @@ def clean(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [clean(v) for v in obj]
     return obj
+
+
+# What every result line has, as (key, its types, the words for them); metrics may be null.
+_REQUIRED: tuple[tuple[str, tuple[type, ...], str], ...] = (
+    ("run_id", (str,), "a string"), ("config_id", (str,), "a string"), ("config", (dict,), "an object"),
+    ("repeat", (int,), "an integer"), ("status", (str,), "a string"), ("reason", (str,), "a string"),
+    ("metrics", (dict, type(None)), "an object or null"))
+_LINE = ("a result line needs run_id, config_id (strings), config (an object with its framework), repeat (an integer), "
+         f"status (one of: {', '.join(STATUSES)}), reason (a string) and metrics (an object or null)")
+# The figures of a measurement that readers compute with (the gate, export, the report, a resumed
+# run's summary and twin comparisons): numbers on every line with metrics.throughput, which an
+# ok line must have; the two medians positive (the gate takes their logarithm).
+MEASURED = ("metrics.throughput.median", "metrics.throughput.ci_low", "metrics.throughput.ci_high",
+            "metrics.step_time_ms.median", "metrics.step_time_ms.cv", "metrics.cold_start_ms")
+_POSITIVE = ("metrics.throughput.median", "metrics.step_time_ms.median")
+# Figures that may be absent or null, but are numbers where present (peak memory, energy, the
+# batch a "max" search found).
+OPTIONAL = ("metrics.memory.peak_allocated_bytes", "metrics.memory.train_peak_rss_bytes",
+            "metrics.memory.peak_rss_bytes", "metrics.batch_search.max_batch", "telemetry.gpu.energy_per_sample_j")
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else f"{type(value).__name__} {json.dumps(value, default=str)[:40]}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _lookup(result: dict[str, Any], dotted: str) -> tuple[Any, str | None]:
+    """(the value at a dotted path or None where absent, the problem where a step on the way is
+    not an object)."""
+    value: Any = result
+    keys = dotted.split(".")
+    for i, key in enumerate(keys):
+        if value is None:
+            return None, None
+        if not isinstance(value, dict):
+            return None, f"{'.'.join(keys[:i])!r} is {_kind(value)}, not an object"
+        value = value.get(key)
+    return value, None
+
+
+def _figure_problem(result: dict[str, Any], dotted: str, required: bool) -> str | None:
+    value, problem = _lookup(result, dotted)
+    if problem or (value is None and not required):
+        return problem
+    positive = dotted in _POSITIVE
+    if _is_number(value) and (value > 0 or not positive):
+        return None
+    return f"{dotted!r} is {_kind(value)}, not {'a positive number' if positive else 'a number'}"
+
+
+def result_problem(result: dict[str, Any]) -> str | None:
+    """What is wrong with the shape of a result line, or None. The store checks every line it
+    loads, so that readers can index what a line must have without guarding each access."""
+    for key, types, words in _REQUIRED:
+        if key not in result:
+            return f"{key!r} missing; {_LINE}"
+        if not isinstance(result[key], types) or isinstance(result[key], bool):
+            return f"{key!r} is {_kind(result[key])}, not {words}; {_LINE}"
+    if result["status"] not in STATUSES:
+        return f"status {result['status']!r}: expected one of: {', '.join(STATUSES)}"
+    if not isinstance(result["config"].get("framework"), str):
+        return f"'config.framework' is {_kind(result['config'].get('framework'))}, not a string; {_LINE}"
+    # node r > 0 of a multi-node run records only its ranks' outcome (node.jsonl), no metrics
+    node_line = _is_number(result.get("node_rank")) and result["node_rank"] > 0
+    measured = (result["status"] == "ok" and not node_line) or _lookup(result, "metrics.throughput")[0] is not None
+    for dotted in MEASURED if measured else ():
+        if problem := _figure_problem(result, dotted, required=True):
+            return f"{problem}; an ok result (or any with metrics.throughput) needs numbers at: {', '.join(MEASURED)}"
+    for dotted in OPTIONAL:
+        if problem := _figure_problem(result, dotted, required=False):
+            return problem
+    steps, problem = _lookup(result, "metrics.step_times_ms")
+    if not problem and steps is not None and not (isinstance(steps, list) and
+                                                  all(v is None or _is_number(v) for v in steps)):
+        problem = f"'metrics.step_times_ms' is {_kind(steps)}, not a list of numbers"
+    return problem
 
 
 def outcome(status: str, reason: str = "", metrics: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:

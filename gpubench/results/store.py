@@ -3,6 +3,7 @@ config repeat, appended as each finishes, so a crash or Ctrl-C loses nothing fin
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.errors import InputError
-from gpubench.results.schema import SUPPORTED_SCHEMA_VERSIONS, clean
+from gpubench.results.schema import SUPPORTED_SCHEMA_VERSIONS, clean, result_problem
 
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
@@ -29,13 +30,40 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """os.write may write less than asked (a full disk): go on until all is written."""
+    while data:
+        n = os.write(fd, data)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        data = data[n:]
+
+
 def append_result(run_dir: Path, result: dict[str, Any], name: str = RESULTS_FILE) -> None:
-    """Append one result as a single write of one line, then fsync."""
+    """Append one result as one whole line, then fsync. The file only ever gains whole lines:
+    a write that fails part-way (disk full) is undone and is an error naming the file, and a
+    file that already ends in half a line (a killed run not yet resumed) is not appended to."""
+    path = run_dir / name
     line = (json.dumps(clean(result), separators=(",", ":")) + "\n").encode()
-    fd = os.open(run_dir / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, line)
-        os.fsync(fd)
+        start = os.fstat(fd).st_size
+        if start and os.pread(fd, 1, start - 1) != b"\n":
+            raise InputError(f"{path}: ends with a half-written line (a killed run); gpubench run --resume cuts it "
+                             "off before adding results")
+        try:
+            _write_all(fd, line)
+            os.fsync(fd)
+        except BaseException as e:
+            try:
+                os.ftruncate(fd, start)  # never half a line that later appends would follow
+                left = "the part written was removed"
+            except OSError:
+                left = "half a line is left at its end (gpubench run --resume cuts it off)"
+            if isinstance(e, OSError):
+                raise InputError(f"{path}: could not append a result: {e.strerror or e}; the result is not recorded "
+                                 f"and {left}") from None
+            raise
     finally:
         os.close(fd)
 
@@ -54,15 +82,23 @@ def create_run_dir(out: Path, base_id: str) -> Path:
 
 
 def load_run(run_dir: Path) -> dict[str, Any]:
+    """A run's run.json: an object (readers take its keys with ``.get``), whose ``env`` is an
+    object or null."""
     path = run_dir / RUN_FILE
     if not run_dir.is_dir():
         raise InputError(f"{run_dir}: no such run directory")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        meta = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(f"{path}: missing; is {run_dir} a gpubench run directory?") from None
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:
         raise InputError(f"{path}: unreadable run file: {e}") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"{path}: not a run file: expected a JSON object (run_id, suite, args, env, ...), "
+                         f"got a {type(meta).__name__}")
+    if not isinstance(meta.get("env"), (dict, type(None))):
+        raise InputError(f"{path}: 'env' is a {type(meta['env']).__name__}, not an object (the environment fingerprint)")
+    return meta
 
 
 def run_env(meta: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -73,12 +109,17 @@ def run_env(meta: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, An
 def load_results(run_dir: Path, repair: bool = False, strict: bool = True) -> list[dict[str, Any]]:
     """All results of a run. A half-written last line (a killed run) is skipped with a
     warning, and with ``repair`` cut off the file so that appends continue cleanly. A bad line
-    elsewhere, or an unknown schema version, is an InputError naming the line; with
-    ``strict=False`` (reports) it is skipped with a warning instead."""
+    elsewhere (unparsable, or without the shape readers rely on: ``schema.result_problem``), or
+    an unknown schema version, is an InputError naming the line; with
+    ``strict=False`` (reports) it is skipped with a warning instead. A file that cannot be read
+    at all is an InputError either way."""
     path = run_dir / RESULTS_FILE
     if not path.exists():
         return []
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+    except OSError as e:  # a directory, no permission: not a line to skip
+        raise InputError(f"{path}: unreadable results file: {e.strerror or e}") from None
     lines = raw.split(b"\n")
     results: list[dict[str, Any]] = []
     offset = 0
@@ -105,6 +146,10 @@ def load_results(run_dir: Path, repair: bool = False, strict: bool = True) -> li
         if version not in SUPPORTED_SCHEMA_VERSIONS:
             _problem(f"{path}:{i}: unknown schema_version {version!r}; this gpubench reads: "
                      f"{', '.join(map(str, SUPPORTED_SCHEMA_VERSIONS))}", strict)
+            continue
+        problem = result_problem(obj)
+        if problem:
+            _problem(f"{path}:{i}: {problem}", strict)
             continue
         results.append(obj)
     return results

@@ -19,7 +19,7 @@ from rich.console import Console
 from gpubench.env import fingerprint
 from gpubench.errors import InputError
 from gpubench.gate import render
-from gpubench.gate.compare import compare, fingerprint_differences, parse_fraction
+from gpubench.gate.compare import compare, fingerprint_differences, gate_options
 from gpubench.gate.stats import min_repeats
 from gpubench.results.schema import FAILED_STATUSES
 from gpubench.runner.process import Launcher
@@ -60,8 +60,7 @@ def _check_python(launcher: Launcher, side: str) -> None:
 
 
 def execute_ab(req: ABRequest, console: Console) -> int:
-    threshold = parse_fraction(req.threshold, "--threshold")
-    noise_floor = parse_fraction(req.noise_floor, "--noise-floor")
+    options = gate_options(req.threshold, req.noise_floor, req.alpha, req.metric)  # before any config runs
     suite = load_suite(req.suite).with_overrides(req.sets)
     configs = suite.expand()
     check_data(configs, suite.source)
@@ -109,8 +108,8 @@ def execute_ab(req: ABRequest, console: Console) -> int:
     for r in failed:
         console.print(f"[red]{r['status']}[/red] ({r['ab_side']}) {r['config_id']}: {r['reason']}", highlight=False)
     labels = ("baseline", "candidate")
-    comparison = compare(results["baseline"], results["candidate"], req.metric, threshold, noise_floor, req.alpha,
-                         labels)
+    comparison = compare(results["baseline"], results["candidate"], options.metric, options.threshold,
+                         options.noise_floor, options.alpha, labels)
     console.print(render.header(comparison, labels), highlight=False, soft_wrap=True)
     console.print(render.table(comparison))
     counts = ", ".join(f"{n} {v}" for v, n in comparison.counts().items())
