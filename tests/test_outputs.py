@@ -4,11 +4,13 @@ one-line exit-2 errors (never a traceback, a lost result or a half-written file)
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from gpubench.gate import sides
 from gpubench.gate.sides import save_baseline
+from gpubench.results.store import write_json_atomic, write_text_atomic
 from tests.conftest import run_cli
 
 
@@ -64,3 +66,25 @@ def test_only_a_direct_child_is_ever_removed(tmp_path):
         with pytest.raises(AssertionError, match="not a direct child"):
             sides._remove_child(tmp_path / "b", name)
     assert (tmp_path / "keep").is_dir() and (tmp_path / "b").is_dir()
+
+
+# --- atomic writes ---------------------------------------------------------------------------
+
+def test_a_failed_atomic_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+    target = tmp_path / "summary.md"
+    write_text_atomic(target, "old\n")
+
+    def killed(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", killed)  # the write fails midway
+    with pytest.raises(OSError, match="No space left"):
+        write_text_atomic(target, "new, and much longer\n")
+    assert target.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["summary.md"]
+
+
+def test_an_atomic_write_over_a_directory_leaves_no_temporary(tmp_path):
+    (tmp_path / "cp").mkdir()
+    with pytest.raises(IsADirectoryError):
+        write_json_atomic(tmp_path / "cp", {"a": 1})
+    assert [p.name for p in tmp_path.iterdir()] == ["cp"] and not any((tmp_path / "cp").iterdir())
