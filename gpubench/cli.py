@@ -24,6 +24,12 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _os_error_line(e: OSError) -> str:
+    """``/proc/x: No such file or directory``: the file and the reason, without the errno."""
+    where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+    return f"{where}: {e.strerror}" if where and e.strerror else str(e)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpubench", description="Benchmark deep-learning training.")
     parser.add_argument("--version", action="version", version=f"gpubench {__version__}")
@@ -154,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
                                       calibrate=not args.no_calibrate, nodes=nodes), console)
         if args.command == "report":
             from gpubench.report.build import build_report
+            from gpubench.results.outputs import check_output_dir
 
+            check_output_dir(args.out, "--out")
             report = build_report(args.run_dirs, args.out)
             for warning in report.warnings:
                 print(f"gpubench: warning: {warning}", file=sys.stderr)
@@ -189,20 +197,9 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_calibrate(args.devices, args.force, args.json, console)
         if args.command == "export":
-            import json
+            from gpubench.gate.export import run_export
 
-            from gpubench.gate.export import to_github_action, to_pytest_benchmark
-            from gpubench.gate.sides import resolve
-
-            side = resolve(str(args.run_dir), Path("/nonexistent"))
-            data = (to_pytest_benchmark(side.results, side.env) if args.format == "pytest-benchmark"
-                    else to_github_action(side.results))
-            text = json.dumps(data, indent=2)
-            if args.out:
-                args.out.write_text(text + "\n")
-            else:
-                print(text)
-            return 0
+            return run_export(args.run_dir, args.format, args.out)
         if args.command == "baseline":
             from gpubench.gate.command import run_baseline
 
@@ -220,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     except InputError as e:
         print(f"gpubench: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as e:  # a path that cannot be read or written and was not checked first: one line
+        print(f"gpubench: error: {_os_error_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("gpubench: interrupted", file=sys.stderr)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 
+from gpubench.cli import main
+from gpubench.errors import InputError
 from gpubench.gate import sides
 from gpubench.gate.sides import save_baseline
-from gpubench.results.store import write_json_atomic, write_text_atomic
+from gpubench.results.store import create_run_dir, write_json_atomic, write_text_atomic
 from tests.conftest import run_cli
 
 
@@ -22,7 +25,8 @@ def write_run(path, n: int = 6, throughput: float = 1000.0):
     lines = [{"schema_version": 1, "run_id": path.name, "config_id": "cnn", "repeat": i, "config": {"framework": "torch"},
               "status": "ok", "reason": "", "env": env,
               "metrics": {"throughput": {"median": throughput * (1 + 0.001 * i)},
-                          "step_time_ms": {"median": 1000.0 / throughput}}} for i in range(n)]
+                          "step_time_ms": {"median": 1000.0 / throughput}, "step_times_ms": [1.0, 1.1]}}
+             for i in range(n)]
     (path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     return path
 
@@ -88,3 +92,92 @@ def test_an_atomic_write_over_a_directory_leaves_no_temporary(tmp_path):
     with pytest.raises(IsADirectoryError):
         write_json_atomic(tmp_path / "cp", {"a": 1})
     assert [p.name for p in tmp_path.iterdir()] == ["cp"] and not any((tmp_path / "cp").iterdir())
+
+
+# --- output paths: checked before the work ------------------------------------------------------
+
+FAKE_SUITE = """
+name = "fk"
+[defaults]
+framework = "fake"
+workload = "fault"
+batch_size = 8
+"""
+PY = sys.executable
+_NOT_DIR = ": afile is not a directory"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "{suite}", "--out", "afile"], "--out afile: exists and is not a directory"),
+    (["run", "{suite}", "--out", "afile/sub"], "--out afile/sub" + _NOT_DIR),
+    pytest.param(["run", "{suite}", "--out", "/proc/gpubench-x"], "--out /proc/gpubench-x: cannot create files in /proc",
+                 marks=pytest.mark.skipif(not os.path.isdir("/proc"), reason="no /proc")),
+    (["profile", "{suite}", "--out", "afile"], "--out afile: exists and is not a directory"),
+    (["ab", "{suite}", "--baseline-python", PY, "--candidate-python", PY, "--repeats", "5", "--out", "afile"],
+     "--out afile: exists and is not a directory"),
+    (["ab", "{suite}", "--baseline-python", PY, "--candidate-python", PY, "--repeats", "5", "--out", "runs",
+      "--markdown", "afile/x.md"], "--markdown afile/x.md" + _NOT_DIR),
+    (["report", "{run}", "--out", "afile"], "--out afile: exists and is not a directory"),
+    (["compare", "{run}", "{run}", "--markdown", "afile/x.md"], "--markdown afile/x.md" + _NOT_DIR),
+    (["compare", "{run}", "{run}", "--json", "afile/x.json"], "--json afile/x.json" + _NOT_DIR),
+    (["compare", "{run}", "{run}", "--json", "adir"], "--json adir: is a directory; expected a file path"),
+    (["calibrate", "--device", "cpu", "--json", "afile/x.json"], "--json afile/x.json" + _NOT_DIR),
+    (["find-batch", "{suite}", "--json", "afile/x.json"], "--json afile/x.json" + _NOT_DIR),
+    (["export", "{run}", "--format", "github-action", "--out", "afile/x.json"], "--out afile/x.json" + _NOT_DIR),
+    (["export", "{run}", "--format", "github-action", "--out", "adir"], "--out adir: is a directory"),
+    (["baseline", "save", "{run}", "main", "--baselines-dir", "afile"],
+     "--baselines-dir afile: exists and is not a directory"),
+])
+def test_unwritable_output_paths_fail_before_the_work(tmp_path, write_suite, args, message):
+    suite = write_suite(FAKE_SUITE)
+    run = write_run(tmp_path / "run")
+    (tmp_path / "afile").write_text("x\n")
+    (tmp_path / "adir").mkdir()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    proc = run_cli([a.format(suite=suite, run=run) for a in args], cwd=tmp_path)
+    assert message in one_line_error(proc)
+    assert proc.stdout == ""  # nothing probed, measured or compared
+    assert sorted(p.name for p in tmp_path.iterdir()) == before and not any((tmp_path / "adir").iterdir())
+
+
+def test_a_failed_write_after_the_verdicts_is_exit_2_naming_the_flag(tmp_path, monkeypatch, capsys):
+    a = write_run(tmp_path / "a")
+
+    def disk_full(path, text):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("gpubench.results.outputs.write_text_atomic", disk_full)
+    assert main(["compare", str(a), str(a), "--markdown", str(tmp_path / "gate.md")]) == 2  # not 0 or 1
+    out, err = capsys.readouterr()
+    assert "no regression" in out  # the verdicts were printed before the write
+    assert err == f"gpubench: error: --markdown {tmp_path / 'gate.md'}: cannot write: No space left on device\n"
+
+
+def test_an_unchecked_os_error_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    def denied(run_dirs, out=None):
+        raise PermissionError(13, "Permission denied", "reports/r")
+
+    monkeypatch.setattr("gpubench.report.build.build_report", denied)
+    assert main(["report", str(write_run(tmp_path / "r"))]) == 2
+    assert capsys.readouterr().err == "gpubench: error: reports/r: Permission denied\n"
+
+
+def test_create_run_dir_failures_are_input_errors(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(InputError, match=r"afile: cannot create a run directory there: File exists"):
+        create_run_dir(tmp_path / "afile", "quick-1")
+
+
+def test_export_names_no_baselines_it_does_not_read(tmp_path):
+    proc = run_cli(["export", "nodir", "--format", "github-action"], cwd=tmp_path)
+    assert one_line_error(proc) == "gpubench: error: nodir: no such run directory"
+
+
+def test_export_writes_its_file(tmp_path):
+    run = write_run(tmp_path / "run")
+    proc = run_cli(["export", str(run), "--format", "github-action", "--out", "sub/gh.json"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (entry,) = json.loads((tmp_path / "sub" / "gh.json").read_text())
+    assert entry["name"] == "cnn" and entry["unit"] == "samples/s"
+    assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["gh.json"]
+

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,8 @@ from gpubench.calibrate.cache import (Calibration, CalibrationError, calibration
 from gpubench.calibrate.datasheet import datasheet_for
 from gpubench.calibrate.measure import PRECISIONS
 from gpubench.errors import InputError
+from gpubench.results.outputs import check_output_file, write_output
+from gpubench.results.store import json_text
 
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
@@ -69,6 +70,7 @@ def run_calibrate(devices: list[str] | None, force: bool, json_path: Path | None
     """0 when every device calibrated; 2 when torch or a device is missing; 1 when a
     measurement failed."""
     wanted = check_devices(devices) if devices else default_devices()
+    check_output_file(json_path, "--json")
     if torch_build() is None:
         raise InputError(missing_torch_message())
     done: list[Calibration] = []
@@ -88,5 +90,5 @@ def run_calibrate(devices: list[str] | None, force: bool, json_path: Path | None
     if done:
         console.print(figures_table(done))
     if json_path is not None and done:
-        json_path.write_text(json.dumps([summary(c) for c in done], indent=2) + "\n")
+        write_output(json_path, json_text([summary(c) for c in done]), "--json")
     return code

@@ -12,7 +12,8 @@ from gpubench.errors import InputError
 from gpubench.gate import render
 from gpubench.gate.compare import METRICS, compare, fingerprint_differences, parse_fraction
 from gpubench.gate.sides import Side, list_baselines, resolve, save_baseline
-from gpubench.results.store import write_json_atomic
+from gpubench.results.outputs import check_output_dir, check_output_file, write_output
+from gpubench.results.store import json_text
 
 EXIT_OK, EXIT_REGRESSED = 0, 1
 
@@ -50,6 +51,8 @@ def run_compare(req: CompareRequest, console: Console) -> int:
         raise InputError(f"--alpha {req.alpha}: must be between 0 and 1")
     if req.metric not in METRICS:
         raise InputError(f"--metric {req.metric}: expected one of: {', '.join(METRICS)}")
+    check_output_file(req.markdown, "--markdown")
+    check_output_file(req.json, "--json")
     base = resolve(req.baseline, req.baselines_dir)
     cur = resolve(req.current, req.baselines_dir)
     check_environments(base, cur, req.force, console)
@@ -59,10 +62,11 @@ def run_compare(req: CompareRequest, console: Console) -> int:
     console.print(render.table(result))
     counts = ", ".join(f"{n} {k}" for k, n in result.counts().items())
     console.print(("[red]REGRESSION[/red]: " if result.regressed else "no regression: ") + counts, highlight=False)
-    if req.markdown:
-        req.markdown.write_text(render.markdown(result, labels), encoding="utf-8")
+    if req.markdown:  # a failed write is exit 2 with its message, after the verdicts above
+        write_output(req.markdown, render.markdown(result, labels), "--markdown")
     if req.json:
-        write_json_atomic(req.json, {"baseline": str(base.path), "current": str(cur.path), **result.to_dict()})
+        write_output(req.json, json_text({"baseline": str(base.path), "current": str(cur.path), **result.to_dict()}),
+                     "--json")
     return EXIT_REGRESSED if result.regressed else EXIT_OK
 
 
@@ -70,10 +74,13 @@ def run_baseline(action: str, run_dir: Path | None, name: str | None, baselines_
                  console: Console) -> int:
     if action == "save":
         assert run_dir is not None and name is not None
+        check_output_dir(baselines_dir, "--baselines-dir")
         target = save_baseline(run_dir, name, baselines_dir, force)
         console.print(f"saved baseline {name!r}: {target}", highlight=False)
         return 0
-    rows = list_baselines(baselines_dir)
+    if baselines_dir.exists() and not baselines_dir.is_dir():
+        raise InputError(f"--baselines-dir {baselines_dir}: not a directory")
+    rows = list_baselines(baselines_dir)  # a missing directory: no baselines saved yet
     if not rows:
         console.print(f"no baselines in {baselines_dir}", highlight=False)
     for row in rows:

@@ -47,11 +47,13 @@ def _load(path: Path, label: str) -> Side:
     return Side(label, path, meta, results)
 
 
-def resolve(text: str, baselines_dir: Path) -> Side:
-    """A run directory, or the name of a saved baseline."""
+def resolve(text: str, baselines_dir: Path | None) -> Side:
+    """A run directory, or the name of a saved baseline (None: run directories only)."""
     path = Path(text)
     if path.is_dir():
         return _load(path, text)
+    if baselines_dir is None:
+        raise InputError(f"{text}: no such run directory")
     saved = baselines_dir / text
     if re.fullmatch(BASELINE_NAME, text) and saved.is_dir():
         return _load(saved, f"baseline {text}")

@@ -58,14 +58,17 @@ def append_result(run_dir: Path, result: dict[str, Any], name: str = RESULTS_FIL
 
 def create_run_dir(out: Path, base_id: str) -> Path:
     """Make a new, empty run directory ``out/<run_id>`` (suffix -2, -3... if taken)."""
-    out.mkdir(parents=True, exist_ok=True)
-    for n in range(1, 1000):
-        run_id = base_id if n == 1 else f"{base_id}-{n}"
-        try:
-            (out / run_id).mkdir()
-            return out / run_id
-        except FileExistsError:
-            continue
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for n in range(1, 1000):
+            run_id = base_id if n == 1 else f"{base_id}-{n}"
+            try:
+                (out / run_id).mkdir()
+                return out / run_id
+            except FileExistsError:
+                continue
+    except OSError as e:
+        raise InputError(f"{out}: cannot create a run directory there: {e.strerror or e}") from None
     raise InputError(f"{out}: cannot find a free run directory name for {base_id}")
 
 
