@@ -109,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     blist.add_argument("--baselines-dir", type=Path, default=Path(".gpubench/baselines"))
 
     lst = sub.add_parser("list", help="suites, workloads, frameworks and the devices detected here")
-    lst.add_argument("--suites-dir", type=Path, default=Path("suites"))
+    lst.add_argument("--suites-dir", type=Path, metavar="DIR", help="where the suites are (default: suites/ here, "
+                                                                    "if there is one)")
 
     fb = sub.add_parser("find-batch", help="the largest batch that fits, per config: doubling then bisection, "
                                            "a fresh process per probe")

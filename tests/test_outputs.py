@@ -181,3 +181,19 @@ def test_export_writes_its_file(tmp_path):
     assert entry["name"] == "cnn" and entry["unit"] == "samples/s"
     assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["gh.json"]
 
+
+# --- directories to read --------------------------------------------------------------------
+
+def test_list_needs_an_existing_suites_dir_when_one_is_named(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    for given, why in (("nowhere", "no such directory"), ("afile", "not a directory")):
+        proc = run_cli(["list", "--suites-dir", given], cwd=tmp_path)
+        assert one_line_error(proc) == f"gpubench: error: --suites-dir {given}: {why}" and proc.stdout == ""
+
+
+def test_baseline_list_missing_dir_is_empty_but_a_file_is_an_error(tmp_path):
+    proc = run_cli(["baseline", "list"], cwd=tmp_path)  # nothing saved yet: not an error
+    assert proc.returncode == 0 and "no baselines in .gpubench/baselines" in proc.stdout
+    (tmp_path / "afile").write_text("x")
+    proc = run_cli(["baseline", "list", "--baselines-dir", "afile"], cwd=tmp_path)
+    assert one_line_error(proc) == "gpubench: error: --baselines-dir afile: not a directory"
