@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from rich.console import Console
 
@@ -30,8 +31,17 @@ def _os_error_line(e: OSError) -> str:
     return f"{where}: {e.strerror}" if where and e.strerror else str(e)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors in one line on stderr, exit 2: what is wrong and where the usage is (the
+    usage block argparse prints first buries the error in CI logs). Sub-command parsers are of
+    this class too (add_subparsers makes its parsers of the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpubench", description="Benchmark deep-learning training.")
+    parser = OneLineParser(prog="gpubench", description="Benchmark deep-learning training.")
     parser.add_argument("--version", action="version", version=f"gpubench {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -67,8 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     cmp = sub.add_parser("compare", help="regression gate: compare a run against a baseline, config by config")
     cmp.add_argument("baseline", help="run directory or saved baseline name")
     cmp.add_argument("current", help="run directory or saved baseline name")
-    cmp.add_argument("--threshold", default="3%", help="slowdown that matters, e.g. 3%% (default 3%%)")
-    cmp.add_argument("--noise-floor", default="1%", help="changes inside this are noise (default 1%%)")
+    cmp.add_argument("--threshold", default="3%", help="slowdown that matters, from 0%% to below 100%%, e.g. 3%% "
+                                                       "(default 3%%)")
+    cmp.add_argument("--noise-floor", default="1%", help="changes inside this are noise, from 0%% up to the threshold "
+                                                         "(default 1%%)")
     cmp.add_argument("--alpha", type=float, default=0.01, help="family-wise error rate (default 0.01)")
     cmp.add_argument("--metric", default="throughput",
                      help="throughput, step_time, peak_memory or energy_per_sample (default throughput)")
