@@ -10,7 +10,7 @@ from typing import NoReturn
 from rich.console import Console
 
 from gpubench import __version__
-from gpubench.errors import InputError
+from gpubench.errors import InputError, warn
 from gpubench.runner.nodes import DEFAULT_MASTER_PORT, Nodes
 from gpubench.runner.run import EXIT_BAD_INPUT, EXIT_INTERRUPTED, RunRequest
 
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             check_output_dir(args.out, "--out")
             report = build_report(args.run_dirs, args.out)
             for warning in report.warnings:
-                print(f"gpubench: warning: {warning}", file=sys.stderr)
+                warn(warning)
             console.print(f"report: {report.index}\n  charts: {len(report.charts)} PNG in {report.index.parent / 'charts'}"
                           f"\n  csv: {report.csv}\n  markdown: {report.markdown}", highlight=False)
             return 0

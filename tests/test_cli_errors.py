@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-import pytest
+import json
 
+import pytest
+from rich.console import Console
+
+from gpubench.calibrate import cache
+from gpubench.calibrate.command import run_calibrate
+from gpubench.runner.run import RunRequest, _prepare
+from gpubench.suite import Suite
 from tests.conftest import run_cli
+from tests.test_outputs import write_run
 
 
 @pytest.mark.parametrize("args, message", [
@@ -28,3 +36,54 @@ def test_usage_errors_are_one_line_naming_the_help(tmp_path, args, message):
 def test_help_still_shows_the_usage(tmp_path):
     proc = run_cli(["compare", "--help"], cwd=tmp_path)
     assert proc.returncode == 0 and "usage: gpubench compare" in proc.stdout and "from 0% to below 100%" in proc.stdout
+
+
+# --- warnings go to stderr -----------------------------------------------------------------------
+
+def _truncate_last_line(run_dir):
+    with open(run_dir / "results.jsonl", "a") as f:
+        f.write('{"schema_version": 1, "config_id": "cn')  # a run killed while writing
+
+
+def test_compare_warns_on_stderr(tmp_path):
+    a = write_run(tmp_path / "a")
+    _truncate_last_line(a)
+    proc = run_cli(["compare", str(a), str(a)], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "warning" not in proc.stdout and "no regression" in proc.stdout
+    assert "gpubench: warning:" in proc.stderr and "truncated last line" in proc.stderr
+
+
+def test_resume_warns_on_stderr(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    suite = Suite(name="s", description="", source="s.toml", defaults={"framework": "fake"})
+    (run / "run.json").write_text(json.dumps({"run_id": "run", "suite": suite.to_dict(), "args": {"repeats": 1}}))
+    (run / "results.jsonl").write_text("")
+    _truncate_last_line(run)
+    _, _, resumed, existing = _prepare(RunRequest(suite=None, out=tmp_path, resume=run))
+    out, err = capsys.readouterr()
+    assert resumed == run and existing == [] and out == ""
+    assert err.startswith("gpubench: warning:") and "truncated last line" in err
+
+
+def test_calibrate_never_says_cached_when_the_cache_could_not_be_written(tmp_path, monkeypatch):
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("GPUBENCH_CACHE_DIR", str(tmp_path / "afile" / "cache"))  # cannot be made
+    monkeypatch.setattr("gpubench.calibrate.cache.calibration_key", lambda device: {"device": "cpu"})
+    warnings = []
+    entry = {"device": "cpu", "device_name": "test cpu", "matmul_tflops": {"fp32": 1.0}, "memory_bandwidth_gbs": 1.0,
+             "seconds": 0.5}
+    cal = cache.get_calibration("cpu", measure=lambda d: entry, warn=warnings.append)
+    assert not cal.cached and not cal.saved and cal.cache_file is None
+    assert len(warnings) == 1 and warnings[0].startswith("calibration not cached: cannot write")
+
+    monkeypatch.setattr("gpubench.calibrate.command.get_calibration", lambda device, force: cal)
+    monkeypatch.setattr("gpubench.calibrate.command.torch_build", lambda: {"version": "x"})
+    console = Console(record=True, width=200)
+    out = tmp_path / "cal.json"
+    assert run_calibrate(["cpu"], False, out, console) == 0
+    text = console.export_text()
+    assert "measured now in 0.5 s, not cached" in text and "cached in" not in text
+    (written,) = json.loads(out.read_text())
+    assert written["cache_file"] is None and written["from_cache"] is False

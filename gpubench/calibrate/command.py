@@ -61,7 +61,7 @@ def figures_table(calibrations: list[Calibration]) -> Table:
 
 def summary(cal: Calibration) -> dict[str, Any]:
     sheet = datasheet_for(cal.entry.get("device_name"))
-    return {**cal.entry, "cache_file": str(cal.path), "from_cache": cal.cached,
+    return {**cal.entry, "cache_file": cal.cache_file, "from_cache": cal.cached,
             "datasheet": None if sheet is None else {"label": sheet.label, "tflops": sheet.tflops,
                                                      "bandwidth_gbs": sheet.bandwidth_gbs}}
 
@@ -84,8 +84,10 @@ def run_calibrate(devices: list[str] | None, force: bool, json_path: Path | None
             code = max(code, 2 if e.unavailable else 1)
             continue
         done.append(cal)
+        seconds = f"measured now in {cal.entry.get('seconds', 0):.1f} s"
         how = (f"from the cache {cal.path} (measured {cal.entry.get('measured_at')}; --force measures again)"
-               if cal.cached else f"measured now in {cal.entry.get('seconds', 0):.1f} s, cached in {cal.path}")
+               if cal.cached else f"{seconds}, cached in {cal.path}" if cal.saved
+               else f"{seconds}, not cached (the warning above says why)")
         console.print(f"{device}: {how}", highlight=False, soft_wrap=True)
     if done:
         console.print(figures_table(done))

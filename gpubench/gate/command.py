@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gpubench.errors import InputError
+from gpubench.errors import InputError, warn
 from gpubench.gate import render
 from gpubench.gate.compare import METRICS, compare, fingerprint_differences, parse_fraction
 from gpubench.gate.sides import Side, list_baselines, resolve, save_baseline
@@ -32,14 +32,14 @@ class CompareRequest:
     baselines_dir: Path = Path(".gpubench/baselines")
 
 
-def check_environments(base: Side, cur: Side, force: bool, console: Console) -> None:
+def check_environments(base: Side, cur: Side, force: bool) -> None:
     frameworks = {r["config"]["framework"] for r in base.results + cur.results}
     diffs = fingerprint_differences(base.env, cur.env, frameworks)
     if diffs and not force:
         raise InputError(f"{base.label} and {cur.label} ran in different environments ({'; '.join(diffs)}); "
                          "comparing them measures the environment, not the change: use --force to compare anyway")
     for d in diffs:
-        console.print(f"[yellow]warning[/yellow]: environments differ (--force): {d}", highlight=False)
+        warn(f"environments differ (--force): {d}")
 
 
 def run_compare(req: CompareRequest, console: Console) -> int:
@@ -55,7 +55,7 @@ def run_compare(req: CompareRequest, console: Console) -> int:
     check_output_file(req.json, "--json")
     base = resolve(req.baseline, req.baselines_dir)
     cur = resolve(req.current, req.baselines_dir)
-    check_environments(base, cur, req.force, console)
+    check_environments(base, cur, req.force)
     labels = (base.label, cur.label)
     result = compare(base.results, cur.results, req.metric, threshold, noise_floor, req.alpha, labels)
     console.print(render.header(result, labels), highlight=False, soft_wrap=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpubench.errors import InputError
+from gpubench.errors import InputError, warn
 from gpubench.results.store import RESULTS_FILE, RUN_FILE, load_results, load_run, run_env
 
 DEFAULT_BASELINES = Path(".gpubench/baselines")
@@ -41,7 +41,7 @@ def _load(path: Path, label: str) -> Side:
         warnings.simplefilter("always")
         results = load_results(path)
     for w in caught:
-        print(f"gpubench: warning: {w.message}")
+        warn(str(w.message))
     if not results:
         raise InputError(f"{path / RESULTS_FILE}: no results to compare")
     return Side(label, path, meta, results)

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from gpubench.backends.base import ProbeInfo
 from gpubench.env import fingerprint
-from gpubench.errors import InputError
+from gpubench.errors import InputError, warn
 from gpubench.results.outputs import check_output_dir
 from gpubench.results.schema import FAILED_STATUSES, SCHEMA_VERSION
 from gpubench.results.store import NODE_FILE, RUN_FILE, create_run_dir, load_results, load_run, write_json_atomic
@@ -111,7 +111,7 @@ def _prepare(req: RunRequest) -> tuple[Suite, int, Path | None, list[dict[str, A
         warnings.simplefilter("always")
         existing = load_results(req.resume, repair=True)
     for w in caught:
-        print(f"gpubench: warning: {w.message}")
+        warn(str(w.message))
     return suite, stored_repeats, req.resume, existing
 
 
