@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from rich.console import Console
@@ -11,7 +12,7 @@ from gpubench.calibrate import cache
 from gpubench.calibrate.command import run_calibrate
 from gpubench.runner.run import RunRequest, _prepare
 from gpubench.suite import Suite
-from tests.conftest import run_cli
+from tests.conftest import plain_env, run_cli
 from tests.test_outputs import write_run
 
 
@@ -87,3 +88,21 @@ def test_calibrate_never_says_cached_when_the_cache_could_not_be_written(tmp_pat
     assert "measured now in 0.5 s, not cached" in text and "cached in" not in text
     (written,) = json.loads(out.read_text())
     assert written["cache_file"] is None and written["from_cache"] is False
+
+
+# --- plugins -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("source, message", [
+    ('raise RuntimeError("boom")\n', "plugin module 'badplug' failed to import: RuntimeError: boom (at {path}:1)"),
+    ("x = 1\ndef f(:\n", "plugin module 'badplug' failed to import: SyntaxError: "),
+    ("import no_such_dependency_xyz\n", "cannot import plugin module 'badplug': No module named 'no_such_dependency_xyz'"),
+])
+def test_a_broken_plugin_is_one_line_naming_it(tmp_path, source, message):
+    path = tmp_path / "badplug.py"
+    path.write_text(source)
+    env = plain_env()
+    env.update(GPUBENCH_PLUGINS="badplug", PYTHONPATH=os.pathsep.join([str(tmp_path), env["PYTHONPATH"]]))
+    proc = run_cli(["list"], cwd=tmp_path, env=env)
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("gpubench: error: GPUBENCH_PLUGINS: " + message.format(path=path))
