@@ -144,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal = sub.add_parser("calibrate", help="measure this machine's peaks (matmul FLOP/s per precision, memory "
                                            "bandwidth) once, cached per environment; MFU is against them")
     cal.add_argument("--device", dest="devices", action="append", metavar="cpu|cuda|cuda:N",
-                     help="device to calibrate (repeatable; default: cpu, and cuda:0 where NVML lists a GPU)")
+                     help="device to calibrate (repeatable; gpu and gpu:N are aliases, as in suites; default: cpu, "
+                          "and cuda:0 where NVML lists a GPU)")
     cal.add_argument("--force", action="store_true", help="measure again even if cached")
     cal.add_argument("--json", type=Path, metavar="FILE", help="write the figures (and datasheet labels) as JSON")
 

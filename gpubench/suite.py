@@ -242,7 +242,8 @@ def _choice(kind: str, allowed: Callable[[], list[str]] | tuple[str, ...]) -> Ch
     return check
 
 
-def _device(v: Any) -> str:
+def parse_device(v: Any) -> str:
+    """``cpu``, ``cuda``, ``cuda:N`` (``gpu``, ``gpu:N`` are aliases): for suites and ``calibrate --device``."""
     m = _DEVICE_RE.match(v) if isinstance(v, str) else None
     if not m:
         raise ValueError(f"unknown device {v!r}; expected one of: cpu, cuda, cuda:N (gpu and gpu:N are aliases)")
@@ -284,7 +285,7 @@ def _parse_number(s: str) -> Any:
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("workload", _choice("workload", lambda: sorted(WORKLOADS)), str, "model family"),
     Setting("framework", _choice("framework", lambda: sorted(BACKENDS)), str, "training framework"),
-    Setting("device", _device, str, "cpu, cuda or cuda:N"),
+    Setting("device", parse_device, str, "cpu, cuda or cuda:N"),
     Setting("batch_size", _batch_size, _parse_number, 'samples per step per device, or "max" (the largest that fits)'),
     Setting("precision", _choice("precision", PRECISIONS), str, "numeric precision"),
     Setting("parallelism", _parallelism, str, "parallel strategy: single, grad-accum:N, ddp:N, dp:N, mirrored:N, "

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 from rich.console import Console
 
 from gpubench.calibrate import cache
-from gpubench.calibrate.command import run_calibrate
+from gpubench.calibrate.command import check_devices, run_calibrate
+from gpubench.calibrate.measure import available_devices
+from gpubench.errors import InputError
 from gpubench.runner.run import RunRequest, _prepare
 from gpubench.suite import Suite
 from tests.conftest import plain_env, run_cli
@@ -106,3 +109,21 @@ def test_a_broken_plugin_is_one_line_naming_it(tmp_path, source, message):
     assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("gpubench: error: GPUBENCH_PLUGINS: " + message.format(path=path))
+
+
+# --- calibrate's devices ---------------------------------------------------------------------------
+
+def test_calibrate_takes_the_suites_device_names():
+    assert check_devices(["gpu", "cuda", "cuda:0", "gpu:1", "cpu"]) == ["cuda:0", "cuda:1", "cpu"]
+    with pytest.raises(InputError, match=r"--device tpu: unknown device 'tpu'; expected one of: cpu, cuda, cuda:N"):
+        check_devices(["tpu"])
+    assert [available_devices(n) for n in (0, 1, 4)] == ["cpu", "cpu, cuda:0", "cpu, cuda:0..3"]
+
+
+def test_a_missing_device_is_one_line_on_stderr_listing_the_devices_here(tmp_path):
+    pytest.importorskip("torch")
+    env = {**plain_env(), "GPUBENCH_CACHE_DIR": str(tmp_path / "cache")}
+    proc = run_cli(["calibrate", "--device", "gpu:99", "--json", str(tmp_path / "c.json")], cwd=tmp_path, env=env)
+    assert proc.returncode == 2 and proc.stdout == "" and not (tmp_path / "c.json").exists()
+    (line,) = proc.stderr.strip().splitlines()
+    assert re.match(r"gpubench: error: cuda:99: no such device here; available: cpu(, cuda:0(\.\.\d+)?)?( \(|$)", line)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +16,7 @@ from gpubench.calibrate.measure import PRECISIONS
 from gpubench.errors import InputError
 from gpubench.results.outputs import check_output_file, write_output
 from gpubench.results.store import json_text
-
-_DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
-
+from gpubench.suite import parse_device
 
 def default_devices() -> list[str]:
     """The CPU, and the first GPU where NVML lists one."""
@@ -28,10 +26,14 @@ def default_devices() -> list[str]:
 
 
 def check_devices(devices: list[str]) -> list[str]:
+    """The devices named, with the suites' aliases (gpu is cuda), cuda as cuda:0, no repeats."""
+    names = []
     for d in devices:
-        if not _DEVICE_RE.match(d):
-            raise InputError(f"--device {d}: unknown device {d!r}; expected one of: cpu, cuda, cuda:N")
-    return list(dict.fromkeys(calibration_device(d) for d in devices))
+        try:
+            names.append(calibration_device(parse_device(d)))
+        except ValueError as e:
+            raise InputError(f"--device {d}: {e}") from None
+    return list(dict.fromkeys(names))
 
 
 def _num(v: float | None) -> str:
@@ -80,7 +82,7 @@ def run_calibrate(devices: list[str] | None, force: bool, json_path: Path | None
             with console.status(f"calibrating {device} (a fresh process; seconds on a CPU, longer on a GPU)..."):
                 cal = get_calibration(device, force=force)
         except CalibrationError as e:
-            console.print(f"[red]{device}[/red]: {e}", highlight=False, soft_wrap=True)
+            print(f"gpubench: error: {device}: {e}", file=sys.stderr)
             code = max(code, 2 if e.unavailable else 1)
             continue
         done.append(cal)
