@@ -503,6 +503,9 @@ def load_suite(name_or_path: str) -> Suite:
     return parse_suite(data, src, default_name=path.stem)
 
 
+MAX_NAME_CHARS = 100
+
+
 def parse_suite(data: dict[str, Any], src: str, default_name: str = "suite") -> Suite:
     for key in data:
         if key not in _TOP_KEYS:
@@ -510,6 +513,9 @@ def parse_suite(data: dict[str, Any], src: str, default_name: str = "suite") -> 
     name = data.get("name", default_name)
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise InputError(f"{src}: name: expected letters, digits, '_', '.' or '-', got {name!r}")
+    if len(name) > MAX_NAME_CHARS:  # run directories are named after it, and file names have a limit
+        raise InputError(f"{src}: name: at most {MAX_NAME_CHARS} characters (run directories are named after it), "
+                         f"got {len(name)}" + ("" if "name" in data else "; the file name stands in for a missing name"))
     description = data.get("description", "")
     if not isinstance(description, str):
         raise InputError(f"{src}: description: expected a string, got {description!r}")

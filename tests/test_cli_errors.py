@@ -14,7 +14,7 @@ from gpubench.calibrate.command import check_devices, run_calibrate
 from gpubench.calibrate.measure import available_devices
 from gpubench.errors import InputError
 from gpubench.runner.run import RunRequest, _prepare
-from gpubench.suite import Suite
+from gpubench.suite import Suite, parse_suite
 from tests.conftest import plain_env, run_cli
 from tests.test_outputs import write_run
 
@@ -127,3 +127,16 @@ def test_a_missing_device_is_one_line_on_stderr_listing_the_devices_here(tmp_pat
     assert proc.returncode == 2 and proc.stdout == "" and not (tmp_path / "c.json").exists()
     (line,) = proc.stderr.strip().splitlines()
     assert re.match(r"gpubench: error: cuda:99: no such device here; available: cpu(, cuda:0(\.\.\d+)?)?( \(|$)", line)
+
+
+# --- suite names become directory names ----------------------------------------------------------
+
+def test_a_suite_name_is_at_most_100_characters(tmp_path, write_suite):
+    assert parse_suite({"name": "a" * 100, "defaults": {"workload": "mlp"}}, "s.toml").name == "a" * 100
+    with pytest.raises(InputError, match=r"^s\.toml: name: at most 100 characters .*, got 101$"):
+        parse_suite({"name": "a" * 101}, "s.toml")
+    suite = write_suite('name = "' + "n" * 300 + '"\n[defaults]\nframework = "fake"\nworkload = "fault"\n')
+    proc = run_cli(["run", str(suite), "--out", "runs"], cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == "" and not (tmp_path / "runs").exists()
+    assert proc.stderr == f"gpubench: error: {suite}: name: at most 100 characters (run directories are named after " \
+                          "it), got 300\n"
