@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from rich.console import Console
 
 from gpubench import __version__
-from gpubench.errors import InputError
+from gpubench.errors import InputError, warn
 from gpubench.runner.nodes import DEFAULT_MASTER_PORT, Nodes
 from gpubench.runner.run import EXIT_BAD_INPUT, EXIT_INTERRUPTED, RunRequest
 
@@ -24,8 +25,23 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _os_error_line(e: OSError) -> str:
+    """``/proc/x: No such file or directory``: the file and the reason, without the errno."""
+    where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+    return f"{where}: {e.strerror}" if where and e.strerror else str(e)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors in one line on stderr, exit 2: what is wrong and where the usage is (the
+    usage block argparse prints first buries the error in CI logs). Sub-command parsers are of
+    this class too (add_subparsers makes its parsers of the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpubench", description="Benchmark deep-learning training.")
+    parser = OneLineParser(prog="gpubench", description="Benchmark deep-learning training.")
     parser.add_argument("--version", action="version", version=f"gpubench {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -61,8 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     cmp = sub.add_parser("compare", help="regression gate: compare a run against a baseline, config by config")
     cmp.add_argument("baseline", help="run directory or saved baseline name")
     cmp.add_argument("current", help="run directory or saved baseline name")
-    cmp.add_argument("--threshold", default="3%", help="slowdown that matters, e.g. 3%% (default 3%%)")
-    cmp.add_argument("--noise-floor", default="1%", help="changes inside this are noise (default 1%%)")
+    cmp.add_argument("--threshold", default="3%", help="slowdown that matters, from 0%% to below 100%%, e.g. 3%% "
+                                                       "(default 3%%)")
+    cmp.add_argument("--noise-floor", default="1%", help="changes inside this are noise, from 0%% up to the threshold "
+                                                         "(default 1%%)")
     cmp.add_argument("--alpha", type=float, default=0.01, help="family-wise error rate (default 0.01)")
     cmp.add_argument("--metric", default="throughput",
                      help="throughput, step_time, peak_memory or energy_per_sample (default throughput)")
@@ -103,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     blist.add_argument("--baselines-dir", type=Path, default=Path(".gpubench/baselines"))
 
     lst = sub.add_parser("list", help="suites, workloads, frameworks and the devices detected here")
-    lst.add_argument("--suites-dir", type=Path, default=Path("suites"))
+    lst.add_argument("--suites-dir", type=Path, metavar="DIR", help="where the suites are (default: suites/ here, "
+                                                                    "if there is one)")
 
     fb = sub.add_parser("find-batch", help="the largest batch that fits, per config: doubling then bisection, "
                                            "a fresh process per probe")
@@ -125,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal = sub.add_parser("calibrate", help="measure this machine's peaks (matmul FLOP/s per precision, memory "
                                            "bandwidth) once, cached per environment; MFU is against them")
     cal.add_argument("--device", dest="devices", action="append", metavar="cpu|cuda|cuda:N",
-                     help="device to calibrate (repeatable; default: cpu, and cuda:0 where NVML lists a GPU)")
+                     help="device to calibrate (repeatable; gpu and gpu:N are aliases, as in suites; default: cpu, "
+                          "and cuda:0 where NVML lists a GPU)")
     cal.add_argument("--force", action="store_true", help="measure again even if cached")
     cal.add_argument("--json", type=Path, metavar="FILE", help="write the figures (and datasheet labels) as JSON")
 
@@ -154,10 +174,12 @@ def main(argv: list[str] | None = None) -> int:
                                       calibrate=not args.no_calibrate, nodes=nodes), console)
         if args.command == "report":
             from gpubench.report.build import build_report
+            from gpubench.results.outputs import check_output_dir
 
+            check_output_dir(args.out, "--out")
             report = build_report(args.run_dirs, args.out)
             for warning in report.warnings:
-                print(f"gpubench: warning: {warning}", file=sys.stderr)
+                warn(warning)
             console.print(f"report: {report.index}\n  charts: {len(report.charts)} PNG in {report.index.parent / 'charts'}"
                           f"\n  csv: {report.csv}\n  markdown: {report.markdown}", highlight=False)
             return 0
@@ -189,20 +211,9 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_calibrate(args.devices, args.force, args.json, console)
         if args.command == "export":
-            import json
+            from gpubench.gate.export import run_export
 
-            from gpubench.gate.export import to_github_action, to_pytest_benchmark
-            from gpubench.gate.sides import resolve
-
-            side = resolve(str(args.run_dir), Path("/nonexistent"))
-            data = (to_pytest_benchmark(side.results, side.env) if args.format == "pytest-benchmark"
-                    else to_github_action(side.results))
-            text = json.dumps(data, indent=2)
-            if args.out:
-                args.out.write_text(text + "\n")
-            else:
-                print(text)
-            return 0
+            return run_export(args.run_dir, args.format, args.out)
         if args.command == "baseline":
             from gpubench.gate.command import run_baseline
 
@@ -220,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     except InputError as e:
         print(f"gpubench: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as e:  # a path that cannot be read or written and was not checked first: one line
+        print(f"gpubench: error: {_os_error_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("gpubench: interrupted", file=sys.stderr)

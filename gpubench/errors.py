@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 
 class InputError(Exception):
     """Bad input from the user (suite file, CLI flag, results file): exit code 2, no traceback.
@@ -14,3 +16,8 @@ class InputError(Exception):
 def choices_message(kind: str, value: object, allowed: list[str] | tuple[str, ...]) -> str:
     """``unknown precision 'fp17'; expected one of: fp32, tf32, ...``"""
     return f"unknown {kind} {value!r}; expected one of: {', '.join(allowed)}"
+
+
+def warn(message: str) -> None:
+    """A warning for the user: one line on stderr, so that stdout keeps only the results."""
+    print(f"gpubench: warning: {message}", file=sys.stderr)

@@ -18,13 +18,22 @@ from gpubench.suite import load_suite
 from gpubench.workloads import WORKLOADS
 
 
+DEFAULT_SUITES = Path("suites")
+
+
 def probe_all() -> dict[str, dict[str, Any]]:
     names = sorted(BACKENDS)
     with ThreadPoolExecutor(len(names)) as pool:
         return {name: p.to_dict() for name, p in zip(names, pool.map(probe, names))}
 
 
-def show_list(console: Console, suites_dir: Path) -> None:
+def show_list(console: Console, suites_dir: Path | None) -> None:
+    """``suites_dir`` None: ``suites/`` here, if there is one (list works anywhere); a directory
+    the user names must exist."""
+    if suites_dir is not None and not suites_dir.is_dir():
+        raise InputError(f"--suites-dir {suites_dir}: "
+                         + ("not a directory" if suites_dir.exists() else "no such directory"))
+    suites_dir = suites_dir or DEFAULT_SUITES
     suites = Table(title=f"suites ({suites_dir})")
     for col in ("suite", "configs", "description"):
         suites.add_column(col)

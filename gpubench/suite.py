@@ -251,7 +251,8 @@ def _choice(kind: str, allowed: Callable[[], list[str]] | tuple[str, ...]) -> Ch
     return check
 
 
-def _device(v: Any) -> str:
+def parse_device(v: Any) -> str:
+    """``cpu``, ``cuda``, ``cuda:N`` (``gpu``, ``gpu:N`` are aliases): for suites and ``calibrate --device``."""
     m = _DEVICE_RE.match(v) if isinstance(v, str) else None
     if not m:
         raise ValueError(f"unknown device {v!r}; expected one of: cpu, cuda, cuda:N (gpu and gpu:N are aliases)")
@@ -293,7 +294,7 @@ def _parse_number(s: str) -> Any:
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("workload", _choice("workload", lambda: sorted(WORKLOADS)), str, "model family"),
     Setting("framework", _choice("framework", lambda: sorted(BACKENDS)), str, "training framework"),
-    Setting("device", _device, str, "cpu, cuda or cuda:N"),
+    Setting("device", parse_device, str, "cpu, cuda or cuda:N"),
     Setting("batch_size", _batch_size, _parse_number, 'samples per step per device, or "max" (the largest that fits)'),
     Setting("precision", _choice("precision", PRECISIONS), str, "numeric precision"),
     Setting("parallelism", _parallelism, str, "parallel strategy: single, grad-accum:N, ddp:N, dp:N, mirrored:N, "
@@ -525,6 +526,9 @@ def load_suite(name_or_path: str) -> Suite:
     return parse_suite(data, src, default_name=path.stem)
 
 
+MAX_NAME_CHARS = 100
+
+
 def parse_suite(data: dict[str, Any], src: str, default_name: str = "suite") -> Suite:
     for key in data:
         if key not in _TOP_KEYS:
@@ -532,6 +536,9 @@ def parse_suite(data: dict[str, Any], src: str, default_name: str = "suite") -> 
     name = data.get("name", default_name)
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise InputError(f"{src}: name: expected letters, digits, '_', '.' or '-', got {name!r}")
+    if len(name) > MAX_NAME_CHARS:  # run directories are named after it, and file names have a limit
+        raise InputError(f"{src}: name: at most {MAX_NAME_CHARS} characters (run directories are named after it), "
+                         f"got {len(name)}" + ("" if "name" in data else "; the file name stands in for a missing name"))
     description = data.get("description", "")
     if not isinstance(description, str):
         raise InputError(f"{src}: description: expected a string, got {description!r}")

@@ -115,7 +115,7 @@ def test_calibrate_without_torch_exits_2_with_the_install_command(tmp_path):
            "GPUBENCH_CACHE_DIR": str(tmp_path / "cache")}
     proc = run_cli(["calibrate", "--device", "cpu", "--json", str(tmp_path / "c.json")], cwd=tmp_path, env=env)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "needs torch" in proc.stdout and "pip install torch" in proc.stdout
+    assert "needs torch" in proc.stderr and "pip install torch" in proc.stderr and proc.stdout == ""
     assert not (tmp_path / "c.json").exists() and not (tmp_path / "cache").exists()
     bad = run_cli(["calibrate", "--device", "tpu"], cwd=tmp_path, env=env)
     assert bad.returncode == 2 and "cpu, cuda, cuda:N" in bad.stderr

@@ -198,7 +198,7 @@ def test_cli_refuses_different_environments_unless_forced(tmp_path):
     proc = run_cli(["compare", str(a), str(b)], cwd=tmp_path)
     assert proc.returncode == 2 and "different environments (torch version: 2.13.0 vs 2.14.0)" in proc.stderr
     proc = run_cli(["compare", str(a), str(b), "--force"], cwd=tmp_path)
-    assert proc.returncode == 0 and "environments differ (--force)" in proc.stdout
+    assert proc.returncode == 0 and "warning: environments differ (--force)" in proc.stderr
 
 
 @pytest.mark.parametrize("args, message", [

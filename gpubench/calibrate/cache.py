@@ -23,7 +23,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any, Callable
 import gpubench
 from gpubench.backends.base import device_index, device_kind
 from gpubench.env import cpu_model
+from gpubench.errors import warn
 from gpubench.results.store import write_json_atomic
 from gpubench.runner.process import Launcher
 
@@ -55,6 +55,11 @@ class Calibration:
     entry: dict[str, Any]  # what the child measured, plus cache_version, key, measured_at
     path: Path
     cached: bool  # read from the cache (False: measured now)
+    saved: bool = True  # in the cache file (False: measured now, and the cache could not be written)
+
+    @property
+    def cache_file(self) -> str | None:
+        return str(self.path) if self.saved else None
 
 
 def cache_dir() -> Path:
@@ -182,13 +187,9 @@ def measure_in_child(device: str, launcher: Launcher = Launcher()) -> dict[str, 
     return out
 
 
-def warn_stderr(message: str) -> None:
-    print(f"gpubench: warning: {message}", file=sys.stderr)
-
-
 def get_calibration(device: str, force: bool = False,
                     measure: Callable[[str], dict[str, Any]] = measure_in_child,
-                    warn: Callable[[str], None] = warn_stderr) -> Calibration:
+                    warn: Callable[[str], None] = warn) -> Calibration:
     """The cached calibration of ``device`` for this environment, measured (in a child
     process) and cached when there is none, it is unusable, or ``force``."""
     device = calibration_device(device)
@@ -209,4 +210,5 @@ def get_calibration(device: str, force: bool = False,
         write_json_atomic(path, entry)
     except OSError as e:
         warn(f"calibration not cached: cannot write {path}: {e}")
+        return Calibration(entry, path, cached=False, saved=False)
     return Calibration(entry, path, cached=False)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +14,9 @@ from gpubench.calibrate.cache import (Calibration, CalibrationError, calibration
 from gpubench.calibrate.datasheet import datasheet_for
 from gpubench.calibrate.measure import PRECISIONS
 from gpubench.errors import InputError
-
-_DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
-
+from gpubench.results.outputs import check_output_file, write_output
+from gpubench.results.store import json_text
+from gpubench.suite import parse_device
 
 def default_devices() -> list[str]:
     """The CPU, and the first GPU where NVML lists one."""
@@ -27,10 +26,14 @@ def default_devices() -> list[str]:
 
 
 def check_devices(devices: list[str]) -> list[str]:
+    """The devices named, with the suites' aliases (gpu is cuda), cuda as cuda:0, no repeats."""
+    names = []
     for d in devices:
-        if not _DEVICE_RE.match(d):
-            raise InputError(f"--device {d}: unknown device {d!r}; expected one of: cpu, cuda, cuda:N")
-    return list(dict.fromkeys(calibration_device(d) for d in devices))
+        try:
+            names.append(calibration_device(parse_device(d)))
+        except ValueError as e:
+            raise InputError(f"--device {d}: {e}") from None
+    return list(dict.fromkeys(names))
 
 
 def _num(v: float | None) -> str:
@@ -60,7 +63,7 @@ def figures_table(calibrations: list[Calibration]) -> Table:
 
 def summary(cal: Calibration) -> dict[str, Any]:
     sheet = datasheet_for(cal.entry.get("device_name"))
-    return {**cal.entry, "cache_file": str(cal.path), "from_cache": cal.cached,
+    return {**cal.entry, "cache_file": cal.cache_file, "from_cache": cal.cached,
             "datasheet": None if sheet is None else {"label": sheet.label, "tflops": sheet.tflops,
                                                      "bandwidth_gbs": sheet.bandwidth_gbs}}
 
@@ -69,6 +72,7 @@ def run_calibrate(devices: list[str] | None, force: bool, json_path: Path | None
     """0 when every device calibrated; 2 when torch or a device is missing; 1 when a
     measurement failed."""
     wanted = check_devices(devices) if devices else default_devices()
+    check_output_file(json_path, "--json")
     if torch_build() is None:
         raise InputError(missing_torch_message())
     done: list[Calibration] = []
@@ -78,15 +82,17 @@ def run_calibrate(devices: list[str] | None, force: bool, json_path: Path | None
             with console.status(f"calibrating {device} (a fresh process; seconds on a CPU, longer on a GPU)..."):
                 cal = get_calibration(device, force=force)
         except CalibrationError as e:
-            console.print(f"[red]{device}[/red]: {e}", highlight=False, soft_wrap=True)
+            print(f"gpubench: error: {device}: {e}", file=sys.stderr)
             code = max(code, 2 if e.unavailable else 1)
             continue
         done.append(cal)
+        seconds = f"measured now in {cal.entry.get('seconds', 0):.1f} s"
         how = (f"from the cache {cal.path} (measured {cal.entry.get('measured_at')}; --force measures again)"
-               if cal.cached else f"measured now in {cal.entry.get('seconds', 0):.1f} s, cached in {cal.path}")
+               if cal.cached else f"{seconds}, cached in {cal.path}" if cal.saved
+               else f"{seconds}, not cached (the warning above says why)")
         console.print(f"{device}: {how}", highlight=False, soft_wrap=True)
     if done:
         console.print(figures_table(done))
     if json_path is not None and done:
-        json_path.write_text(json.dumps([summary(c) for c in done], indent=2) + "\n")
+        write_output(json_path, json_text([summary(c) for c in done]), "--json")
     return code

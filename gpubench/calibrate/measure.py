@@ -139,6 +139,11 @@ def unsupported_precisions(torch: Any, device: str) -> dict[str, str]:
     return out
 
 
+def available_devices(n_cuda: int) -> str:
+    """``cpu``, ``cpu, cuda:0`` or ``cpu, cuda:0..3``: what ``--device`` can name here."""
+    return "cpu" + ("" if n_cuda == 0 else ", cuda:0" if n_cuda == 1 else f", cuda:0..{n_cuda - 1}")
+
+
 def measure(device: str) -> dict[str, Any]:
     """Every figure for one device (``cpu`` or ``cuda:N``), as a JSON-able dict."""
     import torch
@@ -149,10 +154,10 @@ def measure(device: str) -> dict[str, Any]:
                                                         "num_threads": torch.get_num_threads()}}
     if kind == "cuda":
         if not torch.cuda.is_available():
-            return {**info, "error": f"no CUDA device here (torch {torch.__version__}, "
-                                      f"CUDA build {torch.version.cuda})"}
+            return {**info, "error": f"no such device here; available: {available_devices(0)} (torch "
+                                      f"{torch.__version__}, CUDA build {torch.version.cuda})"}
         if device_index(device) >= torch.cuda.device_count():
-            return {**info, "error": f"{device} requested; this machine has {torch.cuda.device_count()} CUDA device(s)"}
+            return {**info, "error": f"no such device here; available: {available_devices(torch.cuda.device_count())}"}
         torch.cuda.set_device(device_index(device))
         props = torch.cuda.get_device_properties(device_index(device))
         uuid = getattr(props, "uuid", None)

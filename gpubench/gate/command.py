@@ -8,11 +8,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gpubench.errors import InputError
+from gpubench.errors import InputError, warn
 from gpubench.gate import render
 from gpubench.gate.compare import compare, fingerprint_differences, gate_options
 from gpubench.gate.sides import Side, list_baselines, resolve, save_baseline
-from gpubench.results.store import write_json_atomic
+from gpubench.results.outputs import check_output_dir, check_output_file, write_output
+from gpubench.results.store import json_text
 
 EXIT_OK, EXIT_REGRESSED = 0, 1
 
@@ -31,21 +32,23 @@ class CompareRequest:
     baselines_dir: Path = Path(".gpubench/baselines")
 
 
-def check_environments(base: Side, cur: Side, force: bool, console: Console) -> None:
+def check_environments(base: Side, cur: Side, force: bool) -> None:
     frameworks = {r["config"]["framework"] for r in base.results + cur.results}
     diffs = fingerprint_differences(base.env, cur.env, frameworks)
     if diffs and not force:
         raise InputError(f"{base.label} and {cur.label} ran in different environments ({'; '.join(diffs)}); "
                          "comparing them measures the environment, not the change: use --force to compare anyway")
     for d in diffs:
-        console.print(f"[yellow]warning[/yellow]: environments differ (--force): {d}", highlight=False)
+        warn(f"environments differ (--force): {d}")
 
 
 def run_compare(req: CompareRequest, console: Console) -> int:
     options = gate_options(req.threshold, req.noise_floor, req.alpha, req.metric)
+    check_output_file(req.markdown, "--markdown")
+    check_output_file(req.json, "--json")
     base = resolve(req.baseline, req.baselines_dir)
     cur = resolve(req.current, req.baselines_dir)
-    check_environments(base, cur, req.force, console)
+    check_environments(base, cur, req.force)
     labels = (base.label, cur.label)
     result = compare(base.results, cur.results, options.metric, options.threshold, options.noise_floor, options.alpha,
                      labels)
@@ -53,10 +56,11 @@ def run_compare(req: CompareRequest, console: Console) -> int:
     console.print(render.table(result))
     counts = ", ".join(f"{n} {k}" for k, n in result.counts().items())
     console.print(("[red]REGRESSION[/red]: " if result.regressed else "no regression: ") + counts, highlight=False)
-    if req.markdown:
-        req.markdown.write_text(render.markdown(result, labels), encoding="utf-8")
+    if req.markdown:  # a failed write is exit 2 with its message, after the verdicts above
+        write_output(req.markdown, render.markdown(result, labels), "--markdown")
     if req.json:
-        write_json_atomic(req.json, {"baseline": str(base.path), "current": str(cur.path), **result.to_dict()})
+        write_output(req.json, json_text({"baseline": str(base.path), "current": str(cur.path), **result.to_dict()}),
+                     "--json")
     return EXIT_REGRESSED if result.regressed else EXIT_OK
 
 
@@ -64,10 +68,13 @@ def run_baseline(action: str, run_dir: Path | None, name: str | None, baselines_
                  console: Console) -> int:
     if action == "save":
         assert run_dir is not None and name is not None
+        check_output_dir(baselines_dir, "--baselines-dir")
         target = save_baseline(run_dir, name, baselines_dir, force)
         console.print(f"saved baseline {name!r}: {target}", highlight=False)
         return 0
-    rows = list_baselines(baselines_dir)
+    if baselines_dir.exists() and not baselines_dir.is_dir():
+        raise InputError(f"--baselines-dir {baselines_dir}: not a directory")
+    rows = list_baselines(baselines_dir)  # a missing directory: no baselines saved yet
     if not rows:
         console.print(f"no baselines in {baselines_dir}", highlight=False)
     for row in rows:

@@ -9,12 +9,16 @@
 
 from __future__ import annotations
 
+import json
 import statistics
+import sys
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import gpubench
 from gpubench.errors import InputError
+from gpubench.results.outputs import check_output_file, write_output
 
 FORMATS = ("pytest-benchmark", "github-action")
 
@@ -84,3 +88,18 @@ def to_github_action(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({"name": config_id, "unit": "samples/s", "value": round(value, 3),
                     "range": f"±{spread:.3g}", "extra": f"median step {step:.4g} ms; {len(rs)} repeat(s)"})
     return out
+
+
+def run_export(run_dir: Path, fmt: str, out: Path | None) -> int:
+    """``gpubench export``: to ``out`` (checked first, written atomically), else stdout."""
+    from gpubench.gate.sides import resolve
+
+    check_output_file(out, "--out")
+    side = resolve(str(run_dir), None)  # run directories only: export takes no baseline names
+    data = to_pytest_benchmark(side.results, side.env) if fmt == "pytest-benchmark" else to_github_action(side.results)
+    text = json.dumps(data, indent=2) + "\n"
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        write_output(out, text, "--out")
+    return 0

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpubench.env import fingerprint
+from gpubench.results.outputs import check_output_dir
 from gpubench.results.schema import FAILED_STATUSES
 from gpubench.results.store import slug
 from gpubench.runner.progress import SweepDisplay
@@ -47,6 +48,7 @@ def execute_profile(req: ProfileRequest, console: Console) -> int:
     suite = load_suite(req.suite).with_overrides(req.sets)  # InputError -> exit 2, nothing written
     configs = suite.expand()
     check_data(configs, suite.source)
+    check_output_dir(req.out, "--out")
     probes = probe_frameworks(configs, console)
     env = fingerprint({k: p.to_dict() for k, p in probes.items()})
     now = datetime.now(timezone.utc)

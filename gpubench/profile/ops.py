@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gpubench.results.store import write_text_atomic
+
 TOP_N = 15
 
 
@@ -60,9 +62,9 @@ def write_op_tables(ops: list[OpRow], out_dir: Path, heading: str) -> dict[str, 
                                  "Top operators by self time on the GPU")
     else:
         lines += ["No device trace (a CPU config): the host table is the whole picture.", ""]
-    md.write_text("\n".join(lines), encoding="utf-8")
-    js.write_text(json.dumps([asdict(o) for o in sorted(ops, key=lambda o: o.self_cpu_ms, reverse=True)], indent=1)
-                  + "\n", encoding="utf-8")
+    write_text_atomic(md, "\n".join(lines))
+    write_text_atomic(js, json.dumps([asdict(o) for o in sorted(ops, key=lambda o: o.self_cpu_ms, reverse=True)],
+                                     indent=1) + "\n")
     return {"top_ops_md": md, "top_ops_json": js}
 
 

@@ -17,7 +17,7 @@ import gpubench
 from gpubench.report import breakdown, charts, fmt, tables
 from gpubench.report.load import ReportData, load_report_data
 from gpubench.results.frame import BREAKDOWN_COLUMNS
-from gpubench.results.store import run_env
+from gpubench.results.store import run_env, write_text_atomic
 
 TEMPLATES = Path(__file__).parent / "templates"
 CSV_COLUMNS = [
@@ -186,14 +186,14 @@ def write_markdown(data: ReportData, path: Path) -> None:
     bad = tables.failures(c, data.multi_run)
     if not bad.empty:
         lines += ["### Not measured", "", tables.to_markdown(bad)]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_text_atomic(path, "\n".join(lines) + "\n")
 
 
 def write_csv(data: ReportData, path: Path) -> None:
     c = data.configs.copy()
     params = sorted(col for col in c.columns if col.startswith("param_"))
     cols = [col for col in CSV_COLUMNS if col in c.columns]
-    c[cols[:3] + params + cols[3:]].to_csv(path, index=False)
+    write_text_atomic(path, c[cols[:3] + params + cols[3:]].to_csv(index=False))
 
 
 def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
@@ -258,7 +258,7 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
     }
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html", "j2"]))
     index = out / "index.html"
-    index.write_text(env.get_template("report.html.j2").render(**context), encoding="utf-8")
+    write_text_atomic(index, env.get_template("report.html.j2").render(**context))
     csv = out / "results.csv"
     write_csv(data, csv)
     md = out / "summary.md"

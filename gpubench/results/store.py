@@ -3,6 +3,7 @@ config repeat, appended as each finishes, so a crash or Ctrl-C loses nothing fin
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -19,15 +20,30 @@ RUN_FILE = "run.json"
 NODE_FILE = "node.jsonl"  # node r > 0 of a multi-node run: its own outcome of each config
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write to a temporary file in the same directory, fsync, then rename over the target."""
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write to a temporary file in the same directory, fsync, then rename over the target, so
+    that a reader, or a process killed midway, never sees half a file. On failure the
+    temporary file is removed and the target is as it was."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    data = json.dumps(clean(obj), indent=2, sort_keys=False) + "\n"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def json_text(obj: Any) -> str:
+    """gpubench's JSON files: indented, non-finite floats as null."""
+    return json.dumps(clean(obj), indent=2, sort_keys=False) + "\n"
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    write_text_atomic(path, json_text(obj))
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -70,14 +86,17 @@ def append_result(run_dir: Path, result: dict[str, Any], name: str = RESULTS_FIL
 
 def create_run_dir(out: Path, base_id: str) -> Path:
     """Make a new, empty run directory ``out/<run_id>`` (suffix -2, -3... if taken)."""
-    out.mkdir(parents=True, exist_ok=True)
-    for n in range(1, 1000):
-        run_id = base_id if n == 1 else f"{base_id}-{n}"
-        try:
-            (out / run_id).mkdir()
-            return out / run_id
-        except FileExistsError:
-            continue
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for n in range(1, 1000):
+            run_id = base_id if n == 1 else f"{base_id}-{n}"
+            try:
+                (out / run_id).mkdir()
+                return out / run_id
+            except FileExistsError:
+                continue
+    except OSError as e:
+        raise InputError(f"{out}: cannot create a run directory there: {e.strerror or e}") from None
     raise InputError(f"{out}: cannot find a free run directory name for {base_id}")
 
 

@@ -21,6 +21,7 @@ from gpubench.errors import InputError
 from gpubench.gate import render
 from gpubench.gate.compare import compare, fingerprint_differences, gate_options
 from gpubench.gate.stats import min_repeats
+from gpubench.results.outputs import check_output_dir, check_output_file, write_output
 from gpubench.results.schema import FAILED_STATUSES
 from gpubench.runner.process import Launcher
 from gpubench.runner.progress import SweepDisplay
@@ -75,6 +76,8 @@ def execute_ab(req: ABRequest, console: Console) -> int:
     launchers = {"baseline": req.baseline, "candidate": req.candidate}
     for side, launcher in launchers.items():
         _check_python(launcher, side)
+    check_output_dir(req.out, "--out")
+    check_output_file(req.markdown, "--markdown")
     probes = {side: probe_frameworks(configs, console, launchers[side], label=f"{side} ") for side in SIDES}
     envs = {side: fingerprint({k: p.to_dict() for k, p in probes[side].items()}) for side in SIDES}
     for d in fingerprint_differences(envs["baseline"], envs["candidate"], {c.framework for c in configs}):
@@ -116,7 +119,7 @@ def execute_ab(req: ABRequest, console: Console) -> int:
     console.print(("[red]REGRESSION[/red]: " if comparison.regressed else "no regression: ") + counts,
                   highlight=False)
     if req.markdown:
-        req.markdown.write_text(render.markdown(comparison, labels), encoding="utf-8")
+        write_output(req.markdown, render.markdown(comparison, labels), "--markdown")
     if req.report:
         write_report([dirs["baseline"], dirs["candidate"]], console, out=Path("reports") / stamp)
     console.print(f"run directories: {dirs['baseline']} {dirs['candidate']}", highlight=False)

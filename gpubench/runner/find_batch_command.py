@@ -9,13 +9,15 @@ from rich.console import Console
 from rich.table import Table
 
 from gpubench.errors import InputError
-from gpubench.results.store import write_json_atomic
+from gpubench.results.outputs import check_output_file, write_output
+from gpubench.results.store import json_text
 from gpubench.runner.find_batch import find_max_batch
 from gpubench.suite import MAX_BATCH, Config, load_suite
 
 
 def run_find_batch(suite_name: str, sets: list[str], limit: int, json_path: Path | None, console: Console) -> int:
     suite = load_suite(suite_name).with_overrides(sets)  # InputError -> exit 2 in the CLI
+    check_output_file(json_path, "--json")
     starts: dict[str, Config] = {}
     for c in suite.expand():  # one search per config apart from its batch size, from its smallest
         if c.batch_size == MAX_BATCH:
@@ -37,7 +39,7 @@ def run_find_batch(suite_name: str, sets: list[str], limit: int, json_path: Path
         console.print(f"  max batch {s.max_batch or '-'}, first oom {s.first_oom or '-'}"
                       + (f"; stopped: {s.stopped}" if s.stopped else ""), highlight=False)
         if json_path is not None:  # after every search: a command stopped midway keeps those done
-            write_json_atomic(json_path, [x.to_dict() for x in searches])
+            write_output(json_path, json_text([x.to_dict() for x in searches]), "--json")
     table = Table(title="largest batch that fits")
     for col in ("config (where the search started)", "max batch", "first oom", "probes", "note"):
         table.add_column(col, no_wrap=col.startswith("config"))

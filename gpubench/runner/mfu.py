@@ -42,7 +42,7 @@ def load_peaks(devices: list[str], console: Console) -> dict[str, dict[str, Any]
             console.print(f"[yellow]no peaks for {device}[/yellow] (results will have no mfu): {e}",
                           highlight=False, soft_wrap=True)
             continue
-        peaks[device] = {**cal.entry, "cache_file": str(cal.path)}
+        peaks[device] = {**cal.entry, "cache_file": cal.cache_file}
         figures = ", ".join(f"{p} {v:.4g}" for p, v in cal.entry["matmul_tflops"].items())
         console.print(f"peaks of {device} ({'cached' if cal.cached else 'measured now'}): matmul TFLOP/s {figures}",
                       highlight=False, soft_wrap=True)

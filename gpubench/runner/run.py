@@ -17,7 +17,8 @@ from rich.console import Console
 
 from gpubench.backends.base import ProbeInfo
 from gpubench.env import fingerprint
-from gpubench.errors import InputError
+from gpubench.errors import InputError, warn
+from gpubench.results.outputs import check_output_dir
 from gpubench.results.schema import FAILED_STATUSES, SCHEMA_VERSION
 from gpubench.results.store import NODE_FILE, RUN_FILE, create_run_dir, load_results, load_run, write_json_atomic
 from gpubench.runner.nodes import Nodes
@@ -112,7 +113,7 @@ def _prepare(req: RunRequest) -> tuple[Suite, int, Path | None, list[dict[str, A
         warnings.simplefilter("always")
         existing = load_results(req.resume, repair=True)
     for w in caught:
-        print(f"gpubench: warning: {w.message}")
+        warn(str(w.message))
     return suite, stored_repeats, req.resume, existing
 
 
@@ -135,6 +136,8 @@ def execute(req: RunRequest, console: Console) -> int:
     # every node expands the same suite: the same configs in the same order
     configs = [replace(c, nnodes=nodes.nnodes) for c in suite.expand()]
     check_data(configs, suite.source)
+    if run_dir is None:
+        check_output_dir(req.out, "--out")
     done = {(r["config_id"], r.get("repeat", 0)) for r in existing}
     jobs = plan(configs, repeats, done)
     probes = probe_frameworks(configs, console) if jobs else {}
