@@ -123,6 +123,11 @@ def test_no_config_in_common_is_an_error_not_a_pass():
         compare(base, renamed)
     verdicts = compare(base, renamed + results({"b": lognormal(rng, 6, 0.01)})).verdicts  # some in common: as before
     assert [(v.config_id, v.verdict) for v in verdicts] == [("a", "missing"), ("b", "unchanged"), ("a2", "new")]
+    # the same configs, but each measured on one side only: nothing compared either
+    crossed_base = results({"a": lognormal(rng, 6, 0.01)}) + results({"b": [1.0]}, status="error")
+    crossed_cur = results({"a": [1.0]}, status="error") + results({"b": lognormal(rng, 6, 0.01)})
+    with pytest.raises(InputError, match=r"no config has an ok result with 'throughput' on both sides"):
+        compare(crossed_base, crossed_cur)
 
 
 def test_too_few_repeats_is_an_error_saying_how_many():

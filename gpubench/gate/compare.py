@@ -178,6 +178,9 @@ def compare(baseline: list[dict[str, Any]], current: list[dict[str, Any]], metri
         if side and not any(values.values()):
             raise InputError(f"{label}: no ok result has the metric {metric_name!r}"
                              + (" (energy needs GPU telemetry)" if metric_name == "energy_per_sample" else ""))
+    if base.keys() & cur.keys() and not both:  # shared configs, but none measured on both sides
+        raise InputError(f"{labels[0]} vs {labels[1]}: no config has an ok result with {metric_name!r} on both "
+                         "sides; nothing to compare (see each run's errors)")
     alpha_config = alpha / max(1, len(both))  # one-sided, per config
     needed = min_repeats(2 * alpha_config)
     if both and all(min(len(base[c]), len(cur[c])) < needed for c in both):
