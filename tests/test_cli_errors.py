@@ -61,7 +61,7 @@ def test_compare_warns_on_stderr(tmp_path):
 def test_resume_warns_on_stderr(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
-    suite = Suite(name="s", description="", source="s.toml", defaults={"framework": "fake"})
+    suite = Suite(name="s", description="", source="s.toml", defaults={"workload": "mlp"})
     (run / "run.json").write_text(json.dumps({"run_id": "run", "suite": suite.to_dict(), "args": {"repeats": 1}}))
     (run / "results.jsonl").write_text("")
     _truncate_last_line(run)

@@ -19,16 +19,9 @@ from tests.conftest import run_cli
 
 def write_run(path, n: int = 6, throughput: float = 1000.0):
     """A minimal run directory the gate accepts: one config, ``n`` repeats."""
-    path.mkdir(parents=True)
-    env = {"cpu_model": "Fixture CPU", "gpus": [], "frameworks": {"torch": {"version": "2.13.0", "build": {}}}}
-    (path / "run.json").write_text(json.dumps({"run_id": path.name, "created_at": "now", "env": env}))
-    lines = [{"schema_version": 1, "run_id": path.name, "config_id": "cnn", "repeat": i, "config": {"framework": "torch"},
-              "status": "ok", "reason": "", "env": env,
-              "metrics": {"throughput": {"median": throughput * (1 + 0.001 * i)},
-                          "step_time_ms": {"median": 1000.0 / throughput}, "step_times_ms": [1.0, 1.1]}}
-             for i in range(n)]
-    (path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    return path
+    from tests.test_gate import write_run as write_gate_run
+
+    return write_gate_run(path, {"cnn": [throughput * (1 + 0.001 * i) for i in range(n)]})
 
 
 def one_line_error(proc, code: int = 2) -> str:

@@ -182,7 +182,7 @@ def test_ctrl_c_keeps_finished_results_and_says_how_to_resume(tmp_path, write_su
     (["run", "missing.toml"], "missing.toml: no such suite file"),
     (["run", "{suite}", "--set", "precision=fp17"],
      "--set precision=fp17: unknown precision 'fp17'; expected one of: fp32, tf32, amp-fp16, amp-bf16"),
-    (["run", "{suite}", "--set", "batch_size=0"], "--set batch_size=0: must be >= 1 or \"max\", got 0"),
+    (["run", "{suite}", "--set", "batch_size=0"], "--set batch_size=0: must be 1..2147483647 or \"max\", got 0"),
     (["run", "{suite}", "--set", "colour=red"], "--set colour=red: unknown key 'colour'"),
     (["run", "{bad}"], "matrix.workload: unknown workload 'resnet9'"),
     (["run"], "give a suite file"),
