@@ -336,8 +336,8 @@ def test_find_batch_json_keeps_the_searches_done_when_stopped_midway(tmp_path, w
 
     monkeypatch.setattr(find_batch_command, "find_max_batch", fake_search)
     out = tmp_path / "fb.json"
-    with pytest.raises(KeyboardInterrupt):
-        find_batch_command.run_find_batch(str(suite), [], 1024, out, Console(file=open(tmp_path / "log", "w")))
+    with open(tmp_path / "log", "w") as log, pytest.raises(KeyboardInterrupt):
+        find_batch_command.run_find_batch(str(suite), [], 1024, out, Console(file=log))
     (s,) = json.loads(out.read_text())
     assert (s["config_id"], s["max_batch"], s["first_oom"]) == (done[0], 64, 128)
 
