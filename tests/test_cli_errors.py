@@ -56,6 +56,12 @@ def test_compare_warns_on_stderr(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "warning" not in proc.stdout and "no regression" in proc.stdout
     assert "gpubench: warning:" in proc.stderr and "truncated last line" in proc.stderr
+    # a saved baseline's warnings are gpubench's own lines too, not Python's UserWarning
+    assert run_cli(["baseline", "save", str(a), "main"], cwd=tmp_path).returncode == 0
+    _truncate_last_line(tmp_path / ".gpubench" / "baselines" / "main")
+    proc = run_cli(["baseline", "list"], cwd=tmp_path)
+    assert proc.returncode == 0 and "main" in proc.stdout
+    assert proc.stderr.startswith("gpubench: warning:") and "UserWarning" not in proc.stderr
 
 
 def test_resume_warns_on_stderr(tmp_path, capsys):

@@ -9,12 +9,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpubench.errors import InputError, warn
+from gpubench.errors import InputError
 from gpubench.results.store import RESULTS_FILE, RUN_FILE, load_results, load_run, run_env
 
 DEFAULT_BASELINES = Path(".gpubench/baselines")
@@ -37,11 +36,7 @@ class Side:
 
 def _load(path: Path, label: str) -> Side:
     meta = load_run(path)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        results = load_results(path)
-    for w in caught:
-        warn(str(w.message))
+    results = load_results(path)
     if not results:
         raise InputError(f"{path / RESULTS_FILE}: no results to compare")
     return Side(label, path, meta, results)

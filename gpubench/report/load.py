@@ -7,7 +7,6 @@ no run yields anything is it an error.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,14 +50,11 @@ def _load_one(path: Path, notes: list[str]) -> RunData | None:
     if not (path / RESULTS_FILE).exists():
         notes.append(f"{path / RESULTS_FILE}: missing; no results from this run")
         return RunData(path, meta.get("run_id", path.name), meta, [])
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            results = load_results(path, strict=False)
-        except InputError as e:
-            notes.append(f"{e}; no results from this run")
-            return RunData(path, meta.get("run_id", path.name), meta, [])
-    notes.extend(str(w.message) for w in caught)
+    try:
+        results = load_results(path, strict=False, warn=notes.append)
+    except InputError as e:
+        notes.append(f"{e}; no results from this run")
+        return RunData(path, meta.get("run_id", path.name), meta, [])
     if not results:
         notes.append(f"{path / RESULTS_FILE}: no results (empty file)")
     return RunData(path, meta.get("run_id") or (results[0]["run_id"] if results else path.name), meta, results)

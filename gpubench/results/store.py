@@ -8,11 +8,11 @@ import errno
 import json
 import os
 import re
-import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from gpubench.errors import InputError
+from gpubench.errors import warn as warn_user
 from gpubench.results.schema import SUPPORTED_SCHEMA_VERSIONS, clean, result_problem
 
 RESULTS_FILE = "results.jsonl"
@@ -125,13 +125,15 @@ def run_env(meta: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, An
     return meta.get("env") or (results[0].get("env", {}) if results else {})
 
 
-def load_results(run_dir: Path, repair: bool = False, strict: bool = True) -> list[dict[str, Any]]:
+def load_results(run_dir: Path, repair: bool = False, strict: bool = True,
+                 warn: Callable[[str], None] = warn_user) -> list[dict[str, Any]]:
     """All results of a run. A half-written last line (a killed run) is skipped with a
     warning, and with ``repair`` cut off the file so that appends continue cleanly. A bad line
     elsewhere (unparsable, or without the shape readers rely on: ``schema.result_problem``), or
     an unknown schema version, is an InputError naming the line; with
     ``strict=False`` (reports) it is skipped with a warning instead. A file that cannot be read
-    at all is an InputError either way."""
+    at all is an InputError either way. Warnings go to ``warn`` (the user's stderr unless the
+    caller collects them, as the report does)."""
     path = run_dir / RESULTS_FILE
     if not path.exists():
         return []
@@ -154,30 +156,30 @@ def load_results(run_dir: Path, repair: bool = False, strict: bool = True) -> li
         except ValueError as e:
             is_last = all(not rest.strip() for rest in lines[i:])
             if is_last and not raw.endswith(b"\n"):
-                warnings.warn(f"{path}:{i}: skipping a truncated last line (a run killed while writing)")
+                warn(f"{path}:{i}: skipping a truncated last line (a run killed while writing)")
                 if repair:
                     with open(path, "r+b") as f:
                         f.truncate(start)
                 break
-            _problem(f"{path}:{i}: corrupt result line: {e}", strict)
+            _problem(f"{path}:{i}: corrupt result line: {e}", strict, warn)
             continue
         version = obj.get("schema_version")
         if version not in SUPPORTED_SCHEMA_VERSIONS:
             _problem(f"{path}:{i}: unknown schema_version {version!r}; this gpubench reads: "
-                     f"{', '.join(map(str, SUPPORTED_SCHEMA_VERSIONS))}", strict)
+                     f"{', '.join(map(str, SUPPORTED_SCHEMA_VERSIONS))}", strict, warn)
             continue
         problem = result_problem(obj)
         if problem:
-            _problem(f"{path}:{i}: {problem}", strict)
+            _problem(f"{path}:{i}: {problem}", strict, warn)
             continue
         results.append(obj)
     return results
 
 
-def _problem(message: str, strict: bool) -> None:
+def _problem(message: str, strict: bool, warn: Callable[[str], None]) -> None:
     if strict:
         raise InputError(message)
-    warnings.warn(message + " (line skipped)")
+    warn(message + " (line skipped)")
 
 
 def slug(text: str) -> str:

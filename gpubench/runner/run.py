@@ -6,7 +6,6 @@ bad input never leaves a run directory behind.
 
 from __future__ import annotations
 
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -17,7 +16,7 @@ from rich.console import Console
 
 from gpubench.backends.base import ProbeInfo
 from gpubench.env import fingerprint
-from gpubench.errors import InputError, warn
+from gpubench.errors import InputError
 from gpubench.results.outputs import check_output_dir
 from gpubench.results.schema import FAILED_STATUSES, SCHEMA_VERSION
 from gpubench.results.store import NODE_FILE, RUN_FILE, create_run_dir, load_results, load_run, write_json_atomic
@@ -109,11 +108,7 @@ def _prepare(req: RunRequest) -> tuple[Suite, int, Path | None, list[dict[str, A
         raise InputError(f"--resume {req.resume}: that run is of suite {suite.name!r}, not {req.suite!r}")
     if req.repeats is not None and req.repeats != stored_repeats:
         raise InputError(f"--resume {req.resume}: the run was started with --repeats {stored_repeats}")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        existing = load_results(req.resume, repair=True)
-    for w in caught:
-        warn(str(w.message))
+    existing = load_results(req.resume, repair=True)
     return suite, stored_repeats, req.resume, existing
 
 
