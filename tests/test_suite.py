@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -303,7 +304,6 @@ def test_set_errors(write_suite, item, expected):
 
 def test_suite_round_trips_through_run_json(write_suite):
     suite = load_suite(str(write_suite(BASE + "[[matrix.exclude]]\ndevice = 'cuda'\n"))).with_overrides(["steps=2"])
-    import json
 
     from gpubench.suite import Suite
 
@@ -323,7 +323,12 @@ def test_set_of_a_parameter_no_workload_takes_is_refused(write_suite):
     assert str(err.value) == "--set depth=3: no workload in this suite takes 'depth' (cnn takes: none)"
     # narrowing the workloads of a suite whose defaults hold another workload's parameters is fine
     both = load_suite(str(write_suite("[defaults]\ndepth = 3\n[matrix]\nworkload = ['cnn', 'mlp']\n")))
-    assert [c.workload for c in both.with_overrides(["workload=cnn"]).expand()] == ["cnn"]
+    narrowed = both.with_overrides(["workload=cnn"])
+    assert [c.workload for c in narrowed.expand()] == ["cnn"]
+    from gpubench.suite import Suite
+
+    # and such a run resumes: its stored suite is checked as a suite, not for parameter typos
+    assert Suite.from_dict(json.loads(json.dumps(narrowed.to_dict()))).expand() == narrowed.expand()
 
 
 @pytest.mark.parametrize("edit, expected", [
