@@ -181,3 +181,21 @@ def test_export_formats(tmp_path):
     cli = shutil.which("pytest-benchmark", path=os.path.dirname(sys.executable)) or shutil.which("pytest-benchmark")
     compare = subprocess.run([cli, "compare", str(tmp_path / "pb.json")], capture_output=True, text=True)
     assert compare.returncode == 0 and "cnn-torch-cpu-bs32-fp32-single" in compare.stdout
+
+
+def test_export_takes_only_what_the_result_shape_guarantees(tmp_path):
+    # an ok line whose step times are all null has nothing to export; one without
+    # samples_per_step is refused on load (the store's shape check), never a traceback
+    from tests.test_gate import write_run
+
+    run = write_run(tmp_path / "run", {"cnn": [1000.0] * 2, "mlp": [500.0]})
+    lines = [json.loads(l) for l in (run / "results.jsonl").read_text().splitlines()]
+    lines[2]["metrics"]["step_times_ms"] = [None]
+    (run / "results.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+    proc = run_cli(["export", str(run), "--format", "pytest-benchmark"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert [b["name"] for b in json.loads(proc.stdout)["benchmarks"]] == ["cnn"]
+    del lines[0]["metrics"]["samples_per_step"]
+    (run / "results.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+    proc = run_cli(["export", str(run), "--format", "pytest-benchmark"], cwd=tmp_path)
+    assert proc.returncode == 2 and "'metrics.samples_per_step' is null" in proc.stderr and "Traceback" not in proc.stderr

@@ -23,6 +23,7 @@ def results(values: dict[str, list[float]], run_id: str = "r", status: str = "ok
                         "config": {"framework": "torch"}, "status": status, "reason": "",
                         "metrics": {"throughput": {"median": v, "ci_low": 0.9 * v, "ci_high": 1.1 * v},
                                     "step_time_ms": {"median": 1000.0 / v, "cv": 0.01}, "cold_start_ms": 3000.0 / v,
+                                    "samples_per_step": 64,
                                     "step_times_ms": [1000.0 / v] * 2,
                                     "memory": {"peak_rss_bytes": memory or 1e9}}, "env": ENV})
     return out

@@ -21,7 +21,7 @@ def line(i: int) -> dict:
 
 
 MEASURED = {"throughput": {"median": 100.0, "ci_low": 90.0, "ci_high": 110.0},
-            "step_time_ms": {"median": 10.0, "cv": 0.02}, "cold_start_ms": 30.0}
+            "step_time_ms": {"median": 10.0, "cv": 0.02}, "cold_start_ms": 30.0, "samples_per_step": 8}
 
 
 def test_append_and_load_round_trip(tmp_path):

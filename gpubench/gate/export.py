@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from datetime import datetime, timezone
@@ -19,14 +18,16 @@ from typing import Any
 import gpubench
 from gpubench.errors import InputError
 from gpubench.results.outputs import check_output_file, write_output
+from gpubench.results.store import json_text
 
 FORMATS = ("pytest-benchmark", "github-action")
 
 
 def _ok_by_config(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The ok results that hold at least one step time, by config."""
     out: dict[str, list[dict[str, Any]]] = {}
     for r in results:
-        if r.get("status") == "ok" and (r.get("metrics") or {}).get("step_times_ms"):
+        if r["status"] == "ok" and any(t is not None for t in (r["metrics"] or {}).get("step_times_ms") or ()):
             out.setdefault(r["config_id"], []).append(r)
     return out
 
@@ -97,7 +98,7 @@ def run_export(run_dir: Path, fmt: str, out: Path | None) -> int:
     check_output_file(out, "--out")
     side = resolve(str(run_dir), None)  # run directories only: export takes no baseline names
     data = to_pytest_benchmark(side.results, side.env) if fmt == "pytest-benchmark" else to_github_action(side.results)
-    text = json.dumps(data, indent=2) + "\n"
+    text = json_text(data)
     if out is None:
         sys.stdout.write(text)
     else:
