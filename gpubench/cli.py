@@ -174,9 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                                       calibrate=not args.no_calibrate, nodes=nodes), console)
         if args.command == "report":
             from gpubench.report.build import build_report
-            from gpubench.results.outputs import check_output_dir
 
-            check_output_dir(args.out, "--out")
             report = build_report(args.run_dirs, args.out)
             for warning in report.warnings:
                 warn(warning)

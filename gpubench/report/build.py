@@ -17,6 +17,7 @@ import gpubench
 from gpubench.report import breakdown, charts, fmt, tables
 from gpubench.report.load import ReportData, load_report_data
 from gpubench.results.frame import BREAKDOWN_COLUMNS
+from gpubench.results.outputs import check_output_dir
 from gpubench.results.store import run_env, write_text_atomic
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -197,6 +198,7 @@ def write_csv(data: ReportData, path: Path) -> None:
 
 
 def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
+    check_output_dir(out, "--out")
     data = load_report_data(run_dirs)
     out = out or default_out(data)
     chart_dir = out / "charts"

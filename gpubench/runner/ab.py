@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 
 from gpubench.env import fingerprint
-from gpubench.errors import InputError
+from gpubench.errors import InputError, warn
 from gpubench.gate import render
 from gpubench.gate.compare import compare, fingerprint_differences, gate_options
 from gpubench.gate.stats import min_repeats
@@ -81,7 +81,7 @@ def execute_ab(req: ABRequest, console: Console) -> int:
     probes = {side: probe_frameworks(configs, console, launchers[side], label=f"{side} ") for side in SIDES}
     envs = {side: fingerprint({k: p.to_dict() for k, p in probes[side].items()}) for side in SIDES}
     for d in fingerprint_differences(envs["baseline"], envs["candidate"], {c.framework for c in configs}):
-        console.print(f"environments differ (this may be the change under test): {d}", highlight=False)
+        warn(f"environments differ (this may be the change under test): {d}")
 
     stamp = f"{suite.name}-ab-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     root = req.out / stamp

@@ -22,6 +22,7 @@ import psutil
 
 from gpubench.backends import get_backend
 from gpubench.backends.base import REPLICA_KINDS, parse_parallelism
+from gpubench.errors import warn
 from gpubench.measure.loop import RawMeasurement, run_loop
 from gpubench.measure.stats import is_noisy, step_stats, throughput
 from gpubench.results.schema import outcome
@@ -242,8 +243,7 @@ def run_config(config: Config, profile: dict[str, Any] | None = None) -> dict[st
     if raw.compile_events_in_windows is not None:
         runtime.setdefault("compile", {})["events_in_windows"] = raw.compile_events_in_windows
         if raw.compile_events_in_windows:
-            print(f"gpubench: warning: {raw.compile_events_in_windows} compilation(s) inside the measured windows; "
-                  "raise warmup_steps", file=sys.stderr)
+            warn(f"{raw.compile_events_in_windows} compilation(s) inside the measured windows; raise warmup_steps")
     if profiled is not None:
         metrics.update(profiled[0])
     status, reason = ("ok", "")
