@@ -27,17 +27,9 @@ from typing import Any, Callable
 
 from gpubench.errors import InputError
 from gpubench.gate.stats import Shift, min_repeats, shift
-from gpubench.results.schema import peak_memory
+from gpubench.results.schema import dig, peak_memory
 
 VERDICTS = ("regressed", "improved", "unchanged", "inconclusive", "missing", "new")
-
-
-def _get(d: Any, *path: str) -> Any:
-    for key in path:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(key)
-    return d
 
 
 @dataclass(frozen=True)
@@ -49,10 +41,10 @@ class Metric:
 
 
 METRICS: dict[str, Metric] = {m.name: m for m in (
-    Metric("throughput", "samples/s", True, lambda r: _get(r, "metrics", "throughput", "median")),
-    Metric("step_time", "ms", False, lambda r: _get(r, "metrics", "step_time_ms", "median")),
+    Metric("throughput", "samples/s", True, lambda r: dig(r, "metrics", "throughput", "median")),
+    Metric("step_time", "ms", False, lambda r: dig(r, "metrics", "step_time_ms", "median")),
     Metric("peak_memory", "bytes", False, lambda r: peak_memory(r)[0]),
-    Metric("energy_per_sample", "J", False, lambda r: _get(r, "telemetry", "gpu", "energy_per_sample_j")),
+    Metric("energy_per_sample", "J", False, lambda r: dig(r, "telemetry", "gpu", "energy_per_sample_j")),
 )}
 
 
@@ -224,7 +216,7 @@ def fingerprint_differences(a: dict[str, Any], b: dict[str, Any], frameworks: se
     if gpus(a) != gpus(b):
         diffs.append(f"GPUs/driver: {gpus(a) or 'none'} vs {gpus(b) or 'none'}")
     for fw in sorted(frameworks):
-        pa, pb = _get(a, "frameworks", fw) or {}, _get(b, "frameworks", fw) or {}
+        pa, pb = dig(a, "frameworks", fw) or {}, dig(b, "frameworks", fw) or {}
         for key in ("version",):
             if pa.get(key) != pb.get(key):
                 diffs.append(f"{fw} {key}: {pa.get(key)} vs {pb.get(key)}")

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from gpubench.measure.stats import median_ci
-from gpubench.results.schema import peak_memory, trained_batch
+from gpubench.results.schema import dig, peak_memory, trained_batch
 from gpubench.suite import Config
 
 CONFIG_COLUMNS = ["workload", "framework", "device", "batch_size", "precision", "parallelism", "optimizer", "lr",
@@ -22,18 +22,10 @@ CHECKPOINTING_FIELDS = ("baseline_config_id", "peak_source", "baseline_peak_byte
                         "slowdown")
 
 
-def _get(d: dict[str, Any] | None, *path: str) -> Any:
-    for key in path:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(key)
-    return d
-
-
 def device_model(result: dict[str, Any]) -> str | None:
     """The model name of the device a result ran on, from its environment fingerprint."""
     config = result.get("config", {})
-    probe = _get(result, "env", "frameworks", config.get("framework", ""))
+    probe = dig(result, "env", "frameworks", config.get("framework", ""))
     if not isinstance(probe, dict):
         return None
     device = config.get("device", "")
@@ -67,40 +59,40 @@ def flatten(result: dict[str, Any], run: str | None = None) -> dict[str, Any]:
         "device_model": device_model(result),
         "status": result.get("status"),
         "reason": result.get("reason") or "",
-        "throughput": _get(m, "throughput", "median"),
-        "throughput_ci_low": _get(m, "throughput", "ci_low"),
-        "throughput_ci_high": _get(m, "throughput", "ci_high"),
-        "throughput_mean": _get(m, "throughput", "mean"),
+        "throughput": dig(m, "throughput", "median"),
+        "throughput_ci_low": dig(m, "throughput", "ci_low"),
+        "throughput_ci_high": dig(m, "throughput", "ci_high"),
+        "throughput_mean": dig(m, "throughput", "mean"),
         "throughput_wall": m.get("throughput_wall"),
-        "step_ms": _get(m, "step_time_ms", "median"),
-        "step_ms_p5": _get(m, "step_time_ms", "p5"),
-        "step_ms_p95": _get(m, "step_time_ms", "p95"),
-        "step_ms_iqr": _get(m, "step_time_ms", "iqr"),
-        "step_cv": _get(m, "step_time_ms", "cv"),
-        "n_steps": _get(m, "step_time_ms", "n"),
+        "step_ms": dig(m, "step_time_ms", "median"),
+        "step_ms_p5": dig(m, "step_time_ms", "p5"),
+        "step_ms_p95": dig(m, "step_time_ms", "p95"),
+        "step_ms_iqr": dig(m, "step_time_ms", "iqr"),
+        "step_cv": dig(m, "step_time_ms", "cv"),
+        "n_steps": dig(m, "step_time_ms", "n"),
         "noisy": m.get("noisy"),
         "cold_start_ms": m.get("cold_start_ms"),
         "setup_ms": m.get("setup_ms"),
-        "loss_first": _get(m, "loss", "first"),
-        "loss_last": _get(m, "loss", "last"),
-        "loss_fell": _get(m, "loss", "fell"),
-        "peak_rss_bytes": _get(m, "memory", "peak_rss_bytes"),
-        "peak_allocated_bytes": _get(m, "memory", "peak_allocated_bytes"),
-        "peak_reserved_bytes": _get(m, "memory", "peak_reserved_bytes"),
-        "data_bytes": _get(m, "memory", "data_bytes"),
-        "pipeline_slowdown": _get(m, "pipeline_vs_device", "slowdown"),
+        "loss_first": dig(m, "loss", "first"),
+        "loss_last": dig(m, "loss", "last"),
+        "loss_fell": dig(m, "loss", "fell"),
+        "peak_rss_bytes": dig(m, "memory", "peak_rss_bytes"),
+        "peak_allocated_bytes": dig(m, "memory", "peak_allocated_bytes"),
+        "peak_reserved_bytes": dig(m, "memory", "peak_reserved_bytes"),
+        "data_bytes": dig(m, "memory", "data_bytes"),
+        "pipeline_slowdown": dig(m, "pipeline_vs_device", "slowdown"),
         "achieved_tflops": m.get("achieved_tflops"),
         "peak_tflops": m.get("peak_tflops"),
         "mfu": m.get("mfu"),
-        "max_batch": _get(m, "batch_search", "max_batch"),
-        "train_peak_rss_bytes": _get(m, "memory", "train_peak_rss_bytes"),
-        **{f"checkpointing_{k}": _get(m, "checkpointing", k) for k in CHECKPOINTING_FIELDS},
-        "energy_per_sample_j": _get(result, "telemetry", "gpu", "energy_per_sample_j"),
-        "params": _get(result, "model", "params"),
-        "flops_per_sample": _get(result, "model", "flops_per_sample"),
-        "step_timing": _get(result, "runtime", "step_timing"),
-        **{f"breakdown_{f}": _get(m, "breakdown", f) for f in BREAKDOWN_FIELDS},
-        "breakdown_timing": _get(m, "breakdown", "timing"),
+        "max_batch": dig(m, "batch_search", "max_batch"),
+        "train_peak_rss_bytes": dig(m, "memory", "train_peak_rss_bytes"),
+        **{f"checkpointing_{k}": dig(m, "checkpointing", k) for k in CHECKPOINTING_FIELDS},
+        "energy_per_sample_j": dig(result, "telemetry", "gpu", "energy_per_sample_j"),
+        "params": dig(result, "model", "params"),
+        "flops_per_sample": dig(result, "model", "flops_per_sample"),
+        "step_timing": dig(result, "runtime", "step_timing"),
+        **{f"breakdown_{f}": dig(m, "breakdown", f) for f in BREAKDOWN_FIELDS},
+        "breakdown_timing": dig(m, "breakdown", "timing"),
         "duration_s": result.get("duration_s"),
         "started_at": result.get("started_at"),
     }

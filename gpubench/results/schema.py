@@ -43,6 +43,15 @@ OPTIONAL = ("metrics.memory.peak_allocated_bytes", "metrics.memory.train_peak_rs
             "metrics.memory.peak_rss_bytes", "metrics.batch_search.max_batch", "telemetry.gpu.energy_per_sample_j")
 
 
+def dig(d: Any, *path: str) -> Any:
+    """``d[path[0]][path[1]]...``, or None where a key is absent or a step is not an object."""
+    for key in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(key)
+    return d
+
+
 def _kind(value: Any) -> str:
     return "null" if value is None else f"{type(value).__name__} {json.dumps(value, default=str)[:40]}"
 
