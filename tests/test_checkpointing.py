@@ -47,10 +47,10 @@ def test_setting_values_and_config_id(tmp_path):
 
 
 def test_tensorflow_says_why_it_is_unsupported():
-    reason = get_backend("tensorflow").static_unsupported(Config(workload="resnet18", framework="tensorflow",
+    reason = get_backend("tensorflow").unsupported(Config(workload="resnet18", framework="tensorflow",
                                                                  checkpointing="activations"))
     assert "PyTorch only" in reason and "Dropout" in reason and "BatchNormalization" in reason
-    assert get_backend("tensorflow").static_unsupported(Config(workload="resnet18", framework="tensorflow")) is None
+    assert get_backend("tensorflow").unsupported(Config(workload="resnet18", framework="tensorflow")) is None
 
 
 def test_segments_are_about_sqrt_n_runs_of_whole_modules():

@@ -56,7 +56,7 @@ def flat_workload(monkeypatch):
 ])
 def test_unsupported_combinations_say_why(flat_workload, settings, framework, expected):
     config = Config(**{"workload": "cnn", "framework": framework, **settings})
-    assert expected in get_backend(framework).static_unsupported(config)
+    assert expected in get_backend(framework).unsupported(config)
 
 
 def test_supported_combinations_pass_the_static_rules():
@@ -64,8 +64,8 @@ def test_supported_combinations_pass_the_static_rules():
     for settings in ({"compile": "torch-compile"}, {"compile": "torch-compile-max-autotune"},
                      {"compile": "cuda-graph", "device": "cuda", "precision": "amp-bf16", "parallelism": "grad-accum:2"},
                      {"memory_format": "channels-last"}, {"memory_format": "channels-last", "workload": "mlp"}):
-        assert torch_backend.static_unsupported(Config(**{"workload": "cnn", **settings})) is None, settings
-    assert get_backend("tensorflow").static_unsupported(Config(workload="cnn", framework="tensorflow",
+        assert torch_backend.unsupported(Config(**{"workload": "cnn", **settings})) is None, settings
+    assert get_backend("tensorflow").unsupported(Config(workload="cnn", framework="tensorflow",
                                                                compile="xla")) is None
 
 

@@ -97,7 +97,7 @@ def test_pipeline_and_multiworker_sizes_ids_and_rules():
         "a multi-node run (--nnodes 2) runs distributed configs only")
     assert replace(c, nnodes=2).topology_unsupported() is None
 
-    torch_rules, tf_rules = get_backend("torch").static_unsupported, get_backend("tensorflow").static_unsupported
+    torch_rules, tf_rules = get_backend("torch").unsupported, get_backend("tensorflow").unsupported
     assert torch_rules(c) is None and tf_rules(w) is None
     assert "MultiWorkerMirroredStrategy" in torch_rules(replace(w, framework="torch"))
     assert "torch.distributed.pipelining" in tf_rules(replace(c, framework="tensorflow"))

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from gpubench.backends.base import parse_parallelism
+from gpubench.options import parse_parallelism
 from gpubench.errors import InputError
 from gpubench.results.store import load_results
 from gpubench.suite import Config, load_suite
@@ -204,11 +204,11 @@ def test_dp_rules_and_batch_merging():
 
     c = Config(workload="mlp", batch_size=16, parallelism="dp:2", device="cuda")
     assert (c.devices, c.samples_per_step, c.distributed) == (2, 32, False)
-    torch_rules = get_backend("torch").static_unsupported
+    torch_rules = get_backend("torch").unsupported
     assert "on CPU use ddp:N" in torch_rules(replace(c, device="cpu"))
     assert "use device = cuda" in torch_rules(replace(c, device="cuda:1"))
     assert torch_rules(c) is None
-    assert "DataParallel" in get_backend("tensorflow").static_unsupported(replace(c, framework="tensorflow"))
+    assert "DataParallel" in get_backend("tensorflow").unsupported(replace(c, framework="tensorflow"))
     spec = get_workload("mlp").spec(depth=1, width=8)
     small = synthetic_batches(spec, 16, 6, seed=0)
     merged = small.merge(2)  # what DataParallel gets: the global batch of 2 x 16, in order

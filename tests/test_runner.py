@@ -80,7 +80,8 @@ def test_unavailable_and_unsupported_do_not_fail_the_run(tmp_path, write_suite):
     got = {r["config_id"]: (r["status"], r["reason"]) for r in load_results(run_dir)}
     assert got["fault_mode0-fake-cpu-bs8-fp32-single"][0] == "ok"
     assert got["fault_mode0-fake-cuda-bs8-fp32-single"] == ("unavailable", "no cuda device here; fake sees: cpu")
-    assert got["fault_mode0-fake-cpu-bs8-tf32-single"] == ("unsupported", "the fake backend has no tf32")
+    assert got["fault_mode0-fake-cpu-bs8-tf32-single"] == (
+        "unsupported", "fake does not support precision = tf32 on cpu; it supports: fp32 (the fake backend has no tf32)")
 
 
 def test_repeats_run_in_rounds_each_in_a_fresh_process(tmp_path, write_suite):

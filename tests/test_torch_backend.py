@@ -68,9 +68,9 @@ def test_same_seed_same_losses():
 
 def test_static_rules_and_checks_on_cpu():
     backend = get_backend("torch")
-    assert "tf32" in backend.static_unsupported(Config(workload="cnn", precision="tf32"))
-    assert "amp-bf16" in backend.static_unsupported(Config(workload="cnn", precision="amp-fp16"))
-    assert backend.static_unsupported(Config(workload="cnn", precision="amp-bf16")) is None
+    assert "tf32" in backend.unsupported(Config(workload="cnn", precision="tf32"))
+    assert "amp-bf16" in backend.unsupported(Config(workload="cnn", precision="amp-fp16"))
+    assert backend.unsupported(Config(workload="cnn", precision="amp-bf16")) is None
     assert backend.check(Config(workload="cnn", device="cpu")) is None
     assert backend.check(Config(workload="cnn", device="cpu", precision="tf32"))[0] == "unsupported"
     if not torch.cuda.is_available():

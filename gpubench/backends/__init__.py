@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 
+from gpubench import options
 from gpubench.backends.base import Backend
 from gpubench.errors import choices_message
 
@@ -18,10 +19,29 @@ def register_backend(name: str, target: str) -> None:
     BACKENDS[name] = target
 
 
-def get_backend(name: str) -> Backend:
+def backend_class(name: str) -> type[Backend]:
+    """The Backend class registered as ``name`` (its module is imported; its framework is not)."""
     try:
         target = BACKENDS[name]
     except KeyError:
         raise KeyError(choices_message("framework", name, sorted(BACKENDS))) from None
     module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)()
+    found: type[Backend] = getattr(importlib.import_module(module), cls)
+    return found
+
+
+# the built-in values of each checked setting, in the order the docs list them
+_BUILT_IN = {"precision": options.PRECISIONS, "optimizer": options.OPTIMIZERS, "loss": options.LOSSES,
+             "compile": options.COMPILES, "memory_format": options.MEMORY_FORMATS, "data": options.DATA_MODES,
+             "dataset": options.DATASETS, "checkpointing": options.CHECKPOINTINGS}
+
+
+def declared_values(setting: str) -> list[str]:
+    """Every value of ``setting`` that some registered backend supports: what a suite may ask
+    for (built-in values first, then any a plugin's backend adds)."""
+    declared = {v for name in BACKENDS for v in backend_class(name).capabilities.values(setting)}
+    return [v for v in _BUILT_IN[setting] if v in declared] + sorted(declared - set(_BUILT_IN[setting]))
+
+
+def get_backend(name: str) -> Backend:
+    return backend_class(name)()

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import gpubench
-from gpubench.backends.base import device_index, device_kind
+from gpubench.options import device_index, device_kind
 from gpubench.env import cpu_model
 from gpubench.errors import warn
 from gpubench.results.store import write_json_atomic

@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from gpubench.backends.base import device_index, device_kind
+from gpubench.options import device_index, device_kind
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 _DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}

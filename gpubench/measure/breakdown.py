@@ -19,11 +19,11 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from gpubench.backends.base import ProfilingUnavailable
+from gpubench.measure.trainer import ProfilingUnavailable
 from gpubench.measure.loop import clock_ns
 
 if TYPE_CHECKING:
-    from gpubench.backends.base import Trainer
+    from gpubench.measure.trainer import Trainer
 
 PHASES = ("data", "forward", "backward", "optimizer")
 

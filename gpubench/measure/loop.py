@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from gpubench.backends.base import Trainer
+from gpubench.measure.trainer import Trainer
 
 clock_ns = time.perf_counter_ns  # the one clock for phases (telemetry aligns to it)
 

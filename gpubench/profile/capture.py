@@ -12,15 +12,15 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpubench.backends.base import ProfilingUnavailable
+from gpubench.measure.trainer import ProfilingUnavailable
 from gpubench.measure.breakdown import measure_breakdown
 from gpubench.measure.loop import NO_RANGES
 from gpubench.profile.ops import summary, write_op_tables
 
 if TYPE_CHECKING:
-    from gpubench.backends.base import Trainer
+    from gpubench.measure.trainer import Trainer
     from gpubench.measure.loop import RawMeasurement
-    from gpubench.suite import Config
+    from gpubench.config import Config
 
 
 def profile_trainer(trainer: Trainer, raw: RawMeasurement, config: Config, options: dict[str, Any]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from gpubench.report import fmt
-from gpubench.suite import MAX_BATCH
+from gpubench.config import MAX_BATCH
 
 # what makes two configs "the same config" apart from the axis being compared
 IDENTITY = ["run", "workload_label", "framework", "device", "batch_size", "precision", "parallelism", "variant"]

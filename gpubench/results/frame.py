@@ -10,7 +10,7 @@ import pandas as pd
 
 from gpubench.measure.stats import median_ci
 from gpubench.results.schema import dig, peak_memory, trained_batch
-from gpubench.suite import Config
+from gpubench.config import Config
 
 CONFIG_COLUMNS = ["workload", "framework", "device", "batch_size", "precision", "parallelism", "optimizer", "lr",
                   "loss", "compile", "memory_format", "data", "data_workers", "dataset", "checkpointing"]

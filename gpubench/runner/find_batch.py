@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 from gpubench.runner.process import Launcher
 from gpubench.runner.sweep import Job, run_worker
 from gpubench.results.schema import outcome
-from gpubench.suite import MAX_BATCH, Config
+from gpubench.config import MAX_BATCH, Config
 
 PROBE_SETTINGS = {"warmup_steps": 1, "steps": 2, "windows": 1, "telemetry_interval_ms": 0}
 

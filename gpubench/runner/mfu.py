@@ -18,9 +18,9 @@ from typing import Any
 
 from rich.console import Console
 
-from gpubench.backends.base import device_kind
+from gpubench.options import device_kind
 from gpubench.calibrate.cache import CalibrationError, calibration_device, get_calibration
-from gpubench.suite import Config
+from gpubench.config import Config
 
 PEAK_PRECISION = {"fp32": "fp32", "tf32": "tf32", "amp-fp16": "fp16", "amp-bf16": "bf16"}
 

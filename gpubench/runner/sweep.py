@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpubench.backends import get_backend
-from gpubench.backends.base import ProbeInfo, device_kind
+from gpubench.backends.base import ProbeInfo
+from gpubench.options import device_kind
 from gpubench.results.schema import SCHEMA_VERSION, outcome, peak_memory, trained_batch
 from gpubench.results.store import NODE_FILE, RESULTS_FILE, append_result, slug
 from gpubench.runner.nodes import Nodes, barrier
 from gpubench.runner.process import Launcher, kill_group, oom_kill_count
 from gpubench.runner.mfu import mfu_metrics
-from gpubench.suite import MAX_BATCH, Config
+from gpubench.config import MAX_BATCH, Config
 
 LOG_TAIL_LINES = 40
 
@@ -60,7 +61,7 @@ def pre_resolve(config: Config, probes: dict[str, ProbeInfo]) -> tuple[str, str]
     probe = probes.get(config.framework)
     if probe is not None and not probe.available:
         return ("unavailable", probe.reason)
-    reason = config.topology_unsupported() or get_backend(config.framework).static_unsupported(config)
+    reason = config.topology_unsupported() or get_backend(config.framework).unsupported(config)
     if reason:
         return ("unsupported", reason)
     if probe is not None and not device_present(config.device, probe):

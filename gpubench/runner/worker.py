@@ -21,13 +21,13 @@ from typing import Any
 import psutil
 
 from gpubench.backends import get_backend
-from gpubench.backends.base import REPLICA_KINDS, parse_parallelism
+from gpubench.options import REPLICA_KINDS, parse_parallelism
 from gpubench.errors import warn
 from gpubench.measure.loop import RawMeasurement, run_loop
 from gpubench.measure.stats import is_noisy, step_stats, throughput
 from gpubench.results.schema import outcome
 from gpubench.results.store import write_json_atomic
-from gpubench.suite import Config
+from gpubench.config import Config
 from gpubench.workloads import get_workload
 from gpubench.workloads.data import make_batches
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-from gpubench.backends.base import device_index, device_kind
+from gpubench.options import device_index, device_kind
 from gpubench.measure.loop import Phase
 from gpubench.telemetry.base import PeriodicSampler
 from gpubench.telemetry.host import HostReader

@@ -16,7 +16,7 @@ import numpy as np
 import psutil
 
 from gpubench.backends import register_backend
-from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo, Trainer
+from gpubench.backends.base import Backend, Capabilities, DeviceInfo, ProbeInfo, Trainer
 from gpubench.measure.timers import HostStepTimer
 from gpubench.workloads import register_workload
 from gpubench.workloads.base import Flatten, Linear, Param, Workload, WorkloadSpec
@@ -79,15 +79,20 @@ class FakeTrainer(Trainer):
 class FakeBackend(Backend):
     name = "fake"
     install_hint = "it is a test plugin"
+    # numpy in float64: one precision, eager steps, device-resident batches; multiworker:N goes
+    # through the real TensorFlow launcher (gpubench.runner.tf_launch) with numpy ranks
+    capabilities = Capabilities(precisions={"cpu": ("fp32",), "cuda": ("fp32",)},
+                                parallelism=("single", "multiworker"),
+                                notes={"precision=tf32": "the fake backend has no tf32"})
 
     def static_unsupported(self, config):
-        return "the fake backend has no tf32" if config.precision == "tf32" else None
+        return None
 
     def probe(self) -> ProbeInfo:
         return ProbeInfo("fake", True, version="0", devices=(DeviceInfo("cpu", "numpy"),))
 
     def check(self, config):
-        reason = self.static_unsupported(config)
+        reason = self.unsupported(config)
         if reason:
             return ("unsupported", reason)
         if config.device != "cpu":

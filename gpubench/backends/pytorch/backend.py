@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo, device_index, device_kind, parse_parallelism
+from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo
+from gpubench.options import PRECISIONS, Capabilities, device_index, device_kind, parse_parallelism
 from gpubench.workloads import get_workload
 
 if TYPE_CHECKING:
     from gpubench.backends.base import Trainer
-    from gpubench.suite import Config
+    from gpubench.config import Config
     from gpubench.workloads.base import WorkloadSpec
     from gpubench.workloads.data import Batches
 
@@ -31,9 +32,6 @@ GRAPH_RESETTABLE_OPTIMIZERS = ("adam", "adamw", "sgd")
 def compile_unsupported(config: Config, input_ndim: int, workload: str) -> str | None:
     """Why PyTorch cannot run this compile / memory-format combination (static rules)."""
     parallel = parse_parallelism(config.parallelism)[0]
-    if config.compile == "xla":
-        return ("compile = xla is TensorFlow's XLA (jit_compile); PyTorch configs use none, torch-compile, "
-                "torch-compile-reduce-overhead, torch-compile-max-autotune or cuda-graph")
     if config.compile in TORCH_COMPILE_MODES and parallel == "dp":
         return "torch.compile with dp:N (DataParallel re-replicates the module every step) is not supported; use ddp:N"
     if config.compile == "torch-compile-reduce-overhead" and device_kind(config.device) == "cpu":
@@ -107,19 +105,28 @@ def pipeline_unsupported(config: Config) -> str | None:
 class TorchBackend(Backend):
     name = "torch"
     install_hint = "pip install torch==2.13.0 (CPU build) or pip install 'gpubench[torch]'"
+    capabilities = Capabilities(
+        precisions={"cpu": ("fp32", "amp-bf16"), "cuda": PRECISIONS},
+        parallelism=("single", "grad-accum", "ddp", "dp", "pipeline"),
+        compile=("none", *TORCH_COMPILE_MODES, "cuda-graph"),
+        memory_format=("contiguous", "channels-last"),
+        data=("device", "pipeline"),
+        checkpointing=("none", "activations"),
+        notes={
+            "precision=tf32": "tf32 is a CUDA (Ampere or newer) math mode; on CPU use fp32 or amp-bf16",
+            "precision=amp-fp16": "float16 autocast with a gradient scaler is for CUDA devices; on CPU use amp-bf16",
+            "compile=xla": "xla is TensorFlow's XLA (jit_compile)",
+            "parallelism=mirrored": "mirrored:N is TensorFlow's MirroredStrategy; PyTorch's data parallelism is "
+                                    "ddp:N (or dp:N)",
+            "parallelism=multiworker": "multiworker:N is TensorFlow's MultiWorkerMirroredStrategy; PyTorch's data "
+                                       "parallelism is ddp:N",
+        })
 
     def static_unsupported(self, config: Config) -> str | None:
         kind = device_kind(config.device)
-        if kind == "cpu" and config.precision == "tf32":
-            return "tf32 is a CUDA (Ampere or newer) math mode; on CPU use fp32 or amp-bf16"
-        if kind == "cpu" and config.precision == "amp-fp16":
-            return "amp-fp16 (float16 autocast with a gradient scaler) is for CUDA devices; on CPU use amp-bf16"
         parallel = parse_parallelism(config.parallelism)[0]
         if parallel == "ddp" and ":" in config.device:
             return f"ddp:N puts rank r on cuda:r; use device = cuda, not {config.device}"
-        if parallel in ("mirrored", "multiworker"):
-            engine = "MirroredStrategy" if parallel == "mirrored" else "MultiWorkerMirroredStrategy"
-            return f"{parallel}:N is TensorFlow's {engine}; PyTorch's data parallelism is ddp:N (or dp:N)"
         if parallel == "pipeline":
             return pipeline_unsupported(config)
         if parallel == "dp" and kind == "cpu":
@@ -149,7 +156,7 @@ class TorchBackend(Backend):
         return ProbeInfo("torch", True, version=torch.__version__, devices=tuple(devices), build=build)
 
     def check(self, config: Config) -> tuple[str, str] | None:
-        reason = self.static_unsupported(config)
+        reason = self.unsupported(config)
         if reason:
             return ("unsupported", reason)
         import torch  # here, so that the worker's setup time does not include the import

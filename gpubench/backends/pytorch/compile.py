@@ -22,7 +22,7 @@ from gpubench.backends.pytorch.backend import CUDAGRAPH_MODES, TORCH_COMPILE_MOD
 
 if TYPE_CHECKING:
     from gpubench.backends.pytorch.trainer import TorchTrainer
-    from gpubench.suite import Config
+    from gpubench.config import Config
 
 CUDAGRAPH_WARMUP_STEPS = 3
 GRAPH_EAGER_WARMUP_STEPS = 3  # eager steps on a side stream before capture, as PyTorch's docs do
@@ -53,9 +53,11 @@ def channels_last_pool(x: torch.Tensor) -> torch.Tensor:
 
 def compile_model(model: torch.nn.Module, config: Config) -> tuple[Callable[..., torch.Tensor], dict[str, Any]]:
     """(the module to call for the forward pass, the ``runtime.compile`` description)."""
-    mode = TORCH_COMPILE_MODES.get(config.compile)
-    if mode is None:
+    if config.compile in ("none", "cuda-graph"):  # cuda-graph captures the eager step (build_step)
         return model, {"setting": config.compile, "how": "eager"}
+    if config.compile not in TORCH_COMPILE_MODES:  # the backend's capabilities refuse it before this
+        raise ValueError(f"unknown compile setting {config.compile!r} for torch")
+    mode = TORCH_COMPILE_MODES[config.compile]
     compiled = torch.compile(model, mode=mode)
     cudagraphs = config.compile in CUDAGRAPH_MODES and config.device.startswith("cuda")
     return compiled, {

@@ -19,7 +19,7 @@ from torch import nn
 
 from gpubench.backends.pytorch.model import build_model
 from gpubench.backends.pytorch.trainer import AutocastModule, TorchTrainerBase, make_optimizer
-from gpubench.suite import Config
+from gpubench.config import Config
 from gpubench.workloads.base import WorkloadSpec
 from gpubench.workloads.data import Batches
 

@@ -12,12 +12,13 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from gpubench.backends.base import Lap, Trainer, device_index, device_kind, no_lap, parse_parallelism
+from gpubench.backends.base import Lap, Trainer, no_lap
+from gpubench.options import device_index, device_kind, parse_parallelism
 from gpubench.backends.pytorch.compile import (TORCH_COMPILE_MODES, CompileCounter, CudaGraphStep, build_step,
                                                channels_last_pool, compile_model)
 from gpubench.backends.pytorch.model import build_model
 from gpubench.measure.timers import HostStepTimer, StepTimer
-from gpubench.suite import Config
+from gpubench.config import Config
 from gpubench.workloads.base import WorkloadSpec
 from gpubench.workloads.data import Batches
 from gpubench.backends.pytorch.checkpointing import checkpointed

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo, device_index, device_kind, parse_parallelism
+from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo
+from gpubench.options import PRECISIONS, Capabilities, device_index, device_kind, parse_parallelism
 
 if TYPE_CHECKING:
     from gpubench.backends.base import Trainer
-    from gpubench.suite import Config
+    from gpubench.config import Config
     from gpubench.workloads.base import WorkloadSpec
     from gpubench.workloads.data import Batches
 
@@ -45,32 +46,34 @@ class TensorFlowBackend(Backend):
     name = "tensorflow"
     install_hint = "pip install tensorflow-cpu==2.21.0 (CPU) or pip install 'tensorflow[and-cuda]' (GPU)"
 
+    capabilities = Capabilities(
+        precisions={"cpu": ("fp32", "amp-bf16"), "cuda": PRECISIONS},
+        parallelism=("single", "grad-accum", "mirrored", "multiworker"),
+        compile=("none", "xla"),
+        data=("device", "pipeline"),
+        notes={
+            "precision=tf32": "tf32 is a CUDA (Ampere or newer) math mode; on CPU use fp32 or amp-bf16",
+            "precision=amp-fp16": "mixed_float16 with loss scaling is for GPUs; on CPU use amp-bf16",
+            **{f"compile={c}": f"{c} is a PyTorch setting; TensorFlow's training step is a tf.function (compile = "
+                               "none) or an XLA-compiled one (compile = xla)"
+               for c in ("torch-compile", "torch-compile-reduce-overhead", "torch-compile-max-autotune", "cuda-graph")},
+            "memory_format=channels-last": "channels-last is a PyTorch setting; Keras here always runs convolutions "
+                                           "channels-last (NHWC)",
+            "checkpointing=activations": "activation checkpointing is implemented for PyTorch only: TensorFlow's "
+                                         "tf.recompute_grad re-runs Keras Dropout with a new mask (wrong gradients) "
+                                         "and BatchNormalization's moving-statistics update when it recomputes",
+            **{f"parallelism={k}": f"{k}:N is PyTorch's {engine}; TensorFlow's data parallelism in gpubench is "
+                                   "mirrored:N (MirroredStrategy) or multiworker:N (MultiWorkerMirroredStrategy)"
+               for k, engine in (("ddp", "DistributedDataParallel"), ("dp", "DataParallel"),
+                                 ("pipeline", "pipeline parallelism (torch.distributed.pipelining)"))},
+        })
+
     def static_unsupported(self, config: Config) -> str | None:
-        kind = device_kind(config.device)
-        if kind == "cpu" and config.precision == "tf32":
-            return "tf32 is a CUDA (Ampere or newer) math mode; on CPU use fp32 or amp-bf16"
-        if kind == "cpu" and config.precision == "amp-fp16":
-            return "amp-fp16 (mixed_float16 with loss scaling) is for GPUs; on CPU use amp-bf16"
         parallel = parse_parallelism(config.parallelism)[0]
-        if parallel in ("ddp", "dp", "pipeline"):
-            engine = {"ddp": "DistributedDataParallel", "dp": "DataParallel",
-                      "pipeline": "pipeline parallelism (torch.distributed.pipelining)"}[parallel]
-            return (f"{config.parallelism} is PyTorch's {engine}; TensorFlow's data parallelism in gpubench is "
-                    "mirrored:N (MirroredStrategy) or multiworker:N (MultiWorkerMirroredStrategy)")
         if parallel == "mirrored" and ":" in config.device:
             return f"mirrored:N uses /GPU:0../GPU:N-1; use device = cuda, not {config.device}"
-        if config.compile not in ("none", "xla"):
-            return (f"compile = {config.compile} is a PyTorch setting; TensorFlow's training step is a tf.function "
-                    "(compile = none) or an XLA-compiled one (compile = xla)")
-        if config.memory_format != "contiguous":
-            return ("memory_format = channels-last is a PyTorch setting; Keras here always runs convolutions "
-                    "channels-last (NHWC)")
         if parallel == "multiworker" and ":" in config.device:
             return f"multiworker:N puts worker r on /GPU:r of its node; use device = cuda, not {config.device}"
-        if config.checkpointing != "none":
-            return ("checkpointing = activations is implemented for PyTorch only: TensorFlow's tf.recompute_grad "
-                    "re-runs Keras Dropout with a new mask (wrong gradients) and BatchNormalization's "
-                    "moving-statistics update when it recomputes")
         return None
 
     def probe(self) -> ProbeInfo:
@@ -95,7 +98,7 @@ class TensorFlowBackend(Backend):
         return ProbeInfo("tensorflow", True, version=tf.__version__, devices=tuple(devices), build=build)
 
     def check(self, config: Config) -> tuple[str, str] | None:
-        reason = self.static_unsupported(config)
+        reason = self.unsupported(config)
         if reason:
             return ("unsupported", reason)
         tf = import_tf()

@@ -1,0 +1,172 @@
+"""A config: one point of a sweep, frozen and hashable, with its stable id and hash.
+
+Everything a worker needs to train and measure one configuration. Loading, validating and
+expanding suites into configs is gpubench.suite's job; this module only describes a config,
+so that the backends, the runner and the results can use it without importing the suite.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Callable
+
+from gpubench.options import (DISTRIBUTED_KINDS, REPLICA_KINDS, STAGE_KINDS, device_index, device_kind,
+                              parse_parallelism)
+
+MAX_BATCH = "max"  # batch_size = "max": the largest batch that fits, searched before the config runs
+
+
+@dataclass(frozen=True)
+class Config:
+    """One point of a sweep: everything a worker needs to train and measure."""
+
+    workload: str
+    framework: str = "torch"
+    device: str = "cpu"
+    batch_size: int | str = 64  # or "max": the largest batch that fits, searched before the config runs
+    precision: str = "fp32"
+    parallelism: str = "single"
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    loss: str = "cross_entropy"
+    compile: str = "none"
+    memory_format: str = "contiguous"
+    data: str = "device"
+    data_workers: int = 2
+    dataset: str = "synthetic"
+    data_dir: str = ""
+    checkpointing: str = "none"
+    warmup_steps: int = 5
+    steps: int = 20
+    windows: int = 5
+    timeout_s: float = 600.0
+    seed: int = 0
+    telemetry_interval_ms: int = 100
+    max_batch_start: int = 64  # batch_size = "max": the search starts here (doubling, then bisection)
+    max_batch_limit: int = 65536  # ... and tries no batch above this
+    pipeline_microbatches: int = 4
+    pipeline_schedule: str = "gpipe"
+    # nodes of a multi-node run (``run --nnodes``; not a suite key): a distributed config runs
+    # its N processes on every node
+    nnodes: int = 1
+    workload_params: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def accum_steps(self) -> int:
+        """Micro-batches per optimizer step (``grad-accum:N``; 1 otherwise)."""
+        kind, n = parse_parallelism(self.parallelism)
+        return n if kind == "grad-accum" else 1
+
+    @property
+    def distributed(self) -> bool:
+        """One process per rank, started by a launcher (``ddp:N``, ``pipeline:N``,
+        ``multiworker:N``, also N = 1)."""
+        return parse_parallelism(self.parallelism)[0] in DISTRIBUTED_KINDS
+
+    @property
+    def pipelined(self) -> bool:
+        """``pipeline:N``: the model split into N stages, each on its own device."""
+        return parse_parallelism(self.parallelism)[0] in STAGE_KINDS
+
+    @property
+    def devices(self) -> int:
+        """Devices (ranks, replicas or pipeline stages) one optimizer step runs on; a
+        distributed config has N on each of ``nnodes`` nodes."""
+        kind, n = parse_parallelism(self.parallelism)
+        if kind not in REPLICA_KINDS + STAGE_KINDS:
+            return 1
+        return n * self.nnodes if kind in DISTRIBUTED_KINDS else n
+
+    @property
+    def local_cuda_ordinals(self) -> tuple[int, ...]:
+        """The CUDA ordinals this config trains on, on each node: ``cuda:K`` -> (K,); a
+        multi-device config (``device = cuda``) puts rank, replica or stage r on cuda:r; a
+        CPU config uses none."""
+        if device_kind(self.device) != "cuda":
+            return ()
+        kind, n = parse_parallelism(self.parallelism)
+        return tuple(range(n)) if kind in REPLICA_KINDS + STAGE_KINDS else (device_index(self.device),)
+
+    @property
+    def replicas(self) -> int:
+        """Data-parallel replicas, each taking ``batch_size`` samples of every global batch
+        (pipeline stages all see the same samples: 1)."""
+        return 1 if self.pipelined else self.devices
+
+    @property
+    def samples_per_step(self) -> int:
+        """Global samples per optimizer step (all ranks, all micro-batches); ``batch_size``
+        is the batch of one device: the micro-batch of one replica, or with ``pipeline:N``
+        the batch every stage processes, in ``pipeline_microbatches`` micro-batches."""
+        if not isinstance(self.batch_size, int):
+            raise ValueError(f"batch_size = {self.batch_size!r} is resolved to a number before training")
+        return self.batch_size * self.accum_steps * self.replicas
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Samples of one forward/backward pass on one device."""
+        return self.batch_size // self.pipeline_microbatches if self.pipelined else self.batch_size
+
+    def topology_unsupported(self) -> str | None:
+        """Why this config cannot run in its run's node layout (every framework), or None.
+        Every node must reach each distributed config's rendezvous together, so a multi-node
+        run skips the single-process configs on every node."""
+        if self.nnodes > 1 and not self.distributed:
+            kinds = ", ".join(f"{k}:N" for k in DISTRIBUTED_KINDS)
+            return (f"a multi-node run (--nnodes {self.nnodes}) runs distributed configs only ({kinds}); "
+                    f"run {self.parallelism} configs without --nnodes")
+        return None
+
+    @property
+    def workload_label(self) -> str:
+        """``cnn``, ``mlp_depth2_width512``: the workload with its parameters."""
+        return self.workload + "".join(f"_{k}{v}" for k, v in self.workload_params)
+
+    @property
+    def variant(self) -> str:
+        """The training settings that differ from their built-in default, ``key=value`` joined
+        by ``-`` (``""`` when none do); data_workers only counts in pipeline mode."""
+        return "-".join(f"{name}={getattr(self, name)}" for name in _ID_EXTRAS
+                        if getattr(self, name) != _DEFAULTS[name] and _ID_ONLY_WHEN.get(name, _ALWAYS)(self))
+
+    @property
+    def config_id(self) -> str:
+        """Stable, readable id: the identity axes, plus any other training setting that
+        differs from its built-in default (measurement settings are left out)."""
+        parts = [self.workload_label, self.framework, self.device, f"bs{self.batch_size}", self.precision,
+                 self.parallelism.replace(":", "")]  # grad-accum:4 -> grad-accum4 (no ':' in file names)
+        return "-".join(parts + ([self.variant] if self.variant else []))
+
+    @property
+    def config_hash(self) -> str:
+        """Short hash of every setting, so that configs with equal ids but different
+        measurement settings can be told apart."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha1(blob).hexdigest()[:12]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["workload_params"] = dict(self.workload_params)
+        return d
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Config:
+        d = dict(d)
+        d["workload_params"] = tuple(sorted(d.get("workload_params", {}).items()))
+        names = {f.name for f in fields(Config)}
+        return Config(**{k: v for k, v in d.items() if k in names})
+
+
+_DEFAULTS = {f.name: f.default for f in fields(Config)}
+# training settings named in config_id when they differ from their default (some only where
+# they matter: _ID_ONLY_WHEN); data_dir is a path and stays out of the id
+_ID_EXTRAS = ("optimizer", "lr", "loss", "compile", "memory_format", "data", "data_workers", "dataset",
+              "checkpointing", "pipeline_microbatches", "pipeline_schedule", "nnodes")
+_ALWAYS: Callable[[Config], bool] = lambda c: True
+_ID_ONLY_WHEN: dict[str, Callable[[Config], bool]] = {
+    "data_workers": lambda c: c.data == "pipeline",
+    "pipeline_microbatches": lambda c: c.pipelined,
+    "pipeline_schedule": lambda c: c.pipelined,
+}

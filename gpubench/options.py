@@ -1,0 +1,124 @@
+"""The vocabulary of a config's settings, and what a backend declares it supports.
+
+A leaf module: it imports nothing from gpubench, so the suite, the backends, the runner and
+the telemetry can all share it without import cycles. The built-in values are listed here;
+a backend declares the subset it supports in a ``Capabilities`` value, and the suite accepts
+any value some registered backend declares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16")
+# parallel strategies: "single", or "<kind>:N" for the kinds below (N >= 1)
+PARALLELISMS = ("single", "grad-accum:N", "ddp:N", "dp:N", "mirrored:N", "pipeline:N", "multiworker:N")
+PARALLEL_KINDS = ("grad-accum", "ddp", "dp", "mirrored", "pipeline", "multiworker")
+# one process per rank, started by a launcher (torchrun; gpubench.runner.tf_launch for
+# multiworker); N processes per node, N x nnodes in all
+DISTRIBUTED_KINDS = ("ddp", "pipeline", "multiworker")
+REPLICA_KINDS = ("ddp", "dp", "mirrored", "multiworker")  # data parallel: N devices, batch_size samples on each
+STAGE_KINDS = ("pipeline",)  # model parallel: N devices, each runs its stage on every sample
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+LOSSES = ("cross_entropy",)
+# none: eager PyTorch / a TensorFlow graph tf.function; xla: TensorFlow jit_compile; the
+# torch-compile values: torch.compile with that mode; cuda-graph: the whole PyTorch step
+# captured as one CUDA graph
+COMPILES = ("none", "xla", "torch-compile", "torch-compile-reduce-overhead", "torch-compile-max-autotune",
+            "cuda-graph")
+MEMORY_FORMATS = ("contiguous", "channels-last")
+DATA_MODES = ("device", "pipeline")
+DATASETS = ("synthetic", "mnist")
+CHECKPOINTINGS = ("none", "activations")  # activations: recomputed in the backward pass
+DEVICE_KINDS = ("cpu", "cuda")
+
+
+def parse_parallelism(value: object) -> tuple[str, int]:
+    """``"single"`` -> ("single", 1); ``"grad-accum:4"`` -> ("grad-accum", 4). Raises
+    ValueError naming the allowed forms."""
+    kind, sep, n = value.partition(":") if isinstance(value, str) else ("", "", "")
+    if value == "single":
+        return "single", 1
+    if kind in PARALLEL_KINDS and sep and n.isdigit() and int(n) >= 1:
+        return kind, int(n)
+    raise ValueError(f"unknown parallelism {value!r}; expected one of: {', '.join(PARALLELISMS)} (N >= 1)")
+
+
+def device_kind(device: str) -> str:
+    """'cpu' or 'cuda' for a normalised device name such as 'cuda:1'."""
+    return device.split(":", 1)[0]
+
+
+def device_index(device: str) -> int:
+    return int(device.split(":", 1)[1]) if ":" in device else 0
+
+
+class Settings(Protocol):
+    """The settings a capability check reads (a Config has them all)."""
+
+    device: str
+    precision: str
+    parallelism: str
+    optimizer: str
+    loss: str
+    compile: str
+    memory_format: str
+    data: str
+    dataset: str
+    checkpointing: str
+
+
+# setting -> the Capabilities field that lists its supported values (parallelism: by kind)
+CHECKED = ("precision", "parallelism", "optimizer", "loss", "compile", "memory_format", "data", "dataset",
+           "checkpointing")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a framework's backend can run: the values of each setting it supports (precisions
+    per device kind, parallel strategies by kind). A config asking for anything else ends
+    ``unsupported`` with a reason naming what is supported, before any process starts, so no
+    setting is ever silently ignored. ``notes`` explain a value the backend leaves out (key:
+    ``"setting=value"``), and are appended to that reason."""
+
+    precisions: Mapping[str, tuple[str, ...]]  # device kind -> precisions
+    parallelism: tuple[str, ...]  # "single" and the kinds of "<kind>:N" it runs
+    compile: tuple[str, ...] = ("none",)
+    memory_format: tuple[str, ...] = ("contiguous",)
+    data: tuple[str, ...] = ("device",)
+    dataset: tuple[str, ...] = DATASETS
+    checkpointing: tuple[str, ...] = ("none",)
+    optimizer: tuple[str, ...] = OPTIMIZERS
+    loss: tuple[str, ...] = LOSSES
+    notes: Mapping[str, str] = field(default_factory=dict)
+
+    def values(self, setting: str) -> tuple[str, ...]:
+        """Every value of ``setting`` this backend supports on some device."""
+        if setting == "precision":
+            return tuple(dict.fromkeys(p for ps in self.precisions.values() for p in ps))
+        values: tuple[str, ...] = getattr(self, setting)
+        return values
+
+    def problem(self, framework: str, config: Settings) -> str | None:
+        """Why ``framework`` cannot run ``config`` by these declarations, or None."""
+        kind = device_kind(config.device)
+        for setting in CHECKED:
+            value = getattr(config, setting)
+            if setting == "parallelism":
+                value = parse_parallelism(value)[0]
+                allowed = self.parallelism
+            elif setting == "precision":
+                allowed = self.precisions.get(kind, ())
+            else:
+                allowed = getattr(self, setting)
+            if value in allowed:
+                continue
+            where = f" on {kind}" if setting == "precision" else ""
+            shown = [f"{a}:N" if setting == "parallelism" and a != "single" else a for a in allowed]
+            note = self.notes.get(f"{setting}={value}")
+            return (f"{framework} does not support {setting} = {getattr(config, setting)}{where}; it supports: "
+                    f"{', '.join(shown) or 'none'}" + (f" ({note})" if note else ""))
+        return None
