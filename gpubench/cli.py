@@ -10,10 +10,13 @@ from typing import NoReturn
 from rich.console import Console
 
 from gpubench import __version__
+from gpubench.results.metrics import gate_metric_names
 from gpubench.errors import InputError, warn
 from gpubench.runner.nodes import DEFAULT_MASTER_PORT, Nodes
 from gpubench.runner.run import EXIT_BAD_INPUT, EXIT_INTERRUPTED, RunRequest
 
+
+METRIC_HELP = f"the metric to gate on, one of: {', '.join(gate_metric_names())} (default throughput)"
 
 def _positive_int(text: str) -> int:
     try:
@@ -82,8 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--noise-floor", default="1%", help="changes inside this are noise, from 0%% up to the threshold "
                                                          "(default 1%%)")
     cmp.add_argument("--alpha", type=float, default=0.01, help="family-wise error rate (default 0.01)")
-    cmp.add_argument("--metric", default="throughput",
-                     help="throughput, step_time, peak_memory or energy_per_sample (default throughput)")
+    cmp.add_argument("--metric", default="throughput", help=METRIC_HELP)
     cmp.add_argument("--markdown", type=Path, metavar="FILE", help="write a markdown summary (CI job summary)")
     cmp.add_argument("--json", type=Path, metavar="FILE", help="write the verdicts as JSON")
     cmp.add_argument("--force", action="store_true", help="compare even if the environments differ")
@@ -101,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--threshold", default="3%")
     ab.add_argument("--noise-floor", default="1%")
     ab.add_argument("--alpha", type=float, default=0.01)
-    ab.add_argument("--metric", default="throughput")
+    ab.add_argument("--metric", default="throughput", help=METRIC_HELP)
     ab.add_argument("--markdown", type=Path, metavar="FILE")
     ab.add_argument("--no-report", action="store_true")
 

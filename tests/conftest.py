@@ -65,3 +65,36 @@ def write_suite(tmp_path):
         p.write_text(text)
         return p
     return write
+
+
+def result_lines(run_dir: Path) -> list[dict]:
+    """A run directory's results.jsonl as JSON objects, each read (and shape-checked) as gpubench
+    reads it: what the file holds, for tests of its format."""
+    from gpubench.results.store import load_results
+
+    return [r.to_json() for r in load_results(Path(run_dir))]
+
+
+def make_result(config, rate: float = 100.0, status: str = "ok", repeat: int = 0, run_id: str = "r",
+                memory: dict | None = None, **metrics):
+    """A Result of ``config`` as a run records it (an ok one with the figures an ok line must
+    carry, at ``rate`` samples/s), for tests of what reads results."""
+    from gpubench.results.result import Result
+
+    spp = config.samples_per_step if isinstance(config.batch_size, int) else 1
+    figures = {"throughput": {"median": rate, "ci_low": rate, "ci_high": rate},
+               "step_time_ms": {"median": spp * 1000.0 / rate, "cv": 0.0}, "cold_start_ms": 1.0,
+               "samples_per_step": spp, "devices": config.devices} if status == "ok" else {}
+    return Result(run_id=run_id, config_id=config.config_id, config_hash=config.config_hash, repeat=repeat,
+                  config=config.to_dict(), status=status, reason="" if status == "ok" else status,
+                  metrics={**figures, "memory": memory or {}, **metrics})
+
+
+def parallel_twins(run_dir: Path) -> list[dict]:
+    """The report's parallel-over-single comparisons of a run (twins.speedups), one dict each."""
+    from gpubench.results.frame import aggregate, results_frame
+    from gpubench.results.store import load_results
+    from gpubench.results.twins import COMPARISONS, speedups
+
+    parallel = next(c for c in COMPARISONS if c.axis == "parallelism")
+    return speedups(aggregate(results_frame(load_results(Path(run_dir)))), parallel).to_dict("records")

@@ -72,7 +72,7 @@ def test_ab_bad_input(tmp_path, write_suite):
     (["--alpha", "0"], "--alpha 0: must be between 0 and 1"),
     (["--alpha=-1"], "--alpha -1: must be between 0 and 1"),
     (["--alpha", "2"], "--alpha 2: must be between 0 and 1"),
-    (["--metric", "latency"], "--metric latency: expected one of: throughput, step_time, peak_memory"),
+    (["--metric", "latency"], "--metric latency: expected one of: throughput, step_ms (or step_time), peak_memory_bytes"),
     (["--noise-floor", "10%"], "--noise-floor 10% is above --threshold 3%"),
     (["--threshold", "fast"], "--threshold fast: expected a percentage"),
 ])

@@ -7,6 +7,7 @@ import os
 import sys
 from dataclasses import replace
 
+import pandas as pd
 import pytest
 from rich.console import Console
 
@@ -14,12 +15,11 @@ from gpubench.calibrate import cache
 from gpubench.calibrate.command import figures_table
 from gpubench.calibrate.datasheet import datasheet_for
 from gpubench.errors import InputError
-from gpubench.results.store import load_results
 from gpubench.runner.find_batch import Search, batch_search, run_at_max_batch
 from gpubench.runner.mfu import mfu_metrics
 from gpubench.runner.sweep import Job
 from gpubench.suite import Config, load_suite
-from tests.conftest import REPO, plugin_env, run_cli
+from tests.conftest import REPO, make_result, plugin_env, result_lines, run_cli
 
 # --- the cache, with a stand-in for the measuring child ----------------------------------------
 
@@ -155,9 +155,10 @@ def test_calibrate_cuda_through_the_cli(tmp_path):
 
 # --- MFU ---------------------------------------------------------------------------------------
 
-def _ok_result(config: Config, flops: float = 1e9, rate: float = 2000.0) -> dict:
-    return {"status": "ok", "config": config.to_dict(), "model": {"flops_per_sample": flops},
-            "metrics": {"throughput": {"median": rate}}}
+def _ok_result(config: Config, flops: float = 1e9, rate: float = 2000.0, status: str = "ok"):
+    r = make_result(config, rate, status)
+    r.model = {"flops_per_sample": flops}
+    return r
 
 
 def test_mfu_arithmetic():
@@ -174,34 +175,36 @@ def test_mfu_arithmetic():
     no_peak = mfu_metrics(_ok_result(Config("mlp", device="cuda", precision="tf32")), peaks)
     assert no_peak == {"achieved_tflops": pytest.approx(2.0)}  # no tf32 peak measured: no mfu
     assert mfu_metrics(_ok_result(Config("mlp", device="cuda:1")), peaks) == {"achieved_tflops": pytest.approx(2.0)}
-    assert mfu_metrics({**_ok_result(Config("mlp")), "status": "oom"}, peaks) is None
+    assert mfu_metrics(_ok_result(Config("mlp"), status="oom"), peaks) is None
 
 
 # --- batch_size = "max" -------------------------------------------------------------------------
 
 def test_twin_comparisons_pair_only_results_that_trained_the_same_batch():
-    from gpubench.results.frame import flatten
-    from gpubench.runner.sweep import checkpointing_comparison, scaling_comparison
+    from gpubench.results.frame import aggregate, flatten, results_frame
+    from gpubench.results.twins import COMPARISONS, checkpointing, speedups
 
-    def trained(config: Config, batch: int, peak: int, rate: float) -> dict:
-        r = _ok_result(config, rate=rate)
-        r["config_id"] = config.config_id
-        r["metrics"]["memory"] = {"peak_allocated_bytes": peak}
-        r["metrics"]["batch_search"] = {"max_batch": batch}
-        return r
+    def trained(config: Config, batch: int, peak: int, rate: float):
+        return make_result(config, rate, memory={"peak_allocated_bytes": peak}, batch_search={"max_batch": batch})
+
+    def twins(*results):
+        frame = aggregate(results_frame(list(results)))
+        parallel = next(c for c in COMPARISONS if c.axis == "parallelism")
+        return checkpointing(frame).to_dict("records"), speedups(frame, parallel).to_dict("records")
 
     base = Config("mlp", device="cuda", batch_size="max")
     plain = trained(base, 512, 70 << 30, 1000.0)
     ckpt = trained(replace(base, checkpointing="activations"), 2048, 70 << 30, 1500.0)
     ddp = trained(replace(base, parallelism="ddp:2"), 1024, 70 << 30, 3000.0)
     # each side's search found another batch: comparing them would not compare like with like
-    assert checkpointing_comparison(ckpt, [plain]) is None and scaling_comparison(ddp, [plain]) is None
+    memory, (scaling,) = twins(plain, ckpt, ddp)
+    assert memory == [] and scaling["speedup"] == 3.0 and pd.isna(scaling["scaling_efficiency"])
     same = trained(replace(base, checkpointing="activations"), 512, 35 << 30, 800.0)
-    assert checkpointing_comparison(same, [plain])["memory_saving"] == pytest.approx(0.5)
+    (saving,), _ = twins(plain, same)
+    assert saving["memory_saving"] == pytest.approx(0.5)
     # the report places a config at the batch it trained, a pipeline config at its whole batch
     assert flatten(ckpt)["batch_trained"] == 2048
-    pipe = _ok_result(Config("mlp", batch_size=128, parallelism="pipeline:2"))
-    pipe["metrics"]["micro_batch_size"] = 32
+    pipe = make_result(Config("mlp", batch_size=128, parallelism="pipeline:2"), micro_batch_size=32)
     assert flatten(pipe)["batch_trained"] == 128
 
 
@@ -236,8 +239,8 @@ def test_a_max_search_is_reused_and_no_fit_is_oom(tmp_path, monkeypatch):
     search = {"requested": "max", "start": 64, "limit": 65536, "max_batch": 256, "first_oom": 257, "stopped": "",
               "probes": []}
     monkeypatch.setattr("gpubench.runner.find_batch.find_max_batch", lambda *a: pytest.fail("searched again"))
-    earlier = [{"config_id": config.config_id, "config_hash": config.config_hash, "metrics": {"batch_search": search}}]
-    assert batch_search(config, earlier=earlier) is search
+    earlier = [make_result(config, status="oom", batch_search=search)]
+    assert batch_search(config, earlier=earlier) == search
     # the same id with other search settings (max_batch_limit is not in the id) searches anew
     other = replace(config, max_batch_limit=128)
     assert other.config_id == config.config_id
@@ -246,11 +249,11 @@ def test_a_max_search_is_reused_and_no_fit_is_oom(tmp_path, monkeypatch):
     assert batch_search(other, earlier=earlier)["limit"] == 128
     none_fit = {**search, "max_batch": None, "first_oom": 1, "probes": [{"batch_size": 1, "status": "oom"}]}
     r = run_at_max_batch(Job(config, 0), none_fit, tmp_path)
-    assert r["status"] == "oom" and "not even batch 1" in r["reason"] and r["metrics"]["batch_search"] is none_fit
+    assert r.status == "oom" and "not even batch 1" in r.reason and r.get("metrics", "batch_search") is none_fit
     stopped = {**none_fit, "first_oom": None, "stopped": "batch 64: timeout: no result",
                "probes": [{"batch_size": 64, "status": "timeout"}]}
     r = run_at_max_batch(Job(config, 0), stopped, tmp_path)
-    assert r["status"] == "timeout" and "batch 64: timeout" in r["reason"]
+    assert r.status == "timeout" and "batch 64: timeout" in r.reason
 
 
 MAX_SUITE = """
@@ -272,7 +275,7 @@ def test_a_run_resolves_max_and_reports_mfu(tmp_path, write_suite):
                    env=plugin_env(FAKE_MAX_BATCH="20"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
-    results = load_results(run_dir)
+    results = result_lines(run_dir)
     (cal_file,) = (p for p in (cache.cache_dir().glob("calibration-cpu-*.json")))  # the test session's cache
     peak = json.loads(cal_file.read_text())["matmul_tflops"]["fp32"]
     for r in results:
@@ -303,5 +306,5 @@ def test_a_run_resolves_max_and_reports_mfu(tmp_path, write_suite):
     off = run_cli(["run", str(suite), "--out", str(tmp_path / "off"), "--set", "batch_size=16", "--no-calibrate",
                    "--no-report"], cwd=tmp_path, env=plugin_env())
     assert off.returncode == 0 and "peaks of" not in off.stdout
-    (r,) = load_results(next((tmp_path / "off").iterdir()))
+    (r,) = result_lines(next((tmp_path / "off").iterdir()))
     assert r["metrics"]["achieved_tflops"] > 0 and "mfu" not in r["metrics"] and "peak" not in r["metrics"]

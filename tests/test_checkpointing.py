@@ -12,16 +12,16 @@ import pytest
 from gpubench.backends import get_backend
 from gpubench.errors import InputError
 from gpubench.results.frame import aggregate, results_frame
+from gpubench.results.store import load_results
 from gpubench.report.build import write_markdown
 from gpubench.report.load import load_report_data
 from gpubench.report.tables import checkpointing_table
-from gpubench.results.store import load_results
-from gpubench.runner.sweep import checkpointing_comparison
+from gpubench.results.twins import checkpointing as checkpointing_twins
 from gpubench.suite import Config, load_suite
 from gpubench.workloads.base import (BatchNorm2d, Conv2d, Dropout, GlobalAvgPool, Linear, ReLU, Residual,
                                      WorkloadSpec)
 from gpubench.workloads.data import synthetic_batches
-from tests.conftest import REPO, plain_env, run_cli
+from tests.conftest import REPO, make_result, plain_env, result_lines, run_cli
 
 # batch norm, residual blocks and dropout, small enough for a few steps in a second
 TINY = WorkloadSpec("tiny", (3, 8, 8), 10, (
@@ -109,31 +109,37 @@ def test_checkpointing_stores_fewer_activations():
     assert saved_bytes(checkpointed(model)) < 0.4 * saved_bytes(model)
 
 
-def result(config: Config, rate: float = 100.0, status: str = "ok", **memory: int) -> dict:
-    return {"config_id": config.config_id, "config": config.to_dict(), "status": status,
-            "metrics": {"throughput": {"median": rate, "ci_low": rate, "ci_high": rate}, "memory": memory}}
+def result(config: Config, rate: float = 100.0, status: str = "ok", repeat: int = 0, **memory: int):
+    return make_result(config, rate, status, repeat=repeat, memory=memory)
+
+
+def twins_of(results):
+    return checkpointing_twins(aggregate(results_frame(results))).to_dict("records")
 
 
 def test_comparison_with_the_same_config_without_checkpointing():
     base = Config(workload="resnet18", device="cuda")
     ckpt = Config(workload="resnet18", device="cuda", checkpointing="activations")
-    earlier = [result(base, 100.0, peak_allocated_bytes=900), result(base, 120.0, peak_allocated_bytes=1100),
-               result(base, status="oom"), result(Config(workload="cnn", device="cuda"), peak_allocated_bytes=1)]
-    cmp = checkpointing_comparison(result(ckpt, 55.0, peak_allocated_bytes=600), earlier)
-    assert cmp == {"baseline_config_id": base.config_id, "peak_source": "device_allocator_peak",
-                   "baseline_peak_bytes": 1000, "peak_bytes": 600, "memory_saving": pytest.approx(0.4),
-                   "slowdown": 2.0}
-    assert checkpointing_comparison(result(ckpt, peak_allocated_bytes=600), []) is None
-    assert checkpointing_comparison(result(base, peak_allocated_bytes=600), earlier) is None
+    earlier = [result(base, 100.0, peak_allocated_bytes=900), result(base, 120.0, repeat=1, peak_allocated_bytes=1100),
+               result(base, status="oom", repeat=2), result(Config(workload="cnn", device="cuda"), peak_allocated_bytes=1)]
+    with_ckpt = result(ckpt, 55.0, peak_allocated_bytes=600)
+    # the twin's medians over its ok repeats, whichever order the configs ran in
+    for results in ([*earlier, with_ckpt], [with_ckpt, *earlier]):
+        assert twins_of(results) == [{
+            "run": "r", "config_id": ckpt.config_id, "baseline_id": base.config_id,
+            "peak_source": "device_allocator_peak", "peak_bytes": 600, "baseline_peak_bytes": 1000,
+            "memory_saving": pytest.approx(0.4), "slowdown": 2.0}]
+    assert twins_of([with_ckpt]) == []  # no twin
+    assert twins_of(earlier) == []  # no checkpointed config
     cpu_base, cpu = Config(workload="resnet18"), Config(workload="resnet18", checkpointing="activations")
-    cmp = checkpointing_comparison(result(cpu, 80.0, train_peak_rss_bytes=750, peak_rss_bytes=2000),
-                                   [result(cpu_base, 100.0, train_peak_rss_bytes=1000, peak_rss_bytes=2000)])
+    (cmp,) = twins_of([result(cpu, 80.0, train_peak_rss_bytes=750, peak_rss_bytes=2000),
+                       result(cpu_base, 100.0, train_peak_rss_bytes=1000, peak_rss_bytes=2000)])
     assert cmp["peak_source"] == "process_peak_rss_during_training"
     assert (cmp["memory_saving"], cmp["slowdown"]) == (pytest.approx(0.25), pytest.approx(1.25))
-    # the report's table, from the flattened and aggregated results
-    with_cmp = result(ckpt, 55.0, peak_allocated_bytes=600)
-    with_cmp["metrics"]["checkpointing"] = checkpointing_comparison(with_cmp, earlier)
-    table = checkpointing_table(aggregate(results_frame([*earlier[:2], with_cmp], run="r")))
+    # peaks of different kinds are not compared
+    assert twins_of([result(cpu, 80.0, peak_rss_bytes=750), result(cpu_base, 100.0, train_peak_rss_bytes=1000)]) == []
+    # the report's table
+    table = checkpointing_table(aggregate(results_frame([*earlier, with_ckpt], run="r")))
     assert table.to_dict("records") == [{
         "config": ckpt.config_id, "without checkpointing": base.config_id, "peak memory": "device allocator peak",
         "peak": "600 B", "peak without": "1000 B", "memory saving": "40.0%", "slowdown": "2.00x"}]
@@ -150,14 +156,14 @@ def test_resnet18_runs_through_the_cli_with_and_without_checkpointing(tmp_path):
                     *(arg for s in sets for arg in ("--set", s))], cwd=tmp_path, env=env, timeout=400)
     assert proc.returncode == 0, proc.stderr
     run_dir = next((tmp_path / "runs").iterdir())
-    base, ckpt = load_results(run_dir)
+    base, ckpt = result_lines(run_dir)
     assert [base["status"], ckpt["status"]] == ["ok", "ok"]
     assert base["model"]["params"] == 11_173_962
     assert base["metrics"]["loss"]["fell"] and ckpt["metrics"]["loss"]["fell"]
     assert base["metrics"]["loss"]["windows"] == ckpt["metrics"]["loss"]["windows"]  # same training
     assert ckpt["runtime"]["checkpointing"].startswith("activations: 3 checkpointed runs of the 13")
-    cmp = ckpt["metrics"]["checkpointing"]
-    assert cmp["baseline_config_id"] == base["config_id"] and "checkpointing" not in base["metrics"]
+    (cmp,) = checkpointing_twins(aggregate(results_frame(load_results(run_dir)))).to_dict("records")
+    assert cmp["baseline_id"] == base["config_id"] and cmp["config_id"] == ckpt["config_id"]
     assert cmp["peak_source"] == "process_peak_rss_during_training"
     assert cmp["baseline_peak_bytes"] == base["metrics"]["memory"]["train_peak_rss_bytes"] > 0
     assert cmp["peak_bytes"] == ckpt["metrics"]["memory"]["train_peak_rss_bytes"] > 0

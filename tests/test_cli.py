@@ -7,8 +7,7 @@ import os
 
 import pytest
 
-from gpubench.results.store import load_results
-from tests.conftest import REPO, plain_env, run_cli
+from tests.conftest import REPO, plain_env, result_lines, run_cli
 
 pytest.importorskip("torch")
 
@@ -34,7 +33,7 @@ def test_run_writes_schema_complete_results(tmp_path, write_suite):
                    cwd=tmp_path, env=plain_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
-    results = {r["config_id"]: r for r in load_results(run_dir)}
+    results = {r["config_id"]: r for r in result_lines(run_dir)}
     assert sorted(results) == [
         "mlp_depth1_width32-torch-cpu-bs16-amp-fp16-single",
         "mlp_depth1_width32-torch-cpu-bs16-fp32-single",
@@ -107,7 +106,7 @@ def test_both_frameworks_run_the_same_config(tmp_path, write_suite):
     proc = run_cli(["run", str(write_suite(BOTH)), "--out", str(tmp_path / "runs")], cwd=tmp_path, env=plain_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
-    torch_r, tf_r = load_results(run_dir)
+    torch_r, tf_r = result_lines(run_dir)
     assert torch_r["status"] == tf_r["status"] == "ok"
     assert torch_r["model"] == tf_r["model"]
     assert torch_r["metrics"]["loss"]["first"] == pytest.approx(tf_r["metrics"]["loss"]["first"], rel=1e-4)
@@ -123,7 +122,7 @@ def test_a_missing_framework_is_unavailable_with_the_install_command(tmp_path, w
     proc = run_cli(["run", str(write_suite(BOTH)), "--out", str(tmp_path / "runs")], cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
-    torch_r, tf_r = load_results(run_dir)
+    torch_r, tf_r = result_lines(run_dir)
     assert torch_r["status"] == "ok"
     assert tf_r["status"] == "unavailable"
     assert "tensorflow is not installed" in tf_r["reason"] and "pip install tensorflow-cpu==2.21.0" in tf_r["reason"]

@@ -7,13 +7,14 @@ import gzip
 import numpy as np
 import pytest
 
+from gpubench.results.frame import aggregate, results_frame
 from gpubench.results.store import load_results
-from gpubench.runner.sweep import pipeline_comparison
+from gpubench.results.twins import COMPARISONS, speedups
 from gpubench.suite import Config
 from gpubench.workloads import get_workload
 from gpubench.workloads.data import batches_from_arrays, make_batches
 from gpubench.workloads.mnist import IMAGES, LABELS, IdxError, load_mnist, read_idx, write_idx
-from tests.conftest import run_cli
+from tests.conftest import make_result, result_lines, run_cli
 
 
 def tiny_mnist(directory, n=64, gz=False, seed=0):
@@ -89,21 +90,23 @@ def test_torch_pipeline_mode_trains_on_the_same_batches():
     assert out[("pipeline", 2)] == pytest.approx(out[("device", 2)], rel=1e-6)
 
 
-def result(config: Config, status="ok", rate=100.0):
-    return {"config_id": config.config_id, "config": config.to_dict(), "status": status,
-            "metrics": {"throughput": {"median": rate}}}
+PIPELINE = next(c for c in COMPARISONS if c.axis == "data")
 
 
-def test_pipeline_comparison_uses_the_device_twin():
+def pipeline_speedups(results) -> list[dict]:
+    return speedups(aggregate(results_frame(results)), PIPELINE).to_dict("records")
+
+
+def test_pipeline_mode_is_compared_with_its_device_twin():
     dev = Config(workload="cnn")
     pipe = Config(workload="cnn", data="pipeline", data_workers=4)
-    earlier = [result(dev, rate=90.0), result(dev, rate=110.0), result(dev, status="error"),
-               result(Config(workload="mlp"), rate=1.0)]
-    cmp = pipeline_comparison(result(pipe, rate=50.0), earlier)
-    assert cmp == {"device_config_id": dev.config_id, "device_throughput": 100.0, "slowdown": 2.0}
+    earlier = [make_result(dev, 90.0), make_result(dev, 110.0, repeat=1), make_result(dev, status="error", repeat=2),
+               make_result(Config(workload="mlp"), 1.0)]
+    for results in ([*earlier, make_result(pipe, 50.0)], [make_result(pipe, 50.0), *earlier]):
+        assert pipeline_speedups(results) == [{"run": "r", "workload_label": "cnn", "config_id": pipe.config_id,
+                                               "baseline_id": dev.config_id, "speedup": 0.5}]
     assert pipe.config_id == dev.config_id + "-data=pipeline-data_workers=4"
-    assert pipeline_comparison(result(pipe), []) is None
-    assert pipeline_comparison(result(dev), earlier) is None
+    assert pipeline_speedups([make_result(pipe)]) == []
 
 
 def test_run_records_how_much_slower_pipeline_mode_is(tmp_path, write_suite):
@@ -127,13 +130,14 @@ data = ["device", "pipeline"]
     proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs")], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
-    device, pipeline = load_results(run_dir)
+    device, pipeline = result_lines(run_dir)
     assert device["status"] == pipeline["status"] == "ok"
     assert device["config"]["dataset"] == "mnist" and device["metrics"]["memory"]["data_bytes"] == 96 * (784 * 4 + 8)
-    cmp = pipeline["metrics"]["pipeline_vs_device"]
-    assert cmp["device_config_id"] == device["config_id"]
-    assert cmp["slowdown"] == pytest.approx(device["metrics"]["throughput"]["median"]
-                                            / pipeline["metrics"]["throughput"]["median"])
+    (cmp,) = pipeline_speedups(load_results(run_dir))
+    assert (cmp["config_id"], cmp["baseline_id"]) == (pipeline["config_id"], device["config_id"])
+    assert cmp["speedup"] == pytest.approx(pipeline["metrics"]["throughput"]["median"]
+                                           / device["metrics"]["throughput"]["median"])
+    assert "Input pipeline over device-resident data" in (tmp_path / "reports" / run_dir.name / "summary.md").read_text()
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -15,12 +15,12 @@ import pytest
 
 from gpubench.backends import get_backend
 from gpubench.cli import main as cli_main
+from gpubench.results.result import Outcome
 from gpubench.results.schema import result_problem
-from gpubench.results.store import load_results
 from gpubench.runner.nodes import Nodes
 from gpubench.suite import Config
 from gpubench.workloads import get_workload
-from tests.conftest import plugin_env, run_cli
+from tests.conftest import make_result, parallel_twins, plugin_env, result_lines, run_cli
 
 TINY = """
 [defaults]
@@ -47,7 +47,7 @@ def run_suite(tmp_path, write_suite, defaults: str, matrix: str, *flags: str, **
     proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report", *flags], cwd=tmp_path,
                    env=plugin_env(**env))
     (run_dir,) = list((tmp_path / "runs").iterdir())
-    return proc, run_dir, load_results(run_dir)
+    return proc, run_dir, result_lines(run_dir)
 
 
 def leftover(run_dir) -> list:
@@ -154,7 +154,9 @@ def test_pipeline_2_trains_like_single_at_the_same_batch(tmp_path, write_suite):
     assert (m["devices"], m["samples_per_step"], m["micro_batch_size"], m["effective_batch_size"]) == (2, 8, 2, 8)
     assert m["throughput"]["median"] == pytest.approx(8 * 1000.0 / m["step_time_ms"]["median"])
     assert m["throughput_per_device"] == pytest.approx(m["throughput"]["median"] / 2)
-    assert m["scaling_efficiency"] == pytest.approx(m["throughput"]["median"] / (2 * m["single_throughput"]))
+    twins = {t["config_id"]: t for t in parallel_twins(run_dir)}  # the report's scaling efficiency
+    assert twins[pipe["config_id"]]["scaling_efficiency"] == pytest.approx(
+        m["throughput"]["median"] / (2 * single["metrics"]["throughput"]["median"]))
     assert [r["rank"] for r in m["ranks"]] == [0, 1] and "ranks_weights_identical" not in m  # stages differ
     runtime = pipe["runtime"]
     assert runtime["distributed"] == "ScheduleGPipe(gloo, stages=2, microbatches=4)"
@@ -191,7 +193,7 @@ def test_a_failing_worker_stops_the_other_workers(tmp_path, write_suite):
     proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path,
                    env=plugin_env(GPUBENCH_TEST_FAIL_RANK="1"))
     (run_dir,) = list((tmp_path / "runs").iterdir())
-    (r,) = load_results(run_dir)
+    (r,) = result_lines(run_dir)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert r["status"] == "error"
     assert r["reason"] == "rank 1: RuntimeError: injected failure on rank 1 (GPUBENCH_TEST_FAIL_RANK)"
@@ -299,7 +301,7 @@ def test_two_nodes_on_localhost_run_ddp_across_both(tmp_path, write_suite):
     assert [p.returncode for p in procs] == [0, 0], "\n".join([o[-1500:] for o in outs] + recorded)
     (run0,) = list((tmp_path / "n0").iterdir())
     (run1,) = list((tmp_path / "n1").iterdir())
-    single, ddp = load_results(run0)
+    single, ddp = result_lines(run0)
     # single-process configs are skipped on every node, so that all reach each rendezvous together
     assert single["status"] == "unsupported" and "multi-node run (--nnodes 2)" in single["reason"]
     assert ddp["status"] == "ok", ddp["reason"]
@@ -346,7 +348,8 @@ def test_reasons_with_brackets_print_as_text():
     from gpubench.runner.sweep import Job
 
     reason = "RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer"
-    result = {"status": "error", "reason": reason, "config_id": "x", "duration_s": 1.0}
+    result = make_result(Config(workload="mlp"), status="error")
+    result.reason, result.duration_s = reason, 1.0
     console = Console(record=True, width=300, force_terminal=False)
     SweepDisplay(console, 1).finished(0, Job(Config(workload="mlp"), 0), result)
     for line in unmeasured_lines([result]):
@@ -366,8 +369,7 @@ def test_a_rank_leaves_without_interpreter_teardown(tmp_path, monkeypatch, paral
     config = Config(workload="mlp", parallelism=parallelism)
     (tmp_path / "job.json").write_text(json.dumps({"config": config.to_dict(), "repeat": 0}))
     monkeypatch.setenv("RANK", rank)
-    monkeypatch.setattr(worker, "run_config", lambda config, profile: {"status": status, "reason": "x",
-                                                                        "metrics": None})
+    monkeypatch.setattr(worker, "run_config", lambda config, profile: (Outcome(status=status, reason="x"), None))
     exits = []
     monkeypatch.setattr(worker.os, "_exit", exits.append)
     assert worker.main([str(tmp_path)]) == code

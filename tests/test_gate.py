@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from gpubench.errors import InputError
-from gpubench.gate.compare import METRICS, compare, fingerprint_differences, judge, parse_fraction
+from gpubench.gate.compare import GATE_METRICS as METRICS
+from gpubench.gate.compare import compare, fingerprint_differences, judge, parse_fraction
+from gpubench.results.result import Result
 from gpubench.gate.stats import Shift, _rank_k, _u_cdf, min_repeats, shift
 from tests.conftest import run_cli
 
@@ -19,13 +21,13 @@ def results(values: dict[str, list[float]], run_id: str = "r", status: str = "ok
     out = []
     for config_id, vs in values.items():
         for i, v in enumerate(vs):
-            out.append({"schema_version": 1, "run_id": run_id, "config_id": config_id, "repeat": i,
+            out.append(Result.from_json({"schema_version": 1, "run_id": run_id, "config_id": config_id, "repeat": i,
                         "config": {"framework": "torch"}, "status": status, "reason": "",
                         "metrics": {"throughput": {"median": v, "ci_low": 0.9 * v, "ci_high": 1.1 * v},
                                     "step_time_ms": {"median": 1000.0 / v, "cv": 0.01}, "cold_start_ms": 3000.0 / v,
                                     "samples_per_step": 64,
                                     "step_times_ms": [1000.0 / v] * 2,
-                                    "memory": {"peak_rss_bytes": memory or 1e9}}, "env": ENV})
+                                    "memory": {"peak_rss_bytes": memory or 1e9}}, "env": ENV}))
     return out
 
 
@@ -173,7 +175,7 @@ def test_fingerprint_differences():
 def write_run(path, values, env=ENV):
     path.mkdir(parents=True)
     (path / "run.json").write_text(json.dumps({"run_id": path.name, "created_at": "now", "env": env}))
-    (path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results(values, path.name)))
+    (path / "results.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in results(values, path.name)))
     return path
 
 
@@ -211,7 +213,7 @@ def test_cli_refuses_different_environments_unless_forced(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["compare", "nope", "{a}"], "nope: no such run directory or saved baseline"),
     (["compare", "{a}", "{a}", "--threshold", "abc"], "--threshold abc: expected a percentage"),
-    (["compare", "{a}", "{a}", "--metric", "speed"], "--metric speed: expected one of: throughput, step_time"),
+    (["compare", "{a}", "{a}", "--metric", "speed"], "--metric speed: expected one of: throughput, step_ms (or step_time), peak_memory_bytes (or peak_memory)"),
     (["compare", "{a}", "{a}", "--noise-floor", "10%"], "--noise-floor 10% is above --threshold 3%"),
     (["compare", "{one}", "{one}"], "needs at least 5 repeats per side (gpubench run --repeats 5)"),
     (["compare", "{a}", "{other}"], "no config is in both (1: cnn in {a}, 1: mlp in {other}); configs are matched by"),

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from gpubench.options import parse_parallelism
+from gpubench.results.result import Outcome
 from gpubench.errors import InputError
-from gpubench.results.store import load_results
 from gpubench.suite import Config, load_suite
 from gpubench.workloads import get_workload
 from gpubench.workloads.data import make_batches, pool_batches, synthetic_batches
-from tests.conftest import plugin_env, run_cli
+from tests.conftest import parallel_twins, plugin_env, result_lines, run_cli
 
 
 def test_parallelism_values():
@@ -113,7 +113,7 @@ def run_tiny(tmp_path, write_suite, parallelism: str, **env: str):
     proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path,
                    env=plugin_env(**env))
     (run_dir,) = list((tmp_path / "runs").iterdir())
-    return proc, run_dir, load_results(run_dir)
+    return proc, run_dir, result_lines(run_dir)
 
 
 def test_run_records_batch_sizes_and_scaling_efficiency(tmp_path, write_suite):
@@ -125,10 +125,9 @@ def test_run_records_batch_sizes_and_scaling_efficiency(tmp_path, write_suite):
     m = accum["metrics"]
     assert (m["micro_batch_size"], m["accum_steps"], m["effective_batch_size"], m["samples_per_step"]) == (8, 2, 16, 16)
     assert m["devices"] == 1 and m["throughput_per_device"] == m["throughput"]["median"]
-    assert m["single_config_id"] == single["config_id"]
-    assert m["single_throughput"] == single["metrics"]["throughput"]["median"]
-    assert m["scaling_efficiency"] == pytest.approx(m["throughput"]["median"] / m["single_throughput"])
-    assert "scaling_efficiency" not in single["metrics"]
+    (twin,) = parallel_twins(run_dir)
+    assert (twin["config_id"], twin["baseline_id"], twin["devices"]) == (accum["config_id"], single["config_id"], 1)
+    assert twin["scaling_efficiency"] == pytest.approx(m["throughput"]["median"] / single["metrics"]["throughput"]["median"])
     # throughput counts every micro-batch: samples per step / median step time
     assert m["throughput"]["median"] == pytest.approx(16 * 1000.0 / m["step_time_ms"]["median"])
     assert json.loads((run_dir / "run.json").read_text())["suite"]["matrix"]["parallelism"] == ["single", "grad-accum:2"]
@@ -150,7 +149,9 @@ def test_ddp_2_on_cpu_trains_two_ranks_with_identical_weights(tmp_path, write_su
     assert (m["devices"], m["samples_per_step"], m["micro_batch_size"]) == (2, 16, 8)
     assert m["throughput"]["median"] == pytest.approx(16 * 1000.0 / m["step_time_ms"]["median"])  # global
     assert m["throughput_per_device"] == pytest.approx(m["throughput"]["median"] / 2)
-    assert m["scaling_efficiency"] == pytest.approx(m["throughput"]["median"] / (2 * m["single_throughput"]))
+    twins = {t["config_id"]: t for t in parallel_twins(run_dir)}
+    assert twins[ddp["config_id"]]["scaling_efficiency"] == pytest.approx(
+        m["throughput"]["median"] / (2 * single["metrics"]["throughput"]["median"]))
     assert [r["rank"] for r in m["ranks"]] == [0, 1]
     assert m["ranks_weights_identical"] is True and m["ranks"][0]["weights_sha1"] == m["ranks"][1]["weights_sha1"]
     assert ddp["runtime"]["distributed"] == "DistributedDataParallel(gloo, world_size=2)"
@@ -163,7 +164,8 @@ def test_a_failing_rank_fails_the_config_and_leaves_no_process(tmp_path, write_s
     import psutil
 
     # pipeline:2: stage 1 fails while stage 0 waits for it in the schedule's first step
-    proc, run_dir, (r,) = run_tiny(tmp_path, write_suite, f'["{parallelism}"]', GPUBENCH_TEST_FAIL_RANK="1")
+    proc, run_dir, (r,) = run_tiny(tmp_path, write_suite, f'["{parallelism}"]', GPUBENCH_TEST_FAIL_RANK="1",
+                                   GPUBENCH_PLUGINS="tests.plugins.failing_torch")
     assert proc.returncode == 1, proc.stdout + proc.stderr  # an error makes run exit 1
     assert r["status"] == "error"
     assert r["reason"] == "rank 1: RuntimeError: injected failure on rank 1 (GPUBENCH_TEST_FAIL_RANK)"
@@ -189,7 +191,7 @@ device = "cpu"
     proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
-    by_id = {r["config_id"]: r for r in load_results(run_dir)}
+    by_id = {r["config_id"]: r for r in result_lines(run_dir)}
     assert len(by_id) == 5
     tf_cpu = by_id["mlp_depth2_width512-tensorflow-cpu-bs64-fp32-ddp2"]
     if tf_cpu["status"] != "unavailable":  # (unavailable where TensorFlow is not installed)
@@ -243,7 +245,7 @@ data = ["device", "pipeline"]
     proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
-    single, mirrored, piped = load_results(run_dir)
+    single, mirrored, piped = result_lines(run_dir)
     for r in (mirrored, piped):
         assert r["status"] == "ok", r["reason"]
         m = r["metrics"]
@@ -254,7 +256,7 @@ data = ["device", "pipeline"]
         assert m["loss"]["windows"] == pytest.approx(single["metrics"]["loss"]["windows"], rel=1e-5)
         assert m["loss"]["first"] == pytest.approx(single["metrics"]["loss"]["first"], rel=1e-5)
     # scaling efficiency is against single at the same per-device batch (8), not in this run
-    assert "scaling_efficiency" not in mirrored["metrics"]
+    assert parallel_twins(run_dir) == []
     assert piped["runtime"]["data"] == "tf.data(distributed)"
 
 
@@ -263,11 +265,11 @@ data = ["device", "pipeline"]
 def _probe_fitting(max_fit: int, other: dict[int, str] | None = None):
     seen: list[int] = []
 
-    def probe(b: int) -> dict:
+    def probe(b: int) -> Outcome:
         seen.append(b)
         if other and b in other:
-            return {"status": other[b], "reason": "boom"}
-        return {"status": "ok" if b <= max_fit else "oom", "metrics": {"memory": {"peak_rss_bytes": b}}}
+            return Outcome(status=other[b], reason="boom")
+        return Outcome(status="ok" if b <= max_fit else "oom", metrics={"memory": {"peak_rss_bytes": b}})
     return probe, seen
 
 

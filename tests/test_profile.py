@@ -14,8 +14,7 @@ from gpubench.backends.base import ProfilingUnavailable, Trainer
 from gpubench.measure.breakdown import measure_breakdown
 from gpubench.measure.loop import run_loop
 from gpubench.measure.timers import HostStepTimer
-from gpubench.results.store import load_results
-from tests.conftest import plain_env, run_cli
+from tests.conftest import plain_env, result_lines, run_cli
 
 TINY = """
 name = "tiny"
@@ -144,7 +143,7 @@ def profiled(tmp_path_factory):
     proc = run_cli(["profile", "tiny.toml", "--out", "runs", "--steps", "3"], cwd=tmp, env=plain_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp / "runs").iterdir())
-    return tmp, run_dir, proc, {r["config"]["framework"]: r for r in load_results(run_dir)}
+    return tmp, run_dir, proc, {r["config"]["framework"]: r for r in result_lines(run_dir)}
 
 
 def test_profile_writes_traces_and_operator_tables(profiled):
@@ -230,7 +229,7 @@ device = ["cpu", "cuda"]
     assert "fault_mode0-fake-cuda-bs64-fp32-single: unavailable: no cuda device here" in lines
     assert "fault_mode0-fake-cpu-bs64-fp32-single: not profiled: FakeTrainer has no profiler" in lines
     (run_dir,) = list((tmp_path / "runs").iterdir())
-    ok = next(r for r in load_results(run_dir) if r["status"] == "ok")
+    ok = next(r for r in result_lines(run_dir) if r["status"] == "ok")
     assert ok["metrics"]["breakdown"] is None
     assert ok["metrics"]["breakdown_reason"] == "FakeTrainer does not split its step into phases"
 
@@ -251,7 +250,7 @@ def test_profile_of_a_pipeline_config_profiles_rank_0_and_ends(tmp_path):
                    env=plain_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
-    (result,) = load_results(run_dir)
+    (result,) = result_lines(run_dir)
     assert result["status"] == "ok", result["reason"]
     assert result["profile"]["steps"] == 2 and (run_dir / result["profile"]["files"]["trace"]).is_file()
     assert result["metrics"]["breakdown"] is None and result["metrics"]["breakdown_reason"]
@@ -287,7 +286,7 @@ def test_profile_on_cuda_has_device_ops_and_event_timing(tmp_path, write_suite):
     proc = run_cli(["profile", str(suite), "--out", "runs", "--steps", "5"], cwd=tmp_path, env=plain_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list(Path(tmp_path / "runs").iterdir())
-    results = {r["config"]["compile"]: r for r in load_results(run_dir)}
+    results = {r["config"]["compile"]: r for r in result_lines(run_dir)}
     eager, graph = results["none"], results["cuda-graph"]
     for r in (eager, graph):
         assert r["status"] == "ok" and r["profile"]["top_device"], r["config_id"]
@@ -305,7 +304,7 @@ def test_gpu_time_is_counted_once_per_kernel():
     from torch.autograd import DeviceType
 
     from gpubench.backends.pytorch.profiling import STEP_RANGE, op_rows
-    from gpubench.profile.ops import tables
+    from gpubench.measure.ops import tables
 
     def event(key, device_type, self_cpu, self_dev, annotation=False):
         return SimpleNamespace(key=key, count=10, self_cpu_time_total=self_cpu, cpu_time_total=self_cpu,

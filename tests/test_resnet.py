@@ -272,5 +272,5 @@ def test_mnist_is_unsupported_for_three_channel_workloads(name):
     from gpubench.runner.worker import run_config
     from gpubench.suite import Config
 
-    out = run_config(Config(workload=name, dataset="mnist", data_dir="/nonexistent"))
-    assert out["status"] == "unsupported" and "1x28x28" in out["reason"] and "3x" in out["reason"]
+    out, timeline = run_config(Config(workload=name, dataset="mnist", data_dir="/nonexistent"))
+    assert out.status == "unsupported" and "1x28x28" in out.reason and "3x" in out.reason and timeline is None

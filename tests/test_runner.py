@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubench.results.store import load_results
-from tests.conftest import plugin_env, run_cli
+from tests.conftest import plugin_env, result_lines, run_cli
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FAULTS = """
@@ -33,7 +32,7 @@ mode = [0, 1, 2, 3, 4, 5]
 
 def results_of(out):
     (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
-    return run_dir, {r["config"]["workload_params"]["mode"]: r for r in load_results(run_dir)}
+    return run_dir, {r["config"]["workload_params"]["mode"]: r for r in result_lines(run_dir)}
 
 
 def test_each_failure_costs_only_its_own_config(tmp_path, write_suite):
@@ -77,7 +76,7 @@ def test_unavailable_and_unsupported_do_not_fail_the_run(tmp_path, write_suite):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _, _ = results_of(tmp_path / "runs")
     (run_dir,) = list((tmp_path / "runs").iterdir())
-    got = {r["config_id"]: (r["status"], r["reason"]) for r in load_results(run_dir)}
+    got = {r["config_id"]: (r["status"], r["reason"]) for r in result_lines(run_dir)}
     assert got["fault_mode0-fake-cpu-bs8-fp32-single"][0] == "ok"
     assert got["fault_mode0-fake-cuda-bs8-fp32-single"] == ("unavailable", "no cuda device here; fake sees: cpu")
     assert got["fault_mode0-fake-cpu-bs8-tf32-single"] == (
@@ -90,7 +89,7 @@ def test_repeats_run_in_rounds_each_in_a_fresh_process(tmp_path, write_suite):
                    cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
-    order = [(r["config"]["batch_size"], r["repeat"]) for r in load_results(run_dir)]
+    order = [(r["config"]["batch_size"], r["repeat"]) for r in result_lines(run_dir)]
     assert order == [(4, 0), (8, 0), (4, 1), (8, 1)]
     logs = sorted(p.name for p in (run_dir / "logs").iterdir())
     assert len(logs) == 4
@@ -115,7 +114,7 @@ def test_resume_completes_an_interrupted_run(tmp_path, write_suite):
     proc = run_cli(["run", "--resume", str(run_dir)], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "truncated last line" in proc.stdout + proc.stderr
-    results = load_results(run_dir)
+    results = result_lines(run_dir)
     assert [r["config"]["batch_size"] for r in results] == [1, 2, 3, 4]
     assert results[:2] == first_two  # finished results untouched
     assert json.loads((run_dir / "run.json").read_text())["completed"] is True
@@ -123,7 +122,7 @@ def test_resume_completes_an_interrupted_run(tmp_path, write_suite):
 
     again = run_cli(["run", "--resume", str(run_dir)], cwd=tmp_path)
     assert again.returncode == 0 and "0 to run" in again.stdout
-    assert len(load_results(run_dir)) == 4
+    assert len(result_lines(run_dir)) == 4
 
     # a damaged run.json is refused before anything runs, naming the file and key
     good = json.loads((run_dir / "run.json").read_text())
@@ -135,7 +134,7 @@ def test_resume_completes_an_interrupted_run(tmp_path, write_suite):
         proc = run_cli(["run", "--resume", str(run_dir)], cwd=tmp_path)
         assert proc.returncode == 2 and expected in proc.stderr, proc.stdout + proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and str(run_dir / "run.json") in proc.stderr
-        assert len(load_results(run_dir)) == 4
+        assert len(result_lines(run_dir)) == 4
 
 
 def test_resume_errors(tmp_path):
@@ -173,7 +172,7 @@ def test_ctrl_c_keeps_finished_results_and_says_how_to_resume(tmp_path, write_su
     assert proc.returncode == 130, stdout + stderr
     assert "gpubench run --resume" in stdout
     (run_dir,) = list(out.iterdir())
-    assert [r["status"] for r in load_results(run_dir)] == ["ok"]
+    assert [r["status"] for r in result_lines(run_dir)] == ["ok"]
     # the hanging worker was killed with its process group
     ps = subprocess.run(["pgrep", "-f", f"gpubench.runner.worker {run_dir}"], capture_output=True, text=True)
     assert ps.stdout.strip() == ""

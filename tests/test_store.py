@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpubench.errors import InputError
+from gpubench.results.result import Result
 from gpubench.results.schema import result_problem
 from gpubench.results.store import append_result, create_run_dir, load_results, load_run, write_json_atomic
 
@@ -20,14 +21,18 @@ def line(i: int) -> dict:
             "status": "unavailable", "reason": "no such device", "metrics": None}
 
 
+def result(i: int, **change) -> Result:
+    return Result.from_json({**line(i), **change})
+
+
 MEASURED = {"throughput": {"median": 100.0, "ci_low": 90.0, "ci_high": 110.0},
             "step_time_ms": {"median": 10.0, "cv": 0.02}, "cold_start_ms": 30.0, "samples_per_step": 8}
 
 
 def test_append_and_load_round_trip(tmp_path):
     for i in range(3):
-        append_result(tmp_path, line(i))
-    assert [r["config_id"] for r in load_results(tmp_path)] == ["c0", "c1", "c2"]
+        append_result(tmp_path, result(i))
+    assert [r.config_id for r in load_results(tmp_path)] == ["c0", "c1", "c2"]
     assert load_results(tmp_path / "missing-but-fine") == []
 
 
@@ -36,10 +41,10 @@ def test_short_writes_are_continued_and_a_failed_append_is_undone(tmp_path, monk
     import os
 
     real_write = os.write
-    append_result(tmp_path, line(0))
+    append_result(tmp_path, result(0))
     monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, data[:10]))  # 10 bytes a call
-    append_result(tmp_path, line(1))
-    assert [r["config_id"] for r in load_results(tmp_path)] == ["c0", "c1"]
+    append_result(tmp_path, result(1))
+    assert [r.config_id for r in load_results(tmp_path)] == ["c0", "c1"]
 
     calls = []
     def disk_full(fd, data):  # half the line, then no more room
@@ -51,34 +56,34 @@ def test_short_writes_are_continued_and_a_failed_append_is_undone(tmp_path, monk
     before = (tmp_path / "results.jsonl").read_bytes()
     with pytest.raises(InputError, match=r"results\.jsonl: could not append a result: No space left on device; the "
                                          r"result is not recorded and the part written was removed$"):
-        append_result(tmp_path, line(2))
+        append_result(tmp_path, result(2))
     assert (tmp_path / "results.jsonl").read_bytes() == before  # whole lines only
     monkeypatch.setattr(os, "write", real_write)
-    append_result(tmp_path, line(3))
-    assert [r["config_id"] for r in load_results(tmp_path)] == ["c0", "c1", "c3"]
+    append_result(tmp_path, result(3))
+    assert [r.config_id for r in load_results(tmp_path)] == ["c0", "c1", "c3"]
 
 
 def test_no_append_after_a_half_written_line(tmp_path):
-    append_result(tmp_path, line(0))
+    append_result(tmp_path, result(0))
     path = tmp_path / "results.jsonl"
     with open(path, "a") as f:
         f.write('{"schema_version": 1, "config_id": "c1", "sta')
     before = path.read_bytes()
     with pytest.raises(InputError, match=r"results\.jsonl: ends with a half-written line .* run --resume cuts it off"):
-        append_result(tmp_path, line(2))
+        append_result(tmp_path, result(2))
     assert path.read_bytes() == before
 
 
 def test_non_finite_floats_are_written_as_null(tmp_path):
-    append_result(tmp_path, {**line(0), "loss": math.nan, "x": [math.inf, 1.0]})
+    append_result(tmp_path, result(0, loss=math.nan, x=[math.inf, 1.0]))
     raw = (tmp_path / "results.jsonl").read_text()
     assert "NaN" not in raw and "Infinity" not in raw
-    assert load_results(tmp_path)[0]["loss"] is None
+    assert load_results(tmp_path)[0].extra == {"loss": None, "x": [None, 1.0]}  # unknown keys are kept
 
 
 def test_truncated_last_line_is_skipped_with_a_warning_and_repaired(tmp_path):
-    append_result(tmp_path, line(0))
-    append_result(tmp_path, line(1))
+    append_result(tmp_path, result(0))
+    append_result(tmp_path, result(1))
     path = tmp_path / "results.jsonl"
     with open(path, "a") as f:
         f.write('{"schema_version": 1, "config_id": "c2", "sta')
@@ -88,8 +93,8 @@ def test_truncated_last_line_is_skipped_with_a_warning_and_repaired(tmp_path):
     assert path.read_text().endswith('"sta')  # reading alone does not change the file
     load_results(tmp_path, repair=True, warn=said.append)
     assert len(said) == 2
-    append_result(tmp_path, line(3))
-    assert [r["config_id"] for r in load_results(tmp_path)] == ["c0", "c1", "c3"]
+    append_result(tmp_path, result(3))
+    assert [r.config_id for r in load_results(tmp_path)] == ["c0", "c1", "c3"]
 
 
 def test_corrupt_middle_line_and_unknown_schema_are_errors(tmp_path):
@@ -107,7 +112,7 @@ def test_results_written_by_gpubench_have_the_shape_readers_need():
     fixtures = sorted((Path(__file__).parent / "fixtures").glob("run_*"))
     assert len(committed) >= 2
     for run_dir in (*committed, *fixtures):
-        assert {r["status"] for r in load_results(run_dir)} >= {"ok"}
+        assert {r.status for r in load_results(run_dir)} >= {"ok"}
     node_line = {**line(0), "status": "ok", "reason": "node 1: ranks 2, 3 finished; node 0 writes the result",
                  "node_rank": 1}
     assert result_problem(node_line) is None  # node.jsonl: an ok outcome with no metrics
@@ -144,7 +149,7 @@ def test_a_line_of_the_wrong_shape_is_an_error_naming_line_and_problem(tmp_path,
     assert str(e.value).startswith(f"{path}:2: ") and problem in str(e.value)
     assert "\n" not in str(e.value)
     said = []  # the report's way: the line is skipped and said
-    assert [r["config_id"] for r in load_results(tmp_path, strict=False, warn=said.append)] == ["c0"]
+    assert [r.config_id for r in load_results(tmp_path, strict=False, warn=said.append)] == ["c0"]
     assert len(said) == 1 and re.search(r"results\.jsonl:2: .*\(line skipped\)", said[0])
 
 
@@ -196,17 +201,31 @@ def test_load_run_errors(tmp_path):
 
 
 def test_one_peak_memory_for_table_report_gate_and_checkpointing():
-    from gpubench.gate.compare import METRICS
+    from gpubench.gate.compare import GATE_METRICS
     from gpubench.results.frame import flatten
-    from gpubench.results.schema import peak_memory
 
-    gpu = {"metrics": {"memory": {"peak_allocated_bytes": 5, "train_peak_rss_bytes": 7, "peak_rss_bytes": 9}}}
-    cpu = {"metrics": {"memory": {"peak_allocated_bytes": None, "train_peak_rss_bytes": 7, "peak_rss_bytes": 9}}}
-    old = {"metrics": {"memory": {"peak_rss_bytes": 9}}}  # no training peak (not Linux)
-    assert peak_memory(gpu) == (5, "device_allocator_peak")
-    assert peak_memory(cpu) == (7, "process_peak_rss_during_training")
-    assert peak_memory(old) == (9, "process_peak_rss")
-    assert peak_memory({"status": "error", "metrics": {}}) == (None, None)
-    assert [METRICS["peak_memory"].extract(r) for r in (gpu, cpu, old)] == [5, 7, 9]
-    row = flatten({"config": {"workload": "mlp", "batch_size": 8}, "status": "ok", "config_id": "x", **cpu})
+    def of(memory: dict) -> Result:
+        return result(0, status="oom", reason="", metrics={"memory": memory})
+
+    gpu = of({"peak_allocated_bytes": 5, "train_peak_rss_bytes": 7, "peak_rss_bytes": 9})
+    cpu = of({"peak_allocated_bytes": None, "train_peak_rss_bytes": 7, "peak_rss_bytes": 9})
+    old = of({"peak_rss_bytes": 9})  # no training peak (not Linux)
+    assert gpu.peak_memory() == (5, "device_allocator_peak")
+    assert cpu.peak_memory() == (7, "process_peak_rss_during_training")
+    assert old.peak_memory() == (9, "process_peak_rss")
+    assert result(0, status="error", metrics={}).peak_memory() == (None, None)
+    assert [GATE_METRICS["peak_memory"].value(r) for r in (gpu, cpu, old)] == [5, 7, 9]
+    row = flatten(cpu)
     assert (row["peak_memory_bytes"], row["peak_memory_source"]) == (7, "process_peak_rss_during_training")
+
+
+def test_a_result_line_survives_a_round_trip_and_keeps_keys_it_does_not_know():
+    raw = {**line(0), "status": "ok", "reason": "", "metrics": {**MEASURED, "step_times_ms": [9.0, 11.0]},
+           "config_hash": "abc", "log": "logs/c0-r0.log", "env": {"hostname": "h"}, "started_at": "t",
+           "duration_s": 1.5, "from_a_newer_gpubench": {"k": 1}}
+    r = Result.from_json(raw)
+    assert (r.status, r.log, r.duration_s, r.extra) == ("ok", "logs/c0-r0.log", 1.5, {"from_a_newer_gpubench": {"k": 1}})
+    assert r.get("metrics", "throughput", "median") == 100.0 and r.get("metrics", "nothing", "here") is None
+    assert r.to_json() == raw
+    with pytest.raises(ValueError, match="unknown status 'fast'"):
+        Result(run_id="r", config_id="c", repeat=0, config={"framework": "x"}, status="fast")

@@ -8,12 +8,11 @@ import time
 import pytest
 
 from gpubench.measure.loop import Phase
-from gpubench.results.store import load_results
 from gpubench.telemetry.base import GpuSample, HostSample, PeriodicSampler
 from gpubench.telemetry.nvml import NvmlReader, nvml_index, unofficial_pynvml_problem
 from gpubench.telemetry.session import TelemetrySession
 from gpubench.telemetry.summary import gpu_energy, gpu_summary, host_summary, windows_of
-from tests.conftest import plugin_env, run_cli
+from tests.conftest import plugin_env, result_lines, run_cli
 from tests.fake_nvml import FakeDevice, FakeNVML
 
 UUIDS = ["GPU-aaaa1111-0000", "GPU-bbbb2222-0000", "GPU-cccc3333-0000"]
@@ -245,7 +244,7 @@ device = ["cpu"]
 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
-    (r,) = load_results(run_dir)
+    (r,) = result_lines(run_dir)
     t = r["telemetry"]
     assert r["config"]["telemetry_interval_ms"] == 20 and t["interval_ms"] == 20
     assert t["host_interval_ms"] == 250  # the host sampler's floor (HOST_MIN_INTERVAL_MS)
@@ -262,7 +261,7 @@ def test_telemetry_off(tmp_path, write_suite):
     proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
-    (r,) = load_results(run_dir)
+    (r,) = result_lines(run_dir)
     assert r["telemetry"]["gpu_reason"] == "telemetry off (telemetry_interval_ms = 0)"
     assert not (run_dir / "telemetry").exists()
 
@@ -274,7 +273,7 @@ def test_cli_interval_override_and_bad_values(tmp_path, write_suite):
                    cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
-    (r,) = load_results(run_dir)
+    (r,) = result_lines(run_dir)
     assert r["config"]["telemetry_interval_ms"] == 0  # the flag wins over the suite's 50
     assert r["telemetry"]["gpu_reason"] == "telemetry off (telemetry_interval_ms = 0)"
     bad = run_cli(["run", str(suite), "--out", str(tmp_path / "bad"), "--telemetry-interval-ms", "-5"], cwd=tmp_path)

@@ -33,7 +33,7 @@ class CompareRequest:
 
 
 def check_environments(base: Side, cur: Side, force: bool) -> None:
-    frameworks = {r["config"]["framework"] for r in base.results + cur.results}
+    frameworks = {r.framework for r in base.results + cur.results}
     diffs = fingerprint_differences(base.env, cur.env, frameworks)
     if diffs and not force:
         raise InputError(f"{base.label} and {cur.label} ran in different environments ({'; '.join(diffs)}); "

@@ -23,29 +23,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 from gpubench.errors import InputError
 from gpubench.gate.stats import Shift, min_repeats, shift
-from gpubench.results.schema import dig, peak_memory
+from gpubench.results.metrics import GATE_METRICS, Metric, gate_metric_names
+from gpubench.results.result import Result
+from gpubench.results.schema import dig
 
 VERDICTS = ("regressed", "improved", "unchanged", "inconclusive", "missing", "new")
-
-
-@dataclass(frozen=True)
-class Metric:
-    name: str
-    unit: str
-    bigger_is_better: bool
-    extract: Callable[[dict[str, Any]], float | None]
-
-
-METRICS: dict[str, Metric] = {m.name: m for m in (
-    Metric("throughput", "samples/s", True, lambda r: dig(r, "metrics", "throughput", "median")),
-    Metric("step_time", "ms", False, lambda r: dig(r, "metrics", "step_time_ms", "median")),
-    Metric("peak_memory", "bytes", False, lambda r: peak_memory(r)[0]),
-    Metric("energy_per_sample", "J", False, lambda r: dig(r, "telemetry", "gpu", "energy_per_sample_j")),
-)}
 
 
 def parse_fraction(text: str, option: str) -> float:
@@ -76,8 +62,8 @@ def gate_options(threshold: str, noise_floor: str, alpha: float, metric: str) ->
         raise InputError(f"--noise-floor {noise_floor} is above --threshold {threshold}")
     if not 0 < alpha < 1:
         raise InputError(f"--alpha {alpha:g}: must be between 0 and 1")
-    if metric not in METRICS:
-        raise InputError(f"--metric {metric}: expected one of: {', '.join(METRICS)}")
+    if metric not in GATE_METRICS:
+        raise InputError(f"--metric {metric}: expected one of: {', '.join(gate_metric_names())}")
     return options
 
 
@@ -115,18 +101,18 @@ class Comparison:
         return {k: n for k in VERDICTS if (n := sum(v.verdict == k for v in self.verdicts))}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"metric": self.metric.name, "unit": self.metric.unit, "bigger_is_better": self.metric.bigger_is_better,
+        return {"metric": self.metric.name, "unit": self.metric.unit, "bigger_is_better": self.metric.higher_is_better,
                 "threshold": self.threshold, "noise_floor": self.noise_floor, "alpha": self.alpha,
                 "alpha_per_config": self.alpha_per_config, "counts": self.counts(),
                 "verdicts": [v.to_dict() for v in self.verdicts]}
 
 
-def _values(results: list[dict[str, Any]], metric: Metric) -> dict[str, list[float]]:
+def _values(results: list[Result], metric: Metric) -> dict[str, list[float]]:
     """config_id -> the metric of each ok repeat (configs with no ok repeat map to [])."""
     out: dict[str, list[float]] = {}
     for r in results:
-        values = out.setdefault(r["config_id"], [])
-        v = metric.extract(r) if r.get("status") == "ok" else None
+        values = out.setdefault(r.config_id, [])
+        v = metric.value(r) if r.ok else None
         if v is not None and v > 0:
             values.append(float(v))
     return out
@@ -137,17 +123,17 @@ def _some(values: dict[str, list[float]]) -> str:
     return f"{len(values)}: {first}" + (", ..." if len(values) > 1 else "")
 
 
-def _reason(results: list[dict[str, Any]], config_id: str) -> str:
-    bad = [r for r in results if r["config_id"] == config_id and r.get("status") != "ok"]
-    return f"{bad[0]['status']}: {bad[0].get('reason', '')}" if bad else "no value of the metric"
+def _reason(results: list[Result], config_id: str) -> str:
+    bad = [r for r in results if r.config_id == config_id and not r.ok]
+    return f"{bad[0].status}: {bad[0].reason}" if bad else "no value of the metric"
 
 
 def judge(s: Shift, metric: Metric, threshold: float, noise_floor: float) -> str:
     # "good" = the ratio in the direction where larger is better
-    g = s.ratio if metric.bigger_is_better else 1 / s.ratio
+    g = s.ratio if metric.higher_is_better else 1 / s.ratio
     if not s.has_ci:
         return "inconclusive"
-    lo, hi = (s.ci_low, s.ci_high) if metric.bigger_is_better else (1 / s.ci_high, 1 / s.ci_low)
+    lo, hi = (s.ci_low, s.ci_high) if metric.higher_is_better else (1 / s.ci_high, 1 / s.ci_low)
     if hi < 1 - noise_floor and g <= 1 - threshold:
         return "regressed"
     if lo > 1 + noise_floor and g >= 1 + threshold:
@@ -157,10 +143,10 @@ def judge(s: Shift, metric: Metric, threshold: float, noise_floor: float) -> str
     return "unchanged"
 
 
-def compare(baseline: list[dict[str, Any]], current: list[dict[str, Any]], metric_name: str = "throughput",
+def compare(baseline: list[Result], current: list[Result], metric_name: str = "throughput",
             threshold: float = 0.03, noise_floor: float = 0.01, alpha: float = 0.01,
             labels: tuple[str, str] = ("baseline", "current")) -> Comparison:
-    metric = METRICS[metric_name]
+    metric = GATE_METRICS[metric_name]
     base, cur = _values(baseline, metric), _values(current, metric)
     if base and cur and not base.keys() & cur.keys():  # a gate that compared nothing must not pass
         raise InputError(f"{labels[0]} vs {labels[1]}: no config is in both ({_some(base)} in {labels[0]}, "
@@ -169,7 +155,7 @@ def compare(baseline: list[dict[str, Any]], current: list[dict[str, Any]], metri
     for side, values, label in ((baseline, base, labels[0]), (current, cur, labels[1])):
         if side and not any(values.values()):
             raise InputError(f"{label}: no ok result has the metric {metric_name!r}"
-                             + (" (energy needs GPU telemetry)" if metric_name == "energy_per_sample" else ""))
+                             + (" (energy needs GPU telemetry)" if metric.name == "energy_per_sample_j" else ""))
     if base.keys() & cur.keys() and not both:  # shared configs, but none measured on both sides
         raise InputError(f"{labels[0]} vs {labels[1]}: no config has an ok result with {metric_name!r} on both "
                          "sides; nothing to compare (see each run's errors)")

@@ -17,22 +17,31 @@ from typing import Any
 
 import gpubench
 from gpubench.errors import InputError
+from gpubench.results.metrics import metric
 from gpubench.results.outputs import check_output_file, write_output
+from gpubench.results.result import Result
 from gpubench.results.store import json_text
 
 FORMATS = ("pytest-benchmark", "github-action")
 
 
-def _ok_by_config(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+THROUGHPUT, STEP = metric("throughput"), metric("step_ms")
+
+
+def _step_times(r: Result) -> list[float]:
+    return [t for t in r.get("metrics", "step_times_ms") or () if t is not None]
+
+
+def _ok_by_config(results: list[Result]) -> dict[str, list[Result]]:
     """The ok results that hold at least one step time, by config."""
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, list[Result]] = {}
     for r in results:
-        if r["status"] == "ok" and any(t is not None for t in (r["metrics"] or {}).get("step_times_ms") or ()):
-            out.setdefault(r["config_id"], []).append(r)
+        if r.ok and _step_times(r):
+            out.setdefault(r.config_id, []).append(r)
     return out
 
 
-def to_pytest_benchmark(results: list[dict[str, Any]], env: dict[str, Any]) -> dict[str, Any]:
+def to_pytest_benchmark(results: list[Result], env: dict[str, Any]) -> dict[str, Any]:
     try:
         from pytest_benchmark import __version__ as pb_version
         from pytest_benchmark.stats import Stats
@@ -42,23 +51,22 @@ def to_pytest_benchmark(results: list[dict[str, Any]], env: dict[str, Any]) -> d
     for config_id, rs in _ok_by_config(results).items():
         stats = Stats()
         for r in rs:
-            for t in r["metrics"]["step_times_ms"]:
-                if t is not None:
-                    stats.update(t / 1000.0)
+            for t in _step_times(r):
+                stats.update(t / 1000.0)
         d = stats.as_dict()
         d["data"] = stats.data
         d["iterations"] = 1
         first = rs[0]
         benchmarks.append({
-            "group": first["config"].get("workload"),
+            "group": first.config.get("workload"),
             "name": config_id,
             "fullname": f"gpubench::{config_id}",
             "params": None,
             "param": None,
-            "extra_info": {"samples_per_step": first["metrics"]["samples_per_step"], "repeats": len(rs),
-                           "throughput_median": statistics.median(r["metrics"]["throughput"]["median"] for r in rs),
-                           "run_id": first.get("run_id"), "framework": first["config"].get("framework"),
-                           "device": first["config"].get("device")},
+            "extra_info": {"samples_per_step": first.get("metrics", "samples_per_step"), "repeats": len(rs),
+                           "throughput_median": statistics.median(THROUGHPUT.value(r) for r in rs),
+                           "run_id": first.run_id, "framework": first.framework,
+                           "device": first.config.get("device")},
             "options": {"timer": "gpubench step timer", "min_rounds": None, "warmup": True},
             "stats": d,
         })
@@ -75,17 +83,16 @@ def to_pytest_benchmark(results: list[dict[str, Any]], env: dict[str, Any]) -> d
     }
 
 
-def to_github_action(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def to_github_action(results: list[Result]) -> list[dict[str, Any]]:
     out = []
     for config_id, rs in _ok_by_config(results).items():
-        rates = [r["metrics"]["throughput"]["median"] for r in rs]
+        rates = [THROUGHPUT.value(r) for r in rs]
         value = statistics.median(rates)
         if len(rs) == 1:
-            tp = rs[0]["metrics"]["throughput"]
-            spread = (tp["ci_high"] - tp["ci_low"]) / 2
+            spread = (metric("throughput_ci_high").value(rs[0]) - metric("throughput_ci_low").value(rs[0])) / 2
         else:
             spread = (max(rates) - min(rates)) / 2
-        step = statistics.median(r["metrics"]["step_time_ms"]["median"] for r in rs)
+        step = statistics.median(STEP.value(r) for r in rs)
         out.append({"name": config_id, "unit": "samples/s", "value": round(value, 3),
                     "range": f"±{spread:.3g}", "extra": f"median step {step:.4g} ms; {len(rs)} repeat(s)"})
     return out

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from gpubench import fmt
 from gpubench.gate.compare import Comparison, ConfigVerdict
-from gpubench.report import fmt
+from gpubench.results.metrics import Metric
 
 STYLE = {"regressed": "red", "improved": "green", "unchanged": "", "inconclusive": "yellow", "missing": "magenta",
          "new": "cyan"}
@@ -20,22 +21,13 @@ def _change(v: ConfigVerdict) -> str:
     return text
 
 
-def _value(x: float | None, unit: str) -> str:
-    if x is None:
-        return "-"
-    if unit == "bytes":
-        return fmt.nbytes(x)
-    if unit == "samples/s":
-        return f"{fmt.rate(x)}/s"
-    if unit == "ms":
-        return fmt.ms(x)
-    if unit == "J":
-        return fmt.joules(x)
-    return f"{x:.4g} {unit}"
+def _value(x: float | None, metric: Metric) -> str:
+    text = fmt.metric(metric.kind, x)
+    return f"{text}/s" if metric.kind == "rate" and x is not None else text
 
 
 def header(c: Comparison, labels: tuple[str, str]) -> str:
-    direction = "higher is better" if c.metric.bigger_is_better else "lower is better"
+    direction = "higher is better" if c.metric.higher_is_better else "lower is better"
     return (f"{labels[1]} vs {labels[0]}: {c.metric.name} ({c.metric.unit}, {direction}); threshold "
             f"{100 * c.threshold:g}%, noise floor {100 * c.noise_floor:g}%, alpha {c.alpha:g} "
             f"({c.alpha_per_config:.2g} per config over {sum(v.ratio is not None for v in c.verdicts)} compared)")
@@ -48,7 +40,7 @@ def table(c: Comparison) -> Table:
     for v in c.verdicts:
         style = STYLE[v.verdict]
         t.add_row(v.config_id, f"[{style}]{v.verdict}[/{style}]" if style else v.verdict,
-                  _value(v.baseline_median, c.metric.unit), _value(v.current_median, c.metric.unit), _change(v),
+                  _value(v.baseline_median, c.metric), _value(v.current_median, c.metric), _change(v),
                   f"{v.n_baseline}/{v.n_current}", v.note)
     return t
 
@@ -62,7 +54,7 @@ def markdown(c: Comparison, labels: tuple[str, str]) -> str:
     order = {k: i for i, k in enumerate(("regressed", "inconclusive", "missing", "improved", "new", "unchanged"))}
     for v in sorted(c.verdicts, key=lambda v: order[v.verdict]):
         verdict = f"**{v.verdict}**" if v.verdict == "regressed" else v.verdict
-        lines.append(f"| {v.config_id} | {verdict} | {_value(v.baseline_median, c.metric.unit)} | "
-                     f"{_value(v.current_median, c.metric.unit)} | {_change(v)} | {v.n_baseline}/{v.n_current} | "
+        lines.append(f"| {v.config_id} | {verdict} | {_value(v.baseline_median, c.metric)} | "
+                     f"{_value(v.current_median, c.metric)} | {_change(v)} | {v.n_baseline}/{v.n_current} | "
                      f"{v.note.replace('|', '/')} |")
     return "\n".join(lines) + "\n"

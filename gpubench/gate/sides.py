@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.errors import InputError
+from gpubench.results.result import Result
 from gpubench.results.store import RESULTS_FILE, RUN_FILE, load_results, load_run, run_env
 
 DEFAULT_BASELINES = Path(".gpubench/baselines")
@@ -27,7 +28,7 @@ class Side:
     label: str
     path: Path
     meta: dict[str, Any]
-    results: list[dict[str, Any]]
+    results: list[Result]
 
     @property
     def env(self) -> dict[str, Any]:
@@ -102,6 +103,6 @@ def list_baselines(baselines_dir: Path) -> list[dict[str, Any]]:
             out.append({"name": d.name, "problem": str(e)})
             continue
         out.append({"name": d.name, "run_id": meta.get("run_id"), "created_at": meta.get("created_at"),
-                    "configs": len({r["config_id"] for r in results}),
-                    "repeats": max((r.get("repeat", 0) for r in results), default=0) + 1})
+                    "configs": len({r.config_id for r in results}),
+                    "repeats": max((r.repeat for r in results), default=0) + 1})
     return out

@@ -35,11 +35,16 @@ class RawMeasurement:
     loss_first: float
     step_times_ms: list[float] = field(default_factory=list)
     window_wall_ms: list[float] = field(default_factory=list)
+    window_steps: list[int] = field(default_factory=list)  # steps of each measured window
     window_losses: list[float] = field(default_factory=list)
     phases: list[Phase] = field(default_factory=list)
     diverged: bool = False
     warmup_steps: int = 0  # warm-up steps run (at least the trainer's min_warmup_steps)
     compile_events_in_windows: int | None = None  # None: the trainer does not compile at runtime
+
+    @property
+    def steps_measured(self) -> int:
+        return sum(self.window_steps)
 
     @property
     def losses(self) -> list[float]:
@@ -121,6 +126,7 @@ def run_loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int,
         raw.phases.append(Phase(f"window_{w}", t0, t1))
         raw.step_times_ms.extend(timer.elapsed_ms())
         raw.window_wall_ms.append((t1 - t0) / 1e6)
+        raw.window_steps.append(steps)
         loss = trainer.read_loss()
         raw.window_losses.append(loss)
         if not math.isfinite(loss):

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from gpubench.env import fingerprint
 from gpubench.results.outputs import check_output_dir
+from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES
 from gpubench.results.store import slug
 from gpubench.runner.progress import SweepDisplay
@@ -68,30 +69,29 @@ def execute_profile(req: ProfileRequest, console: Console) -> int:
     failed = 0
     for r in results:
         failed += _show(r, run_dir, console)
-    profiled = sum(1 for r in results if (r.get("profile") or {}).get("files"))
+    profiled = sum(1 for r in results if r.get("profile", "files"))
     console.print(f"run directory: {run_dir}  (results.jsonl, profile/, logs/)", highlight=False)
-    if req.report and any(r["status"] == "ok" for r in results):
+    if req.report and any(r.ok for r in results):
         write_report([run_dir], console)
     if profiled == 0:
         console.print("[red]nothing was profiled[/red]", highlight=False)
     return EXIT_FAILED if failed or profiled == 0 else EXIT_OK
 
 
-def _show(result: dict[str, Any], run_dir: Path, console: Console) -> int:
+def _show(result: Result, run_dir: Path, console: Console) -> int:
     """Print one config's outcome; 1 if it failed (error, timeout, profiler failure)."""
-    cid, status = result["config_id"], result["status"]
-    profile = result.get("profile") or {}
+    cid, status = result.config_id, result.status
+    profile = result.profile or {}
     if status != "ok":
-        where = f" (log: {run_dir / result['log']})" if status in FAILED_STATUSES and result.get("log") else ""
-        console.print(f"{cid}: [bold]{status}[/bold]: {result.get('reason') or 'no reason given'}{where}",
+        where = f" (log: {run_dir / result.log})" if status in FAILED_STATUSES and result.log else ""
+        console.print(f"{cid}: [bold]{status}[/bold]: {result.reason or 'no reason given'}{where}",
                       highlight=False, soft_wrap=True)
         return 1 if status in FAILED_STATUSES else 0
     if profile.get("error"):
         console.print(f"{cid}: [red]not profiled[/red]: {profile['error']}", highlight=False, soft_wrap=True)
         return 1
     console.print(f"[bold]{cid}[/bold]: ok, {profile.get('profiler')}", highlight=False)
-    metrics = result.get("metrics") or {}
-    console.print("  " + breakdown_line(metrics), highlight=False, soft_wrap=True)
+    console.print("  " + breakdown_line(result.metrics or {}), highlight=False, soft_wrap=True)
     for key, title in (("top_cpu", "self time on the CPU"), ("top_device", "self time on the GPU")):
         if profile.get(key):
             console.print(_ops_table(profile[key][:PRINTED_OPS], f"top operators by {title}"))

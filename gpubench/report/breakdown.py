@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from gpubench.report import fmt  # noqa: E402
+from gpubench import fmt  # noqa: E402
 from gpubench.report.charts import STYLE  # noqa: E402
 
 SEGMENTS = [("data", "#9467bd"), ("forward", "#1f77b4"), ("backward", "#ff7f0e"), ("optimizer", "#2ca02c"),

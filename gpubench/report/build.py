@@ -14,27 +14,24 @@ import pandas as pd
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 import gpubench
-from gpubench.report import breakdown, charts, fmt, tables
+from gpubench import fmt
+from gpubench.report import breakdown, charts, tables
 from gpubench.report.load import ReportData, load_report_data
-from gpubench.results.frame import BREAKDOWN_COLUMNS
+from gpubench.results import twins
+from gpubench.results.metrics import METRICS
 from gpubench.results.outputs import check_output_dir
 from gpubench.results.store import run_env, write_text_atomic
 
 TEMPLATES = Path(__file__).parent / "templates"
-CSV_COLUMNS = [
-    "run", "config_id", "config_hash", "workload", "workload_label", "variant", "framework", "device", "device_model",
-    "batch_size", "precision", "parallelism", "optimizer", "lr", "loss", "compile", "memory_format", "data",
-    "data_workers", "dataset", "checkpointing",
-    "status", "reason", "repeats", "repeats_ok", "throughput", "throughput_ci_low", "throughput_ci_high", "ci_kind",
-    "throughput_mean", "throughput_wall", "step_ms", "step_ms_p5", "step_ms_p95", "step_ms_iqr", "step_cv", "noisy",
-    "cold_start_ms", "setup_ms", "loss_first", "loss_last", "loss_fell", "peak_memory_bytes", "peak_memory_source",
-    "peak_rss_bytes",
-    "peak_allocated_bytes", "peak_reserved_bytes", "train_peak_rss_bytes", "data_bytes", "pipeline_slowdown",
-    "checkpointing_baseline_config_id", "checkpointing_peak_source", "checkpointing_baseline_peak_bytes",
-    "checkpointing_peak_bytes", "checkpointing_memory_saving", "checkpointing_slowdown", "energy_per_sample_j",
-    "params", "flops_per_sample", "step_timing", *BREAKDOWN_COLUMNS, "breakdown_timing",
-    "batch_trained", "max_batch", "achieved_tflops", "peak_tflops", "mfu",
-]
+# one row per config: its identity and how its repeats went, then every metric of the registry
+IDENTITY_CSV_COLUMNS = ["run", "config_id", "config_hash", "workload", "workload_label", "variant", "framework",
+                        "device", "device_model", "batch_size", "precision", "parallelism", "optimizer", "lr", "loss",
+                        "compile", "memory_format", "data", "data_workers", "dataset", "checkpointing", "status",
+                        "reason", "repeats", "repeats_ok", "ci_kind"]
+
+
+def csv_columns() -> list[str]:
+    return IDENTITY_CSV_COLUMNS + [m.name for m in METRICS]
 
 
 @dataclass
@@ -61,9 +58,9 @@ def _step_times(data: ReportData) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for run in data.runs:
         for r in run.results:
-            times = (r.get("metrics") or {}).get("step_times_ms")
-            if r.get("status") == "ok" and times:
-                label = (f"{run.run_id}: " if data.multi_run else "") + r["config_id"]
+            times = r.get("metrics", "step_times_ms")
+            if r.ok and times:
+                label = (f"{run.run_id}: " if data.multi_run else "") + r.config_id
                 out.setdefault(label, []).extend(float(t) for t in times if t is not None)
     return out
 
@@ -76,8 +73,8 @@ def _timelines(data: ReportData) -> tuple[list[tuple[str, dict[str, Any]]], list
     seen: set[tuple[str, str]] = set()
     for run in data.runs:
         for r in run.results:
-            rel = (r.get("telemetry") or {}).get("timeline") if isinstance(r.get("telemetry"), dict) else None
-            key = (run.run_id, r.get("config_id", "?"))
+            rel = r.get("telemetry", "timeline")
+            key = (run.run_id, r.config_id)
             if not rel or key in seen:
                 continue
             path = run.path / rel
@@ -139,7 +136,7 @@ def peaks_used(data: ReportData) -> pd.DataFrame:
     rows: dict[tuple[str, ...], dict[str, Any]] = {}
     for run in data.runs:
         for r in run.results:
-            peak = (r.get("metrics") or {}).get("peak")
+            peak = r.get("metrics", "peak")
             if isinstance(peak, dict):
                 key = (run.run_id, str(peak.get("device")), str(peak.get("precision")), str(peak.get("measured_at")))
                 rows[key] = {**({"run": run.run_id} if data.multi_run else {}),
@@ -148,6 +145,11 @@ def peaks_used(data: ReportData) -> pd.DataFrame:
                              "peak per device": fmt.tflops(peak.get("per_device_tflops")),
                              "source": f"{peak.get('source')}, {peak.get('measured_at')}"}
     return pd.DataFrame(list(rows.values()))
+
+
+# summary.md's columns after the throughput: (header, registry metric)
+SUMMARY_COLUMNS = (("step", "step_ms"), ("cv", "step_cv"), ("peak memory", "peak_memory_bytes"),
+                   ("TFLOP/s", "achieved_tflops"), ("MFU", "mfu"))
 
 
 def write_markdown(data: ReportData, path: Path) -> None:
@@ -164,17 +166,14 @@ def write_markdown(data: ReportData, path: Path) -> None:
         "config": ok["config_id"],
         "samples/s (95% CI)": [fmt.rate_ci(r.throughput, r.throughput_ci_low, r.throughput_ci_high)
                                + (" *" if r.noisy else "") for r in ok.itertuples()],
-        "step": ok["step_ms"].map(fmt.ms),
-        "cv": ok["step_cv"].map(fmt.pct),
-        "peak memory": ok["peak_memory_bytes"].map(fmt.nbytes),
-        "TFLOP/s": ok["achieved_tflops"].map(lambda v: fmt.tflops(v).removesuffix(" TFLOP/s")),
-        "MFU": ok["mfu"].map(fmt.pct),
+        **{header: ok[name].map(lambda v, name=name: tables.cell(name, v).removesuffix(" TFLOP/s"))
+           for header, name in SUMMARY_COLUMNS},
     })
     lines += [tables.to_markdown(table), "`*` noisy (cv of step times > 10%); TFLOP/s: model training FLOPs x "
               "samples/s; MFU: of the measured matmul peak at the config's precision (`gpubench calibrate`)", ""]
     if data.multi_run:
         lines += ["### Runs side by side", "", tables.to_markdown(tables.run_comparison(c, [r.run_id for r in data.runs]))]
-    for comparison in tables.COMPARISONS:
+    for comparison in twins.COMPARISONS:
         t = tables.speedup_table(c, comparison, data.multi_run)
         if not t.empty:
             lines += [f"### {comparison.title}", "", tables.to_markdown(t)]
@@ -193,7 +192,7 @@ def write_markdown(data: ReportData, path: Path) -> None:
 def write_csv(data: ReportData, path: Path) -> None:
     c = data.configs.copy()
     params = sorted(col for col in c.columns if col.startswith("param_"))
-    cols = [col for col in CSV_COLUMNS if col in c.columns]
+    cols = [col for col in csv_columns() if col in c.columns]
     write_text_atomic(path, c[cols[:3] + params + cols[3:]].to_csv(index=False))
 
 
@@ -242,7 +241,7 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
         "ci_note": ci_note,
         "throughput": {k: _html_table(v) for k, v in tables.throughput_tables(c, multi).items()},
         "speedups": [{"title": cmp.title, "note": cmp.note, "table": _html_table(t)}
-                     for cmp in tables.COMPARISONS
+                     for cmp in twins.COMPARISONS
                      if not (t := tables.speedup_table(c, cmp, multi)).empty],
         "charts": [{"name": p.name, "data": base64.b64encode(p.read_bytes()).decode()} for p in made],
         "telemetry_note": telemetry_note,

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from gpubench.report.tables import COMPARISONS, speedup_frame  # noqa: E402
+from gpubench.results.twins import COMPARISONS, speedups  # noqa: E402
 
 STYLE = {
     "figure.dpi": 110,
@@ -125,7 +125,7 @@ def memory_vs_batch(configs: pd.DataFrame, path: Path) -> Path | None:
 
 
 def speedup_bars(configs: pd.DataFrame, path: Path) -> Path | None:
-    panels = [(c, speedup_frame(configs, c)) for c in COMPARISONS]
+    panels = [(c, speedups(configs, c)) for c in COMPARISONS]
     panels = [(c, f) for c, f in panels if not f.empty]
     if not panels:
         return None

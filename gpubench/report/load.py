@@ -15,6 +15,7 @@ import pandas as pd
 
 from gpubench.errors import InputError
 from gpubench.results.frame import aggregate, results_frame
+from gpubench.results.result import Result
 from gpubench.results.store import RESULTS_FILE, load_results, load_run
 
 
@@ -23,7 +24,7 @@ class RunData:
     path: Path
     run_id: str
     meta: dict[str, Any]
-    results: list[dict[str, Any]]
+    results: list[Result]
 
 
 @dataclass
@@ -57,7 +58,7 @@ def _load_one(path: Path, notes: list[str]) -> RunData | None:
         return RunData(path, meta.get("run_id", path.name), meta, [])
     if not results:
         notes.append(f"{path / RESULTS_FILE}: no results (empty file)")
-    return RunData(path, meta.get("run_id") or (results[0]["run_id"] if results else path.name), meta, results)
+    return RunData(path, meta.get("run_id") or (results[0].run_id if results else path.name), meta, results)
 
 
 def load_report_data(paths: list[Path]) -> ReportData:

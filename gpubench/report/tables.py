@@ -6,49 +6,23 @@ aggregated); the numbers come straight from the results, only formatted here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Callable
 
 import pandas as pd
 
-from gpubench.report import fmt
+from gpubench import fmt
 from gpubench.config import MAX_BATCH
+from gpubench.results import twins
+from gpubench.results.metrics import BY_NAME
 
-# what makes two configs "the same config" apart from the axis being compared
-IDENTITY = ["run", "workload_label", "framework", "device", "batch_size", "precision", "parallelism", "variant"]
-
-
-@dataclass(frozen=True)
-class Comparison:
-    title: str
-    axis: str
-    baseline: str  # the value of `axis` in the denominator
-    note: str
-    short: str  # for chart titles
+PEAK_SOURCES = {"device_allocator_peak": "device allocator peak",
+                "process_peak_rss_during_training": "process peak RSS while training",
+                "process_peak_rss": "process peak RSS"}
 
 
-COMPARISONS = (
-    Comparison("GPU over CPU", "device", "cpu", "throughput on the GPU / on the CPU, same config",
-               "above 1: the GPU is faster"),
-    Comparison("Precision over fp32", "precision", "fp32", "throughput at this precision / at fp32, same config",
-               "above 1: faster than fp32"),
-    Comparison("PyTorch over TensorFlow", "framework", "tensorflow",
-               "PyTorch throughput / TensorFlow throughput, same config (above 1: PyTorch faster)",
-               "above 1: PyTorch is faster"),
-    Comparison("Parallel strategy over single", "parallelism", "single",
-               "throughput with this strategy / the single-device config at the same per-device batch "
-               "(grad-accum:N: one optimizer update per N micro-batches)", "above 1: faster than single"),
-    Comparison("Input pipeline over device-resident data", "data", "device",
-               "throughput through the framework's input pipeline / with batches already on the device",
-               "below 1: the pipeline costs throughput"),
-    Comparison("Compile setting over none", "compile", "none",
-               "throughput with this compile setting / with compile = none, same config (PyTorch's none is eager; "
-               "TensorFlow's is already a tf.function graph)", "above 1: faster than none"),
-    Comparison("Channels-last over contiguous", "memory_format", "contiguous",
-               "throughput with channels-last (NHWC) convolutions / contiguous (NCHW), same config",
-               "above 1: channels-last is faster"),
-)
-# axes that are part of ``variant``: a comparison along one matches configs on the variant without it
-_VARIANT_AXES = {"data": "variant_nodata", "compile": "variant_nocompile", "memory_format": "variant_nomemory_format"}
+def cell(name: str, value: object) -> str:
+    """One value of a registry metric, written with its unit."""
+    return fmt.metric(BY_NAME[name].kind, value)
 
 
 def batch_order(batch: object) -> tuple[int, int]:
@@ -62,7 +36,7 @@ def _trained(r: pd.Series) -> str:
     return f" (bs {int(b)})" if r["batch_size"] == MAX_BATCH and b is not None and not pd.isna(b) else ""
 
 
-def _pivot(configs: pd.DataFrame, cell, multi_run: bool) -> dict[str, pd.DataFrame]:
+def _pivot(configs: pd.DataFrame, make_cell: Callable[[pd.Series], str], multi_run: bool) -> dict[str, pd.DataFrame]:
     """Per workload: rows framework x device x precision (x parallelism, x variant, where the
     workload has more than one), columns batch size."""
     out: dict[str, pd.DataFrame] = {}
@@ -76,7 +50,7 @@ def _pivot(configs: pd.DataFrame, cell, multi_run: bool) -> dict[str, pd.DataFra
         rows: dict[tuple[str, ...], dict[str, str]] = {}
         for _, r in g.iterrows():
             key = tuple(str(r[name]) for name in index_names)
-            rows.setdefault(key, {})[f"batch {r['batch_size']}"] = cell(r)
+            rows.setdefault(key, {})[f"batch {r['batch_size']}"] = make_cell(r)
         out[workload] = pd.DataFrame([{**dict(zip(index_names, key)),
                                        **{f"batch {b}": cells.get(f"batch {b}", "") for b in batches}}
                                       for key, cells in rows.items()])
@@ -100,43 +74,38 @@ def flops_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[str, pd
     if "achieved_tflops" not in configs or configs["achieved_tflops"].isna().all():
         return {}
 
-    def cell(r: pd.Series) -> str:
+    def flops_cell(r: pd.Series) -> str:
         mfu = r.get("mfu")
-        return (fmt.tflops(r["achieved_tflops"]) + ("" if mfu is None or pd.isna(mfu) else f", MFU {fmt.pct(mfu)}")
-                + _trained(r))
-    return _pivot(configs[configs["achieved_tflops"].notna()], cell, multi_run)
+        return (cell("achieved_tflops", r["achieved_tflops"])
+                + ("" if mfu is None or pd.isna(mfu) else f", MFU {cell('mfu', mfu)}") + _trained(r))
+    return _pivot(configs[configs["achieved_tflops"].notna()], flops_cell, multi_run)
 
 
 def memory_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[str, pd.DataFrame]:
     """Peak memory: the device allocator's peak on a GPU, the worker's peak RSS on CPU."""
-    def cell(r: pd.Series) -> str:
+    def memory_cell(r: pd.Series) -> str:
         if r["status"] not in ("ok", "diverged"):
             return r["status"]
-        return fmt.nbytes(r.get("peak_memory_bytes")) + _trained(r)
+        return cell("peak_memory_bytes", r.get("peak_memory_bytes")) + _trained(r)
     ok = configs[configs["peak_memory_bytes"].notna()] if "peak_memory_bytes" in configs else configs.iloc[0:0]
-    return _pivot(ok, cell, multi_run)
-
-
-PEAK_SOURCES = {"device_allocator_peak": "device allocator peak",
-                "process_peak_rss_during_training": "process peak RSS while training",
-                "process_peak_rss": "process peak RSS"}
+    return _pivot(ok, memory_cell, multi_run)
 
 
 def checkpointing_table(configs: pd.DataFrame, multi_run: bool = False) -> pd.DataFrame:
-    """Activation checkpointing against the same config without it (``metrics.checkpointing``,
-    recorded when that config ran earlier in the run): peak memory, the saving, the slowdown."""
-    if "checkpointing_memory_saving" not in configs:
+    """Activation checkpointing against the same config without it (twins.checkpointing):
+    peak memory, the saving, the slowdown."""
+    rows = twins.checkpointing(configs)
+    if rows.empty:
         return pd.DataFrame()
-    rows = configs[configs["checkpointing_memory_saving"].notna()]
     return pd.DataFrame({
         **({"run": rows["run"]} if multi_run else {}),
         "config": rows["config_id"],
-        "without checkpointing": rows["checkpointing_baseline_config_id"],
-        "peak memory": rows["checkpointing_peak_source"].map(lambda v: PEAK_SOURCES.get(v, v)),
-        "peak": rows["checkpointing_peak_bytes"].map(fmt.nbytes),
-        "peak without": rows["checkpointing_baseline_peak_bytes"].map(fmt.nbytes),
-        "memory saving": rows["checkpointing_memory_saving"].map(fmt.pct),
-        "slowdown": rows["checkpointing_slowdown"].map(fmt.ratio),
+        "without checkpointing": rows["baseline_id"],
+        "peak memory": rows["peak_source"].map(lambda v: PEAK_SOURCES.get(v, v)),
+        "peak": rows["peak_bytes"].map(fmt.nbytes),
+        "peak without": rows["baseline_peak_bytes"].map(fmt.nbytes),
+        "memory saving": rows["memory_saving"].map(fmt.pct),
+        "slowdown": rows["slowdown"].map(fmt.ratio),
     }).reset_index(drop=True)
 
 
@@ -145,36 +114,20 @@ def energy_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[str, p
     if "energy_per_sample_j" not in configs or configs["energy_per_sample_j"].isna().all():
         return {}
     has = configs[configs["energy_per_sample_j"].notna()]
-    return _pivot(has, lambda r: fmt.joules(r["energy_per_sample_j"]), multi_run)
+    return _pivot(has, lambda r: cell("energy_per_sample_j", r["energy_per_sample_j"]), multi_run)
 
 
-def speedup_frame(configs: pd.DataFrame, comparison: Comparison) -> pd.DataFrame:
-    """Numeric speed-ups: one row per (target config, its baseline config)."""
-    ok = configs[configs["status"] == "ok"]
-    key = [c for c in IDENTITY if c != comparison.axis and c in ok]
-    base = ok[ok[comparison.axis] == comparison.baseline]
-    if comparison.axis == "device":  # any GPU against the CPU
-        targets = ok[ok["device"].str.startswith("cuda")]
-    elif comparison.axis == "framework":
-        targets = ok[ok["framework"] == "torch"]
-    else:
-        targets = ok[ok[comparison.axis] != comparison.baseline]
-    if comparison.axis in _VARIANT_AXES:  # match on the variant without this axis
-        key = [c if c != "variant" else _VARIANT_AXES[comparison.axis] for c in key]
-    merged = targets.merge(base, on=key, suffixes=("", "_base"))
-    if merged.empty:
-        return pd.DataFrame(columns=["run", "workload_label", "config_id", "baseline_id", "speedup"])
-    merged["speedup"] = merged["throughput"] / merged["throughput_base"]
-    merged = merged.rename(columns={"config_id_base": "baseline_id"})
-    return merged[["run", "workload_label", "config_id", "baseline_id", "speedup"]].reset_index(drop=True)
-
-
-def speedup_table(configs: pd.DataFrame, comparison: Comparison, multi_run: bool = False) -> pd.DataFrame:
-    frame = speedup_frame(configs, comparison)
+def speedup_table(configs: pd.DataFrame, comparison: twins.Twins, multi_run: bool = False) -> pd.DataFrame:
+    frame = twins.speedups(configs, comparison)
     cols = (["run"] if multi_run else []) + ["config_id", "baseline_id", "speedup"]
+    if "scaling_efficiency" in frame and frame["scaling_efficiency"].notna().any():
+        cols.append("scaling_efficiency")
     out = frame[cols].copy()
     out["speedup"] = out["speedup"].map(fmt.ratio)
-    return out.rename(columns={"config_id": "config", "baseline_id": "baseline"})
+    if "scaling_efficiency" in out:
+        out["scaling_efficiency"] = out["scaling_efficiency"].map(fmt.pct)
+    return out.rename(columns={"config_id": "config", "baseline_id": "baseline",
+                               "scaling_efficiency": "scaling efficiency"})
 
 
 def run_comparison(configs: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
@@ -185,7 +138,7 @@ def run_comparison(configs: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
     out = pd.DataFrame({"config": table.index})
     for run in run_ids:
         values = table[run] if run in table else pd.Series(index=table.index, dtype=float)
-        out[run] = values.map(fmt.rate).to_numpy()
+        out[run] = values.map(lambda v: cell("throughput", v)).to_numpy()
     for run in run_ids[1:]:
         if run in table and first in table:
             out[f"{run} / {first}"] = (table[run] / table[first]).map(fmt.ratio).to_numpy()
@@ -201,7 +154,7 @@ def failures(configs: pd.DataFrame, multi_run: bool = False) -> pd.DataFrame:
 def noisy(configs: pd.DataFrame, multi_run: bool = False) -> pd.DataFrame:
     flagged = configs[(configs["status"] == "ok") & configs["noisy"].fillna(False).astype(bool)]
     out = flagged[(["run"] if multi_run else []) + ["config_id", "step_cv"]].copy()
-    out["step_cv"] = out["step_cv"].map(fmt.pct)
+    out["step_cv"] = out["step_cv"].map(lambda v: cell("step_cv", v))
     return out.rename(columns={"config_id": "config", "step_cv": "cv of step times"}).reset_index(drop=True)
 
 

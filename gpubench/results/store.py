@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 from gpubench.errors import InputError
 from gpubench.errors import warn as warn_user
-from gpubench.results.schema import SUPPORTED_SCHEMA_VERSIONS, clean, result_problem
+from gpubench.results.result import Result, ResultError
+from gpubench.results.schema import SUPPORTED_SCHEMA_VERSIONS, clean
 
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
@@ -55,12 +56,12 @@ def _write_all(fd: int, data: bytes) -> None:
         data = data[n:]
 
 
-def append_result(run_dir: Path, result: dict[str, Any], name: str = RESULTS_FILE) -> None:
+def append_result(run_dir: Path, result: Result, name: str = RESULTS_FILE) -> None:
     """Append one result as one whole line, then fsync. The file only ever gains whole lines:
     a write that fails part-way (disk full) is undone and is an error naming the file, and a
     file that already ends in half a line (a killed run not yet resumed) is not appended to."""
     path = run_dir / name
-    line = (json.dumps(clean(result), separators=(",", ":")) + "\n").encode()
+    line = (json.dumps(clean(result.to_json()), separators=(",", ":")) + "\n").encode()
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         start = os.fstat(fd).st_size
@@ -120,13 +121,14 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     return meta
 
 
-def run_env(meta: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, Any]:
+def run_env(meta: dict[str, Any], results: list[Result]) -> dict[str, Any]:
     """A run's environment fingerprint: from run.json, else from its first result."""
-    return meta.get("env") or (results[0].get("env", {}) if results else {})
+    env: dict[str, Any] = meta.get("env") or (results[0].env or {} if results else {})
+    return env
 
 
 def load_results(run_dir: Path, repair: bool = False, strict: bool = True,
-                 warn: Callable[[str], None] = warn_user) -> list[dict[str, Any]]:
+                 warn: Callable[[str], None] = warn_user) -> list[Result]:
     """All results of a run. A half-written last line (a killed run) is skipped with a
     warning, and with ``repair`` cut off the file so that appends continue cleanly. A bad line
     elsewhere (unparsable, or without the shape readers rely on: ``schema.result_problem``), or
@@ -142,7 +144,7 @@ def load_results(run_dir: Path, repair: bool = False, strict: bool = True,
     except OSError as e:  # a directory, no permission: not a line to skip
         raise InputError(f"{path}: unreadable results file: {e.strerror or e}") from None
     lines = raw.split(b"\n")
-    results: list[dict[str, Any]] = []
+    results: list[Result] = []
     offset = 0
     for i, line in enumerate(lines, start=1):
         start = offset
@@ -168,11 +170,10 @@ def load_results(run_dir: Path, repair: bool = False, strict: bool = True,
             _problem(f"{path}:{i}: unknown schema_version {version!r}; this gpubench reads: "
                      f"{', '.join(map(str, SUPPORTED_SCHEMA_VERSIONS))}", strict, warn)
             continue
-        problem = result_problem(obj)
-        if problem:
-            _problem(f"{path}:{i}: {problem}", strict, warn)
-            continue
-        results.append(obj)
+        try:
+            results.append(Result.from_json(obj))
+        except ResultError as e:
+            _problem(f"{path}:{i}: {e}", strict, warn)
     return results
 
 

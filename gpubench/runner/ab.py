@@ -22,6 +22,7 @@ from gpubench.gate import render
 from gpubench.gate.compare import compare, fingerprint_differences, gate_options
 from gpubench.gate.stats import min_repeats
 from gpubench.results.outputs import check_output_dir, check_output_file, write_output
+from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES
 from gpubench.runner.process import Launcher
 from gpubench.runner.progress import SweepDisplay
@@ -92,7 +93,7 @@ def execute_ab(req: ABRequest, console: Console) -> int:
         dirs[side], metas[side] = new_run_dir(root, side, suite, args, configs, envs[side])
     jobs = plan(configs, req.repeats)
     console.print(f"A/B {stamp}: {len(configs)} configs x {req.repeats} repeats x 2 sides -> {root}", highlight=False)
-    results: dict[str, list] = {side: [] for side in SIDES}
+    results: dict[str, list[Result]] = {side: [] for side in SIDES}
     with SweepDisplay(console, 2 * len(jobs)) as display:
         k = 0
         for i, job in enumerate(jobs):
@@ -101,15 +102,14 @@ def execute_ab(req: ABRequest, console: Console) -> int:
                 display.started(k, job)
                 (result,) = run_jobs([job], dirs[side], metas[side]["run_id"], envs[side], probes[side],
                                      launcher=launchers[side])
-                result["ab_side"] = side
                 results[side].append(result)
                 display.finished(k, job, result)
                 k += 1
     for side in SIDES:
         finish_run_dir(dirs[side], metas[side])
-    failed = [r for side in SIDES for r in results[side] if r["status"] in FAILED_STATUSES]
-    for r in failed:
-        console.print(f"[red]{r['status']}[/red] ({r['ab_side']}) {r['config_id']}: {r['reason']}", highlight=False)
+    failed = [(side, r) for side in SIDES for r in results[side] if r.status in FAILED_STATUSES]
+    for side, r in failed:
+        console.print(f"[red]{r.status}[/red] ({side}) {r.config_id}: {r.reason}", highlight=False)
     labels = ("baseline", "candidate")
     comparison = compare(results["baseline"], results["candidate"], options.metric, options.threshold,
                          options.noise_floor, options.alpha, labels)

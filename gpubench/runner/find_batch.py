@@ -14,10 +14,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from gpubench.config import MAX_BATCH, Config
+from gpubench.results.result import Outcome, Result
 from gpubench.runner.process import Launcher
 from gpubench.runner.sweep import Job, run_worker
-from gpubench.results.schema import outcome
-from gpubench.config import MAX_BATCH, Config
 
 PROBE_SETTINGS = {"warmup_steps": 1, "steps": 2, "windows": 1, "telemetry_interval_ms": 0}
 
@@ -34,13 +34,13 @@ class Search:
         return vars(self)
 
 
-Probe = Callable[[int], dict[str, Any]]
+Probe = Callable[[int], Outcome]
 
 
 def search(probe: Probe, start: int, limit: int, unit: int = 1
            ) -> tuple[int | None, int | None, str, list[dict[str, Any]]]:
     """(largest ok batch, smallest oom batch, why it stopped early, probes) for a probe that
-    returns a worker result; batch sizes from ``start`` doubling up to ``limit``, then
+    returns a worker's outcome; batch sizes from ``start`` doubling up to ``limit``, then
     bisection between the last fit and the first miss. Every batch tried is a multiple of
     ``unit`` (``pipeline:N`` splits a batch into that many micro-batches); ``start`` is
     rounded up to one."""
@@ -49,11 +49,10 @@ def search(probe: Probe, start: int, limit: int, unit: int = 1
 
     def fits(b: int) -> bool | None:
         r = probe(b)
-        peak = ((r.get("metrics") or {}).get("memory") or {})
-        probes.append({"batch_size": b, "status": r["status"], "reason": r.get("reason", ""),
-                       "peak_allocated_bytes": peak.get("peak_allocated_bytes"),
-                       "peak_rss_bytes": peak.get("peak_rss_bytes")})
-        return True if r["status"] == "ok" else False if r["status"] == "oom" else None
+        probes.append({"batch_size": b, "status": r.status, "reason": r.reason,
+                       "peak_allocated_bytes": r.get("metrics", "memory", "peak_allocated_bytes"),
+                       "peak_rss_bytes": r.get("metrics", "memory", "peak_rss_bytes")})
+        return True if r.status == "ok" else False if r.status == "oom" else None
 
     def stopped() -> str:
         return f"batch {probes[-1]['batch_size']}: {probes[-1]['status']}: {probes[-1]['reason']}"
@@ -81,7 +80,7 @@ def find_max_batch(config: Config, limit: int, launcher: Launcher = Launcher(),
                    on_probe: Callable[[Config], None] | None = None) -> Search:
     work = Path(tempfile.mkdtemp(prefix="gpubench-find-batch-"))
     try:
-        def probe(b: int) -> dict[str, Any]:
+        def probe(b: int) -> Outcome:
             c = replace(config, batch_size=b, **PROBE_SETTINGS)
             if on_probe:
                 on_probe(c)
@@ -95,32 +94,32 @@ def find_max_batch(config: Config, limit: int, launcher: Launcher = Launcher(),
 
 
 def batch_search(config: Config, launcher: Launcher = Launcher(),
-                 earlier: Iterable[dict[str, Any]] = ()) -> dict[str, Any]:
+                 earlier: Iterable[Result] = ()) -> dict[str, Any]:
     """For a ``batch_size = "max"`` config: the search's record (``metrics.batch_search``), from
     ``config.max_batch_start`` up to ``config.max_batch_limit``; reused from a result of the
     same config already in the run (a repeat, or a resumed run) so that every repeat trains at
     the same batch."""
     for r in earlier:  # the same settings (config_hash: the id leaves max_batch_start/limit out)
-        found = (r.get("metrics") or {}).get("batch_search")
-        if r.get("config_hash") == config.config_hash and found:
-            return found
+        found = r.get("metrics", "batch_search")
+        if r.config_hash == config.config_hash and found:
+            return dict(found)
     s = find_max_batch(replace(config, batch_size=config.max_batch_start), config.max_batch_limit, launcher)
     return {"requested": MAX_BATCH, "start": config.max_batch_start, "limit": config.max_batch_limit,
             "max_batch": s.max_batch, "first_oom": s.first_oom, "stopped": s.stopped, "probes": s.probes}
 
 
 def run_at_max_batch(job: Job, search: dict[str, Any], run_dir: Path,
-                     launcher: Launcher = Launcher()) -> dict[str, Any]:
-    """The worker result of a ``"max"`` job trained at the batch its search found (the search
+                     launcher: Launcher = Launcher()) -> Outcome:
+    """The outcome of a ``"max"`` job trained at the batch its search found (the search
     recorded in ``metrics.batch_search``); ``oom`` (or the status that stopped the search)
     when no batch fitted."""
     if search["max_batch"] is None:
         if search["stopped"]:
-            status = search["probes"][-1]["status"]
-            return outcome(status, f'batch_size = "max": the search stopped at {search["stopped"]}',
+            return Outcome(status=search["probes"][-1]["status"],
+                           reason=f'batch_size = "max": the search stopped at {search["stopped"]}',
                            metrics={"batch_search": search})
-        return outcome("oom", f'batch_size = "max": not even batch {search["first_oom"]} fits',
+        return Outcome(status="oom", reason=f'batch_size = "max": not even batch {search["first_oom"]} fits',
                        metrics={"batch_search": search})
-    result = run_worker(job, run_dir, launcher, train=replace(job.config, batch_size=search["max_batch"]))
-    result["metrics"] = {**(result.get("metrics") or {}), "batch_search": search}
-    return result
+    found = run_worker(job, run_dir, launcher, train=replace(job.config, batch_size=search["max_batch"]))
+    found.with_metrics(batch_search=search)
+    return found

@@ -21,6 +21,7 @@ from rich.console import Console
 from gpubench.options import device_kind
 from gpubench.calibrate.cache import CalibrationError, calibration_device, get_calibration
 from gpubench.config import Config
+from gpubench.results.result import Result
 
 PEAK_PRECISION = {"fp32": "fp32", "tf32": "tf32", "amp-fp16": "fp16", "amp-bf16": "bf16"}
 
@@ -49,15 +50,15 @@ def load_peaks(devices: list[str], console: Console) -> dict[str, dict[str, Any]
     return peaks
 
 
-def mfu_metrics(result: dict[str, Any], peaks: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+def mfu_metrics(result: Result, peaks: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     """``achieved_tflops`` for an ok result with a FLOP count, and ``mfu``, ``peak_tflops``,
     ``peak`` where its device has a measured peak at its precision; None otherwise."""
-    flops = (result.get("model") or {}).get("flops_per_sample")
-    rate = ((result.get("metrics") or {}).get("throughput") or {}).get("median")
-    if result["status"] != "ok" or not flops or not rate:
+    flops = result.get("model", "flops_per_sample")
+    rate = result.get("metrics", "throughput", "median")
+    if result.status != "ok" or not flops or not rate:
         return None
     out: dict[str, Any] = {"achieved_tflops": flops * rate / 1e12}
-    config = Config.from_dict(result["config"])
+    config = Config.from_dict(result.config)
     entry = peaks.get(calibration_device(config.device))
     precision = PEAK_PRECISION.get(config.precision)
     per_device = (entry or {}).get("matmul_tflops", {}).get(precision)

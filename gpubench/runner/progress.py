@@ -4,51 +4,34 @@ a line per finished config, and the summary table."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from gpubench.results.schema import peak_memory
+from gpubench import fmt
+from gpubench.results.metrics import BY_NAME
+from gpubench.results.result import Result
 from gpubench.runner.sweep import Job
 
 STATUS_STYLE = {"ok": "green", "oom": "yellow", "unsupported": "dim", "unavailable": "dim",
                 "diverged": "magenta", "timeout": "red", "error": "red"}
 
 
-def fmt_rate(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value >= 1e6:
-        return f"{value / 1e6:.2f}M"
-    if value >= 1e4:
-        return f"{value / 1e3:.1f}k"
-    return f"{value:.1f}"
+def _show(name: str, result: Result) -> str:
+    m = BY_NAME[name]
+    return fmt.metric(m.kind, m.value(result))
 
 
-def fmt_bytes(value: float | None) -> str:
-    if value is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return "-"
-
-
-def one_line(result: dict[str, Any]) -> str:
+def one_line(result: Result) -> str:
     """``ok  12.3k samples/s [12.1k, 12.5k], step 5.21 ms, cv 2.1%`` or the status and reason."""
-    status = result["status"]
-    m = result.get("metrics") or {}
-    tp = m.get("throughput")
-    if status == "ok" and tp:
-        st = m["step_time_ms"]
-        text = (f"{fmt_rate(tp['median'])} samples/s [{fmt_rate(tp['ci_low'])}, {fmt_rate(tp['ci_high'])}], "
-                f"step {st['median']:.3g} ms, cv {100 * st['cv']:.1f}%")
-        return text + (" (noisy)" if m.get("noisy") else "")
-    return result.get("reason") or ""
+    if result.status == "ok" and result.get("metrics", "throughput"):
+        text = (f"{_show('throughput', result)} samples/s [{_show('throughput_ci_low', result)}, "
+                f"{_show('throughput_ci_high', result)}], step {_show('step_ms', result)}, "
+                f"cv {_show('step_cv', result)}")
+        return text + (" (noisy)" if BY_NAME["noisy"].value(result) else "")
+    return result.reason
 
 
 class SweepDisplay:
@@ -78,12 +61,12 @@ class SweepDisplay:
         if self.progress:
             self.progress.update(self.task, description=job.config.config_id)
 
-    def finished(self, k: int, job: Job, result: dict[str, Any]) -> None:
-        status = result["status"]
+    def finished(self, k: int, job: Job, result: Result) -> None:
+        status = result.status
         style = STATUS_STYLE.get(status, "")
         rep = f" r{job.repeat}" if job.repeat else ""
         line = (f"[{k + 1}/{self.total}] {job.config.config_id}{rep}: [{style}]{status}[/{style}] "
-                f"{escape(one_line(result))} ({result['duration_s']:.1f} s)")
+                f"{escape(one_line(result))} ({result.duration_s or 0:.1f} s)")
         if self.progress:
             self.progress.console.print(line, highlight=False)
             self.progress.advance(self.task)
@@ -93,48 +76,47 @@ class SweepDisplay:
             self.console.print(f"{line} eta {eta:.0f} s", highlight=False, soft_wrap=True)
 
 
-def summary_table(results: list[dict[str, Any]]) -> Table:
+# the summary table's metric columns: (header, metric)
+SUMMARY_COLUMNS = (("samples/s", "throughput"), ("step", "step_ms"), ("cv", "step_cv"), ("cold", "cold_start_ms"),
+                   ("peak mem", "peak_memory_bytes"), ("MFU", "mfu"))
+
+
+def summary_table(results: list[Result]) -> Table:
     """Measured configs (ok, diverged, partially measured) one row each."""
-    repeats = any(r.get("repeat", 0) for r in results)
+    repeats = any(r.repeat for r in results)
     table = Table(title="gpubench results", title_justify="left")
     table.add_column("config", no_wrap=True)
     if repeats:
         table.add_column("rep", justify="right")
-    for col in ("status", "samples/s", "95% CI", "step ms", "cv", "cold ms", "peak mem", "MFU"):
-        table.add_column(col, justify="left" if col == "status" else "right", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    for header, _ in SUMMARY_COLUMNS:
+        table.add_column(header, justify="right", no_wrap=True)
+        if header == "samples/s":
+            table.add_column("95% CI", justify="right", no_wrap=True)
     for r in results:
-        m = r.get("metrics") or {}
-        tp, st = m.get("throughput"), m.get("step_time_ms")
-        if not tp:
+        if not r.get("metrics", "throughput"):
             continue
-        peak = peak_memory(r)[0]
-        status = r["status"]
-        style = STATUS_STYLE.get(status, "")
-        searched = (m.get("batch_search") or {}).get("max_batch")
-        row = [r["config_id"] + (f" (bs {searched})" if searched else "")]
+        style = STATUS_STYLE.get(r.status, "")
+        searched = r.get("metrics", "batch_search", "max_batch")
+        row = [r.config_id + (f" (bs {searched})" if searched else "")]
         if repeats:
-            row.append(str(r.get("repeat", 0)))
-        row += [
-            f"[{style}]{status}[/{style}]" + (" [yellow]noisy[/yellow]" if m.get("noisy") else ""),
-            fmt_rate(tp["median"]),
-            f"{fmt_rate(tp['ci_low'])}-{fmt_rate(tp['ci_high'])}",
-            f"{st['median']:.3g}",
-            f"{100 * st['cv']:.1f}%",
-            f"{m['cold_start_ms']:.0f}",
-            fmt_bytes(peak),
-            "-" if m.get("mfu") is None else f"{100 * m['mfu']:.1f}%",
-        ]
+            row.append(str(r.repeat))
+        row.append(f"[{style}]{r.status}[/{style}]" + (" [yellow]noisy[/yellow]" if BY_NAME["noisy"].value(r) else ""))
+        for header, name in SUMMARY_COLUMNS:
+            row.append(_show(name, r))
+            if header == "samples/s":
+                row.append(f"{_show('throughput_ci_low', r)}-{_show('throughput_ci_high', r)}")
         table.add_row(*row)
     return table
 
 
-def unmeasured_lines(results: list[dict[str, Any]]) -> list[str]:
+def unmeasured_lines(results: list[Result]) -> list[str]:
     """Configs without a measurement, grouped by (status, reason): one line per group."""
     groups: dict[tuple[str, str], list[str]] = {}
     for r in results:
-        if (r.get("metrics") or {}).get("throughput"):
+        if r.get("metrics", "throughput"):
             continue
-        groups.setdefault((r["status"], r.get("reason") or ""), []).append(r["config_id"])
+        groups.setdefault((r.status, r.reason), []).append(r.config_id)
     lines = []
     for (status, reason), ids in groups.items():
         style = STATUS_STYLE.get(status, "")

@@ -18,6 +18,7 @@ from gpubench.backends.base import ProbeInfo
 from gpubench.env import fingerprint
 from gpubench.errors import InputError
 from gpubench.results.outputs import check_output_dir
+from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES, SCHEMA_VERSION
 from gpubench.results.store import NODE_FILE, RUN_FILE, create_run_dir, load_results, load_run, write_json_atomic
 from gpubench.runner.nodes import Nodes
@@ -80,7 +81,7 @@ def finish_run_dir(run_dir: Path, meta: dict[str, Any]) -> None:
     write_json_atomic(run_dir / RUN_FILE, meta)
 
 
-def _prepare(req: RunRequest) -> tuple[Suite, int, Path | None, list[dict[str, Any]]]:
+def _prepare(req: RunRequest) -> tuple[Suite, int, Path | None, list[Result]]:
     """(suite, repeats, run dir when resuming, results already there). Raises InputError."""
     if req.resume is None:
         if req.suite is None:
@@ -133,7 +134,7 @@ def execute(req: RunRequest, console: Console) -> int:
     check_data(configs, suite.source)
     if run_dir is None:
         check_output_dir(req.out, "--out")
-    done = {(r["config_id"], r.get("repeat", 0)) for r in existing}
+    done = {(r.config_id, r.repeat) for r in existing}
     jobs = plan(configs, repeats, done)
     probes = probe_frameworks(configs, console) if jobs else {}
     env = fingerprint({k: p.to_dict() for k, p in probes.items()})
@@ -171,7 +172,7 @@ def execute(req: RunRequest, console: Console) -> int:
     console.print(summary_table(results))
     for line in unmeasured_lines(results):
         console.print(line, highlight=False, soft_wrap=True)
-    failed = [r for r in results if r["status"] in FAILED_STATUSES]
+    failed = [r for r in results if r.status in FAILED_STATUSES]
     console.print(f"results: {run_dir / 'results.jsonl'}" + (f"  ([red]{len(failed)} failed[/red])" if failed else ""),
                   highlight=False)
     if req.report:
@@ -179,11 +180,11 @@ def execute(req: RunRequest, console: Console) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
-def _node_summary(outcomes: list[dict[str, Any]], run_dir: Path, console: Console) -> int:
+def _node_summary(outcomes: list[Result], run_dir: Path, console: Console) -> int:
     """Node r > 0 of a multi-node run: its own outcome of each config (node 0 has the results)."""
     for line in unmeasured_lines(outcomes):
         console.print(line, highlight=False, soft_wrap=True)
-    failed = [r for r in outcomes if r["status"] in FAILED_STATUSES]
+    failed = [r for r in outcomes if r.status in FAILED_STATUSES]
     console.print(f"this node's outcomes: {run_dir / NODE_FILE}; the results and the report are on node 0"
                   + (f"  ([red]{len(failed)} failed[/red])" if failed else ""), highlight=False)
     return EXIT_FAILED if failed else EXIT_OK

@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import statistics
 import subprocess
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -21,7 +20,7 @@ from typing import Any, Callable
 from gpubench.backends import get_backend
 from gpubench.backends.base import ProbeInfo
 from gpubench.options import device_kind
-from gpubench.results.schema import SCHEMA_VERSION, outcome, peak_memory, trained_batch
+from gpubench.results.result import Outcome, Result
 from gpubench.results.store import NODE_FILE, RESULTS_FILE, append_result, slug
 from gpubench.runner.nodes import Nodes, barrier
 from gpubench.runner.process import Launcher, kill_group, oom_kill_count
@@ -78,8 +77,8 @@ def _tail(path: Path, n: int) -> list[str]:
 
 
 def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: Nodes = Nodes(),
-               train: Config | None = None) -> dict[str, Any]:
-    """Run one job in a fresh process; the worker-side result, whatever happens to it. On
+               train: Config | None = None) -> Outcome:
+    """Run one job in a fresh process; its outcome, whatever happens to the worker. On
     node r > 0 of a multi-node run: this node's outcome (node 0 writes the result).
     ``train`` is the config the worker trains when it is not the job's own (a resolved
     ``batch_size = "max"``); files are still named after the job."""
@@ -102,8 +101,8 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: 
         except subprocess.TimeoutExpired:
             kill_group(proc)
             shutil.rmtree(workdir, ignore_errors=True)
-            return outcome("timeout", f"no result after {timeout_s:g} s (timeout_s); the worker was killed",
-                           log=str(log_rel))
+            return Outcome(status="timeout", reason=f"no result after {timeout_s:g} s (timeout_s); the worker was "
+                                                    "killed", log=str(log_rel))
         except BaseException:
             kill_group(proc)
             raise
@@ -112,120 +111,55 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: 
     # (rank 0 then fails in a collective, or is stopped by torchrun)
     result_path = next(iter(sorted(workdir.glob("result-rank*.json"))), result_path)
     if result_path.exists():
-        result = json.loads(result_path.read_text())
-        result["log"] = str(log_rel)
+        found = Outcome.from_outcome_json(json.loads(result_path.read_text()))
+        found.log = str(log_rel)
         timeline = workdir / "timeline.json"
-        if timeline.exists() and isinstance(result.get("telemetry"), dict):
+        if timeline.exists() and found.telemetry is not None:
             (run_dir / "telemetry").mkdir(exist_ok=True)
             rel = Path("telemetry") / f"{job.name}.json"
             shutil.move(str(timeline), run_dir / rel)
-            result["telemetry"]["timeline"] = str(rel)
+            found.telemetry["timeline"] = str(rel)
         shutil.rmtree(workdir, ignore_errors=True)
-        return result
+        return found
     shutil.rmtree(workdir, ignore_errors=True)
     rc = proc.returncode
     if rc == 0 and nodes.node_rank > 0:
         per_node = job.config.devices // nodes.nnodes
         first = nodes.node_rank * per_node
         ranks = f"rank {first}" if per_node == 1 else f"ranks {first}-{first + per_node - 1}"
-        return outcome("ok", f"node {nodes.node_rank}: {ranks} finished; node 0 writes the result",
+        return Outcome(status="ok", reason=f"node {nodes.node_rank}: {ranks} finished; node 0 writes the result",
                        log=str(log_rel))
     tail = _tail(run_dir / log_rel, LOG_TAIL_LINES)
     if rc < 0:
         sig = signal.Signals(-rc).name
         oom_after = oom_kill_count()
         if sig == "SIGKILL" and oom_before is not None and oom_after is not None and oom_after > oom_before:
-            return outcome("oom", "worker killed by the kernel OOM killer (host memory exhausted)", log=str(log_rel))
+            return Outcome(status="oom", reason="worker killed by the kernel OOM killer (host memory exhausted)",
+                           log=str(log_rel))
         reason = f"worker killed by {sig}"
     else:
         reason = f"worker exited with code {rc} without a result"
     last = next((line for line in reversed(tail) if line.strip()), "")
     if last:
         reason += f"; last output: {last.strip()[:300]}"
-    return outcome("error", reason, traceback="\n".join(tail), log=str(log_rel))
-
-
-def twin_median(config_id: str, batch: int | None, earlier: list[dict[str, Any]],
-                value: Callable[[dict[str, Any]], float | None]) -> float | None:
-    """The median of ``value(result)`` over the ok repeats of ``config_id`` already in the run
-    that trained at ``batch`` (two ``batch_size = "max"`` configs share an id but each trains
-    at the batch its own search found) and where it is not None; or None."""
-    values = [v for r in earlier if r["config_id"] == config_id and r["status"] == "ok"
-              and trained_batch(r) == batch and (v := value(r)) is not None]
-    return statistics.median(values) if values else None
-
-
-def twin_throughput(config_id: str, batch: int | None, earlier: list[dict[str, Any]]) -> float | None:
-    """The median throughput over the ok repeats of ``config_id`` at ``batch`` already in the
-    run, or None."""
-    return twin_median(config_id, batch, earlier, lambda r: r["metrics"]["throughput"]["median"])
-
-
-def pipeline_comparison(result: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """For an ok pipeline-mode result: how much slower it is than the same config with
-    device-resident data, from the ok results of that twin already in the run (median over
-    its repeats). None when there is no such result yet."""
-    config = Config.from_dict(result["config"])
-    if config.data != "pipeline" or result["status"] != "ok":
-        return None
-    twin = replace(config, data="device", data_workers=Config.data_workers).config_id  # the default
-    device_rate = twin_throughput(twin, trained_batch(result), earlier)
-    if device_rate is None:
-        return None
-    pipeline_rate = result["metrics"]["throughput"]["median"]
-    return {"device_config_id": twin, "device_throughput": device_rate,
-            "slowdown": device_rate / pipeline_rate}
-
-def scaling_comparison(result: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """For an ok result of a parallel strategy: ``scaling_efficiency`` = its throughput over
-    (devices x the throughput of the ``single`` config with the same workload, device,
-    precision and per-device batch), from the ok results of that twin already in the run
-    (median over its repeats). None when there is no such result yet."""
-    config = Config.from_dict(result["config"])
-    if config.parallelism == "single" or result["status"] != "ok":
-        return None
-    twin = replace(config, parallelism="single").config_id
-    single = twin_throughput(twin, trained_batch(result), earlier)
-    if single is None:
-        return None
-    return {"single_config_id": twin, "single_throughput": single,
-            "scaling_efficiency": result["metrics"]["throughput"]["median"] / (config.devices * single)}
-
-
-def checkpointing_comparison(result: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """For an ok result with activation checkpointing: its peak memory and throughput against
-    the same config without checkpointing, from the ok results of that twin already in the
-    run (medians over its repeats). None when there is no such result yet."""
-    config = Config.from_dict(result["config"])
-    if config.checkpointing == "none" or result["status"] != "ok":
-        return None
-    twin = replace(config, checkpointing="none").config_id
-    peak, source = peak_memory(result)
-    baseline_peak = twin_median(twin, trained_batch(result), earlier, lambda r: peak_memory(r)[0])
-    baseline_rate = twin_throughput(twin, trained_batch(result), earlier)
-    if peak is None or baseline_peak is None or baseline_rate is None:
-        return None
-    return {"baseline_config_id": twin, "peak_source": source, "baseline_peak_bytes": baseline_peak,
-            "peak_bytes": peak, "memory_saving": 1.0 - peak / baseline_peak,
-            "slowdown": baseline_rate / result["metrics"]["throughput"]["median"]}
+    return Outcome(status="error", reason=reason, traceback="\n".join(tail), log=str(log_rel))
 
 
 Callback = Callable[[int, Job], None]
-FinishCallback = Callable[[int, Job, dict[str, Any]], None]
+FinishCallback = Callable[[int, Job, Result], None]
 
 
 def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], probes: dict[str, ProbeInfo],
              on_start: Callback | None = None, on_finish: FinishCallback | None = None,
-             earlier: list[dict[str, Any]] | None = None, launcher: Launcher = Launcher(),
-             peaks: dict[str, dict[str, Any]] | None = None, nodes: Nodes = Nodes()) -> list[dict[str, Any]]:
+             earlier: list[Result] | None = None, launcher: Launcher = Launcher(),
+             peaks: dict[str, dict[str, Any]] | None = None, nodes: Nodes = Nodes()) -> list[Result]:
     """Run the jobs in order, appending each result as it finishes. ``earlier`` are results
-    already in the run (when resuming), used for the comparisons with twin configs (pipeline vs
-    device data, parallel vs single, checkpointing vs none) and to reuse a ``batch_size = "max"``
-    search; ``peaks`` are device calibrations, for MFU. Node r > 0 of a multi-node run appends
-    its own outcome of each config to node.jsonl instead."""
+    already in the run (when resuming), to reuse a ``batch_size = "max"`` search; ``peaks`` are
+    device calibrations, for MFU. Node r > 0 of a multi-node run appends its own outcome of
+    each config to node.jsonl instead."""
     from gpubench.runner.find_batch import batch_search, run_at_max_batch  # find_batch imports this module
 
-    results: list[dict[str, Any]] = []
+    results: list[Result] = []
     earlier = list(earlier or [])
     for k, job in enumerate(jobs):
         if on_start:
@@ -240,43 +174,22 @@ def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], p
             # every node at this config before any launcher starts its rendezvous
             pre = barrier(nodes, job.name, k, job.config.timeout_s)
         if pre:
-            worker = outcome(*pre)
+            outcome = Outcome(status=pre[0], reason=pre[1])
         elif job.config.batch_size == MAX_BATCH:
-            worker = run_at_max_batch(job, batch_search(job.config, launcher, earlier + results), run_dir, launcher)
+            outcome = run_at_max_batch(job, batch_search(job.config, launcher, earlier + results), run_dir, launcher)
         else:
-            worker = run_worker(job, run_dir, launcher, nodes)
-        result = {
-            "schema_version": SCHEMA_VERSION,
-            "run_id": run_id,
-            "config_id": job.config.config_id,
-            "config_hash": job.config.config_hash,
-            "repeat": job.repeat,
-            "config": job.config.to_dict(),
-            **worker,
-            "env": env,
-            "started_at": started_at,
-            "duration_s": time.perf_counter() - t0,
-        }
+            outcome = run_worker(job, run_dir, launcher, nodes)
+        result = Result.of(outcome, run_id=run_id, config_id=job.config.config_id,
+                           config_hash=job.config.config_hash, repeat=job.repeat, config=job.config.to_dict(),
+                           env=env, started_at=started_at, duration_s=time.perf_counter() - t0)
         if nodes.node_rank > 0:
-            result["node_rank"] = nodes.node_rank
+            result.node_rank = nodes.node_rank
             append_result(run_dir, result, NODE_FILE)
-            results.append(result)
-            if on_finish:
-                on_finish(k, job, result)
-            continue
-        comparison = pipeline_comparison(result, earlier + results)
-        if comparison is not None:
-            result["metrics"]["pipeline_vs_device"] = comparison
-        scaling = scaling_comparison(result, earlier + results)
-        if scaling is not None:
-            result["metrics"].update(scaling)
-        checkpointing = checkpointing_comparison(result, earlier + results)
-        if checkpointing is not None:
-            result["metrics"]["checkpointing"] = checkpointing
-        flops = mfu_metrics(result, peaks or {})
-        if flops is not None:
-            result["metrics"].update(flops)
-        append_result(run_dir, result, RESULTS_FILE)
+        else:
+            flops = mfu_metrics(result, peaks or {})
+            if flops is not None:
+                result.with_metrics(**flops)
+            append_result(run_dir, result, RESULTS_FILE)
         results.append(result)
         if on_finish:
             on_finish(k, job, result)

@@ -8,6 +8,7 @@ hung, crashed in native code).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -16,18 +17,18 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import psutil
 
 from gpubench.backends import get_backend
-from gpubench.options import REPLICA_KINDS, parse_parallelism
+from gpubench.config import Config
 from gpubench.errors import warn
 from gpubench.measure.loop import RawMeasurement, run_loop
 from gpubench.measure.stats import is_noisy, step_stats, throughput
-from gpubench.results.schema import outcome
+from gpubench.options import REPLICA_KINDS, parse_parallelism
+from gpubench.results.result import Outcome
 from gpubench.results.store import write_json_atomic
-from gpubench.config import Config
 from gpubench.workloads import get_workload
 from gpubench.workloads.data import make_batches
 
@@ -47,7 +48,9 @@ class PeakRss:
         self._before_training = 0
         self._reset = False
 
-    def start_training(self) -> None:
+    @contextlib.contextmanager
+    def training(self) -> Iterator[None]:
+        """Around training: the peak mark is reset as it starts."""
         self._before_training = _peak_rss_bytes()
         try:
             with open("/proc/self/clear_refs", "w") as f:
@@ -55,11 +58,12 @@ class PeakRss:
             self._reset = True
         except OSError:  # not Linux, or not allowed: no training-only figure
             self._reset = False
+        yield
 
     def lifetime(self) -> int:
         return max(self._before_training, _peak_rss_bytes())
 
-    def training(self) -> int | None:
+    def training_peak(self) -> int | None:
         return _peak_rss_bytes() if self._reset else None
 
 
@@ -96,42 +100,61 @@ def metrics_from(raw: RawMeasurement, config: Config, setup_ms: float) -> dict[s
         metrics["throughput_per_device"] = metrics["throughput"]["median"] / config.devices
         metrics["noisy"] = is_noisy(st)
         # samples over wall time of the windows: includes anything between steps
-        wall = sum(raw.window_wall_ms)
-        steps = config.steps * len(raw.window_wall_ms)
-        metrics["throughput_wall"] = config.samples_per_step * steps * 1000.0 / wall
+        metrics["throughput_wall"] = config.samples_per_step * raw.steps_measured * 1000.0 / sum(raw.window_wall_ms)
     return metrics
 
 
-def _start_telemetry(backend: Any, config: Config, host_pid: int | None = None) -> Any:
-    """A started TelemetrySession, or None when sampling is off or cannot start."""
-    if config.telemetry_interval_ms <= 0:
-        return None
-    from gpubench.telemetry.session import TelemetrySession
+class Telemetry:
+    """The samplers around the measured windows (rank 0 only; with several ranks its host
+    sampler watches the launcher's process tree, which holds every rank). Stopped whatever
+    happens; a sampler problem never fails the config: it becomes ``telemetry.errors``."""
 
-    try:
-        return TelemetrySession(config.device, config.telemetry_interval_ms, backend.device_uuids(config),
-                                host_pid=host_pid, ordinals=config.local_cuda_ordinals,
-                                nodes=config.nnodes).start()
-    except Exception as e:  # noqa: BLE001 - telemetry never fails a config
-        print(f"gpubench: telemetry could not start: {type(e).__name__}: {e}", file=sys.stderr)
-        return None
+    def __init__(self, backend: Any, config: Config, rank: int) -> None:
+        self.backend, self.config, self.rank = backend, config, rank
+        self.session: Any = None
+        self.raw: RawMeasurement | None = None
+        self.block: dict[str, Any] | None = None
+        self.timeline: dict[str, Any] | None = None
 
+    def __enter__(self) -> Telemetry:
+        config = self.config
+        if self.rank != 0 or config.telemetry_interval_ms <= 0:
+            return self
+        from gpubench.telemetry.session import TelemetrySession
 
-def _stop_telemetry(session: Any, raw: RawMeasurement | None, config: Config) -> tuple[Any, Any]:
-    if session is None:
-        return ({"gpu": None, "gpu_reason": "telemetry off (telemetry_interval_ms = 0)"}
-                if config.telemetry_interval_ms <= 0 else None), None
-    try:
-        phases = raw.phases if raw is not None else []
-        measured = config.samples_per_step * config.steps * (len(raw.window_wall_ms) if raw is not None else 0)
-        return session.stop(phases, measured)
-    except Exception as e:  # noqa: BLE001
-        return {"gpu": None, "gpu_reason": None, "errors": [f"telemetry failed: {type(e).__name__}: {e}"]}, None
+        try:
+            self.session = TelemetrySession(config.device, config.telemetry_interval_ms,
+                                            self.backend.device_uuids(config),
+                                            host_pid=os.getppid() if config.distributed else None,
+                                            ordinals=config.local_cuda_ordinals, nodes=config.nnodes).start()
+        except Exception as e:  # noqa: BLE001 - telemetry never fails a config
+            warn(f"telemetry could not start: {type(e).__name__}: {e}")
+        return self
+
+    @property
+    def observer(self) -> Any:
+        """What the loop tells of each window's start and end (energy counters)."""
+        return self.session
+
+    def __exit__(self, *exc: object) -> None:
+        config, raw = self.config, self.raw
+        if self.rank != 0:
+            return
+        if self.session is None:
+            if config.telemetry_interval_ms <= 0:
+                self.block = {"gpu": None, "gpu_reason": "telemetry off (telemetry_interval_ms = 0)"}
+            return
+        try:
+            phases = raw.phases if raw is not None else []
+            samples = config.samples_per_step * raw.steps_measured if raw is not None else 0
+            self.block, self.timeline = self.session.stop(phases, samples)
+        except Exception as e:  # noqa: BLE001
+            self.block = {"gpu": None, "gpu_reason": None, "errors": [f"telemetry failed: {type(e).__name__}: {e}"]}
 
 
 def _profile(trainer: Any, raw: RawMeasurement, config: Config, options: dict[str, Any]) -> Any:
     """The profiling passes; a failure there fails the config, saying where it came from."""
-    from gpubench.profile.capture import profile_trainer
+    from gpubench.runner.profiling import profile_trainer
 
     try:
         return profile_trainer(trainer, raw, config, options)
@@ -153,121 +176,140 @@ def rank_summaries(trainer: Any, raw: RawMeasurement, config: Config, rss: PeakR
             "step_time_median_ms": median,
             "throughput": config.batch_size * 1000.0 / median if median else None,
             "peak_rss_bytes": rss.lifetime(), "weights_sha1": trainer.weights_digest(), **trainer.memory()}
-    return trainer.all_gather(mine)
+    gathered: list[dict[str, Any]] = trainer.all_gather(mine)
+    return gathered
 
 
-def run_config(config: Config, profile: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train and measure one config; always returns a (worker-side) result dict. With
-    ``profile`` (``gpubench profile``: ``steps``, ``dir``, ``rel``), NVTX ranges mark the
-    phases and the profiling passes follow the measured windows."""
+def admit(config: Config) -> tuple[Any, Outcome | None]:
+    """(the config's backend, or None; the outcome of a config that cannot run here, or None)."""
     try:
         backend = get_backend(config.framework)
     except KeyError as e:
-        return outcome("error", str(e.args[0]))
+        return None, Outcome(status="error", reason=str(e.args[0]))
     try:
         verdict = backend.check(config)
     except ImportError as e:
-        return outcome("unavailable", f"{config.framework} is not installed ({e}); install with: "
-                                      f"{backend.install_hint}")
+        return backend, Outcome(status="unavailable", reason=f"{config.framework} is not installed ({e}); install "
+                                                              f"with: {backend.install_hint}")
     if verdict is not None:
-        return outcome(*verdict)
+        return backend, Outcome(status=verdict[0], reason=verdict[1])
     reason = config.topology_unsupported()
     if reason:
-        return outcome("unsupported", reason)
+        return backend, Outcome(status="unsupported", reason=reason)
+    return backend, None
 
+
+def build_trainer(backend: Any, spec: Any, config: Config, rank: int, world: int, profiling: bool
+                  ) -> tuple[Any, int]:
+    """The trainer with its share of the data: each rank keeps its own share of a global batch
+    (ddp, multiworker), or one process takes them all at once (dp, mirrored); every pipeline
+    stage sees the whole batch (the first feeds its inputs, the last its labels). Returns the
+    trainer and the bytes of its data pool."""
+    if config.distributed and os.environ.get("WORLD_SIZE") != str(world):
+        raise RuntimeError(f"{config.parallelism} needs {world} processes started by its launcher; this worker has "
+                           f"WORLD_SIZE={os.environ.get('WORLD_SIZE')}")
+    batches = make_batches(spec, config.dataset, config.data_dir, config.batch_size, config.seed,
+                           config.accum_steps * config.replicas)
+    if config.distributed and config.replicas > 1:
+        batches = batches.shard(rank, world)
+    elif config.replicas > 1:
+        batches = batches.merge(config.replicas)
+    if profiling:
+        backend.before_profiled_build(config)
+    return backend.build(spec, config, batches), batches.nbytes
+
+
+def run_config(config: Config, profile: dict[str, Any] | None = None) -> tuple[Outcome, dict[str, Any] | None]:
+    """Train and measure one config: (its outcome, its telemetry timeline or None). Never
+    raises for a config's failure: every one becomes a status. With ``profile``
+    (``gpubench profile``: ``steps``, ``dir``, ``rel``), NVTX ranges mark the phases and the
+    profiling passes follow the measured windows."""
+    backend, refused = admit(config)
+    if refused is not None:
+        return refused, None
     spec = get_workload(config.workload).spec(**dict(config.workload_params))
     if config.dataset == "mnist" and (spec.input_shape != (1, 28, 28) or spec.num_classes != 10):
-        return outcome("unsupported", f"dataset mnist needs a 1x28x28 input and 10 classes; {spec.name} takes "
-                                      f"{'x'.join(map(str, spec.input_shape))} and {spec.num_classes}")
+        return Outcome(status="unsupported", reason=f"dataset mnist needs a 1x28x28 input and 10 classes; {spec.name} "
+                                                    f"takes {'x'.join(map(str, spec.input_shape))} and "
+                                                    f"{spec.num_classes}"), None
     model = {"params": spec.params, "flops_per_sample": spec.train_flops_per_sample,
              "forward_flops_per_sample": spec.forward_flops_per_sample}
     memory: dict[str, int] = {"baseline_rss_bytes": psutil.Process().memory_info().rss}
     rss = PeakRss()
     rank, world = rank_of(config)
+    telemetry = Telemetry(backend, config, rank)
     trainer = None
     try:
-        if config.distributed and os.environ.get("WORLD_SIZE") != str(world):
-            raise RuntimeError(f"{config.parallelism} needs {world} processes started by its launcher; this worker has "
-                               f"WORLD_SIZE={os.environ.get('WORLD_SIZE')}")
         t0 = time.perf_counter()
-        # one global batch = accum_steps x replicas micro-batches; each rank keeps its own
-        # share (ddp, multiworker), or one process takes them all at once (dp, mirrored);
-        # every pipeline stage sees the whole batch (the first feeds its inputs, the last its labels)
-        batches = make_batches(spec, config.dataset, config.data_dir, config.batch_size, config.seed,
-                               config.accum_steps * config.replicas)
-        if config.distributed and config.replicas > 1:
-            batches = batches.shard(rank, world)
-        elif config.replicas > 1:
-            batches = batches.merge(config.replicas)
-        memory["data_bytes"] = batches.nbytes
-        if profile is not None:
-            backend.before_profiled_build(config)
-        trainer = backend.build(spec, config, batches)
-        del batches
-        if config.distributed and os.environ.get("GPUBENCH_TEST_FAIL_RANK") == str(rank):  # tests' fault injection
-            raise RuntimeError(f"injected failure on rank {rank} (GPUBENCH_TEST_FAIL_RANK)")
+        trainer, memory["data_bytes"] = build_trainer(backend, spec, config, rank, world, profile is not None)
         setup_ms = (time.perf_counter() - t0) * 1000.0
-        # rank 0 samples, every GPU of its node that the config uses; with several ranks its
-        # host sampler watches the launcher's process tree, which holds every rank
-        telemetry = (_start_telemetry(backend, config, os.getppid() if config.distributed else None)
-                     if rank == 0 else None)
-        raw: RawMeasurement | None = None
-        rss.start_training()
-        try:
-            raw = run_loop(trainer, config.warmup_steps, config.steps, config.windows, telemetry,
-                           ranges=trainer.ranges() if profile is not None else None)
-        finally:  # the samplers stop whatever happens
-            telemetry_block, timeline = _stop_telemetry(telemetry, raw, config)
+        with telemetry, rss.training():
+            telemetry.raw = raw = run_loop(trainer, config.warmup_steps, config.steps, config.windows,
+                                           telemetry.observer, ranges=trainer.ranges() if profile is not None else None)
         memory.update(trainer.memory())
-        if rss.training() is not None:
-            memory["train_peak_rss_bytes"] = rss.training()
+        if rss.training_peak() is not None:
+            memory["train_peak_rss_bytes"] = rss.training_peak()
         profiled = _profile(trainer, raw, config, profile) if profile is not None and not raw.diverged else None
         ranks = rank_summaries(trainer, raw, config, rss) if config.distributed else None
         trainer.close()
-    except BaseException as e:  # noqa: BLE001 - every failure must become a status
-        if isinstance(e, (KeyboardInterrupt, SystemExit)):
-            raise
-        memory["peak_rss_bytes"] = rss.lifetime()
-        if backend.is_oom(e):
-            if trainer is not None:
-                try:
-                    memory.update(trainer.memory())
-                except Exception:  # noqa: BLE001 - the memory figures are best-effort here
-                    pass
-            return outcome("oom", _first_line(e), metrics={"memory": memory}, model=model)
-        return outcome("error", _first_line(e), model=model, traceback=traceback.format_exc())
+    except Exception as e:  # noqa: BLE001 - every failure must become a status
+        return _failure(e, backend, trainer, memory, rss, model), telemetry.timeline
     memory["peak_rss_bytes"] = rss.lifetime()
-    metrics = metrics_from(raw, config, setup_ms)
-    metrics["memory"] = memory
-    runtime = trainer.describe()
-    if raw.compile_events_in_windows is not None:
-        runtime.setdefault("compile", {})["events_in_windows"] = raw.compile_events_in_windows
-        if raw.compile_events_in_windows:
-            warn(f"{raw.compile_events_in_windows} compilation(s) inside the measured windows; raise warmup_steps")
+    out = Outcome(status="ok", metrics={**metrics_from(raw, config, setup_ms), "memory": memory},
+                  telemetry=telemetry.block, model=model, runtime=trainer.describe(), phases=phase_marks(raw))
+    _note_compiles(out, raw)
     if profiled is not None:
-        metrics.update(profiled[0])
-    status, reason = ("ok", "")
+        out.with_metrics(**profiled[0])
+        out.profile = profiled[1]
     if raw.diverged:
-        status, reason = "diverged", "loss became non-finite"
+        out.status, out.reason = "diverged", "loss became non-finite"
     if ranks is not None:
-        metrics["ranks"] = ranks
-    if ranks is not None and parse_parallelism(config.parallelism)[0] in REPLICA_KINDS:
-        digests = {r["weights_sha1"] for r in ranks}
-        metrics["ranks_weights_identical"] = len(digests) == 1 and None not in digests
-        if not metrics["ranks_weights_identical"] and status == "ok":
-            status, reason = "error", "the ranks ended with different weights (data-parallel replicas diverged)"
-    return {
-        "status": status,
-        "reason": reason,
-        "metrics": metrics,
-        "telemetry": telemetry_block,
-        "_timeline": timeline,
-        "model": model,
-        "runtime": runtime,
-        **({"profile": profiled[1]} if profiled is not None and profiled[1] is not None else {}),
-        "phases": [{"name": p.name, "start_ms": (p.start_ns - raw.phases[0].start_ns) / 1e6,
-                    "end_ms": (p.end_ns - raw.phases[0].start_ns) / 1e6} for p in raw.phases],
-    }
+        _check_ranks(out, ranks, config)
+    return out, telemetry.timeline
+
+
+def _failure(e: BaseException, backend: Any, trainer: Any, memory: dict[str, int], rss: PeakRss,
+             model: dict[str, Any]) -> Outcome:
+    """The outcome of a config whose build, training or profiling raised: ``oom`` with the
+    memory figures known so far, else ``error`` with the traceback."""
+    memory["peak_rss_bytes"] = rss.lifetime()
+    if backend.is_oom(e):
+        if trainer is not None:
+            try:
+                memory.update(trainer.memory())
+            except Exception:  # noqa: BLE001 - the memory figures are best-effort here
+                pass
+        return Outcome(status="oom", reason=_first_line(e), metrics={"memory": memory}, model=model)
+    return Outcome(status="error", reason=_first_line(e), model=model, traceback=traceback.format_exc())
+
+
+def phase_marks(raw: RawMeasurement) -> list[dict[str, Any]]:
+    """The loop's phases in ms from the start of the cold-start step (the result's ``phases``)."""
+    t0 = raw.phases[0].start_ns
+    return [{"name": p.name, "start_ms": (p.start_ns - t0) / 1e6, "end_ms": (p.end_ns - t0) / 1e6} for p in raw.phases]
+
+
+def _note_compiles(out: Outcome, raw: RawMeasurement) -> None:
+    if raw.compile_events_in_windows is None:
+        return
+    runtime = out.runtime if out.runtime is not None else {}
+    runtime.setdefault("compile", {})["events_in_windows"] = raw.compile_events_in_windows
+    out.runtime = runtime
+    if raw.compile_events_in_windows:
+        warn(f"{raw.compile_events_in_windows} compilation(s) inside the measured windows; raise warmup_steps")
+
+
+def _check_ranks(out: Outcome, ranks: list[dict[str, Any]], config: Config) -> None:
+    """Every rank's figures in the result; data-parallel ranks that ended with different
+    weights make the config ``error``."""
+    out.with_metrics(ranks=ranks)
+    if parse_parallelism(config.parallelism)[0] not in REPLICA_KINDS:
+        return
+    digests = {r["weights_sha1"] for r in ranks}
+    identical = len(digests) == 1 and None not in digests
+    out.with_metrics(ranks_weights_identical=identical)
+    if not identical and out.status == "ok":
+        out.status, out.reason = "error", "the ranks ended with different weights (data-parallel replicas diverged)"
 
 
 def main(argv: list[str]) -> int:
@@ -277,26 +319,25 @@ def main(argv: list[str]) -> int:
 
     load_plugins()
     config = Config.from_dict(job["config"])
-    code = _write_outcome(workdir, config, run_config(config, (job.get("options") or {}).get("profile")))
+    code = _write_outcome(workdir, config, *run_config(config, (job.get("options") or {}).get("profile")))
     if config.distributed:
         leave_now(code)
     return code
 
 
-def _write_outcome(workdir: Path, config: Config, result: dict[str, Any]) -> int:
-    """Hand the result over to the runner; the process's exit code."""
+def _write_outcome(workdir: Path, config: Config, outcome: Outcome, timeline: dict[str, Any] | None) -> int:
+    """Hand the outcome over to the runner; the process's exit code."""
     rank, _ = rank_of(config)
-    timeline = result.pop("_timeline", None)
-    if rank > 0:  # rank 0 writes the config's result; another rank only its failure
-        if result["status"] not in ("ok", "diverged"):
-            result["reason"] = f"rank {rank}: {result['reason']}"
-            write_json_atomic(workdir / f"result-rank{rank}.json", result)
+    if rank > 0:  # rank 0 writes the config's outcome; another rank only its failure
+        if outcome.status not in ("ok", "diverged"):
+            outcome.reason = f"rank {rank}: {outcome.reason}"
+            write_json_atomic(workdir / f"result-rank{rank}.json", outcome.outcome_json())
             return 1  # torchrun then stops the other ranks
         return 0
     if timeline is not None:
         write_json_atomic(workdir / "timeline.json", timeline)
-    write_json_atomic(workdir / "result.json", result)
-    return 1 if config.distributed and result["status"] not in ("ok", "diverged") else 0
+    write_json_atomic(workdir / "result.json", outcome.outcome_json())
+    return 1 if config.distributed and outcome.status not in ("ok", "diverged") else 0
 
 
 def leave_now(code: int) -> None:

@@ -76,6 +76,14 @@ class FakeTrainer(Trainer):
         return {}
 
 
+def fail_rank(config) -> None:
+    """Rank GPUBENCH_TEST_FAIL_RANK of a distributed config fails as it is built (tests of a
+    failing rank: the launcher must stop the others, the config ends error)."""
+    rank = os.environ.get("RANK")
+    if config.distributed and rank is not None and os.environ.get("GPUBENCH_TEST_FAIL_RANK") == rank:
+        raise RuntimeError(f"injected failure on rank {rank} (GPUBENCH_TEST_FAIL_RANK)")
+
+
 class FakeBackend(Backend):
     name = "fake"
     install_hint = "it is a test plugin"
@@ -100,6 +108,7 @@ class FakeBackend(Backend):
         return None
 
     def build(self, spec, config, batches):
+        fail_rank(config)
         mode = MODES[dict(config.workload_params).get("mode", 0)]
         if mode == "raise":
             raise ValueError("injected failure in build")

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gpubench.profile.ops import OpRow
+from gpubench.measure.ops import OpRow
 
 if TYPE_CHECKING:
     from gpubench.backends.pytorch.trainer import TorchTrainerBase

@@ -16,7 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from gpubench.profile.ops import OpRow
+from gpubench.measure.ops import OpRow
 
 _TF_OP = re.compile(r"^[A-Za-z0-9_.\-/>]+:([A-Za-z0-9_]+)$")  # "sequential/dense/MatMul:MatMul"
 

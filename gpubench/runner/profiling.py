@@ -8,19 +8,40 @@ profiles on rank 0 only.
 
 from __future__ import annotations
 
+import json
 import statistics
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpubench.measure.trainer import ProfilingUnavailable
 from gpubench.measure.breakdown import measure_breakdown
 from gpubench.measure.loop import NO_RANGES
-from gpubench.profile.ops import summary, write_op_tables
+from gpubench.measure.ops import OpRow, markdown_table, summary, tables
+from gpubench.results.store import write_text_atomic
 
 if TYPE_CHECKING:
     from gpubench.measure.trainer import Trainer
     from gpubench.measure.loop import RawMeasurement
     from gpubench.config import Config
+
+
+def write_op_tables(ops: list[OpRow], out_dir: Path, heading: str) -> dict[str, Path]:
+    """``top_ops.md`` (the two tables) and ``top_ops.json`` (every row)."""
+    md, js = out_dir / "top_ops.md", out_dir / "top_ops.json"
+    t = tables(ops)
+    lines = [f"## {heading}", ""]
+    lines += markdown_table(t["cpu"], "self_cpu_ms", sum(o.self_cpu_ms for o in ops),
+                             "Top operators by self time on the CPU (host)")
+    if t["device"]:
+        lines += markdown_table(t["device"], "self_device_ms", sum(o.self_device_ms or 0.0 for o in ops),
+                                 "Top operators by self time on the GPU")
+    else:
+        lines += ["No device trace (a CPU config): the host table is the whole picture.", ""]
+    write_text_atomic(md, "\n".join(lines))
+    write_text_atomic(js, json.dumps([asdict(o) for o in sorted(ops, key=lambda o: o.self_cpu_ms, reverse=True)],
+                                     indent=1) + "\n")
+    return {"top_ops_md": md, "top_ops_json": js}
 
 
 def profile_trainer(trainer: Trainer, raw: RawMeasurement, config: Config, options: dict[str, Any]

@@ -1,4 +1,5 @@
-"""Number formatting with units, shared by the HTML, markdown and terminal views."""
+"""Number formatting with units, shared by the terminal, the HTML and markdown reports and the
+gate: one writer per metric kind (gpubench.results.metrics)."""
 
 from __future__ import annotations
 
@@ -63,3 +64,33 @@ def joules(v: Any) -> str:
         return "-"
     v = float(v)
     return f"{v * 1e3:.3g} mJ" if v < 1 else f"{v:.3g} J"
+
+
+def seconds(v: Any) -> str:
+    return "-" if _missing(v) else f"{float(v):.3g} s"
+
+
+def count(v: Any) -> str:
+    return "-" if _missing(v) else f"{int(v):,}"
+
+
+def number(v: Any) -> str:
+    return "-" if _missing(v) else f"{float(v):.4g}"
+
+
+def flag(v: Any) -> str:
+    return "-" if _missing(v) else ("yes" if v else "no")
+
+
+def text(v: Any) -> str:
+    return "-" if _missing(v) else str(v)
+
+
+# a metric's ``kind`` (gpubench.results.metrics) -> how its values are written
+BY_KIND = {"rate": rate, "ms": ms, "s": seconds, "bytes": nbytes, "pct": pct, "ratio": ratio, "tflops": tflops,
+           "joules": joules, "count": count, "number": number, "flag": flag, "text": text}
+
+
+def metric(kind: str, v: Any) -> str:
+    """A value of a metric of this kind, with its unit."""
+    return BY_KIND[kind](v)

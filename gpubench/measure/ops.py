@@ -1,17 +1,13 @@
 """Operator tables: the operators that took the most self time, on the host and on the device.
 
 Both frameworks' profilers are reduced to the same rows (``OpRow``), so the tables, the
-JSON file and the printed summary are written once.
+JSON file (gpubench.runner.profiling) and the printed summary are written once.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
-
-from gpubench.results.store import write_text_atomic
 
 TOP_N = 15
 
@@ -37,7 +33,7 @@ def _share(value: float, total: float) -> str:
     return f"{100.0 * value / total:.1f}%" if total > 0 else "-"
 
 
-def _markdown_table(rows: list[OpRow], key: str, total: float, title: str) -> list[str]:
+def markdown_table(rows: list[OpRow], key: str, total: float, title: str) -> list[str]:
     lines = [f"### {title}", "", "| operator | calls | self ms | share |", "| --- | ---: | ---: | ---: |"]
     for o in rows:
         name = o.name.replace("|", "\\|")
@@ -48,24 +44,6 @@ def _markdown_table(rows: list[OpRow], key: str, total: float, title: str) -> li
 def tables(ops: list[OpRow], n: int = TOP_N) -> dict[str, list[OpRow]]:
     """{"cpu": top by host self time, "device": top by device self time (empty without one)}."""
     return {"cpu": top(ops, "self_cpu_ms", n), "device": top(ops, "self_device_ms", n)}
-
-
-def write_op_tables(ops: list[OpRow], out_dir: Path, heading: str) -> dict[str, Path]:
-    """``top_ops.md`` (the two tables) and ``top_ops.json`` (every row)."""
-    md, js = out_dir / "top_ops.md", out_dir / "top_ops.json"
-    t = tables(ops)
-    lines = [f"## {heading}", ""]
-    lines += _markdown_table(t["cpu"], "self_cpu_ms", sum(o.self_cpu_ms for o in ops),
-                             "Top operators by self time on the CPU (host)")
-    if t["device"]:
-        lines += _markdown_table(t["device"], "self_device_ms", sum(o.self_device_ms or 0.0 for o in ops),
-                                 "Top operators by self time on the GPU")
-    else:
-        lines += ["No device trace (a CPU config): the host table is the whole picture.", ""]
-    write_text_atomic(md, "\n".join(lines))
-    write_text_atomic(js, json.dumps([asdict(o) for o in sorted(ops, key=lambda o: o.self_cpu_ms, reverse=True)],
-                                     indent=1) + "\n")
-    return {"top_ops_md": md, "top_ops_json": js}
 
 
 def summary(ops: list[OpRow], n: int = 10) -> dict[str, Any]:

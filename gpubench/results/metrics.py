@@ -1,0 +1,193 @@
+"""The metric registry: every figure of a result that gpubench shows, combines or gates on.
+
+One place declares each metric: its name (the column of the results frame, of the report's
+results.csv and of summary tables, and the value of ``compare --metric``), where it lives in a
+result line, its unit, which direction is better, how it is formatted, how a config's repeats
+combine, and whether the regression gate may use it. The frame, the CSV, the report's tables,
+the summaries, the gate, the exporters and docs/results-schema.md all read this list, so
+adding a metric is one entry here plus the code that measures it.
+
+``python -m gpubench.results.metrics`` prints the reference table docs/results-schema.md holds.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpubench.results.result import Result
+
+BETTER = ("higher", "lower", "")  # "": not a figure of merit (context, a label)
+# how a value is written: a writer of gpubench.fmt
+KINDS = ("rate", "ms", "s", "bytes", "pct", "ratio", "tflops", "joules", "count", "number", "flag", "text")
+# how a config's ok repeats combine into its one row: the median; the first repeat's value (the
+# same in every repeat: a model's size, a found batch); all / any of a flag
+COMBINE = ("median", "first", "all", "any")
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    path: tuple[str, ...]  # block, then keys: ("metrics", "throughput", "median"); () when derived
+    unit: str
+    better: str
+    kind: str
+    help: str
+    gate: bool = False  # the regression gate (compare, ab) may use it
+    combine: str = "median"
+    derive: Callable[[Result], Any] | None = None  # a figure computed from several fields
+    alias: str = ""  # an older name ``--metric`` still takes
+
+    def __post_init__(self) -> None:
+        if self.better not in BETTER or self.kind not in KINDS or self.combine not in COMBINE:
+            raise ValueError(f"metric {self.name}: better, kind or combine not one of {BETTER}, {KINDS}, {COMBINE}")
+        if bool(self.path) == (self.derive is not None):
+            raise ValueError(f"metric {self.name}: give a path or a derive function, not both or neither")
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.better == "higher"
+
+    def value(self, result: Result) -> Any:
+        """This metric of one result, or None where the result does not have it."""
+        if self.derive is not None:
+            return self.derive(result)
+        return result.get(*self.path)
+
+    @property
+    def where(self) -> str:
+        """Where it lives in a result line, for the docs."""
+        return ".".join(self.path) if self.path else "derived"
+
+
+def _peak_memory(r: Result) -> Any:
+    return r.peak_memory()[0]
+
+
+def _peak_memory_source(r: Result) -> Any:
+    return r.peak_memory()[1]
+
+
+def _trained_batch(r: Result) -> Any:
+    return r.trained_batch()
+
+
+M = Metric
+METRICS: list[Metric] = [
+    M("throughput", ("metrics", "throughput", "median"), "samples/s", "higher", "rate",
+      "global samples per second (every rank and micro-batch): samples_per_step x 1000 / median step time",
+      gate=True),
+    M("throughput_ci_low", ("metrics", "throughput", "ci_low"), "samples/s", "", "rate",
+      "95% CI of throughput, low end (one repeat: within the process; several: between repeats)"),
+    M("throughput_ci_high", ("metrics", "throughput", "ci_high"), "samples/s", "", "rate",
+      "95% CI of throughput, high end"),
+    M("throughput_mean", ("metrics", "throughput", "mean"), "samples/s", "higher", "rate",
+      "samples_per_step x 1000 / mean step time: what a long run averages"),
+    M("throughput_wall", ("metrics", "throughput_wall"), "samples/s", "higher", "rate",
+      "samples of all measured windows / their summed wall time (includes anything between steps)"),
+    M("throughput_per_device", ("metrics", "throughput_per_device"), "samples/s", "higher", "rate",
+      "throughput / devices"),
+    M("step_ms", ("metrics", "step_time_ms", "median"), "ms", "lower", "ms",
+      "median step time of the measured windows", gate=True, alias="step_time"),
+    M("step_ms_p5", ("metrics", "step_time_ms", "p5"), "ms", "lower", "ms", "5th percentile step time"),
+    M("step_ms_p95", ("metrics", "step_time_ms", "p95"), "ms", "lower", "ms", "95th percentile step time"),
+    M("step_ms_iqr", ("metrics", "step_time_ms", "iqr"), "ms", "lower", "ms", "interquartile range of step times"),
+    M("step_cv", ("metrics", "step_time_ms", "cv"), "", "lower", "pct",
+      "coefficient of variation of step times (sample std / mean)"),
+    M("n_steps", ("metrics", "step_time_ms", "n"), "steps", "", "count", "measured steps"),
+    M("samples_per_step", ("metrics", "samples_per_step"), "samples", "", "count",
+      "global samples per optimizer step", combine="first"),
+    M("devices", ("metrics", "devices"), "", "", "count", "devices one step runs on (ranks, replicas or stages)",
+      combine="first"),
+    M("noisy", ("metrics", "noisy"), "", "", "flag", "step-time cv above 10%", combine="any"),
+    M("cold_start_ms", ("metrics", "cold_start_ms"), "ms", "lower", "ms",
+      "the first training step (allocation, autotuning, compilation), synchronised"),
+    M("setup_ms", ("metrics", "setup_ms"), "ms", "lower", "ms", "building model, optimizer and data on the device"),
+    M("loss_first", ("metrics", "loss", "first"), "", "", "number", "loss after the cold-start step"),
+    M("loss_last", ("metrics", "loss", "last"), "", "", "number", "loss after the last window"),
+    M("loss_fell", ("metrics", "loss", "fell"), "", "", "flag", "whether the loss went down", combine="all"),
+    M("peak_memory_bytes", (), "bytes", "lower", "bytes",
+      "the peak memory training needed: device allocator peak on a GPU, else the peak RSS while training "
+      "(else over the worker's life); peak_memory_source says which", gate=True, derive=_peak_memory,
+      alias="peak_memory"),
+    M("peak_memory_source", (), "", "", "text", "which figure peak_memory_bytes is", combine="first",
+      derive=_peak_memory_source),
+    M("peak_rss_bytes", ("metrics", "memory", "peak_rss_bytes"), "bytes", "lower", "bytes",
+      "worker peak RSS over its whole life"),
+    M("train_peak_rss_bytes", ("metrics", "memory", "train_peak_rss_bytes"), "bytes", "lower", "bytes",
+      "worker peak RSS while training (Linux)"),
+    M("peak_allocated_bytes", ("metrics", "memory", "peak_allocated_bytes"), "bytes", "lower", "bytes",
+      "GPU: the framework allocator's peak"),
+    M("peak_reserved_bytes", ("metrics", "memory", "peak_reserved_bytes"), "bytes", "lower", "bytes",
+      "GPU: PyTorch's caching allocator's reserved peak"),
+    M("data_bytes", ("metrics", "memory", "data_bytes"), "bytes", "", "bytes", "device-resident data pool"),
+    M("energy_per_sample_j", ("telemetry", "gpu", "energy_per_sample_j"), "J", "lower", "joules",
+      "GPU energy over the measured windows / samples trained in them", gate=True, alias="energy_per_sample"),
+    M("achieved_tflops", ("metrics", "achieved_tflops"), "TFLOP/s", "higher", "tflops",
+      "model training FLOPs per sample x throughput"),
+    M("peak_tflops", ("metrics", "peak_tflops"), "TFLOP/s", "", "tflops",
+      "the measured peak MFU is against (gpubench calibrate)"),
+    M("mfu", ("metrics", "mfu"), "", "higher", "pct", "achieved_tflops / peak_tflops"),
+    M("max_batch", ("metrics", "batch_search", "max_batch"), "samples", "higher", "count",
+      'batch_size = "max": the largest batch that trained', combine="first"),
+    M("batch_trained", (), "samples", "", "count",
+      'the batch a config trained at (a "max" config: the one its search found)', combine="first",
+      derive=_trained_batch),
+    M("params", ("model", "params"), "", "", "count", "model parameters", combine="first"),
+    M("flops_per_sample", ("model", "flops_per_sample"), "FLOP", "", "count",
+      "training FLOPs per sample (forward + backward)", combine="first"),
+    M("step_timing", ("runtime", "step_timing"), "", "", "text",
+      "how steps were timed: cuda_events, host_clock or window_mean", combine="first"),
+    *(M(f"breakdown_{phase}_ms", ("metrics", "breakdown", f"{phase}_ms"), "ms", "", "ms",
+        f"gpubench profile: {what}")
+      for phase, what in (("data", "data phase per step"), ("forward", "forward phase per step"),
+                          ("backward", "backward phase per step"), ("optimizer", "optimizer phase per step"),
+                          ("idle", "step time outside the phases"),
+                          ("overlap", "what a real step gains by overlapping its phases"),
+                          ("step", "the measured median step time the phases are compared with"))),
+    M("breakdown_timing", ("metrics", "breakdown", "timing"), "", "", "text",
+      "gpubench profile: how the phases were timed", combine="first"),
+    M("duration_s", (), "s", "", "s", "wall time of the config, process start-up included",
+      derive=lambda r: r.duration_s),
+]
+BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+GATE_METRICS: dict[str, Metric] = {n: m for m in METRICS if m.gate for n in (m.name, m.alias) if n}
+
+
+def register_metric(m: Metric) -> None:
+    """Add a metric (a plugin's figure): from then on the frame, the CSV, the summaries and,
+    where ``gate``, ``compare --metric`` know it."""
+    if m.name in BY_NAME or m.name in GATE_METRICS or (m.alias and m.alias in GATE_METRICS):
+        raise ValueError(f"metric {m.name!r} is registered already")
+    METRICS.append(m)
+    BY_NAME[m.name] = m
+    if m.gate:
+        GATE_METRICS.update({n: m for n in (m.name, m.alias) if n})
+
+
+def metric(name: str) -> Metric:
+    return BY_NAME[name]
+
+
+def gate_metric_names() -> list[str]:
+    """What ``--metric`` takes, for messages: each gateable metric's name (and the older name it
+    still answers to)."""
+    return [m.name + (f" (or {m.alias})" if m.alias else "") for m in METRICS if m.gate]
+
+
+def reference_markdown() -> str:
+    """The metric table of docs/results-schema.md (a test checks the doc holds exactly this)."""
+    lines = ["| metric | in a result line | unit | better | repeats | gate | meaning |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for m in METRICS:
+        name = f"`{m.name}`" + (f" (`{m.alias}`)" if m.alias else "")
+        lines.append(f"| {name} | `{m.where}` | {m.unit or '-'} | {m.better or '-'} | {m.combine} | "
+                     f"{'yes' if m.gate else '-'} | {m.help} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(reference_markdown())

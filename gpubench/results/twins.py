@@ -1,0 +1,124 @@
+"""Comparisons between twin configs: configs of a run that differ in one setting only.
+
+Pure functions over the per-config frame (``frame.aggregate``: one row per run and config,
+repeats combined), computed in one place for the report's tables and charts and for
+summary.md. They never depend on the order in which the sweep ran its configs.
+
+- ``speedups``: throughput of each config over its twin with the baseline value of one axis
+  (GPU over CPU, each precision over fp32, PyTorch over TensorFlow, a parallel strategy over
+  single, the input pipeline over device-resident data, a compile setting over none,
+  channels-last over contiguous). For parallel strategies also ``scaling_efficiency``: the
+  speed-up over (devices x single), where both trained at the same per-device batch.
+- ``checkpointing``: activation checkpointing against the same config without it, at the
+  same batch: both peaks, the memory saving and the slowdown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+# what makes two configs "the same config" apart from the axis being compared
+IDENTITY = ["run", "workload_label", "framework", "device", "batch_size", "precision", "parallelism", "variant"]
+# axes that are part of ``variant`` (frame.VARIANT_AXES): a comparison along one matches
+# configs on the variant without that axis
+VARIANT_AXES = ("data", "compile", "memory_format", "checkpointing")
+
+
+@dataclass(frozen=True)
+class Twins:
+    title: str
+    axis: str
+    baseline: str  # the value of ``axis`` in the denominator
+    note: str
+    short: str  # for chart titles
+
+
+COMPARISONS = (
+    Twins("GPU over CPU", "device", "cpu", "throughput on the GPU / on the CPU, same config",
+          "above 1: the GPU is faster"),
+    Twins("Precision over fp32", "precision", "fp32", "throughput at this precision / at fp32, same config",
+          "above 1: faster than fp32"),
+    Twins("PyTorch over TensorFlow", "framework", "tensorflow",
+          "PyTorch throughput / TensorFlow throughput, same config (above 1: PyTorch faster)",
+          "above 1: PyTorch is faster"),
+    Twins("Parallel strategy over single", "parallelism", "single",
+          "throughput with this strategy / the single-device config at the same per-device batch "
+          "(grad-accum:N: one optimizer update per N micro-batches); scaling efficiency = that / devices",
+          "above 1: faster than single"),
+    Twins("Input pipeline over device-resident data", "data", "device",
+          "throughput through the framework's input pipeline / with batches already on the device",
+          "below 1: the pipeline costs throughput"),
+    Twins("Compile setting over none", "compile", "none",
+          "throughput with this compile setting / with compile = none, same config (PyTorch's none is eager; "
+          "TensorFlow's is already a tf.function graph)", "above 1: faster than none"),
+    Twins("Channels-last over contiguous", "memory_format", "contiguous",
+          "throughput with channels-last (NHWC) convolutions / contiguous (NCHW), same config",
+          "above 1: channels-last is faster"),
+)
+SPEEDUP_COLUMNS = ["run", "workload_label", "config_id", "baseline_id", "speedup"]
+
+
+def _pairs(configs: pd.DataFrame, axis: str, baseline: str) -> pd.DataFrame:
+    """Every measured config (at least one ok repeat: its figures are the medians over those)
+    whose twin along ``axis`` has the baseline value, merged with that twin (its columns
+    suffixed ``_base``)."""
+    ok = configs[configs["repeats_ok"] > 0] if "repeats_ok" in configs else configs[configs["status"] == "ok"]
+    if ok.empty or axis not in ok:
+        return pd.DataFrame()
+    key = [c for c in IDENTITY if c != axis and c in ok]
+    if axis in VARIANT_AXES:
+        key = [f"variant_no_{axis}" if c == "variant" else c for c in key]
+    base = ok[ok[axis] == baseline]
+    if axis == "device":  # any GPU against the CPU
+        targets = ok[ok["device"].astype(str).str.startswith("cuda")]
+    elif axis == "framework":
+        targets = ok[ok["framework"] == "torch"]
+    else:
+        targets = ok[ok[axis] != baseline]
+    return targets.merge(base, on=key, suffixes=("", "_base"))
+
+
+def speedups(configs: pd.DataFrame, comparison: Twins) -> pd.DataFrame:
+    """One row per (config, its twin): ``speedup`` = throughput / the twin's; for the
+    parallelism axis also ``devices`` and ``scaling_efficiency`` (None where the two trained
+    at different batches: two ``batch_size = "max"`` configs whose searches found different
+    ones)."""
+    merged = _pairs(configs, comparison.axis, comparison.baseline)
+    if merged.empty:
+        return pd.DataFrame(columns=SPEEDUP_COLUMNS)
+    merged["speedup"] = merged["throughput"] / merged["throughput_base"]
+    merged = merged.rename(columns={"config_id_base": "baseline_id"})
+    columns = list(SPEEDUP_COLUMNS)
+    if comparison.axis == "parallelism":
+        same_batch = merged["batch_trained"] == merged["batch_trained_base"]
+        merged["scaling_efficiency"] = (merged["speedup"] / merged["devices"]).where(same_batch)
+        columns += ["devices", "scaling_efficiency"]
+    return merged[columns].reset_index(drop=True)
+
+
+CHECKPOINTING_COLUMNS = ["run", "config_id", "baseline_id", "peak_source", "peak_bytes", "baseline_peak_bytes",
+                         "memory_saving", "slowdown"]
+
+
+def checkpointing(configs: pd.DataFrame) -> pd.DataFrame:
+    """Activation checkpointing against the same config without it, trained at the same
+    batch: ``memory_saving`` = 1 - peak / peak without (negative: checkpointing used more),
+    ``slowdown`` = throughput without / with. Peaks are the same kind on both sides
+    (``peak_memory_source``)."""
+    merged = _pairs(configs, "checkpointing", "none")
+    if not merged.empty:
+        merged = merged[(merged["batch_trained"] == merged["batch_trained_base"])
+                        & merged["peak_memory_bytes"].notna() & merged["peak_memory_bytes_base"].notna()
+                        & (merged["peak_memory_source"] == merged["peak_memory_source_base"])]
+    if merged.empty:
+        return pd.DataFrame(columns=CHECKPOINTING_COLUMNS)
+    out = pd.DataFrame({
+        "run": merged["run"], "config_id": merged["config_id"], "baseline_id": merged["config_id_base"],
+        "peak_source": merged["peak_memory_source"], "peak_bytes": merged["peak_memory_bytes"],
+        "baseline_peak_bytes": merged["peak_memory_bytes_base"],
+        "memory_saving": 1.0 - merged["peak_memory_bytes"] / merged["peak_memory_bytes_base"],
+        "slowdown": merged["throughput_base"] / merged["throughput"],
+    })
+    return out.reset_index(drop=True)
