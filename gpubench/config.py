@@ -41,6 +41,7 @@ class Config:
     warmup_steps: int = 5
     steps: int = 20
     windows: int = 5
+    window_s: float = 0.0  # > 0: a measured window takes only the steps that fit in this many seconds
     timeout_s: float = 600.0
     seed: int = 0
     telemetry_interval_ms: int = 100

@@ -43,7 +43,11 @@ def nbytes(v: Any) -> str:
 
 
 def ms(v: Any) -> str:
-    return "-" if _missing(v) else f"{float(v):.3g} ms"
+    """Milliseconds, 3 significant digits; a second or more in seconds (not 1.2e+03 ms)."""
+    if _missing(v):
+        return "-"
+    v = float(v)
+    return f"{v / 1000:.3g} s" if abs(v) >= 1000 else f"{v:.3g} ms"
 
 
 def pct(v: Any) -> str:

@@ -83,6 +83,14 @@ def _positive_float(v: Any) -> float:
     return float(v)
 
 
+def _non_negative_float(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"expected a number >= 0, got {v!r}")
+    if not 0 <= v < math.inf:
+        raise ValueError(f"must be >= 0 and finite, got {v}")
+    return float(v)
+
+
 def _choice(kind: str, allowed: Callable[[], list[str]] | tuple[str, ...]) -> Check:
     def check(v: Any) -> str:
         options = list(allowed() if callable(allowed) else allowed)
@@ -162,6 +170,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("warmup_steps", _int(0), _parse_number, "steps after the cold-start step, not measured"),
     Setting("steps", _int(1), _parse_number, "measured steps per window"),
     Setting("windows", _int(1), _parse_number, "measured windows"),
+    Setting("window_s", _non_negative_float, _parse_number,
+            "seconds a measured window may take: a slower config takes fewer steps (at least 2), 0 = no bound"),
     Setting("timeout_s", _positive_float, _parse_number, "seconds before a config is killed"),
     Setting("seed", _int(0, SEED_MAX), _parse_number, "seed for weights, data and dropout"),
     Setting("telemetry_interval_ms", _int(0), _parse_number, "telemetry sampling period; 0 turns sampling off"),

@@ -86,3 +86,62 @@ def test_metrics_from_raw_measurement():
     assert m["loss"] == {"first": 9.0, "last": 7.0, "windows": [8.0, 7.0], "fell": True}
     assert m["step_times_ms"] == [10.0, 10.0, 20.0, 20.0]
     assert m["noisy"] is True  # cv of 10,10,20,20 is 0.38
+
+
+class SleepingTrainer(ScriptedTrainer):
+    """Each step takes ``step_s`` of wall time (a slow config, e.g. emulated bf16)."""
+
+    def __init__(self, step_s: float) -> None:
+        super().__init__(times=[step_s * 1000.0] * 1000)
+        self.step_s = step_s
+
+    def step(self) -> None:
+        import time
+
+        time.sleep(self.step_s)
+        super().step()
+
+
+def test_window_steps_fit_the_time_bound_but_never_fewer_than_two():
+    from gpubench.measure.loop import MIN_WINDOW_STEPS, window_steps
+
+    assert window_steps(20, 0.0, 500.0) == 20  # no bound
+    assert window_steps(20, 1.0, 100.0) == 10
+    assert window_steps(20, 1.0, 10.0) == 20  # never more than asked
+    assert window_steps(20, 1.0, 3000.0) == MIN_WINDOW_STEPS == 2
+    assert window_steps(1, 1.0, 3000.0) == 1  # never more than asked either
+
+
+def test_a_time_bounded_loop_takes_fewer_steps_in_every_window_of_a_slow_config():
+    trainer = SleepingTrainer(0.05)
+    raw = run_loop(trainer, warmup_steps=20, steps=50, windows=3, window_s=0.12)
+    # the warm-up stops once 0.12 s have passed (3 steps of 0.05 s; 2 if sleeps overshoot on a
+    # loaded machine), not after its 20 steps; windows take what fits (2)
+    assert 2 <= raw.warmup_steps <= 3
+    assert raw.window_steps == [2, 2, 2] and len(raw.step_times_ms) == 6 and raw.steps_measured == 6
+    fast = run_loop(SleepingTrainer(0.001), warmup_steps=3, steps=5, windows=2, window_s=1.0)
+    assert (fast.warmup_steps, fast.window_steps) == (3, [5, 5])  # a fast config is not cut
+    unbounded = run_loop(SleepingTrainer(0.05), warmup_steps=2, steps=4, windows=2)
+    assert (unbounded.warmup_steps, unbounded.window_steps) == (2, [4, 4])
+
+
+def test_a_time_bound_keeps_the_warm_up_a_compiling_trainer_needs():
+    trainer = SleepingTrainer(0.05)
+    trainer.min_warmup_steps = 4  # e.g. CUDA graphs recorded on the first calls
+    raw = run_loop(trainer, warmup_steps=1, steps=10, windows=1, window_s=0.01)
+    assert raw.warmup_steps == 4 and raw.window_steps == [2]
+
+
+def test_window_s_is_a_suite_setting_checked_like_the_others():
+    import pytest
+
+    from gpubench.errors import InputError
+    from gpubench.suite import parse_suite
+
+    suite = parse_suite({"defaults": {"workload": "mlp", "window_s": 0.5}}, "s.toml")
+    (config,) = suite.expand()
+    assert config.window_s == 0.5 and "window_s" not in config.config_id  # a measurement setting
+    assert config.config_hash != Config(workload="mlp").config_hash
+    for bad in (-1, "1s", float("nan"), float("inf")):
+        with pytest.raises(InputError, match="s.toml: defaults.window_s: "):
+            parse_suite({"defaults": {"workload": "mlp", "window_s": bad}}, "s.toml")

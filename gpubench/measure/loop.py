@@ -81,8 +81,28 @@ def ranged_step(step: Callable[[], None], ranges: Ranges) -> Callable[[], None]:
     return wrapped
 
 
+# a time-bounded window (window_s) still takes at least this many steps: with the usual 3 or
+# more windows, 6 or more step times, enough for a distribution-free 95% CI of the median
+MIN_WINDOW_STEPS = 2
+
+
+def window_steps(steps: int, window_s: float, step_ms: float) -> int:
+    """Steps per measured window: ``steps``, or with a time bound (``window_s`` > 0) as many as
+    fit in ``window_s`` at the estimated ``step_ms``, but at least MIN_WINDOW_STEPS (and never
+    more than ``steps``)."""
+    if window_s <= 0 or step_ms <= 0:
+        return steps
+    return max(min(MIN_WINDOW_STEPS, steps), min(steps, int(window_s * 1000.0 / step_ms)))
+
+
 def run_loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int,
-             observer: PhaseObserver | None = None, ranges: Ranges | None = None) -> RawMeasurement:
+             observer: PhaseObserver | None = None, ranges: Ranges | None = None,
+             window_s: float = 0.0) -> RawMeasurement:
+    """Cold start, warm-up, then ``windows`` timed windows of ``steps`` steps. With ``window_s``
+    (seconds, 0: off) the warm-up stops once it has taken that long (after the trainer's own
+    minimum), and every window takes the steps that fit in ``window_s`` at the warm-up's
+    measured step time (at least MIN_WINDOW_STEPS): a slow config takes fewer steps, never
+    fewer windows, and every window the same number of steps."""
     push, pop = (ranges or NO_RANGES).push, (ranges or NO_RANGES).pop
     push("cold start")
     t0 = clock_ns()
@@ -97,14 +117,23 @@ def run_loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int,
         return raw
 
     step = trainer.step if ranges is None else ranged_step(trainer.step, ranges)
-    raw.warmup_steps = max(warmup_steps, trainer.min_warmup_steps)
+    wanted = max(warmup_steps, trainer.min_warmup_steps)
     push("warmup")
     t0 = clock_ns()
-    for _ in range(raw.warmup_steps):
+    deadline = t0 + int(window_s * 1e9) if window_s > 0 else None
+    for i in range(wanted):
         step()
+        raw.warmup_steps = i + 1
+        # the host clock alone (no device sync inside the warm-up): on a GPU it runs ahead of the
+        # device, so the warm-up may take more steps than the bound, never fewer than needed
+        if deadline is not None and raw.warmup_steps >= trainer.min_warmup_steps and clock_ns() >= deadline:
+            break
     trainer.sync()
-    raw.phases.append(Phase("warmup", t0, clock_ns()))
+    t1 = clock_ns()
+    raw.phases.append(Phase("warmup", t0, t1))
     pop()
+    step_ms = (t1 - t0) / 1e6 / raw.warmup_steps if raw.warmup_steps else raw.cold_start_ms
+    steps = window_steps(steps, window_s, step_ms)
 
     compiles = trainer.compile_events()
     for w in range(windows):

@@ -95,9 +95,12 @@ def _how_measured(run_meta: dict[str, Any]) -> str:
     def setting(key: str, default: Any) -> str:
         return str(m.get(key, d.get(key, default)))
     repeats = (run_meta.get("args") or {}).get("repeats", 1)
+    bound = setting("window_s", 0)
+    bounded = (f" (or, where a window would take more than {bound} s, the steps that fit in it at the "
+               "warm-up's step time, at least 2: metrics.window_steps)") if bound not in ("0", "0.0") else ""
     return (f"Each config in a fresh process: 1 cold-start step (reported separately), "
             f"{setting('warmup_steps', 5)} warm-up steps, then {setting('windows', 5)} windows of "
-            f"{setting('steps', 20)} timed steps; {repeats} repeat(s) per config; seed {setting('seed', 0)}. "
+            f"{setting('steps', 20)} timed steps{bounded}; {repeats} repeat(s) per config; seed {setting('seed', 0)}. "
             f"Run started {run_meta.get('created_at', '?')}, "
             f"{'completed' if run_meta.get('completed') else 'not completed (interrupted or still running)'}.")
 

@@ -86,6 +86,7 @@ def metrics_from(raw: RawMeasurement, config: Config, setup_ms: float) -> dict[s
         "cold_start_ms": raw.cold_start_ms,
         "step_times_ms": raw.step_times_ms,
         "window_wall_ms": raw.window_wall_ms,
+        "window_steps": raw.window_steps,
         "loss": {
             "first": raw.loss_first,
             "last": raw.loss_last,
@@ -245,7 +246,8 @@ def run_config(config: Config, profile: dict[str, Any] | None = None) -> tuple[O
         setup_ms = (time.perf_counter() - t0) * 1000.0
         with telemetry, rss.training():
             telemetry.raw = raw = run_loop(trainer, config.warmup_steps, config.steps, config.windows,
-                                           telemetry.observer, ranges=trainer.ranges() if profile is not None else None)
+                                           telemetry.observer, ranges=trainer.ranges() if profile is not None else None,
+                                           window_s=config.window_s)
         memory.update(trainer.memory())
         if rss.training_peak() is not None:
             memory["train_peak_rss_bytes"] = rss.training_peak()
