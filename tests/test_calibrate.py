@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import sys
@@ -10,7 +11,7 @@ from dataclasses import replace
 import pytest
 from rich.console import Console
 
-from gpubench.calibrate import cache
+from gpubench.calibrate import RECALIBRATE, cache, kernel_label
 from gpubench.calibrate.command import figures_table
 from gpubench.calibrate.datasheet import datasheet_for
 from gpubench.errors import InputError
@@ -32,8 +33,9 @@ class FakeMeasure:
 
     def __call__(self, device: str) -> dict:
         self.calls += 1
-        return {"device": device, "device_name": "test cpu", "matmul_tflops": {"fp32": 0.5 * self.calls, "bf16": 1.0},
-                "memory_bandwidth_gbs": 10.0}
+        kernel = {"framework": "torch", "op": "linear", "shape": "512x512x512", "size": 512}
+        return {"device": device, "device_name": "test cpu", "peak_tflops": {"fp32": 0.5 * self.calls, "bf16": 1.0},
+                "peak_kernels": {"fp32": kernel, "bf16": kernel}, "memory_bandwidth_gbs": 10.0}
 
 
 @pytest.fixture
@@ -47,26 +49,34 @@ def test_cache_miss_hit_corrupt_and_force(cache_dir):
     first = cache.get_calibration("cpu", measure=measure, warn=warnings.append)  # miss: measured and written
     assert not first.cached and measure.calls == 1 and first.path.parent == cache_dir
     assert first.path.name.startswith("calibration-cpu-") and json.loads(first.path.read_text()) == first.entry
-    assert first.entry["key"] == cache.calibration_key("cpu") and first.entry["matmul_tflops"]["fp32"] == 0.5
+    assert first.entry["key"] == cache.calibration_key("cpu") and first.entry["peak_tflops"]["fp32"] == 0.5
     hit = cache.get_calibration("cpu", measure=measure, warn=warnings.append)
     assert hit.cached and measure.calls == 1 and hit.entry == first.entry and warnings == []
 
     first.path.write_text('{"cache_version": 1, "key": ')  # a truncated file
     rebuilt = cache.get_calibration("cpu", measure=measure, warn=warnings.append)
-    assert not rebuilt.cached and measure.calls == 2 and rebuilt.entry["matmul_tflops"]["fp32"] == 1.0
+    assert not rebuilt.cached and measure.calls == 2 and rebuilt.entry["peak_tflops"]["fp32"] == 1.0
     (warning,) = warnings
     assert str(first.path) in warning and "unusable" in warning and "measuring again" in warning and "\n" not in warning
     assert json.loads(first.path.read_text()) == rebuilt.entry  # the rebuilt entry is on disk
 
-    for broken in ({**rebuilt.entry, "matmul_tflops": {"fp32": "fast"}}, {**rebuilt.entry, "key": {"other": 1}},
+    for broken in ({**rebuilt.entry, "peak_tflops": {"fp32": "fast"}}, {**rebuilt.entry, "key": {"other": 1}},
                    {**rebuilt.entry, "cache_version": 0}, [1, 2],
-                   {k: v for k, v in rebuilt.entry.items() if k != "device"}):
+                   {k: v for k, v in rebuilt.entry.items() if k != "device"},
+                   {**rebuilt.entry, "peak_kernels": {"fp32": rebuilt.entry["peak_kernels"]["fp32"]}}):
         first.path.write_text(json.dumps(broken))
         assert not cache.get_calibration("cpu", measure=measure, warn=warnings.append).cached
-    assert measure.calls == 7 and len(warnings) == 6
+    assert measure.calls == 8 and len(warnings) == 7
+
+    # a version-1 file (torch.mm-only peaks, as gpubench wrote them before) is measured again, with the warning
+    old = {k: v for k, v in rebuilt.entry.items() if k not in ("peak_tflops", "peak_kernels")}
+    first.path.write_text(json.dumps({**old, "cache_version": 1, "matmul_tflops": {"fp32": 0.03, "bf16": 0.0012}}))
+    again = cache.get_calibration("cpu", measure=measure, warn=warnings.append)
+    assert not again.cached and measure.calls == 9 and "cache_version 1, expected 2" in warnings[-1]
+    assert "matmul_tflops" not in json.loads(first.path.read_text())
 
     forced = cache.get_calibration("cpu", force=True, measure=measure, warn=warnings.append)
-    assert not forced.cached and measure.calls == 8 and len(warnings) == 6
+    assert not forced.cached and measure.calls == 10 and len(warnings) == 8
 
 
 def test_cache_key_fields(cache_dir, monkeypatch):
@@ -75,7 +85,17 @@ def test_cache_key_fields(cache_dir, monkeypatch):
     assert build["version"] == torch.__version__ and build["cuda"] == torch.version.cuda
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     key = cache.calibration_key("cpu")
-    assert {"hostname", "cpu_model", "torch", "torch_cuda", "cpu_affinity", "thread_env"} <= set(key)
+    assert {"hostname", "cpu_model", "torch", "torch_cuda", "tensorflow", "tensorflow_dist", "cpu_affinity",
+            "thread_env"} <= set(key)
+    tf_build = cache.tensorflow_build()  # from its package metadata, without importing it
+    if tf_build is not None:
+        assert key["tensorflow"] == importlib.metadata.version(tf_build["dist"])
+    else:
+        assert key["tensorflow"] is None
+    real = cache.tensorflow_build
+    monkeypatch.setattr(cache, "tensorflow_build", lambda: {"version": "9.9.9", "dist": "tensorflow"})
+    assert cache.cache_file(cache.calibration_key("cpu")) != cache.cache_file(key)  # another TensorFlow: measured anew
+    monkeypatch.setattr(cache, "tensorflow_build", real)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # fewer threads, other peaks: another cache file
     assert cache.cache_file(cache.calibration_key("cpu")) != cache.cache_file(key)
     gpus = [{"name": "GPU A", "uuid": "GPU-aaaa", "driver": "550.1"}, {"name": "GPU B", "uuid": "GPU-bbbb",
@@ -87,24 +107,62 @@ def test_cache_key_fields(cache_dir, monkeypatch):
     assert "cpu_affinity" not in key and cache.calibration_device("cuda") == "cuda:0"
 
 
+def _check_best_of(entry: dict) -> None:
+    """Each precision's peak is the best kernel's figure, and peak_kernels names that kernel."""
+    kernels = entry["details"]["kernels"]
+    for p, peak in entry["peak_tflops"].items():
+        best = max((k for k in kernels if k["precision"] == p and k["tflops"]), key=lambda k: k["tflops"])
+        assert peak == best["tflops"]
+        assert entry["peak_kernels"][p] == {f: best[f] for f in ("framework", "op", "shape", "size")}
+    for k in kernels:  # a kernel's figure is its best size's median block
+        assert k["tflops"] == max(s["tflops"] for s in k["sizes"])
+        assert all(len(s["blocks_tflops"]) == entry["plan"]["blocks"] for s in k["sizes"])
+
+
 def test_calibrate_cpu_through_the_cli(tmp_path):
     pytest.importorskip("torch")
-    env = {**plugin_env(), "GPUBENCH_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**plugin_env(), "GPUBENCH_CACHE_DIR": str(tmp_path / "cache"), "COLUMNS": "250"}
     out = tmp_path / "cal.json"
     proc = run_cli(["calibrate", "--device", "cpu", "--json", str(out)], cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "measured now" in proc.stdout and "matmul fp32 (TFLOP/s)" in proc.stdout
+    assert "measured now" in proc.stdout and "peak fp32 (TFLOP/s)" in proc.stdout
     (entry,) = json.loads(out.read_text())
     assert entry["device"] == "cpu" and not entry["from_cache"] and entry["datasheet"] is None
-    assert set(entry["matmul_tflops"]) == {"fp32", "bf16"} and min(entry["matmul_tflops"].values()) > 0
+    assert set(entry["peak_tflops"]) == {"fp32", "bf16"} and min(entry["peak_tflops"].values()) > 0
     assert entry["memory_bandwidth_gbs"] > 0
-    sizes = entry["details"]["matmul"]["fp32"]["sizes"]
-    assert entry["matmul_tflops"]["fp32"] == max(s["tflops"] for s in sizes)  # the best size's median block
-    assert all(len(s["blocks_tflops"]) == entry["plan"]["blocks"] for s in sizes)
+    for p in ("fp32", "bf16"):  # the kernel that set each peak is in the table
+        assert kernel_label(entry["peak_kernels"][p]) in proc.stdout
+    ran = {(k["framework"], k["op"], k["precision"]) for k in entry["details"]["kernels"]}
+    expected = {("torch", "linear", p) for p in ("fp32", "bf16")} | {("torch", "conv2d", p) for p in ("fp32", "bf16")}
+    if cache.tensorflow_build() is not None:
+        expected |= {("tensorflow", op, p) for op in ("matmul", "conv2d") for p in ("fp32", "bf16")}
+        assert entry["frameworks"]["tensorflow"]["version"] == entry["key"]["tensorflow"]
+        assert "kernels timed in torch" in proc.stdout and "tensorflow" in proc.stdout
+    assert ran == expected
+    _check_best_of(entry)
     again = run_cli(["calibrate", "--device", "cpu", "--json", str(out)], cwd=tmp_path, env=env)
     assert again.returncode == 0 and "from the cache" in again.stdout
     (cached,) = json.loads(out.read_text())
-    assert cached["from_cache"] and cached["matmul_tflops"] == entry["matmul_tflops"]
+    assert cached["from_cache"] and cached["peak_tflops"] == entry["peak_tflops"]
+
+
+def test_a_framework_that_is_not_installed_is_skipped_with_the_reason(tmp_path):
+    pytest.importorskip("torch")
+    blocked = tmp_path / "blocked" / "tensorflow"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ImportError('No module named tensorflow (blocked for this test)')\n")
+    env = {**plugin_env(), "PYTHONPATH": os.pathsep.join([str(tmp_path / "blocked"), str(REPO)]),
+           "GPUBENCH_CACHE_DIR": str(tmp_path / "cache"), "COLUMNS": "250"}
+    proc = run_cli(["calibrate", "--device", "cpu", "--json", str(tmp_path / "c.json")], cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (entry,) = json.loads((tmp_path / "c.json").read_text())
+    reason = entry["frameworks"]["tensorflow"]["unavailable"]
+    assert "tensorflow is not installed" in reason and "blocked for this test" in reason
+    assert f"cpu: tensorflow kernels not timed: {reason}" in proc.stdout
+    assert {k["framework"] for k in entry["details"]["kernels"]} == {"torch"}
+    assert {k["framework"] for k in entry["peak_kernels"].values()} == {"torch"}
+    assert entry["key"]["tensorflow"] is None  # no TensorFlow package metadata beside the blocked one
+    _check_best_of(entry)
 
 
 def test_calibrate_without_torch_exits_2_with_the_install_command(tmp_path):
@@ -128,12 +186,14 @@ def test_datasheet_labels():
     assert datasheet_for("NVIDIA A100-SXM4-80GB").tflops == {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0}
     for other in ("NVIDIA H100 NVL", "NVIDIA H200 NVL", "NVIDIA A100-SXM4-40GB", "AMD EPYC", None):
         assert datasheet_for(other) is None
-    entry = {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "matmul_tflops": {"bf16": 742.05},
+    entry = {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "peak_tflops": {"bf16": 742.05},
+             "peak_kernels": {"bf16": {"framework": "torch", "op": "mm", "shape": "16384x16384x16384", "size": 16384}},
              "memory_bandwidth_gbs": 2680.0}
-    console = Console(record=True, width=200)
+    console = Console(record=True, width=250)
     console.print(figures_table([cache.Calibration(entry, cache.cache_dir(), cached=True)]))
     text = console.export_text()
     assert "742" in text and "989.4 (datasheet: NVIDIA H100 SXM5 80GB)" in text and "75%" in text
+    assert "torch mm 16384x16384x16384" in text
     assert "3350 (datasheet: NVIDIA H100 SXM5 80GB)" in text and "80%" in text
 
 
@@ -144,8 +204,11 @@ def test_calibrate_cuda_through_the_cli(tmp_path):
     proc = run_cli(["calibrate", "--device", "cuda", "--json", str(out)], cwd=tmp_path, env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (entry,) = json.loads(out.read_text())
-    tflops = entry["matmul_tflops"]
+    tflops = entry["peak_tflops"]
     assert entry["device"] == "cuda:0" and entry["key"]["gpu_uuid"] and set(tflops) <= {"fp32", "tf32", "fp16", "bf16"}
+    assert {("torch", "mm"), ("torch", "linear"), ("torch", "conv2d")} <= {
+        (k["framework"], k["op"]) for k in entry["details"]["kernels"]}
+    _check_best_of(entry)
     assert tflops["bf16"] > tflops["fp32"] > 0 and entry["memory_bandwidth_gbs"] > 100
     if entry["datasheet"]:  # measured cannot beat the datasheet by more than clock noise
         for p, v in tflops.items():
@@ -161,8 +224,8 @@ def _ok_result(config: Config, flops: float = 1e9, rate: float = 2000.0) -> dict
 
 
 def test_mfu_arithmetic():
-    peaks = {"cuda:0": {"device": "cuda:0", "device_name": "GPU", "matmul_tflops": {"bf16": 800.0, "fp32": 50.0}},
-             "cpu": {"device": "cpu", "device_name": "CPU", "matmul_tflops": {"fp32": 0.5, "bf16": 1.0}}}
+    peaks = {"cuda:0": {"device": "cuda:0", "device_name": "GPU", "peak_tflops": {"bf16": 800.0, "fp32": 50.0}},
+             "cpu": {"device": "cpu", "device_name": "CPU", "peak_tflops": {"fp32": 0.5, "bf16": 1.0}}}
     m = mfu_metrics(_ok_result(Config("mlp", device="cuda", precision="amp-bf16", parallelism="ddp:2")), peaks)
     assert m["achieved_tflops"] == pytest.approx(2.0)  # 1e9 FLOPs x 2000 samples/s
     assert m["peak_tflops"] == 1600.0 and m["mfu"] == pytest.approx(2.0 / 1600)  # two GPUs
@@ -274,7 +337,7 @@ def test_a_run_resolves_max_and_reports_mfu(tmp_path, write_suite):
     (run_dir,) = list((tmp_path / "runs").iterdir())
     results = load_results(run_dir)
     (cal_file,) = (p for p in (cache.cache_dir().glob("calibration-cpu-*.json")))  # the test session's cache
-    peak = json.loads(cal_file.read_text())["matmul_tflops"]["fp32"]
+    peak = json.loads(cal_file.read_text())["peak_tflops"]["fp32"]
     for r in results:
         m = r["metrics"]
         assert r["status"] == "ok"
