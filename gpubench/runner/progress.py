@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from gpubench.calibrate import RECALIBRATE
 from gpubench.results.schema import peak_memory
 from gpubench.runner.sweep import Job
 
@@ -93,10 +94,22 @@ class SweepDisplay:
             self.console.print(f"{line} eta {eta:.0f} s", highlight=False, soft_wrap=True)
 
 
+def above_peak(metrics: dict[str, Any]) -> bool:
+    """A result that achieved more than its calibrated peak (or an older one whose stored MFU is
+    above 100%): it shows no MFU, but the hint to recalibrate."""
+    mfu = metrics.get("mfu")
+    return bool(metrics.get("peak_below_achieved")) or (isinstance(mfu, (int, float)) and mfu > 1)
+
+
 def summary_table(results: list[dict[str, Any]]) -> Table:
-    """Measured configs (ok, diverged, partially measured) one row each."""
+    """Measured configs (ok, diverged, partially measured) one row each; a caption says to
+    recalibrate where a result achieved more than its device's peak."""
     repeats = any(r.get("repeat", 0) for r in results)
-    table = Table(title="gpubench results", title_justify="left")
+    above = [r for r in results if (r.get("metrics") or {}).get("throughput") and above_peak(r["metrics"])]
+    caption = (f"MFU 'above peak': {len(above)} result(s) achieved more TFLOP/s than the calibrated peak, which is "
+               f"therefore no ceiling (a stale calibration, or other load while it was measured); recalibrate with: "
+               f"{RECALIBRATE}" if above else None)
+    table = Table(title="gpubench results", title_justify="left", caption=caption, caption_justify="left")
     table.add_column("config", no_wrap=True)
     if repeats:
         table.add_column("rep", justify="right")
@@ -122,7 +135,8 @@ def summary_table(results: list[dict[str, Any]]) -> Table:
             f"{100 * st['cv']:.1f}%",
             f"{m['cold_start_ms']:.0f}",
             fmt_bytes(peak),
-            "-" if m.get("mfu") is None else f"{100 * m['mfu']:.1f}%",
+            ("[yellow]above peak[/yellow]" if above_peak(m) else "-" if m.get("mfu") is None
+             else f"{100 * m['mfu']:.1f}%"),
         ]
         table.add_row(*row)
     return table
