@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import re
+import shutil
 import sys
 from dataclasses import replace
 
@@ -14,6 +16,7 @@ from rich.console import Console
 from gpubench.calibrate import RECALIBRATE, cache, kernel_label
 from gpubench.calibrate.command import figures_table
 from gpubench.calibrate.datasheet import datasheet_for
+from gpubench.calibrate.measure import PLANS, HostClock, Kernel, run_kernel
 from gpubench.errors import InputError
 from gpubench.results.store import load_results
 from gpubench.runner.find_batch import Search, batch_search, run_at_max_batch
@@ -238,6 +241,185 @@ def test_mfu_arithmetic():
     assert no_peak == {"achieved_tflops": pytest.approx(2.0)}  # no tf32 peak measured: no mfu
     assert mfu_metrics(_ok_result(Config("mlp", device="cuda:1")), peaks) == {"achieved_tflops": pytest.approx(2.0)}
     assert mfu_metrics({**_ok_result(Config("mlp")), "status": "oom"}, peaks) is None
+
+
+def test_a_result_above_its_peak_gets_no_mfu_but_the_flag_and_the_peak():
+    kernel = {"framework": "tensorflow", "op": "matmul", "shape": "1024x1024x1024", "size": 1024}
+    peaks = {"cpu": {"device": "cpu", "device_name": "CPU", "peak_tflops": {"bf16": 0.0012, "fp32": 2.0},
+                     "peak_kernels": {"bf16": kernel, "fp32": kernel}, "measured_at": "then", "cache_file": "f"}}
+    above = mfu_metrics(_ok_result(Config("mlp", precision="amp-bf16"), flops=1e6, rate=14_000.0), peaks)
+    assert above["achieved_tflops"] == pytest.approx(0.014) and "mfu" not in above  # 0.014 > 0.0012
+    assert above["peak_below_achieved"] is True and above["peak_tflops"] == 0.0012
+    assert above["peak"]["per_device_tflops"] == 0.0012 and above["peak"]["kernel"] == kernel
+    at = mfu_metrics(_ok_result(Config("mlp"), flops=1e9, rate=2000.0), peaks)  # achieved == peak: 100%
+    assert at["mfu"] == pytest.approx(1.0) and "peak_below_achieved" not in at
+
+
+def test_peaks_of_and_no_peaks_lines(monkeypatch, capsys):
+    from gpubench.runner.mfu import load_peaks
+
+    def fake(device):
+        if device == "cuda:0":
+            raise cache.CalibrationError("no such device here; available: cpu", unavailable=True)
+        entry = {"device": "cpu", "peak_tflops": {"fp32": 0.0327, "bf16": 0.0315},
+                 "peak_kernels": {"fp32": {"framework": "tensorflow", "op": "conv2d"},
+                                  "bf16": {"framework": "tensorflow", "op": "matmul"}}}
+        return cache.Calibration(entry, cache.cache_dir(), cached=True)
+    monkeypatch.setattr("gpubench.runner.mfu.get_calibration", fake)
+    console = Console(record=True, width=300)
+    peaks = load_peaks(["cpu", "cuda:0"], console)
+    out = console.export_text()
+    assert list(peaks) == ["cpu"] and "no peaks" not in out
+    assert "peaks of cpu (cached): TFLOP/s fp32 0.0327 (tensorflow conv2d), bf16 0.0315 (tensorflow matmul)" in out
+    err = capsys.readouterr().err  # the warning is on stderr, one line
+    assert err.startswith("gpubench: warning: no peaks for cuda:0") and err.count("\n") == 1
+
+
+def _flagged_results() -> list[dict]:
+    """Three ok results against a stale CPU bf16 peak of 0.0012 TFLOP/s (torch.mm's, as before
+    this calibration measured training kernels): one below it, one above, and an older result
+    whose stored MFU is 411%."""
+    peaks = {"cpu": {"device": "cpu", "device_name": "AMD EPYC", "peak_tflops": {"bf16": 0.0012, "fp32": 0.03},
+                     "peak_kernels": {}}}
+    out = []
+    for config, rate in ((Config("mlp", precision="fp32"), 10_000.0), (Config("mlp", precision="amp-bf16"), 14_000.0),
+                         (Config("mlp", precision="amp-bf16", batch_size=256), 14_000.0)):
+        r = {**_ok_result(config, flops=1e6, rate=rate), "config_id": config.config_id, "repeat": 0}
+        r["metrics"].update({"step_time_ms": {"median": 10.0, "cv": 0.01}, "cold_start_ms": 20.0,
+                             "throughput": {"median": rate, "ci_low": rate, "ci_high": rate}})
+        r["metrics"].update(mfu_metrics(r, peaks))
+        out.append(r)
+    out[2]["metrics"].pop("peak_below_achieved")
+    out[2]["metrics"]["mfu"] = 4.11  # written by an older gpubench
+    return out
+
+
+def test_the_summary_table_says_recalibrate_instead_of_an_mfu_above_100(tmp_path):
+    from gpubench.runner.progress import summary_table
+
+    console = Console(record=True, width=250)
+    console.print(summary_table(_flagged_results()))
+    text = console.export_text()
+    assert "33.3%" in text  # fp32: 0.01 of 0.03 TFLOP/s
+    assert text.count("above peak") == 3 and "411" not in text  # two cells and the caption
+    assert "2 result(s) achieved more TFLOP/s than the calibrated peak" in text and RECALIBRATE in text
+    assert not [v for v in re.findall(r"(\d+(?:\.\d+)?)%", text) if float(v) > 100]
+
+
+def test_the_report_and_summary_md_say_recalibrate_instead_of_an_mfu_above_100(tmp_path):
+    from gpubench.report.build import build_report
+
+    run = tmp_path / "run_a"
+    shutil.copytree(REPO / "tests" / "fixtures" / "run_a", run)
+    results = _flagged_results()
+    for r in results:
+        r.update({"schema_version": 1, "run_id": "run_a", "config_hash": Config.from_dict(r["config"]).config_hash,
+                  "reason": "", "env": {}})
+        r["metrics"].update({"samples_per_step": 64, "step_times_ms": [10.0] * 4, "noisy": False})
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
+    report = build_report([run], tmp_path / "out")
+    md = report.markdown.read_text()
+    mfu_cells = [line.rstrip("|").split("|")[-1].strip() for line in md.splitlines() if line.startswith("| mlp") and "k/s [" in line]
+    assert mfu_cells == ["33.3%", "above peak", "above peak"]
+    assert "2 config(s) achieved more TFLOP/s than the calibrated peak" in md and f"recalibrate with {RECALIBRATE}" in md
+    page = report.index.read_text()
+    flops = page[page.index('id="flops"'):page.index('id="memory"')]
+    assert flops.count(f"above the calibrated peak (0.0012 TFLOP/s): recalibrate with {RECALIBRATE}") == 2
+    assert "MFU 33.3%" in flops and "411" not in flops and "1.17e+03%" not in flops
+
+
+# --- the kernels, their budget, and the best of them -----------------------------------------
+
+def _kernel(framework: str, op: str, precision: str, tflops: float | None, note: str = "") -> dict:
+    return {"framework": framework, "op": op, "precision": precision, "tflops": tflops, "size": 512,
+            "shape": "512x512x512" if tflops else None, "sizes": [], "note": note}
+
+
+def test_combine_keeps_the_best_kernel_per_precision_across_frameworks():
+    torch_out = {"device": "cpu", "device_name": "AMD EPYC", "framework": {"name": "torch", "version": "2.13"},
+                 "kernels": [_kernel("torch", "linear", "fp32", 0.028), _kernel("torch", "conv2d", "fp32", 0.030),
+                             _kernel("torch", "linear", "bf16", 0.004), _kernel("torch", "conv2d", "bf16", 0.0038)],
+                 "memory_bandwidth_gbs": 11.0, "copy": {"gbs": 11.0}, "skipped": {}, "plan": {"blocks": 3},
+                 "seconds": 3.0}
+    tf_out = {"framework": {"name": "tensorflow", "version": "2.21.0"}, "seconds": 2.5,
+              "kernels": [_kernel("tensorflow", "matmul", "fp32", 0.0325), _kernel("tensorflow", "conv2d", "fp32", 0.029),
+                          _kernel("tensorflow", "matmul", "bf16", 0.0315), _kernel("tensorflow", "conv2d", "bf16", None,
+                                                                                   "size 1: InvalidArgumentError: x")]}
+    entry = cache.combine(torch_out, tf_out)
+    assert entry["peak_tflops"] == {"fp32": 0.0325, "bf16": 0.0315}
+    assert entry["peak_kernels"]["bf16"] == {"framework": "tensorflow", "op": "matmul", "shape": "512x512x512",
+                                             "size": 512}
+    assert len(entry["details"]["kernels"]) == 8 and entry["memory_bandwidth_gbs"] == 11.0
+    assert entry["frameworks"]["tensorflow"] == {"name": "tensorflow", "version": "2.21.0", "seconds": 2.5}
+    assert entry["skipped"] == {}  # a failed kernel costs nothing while another ran at its precision
+
+    without = cache.combine(torch_out, {"unavailable": "tensorflow is not installed"})  # a framework skipped
+    assert without["peak_tflops"] == {"fp32": 0.030, "bf16": 0.004}
+    assert without["peak_kernels"]["fp32"]["op"] == "conv2d" and without["peak_kernels"]["bf16"]["op"] == "linear"
+    assert without["frameworks"]["tensorflow"] == {"unavailable": "tensorflow is not installed"}
+    assert {k["framework"] for k in without["details"]["kernels"]} == {"torch"}
+
+    only_failed = {**torch_out, "kernels": [_kernel("torch", "linear", "fp32", 0.028),
+                                            _kernel("torch", "linear", "bf16", None, "size 256: RuntimeError: no")]}
+    entry = cache.combine(only_failed, {"unavailable": "x"})
+    assert entry["peak_tflops"] == {"fp32": 0.028} and set(entry["peak_kernels"]) == {"fp32"}
+    assert "no kernel ran (torch linear: size 256: RuntimeError: no)" in entry["skipped"]["bf16"]
+
+
+def test_measure_in_child_skips_tensorflow_where_it_is_missing_or_fails(monkeypatch):
+    torch_out = {"device": "cpu", "framework": {"name": "torch"}, "kernels": [_kernel("torch", "linear", "fp32", 0.02)],
+                 "memory_bandwidth_gbs": 10.0}
+    started = []
+
+    def child(module, device, launcher):
+        started.append(module)
+        if module.endswith("measure_tf"):
+            raise cache.CalibrationError("calibrating cpu (gpubench.calibrate.measure_tf) failed (exit code -9): ")
+        return torch_out
+    monkeypatch.setattr(cache, "run_child", child)
+    monkeypatch.setattr(cache, "tensorflow_build", lambda: None)
+    entry = cache.measure_in_child("cpu")
+    assert started == ["gpubench.calibrate.measure"]  # no TensorFlow child without TensorFlow
+    assert entry["frameworks"]["tensorflow"] == {"unavailable": "tensorflow is not installed"}
+    monkeypatch.setattr(cache, "tensorflow_build", lambda: {"version": "2.21.0", "dist": "tensorflow"})
+    entry = cache.measure_in_child("cpu")  # its child failed: the calibration goes on without it
+    assert started[1:] == ["gpubench.calibrate.measure", "gpubench.calibrate.measure_tf"]
+    assert entry["frameworks"]["tensorflow"]["unavailable"].startswith("its measurement failed: calibrating cpu")
+    assert entry["peak_tflops"] == {"fp32": 0.02} and entry["seconds"] >= 0
+
+
+class _FakeClock(HostClock):
+    """A call of size s takes s / 1000 seconds: the budget's arithmetic without any real timing."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def time(self, fn, n, sync=None):
+        return n * self.size / 1000.0
+
+
+def test_a_kernel_stops_before_a_size_that_would_overrun_its_budget_and_keeps_sizes_that_ran():
+    clock = _FakeClock()
+    plan = replace(PLANS["cpu"], block_s=0.05, blocks=3, kernel_budget_s=1.0)
+
+    def prepare(size):
+        if size == 11:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory\nmore text")
+        clock.size = size
+        return (lambda: None), None
+    # flops = size: a size's call time is predicted from the last size's, scaled by flops
+    kernel = Kernel("torch", "linear", "bf16", (10, 20, 100, 1000), lambda s: float(s), str, prepare)
+    out = run_kernel(kernel, plan, clock)
+    # 10: 0.01 s a call, 5 calls a block; 20: 0.02 s; 100: 0.1 s a call, predicted (1 + 3) x 0.1 s; 1000: 4 s > 1 s
+    assert [s["size"] for s in out["sizes"]] == [10, 20, 100]
+    assert [s["calls_per_block"] for s in out["sizes"]] == [5, 2, 1]
+    assert out["note"].startswith("sizes from 1000 skipped: about 4 s expected")
+    assert out["tflops"] == pytest.approx(1000 / 1e12) and out["size"] == 10  # all equal: the first best
+    failing = run_kernel(replace(kernel, sizes=(10, 11, 20)), plan, clock)
+    assert [s["size"] for s in failing["sizes"]] == [10]
+    assert failing["note"] == "size 11: RuntimeError: DefaultCPUAllocator: can't allocate memory"
+    none = run_kernel(replace(kernel, sizes=(11,)), plan, clock)
+    assert none["tflops"] is None and none["sizes"] == [] and none["shape"] is None
 
 
 # --- batch_size = "max" -------------------------------------------------------------------------
