@@ -422,6 +422,23 @@ def test_a_kernel_stops_before_a_size_that_would_overrun_its_budget_and_keeps_si
     assert none["tflops"] is None and none["sizes"] == [] and none["shape"] is None
 
 
+def test_the_torch_kernels_of_each_plan_and_a_tiny_real_run_of_the_cpu_ones():
+    torch = pytest.importorskip("torch")
+    from gpubench.calibrate.measure import ConvShape, torch_kernels
+
+    gpu = torch_kernels(torch, "cuda:0", PLANS["cuda"], ["fp32", "tf32", "fp16", "bf16"])  # built, not run
+    assert [(k.op, k.precision) for k in gpu[:3]] == [("mm", "fp32"), ("linear", "fp32"), ("conv2d", "fp32")]
+    assert len(gpu) == 12 and gpu[-1].sizes == PLANS["cuda"].conv_batches
+    tiny = replace(PLANS["cpu"], matmul_sizes=(16,), conv=ConvShape(4, 8, 6, 3), conv_batches=(2,), block_s=0.001,
+                   blocks=2)
+    out = [run_kernel(k, tiny, HostClock()) for k in torch_kernels(torch, "cpu", tiny, ["fp32", "bf16"])]
+    assert [(k["op"], k["precision"]) for k in out] == [("linear", "fp32"), ("conv2d", "fp32"), ("linear", "bf16"),
+                                                       ("conv2d", "bf16")]
+    assert all(k["tflops"] > 0 and k["note"] == "" for k in out)
+    assert out[0]["shape"] == "16x16x16" and out[1]["shape"] == "N=2 4->8 6x6 k3 NHWC"
+    assert ConvShape(4, 8, 6, 3).flops(2) == 2 * 2 * 8 * 4 * 9 * 36
+
+
 # --- batch_size = "max" -------------------------------------------------------------------------
 
 def test_twin_comparisons_pair_only_results_that_trained_the_same_batch():

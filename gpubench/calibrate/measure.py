@@ -317,6 +317,7 @@ def measure(device: str) -> dict[str, Any]:
         if device_index(device) >= torch.cuda.device_count():
             return {**info, "error": f"no such device here; available: {available_devices(torch.cuda.device_count())}"}
         torch.cuda.set_device(device_index(device))
+        torch.backends.cudnn.benchmark = True  # as the trainer: the untimed first call picks the algorithm
         props = torch.cuda.get_device_properties(device_index(device))
         uuid = getattr(props, "uuid", None)
         info.update(device_name=props.name, device_uuid=str(uuid) if uuid is not None else None)
