@@ -17,8 +17,8 @@ called the way the trainers call them (docs/calibration.md):
 
 Each kernel runs a few sizes, smallest first, with random data (normal, never zeros: zeros draw
 less power and compress in memory, which would overstate the peaks). A size: one untimed call
-(lazy initialisation, autotuning), one call to estimate its time when the first was short, then
-``blocks`` timed blocks of back-to-back calls lasting about ``block_s`` each (CUDA events on a
+(lazy initialisation, autotuning), calls in doubling batches to estimate how many fill a block
+(none when the first call already took a block), then ``blocks`` timed blocks of back-to-back calls lasting about ``block_s`` each (CUDA events on a
 GPU under PyTorch, ``perf_counter`` with a synchronising read otherwise). A size's figure is its
 median block (a sustained rate, not one lucky block); a kernel's is its best size's. A larger
 size is started only while the time it is predicted to take (from the last size's, scaled by
@@ -135,19 +135,33 @@ class CudaClock(HostClock):
         return start.elapsed_time(end) / 1000.0
 
 
+def calls_per_block(clock: HostClock, fn: Call, plan: Plan, sync: Call | None, first_s: float) -> int:
+    """How many calls fill a block: a first call longer than a block is its own estimate (a slow
+    kernel's every call counts); otherwise batches of doubling size until one lasts a quarter
+    of a block, so that one call slowed by a neighbour's load does not make every block short."""
+    if first_s >= plan.block_s:
+        return 1
+    n, took = 1, clock.time(fn, 1, sync)
+    while took < plan.block_s / 4 and n < 1 << 20:
+        n *= 2
+        took = clock.time(fn, n, sync)
+    return max(1, round(plan.block_s * n / max(took, 1e-9)))
+
+
 def sustained(clock: HostClock, fn: Call, plan: Plan, sync: Call | None = None) -> tuple[list[float], int]:
     """(seconds per call in each timed block, calls per block)."""
     first = clock.time(fn, 1, sync)  # lazy initialisation, autotuning: not a figure
-    # a first call longer than a block is its own estimate (a slow kernel's every call counts)
-    estimate = max(first if first >= plan.block_s else clock.time(fn, 1, sync), 1e-9)
-    calls = max(1, round(plan.block_s / estimate))
+    calls = calls_per_block(clock, fn, plan, sync, first)
     return [clock.time(fn, calls, sync) / calls for _ in range(plan.blocks)], calls
 
 
 def predicted_s(seconds_per_call: float, plan: Plan) -> float:
-    """Time a size is expected to take, given its seconds per call (see ``sustained``)."""
+    """Time a size is expected to take, given its seconds per call (see ``sustained``): the
+    untimed call, the estimate (at most about half a block), the blocks."""
+    if seconds_per_call >= plan.block_s:
+        return (1 + plan.blocks) * seconds_per_call
     calls = max(1, round(plan.block_s / seconds_per_call))
-    return (1 + (0 if seconds_per_call >= plan.block_s else 1) + plan.blocks * calls) * seconds_per_call
+    return 2 * seconds_per_call + plan.block_s / 2 + plan.blocks * calls * seconds_per_call
 
 
 def _error_line(e: BaseException) -> str:
