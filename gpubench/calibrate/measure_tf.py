@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from gpubench.backends.base import device_index, device_kind
-from gpubench.calibrate.measure import (DTYPES, PLANS, HostClock, Kernel, Plan, capability_gaps, run_kernel)
+from gpubench.calibrate.measure import DTYPES, PLANS, HostClock, Kernel, Plan, capability_gaps, run_kernel
 
 
 def tensorflow_kernels(tf: Any, plan: Plan, precisions: list[str]) -> list[Kernel]:
