@@ -1,4 +1,5 @@
-"""The environment fingerprint every result carries (DESIGN §5.8)."""
+"""The environment fingerprint every result carries, and what it says about low-precision speed
+on this CPU."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Protocol
 
 import psutil
 
@@ -17,6 +18,76 @@ from gpubench.telemetry.nvml import gpu_inventory
 
 _ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "TF_NUM_INTRAOP_THREADS",
              "TF_NUM_INTEROP_THREADS")
+
+
+# instruction-set features that decide low-precision (and fp32) matmul speed, as /proc/cpuinfo
+# names them: x86's "flags" line, aarch64's "Features" line
+CPU_FEATURES = {
+    "x86": ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile",
+            "amx_bf16", "amx_fp16"),
+    "arm": ("asimd", "fphp", "asimdhp", "asimddp", "bf16", "i8mm", "sve", "sve2", "svebf16"),
+}
+# features any one of which computes in the precision (not merely converts to it, as f16c does)
+NATIVE_FEATURES = {
+    "x86": {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")},
+    "arm": {"bf16": ("bf16",), "fp16": ("asimdhp",)},
+}
+# the configs' precisions that compute in bf16 / fp16
+LOW_PRECISION = {"amp-bf16": "bf16", "amp-fp16": "fp16"}
+
+
+def parse_cpuinfo(text: str) -> tuple[str | None, set[str]]:
+    """(``x86`` / ``arm`` / None, the feature flags of the first processor listed) of a
+    /proc/cpuinfo text."""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key == "flags":
+            return "x86", set(value.split())
+        if key == "features":
+            return "arm", set(value.split())
+    return None, set()
+
+
+def cpu_features(text: str | None = None) -> dict[str, Any]:
+    """``cpu_arch``, ``cpu_features`` (each listed feature: present or not) and ``cpu_native``
+    (bf16 / fp16 computed natively: true, false, or None where /proc/cpuinfo says nothing)."""
+    if text is None:
+        try:
+            text = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            text = ""
+    arch, flags = parse_cpuinfo(text)
+    if arch is None:
+        return {"cpu_arch": None, "cpu_features": {}, "cpu_native": {"bf16": None, "fp16": None}}
+    return {"cpu_arch": arch, "cpu_features": {f: f in flags for f in CPU_FEATURES[arch]},
+            "cpu_native": {p: any(f in flags for f in names) for p, names in NATIVE_FEATURES[arch].items()}}
+
+
+class _Config(Protocol):
+    config_id: str
+    device: str
+    precision: str
+
+
+def emulation_note(configs: Iterable[_Config], env: dict[str, Any]) -> str | None:
+    """One line for ``gpubench run`` to say before it starts, where CPU configs ask for bf16 or
+    fp16 that this CPU (per the fingerprint ``env``) does not compute natively: they run
+    emulated, often several times slower than fp32. None when there is nothing to say (no such
+    configs, native support, or a CPU whose features are unknown)."""
+    native, arch = env.get("cpu_native") or {}, env.get("cpu_arch")
+    counts: dict[str, int] = {}
+    for c in {c.config_id: c for c in configs}.values():
+        p = LOW_PRECISION.get(c.precision)
+        if p is not None and c.device.split(":", 1)[0] == "cpu" and native.get(p) is False:
+            counts[c.precision] = counts.get(c.precision, 0) + 1
+    if not counts or arch not in NATIVE_FEATURES:
+        return None
+    lacking = sorted({LOW_PRECISION[p] for p in counts})
+    missing = " or ".join(f"{p} (no {'/'.join(NATIVE_FEATURES[arch][p])})" for p in lacking)
+    which = " and ".join(f"{n} {p}" for p, n in sorted(counts.items()))
+    return (f"this CPU has no native {missing}: {which} CPU config{'s' if sum(counts.values()) > 1 else ''} will run "
+            "emulated, often several times slower than fp32")
 
 
 def cpu_model() -> str:
@@ -55,6 +126,7 @@ def host_fingerprint() -> dict[str, Any]:
         "cpu_logical_cores": psutil.cpu_count(logical=True),
         "cpu_physical_cores": psutil.cpu_count(logical=False),
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        **cpu_features(),
         "memory_total_bytes": psutil.virtual_memory().total,
         "gpubench": gpubench.__version__,
         "git": git_revision(),

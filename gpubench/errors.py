@@ -21,3 +21,8 @@ def choices_message(kind: str, value: object, allowed: list[str] | tuple[str, ..
 def warn(message: str) -> None:
     """A warning for the user: one line on stderr, so that stdout keeps only the results."""
     print(f"gpubench: warning: {message}", file=sys.stderr)
+
+
+def note(message: str) -> None:
+    """Something the user should know before a run starts: one line on stderr, like a warning."""
+    print(f"gpubench: note: {message}", file=sys.stderr)

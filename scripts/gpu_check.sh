@@ -42,7 +42,7 @@ latest_run() { ls -td "$OUT"/runs/"$1"-* 2>/dev/null | head -n 1; }  # latest_ru
 # --- the steps: NAME, planned minutes on an H100 (a guess), what it checks ---------------------
 STEPS=(
   "env         0  the machine: nvidia-smi, gpubench env"
-  "calibrate   1  #8: matmul TFLOP/s per precision and copy bandwidth (cached for MFU)"
+  "calibrate   1  #8: peak TFLOP/s per precision (best training kernel) and copy bandwidth (cached for MFU)"
   "targets     7  #8: ResNet-50 / MNIST CNN target configs, checked by scripts/gpu_targets.py; sample report"
   "telemetry   2  #4: utilisation busy/idle, power above idle, counter vs integrated energy; NVML overhead"
   "quick       3  #2: the quick suite's CUDA configs at fp32, tf32, amp-fp16, amp-bf16"

@@ -59,10 +59,21 @@ def at_least(target: str, found: tuple[str, float] | None, floor: float, unit: s
     return Verdict(target, "PASS" if value >= floor else "FAIL", f"{value:,.0f} {unit} ({cid})")
 
 
+MATMUL_OPS = ("mm", "linear", "matmul")  # the calibration's matmul kernels (conv2d is the other)
+
+
+def matmul_tflops(calibration: dict[str, Any], precision: str) -> float | None:
+    """The best matmul kernel's TFLOP/s of a calibration at a precision (an older calibration's
+    matmul_tflops, from when torch.mm was its only kernel)."""
+    figures = [k["tflops"] for k in (calibration.get("details") or {}).get("kernels", [])
+               if k.get("op") in MATMUL_OPS and k.get("precision") == precision and k.get("tflops")]
+    return max(figures) if figures else (calibration.get("matmul_tflops") or {}).get(precision)
+
+
 def check(results: list[dict[str, Any]], calibration: list[dict[str, Any]]) -> list[Verdict]:
     out: list[Verdict] = []
     gpu = next((c for c in calibration if str(c.get("device", "")).startswith("cuda")), None)
-    bf16 = (gpu or {}).get("matmul_tflops", {}).get("bf16")
+    bf16 = matmul_tflops(gpu or {}, "bf16")
     out.append(Verdict("calibrate: bf16 matmul >= 750 TFLOP/s", "MISSING" if bf16 is None else
                        "PASS" if bf16 >= 750 else "FAIL",
                        "no CUDA calibration" if bf16 is None else f"{bf16:.1f} TFLOP/s ({gpu.get('device_name')})"))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import re
+import shutil
 import sys
 from dataclasses import replace
 
@@ -11,9 +14,10 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from gpubench.calibrate import cache
+from gpubench.calibrate import RECALIBRATE, cache, kernel_label
 from gpubench.calibrate.command import figures_table
 from gpubench.calibrate.datasheet import datasheet_for
+from gpubench.calibrate.measure import PLANS, HostClock, Kernel, run_kernel
 from gpubench.errors import InputError
 from gpubench.runner.find_batch import Search, batch_search, run_at_max_batch
 from gpubench.runner.mfu import mfu_metrics
@@ -32,8 +36,9 @@ class FakeMeasure:
 
     def __call__(self, device: str) -> dict:
         self.calls += 1
-        return {"device": device, "device_name": "test cpu", "matmul_tflops": {"fp32": 0.5 * self.calls, "bf16": 1.0},
-                "memory_bandwidth_gbs": 10.0}
+        kernel = {"framework": "torch", "op": "linear", "shape": "512x512x512", "size": 512}
+        return {"device": device, "device_name": "test cpu", "peak_tflops": {"fp32": 0.5 * self.calls, "bf16": 1.0},
+                "peak_kernels": {"fp32": kernel, "bf16": kernel}, "memory_bandwidth_gbs": 10.0}
 
 
 @pytest.fixture
@@ -47,26 +52,34 @@ def test_cache_miss_hit_corrupt_and_force(cache_dir):
     first = cache.get_calibration("cpu", measure=measure, warn=warnings.append)  # miss: measured and written
     assert not first.cached and measure.calls == 1 and first.path.parent == cache_dir
     assert first.path.name.startswith("calibration-cpu-") and json.loads(first.path.read_text()) == first.entry
-    assert first.entry["key"] == cache.calibration_key("cpu") and first.entry["matmul_tflops"]["fp32"] == 0.5
+    assert first.entry["key"] == cache.calibration_key("cpu") and first.entry["peak_tflops"]["fp32"] == 0.5
     hit = cache.get_calibration("cpu", measure=measure, warn=warnings.append)
     assert hit.cached and measure.calls == 1 and hit.entry == first.entry and warnings == []
 
     first.path.write_text('{"cache_version": 1, "key": ')  # a truncated file
     rebuilt = cache.get_calibration("cpu", measure=measure, warn=warnings.append)
-    assert not rebuilt.cached and measure.calls == 2 and rebuilt.entry["matmul_tflops"]["fp32"] == 1.0
+    assert not rebuilt.cached and measure.calls == 2 and rebuilt.entry["peak_tflops"]["fp32"] == 1.0
     (warning,) = warnings
     assert str(first.path) in warning and "unusable" in warning and "measuring again" in warning and "\n" not in warning
     assert json.loads(first.path.read_text()) == rebuilt.entry  # the rebuilt entry is on disk
 
-    for broken in ({**rebuilt.entry, "matmul_tflops": {"fp32": "fast"}}, {**rebuilt.entry, "key": {"other": 1}},
+    for broken in ({**rebuilt.entry, "peak_tflops": {"fp32": "fast"}}, {**rebuilt.entry, "key": {"other": 1}},
                    {**rebuilt.entry, "cache_version": 0}, [1, 2],
-                   {k: v for k, v in rebuilt.entry.items() if k != "device"}):
+                   {k: v for k, v in rebuilt.entry.items() if k != "device"},
+                   {**rebuilt.entry, "peak_kernels": {"fp32": rebuilt.entry["peak_kernels"]["fp32"]}}):
         first.path.write_text(json.dumps(broken))
         assert not cache.get_calibration("cpu", measure=measure, warn=warnings.append).cached
-    assert measure.calls == 7 and len(warnings) == 6
+    assert measure.calls == 8 and len(warnings) == 7
+
+    # a version-1 file (torch.mm-only peaks, as gpubench wrote them before) is measured again, with the warning
+    old = {k: v for k, v in rebuilt.entry.items() if k not in ("peak_tflops", "peak_kernels")}
+    first.path.write_text(json.dumps({**old, "cache_version": 1, "matmul_tflops": {"fp32": 0.03, "bf16": 0.0012}}))
+    again = cache.get_calibration("cpu", measure=measure, warn=warnings.append)
+    assert not again.cached and measure.calls == 9 and "cache_version 1, expected 2" in warnings[-1]
+    assert "matmul_tflops" not in json.loads(first.path.read_text())
 
     forced = cache.get_calibration("cpu", force=True, measure=measure, warn=warnings.append)
-    assert not forced.cached and measure.calls == 8 and len(warnings) == 6
+    assert not forced.cached and measure.calls == 10 and len(warnings) == 8
 
 
 def test_cache_key_fields(cache_dir, monkeypatch):
@@ -75,7 +88,17 @@ def test_cache_key_fields(cache_dir, monkeypatch):
     assert build["version"] == torch.__version__ and build["cuda"] == torch.version.cuda
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     key = cache.calibration_key("cpu")
-    assert {"hostname", "cpu_model", "torch", "torch_cuda", "cpu_affinity", "thread_env"} <= set(key)
+    assert {"hostname", "cpu_model", "torch", "torch_cuda", "tensorflow", "tensorflow_dist", "cpu_affinity",
+            "thread_env"} <= set(key)
+    tf_build = cache.tensorflow_build()  # from its package metadata, without importing it
+    if tf_build is not None:
+        assert key["tensorflow"] == importlib.metadata.version(tf_build["dist"])
+    else:
+        assert key["tensorflow"] is None
+    real = cache.tensorflow_build
+    monkeypatch.setattr(cache, "tensorflow_build", lambda: {"version": "9.9.9", "dist": "tensorflow"})
+    assert cache.cache_file(cache.calibration_key("cpu")) != cache.cache_file(key)  # another TensorFlow: measured anew
+    monkeypatch.setattr(cache, "tensorflow_build", real)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # fewer threads, other peaks: another cache file
     assert cache.cache_file(cache.calibration_key("cpu")) != cache.cache_file(key)
     gpus = [{"name": "GPU A", "uuid": "GPU-aaaa", "driver": "550.1"}, {"name": "GPU B", "uuid": "GPU-bbbb",
@@ -87,24 +110,62 @@ def test_cache_key_fields(cache_dir, monkeypatch):
     assert "cpu_affinity" not in key and cache.calibration_device("cuda") == "cuda:0"
 
 
+def _check_best_of(entry: dict) -> None:
+    """Each precision's peak is the best kernel's figure, and peak_kernels names that kernel."""
+    kernels = entry["details"]["kernels"]
+    for p, peak in entry["peak_tflops"].items():
+        best = max((k for k in kernels if k["precision"] == p and k["tflops"]), key=lambda k: k["tflops"])
+        assert peak == best["tflops"]
+        assert entry["peak_kernels"][p] == {f: best[f] for f in ("framework", "op", "shape", "size")}
+    for k in kernels:  # a kernel's figure is its best size's median block
+        assert k["tflops"] == max(s["tflops"] for s in k["sizes"])
+        assert all(len(s["blocks_tflops"]) == entry["plan"]["blocks"] for s in k["sizes"])
+
+
 def test_calibrate_cpu_through_the_cli(tmp_path):
     pytest.importorskip("torch")
-    env = {**plugin_env(), "GPUBENCH_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**plugin_env(), "GPUBENCH_CACHE_DIR": str(tmp_path / "cache"), "COLUMNS": "250"}
     out = tmp_path / "cal.json"
     proc = run_cli(["calibrate", "--device", "cpu", "--json", str(out)], cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "measured now" in proc.stdout and "matmul fp32 (TFLOP/s)" in proc.stdout
+    assert "measured now" in proc.stdout and "peak fp32 (TFLOP/s)" in proc.stdout
     (entry,) = json.loads(out.read_text())
     assert entry["device"] == "cpu" and not entry["from_cache"] and entry["datasheet"] is None
-    assert set(entry["matmul_tflops"]) == {"fp32", "bf16"} and min(entry["matmul_tflops"].values()) > 0
+    assert set(entry["peak_tflops"]) == {"fp32", "bf16"} and min(entry["peak_tflops"].values()) > 0
     assert entry["memory_bandwidth_gbs"] > 0
-    sizes = entry["details"]["matmul"]["fp32"]["sizes"]
-    assert entry["matmul_tflops"]["fp32"] == max(s["tflops"] for s in sizes)  # the best size's median block
-    assert all(len(s["blocks_tflops"]) == entry["plan"]["blocks"] for s in sizes)
+    for p in ("fp32", "bf16"):  # the kernel that set each peak is in the table
+        assert kernel_label(entry["peak_kernels"][p]) in proc.stdout
+    ran = {(k["framework"], k["op"], k["precision"]) for k in entry["details"]["kernels"]}
+    expected = {("torch", "linear", p) for p in ("fp32", "bf16")} | {("torch", "conv2d", p) for p in ("fp32", "bf16")}
+    if cache.tensorflow_build() is not None:
+        expected |= {("tensorflow", op, p) for op in ("matmul", "conv2d") for p in ("fp32", "bf16")}
+        assert entry["frameworks"]["tensorflow"]["version"] == entry["key"]["tensorflow"]
+        assert "kernels timed in torch" in proc.stdout and "tensorflow" in proc.stdout
+    assert ran == expected
+    _check_best_of(entry)
     again = run_cli(["calibrate", "--device", "cpu", "--json", str(out)], cwd=tmp_path, env=env)
     assert again.returncode == 0 and "from the cache" in again.stdout
     (cached,) = json.loads(out.read_text())
-    assert cached["from_cache"] and cached["matmul_tflops"] == entry["matmul_tflops"]
+    assert cached["from_cache"] and cached["peak_tflops"] == entry["peak_tflops"]
+
+
+def test_a_framework_that_is_not_installed_is_skipped_with_the_reason(tmp_path):
+    pytest.importorskip("torch")
+    blocked = tmp_path / "blocked" / "tensorflow"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ImportError('No module named tensorflow (blocked for this test)')\n")
+    env = {**plugin_env(), "PYTHONPATH": os.pathsep.join([str(tmp_path / "blocked"), str(REPO)]),
+           "GPUBENCH_CACHE_DIR": str(tmp_path / "cache"), "COLUMNS": "250"}
+    proc = run_cli(["calibrate", "--device", "cpu", "--json", str(tmp_path / "c.json")], cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (entry,) = json.loads((tmp_path / "c.json").read_text())
+    reason = entry["frameworks"]["tensorflow"]["unavailable"]
+    assert "tensorflow is not installed" in reason and "blocked for this test" in reason
+    assert f"cpu: tensorflow kernels not timed: {reason}" in proc.stdout
+    assert {k["framework"] for k in entry["details"]["kernels"]} == {"torch"}
+    assert {k["framework"] for k in entry["peak_kernels"].values()} == {"torch"}
+    assert entry["key"]["tensorflow"] is None  # no TensorFlow package metadata beside the blocked one
+    _check_best_of(entry)
 
 
 def test_calibrate_without_torch_exits_2_with_the_install_command(tmp_path):
@@ -128,12 +189,14 @@ def test_datasheet_labels():
     assert datasheet_for("NVIDIA A100-SXM4-80GB").tflops == {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0}
     for other in ("NVIDIA H100 NVL", "NVIDIA H200 NVL", "NVIDIA A100-SXM4-40GB", "AMD EPYC", None):
         assert datasheet_for(other) is None
-    entry = {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "matmul_tflops": {"bf16": 742.05},
+    entry = {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "peak_tflops": {"bf16": 742.05},
+             "peak_kernels": {"bf16": {"framework": "torch", "op": "mm", "shape": "16384x16384x16384", "size": 16384}},
              "memory_bandwidth_gbs": 2680.0}
-    console = Console(record=True, width=200)
+    console = Console(record=True, width=250)
     console.print(figures_table([cache.Calibration(entry, cache.cache_dir(), cached=True)]))
     text = console.export_text()
     assert "742" in text and "989.4 (datasheet: NVIDIA H100 SXM5 80GB)" in text and "75%" in text
+    assert "torch mm 16384x16384x16384" in text
     assert "3350 (datasheet: NVIDIA H100 SXM5 80GB)" in text and "80%" in text
 
 
@@ -144,8 +207,11 @@ def test_calibrate_cuda_through_the_cli(tmp_path):
     proc = run_cli(["calibrate", "--device", "cuda", "--json", str(out)], cwd=tmp_path, env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (entry,) = json.loads(out.read_text())
-    tflops = entry["matmul_tflops"]
+    tflops = entry["peak_tflops"]
     assert entry["device"] == "cuda:0" and entry["key"]["gpu_uuid"] and set(tflops) <= {"fp32", "tf32", "fp16", "bf16"}
+    assert {("torch", "mm"), ("torch", "linear"), ("torch", "conv2d")} <= {
+        (k["framework"], k["op"]) for k in entry["details"]["kernels"]}
+    _check_best_of(entry)
     assert tflops["bf16"] > tflops["fp32"] > 0 and entry["memory_bandwidth_gbs"] > 100
     if entry["datasheet"]:  # measured cannot beat the datasheet by more than clock noise
         for p, v in tflops.items():
@@ -162,8 +228,8 @@ def _ok_result(config: Config, flops: float = 1e9, rate: float = 2000.0, status:
 
 
 def test_mfu_arithmetic():
-    peaks = {"cuda:0": {"device": "cuda:0", "device_name": "GPU", "matmul_tflops": {"bf16": 800.0, "fp32": 50.0}},
-             "cpu": {"device": "cpu", "device_name": "CPU", "matmul_tflops": {"fp32": 0.5, "bf16": 1.0}}}
+    peaks = {"cuda:0": {"device": "cuda:0", "device_name": "GPU", "peak_tflops": {"bf16": 800.0, "fp32": 50.0}},
+             "cpu": {"device": "cpu", "device_name": "CPU", "peak_tflops": {"fp32": 0.5, "bf16": 1.0}}}
     m = mfu_metrics(_ok_result(Config("mlp", device="cuda", precision="amp-bf16", parallelism="ddp:2")), peaks)
     assert m["achieved_tflops"] == pytest.approx(2.0)  # 1e9 FLOPs x 2000 samples/s
     assert m["peak_tflops"] == 1600.0 and m["mfu"] == pytest.approx(2.0 / 1600)  # two GPUs
@@ -176,6 +242,199 @@ def test_mfu_arithmetic():
     assert no_peak == {"achieved_tflops": pytest.approx(2.0)}  # no tf32 peak measured: no mfu
     assert mfu_metrics(_ok_result(Config("mlp", device="cuda:1")), peaks) == {"achieved_tflops": pytest.approx(2.0)}
     assert mfu_metrics(_ok_result(Config("mlp"), status="oom"), peaks) is None
+
+
+def test_a_result_above_its_peak_gets_no_mfu_but_the_flag_and_the_peak():
+    kernel = {"framework": "tensorflow", "op": "matmul", "shape": "1024x1024x1024", "size": 1024}
+    peaks = {"cpu": {"device": "cpu", "device_name": "CPU", "peak_tflops": {"bf16": 0.0012, "fp32": 2.0},
+                     "peak_kernels": {"bf16": kernel, "fp32": kernel}, "measured_at": "then", "cache_file": "f"}}
+    above = mfu_metrics(_ok_result(Config("mlp", precision="amp-bf16"), flops=1e6, rate=14_000.0), peaks)
+    assert above["achieved_tflops"] == pytest.approx(0.014) and "mfu" not in above  # 0.014 > 0.0012
+    assert above["peak_below_achieved"] is True and above["peak_tflops"] == 0.0012
+    assert above["peak"]["per_device_tflops"] == 0.0012 and above["peak"]["kernel"] == kernel
+    at = mfu_metrics(_ok_result(Config("mlp"), flops=1e9, rate=2000.0), peaks)  # achieved == peak: 100%
+    assert at["mfu"] == pytest.approx(1.0) and "peak_below_achieved" not in at
+
+
+def test_peaks_of_and_no_peaks_lines(monkeypatch, capsys):
+    from gpubench.runner.mfu import load_peaks
+
+    def fake(device):
+        if device == "cuda:0":
+            raise cache.CalibrationError("no such device here; available: cpu", unavailable=True)
+        entry = {"device": "cpu", "peak_tflops": {"fp32": 0.0327, "bf16": 0.0315},
+                 "peak_kernels": {"fp32": {"framework": "tensorflow", "op": "conv2d"},
+                                  "bf16": {"framework": "tensorflow", "op": "matmul"}}}
+        return cache.Calibration(entry, cache.cache_dir(), cached=True)
+    monkeypatch.setattr("gpubench.runner.mfu.get_calibration", fake)
+    console = Console(record=True, width=300)
+    peaks = load_peaks(["cpu", "cuda:0"], console)
+    out = console.export_text()
+    assert list(peaks) == ["cpu"] and "no peaks" not in out
+    assert "peaks of cpu (cached): TFLOP/s fp32 0.0327 (tensorflow conv2d), bf16 0.0315 (tensorflow matmul)" in out
+    err = capsys.readouterr().err  # the warning is on stderr, one line
+    assert err.startswith("gpubench: warning: no peaks for cuda:0") and err.count("\n") == 1
+
+
+def _flagged_results() -> list:
+    """Three ok results against a stale CPU bf16 peak of 0.0012 TFLOP/s (torch.mm's, as before
+    this calibration measured training kernels): one below it, one above, and an older result
+    whose stored MFU is 411%."""
+    peaks = {"cpu": {"device": "cpu", "device_name": "AMD EPYC", "peak_tflops": {"bf16": 0.0012, "fp32": 0.03},
+                     "peak_kernels": {}}}
+    out = []
+    for config, rate in ((Config("mlp", precision="fp32"), 10_000.0), (Config("mlp", precision="amp-bf16"), 14_000.0),
+                         (Config("mlp", precision="amp-bf16", batch_size=256), 14_000.0)):
+        r = _ok_result(config, flops=1e6, rate=rate)
+        r.with_metrics(step_time_ms={"median": 10.0, "cv": 0.01}, cold_start_ms=20.0, **mfu_metrics(r, peaks))
+        out.append(r)
+    out[2].metrics.pop("peak_below_achieved")
+    out[2].metrics["mfu"] = 4.11  # written by an older gpubench
+    return out
+
+
+def test_the_summary_table_says_recalibrate_instead_of_an_mfu_above_100(tmp_path):
+    from gpubench.runner.progress import summary_table
+
+    console = Console(record=True, width=250)
+    console.print(summary_table(_flagged_results()))
+    text = console.export_text()
+    assert "33.3%" in text  # fp32: 0.01 of 0.03 TFLOP/s
+    assert text.count("above peak") == 3 and "411" not in text  # two cells and the caption
+    assert "2 result(s) achieved more TFLOP/s than the calibrated peak" in text and RECALIBRATE in text
+    assert not [v for v in re.findall(r"(\d+(?:\.\d+)?)%", text) if float(v) > 100]
+
+
+def test_the_report_and_summary_md_say_recalibrate_instead_of_an_mfu_above_100(tmp_path):
+    from gpubench.report.build import build_report
+
+    run = tmp_path / "run_a"
+    shutil.copytree(REPO / "tests" / "fixtures" / "run_a", run)
+    results = _flagged_results()
+    for r in results:
+        r.run_id, r.env = "run_a", {}
+        r.with_metrics(samples_per_step=64, step_times_ms=[10.0] * 4, noisy=False)
+    (run / "results.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in results))
+    report = build_report([run], tmp_path / "out")
+    md = report.markdown.read_text()
+    mfu_cells = [line.rstrip("|").split("|")[-1].strip() for line in md.splitlines() if line.startswith("| mlp") and "k/s [" in line]
+    assert mfu_cells == ["33.3%", "above peak", "above peak"]
+    assert "2 config(s) achieved more TFLOP/s than the calibrated peak" in md and f"recalibrate with {RECALIBRATE}" in md
+    page = report.index.read_text()
+    flops = page[page.index('id="flops"'):page.index('id="memory"')]
+    assert flops.count(f"above the calibrated peak (0.0012 TFLOP/s): recalibrate with {RECALIBRATE}") == 2
+    assert "MFU 33.3%" in flops and "411" not in flops and "1.17e+03%" not in flops
+
+
+# --- the kernels, their budget, and the best of them -----------------------------------------
+
+def _kernel(framework: str, op: str, precision: str, tflops: float | None, note: str = "") -> dict:
+    return {"framework": framework, "op": op, "precision": precision, "tflops": tflops, "size": 512,
+            "shape": "512x512x512" if tflops else None, "sizes": [], "note": note}
+
+
+def test_combine_keeps_the_best_kernel_per_precision_across_frameworks():
+    torch_out = {"device": "cpu", "device_name": "AMD EPYC", "framework": {"name": "torch", "version": "2.13"},
+                 "kernels": [_kernel("torch", "linear", "fp32", 0.028), _kernel("torch", "conv2d", "fp32", 0.030),
+                             _kernel("torch", "linear", "bf16", 0.004), _kernel("torch", "conv2d", "bf16", 0.0038)],
+                 "memory_bandwidth_gbs": 11.0, "copy": {"gbs": 11.0}, "skipped": {}, "plan": {"blocks": 3},
+                 "seconds": 3.0}
+    tf_out = {"framework": {"name": "tensorflow", "version": "2.21.0"}, "seconds": 2.5,
+              "kernels": [_kernel("tensorflow", "matmul", "fp32", 0.0325), _kernel("tensorflow", "conv2d", "fp32", 0.029),
+                          _kernel("tensorflow", "matmul", "bf16", 0.0315), _kernel("tensorflow", "conv2d", "bf16", None,
+                                                                                   "size 1: InvalidArgumentError: x")]}
+    entry = cache.combine(torch_out, tf_out)
+    assert entry["peak_tflops"] == {"fp32": 0.0325, "bf16": 0.0315}
+    assert entry["peak_kernels"]["bf16"] == {"framework": "tensorflow", "op": "matmul", "shape": "512x512x512",
+                                             "size": 512}
+    assert len(entry["details"]["kernels"]) == 8 and entry["memory_bandwidth_gbs"] == 11.0
+    assert entry["frameworks"]["tensorflow"] == {"name": "tensorflow", "version": "2.21.0", "seconds": 2.5}
+    assert entry["skipped"] == {}  # a failed kernel costs nothing while another ran at its precision
+
+    without = cache.combine(torch_out, {"unavailable": "tensorflow is not installed"})  # a framework skipped
+    assert without["peak_tflops"] == {"fp32": 0.030, "bf16": 0.004}
+    assert without["peak_kernels"]["fp32"]["op"] == "conv2d" and without["peak_kernels"]["bf16"]["op"] == "linear"
+    assert without["frameworks"]["tensorflow"] == {"unavailable": "tensorflow is not installed"}
+    assert {k["framework"] for k in without["details"]["kernels"]} == {"torch"}
+
+    only_failed = {**torch_out, "kernels": [_kernel("torch", "linear", "fp32", 0.028),
+                                            _kernel("torch", "linear", "bf16", None, "size 256: RuntimeError: no")]}
+    entry = cache.combine(only_failed, {"unavailable": "x"})
+    assert entry["peak_tflops"] == {"fp32": 0.028} and set(entry["peak_kernels"]) == {"fp32"}
+    assert "no kernel ran (torch linear: size 256: RuntimeError: no)" in entry["skipped"]["bf16"]
+
+
+def test_measure_in_child_skips_tensorflow_where_it_is_missing_or_fails(monkeypatch):
+    torch_out = {"device": "cpu", "framework": {"name": "torch"}, "kernels": [_kernel("torch", "linear", "fp32", 0.02)],
+                 "memory_bandwidth_gbs": 10.0}
+    started = []
+
+    def child(module, device, launcher):
+        started.append(module)
+        if module.endswith("measure_tf"):
+            raise cache.CalibrationError("calibrating cpu (gpubench.calibrate.measure_tf) failed (exit code -9): ")
+        return torch_out
+    monkeypatch.setattr(cache, "run_child", child)
+    monkeypatch.setattr(cache, "tensorflow_build", lambda: None)
+    entry = cache.measure_in_child("cpu")
+    assert started == ["gpubench.calibrate.measure"]  # no TensorFlow child without TensorFlow
+    assert entry["frameworks"]["tensorflow"] == {"unavailable": "tensorflow is not installed"}
+    monkeypatch.setattr(cache, "tensorflow_build", lambda: {"version": "2.21.0", "dist": "tensorflow"})
+    entry = cache.measure_in_child("cpu")  # its child failed: the calibration goes on without it
+    assert started[1:] == ["gpubench.calibrate.measure", "gpubench.calibrate.measure_tf"]
+    assert entry["frameworks"]["tensorflow"]["unavailable"].startswith("its measurement failed: calibrating cpu")
+    assert entry["peak_tflops"] == {"fp32": 0.02} and entry["seconds"] >= 0
+
+
+class _FakeClock(HostClock):
+    """A call of size s takes s / 1000 seconds: the budget's arithmetic without any real timing."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def time(self, fn, n, sync=None):
+        return n * self.size / 1000.0
+
+
+def test_a_kernel_stops_before_a_size_that_would_overrun_its_budget_and_keeps_sizes_that_ran():
+    clock = _FakeClock()
+    plan = replace(PLANS["cpu"], block_s=0.05, blocks=3, kernel_budget_s=1.0)
+
+    def prepare(size):
+        if size == 11:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory\nmore text")
+        clock.size = size
+        return (lambda: None), None
+    # flops = size: a size's call time is predicted from the last size's, scaled by flops
+    kernel = Kernel("torch", "linear", "bf16", (10, 20, 100, 1000), lambda s: float(s), str, prepare)
+    out = run_kernel(kernel, plan, clock)
+    # 10: 0.01 s a call, 5 calls a block; 20: 0.02 s; 100: 0.1 s a call, predicted (1 + 3) x 0.1 s; 1000: 4 s > 1 s
+    assert [s["size"] for s in out["sizes"]] == [10, 20, 100]
+    assert [s["calls_per_block"] for s in out["sizes"]] == [5, 2, 1]
+    assert out["note"].startswith("sizes from 1000 skipped: about 4 s expected")
+    assert out["tflops"] == pytest.approx(1000 / 1e12) and out["size"] == 10  # all equal: the first best
+    failing = run_kernel(replace(kernel, sizes=(10, 11, 20)), plan, clock)
+    assert [s["size"] for s in failing["sizes"]] == [10]
+    assert failing["note"] == "size 11: RuntimeError: DefaultCPUAllocator: can't allocate memory"
+    none = run_kernel(replace(kernel, sizes=(11,)), plan, clock)
+    assert none["tflops"] is None and none["sizes"] == [] and none["shape"] is None
+
+
+def test_the_torch_kernels_of_each_plan_and_a_tiny_real_run_of_the_cpu_ones():
+    torch = pytest.importorskip("torch")
+    from gpubench.calibrate.measure import ConvShape, torch_kernels
+
+    gpu = torch_kernels(torch, "cuda:0", PLANS["cuda"], ["fp32", "tf32", "fp16", "bf16"])  # built, not run
+    assert [(k.op, k.precision) for k in gpu[:3]] == [("mm", "fp32"), ("linear", "fp32"), ("conv2d", "fp32")]
+    assert len(gpu) == 12 and gpu[-1].sizes == PLANS["cuda"].conv_batches
+    tiny = replace(PLANS["cpu"], matmul_sizes=(16,), conv=ConvShape(4, 8, 6, 3), conv_batches=(2,), block_s=0.001,
+                   blocks=2)
+    out = [run_kernel(k, tiny, HostClock()) for k in torch_kernels(torch, "cpu", tiny, ["fp32", "bf16"])]
+    assert [(k["op"], k["precision"]) for k in out] == [("linear", "fp32"), ("conv2d", "fp32"), ("linear", "bf16"),
+                                                       ("conv2d", "bf16")]
+    assert all(k["tflops"] > 0 and k["note"] == "" for k in out)
+    assert out[0]["shape"] == "16x16x16" and out[1]["shape"] == "N=2 4->8 6x6 k3 NHWC"
+    assert ConvShape(4, 8, 6, 3).flops(2) == 2 * 2 * 8 * 4 * 9 * 36
 
 
 # --- batch_size = "max" -------------------------------------------------------------------------
@@ -277,7 +536,7 @@ def test_a_run_resolves_max_and_reports_mfu(tmp_path, write_suite):
     (run_dir,) = list((tmp_path / "runs").iterdir())
     results = result_lines(run_dir)
     (cal_file,) = (p for p in (cache.cache_dir().glob("calibration-cpu-*.json")))  # the test session's cache
-    peak = json.loads(cal_file.read_text())["matmul_tflops"]["fp32"]
+    peak = json.loads(cal_file.read_text())["peak_tflops"]["fp32"]
     for r in results:
         m = r["metrics"]
         assert r["status"] == "ok"

@@ -82,8 +82,9 @@ def test_calibrate_never_says_cached_when_the_cache_could_not_be_written(tmp_pat
     monkeypatch.setenv("GPUBENCH_CACHE_DIR", str(tmp_path / "afile" / "cache"))  # cannot be made
     monkeypatch.setattr("gpubench.calibrate.cache.calibration_key", lambda device: {"device": "cpu"})
     warnings = []
-    entry = {"device": "cpu", "device_name": "test cpu", "matmul_tflops": {"fp32": 1.0}, "memory_bandwidth_gbs": 1.0,
-             "seconds": 0.5}
+    entry = {"device": "cpu", "device_name": "test cpu", "peak_tflops": {"fp32": 1.0},
+             "peak_kernels": {"fp32": {"framework": "torch", "op": "linear", "shape": "8x8x8", "size": 8}},
+             "memory_bandwidth_gbs": 1.0, "seconds": 0.5}
     cal = cache.get_calibration("cpu", measure=lambda d: entry, warn=warnings.append)
     assert not cal.cached and not cal.saved and cal.cache_file is None
     assert len(warnings) == 1 and warnings[0].startswith("calibration not cached: cannot write")

@@ -42,6 +42,17 @@ def test_every_target_passes_on_figures_above_the_bars():
     assert "3.50x" in v["MNIST CNN amp-bf16 bs128 cuda-graph"].measured
 
 
+def test_the_matmul_target_reads_the_best_matmul_kernel_of_a_calibration():
+    kernels = [{"framework": "torch", "op": "mm", "precision": "bf16", "tflops": 760.0},
+               {"framework": "torch", "op": "conv2d", "precision": "bf16", "tflops": 800.0},  # not a matmul
+               {"framework": "tensorflow", "op": "matmul", "precision": "bf16", "tflops": 740.0},
+               {"framework": "torch", "op": "linear", "precision": "fp16", "tflops": 900.0}]
+    cal = [{"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "peak_tflops": {"bf16": 800.0},
+            "details": {"kernels": kernels}}]
+    v = verdicts([], calibration=cal)["calibrate: bf16 matmul"]
+    assert v.status == "PASS" and v.measured.startswith("760.0 TFLOP/s")
+
+
 def test_figures_below_the_bars_fail_and_absent_configs_are_missing():
     results = [result(R50, 3000.0), result(replace(R50, compile="torch-compile"), 4000.0),
                result(replace(R50, precision="tf32"), 1000.0),  # ratio 3.0: above the band

@@ -2,16 +2,19 @@
 
 One JSON file per device and key, ``calibration-<cpu|cuda>-<hash>.json``, in
 ``$GPUBENCH_CACHE_DIR``, else ``~/.cache/gpubench/``. The key holds what decides the peaks and
-is read in the parent without importing torch or touching CUDA:
+is read in the parent without importing a framework or touching CUDA:
 
 - both: host name, CPU model, the torch version, its CUDA build and git revision (read from
-  torch's ``version.py``: cuBLAS / oneDNN ship with torch);
+  torch's ``version.py``: cuBLAS / oneDNN ship with torch), and the TensorFlow version and
+  distribution (read from its package metadata; ``None`` when it is not installed), whose
+  kernels take part in the peaks;
 - cpu: the number of cores this process may run on, and OMP_NUM_THREADS / MKL_NUM_THREADS
   when set (torch's thread count follows them);
 - cuda:N: the GPU's name and UUID and the driver version, from NVML (the CUDA ordinal mapped
   through CUDA_VISIBLE_DEVICES); where NVML cannot map it, the ordinal and CUDA_VISIBLE_DEVICES.
 
-A file that cannot be read, parsed or checked is measured again with a one-line warning.
+A file that cannot be read, parsed or checked (an older ``cache_version`` included) is measured
+again with a one-line warning.
 """
 
 from __future__ import annotations
@@ -23,19 +26,23 @@ import json
 import os
 import socket
 import subprocess
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
 import gpubench
+from gpubench.calibrate.measure import PRECISIONS
 from gpubench.options import device_index, device_kind
 from gpubench.env import cpu_model
 from gpubench.errors import warn
 from gpubench.results.store import write_json_atomic
 from gpubench.runner.process import Launcher
 
-CACHE_VERSION = 1
+# 2: peaks are the best of the frameworks' training kernels (peak_tflops, peak_kernels), no
+# longer torch.mm's matmul_tflops
+CACHE_VERSION = 2
 CACHE_ENV = "GPUBENCH_CACHE_DIR"
 TIMEOUT_S = {"cpu": 300, "cuda": 900}
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -74,8 +81,8 @@ def calibration_device(device: str) -> str:
 def missing_torch_message() -> str:
     from gpubench.backends import get_backend
 
-    return ("calibration needs torch (its matmul and copy kernels are the measuring engine), which is not "
-            f"installed; install with: {get_backend('torch').install_hint}")
+    return ("calibration needs torch (it measures the memory bandwidth, and its kernels are among those timed), "
+            f"which is not installed; install with: {get_backend('torch').install_hint}")
 
 
 def torch_build() -> dict[str, Any] | None:
@@ -99,14 +106,36 @@ def torch_build() -> dict[str, Any] | None:
     return values
 
 
+def tensorflow_build() -> dict[str, Any] | None:
+    """TensorFlow's version and distribution name (``tensorflow``, ``tensorflow-cpu``, ...: a CUDA
+    build or not) from the metadata of the package that installed it, without importing it;
+    None when it is not installed, ``None`` fields when no metadata names it."""
+    spec = importlib.util.find_spec("tensorflow")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    site = Path(list(spec.submodule_search_locations)[0]).parent
+    for info in sorted(site.glob("*.dist-info")):
+        try:
+            if "tensorflow" not in (info / "top_level.txt").read_text(encoding="utf-8").split():
+                continue
+            fields = dict(line.split(": ", 1) for line in (info / "METADATA").read_text(encoding="utf-8").splitlines()
+                          if line.startswith(("Name: ", "Version: ")))
+        except (OSError, UnicodeDecodeError):
+            continue
+        return {"version": fields.get("Version"), "dist": fields.get("Name")}
+    return {"version": None, "dist": None}
+
+
 def calibration_key(device: str) -> dict[str, Any]:
     """The environment fields that decide a device's peaks (module docstring)."""
     build = torch_build()
     if build is None:
         raise CalibrationError(missing_torch_message(), unavailable=True)
     kind = device_kind(device)
+    tf = tensorflow_build() or {}
     key: dict[str, Any] = {"device": kind, "hostname": socket.gethostname(), "cpu_model": cpu_model(),
-                           "torch": build["version"], "torch_cuda": build["cuda"], "torch_git": build["git_version"]}
+                           "torch": build["version"], "torch_cuda": build["cuda"], "torch_git": build["git_version"],
+                           "tensorflow": tf.get("version"), "tensorflow_dist": tf.get("dist")}
     if kind == "cpu":
         key["cpu_affinity"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         key["thread_env"] = {k: os.environ[k] for k in _THREAD_VARS if k in os.environ}
@@ -142,9 +171,13 @@ def entry_problem(entry: Any, key: dict[str, Any]) -> str | None:
         return "its key does not match this environment"
     if not isinstance(entry.get("device"), str) or not isinstance(entry.get("device_name", ""), (str, type(None))):
         return "no valid device / device_name"
-    matmul = entry.get("matmul_tflops")
-    if not isinstance(matmul, dict) or not matmul or not all(_positive(v) for v in matmul.values()):
-        return "no valid matmul_tflops"
+    peaks = entry.get("peak_tflops")
+    if not isinstance(peaks, dict) or not peaks or not all(_positive(v) for v in peaks.values()):
+        return "no valid peak_tflops"
+    kernels = entry.get("peak_kernels")
+    if not isinstance(kernels, dict) or set(kernels) != set(peaks) or not all(isinstance(k, dict)
+                                                                              for k in kernels.values()):
+        return "no valid peak_kernels"
     if not _positive(entry.get("memory_bandwidth_gbs")):
         return "no valid memory_bandwidth_gbs"
     return None
@@ -162,14 +195,15 @@ def read_cached(path: Path, key: dict[str, Any]) -> tuple[dict[str, Any] | None,
     return (None, problem) if problem else (entry, "")
 
 
-def measure_in_child(device: str, launcher: Launcher = Launcher()) -> dict[str, Any]:
-    """Run gpubench.calibrate.measure in a fresh process; its figures, or CalibrationError."""
+def run_child(module: str, device: str, launcher: Launcher) -> dict[str, Any]:
+    """Run a calibration child (``python -m module device``); the JSON object it printed, or
+    CalibrationError."""
     timeout_s = TIMEOUT_S[device_kind(device)]
     try:
-        proc = subprocess.run(launcher.command("gpubench.calibrate.measure", device), capture_output=True, text=True,
+        proc = subprocess.run(launcher.command(module, device), capture_output=True, text=True,
                               timeout=timeout_s, env=launcher.env(), stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        raise CalibrationError(f"calibrating {device} took longer than {timeout_s} s") from None
+        raise CalibrationError(f"calibrating {device} ({module}) took longer than {timeout_s} s") from None
     except OSError as e:
         raise CalibrationError(f"cannot start {launcher.python}: {e}") from None
     lines = proc.stdout.strip().splitlines()
@@ -179,12 +213,66 @@ def measure_in_child(device: str, launcher: Launcher = Launcher()) -> dict[str, 
         out = None
     if not isinstance(out, dict):
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise CalibrationError(f"calibrating {device} failed (exit code {proc.returncode}): {tail}")
+        raise CalibrationError(f"calibrating {device} ({module}) failed (exit code {proc.returncode}): {tail}")
+    return out
+
+
+def tensorflow_child(device: str, launcher: Launcher) -> dict[str, Any]:
+    """TensorFlow's kernels, measured in a process of their own; ``unavailable`` (with the
+    reason) when it is not installed, cannot see the device, or its measurement failed: the
+    calibration then goes on without it."""
+    if tensorflow_build() is None:
+        return {"unavailable": "tensorflow is not installed"}
+    try:
+        return run_child("gpubench.calibrate.measure_tf", device, launcher)
+    except CalibrationError as e:
+        return {"unavailable": f"its measurement failed: {e}"}
+
+
+def combine(torch_out: dict[str, Any], tf_out: dict[str, Any]) -> dict[str, Any]:
+    """The calibration entry from the children's figures: per precision, the best kernel of
+    every framework that ran (``peak_tflops``) and which one it was (``peak_kernels``); every
+    kernel's figures in ``details``; frameworks that did not run, with the reason."""
+    frameworks = {"torch": {**torch_out.get("framework", {}), "seconds": torch_out.get("seconds")},
+                  "tensorflow": ({"unavailable": tf_out["unavailable"]} if tf_out.get("unavailable")
+                                 else {**tf_out.get("framework", {}), "seconds": tf_out.get("seconds")})}
+    kernels = [*torch_out.get("kernels", []), *([] if tf_out.get("unavailable") else tf_out.get("kernels", []))]
+    best: dict[str, dict[str, Any]] = {}
+    for k in kernels:
+        if _positive(k.get("tflops")) and (k["precision"] not in best or k["tflops"] > best[k["precision"]]["tflops"]):
+            best[k["precision"]] = k
+    order = {p: i for i, p in enumerate(PRECISIONS)}
+    precisions = sorted(best, key=lambda p: order.get(p, len(order)))
+    skipped = dict(torch_out.get("skipped") or {})
+    for k in kernels:  # a precision the device has, but on which no kernel ran
+        if k["precision"] not in best and k["precision"] not in skipped:
+            skipped[k["precision"]] = f"no kernel ran ({k['framework']} {k['op']}: {k.get('note') or 'no figure'})"
+    return {
+        "device": torch_out["device"], "device_name": torch_out.get("device_name"),
+        "device_uuid": torch_out.get("device_uuid"),
+        "peak_tflops": {p: best[p]["tflops"] for p in precisions},
+        "peak_kernels": {p: {f: best[p][f] for f in ("framework", "op", "shape", "size")} for p in precisions},
+        "memory_bandwidth_gbs": torch_out.get("memory_bandwidth_gbs"),
+        "frameworks": frameworks,
+        "skipped": skipped,
+        "details": {"kernels": kernels, "copy": torch_out.get("copy")},
+        "plan": torch_out.get("plan"),
+    }
+
+
+def measure_in_child(device: str, launcher: Launcher = Launcher()) -> dict[str, Any]:
+    """Measure in fresh processes: PyTorch's kernels and the copy bandwidth, then TensorFlow's
+    (where installed); the combined figures, or CalibrationError."""
+    t0 = time.perf_counter()
+    out = run_child("gpubench.calibrate.measure", device, launcher)
     if out.get("missing_torch"):
         raise CalibrationError(missing_torch_message(), unavailable=True)
     if out.get("error"):
         raise CalibrationError(out["error"], unavailable=True)
-    return out
+    entry = combine(out, tensorflow_child(device, launcher))
+    if not entry["peak_tflops"]:
+        raise CalibrationError(f"calibrating {device}: no kernel ran at any precision ({entry['skipped']})")
+    return {**entry, "seconds": time.perf_counter() - t0}  # both children, their imports included
 
 
 def get_calibration(device: str, force: bool = False,

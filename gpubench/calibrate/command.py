@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from gpubench.calibrate import kernel_label
 from gpubench.calibrate.cache import (Calibration, CalibrationError, calibration_device, get_calibration,
                                      missing_torch_message, torch_build)
 from gpubench.calibrate.datasheet import datasheet_for
@@ -41,24 +42,42 @@ def _num(v: float | None) -> str:
 
 
 def figures_table(calibrations: list[Calibration]) -> Table:
-    """Measured figures, with the datasheet figure beside them where the GPU is in the table."""
-    table = Table(title="device peaks: measured here by gpubench calibrate (datasheet: NVIDIA's published dense "
-                        "figures, for reference only)", title_justify="left")
-    for col in ("device", "figure", "measured", "datasheet", "measured / datasheet"):
-        table.add_column(col, justify="left" if col in ("device", "figure") else "right")
+    """Measured figures and the kernel that set each, with the datasheet figure beside them
+    where the GPU is in the table."""
+    table = Table(title="device peaks: measured here by gpubench calibrate, the best of the frameworks' training "
+                        "kernels (datasheet: NVIDIA's published dense figures, for reference only)",
+                  title_justify="left")
+    for col in ("device", "figure", "measured", "kernel", "datasheet", "measured / datasheet"):
+        table.add_column(col, justify="left" if col in ("device", "figure", "kernel") else "right")
     for cal in calibrations:
         e = cal.entry
         sheet = datasheet_for(e.get("device_name"))
         label = f"{e['device']} ({e.get('device_name') or '?'})"
-        rows: list[tuple[str, float | None, float | None]] = [
-            (f"matmul {p} (TFLOP/s)", e["matmul_tflops"].get(p), sheet.tflops.get(p) if sheet else None)
-            for p in PRECISIONS if p in e["matmul_tflops"]]
-        rows.append(("memory bandwidth (GB/s)", e["memory_bandwidth_gbs"], sheet.bandwidth_gbs if sheet else None))
-        for i, (figure, measured, datasheet) in enumerate(rows):
+        kernels = e.get("peak_kernels") or {}
+        rows: list[tuple[str, float | None, str, float | None]] = [
+            (f"peak {p} (TFLOP/s)", e["peak_tflops"].get(p), kernel_label(kernels.get(p)),
+             sheet.tflops.get(p) if sheet else None)
+            for p in PRECISIONS if p in e["peak_tflops"]]
+        rows.append(("memory bandwidth (GB/s)", e["memory_bandwidth_gbs"], "torch copy_",
+                     sheet.bandwidth_gbs if sheet else None))
+        for i, (figure, measured, kernel, datasheet) in enumerate(rows):
             ratio = f"{measured / datasheet:.0%}" if measured and datasheet else "-"
-            table.add_row(label if i == 0 else "", figure, _num(measured),
+            table.add_row(label if i == 0 else "", figure, _num(measured), kernel,
                           f"{datasheet:g} (datasheet: {sheet.label})" if datasheet and sheet else "-", ratio)
     return table
+
+
+def framework_lines(cal: Calibration) -> list[str]:
+    """Which frameworks' kernels were timed; one line per framework left out and per precision
+    without a peak, with the reason."""
+    e = cal.entry
+    frameworks = e.get("frameworks") or {}
+    timed = [f"{name} {info.get('version')}" for name, info in frameworks.items() if not info.get("unavailable")]
+    lines = [f"{e['device']}: kernels timed in {', '.join(timed)}"] if timed else []
+    lines += [f"{e['device']}: {name} kernels not timed: {info['unavailable']}"
+              for name, info in frameworks.items() if info.get("unavailable")]
+    lines += [f"{e['device']}: no {p} peak: {why}" for p, why in (e.get("skipped") or {}).items()]
+    return lines
 
 
 def summary(cal: Calibration) -> dict[str, Any]:
@@ -91,6 +110,8 @@ def run_calibrate(devices: list[str] | None, force: bool, json_path: Path | None
                if cal.cached else f"{seconds}, cached in {cal.path}" if cal.saved
                else f"{seconds}, not cached (the warning above says why)")
         console.print(f"{device}: {how}", highlight=False, soft_wrap=True)
+        for line in framework_lines(cal):
+            console.print(line, highlight=False, soft_wrap=True)
     if done:
         console.print(figures_table(done))
     if json_path is not None and done:

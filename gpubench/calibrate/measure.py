@@ -1,19 +1,29 @@
-"""The calibration child: ``python -m gpubench.calibrate.measure DEVICE`` measures one device's
-dense matmul FLOP/s per precision and its memory-copy bandwidth with PyTorch, and prints one
-JSON object. It runs in a throw-away process (the pattern of gpubench.runner.probe), so the
-parent never imports torch or creates a CUDA context.
+"""The calibration children. ``python -m gpubench.calibrate.measure DEVICE`` times PyTorch's
+training kernels on one device and its memory-copy bandwidth, and prints one JSON object;
+``gpubench.calibrate.measure_tf`` does the same for TensorFlow's kernels in a process of its own
+(importing both frameworks into one process is slow, and their thread pools fight). Each runs
+in a throw-away process (the pattern of gpubench.runner.probe), so the parent never imports a
+framework or creates a CUDA context. The parent keeps, per precision, the best kernel's figure
+(gpubench.calibrate.cache.combine).
 
-Method (README, "Calibration"):
-- random data (normal for matmuls, uniform for copies), never zeros: multiplying zeros draws
-  less power, so a power-capped GPU holds higher clocks on them, and Ampere and newer GPUs
-  compress zero-filled memory traffic; zeros would overstate both peaks;
-- per precision, square matmuls ``C = A @ B`` (``2 n^3`` FLOPs) of a few sizes; each size:
-  one untimed call (lazy initialisation, cuBLAS heuristics), one call to estimate its time,
-  then ``blocks`` timed blocks of back-to-back calls lasting about ``block_s`` each (CUDA
-  events around a block on a GPU, ``perf_counter`` on the CPU). A size's figure is its median
-  block (a sustained rate, not one lucky block); the precision's peak is the best size's;
-- bandwidth: ``dst.copy_(src)`` of a large buffer, bytes read + written, timed the same way;
-- on a GPU, about ``warmup_s`` of matmuls first, so that clocks have ramped up.
+A peak is only a ceiling if training cannot beat it, so the kernels are the ones training runs,
+called the way the trainers call them (docs/calibration.md):
+- PyTorch: ``F.linear`` and ``F.conv2d`` (channels-last), under ``torch.autocast`` for fp16 and
+  bf16 with float32 weights cast on every call (as the trainer's parameters are, once per step)
+  and inputs already in the low precision (as a previous autocast layer leaves them); on a GPU
+  also ``torch.mm`` on tensors of the precision (cuBLAS);
+- TensorFlow: ``tf.linalg.matmul`` and ``tf.nn.conv2d`` (NHWC) on tensors of the precision with
+  float32 weights cast per call, as Keras' mixed-precision layers do.
+
+Each kernel runs a few sizes, smallest first, with random data (normal, never zeros: zeros draw
+less power and compress in memory, which would overstate the peaks). A size: one untimed call
+(lazy initialisation, autotuning), calls in doubling batches to estimate how many fill a block
+(none when the first call already took a block), then ``blocks`` timed blocks of back-to-back calls lasting about ``block_s`` each (CUDA events on a
+GPU under PyTorch, ``perf_counter`` with a synchronising read otherwise). A size's figure is its
+median block (a sustained rate, not one lucky block); a kernel's is its best size's. A larger
+size is started only while the time it is predicted to take (from the last size's, scaled by
+FLOPs) fits in what is left of ``kernel_budget_s``, so a slow kernel (bf16 emulated on a CPU
+without native support takes seconds per call) stays bounded.
 """
 
 from __future__ import annotations
@@ -28,44 +38,93 @@ from typing import Any, Callable
 from gpubench.options import device_index, device_kind
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+LOW_PRECISIONS = ("fp16", "bf16")  # autocast (PyTorch) / mixed policy (Keras) precisions
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """A square-kernel, stride-1, same-padding convolution; ``size`` is the batch."""
+
+    channels_in: int
+    channels_out: int
+    hw: int  # input (and output) height = width
+    kernel: int
+
+    def flops(self, batch: int) -> int:
+        return 2 * batch * self.channels_out * self.channels_in * self.kernel**2 * self.hw**2
+
+    def describe(self, batch: int) -> str:
+        return (f"N={batch} {self.channels_in}->{self.channels_out} {self.hw}x{self.hw} "
+                f"k{self.kernel} NHWC")
 
 
 @dataclass(frozen=True)
 class Plan:
     precisions: tuple[str, ...]
-    sizes: tuple[int, ...]  # square matmul sizes, smallest first
+    torch_ops: tuple[str, ...]
+    tensorflow_ops: tuple[str, ...]
+    matmul_sizes: tuple[int, ...]  # n of the n x n x n products (mm, linear, matmul), smallest first
+    conv: ConvShape
+    conv_batches: tuple[int, ...]  # smallest first
     block_s: float  # target duration of one timed block
     blocks: int
-    budget_s: float  # per precision: no larger size is started once this much time is spent
+    kernel_budget_s: float  # per kernel and precision: no larger size once it would overrun this
     copy_bytes: int  # size of the copied buffer (the copy moves twice this: read + write)
     warmup_s: float
 
 
-# CPU: a few seconds in total (CI runs it); GPU: sizes up to 16384, where an H100 reaches its
-# bf16 peak, and a 1 GiB copy (hundreds of microseconds on HBM, far beyond the L2 cache)
+# CPU: a few seconds per framework (CI runs it; so does the first gpubench run); conv as in the
+# CIFAR ResNet-18's first stage. GPU: matmul sizes up to 16384, where an H100 reaches its bf16
+# peak, conv as in ResNet-50's third stage, cuBLAS mm beside the framework paths, and a 1 GiB
+# copy (hundreds of microseconds on HBM, far beyond the L2 cache).
 PLANS = {
-    "cpu": Plan(("fp32", "bf16"), (512, 1024, 2048), block_s=0.05, blocks=3, budget_s=1.0,
+    "cpu": Plan(("fp32", "bf16"), ("linear", "conv2d"), ("matmul", "conv2d"), (256, 512, 1024, 2048),
+                ConvShape(64, 64, 32, 3), (1, 4, 16, 64), block_s=0.05, blocks=3, kernel_budget_s=1.0,
                 copy_bytes=256 << 20, warmup_s=0.0),
-    "cuda": Plan(PRECISIONS, (2048, 4096, 8192, 16384), block_s=0.1, blocks=5, budget_s=60.0,
+    "cuda": Plan(PRECISIONS, ("mm", "linear", "conv2d"), ("matmul", "conv2d"), (2048, 4096, 8192, 16384),
+                 ConvShape(256, 256, 14, 3), (64, 128, 256, 512), block_s=0.1, blocks=5, kernel_budget_s=20.0,
                  copy_bytes=1 << 30, warmup_s=1.0),
 }
 
+Call = Callable[[], None]
 
-class _Clock:
-    """Seconds taken by ``n`` back-to-back calls: CUDA events on a GPU (no host sync inside the
-    block), ``perf_counter`` on the CPU."""
 
-    def __init__(self, torch: Any, device: str) -> None:
+@dataclass
+class Kernel:
+    """One framework operation at one precision, over a list of sizes. ``prepare(size)``
+    allocates the inputs and returns the call to time and a ``sync`` that waits for the calls
+    made so far (None where the clock itself waits, e.g. CUDA events or a synchronous CPU)."""
+
+    framework: str
+    op: str
+    precision: str
+    sizes: tuple[int, ...]
+    flops: Callable[[int], float]
+    shape: Callable[[int], str]
+    prepare: Callable[[int], tuple[Call, Call | None]]
+    errors: tuple[type[BaseException], ...] = (RuntimeError, MemoryError)
+
+
+class HostClock:
+    """Seconds taken by ``n`` back-to-back calls, on ``perf_counter``, synchronised at the end."""
+
+    def time(self, fn: Call, n: int, sync: Call | None = None) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        if sync is not None:
+            sync()
+        return time.perf_counter() - t0
+
+
+class CudaClock(HostClock):
+    """CUDA events around the block: no host synchronisation inside it."""
+
+    def __init__(self, torch: Any) -> None:
         self.torch = torch
-        self.cuda = device_kind(device) == "cuda"
 
-    def time(self, fn: Callable[[], None], n: int) -> float:
-        if not self.cuda:
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            return time.perf_counter() - t0
+    def time(self, fn: Call, n: int, sync: Call | None = None) -> float:
         start = self.torch.cuda.Event(enable_timing=True)
         end = self.torch.cuda.Event(enable_timing=True)
         start.record()
@@ -76,45 +135,152 @@ class _Clock:
         return start.elapsed_time(end) / 1000.0
 
 
-def sustained(clock: _Clock, fn: Callable[[], None], plan: Plan) -> tuple[list[float], int]:
+def calls_per_block(clock: HostClock, fn: Call, plan: Plan, sync: Call | None, first_s: float) -> int:
+    """How many calls fill a block: a first call longer than a block is its own estimate (a slow
+    kernel's every call counts); otherwise batches of doubling size until one lasts a quarter
+    of a block, so that one call slowed by a neighbour's load does not make every block short."""
+    if first_s >= plan.block_s:
+        return 1
+    n, took = 1, clock.time(fn, 1, sync)
+    while took < plan.block_s / 4 and n < 1 << 20:
+        n *= 2
+        took = clock.time(fn, n, sync)
+    return max(1, round(plan.block_s * n / max(took, 1e-9)))
+
+
+def sustained(clock: HostClock, fn: Call, plan: Plan, sync: Call | None = None) -> tuple[list[float], int]:
     """(seconds per call in each timed block, calls per block)."""
-    clock.time(fn, 1)  # lazy initialisation, autotuning: not timed
-    estimate = max(clock.time(fn, 1), 1e-9)
-    calls = max(1, round(plan.block_s / estimate))
-    return [clock.time(fn, calls) / calls for _ in range(plan.blocks)], calls
+    first = clock.time(fn, 1, sync)  # lazy initialisation, autotuning: not a figure
+    calls = calls_per_block(clock, fn, plan, sync, first)
+    return [clock.time(fn, calls, sync) / calls for _ in range(plan.blocks)], calls
 
 
-def _matmul(torch: Any, device: str, precision: str, plan: Plan, clock: _Clock) -> dict[str, Any]:
-    """The best sustained TFLOP/s over the plan's sizes, and every size's figures."""
-    if device_kind(device) == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"  # fp32 is true fp32
-    dtype = getattr(torch, _DTYPES[precision])
+def predicted_s(seconds_per_call: float, plan: Plan) -> float:
+    """Time a size is expected to take, given its seconds per call (see ``sustained``): the
+    untimed call, the estimate (at most about half a block), the blocks."""
+    if seconds_per_call >= plan.block_s:
+        return (1 + plan.blocks) * seconds_per_call
+    calls = max(1, round(plan.block_s / seconds_per_call))
+    return 2 * seconds_per_call + plan.block_s / 2 + plan.blocks * calls * seconds_per_call
+
+
+def _error_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+
+
+def run_kernel(kernel: Kernel, plan: Plan, clock: HostClock) -> dict[str, Any]:
+    """The kernel's best sustained TFLOP/s over its sizes (None when no size ran), with every
+    size's figures and a note on the sizes it skipped."""
     sizes: list[dict[str, Any]] = []
     note = ""
     t0 = time.perf_counter()
-    for n in plan.sizes:
-        if time.perf_counter() - t0 > plan.budget_s:
-            note = f"sizes above {sizes[-1]['size']} skipped (time budget {plan.budget_s:g} s)"
-            break
+    for size in kernel.sizes:
+        if sizes:
+            last = sizes[-1]
+            expected = predicted_s(last["seconds_per_call"] * kernel.flops(size) / kernel.flops(last["size"]), plan)
+            left = plan.kernel_budget_s - (time.perf_counter() - t0)
+            if expected > left:
+                note = (f"sizes from {size} skipped: about {expected:.2g} s expected, {max(left, 0):.2g} s left of "
+                        f"the {plan.kernel_budget_s:g} s budget")
+                break
         try:
+            fn, sync = kernel.prepare(size)
+            per_call, calls = sustained(clock, fn, plan, sync)
+        except kernel.errors as e:  # out of memory at a large size, no kernel for this dtype: keep what ran
+            note = f"size {size}: {_error_line(e)}"
+            break
+        finally:
+            fn = sync = None  # free the inputs before the next size allocates
+        tflops = [kernel.flops(size) / s / 1e12 for s in per_call]
+        sizes.append({"size": size, "shape": kernel.shape(size), "tflops": statistics.median(tflops),
+                      "blocks_tflops": tflops, "calls_per_block": calls,
+                      "seconds_per_call": statistics.median(per_call)})
+    best = max(sizes, key=lambda s: s["tflops"], default=None)
+    return {"framework": kernel.framework, "op": kernel.op, "precision": kernel.precision,
+            "tflops": best["tflops"] if best else None, "size": best["size"] if best else None,
+            "shape": best["shape"] if best else None, "sizes": sizes, "note": note,
+            "seconds": time.perf_counter() - t0}
+
+
+# --- PyTorch -------------------------------------------------------------------------------------
+
+def _set_tf32(torch: Any, device: str, precision: str) -> None:
+    """fp32 is true fp32 on a GPU (TF32 off for matmuls and cuDNN); tf32 turns it on."""
+    if device_kind(device) == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+        torch.backends.cudnn.allow_tf32 = precision == "tf32"
+
+
+def torch_kernels(torch: Any, device: str, plan: Plan, precisions: list[str]) -> list[Kernel]:
+    """The plan's PyTorch kernels at each precision."""
+    import contextlib
+
+    import torch.nn.functional as F
+
+    kind = device_kind(device)
+
+    def autocast(precision: str) -> Callable[[], Any]:
+        if precision not in LOW_PRECISIONS:
+            return contextlib.nullcontext
+        dtype = getattr(torch, DTYPES[precision])
+        return lambda: torch.autocast(device_type=kind, dtype=dtype)
+
+    def mm(precision: str) -> Callable[[int], tuple[Call, None]]:
+        def prepare(n: int) -> tuple[Call, None]:
+            _set_tf32(torch, device, precision)
+            dtype = getattr(torch, DTYPES[precision])
             a = torch.randn(n, n, device=device).to(dtype)
             b = torch.randn(n, n, device=device).to(dtype)
             c = torch.empty(n, n, device=device, dtype=dtype)
-            per_call, calls = sustained(clock, lambda: torch.mm(a, b, out=c), plan)
-        except RuntimeError as e:  # out of memory at a large size: keep the sizes that ran
-            note = f"size {n}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-            break
-        finally:
-            a = b = c = None
-        tflops = [2 * n**3 / s / 1e12 for s in per_call]
-        sizes.append({"size": n, "tflops": statistics.median(tflops), "blocks_tflops": tflops,
-                      "calls_per_block": calls})
-    if not sizes:
-        raise RuntimeError(f"no matmul size ran for {precision}: {note}")
-    return {"tflops": max(s["tflops"] for s in sizes), "sizes": sizes, "note": note}
+            return (lambda: torch.mm(a, b, out=c)), None
+        return prepare
+
+    def linear(precision: str) -> Callable[[int], tuple[Call, None]]:
+        ctx = autocast(precision)
+
+        def prepare(n: int) -> tuple[Call, None]:
+            _set_tf32(torch, device, precision)
+            x = torch.randn(n, n, device=device).to(getattr(torch, DTYPES[precision]))
+            w = torch.randn(n, n, device=device, requires_grad=True)  # a float32 parameter
+
+            def call() -> None:
+                with ctx():
+                    F.linear(x, w)
+            return call, None
+        return prepare
+
+    def conv2d(precision: str) -> Callable[[int], tuple[Call, None]]:
+        ctx, s = autocast(precision), plan.conv
+        last = torch.channels_last
+
+        def prepare(batch: int) -> tuple[Call, None]:
+            _set_tf32(torch, device, precision)
+            x = torch.randn(batch, s.channels_in, s.hw, s.hw, device=device).to(
+                getattr(torch, DTYPES[precision])).contiguous(memory_format=last)
+            w = torch.randn(s.channels_out, s.channels_in, s.kernel, s.kernel, device=device).contiguous(
+                memory_format=last).requires_grad_()
+
+            def call() -> None:
+                with ctx():
+                    F.conv2d(x, w, padding=s.kernel // 2)
+            return call, None
+        return prepare
+
+    def matmul_flops(n: int) -> float:
+        return 2.0 * n**3
+
+    makers = {"mm": (mm, matmul_flops, lambda n: f"{n}x{n}x{n}", plan.matmul_sizes),
+              "linear": (linear, matmul_flops, lambda n: f"{n}x{n}x{n}", plan.matmul_sizes),
+              "conv2d": (conv2d, plan.conv.flops, plan.conv.describe, plan.conv_batches)}
+    out = []
+    for precision in precisions:
+        for op in plan.torch_ops:
+            make, flops, shape, sizes = makers[op]
+            out.append(Kernel("torch", op, precision, sizes, flops, shape, make(precision)))
+    return out
 
 
-def _copy(torch: Any, device: str, plan: Plan, clock: _Clock) -> dict[str, Any]:
+def _copy(torch: Any, device: str, plan: Plan, clock: HostClock) -> dict[str, Any]:
     nbytes = plan.copy_bytes
     if device_kind(device) == "cuda":
         free, _ = torch.cuda.mem_get_info(device_index(device))
@@ -131,10 +297,15 @@ def unsupported_precisions(torch: Any, device: str) -> dict[str, str]:
     if device_kind(device) != "cuda":
         return {}
     major, minor = torch.cuda.get_device_capability(device_index(device))
+    return capability_gaps(major, minor, torch.cuda.is_bf16_supported())
+
+
+def capability_gaps(major: int, minor: int, bf16: bool) -> dict[str, str]:
+    """The precisions a GPU of this compute capability lacks, with the reason."""
     out = {}
     if major < 8:
         out["tf32"] = f"tf32 needs compute capability 8.0 or newer; this GPU is sm_{major}{minor}"
-    if not torch.cuda.is_bf16_supported():
+    if not bf16:
         out["bf16"] = f"this GPU (sm_{major}{minor}) has no bfloat16 support"
     return out
 
@@ -145,13 +316,14 @@ def available_devices(n_cuda: int) -> str:
 
 
 def measure(device: str) -> dict[str, Any]:
-    """Every figure for one device (``cpu`` or ``cuda:N``), as a JSON-able dict."""
+    """PyTorch's figures for one device (``cpu`` or ``cuda:N``), as a JSON-able dict."""
     import torch
 
     kind = device_kind(device)
     plan = PLANS[kind]
-    info: dict[str, Any] = {"device": device, "torch": {"version": torch.__version__, "cuda": torch.version.cuda,
-                                                        "num_threads": torch.get_num_threads()}}
+    info: dict[str, Any] = {"device": device, "framework": {"name": "torch", "version": torch.__version__,
+                                                            "cuda": torch.version.cuda,
+                                                            "num_threads": torch.get_num_threads()}}
     if kind == "cuda":
         if not torch.cuda.is_available():
             return {**info, "error": f"no such device here; available: {available_devices(0)} (torch "
@@ -159,35 +331,31 @@ def measure(device: str) -> dict[str, Any]:
         if device_index(device) >= torch.cuda.device_count():
             return {**info, "error": f"no such device here; available: {available_devices(torch.cuda.device_count())}"}
         torch.cuda.set_device(device_index(device))
+        torch.backends.cudnn.benchmark = True  # as the trainer: the untimed first call picks the algorithm
         props = torch.cuda.get_device_properties(device_index(device))
         uuid = getattr(props, "uuid", None)
         info.update(device_name=props.name, device_uuid=str(uuid) if uuid is not None else None)
+        clock: HostClock = CudaClock(torch)
     else:
         from gpubench.env import cpu_model
 
         info.update(device_name=cpu_model(), device_uuid=None)
+        clock = HostClock()
     t0 = time.perf_counter()
-    clock = _Clock(torch, device)
     skipped = unsupported_precisions(torch, device)
     precisions = [p for p in plan.precisions if p not in skipped]
-    if plan.warmup_s > 0:  # let the clocks ramp up before anything is timed
-        n = plan.sizes[len(plan.sizes) // 2]
-        a = torch.randn(n, n, device=device)
-        end = time.perf_counter() + plan.warmup_s
-        while time.perf_counter() < end:
-            clock.time(lambda: torch.mm(a, a), 4)
-        del a
-    matmul = {p: _matmul(torch, device, p, plan, clock) for p in precisions}
-    copy = _copy(torch, device, plan, clock)
-    return {
-        **info,
-        "matmul_tflops": {p: m["tflops"] for p, m in matmul.items()},
-        "memory_bandwidth_gbs": copy["gbs"],
-        "skipped": skipped,
-        "details": {"matmul": matmul, "copy": copy},
-        "plan": asdict(plan),
-        "seconds": time.perf_counter() - t0,
-    }
+    with torch.no_grad():
+        if plan.warmup_s > 0:  # let the clocks ramp up before anything is timed
+            n = plan.matmul_sizes[len(plan.matmul_sizes) // 2]
+            a = torch.randn(n, n, device=device)
+            end = time.perf_counter() + plan.warmup_s
+            while time.perf_counter() < end:
+                clock.time(lambda: torch.mm(a, a), 4)
+            del a
+        kernels = [run_kernel(k, plan, clock) for k in torch_kernels(torch, device, plan, precisions)]
+        copy = _copy(torch, device, plan, clock)
+    return {**info, "kernels": kernels, "memory_bandwidth_gbs": copy["gbs"], "copy": copy, "skipped": skipped,
+            "plan": asdict(plan), "seconds": time.perf_counter() - t0}
 
 
 def main(argv: list[str]) -> int:

@@ -15,6 +15,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 import gpubench
 from gpubench import fmt
+from gpubench.calibrate import kernel_label
 from gpubench.report import breakdown, charts, tables
 from gpubench.report.load import ReportData, load_report_data
 from gpubench.results import twins
@@ -146,6 +147,7 @@ def peaks_used(data: ReportData) -> pd.DataFrame:
                              "device": f"{peak.get('device')} ({peak.get('device_name')})",
                              "precision": peak.get("precision"),
                              "peak per device": fmt.tflops(peak.get("per_device_tflops")),
+                             "kernel": kernel_label(peak.get("kernel")),
                              "source": f"{peak.get('source')}, {peak.get('measured_at')}"}
     return pd.DataFrame(list(rows.values()))
 
@@ -170,10 +172,13 @@ def write_markdown(data: ReportData, path: Path) -> None:
         "samples/s (95% CI)": [fmt.rate_ci(r.throughput, r.throughput_ci_low, r.throughput_ci_high)
                                + (" *" if r.noisy else "") for r in ok.itertuples()],
         **{header: ok[name].map(lambda v, name=name: tables.cell(name, v).removesuffix(" TFLOP/s"))
-           for header, name in SUMMARY_COLUMNS},
+           for header, name in SUMMARY_COLUMNS if name != "mfu"},
+        "MFU": ["above peak" if tables.above_peak(r) else tables.cell("mfu", r["mfu"]) for _, r in ok.iterrows()],
     })
     lines += [tables.to_markdown(table), "`*` noisy (cv of step times > 10%); TFLOP/s: model training FLOPs x "
-              "samples/s; MFU: of the measured matmul peak at the config's precision (`gpubench calibrate`)", ""]
+              "samples/s; MFU: of the measured peak at the config's precision (`gpubench calibrate`)", ""]
+    if (above := tables.above_peak_note(ok)) is not None:
+        lines += [f"> MFU above peak: {above}", ""]
     if data.multi_run:
         lines += ["### Runs side by side", "", tables.to_markdown(tables.run_comparison(c, [r.run_id for r in data.runs]))]
     for comparison in twins.COMPARISONS:

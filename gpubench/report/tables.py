@@ -11,6 +11,7 @@ from typing import Callable
 import pandas as pd
 
 from gpubench import fmt
+from gpubench.calibrate import RECALIBRATE
 from gpubench.config import MAX_BATCH
 from gpubench.results import twins
 from gpubench.results.metrics import BY_NAME
@@ -69,15 +70,38 @@ def throughput_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[st
     return _pivot(configs, _throughput_cell, multi_run)
 
 
+def _known(v: object) -> bool:
+    return v is not None and not pd.isna(v)
+
+
+def above_peak(r: pd.Series) -> bool:
+    """Achieved more than the calibrated peak it was compared with (or an older result's stored
+    MFU is above 100%): no MFU is shown for it, but the hint to recalibrate."""
+    achieved, peak = r.get("achieved_tflops"), r.get("peak_tflops")
+    return bool(r.get("above_peak") or (_known(achieved) and _known(peak) and achieved > peak))
+
+
+def above_peak_note(configs: pd.DataFrame) -> str | None:
+    """One sentence for the configs that achieved more than their peak, or None."""
+    n = int(sum(above_peak(r) for _, r in configs.iterrows())) if len(configs) else 0
+    return (f"{n} config(s) achieved more TFLOP/s than the calibrated peak of their precision, so that peak is "
+            f"no ceiling (a stale calibration, or other load while it was measured) and no MFU is shown: "
+            f"recalibrate with {RECALIBRATE}" if n else None)
+
+
 def flops_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[str, pd.DataFrame]:
-    """Model TFLOP/s achieved, and MFU against the measured peak where there is one."""
+    """Model TFLOP/s achieved, and MFU against the measured peak where there is one and it is
+    not below what was achieved (then the hint to recalibrate instead)."""
     if "achieved_tflops" not in configs or configs["achieved_tflops"].isna().all():
         return {}
 
     def flops_cell(r: pd.Series) -> str:
         mfu = r.get("mfu")
-        return (cell("achieved_tflops", r["achieved_tflops"])
-                + ("" if mfu is None or pd.isna(mfu) else f", MFU {cell('mfu', mfu)}") + _trained(r))
+        if above_peak(r):
+            return (f"{cell('achieved_tflops', r['achieved_tflops'])}, above the calibrated peak "
+                    f"({cell('peak_tflops', r['peak_tflops'])}): recalibrate with {RECALIBRATE}" + _trained(r))
+        return (cell("achieved_tflops", r["achieved_tflops"]) + ("" if not _known(mfu) else f", MFU {cell('mfu', mfu)}")
+                + _trained(r))
     return _pivot(configs[configs["achieved_tflops"].notna()], flops_cell, multi_run)
 
 

@@ -71,6 +71,17 @@ def _peak_memory_source(r: Result) -> Any:
     return r.peak_memory()[1]
 
 
+def _above_peak(r: Result) -> bool:
+    """The result says its peak is below what it achieved (or, written before that flag, its
+    stored MFU is above 100%)."""
+    mfu = r.get("metrics", "mfu")
+    return bool(r.get("metrics", "peak_below_achieved")) or (isinstance(mfu, (int, float)) and mfu > 1)
+
+
+def _mfu(r: Result) -> Any:
+    return None if _above_peak(r) else r.get("metrics", "mfu")
+
+
 def _trained_batch(r: Result) -> Any:
     return r.trained_batch()
 
@@ -130,7 +141,12 @@ METRICS: list[Metric] = [
       "model training FLOPs per sample x throughput"),
     M("peak_tflops", ("metrics", "peak_tflops"), "TFLOP/s", "", "tflops",
       "the measured peak MFU is against (gpubench calibrate)"),
-    M("mfu", ("metrics", "mfu"), "", "higher", "pct", "achieved_tflops / peak_tflops"),
+    M("mfu", (), "", "higher", "pct",
+      "achieved_tflops / peak_tflops; never above 100%: a result above its peak has none (above_peak)",
+      derive=_mfu),
+    M("above_peak", (), "", "", "flag",
+      "achieved more than the calibrated peak, which is then no ceiling: recalibrate (gpubench calibrate --force)",
+      combine="any", derive=_above_peak),
     M("max_batch", ("metrics", "batch_search", "max_batch"), "samples", "higher", "count",
       'batch_size = "max": the largest batch that trained', combine="first"),
     M("batch_trained", (), "samples", "", "count",

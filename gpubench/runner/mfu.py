@@ -4,12 +4,16 @@ The parent looks the peaks up before the sweep (from the calibration cache, cali
 child process where a device has none) and adds to every ok result:
 
 - ``achieved_tflops`` = ``model.flops_per_sample`` x global throughput (median) / 1e12;
-- ``mfu`` = achieved / ``peak_tflops``, where ``peak_tflops`` is the measured dense matmul
-  peak of the device at the config's precision (fp32 -> fp32, tf32 -> tf32, amp-fp16 -> fp16,
-  amp-bf16 -> bf16), times the devices of a parallel strategy on GPUs (ddp:N, dp:N,
-  mirrored:N: N GPUs, assumed alike: cuda:0 is calibrated). On the CPU every rank shares the
-  one CPU that the calibration measured with all its cores, so the peak is not multiplied;
-- ``peak``: which peak, from which calibration.
+- ``peak_tflops``: the measured peak of the device at the config's precision (fp32 -> fp32,
+  tf32 -> tf32, amp-fp16 -> fp16, amp-bf16 -> bf16: the best of the frameworks' training
+  kernels), times the devices of a parallel strategy on GPUs (ddp:N, dp:N, mirrored:N: N GPUs,
+  assumed alike: cuda:0 is calibrated). On the CPU every rank shares the one CPU that the
+  calibration measured with all its cores, so the peak is not multiplied;
+- ``mfu`` = achieved / ``peak_tflops``, but only where achieved <= peak: a peak below what
+  training achieved is no ceiling (a stale cache, another load on the machine while it was
+  measured), and an MFU above 100% would mislead. Such a result gets
+  ``peak_below_achieved: true`` instead, and the summaries say to recalibrate;
+- ``peak``: which peak, from which calibration, set by which kernel.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from rich.console import Console
 from gpubench.options import device_kind
 from gpubench.calibrate.cache import CalibrationError, calibration_device, get_calibration
 from gpubench.config import Config
+from gpubench.errors import warn
 from gpubench.results.result import Result
 
 PEAK_PRECISION = {"fp32": "fp32", "tf32": "tf32", "amp-fp16": "fp16", "amp-bf16": "bf16"}
@@ -40,19 +45,22 @@ def load_peaks(devices: list[str], console: Console) -> dict[str, dict[str, Any]
             with console.status(f"calibrating {device} once for MFU (--no-calibrate skips it)..."):
                 cal = get_calibration(device)
         except CalibrationError as e:
-            console.print(f"[yellow]no peaks for {device}[/yellow] (results will have no mfu): {e}",
-                          highlight=False, soft_wrap=True)
+            warn(f"no peaks for {device} (results will have no mfu): {e}")
             continue
         peaks[device] = {**cal.entry, "cache_file": cal.cache_file}
-        figures = ", ".join(f"{p} {v:.4g}" for p, v in cal.entry["matmul_tflops"].items())
-        console.print(f"peaks of {device} ({'cached' if cal.cached else 'measured now'}): matmul TFLOP/s {figures}",
+        kernels = cal.entry.get("peak_kernels") or {}
+        figures = ", ".join(f"{p} {v:.4g}" + (f" ({kernels[p].get('framework')} {kernels[p].get('op')})"
+                                              if isinstance(kernels.get(p), dict) else "")
+                            for p, v in cal.entry["peak_tflops"].items())
+        console.print(f"peaks of {device} ({'cached' if cal.cached else 'measured now'}): TFLOP/s {figures}",
                       highlight=False, soft_wrap=True)
     return peaks
 
 
 def mfu_metrics(result: Result, peaks: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """``achieved_tflops`` for an ok result with a FLOP count, and ``mfu``, ``peak_tflops``,
-    ``peak`` where its device has a measured peak at its precision; None otherwise."""
+    """``achieved_tflops`` for an ok result with a FLOP count; ``peak_tflops`` and ``peak`` where
+    its device has a measured peak at its precision, with ``mfu`` where achieved <= peak, else
+    ``peak_below_achieved``; None for a result without a FLOP rate."""
     flops = result.get("model", "flops_per_sample")
     rate = result.get("metrics", "throughput", "median")
     if result.status != "ok" or not flops or not rate:
@@ -61,15 +69,19 @@ def mfu_metrics(result: Result, peaks: dict[str, dict[str, Any]]) -> dict[str, A
     config = Config.from_dict(result.config)
     entry = peaks.get(calibration_device(config.device))
     precision = PEAK_PRECISION.get(config.precision)
-    per_device = (entry or {}).get("matmul_tflops", {}).get(precision)
+    per_device = (entry or {}).get("peak_tflops", {}).get(precision)
     if not per_device:
         return out
     # GPUs: every device of the strategy; CPU: the ranks of one node share its CPU, whose
     # calibration used all its cores, so one CPU per node
     devices = config.devices if device_kind(config.device) == "cuda" else config.nnodes
     out["peak_tflops"] = per_device * devices
-    out["mfu"] = out["achieved_tflops"] / out["peak_tflops"]
+    if out["achieved_tflops"] > out["peak_tflops"]:
+        out["peak_below_achieved"] = True
+    else:
+        out["mfu"] = out["achieved_tflops"] / out["peak_tflops"]
     out["peak"] = {"source": "measured (gpubench calibrate)", "precision": precision, "per_device_tflops": per_device,
-                   "devices": devices, "device": entry["device"], "device_name": entry.get("device_name"),
+                   "devices": devices, "kernel": (entry.get("peak_kernels") or {}).get(precision),
+                   "device": entry["device"], "device_name": entry.get("device_name"),
                    "measured_at": entry.get("measured_at"), "cache_file": entry.get("cache_file")}
     return out

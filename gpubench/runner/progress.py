@@ -13,6 +13,7 @@ from rich.table import Table
 from gpubench import fmt
 from gpubench.results.metrics import BY_NAME
 from gpubench.results.result import Result
+from gpubench.calibrate import RECALIBRATE
 from gpubench.runner.sweep import Job
 
 STATUS_STYLE = {"ok": "green", "oom": "yellow", "unsupported": "dim", "unavailable": "dim",
@@ -82,9 +83,14 @@ SUMMARY_COLUMNS = (("samples/s", "throughput"), ("step", "step_ms"), ("cv", "ste
 
 
 def summary_table(results: list[Result]) -> Table:
-    """Measured configs (ok, diverged, partially measured) one row each."""
+    """Measured configs (ok, diverged, partially measured) one row each; a caption says to
+    recalibrate where a result achieved more than its device's peak."""
     repeats = any(r.repeat for r in results)
-    table = Table(title="gpubench results", title_justify="left")
+    above = [r for r in results if r.get("metrics", "throughput") and BY_NAME["above_peak"].value(r)]
+    caption = (f"MFU 'above peak': {len(above)} result(s) achieved more TFLOP/s than the calibrated peak, which is "
+               f"therefore no ceiling (a stale calibration, or other load while it was measured); recalibrate with: "
+               f"{RECALIBRATE}" if above else None)
+    table = Table(title="gpubench results", title_justify="left", caption=caption, caption_justify="left")
     table.add_column("config", no_wrap=True)
     if repeats:
         table.add_column("rep", justify="right")
@@ -103,7 +109,8 @@ def summary_table(results: list[Result]) -> Table:
             row.append(str(r.repeat))
         row.append(f"[{style}]{r.status}[/{style}]" + (" [yellow]noisy[/yellow]" if BY_NAME["noisy"].value(r) else ""))
         for header, name in SUMMARY_COLUMNS:
-            row.append(_show(name, r))
+            above = name == "mfu" and BY_NAME["above_peak"].value(r)
+            row.append("[yellow]above peak[/yellow]" if above else _show(name, r))
             if header == "samples/s":
                 row.append(f"{_show('throughput_ci_low', r)}-{_show('throughput_ci_high', r)}")
         table.add_row(*row)

@@ -15,8 +15,8 @@ from typing import Any
 from rich.console import Console
 
 from gpubench.backends.base import ProbeInfo
-from gpubench.env import fingerprint
-from gpubench.errors import InputError
+from gpubench.env import emulation_note, fingerprint
+from gpubench.errors import InputError, note
 from gpubench.results.outputs import check_output_dir
 from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES, SCHEMA_VERSION
@@ -139,6 +139,8 @@ def execute(req: RunRequest, console: Console) -> int:
     probes = probe_frameworks(configs, console) if jobs else {}
     env = fingerprint({k: p.to_dict() for k, p in probes.items()})
     runnable = [job.config for job in jobs if pre_resolve(job.config, probes) is None]
+    if (emulated := emulation_note(runnable, env)) is not None:
+        note(emulated)
     # only node 0 writes results, so only node 0 needs the peaks (a calibration on the others
     # would only delay their first rendezvous)
     peaks = load_peaks(peak_devices(runnable), console) if req.calibrate and nodes.node_rank == 0 else {}
