@@ -10,11 +10,10 @@ from typing import NoReturn
 from rich.console import Console
 
 from gpubench import __version__
-from gpubench.results.metrics import gate_metric_names
 from gpubench.errors import InputError, warn
+from gpubench.results.metrics import gate_metric_names
 from gpubench.runner.nodes import DEFAULT_MASTER_PORT, Nodes
 from gpubench.runner.run import EXIT_BAD_INPUT, EXIT_INTERRUPTED, RunRequest
-
 
 METRIC_HELP = f"the metric to gate on, one of: {', '.join(gate_metric_names())} (default throughput)"
 
@@ -180,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             report = build_report(args.run_dirs, args.out)
             for warning in report.warnings:
                 warn(warning)
-            console.print(f"report: {report.index}\n  charts: {len(report.charts)} PNG in {report.index.parent / 'charts'}"
+            console.print(f"report: {report.index}\n  charts: {len(report.charts)} PNG in "
+                          f"{report.index.parent / 'charts'}"
                           f"\n  csv: {report.csv}\n  markdown: {report.markdown}", highlight=False)
             return 0
         if args.command == "compare":

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Callable
+from typing import Any
 
-from gpubench.options import (DISTRIBUTED_KINDS, REPLICA_KINDS, STAGE_KINDS, device_index, device_kind,
-                              parse_parallelism)
+from gpubench.options import DISTRIBUTED_KINDS, REPLICA_KINDS, STAGE_KINDS, device_index, device_kind, parse_parallelism
 
 MAX_BATCH = "max"  # batch_size = "max": the largest batch that fits, searched before the config runs
 
@@ -165,7 +165,10 @@ _DEFAULTS = {f.name: f.default for f in fields(Config)}
 # they matter: _ID_ONLY_WHEN); data_dir is a path and stays out of the id
 _ID_EXTRAS = ("optimizer", "lr", "loss", "compile", "memory_format", "data", "data_workers", "dataset",
               "checkpointing", "pipeline_microbatches", "pipeline_schedule", "nnodes")
-_ALWAYS: Callable[[Config], bool] = lambda c: True
+def _ALWAYS(c: Config) -> bool:
+    return True
+
+
 _ID_ONLY_WHEN: dict[str, Callable[[Config], bool]] = {
     "data_workers": lambda c: c.data == "pipeline",
     "pipeline_microbatches": lambda c: c.pipelined,

@@ -8,8 +8,9 @@ import platform
 import socket
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Protocol
+from typing import Any, Protocol
 
 import psutil
 

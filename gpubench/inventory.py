@@ -17,7 +17,6 @@ from gpubench.runner.probe import probe
 from gpubench.suite import load_suite
 from gpubench.workloads import WORKLOADS
 
-
 DEFAULT_SUITES = Path("suites")
 
 

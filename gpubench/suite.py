@@ -23,9 +23,10 @@ import itertools
 import math
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -161,9 +162,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "graph compiler: xla (TensorFlow jit_compile), torch-compile[-reduce-overhead|-max-autotune], cuda-graph"),
     Setting("memory_format", _choice("memory_format", _declared("memory_format")), str,
             "PyTorch tensor layout of 4-D inputs and conv weights"),
-    Setting("data", _choice("data mode", _declared("data")), str, "device-resident batches or the framework's input pipeline"),
+    Setting("data", _choice("data mode", _declared("data")), str,
+            "device-resident batches or the framework's input pipeline"),
     Setting("data_workers", _int(0), _parse_number, "input-pipeline worker processes (PyTorch DataLoader)"),
-    Setting("dataset", _choice("dataset", _declared("dataset")), str, "synthetic task, or MNIST IDX files from data_dir"),
+    Setting("dataset", _choice("dataset", _declared("dataset")), str,
+            "synthetic task, or MNIST IDX files from data_dir"),
     Setting("data_dir", _string, str, "directory holding the MNIST IDX files"),
     Setting("checkpointing", _choice("checkpointing", _declared("checkpointing")), str,
             "activation checkpointing: none, or activations (recomputed in the backward pass)"),
@@ -398,8 +401,9 @@ def parse_suite(data: dict[str, Any], src: str, default_name: str = "suite") -> 
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise InputError(f"{src}: name: expected letters, digits, '_', '.' or '-', got {name!r}")
     if len(name) > MAX_NAME_CHARS:  # run directories are named after it, and file names have a limit
+        missing = "" if "name" in data else "; the file name stands in for a missing name"
         raise InputError(f"{src}: name: at most {MAX_NAME_CHARS} characters (run directories are named after it), "
-                         f"got {len(name)}" + ("" if "name" in data else "; the file name stands in for a missing name"))
+                         f"got {len(name)}{missing}")
     description = data.get("description", "")
     if not isinstance(description, str):
         raise InputError(f"{src}: description: expected a string, got {description!r}")

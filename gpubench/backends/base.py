@@ -105,7 +105,7 @@ class Backend(ABC):
     def build(self, spec: WorkloadSpec, config: Config, batches: Batches) -> Trainer:
         """Translate the spec, load the canonical initial weights, put data on the device."""
 
-    def before_profiled_build(self, config: Config) -> None:
+    def before_profiled_build(self, config: Config) -> None:  # noqa: B027 - an optional hook
         """``gpubench profile``: anything the profiler needs set up before the trainer is
         built (nothing by default)."""
 

@@ -27,16 +27,17 @@ import os
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import gpubench
 from gpubench.calibrate.measure import PRECISIONS
-from gpubench.options import device_index, device_kind
 from gpubench.env import cpu_model
 from gpubench.errors import warn
+from gpubench.options import device_index, device_kind
 from gpubench.results.store import write_json_atomic
 from gpubench.runner.process import Launcher
 

@@ -10,14 +10,21 @@ from rich.console import Console
 from rich.table import Table
 
 from gpubench.calibrate import kernel_label
-from gpubench.calibrate.cache import (Calibration, CalibrationError, calibration_device, get_calibration,
-                                     missing_torch_message, torch_build)
+from gpubench.calibrate.cache import (
+    Calibration,
+    CalibrationError,
+    calibration_device,
+    get_calibration,
+    missing_torch_message,
+    torch_build,
+)
 from gpubench.calibrate.datasheet import datasheet_for
 from gpubench.calibrate.measure import PRECISIONS
 from gpubench.errors import InputError
 from gpubench.results.outputs import check_output_file, write_output
 from gpubench.results.store import json_text
 from gpubench.suite import parse_device
+
 
 def default_devices() -> list[str]:
     """The CPU, and the first GPU where NVML lists one."""

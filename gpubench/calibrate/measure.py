@@ -18,13 +18,13 @@ called the way the trainers call them (docs/calibration.md):
 Each kernel runs a few sizes, smallest first, with random data (normal, never zeros: zeros draw
 less power and compress in memory, which would overstate the peaks). A size: one untimed call
 (lazy initialisation, autotuning), calls in doubling batches to estimate how many fill a block
-(none when the first call already took a block), then ``blocks`` timed blocks of back-to-back calls lasting about ``block_s`` each (CUDA events on a
-GPU under PyTorch, ``perf_counter`` with a synchronising read otherwise). A size's figure is its
-median block (a sustained rate, not one lucky block); a kernel's is its best size's. A larger
-size is started only while the time it is predicted to take (from the last size's, scaled by
-FLOPs) fits in what is left of ``kernel_budget_s``, so a slow kernel (bf16 emulated on a CPU
-without native support takes seconds per call) stays bounded.
-"""
+(none when the first call already took a block), then ``blocks`` timed blocks of back-to-back
+calls lasting about ``block_s`` each (CUDA events on a GPU under PyTorch, ``perf_counter`` with
+a synchronising read otherwise). A size's figure is its median block (a sustained rate, not one
+lucky block); a kernel's is its best size's. A larger size is started only while the time it is
+predicted to take (from the last size's, scaled by FLOPs) fits in what is left of
+``kernel_budget_s``, so a slow kernel (bf16 emulated on a CPU without native support takes
+seconds per call) stays bounded. """
 
 from __future__ import annotations
 
@@ -32,8 +32,9 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 from gpubench.options import device_index, device_kind
 

@@ -15,8 +15,8 @@ import sys
 import time
 from typing import Any
 
-from gpubench.options import device_index, device_kind
 from gpubench.calibrate.measure import DTYPES, PLANS, HostClock, Kernel, Plan, capability_gaps, run_kernel
+from gpubench.options import device_index, device_kind
 
 
 def tensorflow_kernels(tf: Any, plan: Plan, precisions: list[str]) -> list[Kernel]:

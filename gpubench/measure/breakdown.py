@@ -17,10 +17,11 @@ the measured windows' median step time:
 from __future__ import annotations
 
 import statistics
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
-from gpubench.measure.trainer import ProfilingUnavailable
 from gpubench.measure.loop import clock_ns
+from gpubench.measure.trainer import ProfilingUnavailable
 
 if TYPE_CHECKING:
     from gpubench.measure.trainer import Trainer
@@ -58,8 +59,8 @@ class HostPhaseClock:
         return ms
 
 
-METHOD = ("a separate pass of {steps} steps (after one untimed) after the measured windows; each phase ends with the device "
-          "synchronised and is timed by {timing}; medians over the steps; idle_ms / overlap_ms compare their "
+METHOD = ("a separate pass of {steps} steps (after one untimed) after the measured windows; each phase ends with the "
+          "device synchronised and is timed by {timing}; medians over the steps; idle_ms / overlap_ms compare their "
           "sum with the measured median step time")
 TF_METHOD = ("; backward_ms = (forward + backward, timed together) - forward (a separate forward-only call), "
              "at least 0")
@@ -79,7 +80,7 @@ def measure_breakdown(trainer: Trainer, steps: int, step_ms: float | None) -> tu
     for _ in range(steps):
         acc = dict.fromkeys(PHASES, 0.0)
 
-        def lap(phase: str) -> None:
+        def lap(phase: str, acc: dict[str, float] = acc) -> None:
             acc[phase] = acc.get(phase, 0.0) + clock.lap()
 
         t0 = clock_ns()

@@ -8,8 +8,9 @@ the loop, below the backends, so the loop never imports a backend.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gpubench.measure.breakdown import PhaseClock
@@ -102,5 +103,5 @@ class Trainer(ABC):
         """A hash of the model's weights, to check that the ranks agree; None if unsupported."""
         return None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook
         """Release what the trainer holds beyond its process (a process group)."""

@@ -22,8 +22,16 @@ from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES
 from gpubench.results.store import slug
 from gpubench.runner.progress import SweepDisplay
-from gpubench.runner.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, check_data, finish_run_dir, new_run_dir, \
-    probe_frameworks, write_report
+from gpubench.runner.run import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    check_data,
+    finish_run_dir,
+    new_run_dir,
+    probe_frameworks,
+    write_report,
+)
 from gpubench.runner.sweep import Job, run_jobs
 from gpubench.suite import load_suite
 

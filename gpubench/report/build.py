@@ -180,7 +180,8 @@ def write_markdown(data: ReportData, path: Path) -> None:
     if (above := tables.above_peak_note(ok)) is not None:
         lines += [f"> MFU above peak: {above}", ""]
     if data.multi_run:
-        lines += ["### Runs side by side", "", tables.to_markdown(tables.run_comparison(c, [r.run_id for r in data.runs]))]
+        side_by_side = tables.run_comparison(c, [r.run_id for r in data.runs])
+        lines += ["### Runs side by side", "", tables.to_markdown(side_by_side)]
     for comparison in twins.COMPARISONS:
         t = tables.speedup_table(c, comparison, data.multi_run)
         if not t.empty:
@@ -261,7 +262,8 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
         "energy": {k: _html_table(v) for k, v in tables.energy_tables(c, multi).items()},
         "failures": _html_table(tables.failures(c, multi)),
         "noisy": _html_table(tables.noisy(c, multi)),
-        "runs": [{"run_id": r.run_id, "how": _how_measured(r.meta), "machine": _machine_line(run_env(r.meta, r.results)),
+        "runs": [{"run_id": r.run_id, "how": _how_measured(r.meta),
+                  "machine": _machine_line(run_env(r.meta, r.results)),
                   "env": _env_table(run_env(r.meta, r.results)),
                   "suite": json.dumps(r.meta.get("suite", {}), indent=2)} for r in data.runs],
     }

@@ -6,7 +6,7 @@ aggregated); the numbers come straight from the results, only formatted here.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pandas as pd
 

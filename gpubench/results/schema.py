@@ -37,7 +37,8 @@ _LINE = ("a result line needs run_id, config_id (strings), config (an object wit
 # run's summary and twin comparisons): numbers on every line with metrics.throughput, which an
 # ok line must have; the two medians positive (the gate takes their logarithm).
 MEASURED = ("metrics.throughput.median", "metrics.throughput.ci_low", "metrics.throughput.ci_high",
-            "metrics.step_time_ms.median", "metrics.step_time_ms.cv", "metrics.cold_start_ms", "metrics.samples_per_step")
+            "metrics.step_time_ms.median", "metrics.step_time_ms.cv", "metrics.cold_start_ms",
+            "metrics.samples_per_step")
 _POSITIVE = ("metrics.throughput.median", "metrics.step_time_ms.median")
 # Figures that may be absent or null, but are numbers where present (peak memory, energy, the
 # batch a "max" search found).

@@ -8,8 +8,9 @@ import errno
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from gpubench.errors import InputError
 from gpubench.errors import warn as warn_user
@@ -117,7 +118,8 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         raise InputError(f"{path}: not a run file: expected a JSON object (run_id, suite, args, env, ...), "
                          f"got a {type(meta).__name__}")
     if not isinstance(meta.get("env"), (dict, type(None))):
-        raise InputError(f"{path}: 'env' is a {type(meta['env']).__name__}, not an object (the environment fingerprint)")
+        raise InputError(f"{path}: 'env' is a {type(meta['env']).__name__}, not an object (the environment "
+                         "fingerprint)")
     return meta
 
 

@@ -96,7 +96,7 @@ def execute_ab(req: ABRequest, console: Console) -> int:
     results: dict[str, list[Result]] = {side: [] for side in SIDES}
     with SweepDisplay(console, 2 * len(jobs)) as display:
         k = 0
-        for i, job in enumerate(jobs):
+        for job in jobs:
             order = SIDES if job.repeat % 2 == 0 else SIDES[::-1]  # A B, then B A, ...
             for side in order:
                 display.started(k, job)

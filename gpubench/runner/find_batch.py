@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from gpubench.config import MAX_BATCH, Config
 from gpubench.results.result import Outcome, Result

@@ -22,10 +22,10 @@ from typing import Any
 
 from rich.console import Console
 
-from gpubench.options import device_kind
 from gpubench.calibrate.cache import CalibrationError, calibration_device, get_calibration
 from gpubench.config import Config
 from gpubench.errors import warn
+from gpubench.options import device_kind
 from gpubench.results.result import Result
 
 PEAK_PRECISION = {"fp32": "fp32", "tf32": "tf32", "amp-fp16": "fp16", "amp-bf16": "bf16"}

@@ -219,7 +219,7 @@ def barrier(nodes: Nodes, job: str, index: int, timeout_s: float) -> tuple[str, 
     except Skipped as e:
         return ("error", f"the nodes did not all run this config: {e} (are the nodes alike: frameworks, "
                          "GPUs, suite and settings?)")
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         return ("timeout", f"not every node reached this config within {timeout_s:g} s (timeout_s)")
     return None
 

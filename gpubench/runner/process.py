@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gpubench
+from gpubench.config import Config
 from gpubench.options import parse_parallelism
 from gpubench.runner.nodes import Nodes
-from gpubench.config import Config
 
 _PKG_ROOT = str(Path(gpubench.__file__).resolve().parent.parent)
 

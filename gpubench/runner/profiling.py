@@ -14,16 +14,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpubench.measure.trainer import ProfilingUnavailable
 from gpubench.measure.breakdown import measure_breakdown
 from gpubench.measure.loop import NO_RANGES
 from gpubench.measure.ops import OpRow, markdown_table, summary, tables
+from gpubench.measure.trainer import ProfilingUnavailable
 from gpubench.results.store import write_text_atomic
 
 if TYPE_CHECKING:
-    from gpubench.measure.trainer import Trainer
-    from gpubench.measure.loop import RawMeasurement
     from gpubench.config import Config
+    from gpubench.measure.loop import RawMeasurement
+    from gpubench.measure.trainer import Trainer
 
 
 def write_op_tables(ops: list[OpRow], out_dir: Path, heading: str) -> dict[str, Path]:
@@ -70,8 +70,8 @@ def profile_trainer(trainer: Trainer, raw: RawMeasurement, config: Config, optio
         return metrics, {"dir": options["rel"], "error": str(e)}
     finally:
         ranges.pop()
-    files = {"trace": captured["trace"], **write_op_tables(captured["ops"], out_dir,
-                                                           f"{config.config_id}: {captured['profiler']}, {steps} steps")}
+    heading = f"{config.config_id}: {captured['profiler']}, {steps} steps"
+    files = {"trace": captured["trace"], **write_op_tables(captured["ops"], out_dir, heading)}
     if captured.get("logdir") is not None:
         files["logdir"] = captured["logdir"]
     rel = Path(options["rel"])

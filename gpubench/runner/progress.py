@@ -11,9 +11,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gpubench import fmt
+from gpubench.calibrate import RECALIBRATE
 from gpubench.results.metrics import BY_NAME
 from gpubench.results.result import Result
-from gpubench.calibrate import RECALIBRATE
 from gpubench.runner.sweep import Job
 
 STATUS_STYLE = {"ok": "green", "oom": "yellow", "unsupported": "dim", "unavailable": "dim",

@@ -21,11 +21,11 @@ from gpubench.results.outputs import check_output_dir
 from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES, SCHEMA_VERSION
 from gpubench.results.store import NODE_FILE, RUN_FILE, create_run_dir, load_results, load_run, write_json_atomic
+from gpubench.runner.mfu import load_peaks, peak_devices
 from gpubench.runner.nodes import Nodes
 from gpubench.runner.probe import probe
 from gpubench.runner.process import Launcher
 from gpubench.runner.progress import SweepDisplay, summary_table, unmeasured_lines
-from gpubench.runner.mfu import load_peaks, peak_devices
 from gpubench.runner.sweep import plan, pre_resolve, run_jobs
 from gpubench.suite import Config, Suite, load_suite
 
@@ -119,7 +119,8 @@ def check_data(configs: list[Config], source: str) -> None:
 
     for data_dir in sorted({c.data_dir for c in configs if c.dataset == "mnist"}):
         if not data_dir:
-            raise InputError(f"{source}: data_dir: dataset 'mnist' needs data_dir, the directory of the MNIST IDX files")
+            raise InputError(f"{source}: data_dir: dataset 'mnist' needs data_dir, the directory of the MNIST IDX "
+                             "files")
         try:
             load_mnist(data_dir)
         except IdxError as e:

@@ -12,20 +12,21 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from gpubench.backends import get_backend
 from gpubench.backends.base import ProbeInfo
+from gpubench.config import MAX_BATCH, Config
 from gpubench.options import device_kind
 from gpubench.results.result import Outcome, Result
 from gpubench.results.store import NODE_FILE, RESULTS_FILE, append_result, slug
+from gpubench.runner.mfu import mfu_metrics
 from gpubench.runner.nodes import Nodes, barrier
 from gpubench.runner.process import Launcher, kill_group, oom_kill_count
-from gpubench.runner.mfu import mfu_metrics
-from gpubench.config import MAX_BATCH, Config
 
 LOG_TAIL_LINES = 40
 

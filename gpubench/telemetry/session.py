@@ -8,15 +8,15 @@ Nothing here may fail a config: every problem becomes ``telemetry.errors`` or
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from gpubench.options import device_index, device_kind
 from gpubench.measure.loop import Phase
+from gpubench.options import device_index, device_kind
 from gpubench.telemetry.base import PeriodicSampler
 from gpubench.telemetry.host import HostReader
 from gpubench.telemetry.nvml import NvmlReader, as_text, load_nvml, nvml_index
 from gpubench.telemetry.summary import gpu_summary, host_summary, windows_of
-
 
 # The host sampler runs at the telemetry interval but never more often than this: the kernel
 # counts process CPU time in 10 ms ticks, so a 100 ms CPU % is quantised to +-10 points, and a

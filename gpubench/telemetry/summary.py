@@ -8,7 +8,8 @@ says so, with the kind of power reading (``instant`` or the driver's 1 s ``avera
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -61,8 +62,8 @@ def device_energy(samples: Sequence[GpuSample], windows: list[Window],
     return out, source
 
 
-def gpu_energy(samples: Sequence[GpuSample], windows: list[Window],
-               counters: list[tuple[list[int | None], list[int | None]]], power_source: str) -> tuple[float | None, str]:
+def gpu_energy(samples: Sequence[GpuSample], windows: list[Window], counters: list[tuple[list[int | None],
+               list[int | None]]], power_source: str) -> tuple[float | None, str]:
     """(joules over the windows of every sampled device together, energy_source)."""
     per_device, source = device_energy(samples, windows, counters, power_source, sorted({s.index for s in samples}))
     return (None if not per_device or None in per_device else sum(per_device)), source

@@ -22,8 +22,9 @@ Conventions (documented in docs/results-schema.md):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Union
+from typing import Any, ClassVar, Union
 
 import numpy as np
 
@@ -176,7 +177,7 @@ class Residual:
         return walk((self,), shape)[1]
 
 
-Layer = Union[Conv2d, Linear, ReLU, MaxPool2d, Dropout, Flatten, BatchNorm2d, GlobalAvgPool, Residual]
+Layer = Union[Conv2d, Linear, ReLU, MaxPool2d, Dropout, Flatten, BatchNorm2d, GlobalAvgPool, Residual]  # noqa: UP007 - a runtime alias (3.10)
 
 
 def _expect_chw(layer: object, shape: Shape) -> Shape:
@@ -224,8 +225,8 @@ def walk(layers: tuple[Layer, ...], shape: Shape, grad: bool = False) -> tuple[l
 
 
 def _without_dropout(layers: tuple[Layer, ...]) -> tuple[Layer, ...]:
-    return tuple(Residual(_without_dropout(l.main), _without_dropout(l.shortcut)) if isinstance(l, Residual) else l
-                 for l in layers if not isinstance(l, Dropout))
+    return tuple(Residual(_without_dropout(x.main), _without_dropout(x.shortcut)) if isinstance(x, Residual) else x
+                 for x in layers if not isinstance(x, Dropout))
 
 
 @dataclass(frozen=True)

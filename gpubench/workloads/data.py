@@ -1,7 +1,8 @@
 """A deterministic, learnable synthetic classification task.
 
 Each class has a fixed random Gaussian template; a sample is 0.7 x its class template plus
-uniform noise of unit variance (uniform: three times cheaper to generate than Gaussian), and 10% of the labels are replaced by random ones (fixed per sample). The
+uniform noise of unit variance (uniform: three times cheaper to generate than Gaussian), and
+10% of the labels are replaced by random ones (fixed per sample). The
 task is learnable by any of the workloads, so a falling loss is a real check that training
 works; the label noise and a pool of up to 65,536 samples keep the loss well above zero for
 thousands of steps, so a long measurement does not time a model that has memorised its data

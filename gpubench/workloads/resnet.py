@@ -7,8 +7,18 @@ width, the identity otherwise.
 
 from __future__ import annotations
 
-from gpubench.workloads.base import (BatchNorm2d, Conv2d, GlobalAvgPool, Layer, Linear, MaxPool2d, ReLU, Residual,
-                                     Workload, WorkloadSpec)
+from gpubench.workloads.base import (
+    BatchNorm2d,
+    Conv2d,
+    GlobalAvgPool,
+    Layer,
+    Linear,
+    MaxPool2d,
+    ReLU,
+    Residual,
+    Workload,
+    WorkloadSpec,
+)
 
 
 def _conv_bn(out_channels: int, kernel: int, stride: int = 1) -> tuple[Layer, ...]:

@@ -10,8 +10,20 @@ import numpy as np
 import torch
 from torch import nn
 
-from gpubench.workloads.base import (BatchNorm2d, Conv2d, Dropout, Flatten, GlobalAvgPool, Layer, Linear, MaxPool2d,
-                                     ReLU, Residual, Shape, WorkloadSpec)
+from gpubench.workloads.base import (
+    BatchNorm2d,
+    Conv2d,
+    Dropout,
+    Flatten,
+    GlobalAvgPool,
+    Layer,
+    Linear,
+    MaxPool2d,
+    ReLU,
+    Residual,
+    Shape,
+    WorkloadSpec,
+)
 
 
 class ResidualBlock(nn.Module):

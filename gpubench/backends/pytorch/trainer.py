@@ -5,23 +5,30 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from gpubench.backends.base import Lap, Trainer, no_lap
-from gpubench.options import device_index, device_kind, parse_parallelism
-from gpubench.backends.pytorch.compile import (TORCH_COMPILE_MODES, CompileCounter, CudaGraphStep, build_step,
-                                               channels_last_pool, compile_model)
+from gpubench.backends.pytorch.checkpointing import checkpointed
+from gpubench.backends.pytorch.compile import (
+    TORCH_COMPILE_MODES,
+    CompileCounter,
+    CudaGraphStep,
+    build_step,
+    channels_last_pool,
+    compile_model,
+)
 from gpubench.backends.pytorch.model import build_model
-from gpubench.measure.timers import HostStepTimer, StepTimer
 from gpubench.config import Config
+from gpubench.measure.timers import HostStepTimer, StepTimer
+from gpubench.options import device_index, device_kind, parse_parallelism
 from gpubench.workloads.base import WorkloadSpec
 from gpubench.workloads.data import Batches
-from gpubench.backends.pytorch.checkpointing import checkpointed
 
 AUTOCAST_DTYPES = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
 

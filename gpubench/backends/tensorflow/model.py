@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 
-import keras
-
 from gpubench.backends.tensorflow.layout import keras_weights, nhwc_shape
-from gpubench.workloads.base import (BatchNorm2d, Conv2d, Dropout, Flatten, GlobalAvgPool, Layer, Linear, MaxPool2d,
-                                     ReLU, Residual, WorkloadSpec)
+from gpubench.workloads.base import (
+    BatchNorm2d,
+    Conv2d,
+    Dropout,
+    Flatten,
+    GlobalAvgPool,
+    Layer,
+    Linear,
+    MaxPool2d,
+    ReLU,
+    Residual,
+    WorkloadSpec,
+)
 
 
 class NegInfPadding2D(keras.layers.Layer):

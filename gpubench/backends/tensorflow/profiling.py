@@ -3,8 +3,9 @@ the tf.profiler pass (its trace directory, a Chrome trace and operator table fro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 

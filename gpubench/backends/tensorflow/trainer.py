@@ -13,13 +13,13 @@ import numpy as np
 import tensorflow as tf
 
 from gpubench.backends.base import Lap, ProfilingUnavailable, Trainer
-from gpubench.options import device_kind, parse_parallelism
 from gpubench.backends.tensorflow.backend import import_tf, tf_device
 from gpubench.backends.tensorflow.layout import nhwc_data
 from gpubench.backends.tensorflow.model import build_model
+from gpubench.config import Config
 from gpubench.measure.loop import clock_ns
 from gpubench.measure.timers import HostStepTimer, StepTimer
-from gpubench.config import Config
+from gpubench.options import device_kind, parse_parallelism
 from gpubench.workloads.base import WorkloadSpec
 from gpubench.workloads.data import Batches
 
