@@ -190,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                                               args.metric, args.markdown, args.json, args.force, args.baselines_dir),
                                console)
         if args.command == "ab":
+            from gpubench.launch import Launcher
             from gpubench.runner.ab import ABRequest, execute_ab
-            from gpubench.runner.process import Launcher
 
             return execute_ab(ABRequest(args.suite, Launcher(args.baseline_python, args.baseline_path),
                                         Launcher(args.candidate_python, args.candidate_path), args.out, args.sets,

@@ -21,7 +21,7 @@ from gpubench.calibrate.measure import PLANS, HostClock, Kernel, run_kernel
 from gpubench.errors import InputError
 from gpubench.runner.find_batch import Search, batch_search, run_at_max_batch
 from gpubench.runner.mfu import mfu_metrics
-from gpubench.runner.sweep import Job
+from gpubench.runner.job import Job
 from gpubench.suite import Config, load_suite
 from tests.conftest import REPO, make_result, plugin_env, result_lines, run_cli
 

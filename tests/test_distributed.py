@@ -345,7 +345,7 @@ def test_reasons_with_brackets_print_as_text():
     from rich.console import Console
 
     from gpubench.runner.progress import SweepDisplay, unmeasured_lines
-    from gpubench.runner.sweep import Job
+    from gpubench.runner.job import Job
 
     reason = "RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer"
     result = make_result(Config(workload="mlp"), status="error")

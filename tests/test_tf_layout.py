@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpubench.backends.tensorflow.backend import tf_device
+from gpubench.backends.tensorflow.runtime import tf_device
 from gpubench.backends.tensorflow.layout import keras_weights, nhwc_data, nhwc_shape
 from gpubench.workloads import get_workload
 from gpubench.workloads.base import Conv2d, Flatten, Linear, ReLU, WorkloadSpec

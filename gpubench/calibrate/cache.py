@@ -37,9 +37,9 @@ import gpubench
 from gpubench.calibrate.measure import PRECISIONS
 from gpubench.env import cpu_model
 from gpubench.errors import warn
+from gpubench.launch import Launcher
 from gpubench.options import device_index, device_kind
 from gpubench.results.store import write_json_atomic
-from gpubench.runner.process import Launcher
 
 # 2: peaks are the best of the frameworks' training kernels (peak_tflops, peak_kernels), no
 # longer torch.mm's matmul_tflops

@@ -65,7 +65,7 @@ def tensorflow_kernels(tf: Any, plan: Plan, precisions: list[str]) -> list[Kerne
 
 def measure(device: str) -> dict[str, Any]:
     """TensorFlow's figures for one device, or ``unavailable`` with the reason."""
-    from gpubench.backends.tensorflow.backend import import_tf, tf_device
+    from gpubench.backends.tensorflow.runtime import import_tf, tf_device
 
     tf = import_tf()
     kind = device_kind(device)

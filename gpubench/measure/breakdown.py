@@ -17,46 +17,15 @@ the measured windows' median step time:
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from gpubench.measure.loop import clock_ns
+from gpubench.measure.clocks import clock_ns
 from gpubench.measure.trainer import ProfilingUnavailable
 
 if TYPE_CHECKING:
     from gpubench.measure.trainer import Trainer
 
 PHASES = ("data", "forward", "backward", "optimizer")
-
-
-class PhaseClock(Protocol):
-    timing: str  # "cuda_events" or "host_clock", recorded with the breakdown
-
-    def start(self) -> None:
-        """Synchronise the device and start timing."""
-
-    def lap(self) -> float:
-        """Synchronise the device; milliseconds since ``start`` or the previous lap."""
-
-
-class HostPhaseClock:
-    """perf_counter around a device synchronisation."""
-
-    timing = "host_clock"
-
-    def __init__(self, sync: Callable[[], None]) -> None:
-        self._sync = sync
-        self._t = 0
-
-    def start(self) -> None:
-        self._sync()
-        self._t = clock_ns()
-
-    def lap(self) -> float:
-        self._sync()
-        t = clock_ns()
-        ms, self._t = (t - self._t) / 1e6, t
-        return ms
 
 
 METHOD = ("a separate pass of {steps} steps (after one untimed) after the measured windows; each phase ends with the "

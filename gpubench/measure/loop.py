@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from gpubench.measure.clocks import clock_ns
 from gpubench.measure.trainer import Trainer
-
-clock_ns = time.perf_counter_ns  # the one clock for phases (telemetry aligns to it)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpubench.measure.breakdown import PhaseClock
+    from gpubench.measure.clocks import PhaseClock
     from gpubench.measure.timers import StepTimer
 
 
@@ -75,7 +75,7 @@ class Trainer(ABC):
 
     def phase_clock(self) -> PhaseClock:
         """Times the phases of ``phased_step``, synchronising the device at each lap."""
-        from gpubench.measure.breakdown import HostPhaseClock
+        from gpubench.measure.clocks import HostPhaseClock
 
         return HostPhaseClock(self.sync)
 

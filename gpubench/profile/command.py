@@ -21,6 +21,7 @@ from gpubench.results.outputs import check_output_dir
 from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES
 from gpubench.results.store import slug
+from gpubench.runner.job import Job
 from gpubench.runner.progress import SweepDisplay
 from gpubench.runner.run import (
     EXIT_FAILED,
@@ -32,7 +33,7 @@ from gpubench.runner.run import (
     probe_frameworks,
     write_report,
 )
-from gpubench.runner.sweep import Job, run_jobs
+from gpubench.runner.sweep import run_jobs
 from gpubench.suite import load_suite
 
 PRINTED_OPS = 10

@@ -21,10 +21,10 @@ from gpubench.errors import InputError, warn
 from gpubench.gate import render
 from gpubench.gate.compare import compare, fingerprint_differences, gate_options
 from gpubench.gate.stats import min_repeats
+from gpubench.launch import Launcher
 from gpubench.results.outputs import check_output_dir, check_output_file, write_output
 from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES
-from gpubench.runner.process import Launcher
 from gpubench.runner.progress import SweepDisplay
 from gpubench.runner.run import check_data, finish_run_dir, new_run_dir, probe_frameworks, write_report
 from gpubench.runner.sweep import plan, run_jobs

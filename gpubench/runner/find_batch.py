@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.config import MAX_BATCH, Config
+from gpubench.launch import Launcher
 from gpubench.results.result import Outcome, Result
-from gpubench.runner.process import Launcher
-from gpubench.runner.sweep import Job, run_worker
+from gpubench.runner.job import Job, run_worker
 
 PROBE_SETTINGS = {"warmup_steps": 1, "steps": 2, "windows": 1, "telemetry_interval_ms": 0}
 

@@ -13,7 +13,7 @@ import sys
 
 from gpubench.backends import get_backend
 from gpubench.backends.base import ProbeInfo
-from gpubench.runner.process import Launcher
+from gpubench.launch import Launcher
 
 PROBE_TIMEOUT_S = 180
 

@@ -14,7 +14,7 @@ from gpubench import fmt
 from gpubench.calibrate import RECALIBRATE
 from gpubench.results.metrics import BY_NAME
 from gpubench.results.result import Result
-from gpubench.runner.sweep import Job
+from gpubench.runner.job import Job
 
 STATUS_STYLE = {"ok": "green", "oom": "yellow", "unsupported": "dim", "unavailable": "dim",
                 "diverged": "magenta", "timeout": "red", "error": "red"}

@@ -17,6 +17,7 @@ from rich.console import Console
 from gpubench.backends.base import ProbeInfo
 from gpubench.env import emulation_note, fingerprint
 from gpubench.errors import InputError, note
+from gpubench.launch import Launcher
 from gpubench.results.outputs import check_output_dir
 from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES, SCHEMA_VERSION
@@ -24,7 +25,6 @@ from gpubench.results.store import NODE_FILE, RUN_FILE, create_run_dir, load_res
 from gpubench.runner.mfu import load_peaks, peak_devices
 from gpubench.runner.nodes import Nodes
 from gpubench.runner.probe import probe
-from gpubench.runner.process import Launcher
 from gpubench.runner.progress import SweepDisplay, summary_table, unmeasured_lines
 from gpubench.runner.sweep import plan, pre_resolve, run_jobs
 from gpubench.suite import Config, Suite, load_suite

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
-from gpubench.measure.loop import clock_ns
+from gpubench.measure.clocks import clock_ns
 
 T = TypeVar("T")
 

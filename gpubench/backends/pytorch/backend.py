@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo
+from gpubench.backends.pytorch.modes import GRAPH_RESETTABLE_OPTIMIZERS, TORCH_COMPILE_MODES
 from gpubench.options import PRECISIONS, Capabilities, device_index, device_kind, parse_parallelism
 from gpubench.workloads import get_workload
 
@@ -18,17 +19,6 @@ if TYPE_CHECKING:
 # cudaMalloc outside the caching allocator, which surfaces as a plain RuntimeError
 _OOM_TEXT = ("out of memory", "can't allocate memory", "not enough memory", "CUBLAS_STATUS_ALLOC_FAILED",
              "CUDNN_STATUS_ALLOC_FAILED")
-# compile setting -> torch.compile mode
-TORCH_COMPILE_MODES = {"torch-compile": "default", "torch-compile-reduce-overhead": "reduce-overhead",
-                       "torch-compile-max-autotune": "max-autotune"}
-# modes in which Inductor records CUDA graphs (CUDA devices only): the first call runs eagerly,
-# the second records, later calls replay
-CUDAGRAPH_MODES = ("torch-compile-reduce-overhead", "torch-compile-max-autotune")
-# the optimizers whose state, zeroed, is exactly their state before the first step (Adam/AdamW:
-# step 0 and zero moments; SGD: a zero momentum buffer gives the first step's buf = grad)
-GRAPH_RESETTABLE_OPTIMIZERS = ("adam", "adamw", "sgd")
-
-
 def compile_unsupported(config: Config, input_ndim: int, workload: str) -> str | None:
     """Why PyTorch cannot run this compile / memory-format combination (static rules)."""
     parallel = parse_parallelism(config.parallelism)[0]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gpubench.backends.base import Lap, ProfilingUnavailable, no_lap
-from gpubench.backends.pytorch.backend import CUDAGRAPH_MODES, TORCH_COMPILE_MODES
+from gpubench.backends.pytorch.modes import CUDAGRAPH_MODES, TORCH_COMPILE_MODES
 
 if TYPE_CHECKING:
     from gpubench.backends.pytorch.trainer import TorchTrainer

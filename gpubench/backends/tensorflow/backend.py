@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo
+from gpubench.backends.tensorflow.runtime import import_tf
 from gpubench.options import PRECISIONS, Capabilities, device_index, device_kind, parse_parallelism
 
 if TYPE_CHECKING:
@@ -15,25 +15,6 @@ if TYPE_CHECKING:
     from gpubench.workloads.data import Batches
 
 _OOM_TEXT = ("OOM when allocating", "out of memory", "can't allocate memory")
-
-
-def import_tf():
-    """Import TensorFlow quietly, with GPU memory growth on: TensorFlow would otherwise
-    reserve almost all of every visible GPU's memory at start-up."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
-
-    for gpu in tf.config.list_physical_devices("GPU"):
-        try:
-            tf.config.experimental.set_memory_growth(gpu, True)
-        except RuntimeError:  # already initialised in this process: growth was set before
-            pass
-    return tf
-
-
-def tf_device(device: str) -> str:
-    """gpubench's device name as a TensorFlow device: cpu -> /CPU:0, cuda[:N] -> /GPU:N."""
-    return f"/GPU:{device_index(device)}" if device_kind(device) == "cuda" else "/CPU:0"
 
 
 def _capability(tf, index: int) -> tuple[int, int] | None:

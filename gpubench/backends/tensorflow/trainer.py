@@ -13,11 +13,11 @@ import numpy as np
 import tensorflow as tf
 
 from gpubench.backends.base import Lap, ProfilingUnavailable, Trainer
-from gpubench.backends.tensorflow.backend import import_tf, tf_device
 from gpubench.backends.tensorflow.layout import nhwc_data
 from gpubench.backends.tensorflow.model import build_model
+from gpubench.backends.tensorflow.runtime import import_tf, tf_device
 from gpubench.config import Config
-from gpubench.measure.loop import clock_ns
+from gpubench.measure.clocks import clock_ns
 from gpubench.measure.timers import HostStepTimer, StepTimer
 from gpubench.options import device_kind, parse_parallelism
 from gpubench.workloads.base import WorkloadSpec
