@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpubench.results.result import Result  # noqa: E402
 from gpubench.results.store import load_results  # noqa: E402
 from gpubench.suite import Config  # noqa: E402
 
@@ -34,17 +35,17 @@ class Verdict:
     measured: str
 
 
-def throughputs(results: list[dict[str, Any]], **want: Any) -> dict[str, float]:
+def throughputs(results: list[Result], **want: Any) -> dict[str, float]:
     """config_id -> median throughput over its ok repeats, for the one-GPU torch configs
     (single, one node, no checkpointing) matching ``want``."""
     rates: dict[str, list[float]] = {}
     for r in results:
-        c = r["config"]
-        if (r["status"] != "ok" or c["framework"] != "torch" or not c["device"].startswith("cuda")
+        c = r.config
+        if (r.status != "ok" or c["framework"] != "torch" or not c["device"].startswith("cuda")
                 or c.get("parallelism") != "single" or c.get("nnodes", 1) != 1 or c.get("checkpointing", "none") != "none"):
             continue
         if all(c.get(k) == v if not isinstance(v, tuple) else c.get(k) in v for k, v in want.items()):
-            rates.setdefault(r["config_id"], []).append(r["metrics"]["throughput"]["median"])
+            rates.setdefault(r.config_id, []).append(r.get("metrics", "throughput", "median"))
     return {k: statistics.median(v) for k, v in rates.items()}
 
 
@@ -83,7 +84,7 @@ def check(results: list[dict[str, Any]], calibration: list[dict[str, Any]]) -> l
                         best(throughputs(results, **r50, precision="amp-bf16", compile="none")), 3500, "img/s"))
     out.append(at_least("ResNet-50 amp-bf16 channels-last bs256 compiled or graph-captured >= 4,500 img/s",
                         best(throughputs(results, **r50, precision="amp-bf16", compile=COMPILED)), 4500, "img/s"))
-    configs = {r["config_id"]: r["config"] for r in results}
+    configs = {r.config_id: r.config for r in results}
     bf16 = throughputs(results, **r50, precision="amp-bf16", compile="none")
     tf32 = throughputs(results, **r50, precision="tf32", compile="none")
     ratios = [(cid, rate / tf32[twin], tf32[twin]) for cid, rate in bf16.items()

@@ -78,11 +78,11 @@ def main() -> int:
         print("FAIL: no run directory")
         return 1
     (result,) = load_results(run_dirs[-1])
-    t = result.get("telemetry") or {}
-    print(f"config {result['config_id']}: status {result['status']} {result.get('reason', '')}")
-    if result["status"] != "ok":
+    t = result.telemetry or {}
+    print(f"config {result.config_id}: status {result.status} {result.reason}")
+    if result.status != "ok":
         return 1
-    print("throughput:", round(result["metrics"]["throughput"]["median"], 1), "samples/s")
+    print("throughput:", round(result.get("metrics", "throughput", "median"), 1), "samples/s")
     print("telemetry.host:", json.dumps(t.get("host")))
     print("telemetry.gpu:", json.dumps(t.get("gpu")), "gpu_reason:", t.get("gpu_reason"), "errors:", t.get("errors"))
     timeline = json.loads((run_dirs[-1] / t["timeline"]).read_text())

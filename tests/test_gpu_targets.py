@@ -7,7 +7,7 @@ import sys
 from dataclasses import replace
 
 from gpubench.suite import Config
-from tests.conftest import REPO
+from tests.conftest import REPO, make_result
 
 _spec = importlib.util.spec_from_file_location("gpu_targets", REPO / "scripts" / "gpu_targets.py")
 targets = importlib.util.module_from_spec(_spec)
@@ -15,9 +15,8 @@ sys.modules["gpu_targets"] = targets  # its dataclasses look their module up
 _spec.loader.exec_module(targets)
 
 
-def result(config: Config, throughput: float, status: str = "ok") -> dict:
-    return {"config_id": config.config_id, "config": config.to_dict(), "status": status,
-            "metrics": {"throughput": {"median": throughput}}}
+def result(config: Config, throughput: float, status: str = "ok"):
+    return make_result(config, throughput, status)
 
 
 R50 = Config(workload="resnet50", device="cuda", batch_size=256, precision="amp-bf16", memory_format="channels-last")
