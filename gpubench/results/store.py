@@ -20,21 +20,38 @@ RUN_FILE = "run.json"
 NODE_FILE = "node.jsonl"  # node r > 0 of a multi-node run: its own outcome of each config
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write to a temporary file in the same directory, fsync, then rename over the target, so
-    that a reader, or a process killed midway, never sees half a file. On failure the
-    temporary file is removed and the target is as it was."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+def _temporary_beside(path: Path) -> Path:
+    """A hidden name in the target's directory (``os.replace`` needs the same file system)
+    that keeps the target's suffix, since some writers pick the format from it (matplotlib's
+    ``savefig``, torch's ``export_chrome_trace`` for ``.gz``)."""
+    return path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
+
+
+def write_atomic(path: Path, writer: Callable[[Path], None]) -> None:
+    """``writer(tmp)`` writes the whole file at a temporary path beside ``path``; the file is
+    then fsynced and renamed over the target, so that a reader, or a process killed midway,
+    never sees half a file. For writers that only take a path (a chart's ``savefig``, a
+    profiler's trace export). If the writer or the rename fails, the temporary file is removed
+    and the target is as it was."""
+    tmp = _temporary_beside(path)
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
+        writer(tmp)
+        with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """``text`` as the whole of ``path``, atomically (``write_atomic``)."""
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    write_atomic(path, write)
 
 
 def json_text(obj: Any) -> str:
