@@ -17,11 +17,12 @@ from rich.console import Console
 from rich.table import Table
 
 from gpubench.env import fingerprint
+from gpubench.errors import stop_exit_code, stop_message
 from gpubench.results.outputs import check_output_dir
 from gpubench.results.schema import FAILED_STATUSES
 from gpubench.results.store import slug
 from gpubench.runner.progress import SweepDisplay
-from gpubench.runner.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, check_data, finish_run_dir, new_run_dir, \
+from gpubench.runner.run import EXIT_FAILED, EXIT_OK, check_data, finish_run_dir, new_run_dir, \
     probe_frameworks, write_report
 from gpubench.runner.sweep import Job, run_jobs
 from gpubench.suite import load_suite
@@ -61,9 +62,9 @@ def execute_profile(req: ProfileRequest, console: Console) -> int:
     try:
         with SweepDisplay(console, len(jobs)) as display:
             results = run_jobs(jobs, run_dir, meta["run_id"], env, probes, display.started, display.finished)
-    except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted[/yellow]; finished configs are in {run_dir}", highlight=False)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (errors.Stopped)
+        stop_message(e, f"finished configs are in {run_dir}")
+        return stop_exit_code(e)
     finish_run_dir(run_dir, meta)
     failed = 0
     for r in results:

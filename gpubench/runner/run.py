@@ -16,7 +16,7 @@ from rich.console import Console
 
 from gpubench.backends.base import ProbeInfo
 from gpubench.env import fingerprint
-from gpubench.errors import InputError
+from gpubench.errors import InputError, stop_exit_code, stop_message
 from gpubench.results.outputs import check_output_dir
 from gpubench.results.schema import FAILED_STATUSES, SCHEMA_VERSION
 from gpubench.results.store import NODE_FILE, RUN_FILE, create_run_dir, load_results, load_run, write_json_atomic
@@ -160,10 +160,10 @@ def execute(req: RunRequest, console: Console) -> int:
         with SweepDisplay(console, len(jobs)) as display:
             new = run_jobs(jobs, run_dir, run_id, env, probes, display.started, display.finished, existing,
                            peaks=peaks, nodes=nodes)
-    except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted[/yellow]; finished configs are in {run_dir}/results.jsonl; "
-                      f"continue with: gpubench run --resume {run_dir}", highlight=False)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (errors.Stopped)
+        stop_message(e, f"finished configs are in {run_dir}/results.jsonl; continue with: "
+                        f"gpubench run --resume {run_dir}")
+        return stop_exit_code(e)
     finish_run_dir(run_dir, meta)
     results = existing + new
     if nodes.node_rank > 0:
