@@ -16,7 +16,7 @@ from rich.console import Console
 
 from gpubench.backends.base import ProbeInfo
 from gpubench.env import fingerprint
-from gpubench.errors import InputError, stop_exit_code, stop_message
+from gpubench.errors import InputError, stop_exit_code, stop_message, warn
 from gpubench.results.outputs import check_output_dir
 from gpubench.results.schema import FAILED_STATUSES, SCHEMA_VERSION
 from gpubench.results.store import NODE_FILE, RUN_FILE, create_run_dir, load_results, load_run, write_json_atomic
@@ -196,7 +196,9 @@ def write_report(run_dirs: list[Path], console: Console, out: Path | None = None
     try:
         report = build_report(run_dirs, out)
     except Exception as e:  # noqa: BLE001 - the run's results are safe on disk whatever happens here
-        console.print(f"[yellow]report not written[/yellow]: {type(e).__name__}: {e}; "
-                      f"retry with: gpubench report {' '.join(map(str, run_dirs))}", highlight=False)
+        warn(f"report not written: {type(e).__name__}: {e}; retry with: gpubench report "
+             f"{' '.join(map(str, run_dirs))}")
         return
+    for warning in report.warnings:  # as `gpubench report` shows them
+        warn(warning)
     console.print(f"report: {report.index}", highlight=False)
