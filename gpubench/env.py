@@ -1,4 +1,4 @@
-"""The environment fingerprint every result carries (DESIGN §5.8)."""
+"""The environment fingerprint every result carries, so that each result says where and with what it was measured."""
 
 from __future__ import annotations
 
