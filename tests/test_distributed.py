@@ -166,13 +166,45 @@ def test_pipeline_2_trains_like_single_at_the_same_batch(tmp_path, write_suite):
 
 # --- multiworker:N -------------------------------------------------------------------------
 
-def test_multiworker_2_trains_like_single_at_twice_the_batch(tmp_path, write_suite):
+@pytest.fixture(scope="module")
+def tf_strategies(tmp_path_factory):
+    """One TensorFlow run shared by the MirroredStrategy and MultiWorkerMirroredStrategy tests:
+    single at the global batch of 16, and each strategy with 2 replicas of 8 (every process
+    of it imports TensorFlow, seconds each, so the shared single config and probe count)."""
     pytest.importorskip("tensorflow")
-    proc, run_dir, (single, multi) = run_suite(
-        tmp_path, write_suite, 'framework = "tensorflow"',
-        'batch_size = [16]\nparallelism = ["single"]\n'
-        '[[matrix.include]]\nbatch_size = 8\nparallelism = "multiworker:2"')
+    tmp = tmp_path_factory.mktemp("tf-strategies")
+    (tmp / "s.toml").write_text(TINY.format(
+        defaults='framework = "tensorflow"',
+        matrix='batch_size = [16]\nparallelism = ["single"]\n'
+               '[[matrix.include]]\nbatch_size = 8\nparallelism = "mirrored:2"\ndata = ["device", "pipeline"]\n'
+               '[[matrix.include]]\nbatch_size = 8\nparallelism = "multiworker:2"'))
+    proc = run_cli(["run", "s.toml", "--out", "runs", "--no-report"], cwd=tmp, env=plugin_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list((tmp / "runs").iterdir())
+    return run_dir, {(r["config"]["parallelism"], r["config"]["data"]): r for r in load_results(run_dir)}
+
+
+def test_mirrored_2_on_two_logical_cpus_trains_like_single_at_the_global_batch(tf_strategies):
+    _, results = tf_strategies
+    single = results[("single", "device")]
+    mirrored, piped = results[("mirrored:2", "device")], results[("mirrored:2", "pipeline")]
+    for r in (mirrored, piped):
+        assert r["status"] == "ok", r["reason"]
+        m = r["metrics"]
+        assert (m["devices"], m["samples_per_step"], m["micro_batch_size"]) == (2, 16, 8)
+        assert r["runtime"]["distributed"].startswith("MirroredStrategy(") and "CPU:1" in r["runtime"]["distributed"]
+        # two replicas of 8 over the same global batches of 16: the same losses as single at 16
+        # (gradients all-reduced across replicas; no dropout in the mlp)
+        assert m["loss"]["windows"] == pytest.approx(single["metrics"]["loss"]["windows"], rel=1e-5)
+        assert m["loss"]["first"] == pytest.approx(single["metrics"]["loss"]["first"], rel=1e-5)
+    # scaling efficiency is against single at the same per-device batch (8), not in this run
+    assert "scaling_efficiency" not in mirrored["metrics"]
+    assert piped["runtime"]["data"] == "tf.data(distributed)"
+
+
+def test_multiworker_2_trains_like_single_at_twice_the_batch(tf_strategies):
+    run_dir, results = tf_strategies
+    single, multi = results[("single", "device")], results[("multiworker:2", "device")]
     assert multi["status"] == "ok", multi["reason"]
     m = multi["metrics"]
     # two workers, each its shard of 8 of every global batch of 16: single's losses at 16

@@ -1,4 +1,4 @@
-"""Parallel strategies (issue #7): gradient accumulation so far."""
+"""Parallel strategies (issue #7): gradient accumulation, DDP, DataParallel, MirroredStrategy; find-batch."""
 
 from __future__ import annotations
 
@@ -107,19 +107,29 @@ parallelism = {parallelism}
 """
 
 
-def run_tiny(tmp_path, write_suite, parallelism: str, **env: str):
+def run_tiny(tmp_path, parallelism: str, **env: str):
     """Run TINY_SUITE with the given parallelism axis: (exit code, run dir, results)."""
-    suite = write_suite(TINY_SUITE.format(parallelism=parallelism))
-    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path,
+    (tmp_path / "s.toml").write_text(TINY_SUITE.format(parallelism=parallelism))
+    proc = run_cli(["run", str(tmp_path / "s.toml"), "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path,
                    env=plugin_env(**env))
     (run_dir,) = list((tmp_path / "runs").iterdir())
     return proc, run_dir, load_results(run_dir)
 
 
-def test_run_records_batch_sizes_and_scaling_efficiency(tmp_path, write_suite):
+@pytest.fixture(scope="module")
+def parallel_run(tmp_path_factory):
+    """One run of single, grad-accum:2, ddp:1 and ddp:2 at batch 8, shared by the tests below
+    (each config's worker imports PyTorch, and each run probes it: seconds each)."""
     pytest.importorskip("torch")
-    proc, run_dir, (single, accum) = run_tiny(tmp_path, write_suite, '["single", "grad-accum:2"]')
+    proc, run_dir, results = run_tiny(tmp_path_factory.mktemp("parallel"),
+                                      '["single", "grad-accum:2", "ddp:1", "ddp:2"]')
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return run_dir, {r["config"]["parallelism"]: r for r in results}
+
+
+def test_run_records_batch_sizes_and_scaling_efficiency(parallel_run):
+    run_dir, by_parallelism = parallel_run
+    single, accum = by_parallelism["single"], by_parallelism["grad-accum:2"]
     assert single["config_id"] == "mlp_depth1_width32-torch-cpu-bs8-fp32-single"
     assert accum["config_id"] == "mlp_depth1_width32-torch-cpu-bs8-fp32-grad-accum2"
     m = accum["metrics"]
@@ -131,15 +141,13 @@ def test_run_records_batch_sizes_and_scaling_efficiency(tmp_path, write_suite):
     assert "scaling_efficiency" not in single["metrics"]
     # throughput counts every micro-batch: samples per step / median step time
     assert m["throughput"]["median"] == pytest.approx(16 * 1000.0 / m["step_time_ms"]["median"])
-    assert json.loads((run_dir / "run.json").read_text())["suite"]["matrix"]["parallelism"] == ["single", "grad-accum:2"]
+    assert json.loads((run_dir / "run.json").read_text())["suite"]["matrix"]["parallelism"] == [
+        "single", "grad-accum:2", "ddp:1", "ddp:2"]
 
 
-
-
-def test_ddp_2_on_cpu_trains_two_ranks_with_identical_weights(tmp_path, write_suite):
-    pytest.importorskip("torch")
-    proc, run_dir, (single, one, ddp) = run_tiny(tmp_path, write_suite, '["single", "ddp:1", "ddp:2"]')
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_ddp_2_on_cpu_trains_two_ranks_with_identical_weights(parallel_run):
+    run_dir, by_parallelism = parallel_run
+    one, ddp = by_parallelism["ddp:1"], by_parallelism["ddp:2"]
     # ddp:1 also goes through torchrun and DDP: one rank, the single config's batch
     assert one["status"] == "ok" and one["metrics"]["devices"] == 1 and one["metrics"]["samples_per_step"] == 8
     assert one["runtime"]["distributed"] == "DistributedDataParallel(gloo, world_size=1)"
@@ -157,43 +165,46 @@ def test_ddp_2_on_cpu_trains_two_ranks_with_identical_weights(tmp_path, write_su
     assert "torch.distributed" in (run_dir / ddp["log"]).read_text() or ddp["runtime"]["num_threads"] == 1
 
 
-@pytest.mark.parametrize("parallelism", ["ddp:2", "pipeline:2"])
-def test_a_failing_rank_fails_the_config_and_leaves_no_process(tmp_path, write_suite, parallelism):
+def test_a_failing_rank_fails_the_config_and_leaves_no_process(tmp_path):
+    """ddp:2, and pipeline:2, where stage 1 fails while stage 0 waits for it in the schedule's
+    first step (one run for both: each run probes PyTorch)."""
     pytest.importorskip("torch")
     import psutil
 
-    # pipeline:2: stage 1 fails while stage 0 waits for it in the schedule's first step
-    proc, run_dir, (r,) = run_tiny(tmp_path, write_suite, f'["{parallelism}"]', GPUBENCH_TEST_FAIL_RANK="1")
+    proc, run_dir, results = run_tiny(tmp_path, '["ddp:2", "pipeline:2"]', GPUBENCH_TEST_FAIL_RANK="1")
     assert proc.returncode == 1, proc.stdout + proc.stderr  # an error makes run exit 1
-    assert r["status"] == "error"
-    assert r["reason"] == "rank 1: RuntimeError: injected failure on rank 1 (GPUBENCH_TEST_FAIL_RANK)"
-    assert "injected failure" in r["traceback"]
+    assert [r["config"]["parallelism"] for r in results] == ["ddp:2", "pipeline:2"]
+    for r in results:
+        assert r["status"] == "error", r["config_id"]
+        assert r["reason"] == "rank 1: RuntimeError: injected failure on rank 1 (GPUBENCH_TEST_FAIL_RANK)"
+        assert "injected failure" in r["traceback"]
     left = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
     assert left == []
 
 
 def test_ddp_unsupported_and_unavailable_combinations(tmp_path, write_suite):
+    from gpubench.backends import get_backend
+
+    # TensorFlow's rule (checked here, not through a run: the run would start a process that
+    # imports TensorFlow only to probe it, and the CLI path of a rule is the same for both)
+    tf_rule = get_backend("tensorflow").static_unsupported(Config(workload="mlp", framework="tensorflow",
+                                                                  parallelism="ddp:2"))
+    assert "DistributedDataParallel" in tf_rule
     suite = write_suite("""
 [defaults]
 steps = 1
 windows = 1
 [matrix]
 workload = ["mlp"]
-framework = ["torch", "tensorflow"]
-device = ["cpu", "cuda", "cuda:1"]
+framework = ["torch"]
+device = ["cuda", "cuda:1"]
 parallelism = ["ddp:2"]
-[[matrix.exclude]]
-framework = "torch"
-device = "cpu"
 """)
     proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
     by_id = {r["config_id"]: r for r in load_results(run_dir)}
-    assert len(by_id) == 5
-    tf_cpu = by_id["mlp_depth2_width512-tensorflow-cpu-bs64-fp32-ddp2"]
-    if tf_cpu["status"] != "unavailable":  # (unavailable where TensorFlow is not installed)
-        assert tf_cpu["status"] == "unsupported" and "DistributedDataParallel" in tf_cpu["reason"]
+    assert len(by_id) == 2
     pinned = by_id["mlp_depth2_width512-torch-cuda:1-bs64-fp32-ddp2"]
     assert pinned["status"] == "unsupported" and "use device = cuda" in pinned["reason"]
     assert by_id["mlp_depth2_width512-torch-cuda-bs64-fp32-ddp2"]["status"] in ("unavailable", "ok")  # ok on a 2-GPU machine
@@ -217,45 +228,7 @@ def test_dp_rules_and_batch_merging():
     assert np.array_equal(small.shard(1, 2).y, small.y[1::2])  # what ddp rank 1 gets
 
 
-def test_mirrored_2_on_two_logical_cpus_trains_like_single_at_the_global_batch(tmp_path, write_suite):
-    pytest.importorskip("tensorflow")
-    suite = write_suite("""
-[defaults]
-warmup_steps = 1
-steps = 3
-windows = 2
-telemetry_interval_ms = 0
-framework = "tensorflow"
-optimizer = "sgd"
-lr = 0.01
-data_workers = 0
-[matrix]
-workload = ["mlp"]
-depth = [1]
-width = [32]
-batch_size = [16]
-parallelism = ["single"]
-[[matrix.include]]
-batch_size = 8
-parallelism = "mirrored:2"
-data = ["device", "pipeline"]
-""")
-    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (run_dir,) = list((tmp_path / "runs").iterdir())
-    single, mirrored, piped = load_results(run_dir)
-    for r in (mirrored, piped):
-        assert r["status"] == "ok", r["reason"]
-        m = r["metrics"]
-        assert (m["devices"], m["samples_per_step"], m["micro_batch_size"]) == (2, 16, 8)
-        assert r["runtime"]["distributed"].startswith("MirroredStrategy(") and "CPU:1" in r["runtime"]["distributed"]
-        # two replicas of 8 over the same global batches of 16: the same losses as single at 16
-        # (gradients all-reduced across replicas; no dropout in the mlp)
-        assert m["loss"]["windows"] == pytest.approx(single["metrics"]["loss"]["windows"], rel=1e-5)
-        assert m["loss"]["first"] == pytest.approx(single["metrics"]["loss"]["first"], rel=1e-5)
-    # scaling efficiency is against single at the same per-device batch (8), not in this run
-    assert "scaling_efficiency" not in mirrored["metrics"]
-    assert piped["runtime"]["data"] == "tf.data(distributed)"
+# test_mirrored_2_... is in test_distributed.py, sharing one TensorFlow run with multiworker:2.
 
 
 # --- find-batch ----------------------------------------------------------------------------
