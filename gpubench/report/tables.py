@@ -154,7 +154,7 @@ def speedup_frame(configs: pd.DataFrame, comparison: Comparison) -> pd.DataFrame
     key = [c for c in IDENTITY if c != comparison.axis and c in ok]
     base = ok[ok[comparison.axis] == comparison.baseline]
     if comparison.axis == "device":  # any GPU against the CPU
-        targets = ok[ok["device"].str.startswith("cuda")]
+        targets = ok[ok["device"].str.startswith("cuda", na=False)]
     elif comparison.axis == "framework":
         targets = ok[ok["framework"] == "torch"]
     else:
