@@ -246,9 +246,12 @@ def test_a_multi_gpu_timeline_draws_a_line_per_gpu(tmp_path, monkeypatch):
     one = _timeline(True)
     two = dict(one, gpu=one["gpu"] + [dict(s, index=3, util_gpu_pct=50) for s in one["gpu"]])
     drawn = []
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
-                        lambda fig, path, **kw: drawn.append([[ln.get_label() for ln in ax.get_lines()]
-                                                              for ax in fig.axes]))
+
+    def savefig(fig, path, **kw):  # records the lines drawn; writes a file, as charts are written atomically
+        drawn.append([[ln.get_label() for ln in ax.get_lines()] for ax in fig.axes])
+        Path(path).write_bytes(b"png")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
     charts.telemetry_timelines([("two GPUs", two), ("one GPU", one)], "gpu", tmp_path / "t.png")
     (axes,) = drawn
     panels = len(charts.GPU_PANELS)
