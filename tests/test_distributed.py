@@ -1,4 +1,4 @@
-"""pipeline:N, multiworker:N and multi-node runs (issue #7)."""
+"""pipeline:N rules, TensorFlow's mirrored:N and multiworker:N, and multi-node runs (issue #7)."""
 
 from __future__ import annotations
 
@@ -138,30 +138,7 @@ def test_resume_cannot_join_a_multi_node_run(tmp_path, capsys):
     assert "--nnodes cannot be combined with --resume" in capsys.readouterr().err
 
 
-# --- pipeline:N ----------------------------------------------------------------------------
-
-def test_pipeline_2_trains_like_single_at_the_same_batch(tmp_path, write_suite):
-    pytest.importorskip("torch")
-    proc, run_dir, (single, pipe) = run_suite(tmp_path, write_suite, "", 'batch_size = [8]\n'
-                                              'parallelism = ["single", "pipeline:2"]')
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert pipe["status"] == "ok", pipe["reason"]
-    m = pipe["metrics"]
-    # two stages over the same batches of 8, in 4 micro-batches of 2: the same losses, step for
-    # step, as single at 8 (the mlp has no dropout); the loss is the last stage's
-    assert m["loss"]["windows"] == pytest.approx(single["metrics"]["loss"]["windows"], rel=1e-5)
-    assert m["loss"]["first"] == pytest.approx(single["metrics"]["loss"]["first"], rel=1e-5)
-    assert (m["devices"], m["samples_per_step"], m["micro_batch_size"], m["effective_batch_size"]) == (2, 8, 2, 8)
-    assert m["throughput"]["median"] == pytest.approx(8 * 1000.0 / m["step_time_ms"]["median"])
-    assert m["throughput_per_device"] == pytest.approx(m["throughput"]["median"] / 2)
-    assert m["scaling_efficiency"] == pytest.approx(m["throughput"]["median"] / (2 * m["single_throughput"]))
-    assert [r["rank"] for r in m["ranks"]] == [0, 1] and "ranks_weights_identical" not in m  # stages differ
-    runtime = pipe["runtime"]
-    assert runtime["distributed"] == "ScheduleGPipe(gloo, stages=2, microbatches=4)"
-    stages = runtime["pipeline"]["stages"]
-    assert [s["modules"] for s in stages] == [["Flatten", "Linear", "ReLU"], ["Linear"]]
-    assert sum(s["params"] for s in stages) == pipe["model"]["params"]
-    assert sum(s["forward_flops_per_sample"] for s in stages) == pipe["model"]["forward_flops_per_sample"]
+# (pipeline:2 training like single: test_parallel.py, in its shared PyTorch run)
 
 
 # --- multiworker:N -------------------------------------------------------------------------

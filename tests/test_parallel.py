@@ -107,22 +107,29 @@ parallelism = {parallelism}
 """
 
 
-def run_tiny(tmp_path, parallelism: str, **env: str):
-    """Run TINY_SUITE with the given parallelism axis: (exit code, run dir, results)."""
-    (tmp_path / "s.toml").write_text(TINY_SUITE.format(parallelism=parallelism))
+def run_tiny(tmp_path, parallelism: str, defaults: str = "", **env: str):
+    """Run TINY_SUITE with the given parallelism axis (and extra defaults): (exit code, run dir, results)."""
+    (tmp_path / "s.toml").write_text(TINY_SUITE.format(parallelism=parallelism).replace("[matrix]",
+                                                                                        f"{defaults}\n[matrix]"))
     proc = run_cli(["run", str(tmp_path / "s.toml"), "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path,
                    env=plugin_env(**env))
     (run_dir,) = list((tmp_path / "runs").iterdir())
     return proc, run_dir, load_results(run_dir)
 
 
+SGD = "-optimizer=sgd-lr=0.05"  # in the config ids of the shared run
+
+
 @pytest.fixture(scope="module")
 def parallel_run(tmp_path_factory):
-    """One run of single, grad-accum:2, ddp:1 and ddp:2 at batch 8, shared by the tests below
-    (each config's worker imports PyTorch, and each run probes it: seconds each)."""
+    """One run of single, grad-accum:2, ddp:1, ddp:2 and pipeline:2 at batch 8, shared by the
+    tests below (each config's worker imports PyTorch, and each run probes it: seconds each).
+    SGD, so that the pipeline's losses can be compared with single's: Adam's first steps turn
+    rounding differences in near-zero gradients into whole steps of lr."""
     pytest.importorskip("torch")
     proc, run_dir, results = run_tiny(tmp_path_factory.mktemp("parallel"),
-                                      '["single", "grad-accum:2", "ddp:1", "ddp:2"]')
+                                      '["single", "grad-accum:2", "ddp:1", "ddp:2", "pipeline:2"]',
+                                      defaults='optimizer = "sgd"\nlr = 0.05')
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return run_dir, {r["config"]["parallelism"]: r for r in results}
 
@@ -130,8 +137,8 @@ def parallel_run(tmp_path_factory):
 def test_run_records_batch_sizes_and_scaling_efficiency(parallel_run):
     run_dir, by_parallelism = parallel_run
     single, accum = by_parallelism["single"], by_parallelism["grad-accum:2"]
-    assert single["config_id"] == "mlp_depth1_width32-torch-cpu-bs8-fp32-single"
-    assert accum["config_id"] == "mlp_depth1_width32-torch-cpu-bs8-fp32-grad-accum2"
+    assert single["config_id"] == "mlp_depth1_width32-torch-cpu-bs8-fp32-single" + SGD
+    assert accum["config_id"] == "mlp_depth1_width32-torch-cpu-bs8-fp32-grad-accum2" + SGD
     m = accum["metrics"]
     assert (m["micro_batch_size"], m["accum_steps"], m["effective_batch_size"], m["samples_per_step"]) == (8, 2, 16, 16)
     assert m["devices"] == 1 and m["throughput_per_device"] == m["throughput"]["median"]
@@ -142,7 +149,7 @@ def test_run_records_batch_sizes_and_scaling_efficiency(parallel_run):
     # throughput counts every micro-batch: samples per step / median step time
     assert m["throughput"]["median"] == pytest.approx(16 * 1000.0 / m["step_time_ms"]["median"])
     assert json.loads((run_dir / "run.json").read_text())["suite"]["matrix"]["parallelism"] == [
-        "single", "grad-accum:2", "ddp:1", "ddp:2"]
+        "single", "grad-accum:2", "ddp:1", "ddp:2", "pipeline:2"]
 
 
 def test_ddp_2_on_cpu_trains_two_ranks_with_identical_weights(parallel_run):
@@ -153,7 +160,7 @@ def test_ddp_2_on_cpu_trains_two_ranks_with_identical_weights(parallel_run):
     assert one["runtime"]["distributed"] == "DistributedDataParallel(gloo, world_size=1)"
     assert len(one["metrics"]["ranks"]) == 1 and one["metrics"]["ranks_weights_identical"] is True
     assert ddp["status"] == "ok", ddp["reason"]
-    assert ddp["config_id"] == "mlp_depth1_width32-torch-cpu-bs8-fp32-ddp2"
+    assert ddp["config_id"] == "mlp_depth1_width32-torch-cpu-bs8-fp32-ddp2" + SGD
     m = ddp["metrics"]
     assert (m["devices"], m["samples_per_step"], m["micro_batch_size"]) == (2, 16, 8)
     assert m["throughput"]["median"] == pytest.approx(16 * 1000.0 / m["step_time_ms"]["median"])  # global
@@ -163,6 +170,28 @@ def test_ddp_2_on_cpu_trains_two_ranks_with_identical_weights(parallel_run):
     assert m["ranks_weights_identical"] is True and m["ranks"][0]["weights_sha1"] == m["ranks"][1]["weights_sha1"]
     assert ddp["runtime"]["distributed"] == "DistributedDataParallel(gloo, world_size=2)"
     assert "torch.distributed" in (run_dir / ddp["log"]).read_text() or ddp["runtime"]["num_threads"] == 1
+
+
+def test_pipeline_2_trains_like_single_at_the_same_batch(parallel_run):
+    _, by_parallelism = parallel_run
+    single, pipe = by_parallelism["single"], by_parallelism["pipeline:2"]
+    assert pipe["status"] == "ok", pipe["reason"]
+    m = pipe["metrics"]
+    # two stages over the same batches of 8, in 4 micro-batches of 2: the same losses, step for
+    # step, as single at 8 (the mlp has no dropout); the loss is the last stage's
+    assert m["loss"]["windows"] == pytest.approx(single["metrics"]["loss"]["windows"], rel=1e-5)
+    assert m["loss"]["first"] == pytest.approx(single["metrics"]["loss"]["first"], rel=1e-5)
+    assert (m["devices"], m["samples_per_step"], m["micro_batch_size"], m["effective_batch_size"]) == (2, 8, 2, 8)
+    assert m["throughput"]["median"] == pytest.approx(8 * 1000.0 / m["step_time_ms"]["median"])
+    assert m["throughput_per_device"] == pytest.approx(m["throughput"]["median"] / 2)
+    assert m["scaling_efficiency"] == pytest.approx(m["throughput"]["median"] / (2 * m["single_throughput"]))
+    assert [r["rank"] for r in m["ranks"]] == [0, 1] and "ranks_weights_identical" not in m  # stages differ
+    runtime = pipe["runtime"]
+    assert runtime["distributed"] == "ScheduleGPipe(gloo, stages=2, microbatches=4)"
+    stages = runtime["pipeline"]["stages"]
+    assert [s["modules"] for s in stages] == [["Flatten", "Linear", "ReLU"], ["Linear"]]
+    assert sum(s["params"] for s in stages) == pipe["model"]["params"]
+    assert sum(s["forward_flops_per_sample"] for s in stages) == pipe["model"]["forward_flops_per_sample"]
 
 
 def test_a_failing_rank_fails_the_config_and_leaves_no_process(tmp_path):
