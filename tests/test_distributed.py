@@ -141,7 +141,7 @@ def test_resume_cannot_join_a_multi_node_run(tmp_path, capsys):
 # (pipeline:2 training like single: test_parallel.py, in its shared PyTorch run)
 
 
-# --- multiworker:N -------------------------------------------------------------------------
+# --- mirrored:N and multiworker:N, in one TensorFlow run ---------------------------------------
 
 @pytest.fixture(scope="module")
 def tf_strategies(tmp_path_factory):
