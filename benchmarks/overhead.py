@@ -43,6 +43,7 @@ import numpy as np
 from gpubench.backends import get_backend
 from gpubench.measure.loop import run_loop
 from gpubench.measure.stats import median_ci
+from gpubench.results.store import write_text_atomic
 from gpubench.runner.worker import metrics_from
 from gpubench.suite import Config
 from gpubench.workloads import get_workload
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                "gpubench_median_sps": med("gpubench_median_sps"), "extra_us_per_step": extra_us,
                "ratio": ratio, "ratio_ci": [lo, hi], "pair_ratios": pairs.tolist(), "target": TARGET,
                "min_step_ms": MIN_STEP_MS, "result": result, "rounds": rounds}
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        write_text_atomic(args.json, json.dumps(doc, indent=2) + "\n")
     return 1 if args.strict and result == "FAIL" else 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -10,10 +11,10 @@ from typing import NoReturn
 from rich.console import Console
 
 from gpubench import __version__
-from gpubench.errors import InputError, warn
+from gpubench.errors import InputError, Stopped, stop_exit_code, stop_message, warn
 from gpubench.results.metrics import gate_metric_names
 from gpubench.runner.nodes import DEFAULT_MASTER_PORT, Nodes
-from gpubench.runner.run import EXIT_BAD_INPUT, EXIT_INTERRUPTED, RunRequest
+from gpubench.runner.run import EXIT_BAD_INPUT, RunRequest
 
 METRIC_HELP = f"the metric to gate on, one of: {', '.join(gate_metric_names())} (default throughput)"
 
@@ -155,7 +156,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _raise_stopped(signum: int, _frame: object) -> None:
+    signal.signal(signum, signal.SIG_DFL)  # a second SIGTERM during the clean-up ends the process at once
+    raise Stopped(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. SIGTERM (``kill PID``, ``timeout``, a CI job cancelled, ``docker
+    stop``) stops it as Ctrl-C does: the running worker is killed, finished results are kept,
+    the message says how to resume, exit 143. SIGINT is left as gpubench found it: a
+    non-interactive shell starts background jobs (``gpubench run ... &`` in a script) with
+    SIGINT ignored, so that Ctrl-C at the terminal reaches only the foreground command, and
+    gpubench keeps that (as Python itself does); such a run is stopped with ``kill PID``. An
+    inherited ignored SIGTERM (``nohup``-style launchers) is kept ignored too."""
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        return _main(argv)
+    finally:
+        if previous is signal.SIG_DFL:  # main() called in-process (tests) leaves no handler behind
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     console = Console()
     if not console.is_terminal:
@@ -235,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # a path that cannot be read or written and was not checked first: one line
         print(f"gpubench: error: {_os_error_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("gpubench: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Stopped)
+        stop_message(e)
+        return stop_exit_code(e)
     raise AssertionError(f"unhandled command {args.command}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 
@@ -26,3 +27,27 @@ def warn(message: str) -> None:
 def note(message: str) -> None:
     """Something the user should know before a run starts: one line on stderr, like a warning."""
     print(f"gpubench: note: {message}", file=sys.stderr)
+
+
+class Stopped(KeyboardInterrupt):
+    """A termination signal (SIGTERM) raised as an exception in the main thread, so that a
+    command stops the way Ctrl-C stops it: the running worker's process group is killed,
+    finished results stay on disk and the message says how to resume. A KeyboardInterrupt,
+    so every place that cleans up after Ctrl-C cleans up after this too."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def stop_exit_code(e: KeyboardInterrupt) -> int:
+    """128 + the signal's number, as a shell reports a process the signal killed: 130 for
+    Ctrl-C (SIGINT), 143 for SIGTERM."""
+    return 128 + getattr(e, "signum", signal.SIGINT)
+
+
+def stop_message(e: KeyboardInterrupt, detail: str = "") -> None:
+    """One line on stderr: ``gpubench: interrupted`` (Ctrl-C) or ``gpubench: stopped by
+    SIGTERM``, then ``detail`` (what was kept, how to go on)."""
+    what = f"stopped by {signal.Signals(e.signum).name}" if isinstance(e, Stopped) else "interrupted"
+    print(f"gpubench: {what}" + (f"; {detail}" if detail else ""), file=sys.stderr)

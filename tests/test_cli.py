@@ -1,13 +1,14 @@
-"""The CLI with the real PyTorch backend: list, env, and one tiny run checked against the schema."""
+"""The CLI with the real backends: list, env, and one tiny run checked against the schema."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 
 import pytest
 
-from tests.conftest import REPO, plain_env, result_lines, run_cli
+from tests.conftest import REPO, plain_env, plugin_env, result_lines, run_cli
 
 pytest.importorskip("torch")
 
@@ -17,23 +18,39 @@ name = "tiny"
 warmup_steps = 1
 steps = 4
 windows = 2
-timeout_s = 120
+timeout_s = 180
 [matrix]
 workload = ["mlp"]
 depth = [1]
 width = [32]
+framework = ["torch", "tensorflow"]
 device = ["cpu", "cuda"]
 precision = ["fp32", "amp-fp16"]
 batch_size = [16]
+[[matrix.exclude]]
+framework = "tensorflow"
+precision = "amp-fp16"
 """
 
 
-def test_run_writes_schema_complete_results(tmp_path, write_suite):
-    proc = run_cli(["run", str(write_suite(TINY)), "--out", str(tmp_path / "runs"), "--no-report"],
-                   cwd=tmp_path, env=plain_env())
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One run shared by the tests below (every gpubench run starts framework processes, seconds
+    each): PyTorch's configs, and the same MLP in TensorFlow where it is installed."""
+    tmp = tmp_path_factory.mktemp("cli")
+    (tmp / "tiny.toml").write_text(TINY)
+    args = ["run", "tiny.toml", "--out", "runs", "--no-report"]
+    if importlib.util.find_spec("tensorflow") is None:
+        args += ["--set", "framework=torch"]
+    proc = run_cli(args, cwd=tmp, env=plain_env())
+    (run_dir,) = list((tmp / "runs").iterdir())
+    return proc, run_dir, {r["config_id"]: r for r in result_lines(run_dir)}
+
+
+def test_run_writes_schema_complete_results(tiny_run):
+    proc, run_dir, all_results = tiny_run
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    (run_dir,) = list((tmp_path / "runs").iterdir())
-    results = {r["config_id"]: r for r in result_lines(run_dir)}
+    results = {k: r for k, r in all_results.items() if r["config"]["framework"] == "torch"}
     assert sorted(results) == [
         "mlp_depth1_width32-torch-cpu-bs16-amp-fp16-single",
         "mlp_depth1_width32-torch-cpu-bs16-fp32-single",
@@ -85,28 +102,13 @@ def test_env_json_is_the_fingerprint(tmp_path):
     assert "num_threads" in torch_info["build"]
 
 
-BOTH = """
-name = "both"
-[defaults]
-warmup_steps = 1
-steps = 3
-windows = 2
-timeout_s = 180
-workload = "mlp"
-depth = 1
-width = 16
-batch_size = 16
-[matrix]
-framework = ["torch", "tensorflow"]
-"""
-
-
-def test_both_frameworks_run_the_same_config(tmp_path, write_suite):
-    pytest.importorskip("tensorflow")
-    proc = run_cli(["run", str(write_suite(BOTH)), "--out", str(tmp_path / "runs")], cwd=tmp_path, env=plain_env())
+def test_both_frameworks_run_the_same_config(tiny_run):
+    if importlib.util.find_spec("tensorflow") is None:  # (importorskip would import it here: seconds)
+        pytest.skip("tensorflow is not installed")
+    proc, _, results = tiny_run
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    (run_dir,) = list((tmp_path / "runs").iterdir())
-    torch_r, tf_r = result_lines(run_dir)
+    torch_r = results["mlp_depth1_width32-torch-cpu-bs16-fp32-single"]
+    tf_r = results["mlp_depth1_width32-tensorflow-cpu-bs16-fp32-single"]
     assert torch_r["status"] == tf_r["status"] == "ok"
     assert torch_r["model"] == tf_r["model"]
     assert torch_r["metrics"]["loss"]["first"] == pytest.approx(tf_r["metrics"]["loss"]["first"], rel=1e-4)
@@ -114,15 +116,20 @@ def test_both_frameworks_run_the_same_config(tmp_path, write_suite):
 
 
 def test_a_missing_framework_is_unavailable_with_the_install_command(tmp_path, write_suite):
+    """TensorFlow made unimportable: its config ends unavailable with the install command and
+    the other framework's config still trains (the fake one: which framework trains is not the
+    point here)."""
     blocked = tmp_path / "blocked" / "tensorflow"
     blocked.mkdir(parents=True)
     (blocked / "__init__.py").write_text("raise ImportError('No module named tensorflow (blocked for this test)')\n")
-    env = plain_env()
+    env = plugin_env()
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "blocked"), str(REPO)])
-    proc = run_cli(["run", str(write_suite(BOTH)), "--out", str(tmp_path / "runs")], cwd=tmp_path, env=env)
+    suite = write_suite('[defaults]\nworkload = "fault"\nbatch_size = 8\nwarmup_steps = 1\nsteps = 3\nwindows = 2\n'
+                        '[matrix]\nframework = ["fake", "tensorflow"]\n')
+    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
-    torch_r, tf_r = result_lines(run_dir)
-    assert torch_r["status"] == "ok"
+    fake_r, tf_r = result_lines(run_dir)
+    assert fake_r["status"] == "ok"
     assert tf_r["status"] == "unavailable"
     assert "tensorflow is not installed" in tf_r["reason"] and "pip install tensorflow-cpu==2.21.0" in tf_r["reason"]

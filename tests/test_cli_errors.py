@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 
 import pytest
 from rich.console import Console
@@ -13,9 +14,9 @@ from gpubench.calibrate import cache
 from gpubench.calibrate.command import check_devices, run_calibrate
 from gpubench.calibrate.measure import available_devices
 from gpubench.errors import InputError
-from gpubench.runner.run import RunRequest, _prepare
+from gpubench.runner.run import RunRequest, _prepare, write_report
 from gpubench.suite import Suite, parse_suite
-from tests.conftest import plain_env, run_cli
+from tests.conftest import REPO, plain_env, run_cli
 from tests.test_outputs import write_run
 
 
@@ -76,6 +77,28 @@ def test_resume_warns_on_stderr(tmp_path, capsys):
     assert resumed == run and existing == [] and out == ""
     assert err.startswith("gpubench: warning:") and "truncated last line" in err
 
+
+
+def test_a_report_that_cannot_be_written_warns_on_stderr(tmp_path, capsys):
+    """`run` keeps its results when its report fails, and says so on stderr, not among them."""
+    run = write_run(tmp_path / "run")
+    (tmp_path / "afile").write_text("")
+    write_report([run], Console(), out=tmp_path / "afile")
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("gpubench: warning: report not written: InputError:") and f"gpubench report {run}" in err
+    assert err.count("\n") == 1
+
+
+def test_the_reports_warnings_of_a_run_go_to_stderr(tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(REPO / "tests" / "fixtures" / "run_a", run)
+    _truncate_last_line(run)
+    write_report([run], Console(), out=tmp_path / "report")
+    out, err = capsys.readouterr()
+    assert out.startswith("report: ") and "truncated" not in out
+    assert err.startswith("gpubench: warning:") and "truncated last line" in err
+    assert (tmp_path / "report" / "index.html").exists()
 
 def test_calibrate_never_says_cached_when_the_cache_could_not_be_written(tmp_path, monkeypatch):
     (tmp_path / "afile").write_text("x")

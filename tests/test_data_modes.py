@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 
 import numpy as np
+import psutil
 import pytest
 
 from gpubench.results.frame import aggregate, results_frame
@@ -86,6 +87,9 @@ def test_torch_pipeline_mode_trains_on_the_same_batches():
             losses.append(trainer.read_loss())
         out[(data, workers)] = losses
         assert trainer.describe()["data"].startswith("DataLoader" if data == "pipeline" else "device")
+        loader_workers = [w.pid for w in trainer._iter._workers] if workers and data == "pipeline" else []
+        trainer.close()
+        assert not any(psutil.pid_exists(pid) for pid in loader_workers)  # ended now, not at a later gc
     assert out[("pipeline", 0)] == pytest.approx(out[("device", 2)], rel=1e-6)
     assert out[("pipeline", 2)] == pytest.approx(out[("device", 2)], rel=1e-6)
 
@@ -127,7 +131,7 @@ data_dir = "{tmp_path / 'mnist'}"
 [matrix]
 data = ["device", "pipeline"]
 """)
-    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs")], cwd=tmp_path)
+    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
     device, pipeline = result_lines(run_dir)

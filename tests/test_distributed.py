@@ -1,4 +1,4 @@
-"""pipeline:N, multiworker:N and multi-node runs (issue #7)."""
+"""pipeline:N rules, TensorFlow's mirrored:N and multiworker:N, and multi-node runs (issue #7)."""
 
 from __future__ import annotations
 
@@ -138,43 +138,50 @@ def test_resume_cannot_join_a_multi_node_run(tmp_path, capsys):
     assert "--nnodes cannot be combined with --resume" in capsys.readouterr().err
 
 
-# --- pipeline:N ----------------------------------------------------------------------------
-
-def test_pipeline_2_trains_like_single_at_the_same_batch(tmp_path, write_suite):
-    pytest.importorskip("torch")
-    proc, run_dir, (single, pipe) = run_suite(tmp_path, write_suite, "", 'batch_size = [8]\n'
-                                              'parallelism = ["single", "pipeline:2"]')
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert pipe["status"] == "ok", pipe["reason"]
-    m = pipe["metrics"]
-    # two stages over the same batches of 8, in 4 micro-batches of 2: the same losses, step for
-    # step, as single at 8 (the mlp has no dropout); the loss is the last stage's
-    assert m["loss"]["windows"] == pytest.approx(single["metrics"]["loss"]["windows"], rel=1e-5)
-    assert m["loss"]["first"] == pytest.approx(single["metrics"]["loss"]["first"], rel=1e-5)
-    assert (m["devices"], m["samples_per_step"], m["micro_batch_size"], m["effective_batch_size"]) == (2, 8, 2, 8)
-    assert m["throughput"]["median"] == pytest.approx(8 * 1000.0 / m["step_time_ms"]["median"])
-    assert m["throughput_per_device"] == pytest.approx(m["throughput"]["median"] / 2)
-    twins = {t["config_id"]: t for t in parallel_twins(run_dir)}  # the report's scaling efficiency
-    assert twins[pipe["config_id"]]["scaling_efficiency"] == pytest.approx(
-        m["throughput"]["median"] / (2 * single["metrics"]["throughput"]["median"]))
-    assert [r["rank"] for r in m["ranks"]] == [0, 1] and "ranks_weights_identical" not in m  # stages differ
-    runtime = pipe["runtime"]
-    assert runtime["distributed"] == "ScheduleGPipe(gloo, stages=2, microbatches=4)"
-    stages = runtime["pipeline"]["stages"]
-    assert [s["modules"] for s in stages] == [["Flatten", "Linear", "ReLU"], ["Linear"]]
-    assert sum(s["params"] for s in stages) == pipe["model"]["params"]
-    assert sum(s["forward_flops_per_sample"] for s in stages) == pipe["model"]["forward_flops_per_sample"]
+# (pipeline:2 training like single: test_parallel.py, in its shared PyTorch run)
 
 
-# --- multiworker:N -------------------------------------------------------------------------
+# --- mirrored:N and multiworker:N, in one TensorFlow run ---------------------------------------
 
-def test_multiworker_2_trains_like_single_at_twice_the_batch(tmp_path, write_suite):
+@pytest.fixture(scope="module")
+def tf_strategies(tmp_path_factory):
+    """One TensorFlow run shared by the MirroredStrategy and MultiWorkerMirroredStrategy tests:
+    single at the global batch of 16, and each strategy with 2 replicas of 8 (every process
+    of it imports TensorFlow, seconds each, so the shared single config and probe count)."""
     pytest.importorskip("tensorflow")
-    proc, run_dir, (single, multi) = run_suite(
-        tmp_path, write_suite, 'framework = "tensorflow"',
-        'batch_size = [16]\nparallelism = ["single"]\n'
-        '[[matrix.include]]\nbatch_size = 8\nparallelism = "multiworker:2"')
+    tmp = tmp_path_factory.mktemp("tf-strategies")
+    (tmp / "s.toml").write_text(TINY.format(
+        defaults='framework = "tensorflow"',
+        matrix='batch_size = [16]\nparallelism = ["single"]\n'
+               '[[matrix.include]]\nbatch_size = 8\nparallelism = "mirrored:2"\ndata = ["device", "pipeline"]\n'
+               '[[matrix.include]]\nbatch_size = 8\nparallelism = "multiworker:2"'))
+    proc = run_cli(["run", "s.toml", "--out", "runs", "--no-report"], cwd=tmp, env=plugin_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list((tmp / "runs").iterdir())
+    return run_dir, {(r["config"]["parallelism"], r["config"]["data"]): r for r in result_lines(run_dir)}
+
+
+def test_mirrored_2_on_two_logical_cpus_trains_like_single_at_the_global_batch(tf_strategies):
+    run_dir, results = tf_strategies
+    single = results[("single", "device")]
+    mirrored, piped = results[("mirrored:2", "device")], results[("mirrored:2", "pipeline")]
+    for r in (mirrored, piped):
+        assert r["status"] == "ok", r["reason"]
+        m = r["metrics"]
+        assert (m["devices"], m["samples_per_step"], m["micro_batch_size"]) == (2, 16, 8)
+        assert r["runtime"]["distributed"].startswith("MirroredStrategy(") and "CPU:1" in r["runtime"]["distributed"]
+        # two replicas of 8 over the same global batches of 16: the same losses as single at 16
+        # (gradients all-reduced across replicas; no dropout in the mlp)
+        assert m["loss"]["windows"] == pytest.approx(single["metrics"]["loss"]["windows"], rel=1e-5)
+        assert m["loss"]["first"] == pytest.approx(single["metrics"]["loss"]["first"], rel=1e-5)
+    # scaling efficiency is against single at the same per-device batch (8), not in this run
+    assert mirrored["config_id"] not in {t["config_id"] for t in parallel_twins(run_dir)}
+    assert piped["runtime"]["data"] == "tf.data(distributed)"
+
+
+def test_multiworker_2_trains_like_single_at_twice_the_batch(tf_strategies):
+    run_dir, results = tf_strategies
+    single, multi = results[("single", "device")], results[("multiworker:2", "device")]
     assert multi["status"] == "ok", multi["reason"]
     m = multi["metrics"]
     # two workers, each its shard of 8 of every global batch of 16: single's losses at 16

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,8 @@ from gpubench.cli import main
 from gpubench.errors import InputError
 from gpubench.gate import sides
 from gpubench.gate.sides import save_baseline
-from gpubench.results.store import create_run_dir, write_json_atomic, write_text_atomic
+from gpubench.files import write_atomic, write_text_atomic
+from gpubench.results.store import create_run_dir, write_json_atomic
 from tests.conftest import run_cli
 
 
@@ -86,6 +88,67 @@ def test_an_atomic_write_over_a_directory_leaves_no_temporary(tmp_path):
         write_json_atomic(tmp_path / "cp", {"a": 1})
     assert [p.name for p in tmp_path.iterdir()] == ["cp"] and not any((tmp_path / "cp").iterdir())
 
+
+
+def half_then_fail(tmp):
+    """A writer killed midway: part of the file, then an error."""
+    Path(tmp).write_bytes(b"\x89PNG half")
+    raise OSError(28, "No space left on device")
+
+
+def test_write_atomic_with_a_failing_writer_leaves_no_temporary_and_no_half_file(tmp_path):
+    with pytest.raises(OSError, match="No space left"):
+        write_atomic(tmp_path / "new.png", half_then_fail)
+    assert list(tmp_path.iterdir()) == []  # no target and no temporary file
+    old = tmp_path / "old.png"
+    old.write_bytes(b"the old chart")
+    with pytest.raises(OSError, match="No space left"):
+        write_atomic(old, half_then_fail)
+    assert old.read_bytes() == b"the old chart" and [p.name for p in tmp_path.iterdir()] == ["old.png"]
+
+
+def test_write_atomic_gives_the_writer_a_path_with_the_target_suffix(tmp_path):
+    seen = []
+
+    def writer(tmp):
+        seen.append(tmp)
+        Path(tmp).write_text("{}")
+
+    write_atomic(tmp_path / "trace.json", writer)
+    assert seen[0].parent == tmp_path and seen[0].suffix == ".json" and seen[0] != tmp_path / "trace.json"
+    assert (tmp_path / "trace.json").read_text() == "{}" and [p.name for p in tmp_path.iterdir()] == ["trace.json"]
+
+
+def test_a_chart_whose_savefig_fails_leaves_no_file(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    from gpubench.report import charts
+
+    ok = charts.step_time_boxes({"a": [1.0, 2.0, 3.0]}, tmp_path / "step_times.png")
+    assert ok.read_bytes().startswith(b"\x89PNG") and [p.name for p in tmp_path.iterdir()] == ["step_times.png"]
+    monkeypatch.setattr(Figure, "savefig", lambda self, fname, **kw: half_then_fail(fname))
+    with pytest.raises(OSError, match="No space left"):
+        charts.step_time_boxes({"a": [1.0, 2.0, 3.0]}, tmp_path / "boxes.png")
+    assert [p.name for p in tmp_path.iterdir()] == ["step_times.png"]
+
+
+def test_a_torch_trace_export_that_fails_leaves_no_file(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from torch.profiler import profile
+
+    from gpubench.backends import get_backend
+    from gpubench.backends.pytorch.profiling import profile_steps
+    from gpubench.suite import Config
+    from gpubench.workloads import get_workload
+    from gpubench.workloads.data import synthetic_batches
+
+    spec = get_workload("mlp").spec(depth=1, width=16)
+    config = Config(workload="mlp", framework="torch", batch_size=8, workload_params=(("depth", 1), ("width", 16)))
+    trainer = get_backend("torch").build(spec, config, synthetic_batches(spec, 8, 2, seed=0))
+    monkeypatch.setattr(profile, "export_chrome_trace", lambda self, path: half_then_fail(path))
+    with pytest.raises(OSError, match="No space left"):
+        profile_steps(trainer, 1, tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 # --- output paths: checked before the work ------------------------------------------------------
 

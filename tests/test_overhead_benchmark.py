@@ -97,3 +97,29 @@ def test_overhead_script_telemetry_mode(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, str(SCRIPT), "--telemetry", "--aa"], cwd=ROOT, capture_output=True,
                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert bad.returncode == 2 and "not allowed with" in bad.stderr
+
+
+HOST_COST = ROOT / "benchmarks" / "host_reader_cost.py"
+
+
+def test_host_reader_cost_adds_up_the_readings_of_one_second():
+    spec = importlib.util.spec_from_file_location("host_reader_cost", HOST_COST)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    # the default: a reading every 250 ms, the tree re-listed once a second
+    assert script.per_second(0.5, 3.0) == pytest.approx(3 * 0.5 + 1 * 3.0)
+    assert script.per_second(0.5, 3.0, interval_ms=1000) == pytest.approx(3.0)  # every reading re-lists
+    assert script.per_second(0.5, 3.0, interval_ms=2000) == pytest.approx(1.5)  # half a reading a second
+
+
+def test_host_reader_cost_script_prints_and_writes_its_figures(tmp_path: Path) -> None:
+    out = tmp_path / "cost.json"
+    proc = subprocess.run([sys.executable, str(HOST_COST), "--readings", "5", "--children", "1", "--json", str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["tree_processes"] == 2 and doc["readings"] == 5 and doc["interval_ms"] == 250
+    assert all(doc[k]["mean"] > 0 for k in ("read_ms", "read_with_relist_ms", "relist_ms"))
+    assert doc["cpu_ms_per_s"] == pytest.approx(3 * doc["read_ms"]["mean"] + doc["read_with_relist_ms"]["mean"])
+    assert doc["machine_share"] == pytest.approx(doc["cpu_ms_per_s"] / (1000.0 * doc["cpus"]))
+    assert f"= {doc['cpu_ms_per_s']:.2f} ms of CPU per second" in proc.stdout

@@ -109,6 +109,17 @@ def test_unknown_schema_version_and_corrupt_lines_are_skipped_with_warnings(tmp_
     assert len(list(csv.DictReader(rep.csv.open()))) == 6
 
 
+def test_lines_with_only_the_required_fields_give_a_report(tmp_path):
+    """The store accepts a line whose config names only its framework; the report must not
+    then fail on the fields it lacks (a config without a device was a pandas error)."""
+    from tests.test_gate import write_run
+
+    run = write_run(tmp_path / "minimal", {"cnn": [100.0, 101.0, 99.0]})
+    report = build_report([run], tmp_path / "report")
+    assert report.index.exists() and report.warnings == []
+    assert "cnn" in report.markdown.read_text()
+
+
 def test_lines_of_the_wrong_shape_and_an_unreadable_results_file_are_warnings(tmp_path):
     run = copy_run(tmp_path)
     lines = (run / "results.jsonl").read_text().splitlines(keepends=True)
@@ -235,9 +246,12 @@ def test_a_multi_gpu_timeline_draws_a_line_per_gpu(tmp_path, monkeypatch):
     one = _timeline(True)
     two = dict(one, gpu=one["gpu"] + [dict(s, index=3, util_gpu_pct=50) for s in one["gpu"]])
     drawn = []
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
-                        lambda fig, path, **kw: drawn.append([[ln.get_label() for ln in ax.get_lines()]
-                                                              for ax in fig.axes]))
+
+    def savefig(fig, path, **kw):  # records the lines drawn; writes a file, as charts are written atomically
+        drawn.append([[ln.get_label() for ln in ax.get_lines()] for ax in fig.axes])
+        Path(path).write_bytes(b"png")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
     charts.telemetry_timelines([("two GPUs", two), ("one GPU", one)], "gpu", tmp_path / "t.png")
     (axes,) = drawn
     panels = len(charts.GPU_PANELS)

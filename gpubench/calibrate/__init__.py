@@ -1,7 +1,7 @@
 """Device peaks measured on this machine (``gpubench calibrate``): per precision, the best
 FLOP/s of the frameworks' training kernels (matmul / linear and convolution), and memory-copy
 bandwidth, cached per environment fingerprint, so that a result's MFU is against what this
-device really does."""
+device really does, not a datasheet figure it may never reach."""
 
 # what a user is told to run when a result achieved more than its calibrated peak
 RECALIBRATE = "gpubench calibrate --force"

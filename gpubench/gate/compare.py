@@ -1,4 +1,4 @@
-"""Per-config verdicts between a baseline and a current set of results (DESIGN §6).
+"""Per-config verdicts between a baseline and a current set of results.
 
 For every config (matched by config_id) the repeats of each side give a shift of the metric
 (``gate.stats.shift``). ``alpha`` is the one-sided error rate of a ``regressed`` (and,

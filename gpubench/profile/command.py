@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpubench.env import fingerprint
+from gpubench.errors import stop_exit_code, stop_message
 from gpubench.results.outputs import check_output_dir
 from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES
@@ -25,7 +26,6 @@ from gpubench.runner.job import Job
 from gpubench.runner.progress import SweepDisplay
 from gpubench.runner.run import (
     EXIT_FAILED,
-    EXIT_INTERRUPTED,
     EXIT_OK,
     check_data,
     finish_run_dir,
@@ -71,9 +71,9 @@ def execute_profile(req: ProfileRequest, console: Console) -> int:
     try:
         with SweepDisplay(console, len(jobs)) as display:
             results = run_jobs(jobs, run_dir, meta["run_id"], env, probes, display.started, display.finished)
-    except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted[/yellow]; finished configs are in {run_dir}", highlight=False)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (errors.Stopped)
+        stop_message(e, f"finished configs are in {run_dir}")
+        return stop_exit_code(e)
     finish_run_dir(run_dir, meta)
     failed = 0
     for r in results:

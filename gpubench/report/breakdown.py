@@ -13,6 +13,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from gpubench import fmt  # noqa: E402
+from gpubench.files import write_atomic  # noqa: E402
 from gpubench.report.charts import STYLE  # noqa: E402
 
 SEGMENTS = [("data", "#9467bd"), ("forward", "#1f77b4"), ("backward", "#ff7f0e"), ("optimizer", "#2ca02c"),
@@ -63,6 +64,6 @@ def breakdown_chart(configs: pd.DataFrame, path: Path) -> Path | None:
         ax.set_title("Where time goes per training step (gpubench profile)")
         ax.grid(axis="y", visible=False)
         fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=len(SEGMENTS), frameon=False)
-        fig.savefig(path)
+        write_atomic(path, fig.savefig)
         plt.close(fig)
     return path

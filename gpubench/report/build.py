@@ -16,12 +16,13 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 import gpubench
 from gpubench import fmt
 from gpubench.calibrate import kernel_label
+from gpubench.files import write_text_atomic
 from gpubench.report import breakdown, charts, tables
 from gpubench.report.load import ReportData, load_report_data
 from gpubench.results import twins
 from gpubench.results.metrics import METRICS
 from gpubench.results.outputs import check_output_dir
-from gpubench.results.store import run_env, write_text_atomic
+from gpubench.results.store import run_env
 
 TEMPLATES = Path(__file__).parent / "templates"
 # one row per config: its identity and how its repeats went, then every metric of the registry

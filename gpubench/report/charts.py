@@ -1,6 +1,7 @@
 """Report charts (matplotlib, Agg): one consistent style, axes with units, legends that name
 framework and precision. Each function writes one PNG and returns its path, or None when the
-data has nothing to show (e.g. a single batch size)."""
+data has nothing to show (e.g. a single batch size). PNGs are written atomically, like every
+output file, so a report killed midway never leaves half a chart."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from gpubench.files import write_atomic  # noqa: E402
 from gpubench.results.twins import COMPARISONS, speedups  # noqa: E402
 
 STYLE = {
@@ -107,7 +109,7 @@ def _lines_by_batch(configs: pd.DataFrame, value: str, path: Path, ylabel: str, 
                     ax.text(0.5, 0.5, "no measurements", ha="center", va="center", transform=ax.transAxes)
         fig.suptitle(title)
         fig.tight_layout()
-        fig.savefig(path)
+        write_atomic(path, fig.savefig)
         plt.close(fig)
     return path
 
@@ -149,7 +151,7 @@ def speedup_bars(configs: pd.DataFrame, path: Path) -> Path | None:
             ax.set_title(f"{comparison.title} ({comparison.short})")
             ax.set_xlim(0, max(values.max() * 1.2, 1.2))
         fig.tight_layout()
-        fig.savefig(path)
+        write_atomic(path, fig.savefig)
         plt.close(fig)
     return path
 
@@ -170,7 +172,7 @@ def step_time_boxes(step_times: dict[str, list[float]], path: Path) -> Path | No
         ax.set_xlabel("step time (ms, log scale)")
         ax.set_title("Step-time distributions (box: IQR; whiskers: 5th-95th percentile; dots: outliers)")
         fig.tight_layout()
-        fig.savefig(path)
+        write_atomic(path, fig.savefig)
         plt.close(fig)
     return path
 
@@ -243,6 +245,6 @@ def telemetry_timelines(timelines: list[tuple[str, dict[str, Any]]], kind: str, 
         every = f", a sample every {interval:g} ms" if interval else ""
         fig.suptitle(("GPU telemetry (NVML" if kind == "gpu" else "Host telemetry (psutil") + f"{every})",
                      x=0.01, ha="left", fontsize=10)
-        fig.savefig(path)
+        write_atomic(path, fig.savefig)
         plt.close(fig)
     return path

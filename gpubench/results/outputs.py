@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from gpubench.errors import InputError
-from gpubench.results.store import write_text_atomic
+from gpubench.files import write_text_atomic
 
 
 def check_output_file(path: Path | None, flag: str) -> None:

@@ -3,7 +3,6 @@ config repeat, appended as each finishes, so a crash or Ctrl-C loses nothing fin
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
@@ -14,29 +13,13 @@ from typing import Any
 
 from gpubench.errors import InputError
 from gpubench.errors import warn as warn_user
+from gpubench.files import write_text_atomic
 from gpubench.results.result import Result, ResultError
 from gpubench.results.schema import SUPPORTED_SCHEMA_VERSIONS, clean
 
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
 NODE_FILE = "node.jsonl"  # node r > 0 of a multi-node run: its own outcome of each config
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write to a temporary file in the same directory, fsync, then rename over the target, so
-    that a reader, or a process killed midway, never sees half a file. On failure the
-    temporary file is removed and the target is as it was."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
 
 
 def json_text(obj: Any) -> str:

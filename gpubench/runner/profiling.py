@@ -14,11 +14,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpubench.files import write_text_atomic
 from gpubench.measure.breakdown import measure_breakdown
 from gpubench.measure.loop import NO_RANGES
 from gpubench.measure.ops import OpRow, markdown_table, summary, tables
 from gpubench.measure.trainer import ProfilingUnavailable
-from gpubench.results.store import write_text_atomic
 
 if TYPE_CHECKING:
     from gpubench.config import Config

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from gpubench.backends.base import ProbeInfo
 from gpubench.env import emulation_note, fingerprint
-from gpubench.errors import InputError, note
+from gpubench.errors import InputError, note, stop_exit_code, stop_message, warn
 from gpubench.launch import Launcher
 from gpubench.results.outputs import check_output_dir
 from gpubench.results.result import Result
@@ -164,10 +164,10 @@ def execute(req: RunRequest, console: Console) -> int:
         with SweepDisplay(console, len(jobs)) as display:
             new = run_jobs(jobs, run_dir, run_id, env, probes, display.started, display.finished, existing,
                            peaks=peaks, nodes=nodes)
-    except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted[/yellow]; finished configs are in {run_dir}/results.jsonl; "
-                      f"continue with: gpubench run --resume {run_dir}", highlight=False)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (errors.Stopped)
+        stop_message(e, f"finished configs are in {run_dir}/results.jsonl; continue with: "
+                        f"gpubench run --resume {run_dir}")
+        return stop_exit_code(e)
     finish_run_dir(run_dir, meta)
     results = existing + new
     if nodes.node_rank > 0:
@@ -200,7 +200,9 @@ def write_report(run_dirs: list[Path], console: Console, out: Path | None = None
     try:
         report = build_report(run_dirs, out)
     except Exception as e:  # noqa: BLE001 - the run's results are safe on disk whatever happens here
-        console.print(f"[yellow]report not written[/yellow]: {type(e).__name__}: {e}; "
-                      f"retry with: gpubench report {' '.join(map(str, run_dirs))}", highlight=False)
+        warn(f"report not written: {type(e).__name__}: {e}; retry with: gpubench report "
+             f"{' '.join(map(str, run_dirs))}")
         return
+    for warning in report.warnings:  # as `gpubench report` shows them
+        warn(warning)
     console.print(f"report: {report.index}", highlight=False)

@@ -20,8 +20,9 @@ from gpubench.telemetry.summary import gpu_summary, host_summary, windows_of
 
 # The host sampler runs at the telemetry interval but never more often than this: the kernel
 # counts process CPU time in 10 ms ticks, so a 100 ms CPU % is quantised to +-10 points, and a
-# host reading costs about 0.5 ms of CPU on the 2-vCPU development VM (measured; /proc reads),
-# which a training loop using every core pays for (see docs/performance.md).
+# host reading costs CPU (0.43 ms, 3.6 ms when it re-lists the process tree, on the 2-vCPU
+# development VM: benchmarks/host_reader_cost.py), which a training loop using every core pays
+# for (see docs/performance.md).
 HOST_MIN_INTERVAL_MS = 250
 
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gpubench.files import write_atomic
 from gpubench.measure.ops import OpRow
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ def profile_steps(trainer: TorchTrainerBase, steps: int, out_dir: Path) -> dict[
                 trainer.step()
         trainer.sync()
     trace = out_dir / "trace.json"
-    prof.export_chrome_trace(str(trace))
+    write_atomic(trace, lambda tmp: prof.export_chrome_trace(str(tmp)))
     ops = op_rows(prof.key_averages(), trainer.cuda)
     return {"profiler": f"torch.profiler ({', '.join(a.name for a in activities)})", "trace": trace, "ops": ops,
             "steps": steps}

@@ -257,6 +257,13 @@ class TorchTrainer(TorchTrainerBase):
         })
         self._ready()
 
+    def close(self) -> None:
+        """Also ends the input pipeline's worker processes now: left to the garbage collector,
+        the DataLoader's shutdown can run after its queues are finalised and then waits 5 s
+        for each worker."""
+        self._iter = self.loader = None
+        super().close()
+
     def _next_pipeline_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         try:
             x, y = next(self._iter)

@@ -16,6 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from gpubench.files import write_text_atomic
 from gpubench.measure.ops import OpRow
 
 _TF_OP = re.compile(r"^[A-Za-z0-9_.\-/>]+:([A-Za-z0-9_]+)$")  # "sequential/dense/MatMul:MatMul"
@@ -94,4 +95,4 @@ def chrome_trace(space: Any, path: Path) -> None:
             for start, dur, mid in _spans(line):
                 events.append({"ph": "X", "name": names.get(mid, "?"), "pid": pid, "tid": tid,
                                "ts": (start - origin) / 1e6, "dur": dur / 1e6})
-    path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}), encoding="utf-8")
+    write_text_atomic(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
