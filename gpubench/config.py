@@ -97,18 +97,24 @@ class Config:
         return 1 if self.pipelined else self.devices
 
     @property
+    def batch(self) -> int:
+        """``batch_size`` as a number: what everything that trains reads (a ``"max"`` config is
+        resolved to the batch its search found before it trains)."""
+        if not isinstance(self.batch_size, int):
+            raise ValueError(f"batch_size = {self.batch_size!r} is resolved to a number before training")
+        return self.batch_size
+
+    @property
     def samples_per_step(self) -> int:
         """Global samples per optimizer step (all ranks, all micro-batches); ``batch_size``
         is the batch of one device: the micro-batch of one replica, or with ``pipeline:N``
         the batch every stage processes, in ``pipeline_microbatches`` micro-batches."""
-        if not isinstance(self.batch_size, int):
-            raise ValueError(f"batch_size = {self.batch_size!r} is resolved to a number before training")
-        return self.batch_size * self.accum_steps * self.replicas
+        return self.batch * self.accum_steps * self.replicas
 
     @property
     def micro_batch_size(self) -> int:
         """Samples of one forward/backward pass on one device."""
-        return self.batch_size // self.pipeline_microbatches if self.pipelined else self.batch_size
+        return self.batch // self.pipeline_microbatches if self.pipelined else self.batch
 
     def topology_unsupported(self) -> str | None:
         """Why this config cannot run in its run's node layout (every framework), or None.

@@ -23,13 +23,13 @@ _ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "TF_N
 
 # instruction-set features that decide low-precision (and fp32) matmul speed, as /proc/cpuinfo
 # names them: x86's "flags" line, aarch64's "Features" line
-CPU_FEATURES = {
+CPU_FEATURES: dict[str, tuple[str, ...]] = {
     "x86": ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile",
             "amx_bf16", "amx_fp16"),
     "arm": ("asimd", "fphp", "asimdhp", "asimddp", "bf16", "i8mm", "sve", "sve2", "svebf16"),
 }
 # features any one of which computes in the precision (not merely converts to it, as f16c does)
-NATIVE_FEATURES = {
+NATIVE_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
     "x86": {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")},
     "arm": {"bf16": ("bf16",), "fp16": ("asimdhp",)},
 }
@@ -66,9 +66,12 @@ def cpu_features(text: str | None = None) -> dict[str, Any]:
 
 
 class _Config(Protocol):
-    config_id: str
-    device: str
-    precision: str
+    @property
+    def config_id(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def precision(self) -> str: ...
 
 
 def emulation_note(configs: Iterable[_Config], env: dict[str, Any]) -> str | None:

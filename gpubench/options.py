@@ -59,16 +59,26 @@ def device_index(device: str) -> int:
 class Settings(Protocol):
     """The settings a capability check reads (a Config has them all)."""
 
-    device: str
-    precision: str
-    parallelism: str
-    optimizer: str
-    loss: str
-    compile: str
-    memory_format: str
-    data: str
-    dataset: str
-    checkpointing: str
+    @property
+    def device(self) -> str: ...
+    @property
+    def precision(self) -> str: ...
+    @property
+    def parallelism(self) -> str: ...
+    @property
+    def optimizer(self) -> str: ...
+    @property
+    def loss(self) -> str: ...
+    @property
+    def compile(self) -> str: ...
+    @property
+    def memory_format(self) -> str: ...
+    @property
+    def data(self) -> str: ...
+    @property
+    def dataset(self) -> str: ...
+    @property
+    def checkpointing(self) -> str: ...
 
 
 # setting -> the Capabilities field that lists its supported values (parallelism: by kind)

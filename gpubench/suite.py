@@ -280,8 +280,8 @@ class Suite:
         axes = _ordered_axes(self.matrix)
         base = [dict(zip(axes, combo)) for combo in itertools.product(*(self.matrix[a] for a in axes))]
         points = [p for p in base if not any(_matches(p, e) for e in self.exclude)]
-        for entry in self.include:
-            entry = self._narrow(entry)
+        for included in self.include:
+            entry = self._narrow(included)
             if entry is None:
                 continue
             free = [a for a in axes if a not in entry]
@@ -328,10 +328,9 @@ class Suite:
         wrong workload): say which workloads take which parameters. ``keys``: only these (the
         ones a ``--set`` gave), else every key of the suite. Without any workload there is
         nothing to check (expansion reports the missing key)."""
-        used_workloads = set(self.matrix.get("workload", [])) | {self.defaults.get("workload")}
-        for e in self.include:
-            used_workloads |= set(e.get("workload", []))
-        used_workloads.discard(None)
+        named = [*self.matrix.get("workload", []), self.defaults.get("workload"),
+                 *(w for e in self.include for w in e.get("workload", []))]
+        used_workloads: set[str] = {w for w in named if isinstance(w, str)}
         if not used_workloads:
             return
         takes = {p.name for w in used_workloads for p in WORKLOADS[w].params}

@@ -88,7 +88,7 @@ PLANS = {
                  copy_bytes=1 << 30, warmup_s=1.0),
 }
 
-Call = Callable[[], None]
+Call = Callable[[], object]  # a kernel call; what it returns is not used
 
 
 @dataclass
@@ -184,14 +184,15 @@ def run_kernel(kernel: Kernel, plan: Plan, clock: HostClock) -> dict[str, Any]:
                 note = (f"sizes from {size} skipped: about {expected:.2g} s expected, {max(left, 0):.2g} s left of "
                         f"the {plan.kernel_budget_s:g} s budget")
                 break
+        prepared: tuple[Call, Call | None] | None = None
         try:
-            fn, sync = kernel.prepare(size)
-            per_call, calls = sustained(clock, fn, plan, sync)
+            prepared = kernel.prepare(size)
+            per_call, calls = sustained(clock, prepared[0], plan, prepared[1])
         except kernel.errors as e:  # out of memory at a large size, no kernel for this dtype: keep what ran
             note = f"size {size}: {_error_line(e)}"
             break
         finally:
-            fn = sync = None  # free the inputs before the next size allocates
+            prepared = None  # free the inputs before the next size allocates
         tflops = [kernel.flops(size) / s / 1e12 for s in per_call]
         sizes.append({"size": size, "shape": kernel.shape(size), "tflops": statistics.median(tflops),
                       "blocks_tflops": tflops, "calls_per_block": calls,

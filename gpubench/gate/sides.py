@@ -94,7 +94,7 @@ def _remove_child(parent: Path, name: str) -> Path:
 
 
 def list_baselines(baselines_dir: Path) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for d in sorted(p for p in baselines_dir.glob("*") if p.is_dir() and not p.name.startswith(".")):
         try:
             meta = load_run(d)

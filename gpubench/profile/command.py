@@ -121,8 +121,9 @@ def breakdown_line(metrics: dict[str, Any]) -> str:
 
 def _ops_table(rows: list[dict[str, Any]], title: str) -> Table:
     table = Table(title=f"{title} (top {len(rows)})", title_justify="left")
-    for col, justify in (("operator", "left"), ("calls", "right"), ("self ms", "right")):
-        table.add_column(col, justify=justify, overflow="fold")
+    table.add_column("operator", justify="left", overflow="fold")
+    table.add_column("calls", justify="right", overflow="fold")
+    table.add_column("self ms", justify="right", overflow="fold")
     for r in rows:
         table.add_row(r["name"], str(r["calls"]), f"{r['self_ms']:.3f}")
     return table

@@ -56,7 +56,7 @@ def breakdown_chart(configs: pd.DataFrame, path: Path) -> Path | None:
             ax.barh(y, shares[:, k], left=left, color=color, label=name)
             left += shares[:, k]
         for yi, step in zip(y, rows["breakdown_step_ms"]):
-            ax.text(101, yi, f"step {fmt.ms(step)}", va="center", fontsize=7)
+            ax.text(101, float(yi), f"step {fmt.ms(step)}", va="center", fontsize=7)
         ax.set_yticks(y, labels, fontsize=7)
         ax.invert_yaxis()
         ax.set_xlim(0, 125)

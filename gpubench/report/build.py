@@ -238,9 +238,9 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
         telemetry_note = ""
 
     ci_kinds = set(c.get("ci_kind", pd.Series(dtype=str)).dropna())
-    ci_note = {"within-process": "within one process: one repeat per config",
-               "between-repeats": "between repeats: each repeat a fresh process"}
-    ci_note = "; ".join(ci_note[k] for k in sorted(ci_kinds)) or ci_note["within-process"]
+    ci_kind_notes = {"within-process": "within one process: one repeat per config",
+                     "between-repeats": "between repeats: each repeat a fresh process"}
+    ci_note = "; ".join(ci_kind_notes[k] for k in sorted(ci_kinds)) or ci_kind_notes["within-process"]
     context = {
         "title": ", ".join(r.run_id for r in data.runs),
         "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),

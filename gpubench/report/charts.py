@@ -18,7 +18,7 @@ import pandas as pd  # noqa: E402
 from gpubench.files import write_atomic  # noqa: E402
 from gpubench.results.twins import COMPARISONS, speedups  # noqa: E402
 
-STYLE = {
+STYLE: dict[Any, Any] = {  # matplotlib rc settings
     "figure.dpi": 110,
     "axes.grid": True,
     "grid.alpha": 0.3,

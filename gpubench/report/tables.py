@@ -28,7 +28,7 @@ def cell(name: str, value: object) -> str:
 
 def batch_order(batch: object) -> tuple[int, int]:
     """Sort key of batch sizes: numbers ascending, then ``"max"``."""
-    return (1, 0) if batch == MAX_BATCH else (0, int(batch))
+    return (1, 0) if batch == MAX_BATCH else (0, int(str(batch)))
 
 
 def _trained(r: pd.Series) -> str:

@@ -65,7 +65,8 @@ class Outcome:
     @staticmethod
     def from_outcome_json(d: dict[str, Any]) -> Outcome:
         """The worker's handover file (result.json) back into an Outcome."""
-        return Outcome(**{k: d.get(k) for k in ("status", "metrics", *_OPTIONAL_OUTCOME)}, reason=d.get("reason") or "")
+        return Outcome(status=str(d.get("status")), reason=d.get("reason") or "", metrics=d.get("metrics"),
+                       **{k: d.get(k) for k in _OPTIONAL_OUTCOME})
 
 
 _OPTIONAL_OUTCOME = ("telemetry", "model", "runtime", "profile", "phases", "log", "traceback")

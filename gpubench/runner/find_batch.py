@@ -20,7 +20,10 @@ from gpubench.launch import Launcher
 from gpubench.results.result import Outcome, Result
 from gpubench.runner.job import Job, run_worker
 
-PROBE_SETTINGS = {"warmup_steps": 1, "steps": 2, "windows": 1, "telemetry_interval_ms": 0}
+
+def probe_config(config: Config, batch: int) -> Config:
+    """The config a probe trains: ``batch``, a few steps, no telemetry."""
+    return replace(config, batch_size=batch, warmup_steps=1, steps=2, windows=1, telemetry_interval_ms=0)
 
 
 @dataclass
@@ -82,13 +85,13 @@ def find_max_batch(config: Config, limit: int, launcher: Launcher = Launcher(),
     work = Path(tempfile.mkdtemp(prefix="gpubench-find-batch-"))
     try:
         def probe(b: int) -> Outcome:
-            c = replace(config, batch_size=b, **PROBE_SETTINGS)
+            c = probe_config(config, b)
             if on_probe:
                 on_probe(c)
             return run_worker(Job(c, 0), work, launcher)
 
         unit = config.pipeline_microbatches if config.pipelined else 1
-        good, bad, stopped, probes = search(probe, max(1, config.batch_size), limit, unit)
+        good, bad, stopped, probes = search(probe, max(1, config.batch), limit, unit)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return Search(config.config_id, good, bad, stopped, probes)

@@ -23,9 +23,9 @@ def run_find_batch(suite_name: str, sets: list[str], limit: int, json_path: Path
         if c.batch_size == MAX_BATCH:
             c = replace(c, batch_size=c.max_batch_start)
         key = replace(c, batch_size=1).config_id
-        if key not in starts or c.batch_size < starts[key].batch_size:
+        if key not in starts or c.batch < starts[key].batch:
             starts[key] = c
-    too_big = [c for c in starts.values() if c.batch_size > limit]
+    too_big = [c for c in starts.values() if c.batch > limit]
     if too_big:
         raise InputError(f"--limit {limit}: below the batch the search starts from ({too_big[0].batch_size}, "
                          f"{too_big[0].config_id}); give a larger --limit or a smaller batch_size")

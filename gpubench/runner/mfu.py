@@ -70,7 +70,7 @@ def mfu_metrics(result: Result, peaks: dict[str, dict[str, Any]]) -> dict[str, A
     entry = peaks.get(calibration_device(config.device))
     precision = PEAK_PRECISION.get(config.precision)
     per_device = (entry or {}).get("peak_tflops", {}).get(precision)
-    if not per_device:
+    if entry is None or not per_device:
         return out
     # GPUs: every device of the strategy; CPU: the ranks of one node share its CPU, whose
     # calibration used all its cores, so one CPU per node

@@ -152,13 +152,15 @@ def _peer_host(peer: str) -> str:
     """The address a node connected from, as the other nodes should dial it: an IPv4 node seen
     through a dual-stack socket (``::ffff:10.0.0.2``) is ``10.0.0.2``."""
     try:
-        mapped = ipaddress.ip_address(peer.split("%", 1)[0]).ipv4_mapped if ":" in peer else None
+        address = ipaddress.ip_address(peer.split("%", 1)[0]) if ":" in peer else None
+        mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
     except ValueError:
         return peer
     return str(mapped) if mapped is not None else peer
 
 
 def _serve(nodes: Nodes, hello: dict[str, Any], deadline: float | None) -> list[tuple[str, list[int]]]:
+    assert nodes.master_addr is not None  # Nodes.check requires it of a multi-node run
     arrived: dict[int, tuple[str, list[int]]] = {0: (nodes.master_addr, hello["payload"])}
     waiting: list[socket.socket] = []
     try:
@@ -169,7 +171,8 @@ def _serve(nodes: Nodes, hello: dict[str, Any], deadline: float | None) -> list[
                 conn.settimeout(5.0)
                 other = _receive(conn)
                 rank = other.get("node_rank") if other else None
-                if rank not in range(1, nodes.nnodes) or rank in arrived or not isinstance(other.get("index"), int):
+                if (other is None or not isinstance(rank, int) or rank not in range(1, nodes.nnodes) or rank in arrived
+                        or not isinstance(other.get("index"), int)):
                     conn.close()  # a stray connection: not one of our nodes
                     continue
                 behind = other["index"] < hello["index"]

@@ -109,8 +109,8 @@ def summary_table(results: list[Result]) -> Table:
             row.append(str(r.repeat))
         row.append(f"[{style}]{r.status}[/{style}]" + (" [yellow]noisy[/yellow]" if BY_NAME["noisy"].value(r) else ""))
         for header, name in SUMMARY_COLUMNS:
-            above = name == "mfu" and BY_NAME["above_peak"].value(r)
-            row.append("[yellow]above peak[/yellow]" if above else _show(name, r))
+            flagged = name == "mfu" and BY_NAME["above_peak"].value(r)
+            row.append("[yellow]above peak[/yellow]" if flagged else _show(name, r))
             if header == "samples/s":
                 row.append(f"{_show('throughput_ci_low', r)}-{_show('throughput_ci_high', r)}")
         table.add_row(*row)

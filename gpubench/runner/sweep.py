@@ -4,7 +4,7 @@ appended as they finish; a job that fails costs only itself, and the sweep goes 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from gpubench.runner.mfu import mfu_metrics
 from gpubench.runner.nodes import Nodes, barrier
 
 
-def plan(configs: list[Config], repeats: int, done: set[tuple[str, int]] = frozenset()) -> list[Job]:
+def plan(configs: list[Config], repeats: int, done: Collection[tuple[str, int]] = frozenset()) -> list[Job]:
     """Repeats in rounds (all configs once, then again...), so that slow drift of the machine
     spreads over every config instead of landing on the last ones; finished jobs skipped."""
     return [Job(c, r) for r in range(repeats) for c in configs if (c.config_id, r) not in done]

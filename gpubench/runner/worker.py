@@ -176,7 +176,7 @@ def rank_summaries(trainer: Any, raw: RawMeasurement, config: Config, rss: PeakR
     median = step_stats(raw.step_times_ms).median if raw.step_times_ms else None
     mine = {"rank": trainer.rank, "node": int(os.environ.get("GROUP_RANK", "0")), "host": socket.gethostname(),
             "step_time_median_ms": median,
-            "throughput": config.batch_size * 1000.0 / median if median else None,
+            "throughput": config.batch * 1000.0 / median if median else None,
             "peak_rss_bytes": rss.lifetime(), "weights_sha1": trainer.weights_digest(), **trainer.memory()}
     gathered: list[dict[str, Any]] = trainer.all_gather(mine)
     return gathered
@@ -210,7 +210,7 @@ def build_trainer(backend: Any, spec: Any, config: Config, rank: int, world: int
     if config.distributed and os.environ.get("WORLD_SIZE") != str(world):
         raise RuntimeError(f"{config.parallelism} needs {world} processes started by its launcher; this worker has "
                            f"WORLD_SIZE={os.environ.get('WORLD_SIZE')}")
-    batches = make_batches(spec, config.dataset, config.data_dir, config.batch_size, config.seed,
+    batches = make_batches(spec, config.dataset, config.data_dir, config.batch, config.seed,
                            config.accum_steps * config.replicas)
     if config.distributed and config.replicas > 1:
         batches = batches.shard(rank, world)
@@ -250,8 +250,9 @@ def run_config(config: Config, profile: dict[str, Any] | None = None) -> tuple[O
                                            telemetry.observer, ranges=trainer.ranges() if profile is not None else None,
                                            window_s=config.window_s)
         memory.update(trainer.memory())
-        if rss.training_peak() is not None:
-            memory["train_peak_rss_bytes"] = rss.training_peak()
+        training_peak = rss.training_peak()
+        if training_peak is not None:
+            memory["train_peak_rss_bytes"] = training_peak
         profiled = _profile(trainer, raw, config, profile) if profile is not None and not raw.diverged else None
         ranks = rank_summaries(trainer, raw, config, rss) if config.distributed else None
         trainer.close()

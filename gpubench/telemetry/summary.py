@@ -46,19 +46,24 @@ def device_energy(samples: Sequence[GpuSample], windows: list[Window],
     window, the counter (mJ) of every device, in the order of ``devices``, at its start and
     at its end. Counters are used only when every device has every reading; otherwise each
     device's energy is integrated from its power samples (None where a window has none)."""
-    if counters and all(v is not None for start, end in counters for v in (*start, *end)):
-        return [sum(end[j] - start[j] for start, end in counters) / 1000.0 for j in range(len(devices))], "counter"
+    complete = [([int(v) for v in start if v is not None], [int(v) for v in end if v is not None])
+                for start, end in counters]
+    if counters and all(len(s) == len(start) and len(e) == len(end)
+                        for (s, e), (start, end) in zip(complete, counters)):
+        return [sum(end[j] - start[j] for start, end in complete) / 1000.0 for j in range(len(devices))], "counter"
     source = f"power_integration ({power_source})"
     out: list[float | None] = []
     for d in devices:
-        total: float | None = 0.0 if windows else None
+        total = 0.0
         for a, b in windows:
             p = _values([s for s in samples if s.index == d and a <= s.t_ns <= b], "power_w")
             if not len(p):
-                total = None
                 break
             total += float(p.mean()) * (b - a) / 1e9
-        out.append(total)
+        else:  # every window had power samples (and there was a window)
+            out.append(total if windows else None)
+            continue
+        out.append(None)
     return out, source
 
 
@@ -66,7 +71,13 @@ def gpu_energy(samples: Sequence[GpuSample], windows: list[Window], counters: li
                list[int | None]]], power_source: str) -> tuple[float | None, str]:
     """(joules over the windows of every sampled device together, energy_source)."""
     per_device, source = device_energy(samples, windows, counters, power_source, sorted({s.index for s in samples}))
-    return (None if not per_device or None in per_device else sum(per_device)), source
+    return _total(per_device), source
+
+
+def _total(per_device: list[float | None]) -> float | None:
+    """The sum over the devices, or None when a device has no figure (or there is none)."""
+    known = [e for e in per_device if e is not None]
+    return sum(known) if per_device and len(known) == len(per_device) else None
 
 
 def _device_summary(w: Sequence[GpuSample]) -> dict[str, Any]:
@@ -97,7 +108,7 @@ def gpu_summary(samples: Sequence[GpuSample], windows: list[Window],
     devices = list(devices) if devices is not None else sorted({s.index for s in samples})
     w = inside(samples, windows)
     per_energy, source = device_energy(samples, windows, counters, power_source, devices)
-    energy = None if not per_energy or None in per_energy else sum(per_energy)
+    energy = _total(per_energy)
     per_device = [{"index": d, **_device_summary([s for s in w if s.index == d]), "energy_j": e}
                   for d, e in zip(devices, per_energy)]
     powers = [p["power_mean_w"] for p in per_device]

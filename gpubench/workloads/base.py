@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, TypeGuard, Union
 
 import numpy as np
 
@@ -186,8 +186,8 @@ def _expect_chw(layer: object, shape: Shape) -> Shape:
     return shape
 
 
-def has_params(layer: Layer) -> bool:
-    return hasattr(layer, "param_shapes")
+def has_params(layer: Layer) -> TypeGuard[Conv2d | Linear | BatchNorm2d]:
+    return isinstance(layer, (Conv2d, Linear, BatchNorm2d))
 
 
 @dataclass(frozen=True)

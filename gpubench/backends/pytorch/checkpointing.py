@@ -68,8 +68,10 @@ class CheckpointedSequential(nn.Sequential):
             run = modules[start:end]
             # torch.compile recomputes through its own partitioner, which applies buffer
             # updates once; it accepts no custom context_fn
-            kw = {} if torch.compiler.is_compiling() else {"context_fn": partial(_contexts, run)}
-            x = checkpoint(partial(_run, run), x, use_reentrant=False, **kw)
+            if torch.compiler.is_compiling():
+                x = checkpoint(partial(_run, run), x, use_reentrant=False)
+            else:
+                x = checkpoint(partial(_run, run), x, use_reentrant=False, context_fn=partial(_contexts, run))
         return _run(modules[bounds[-1][0]:], x)
 
     def describe(self) -> str:

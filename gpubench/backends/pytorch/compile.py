@@ -108,14 +108,17 @@ class CudaGraphStep:
                                     "apart")
         if self.graph is None:
             self._capture()
-        self.graph.replay()
-        return self.loss
+        graph, loss = self.graph, self.loss
+        assert graph is not None and loss is not None  # _capture sets both
+        graph.replay()
+        return loss
 
     def _gather(self) -> tuple[torch.Tensor, torch.Tensor]:
-        t = self.t
-        x = t.x.index_select(0, self.index)[0]
-        y = t.y.index_select(0, self.index)[0]
-        self.index.add_(1).remainder_(t.n_batches)
+        t, index = self.t, self.index
+        assert index is not None  # _capture sets it before the step that gathers is traced
+        x = t.x.index_select(0, index)[0]
+        y = t.y.index_select(0, index)[0]
+        index.add_(1).remainder_(t.n_batches)
         if t.memory_format is not None:  # a copy only if the gather did not keep the pool's channels-last layout
             x = x.contiguous(memory_format=t.memory_format)
         return x, y

@@ -84,8 +84,9 @@ class PipelineTrainer(TorchTrainerBase):
         model = build_model(spec, spec.init_weights(config.seed))
         self.model = model[start:end].to(self.device)
         self.model.train()
-        module = (AutocastModule(self.model, self.device.type, self.autocast_dtype, float_output=self.last)
-                  if config.precision == "amp-bf16" else self.model)
+        dtype = self.autocast_dtype
+        module = (AutocastModule(self.model, self.device.type, dtype, float_output=self.last)
+                  if dtype is not None else self.model)
         stage = pipelining.PipelineStage(module, self.rank, self.world_size, self.device)
         schedule_class = getattr(pipelining, SCHEDULE_CLASSES[config.pipeline_schedule])
         self.schedule = schedule_class(stage, config.pipeline_microbatches, loss_fn=nn.CrossEntropyLoss(),
@@ -121,9 +122,9 @@ class PipelineTrainer(TorchTrainerBase):
         self.optimizer.zero_grad(set_to_none=True)
         i = self._i
         self._i = (i + 1) % self.n_batches
-        args = (self.x[i],) if self.first else ()
+        args = (self.x[i],) if self.x is not None else ()  # the first stage feeds the inputs
         losses: list[torch.Tensor] = []
-        kwargs = {"target": self.y[i], "losses": losses} if self.last else {}
+        kwargs = {"target": self.y[i], "losses": losses} if self.y is not None else {}  # the last, the labels
         self.schedule.step(*args, **kwargs)
         self.optimizer.step()
         if self.last:  # the mean of the micro-batches' mean losses: the batch's mean loss
@@ -137,6 +138,7 @@ class PipelineTrainer(TorchTrainerBase):
             return float("nan")
         import torch.distributed as dist
 
-        loss = self._loss.float().clone() if self.last else torch.zeros((), device=self.device)
+        mine = self._loss if self.last else None
+        loss = mine.float().clone() if mine is not None else torch.zeros((), device=self.device)
         dist.broadcast(loss, src=self.world_size - 1)
         return float(loss.item())

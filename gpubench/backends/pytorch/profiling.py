@@ -47,6 +47,7 @@ class CudaEventPhaseClock:
 
     def lap(self) -> float:
         event = self._event()
+        assert self._last is not None  # start() comes first
         ms = self._last.elapsed_time(event)
         self._last = event
         return ms

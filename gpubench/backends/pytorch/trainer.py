@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,8 @@ class TorchTrainerBase(Trainer):
     """What every PyTorch trainer shares: the device (for a distributed config, rank r's:
     ``cuda:LOCAL_RANK`` or the CPU, with the process group set up), precision flags, timers,
     memory figures and the rank collectives."""
+
+    model: nn.Module  # set by each subclass: the whole model, or this rank's pipeline stage
 
     def _setup(self, config: Config) -> None:
         self.cuda = device_kind(config.device) == "cuda"
@@ -201,8 +203,10 @@ class TorchTrainer(TorchTrainerBase):
         self._setup(config)
         # channels-last: conv weights and every input batch in NHWC memory order
         self.memory_format = torch.channels_last if config.memory_format == "channels-last" else None
-        self.model = build_model(spec, spec.init_weights(config.seed)).to(
-            self.device, **({"memory_format": self.memory_format} if self.memory_format else {}))
+        model = build_model(spec, spec.init_weights(config.seed))
+        # Module.to takes memory_format at run time (it forwards to Tensor.to); torch's stubs omit it
+        self.model = (model.to(self.device, memory_format=self.memory_format)  # type: ignore[call-overload]
+                      if self.memory_format is not None else model.to(self.device))
         self.model.train()
         checkpointing = "none"
         if config.checkpointing == "activations":  # before DDP/DP wrap it: their replicas checkpoint too
@@ -223,7 +227,8 @@ class TorchTrainer(TorchTrainerBase):
         self.n_batches = batches.n_batches
         self.accum = config.accum_steps
         self._i = 0
-        self.loader = None
+        self.loader: DataLoader[tuple[torch.Tensor, ...]] | None = None
+        self._iter: Iterator[list[torch.Tensor]] | None = None
         if config.data == "pipeline":
             # the framework's real input pipeline over the same samples, in the same order
             flat = TensorDataset(torch.from_numpy(batches.x.reshape(-1, *batches.x.shape[2:])),
@@ -265,6 +270,7 @@ class TorchTrainer(TorchTrainerBase):
         super().close()
 
     def _next_pipeline_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self._iter is not None and self.loader is not None  # pipeline mode, not closed
         try:
             x, y = next(self._iter)
         except StopIteration:  # a new epoch: its start-up cost is part of pipeline mode
@@ -288,7 +294,7 @@ class TorchTrainer(TorchTrainerBase):
         over ``accum`` micro-batches; returns the detached loss. ``lap(phase)`` ends each phase
         (the breakdown pass; a no-op otherwise). Built into a step by compile.build_step."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss = None
+        loss: torch.Tensor | None = None
         for _ in range(self.accum):
             x, y = next_batch()
             lap("data")
@@ -306,6 +312,7 @@ class TorchTrainer(TorchTrainerBase):
         else:
             self.optimizer.step()
         lap("optimizer")
+        assert loss is not None  # accum >= 1: at least one micro-batch
         return loss
 
     def step(self) -> None:

@@ -108,5 +108,6 @@ def build_model(spec: WorkloadSpec, weights: list[list[np.ndarray]] | None = Non
     if weights is not None:
         for layer, arrays in zip(builder.leaf_layers, keras_weights(spec, weights), strict=True):
             if arrays:
+                assert layer is not None  # a leaf with weights was built as a Keras layer
                 layer.set_weights(arrays)
     return model

@@ -184,6 +184,7 @@ class TFTrainer(Trainer):
         batches) and MultiWorkerMirroredStrategy (``x``, ``y`` this worker's shard of every
         global batch): replica r trains on slice r of each global batch."""
         strategy = self.strategy
+        assert strategy is not None  # only mirrored and multiworker configs come here
         with strategy.scope():  # variables mirrored on every replica
             self._build_model(spec, config, policy)
         self.pipeline = config.data == "pipeline"
@@ -271,11 +272,12 @@ class TFTrainer(Trainer):
     def _train_step_body(self, micro: list[tuple[tf.Tensor, tf.Tensor]]) -> tf.Tensor:
         """One optimizer update from one batch, or (gradient accumulation) from the mean loss
         over several micro-batches: their gradients summed, one update. Returns the loss."""
-        total = grads = None
-        for x, y in micro:  # unrolled when traced
+        (x0, y0), rest = micro[0], micro[1:]
+        total, grads = self._gradients(x0, y0, len(micro))
+        for x, y in rest:  # unrolled when traced
             loss, part = self._gradients(x, y, len(micro))
-            grads = part if grads is None else [a + b for a, b in zip(grads, part)]
-            total = loss if total is None else total + loss
+            grads = [a + b for a, b in zip(grads, part)]
+            total = total + loss
         self._apply(grads)
         return total
 
@@ -311,8 +313,10 @@ class TFTrainer(Trainer):
             raise ValueError(f"all_gather: {len(data)} bytes, more than {_GATHER_BYTES}")
         buf = np.zeros((1, _GATHER_BYTES), dtype=np.int32)
         buf[0, :len(data)] = data
-        value = self.strategy.experimental_distribute_values_from_function(lambda ctx: tf.constant(buf))
-        rows = self.strategy.gather(value, axis=0).numpy()
+        strategy = self.strategy
+        assert strategy is not None  # several workers: multiworker, whose strategy gathers
+        value = strategy.experimental_distribute_values_from_function(lambda ctx: tf.constant(buf))
+        rows = strategy.gather(value, axis=0).numpy()
         return [json.loads(bytes(row.astype(np.uint8)).rstrip(b"\0")) for row in rows]
 
     def weights_digest(self) -> str | None:

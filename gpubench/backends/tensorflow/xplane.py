@@ -26,7 +26,7 @@ def read_xspace(path: Path) -> Any:
     try:
         from tensorflow.tsl.profiler.protobuf import xplane_pb2
     except ImportError:  # older TensorFlow layouts
-        from tsl.profiler.protobuf import xplane_pb2  # type: ignore[no-redef]
+        from tsl.profiler.protobuf import xplane_pb2
     space = xplane_pb2.XSpace()
     space.ParseFromString(path.read_bytes())
     return space
