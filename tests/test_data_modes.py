@@ -131,7 +131,7 @@ data_dir = "{tmp_path / 'mnist'}"
 [matrix]
 data = ["device", "pipeline"]
 """)
-    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path)
+    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs")], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
     device, pipeline = result_lines(run_dir)
