@@ -74,11 +74,12 @@ class _Config(Protocol):
     def precision(self) -> str: ...
 
 
-def emulation_note(configs: Iterable[_Config], env: dict[str, Any]) -> str | None:
-    """One line for ``gpubench run`` to say before it starts, where CPU configs ask for bf16 or
-    fp16 that this CPU (per the fingerprint ``env``) does not compute natively: they run
-    emulated, often several times slower than fp32. None when there is nothing to say (no such
-    configs, native support, or a CPU whose features are unknown)."""
+def emulation_note(configs: Iterable[_Config], env: dict[str, Any], ran: bool = False) -> str | None:
+    """One line for ``gpubench run`` to say before it starts (and, with ``ran``, for the report
+    of the results), where CPU configs ask for bf16 or fp16 that this CPU (per the fingerprint
+    ``env``) does not compute natively: they run emulated, often several times slower than
+    fp32. None when there is nothing to say (no such configs, native support, or a CPU whose
+    features are unknown)."""
     native, arch = env.get("cpu_native") or {}, env.get("cpu_arch")
     counts: dict[str, int] = {}
     for c in {c.config_id: c for c in configs}.values():
@@ -90,8 +91,8 @@ def emulation_note(configs: Iterable[_Config], env: dict[str, Any]) -> str | Non
     lacking = sorted({LOW_PRECISION[p] for p in counts})
     missing = " or ".join(f"{p} (no {'/'.join(NATIVE_FEATURES[arch][p])})" for p in lacking)
     which = " and ".join(f"{n} {p}" for p, n in sorted(counts.items()))
-    return (f"this CPU has no native {missing}: {which} CPU config{'s' if sum(counts.values()) > 1 else ''} will run "
-            "emulated, often several times slower than fp32")
+    return (f"this CPU has no native {missing}: {which} CPU config{'s' if sum(counts.values()) > 1 else ''} "
+            f"{'ran' if ran else 'will run'} emulated, often several times slower than fp32")
 
 
 def cpu_model() -> str:

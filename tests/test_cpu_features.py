@@ -146,3 +146,32 @@ def test_a_real_run_notes_emulated_bf16_once_and_its_bf16_peak_is_a_ceiling(tmp_
         else:
             assert 0 < m["mfu"] <= 1 and "peak_below_achieved" not in m
     assert proc.stdout.count("above peak") == (flagged + 1 if flagged else 0)  # the cells and the caption
+
+
+@pytest.mark.parametrize("native_bf16", [False, True])
+def test_the_report_says_why_bf16_was_slow_on_a_cpu_without_it(tmp_path, native_bf16):
+    """The report and its summary say, once, that a run's amp-bf16 CPU configs ran emulated,
+    from the run's own fingerprint (the report may be read far from the machine); nothing
+    where the CPU has native bf16."""
+    from gpubench.report.build import build_report
+    from tests.conftest import make_result
+
+    run = tmp_path / "run"
+    run.mkdir()
+    env = {"cpu_arch": "x86", "cpu_native": {"bf16": native_bf16, "fp16": False}}
+    (run / "run.json").write_text(json.dumps({"run_id": "run", "created_at": "now", "env": env}))
+    configs = [Config("mlp", device=d, precision=p, framework=f) for d, p, f in
+               (("cpu", "fp32", "torch"), ("cpu", "amp-bf16", "torch"), ("cpu", "amp-bf16", "tensorflow"),
+                ("cuda", "amp-bf16", "torch"))]
+    results = [make_result(c, run_id="run") for c in configs[:3]] + [make_result(configs[3], status="unavailable")]
+    (run / "results.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in results))
+    build_report([run], tmp_path / "report")
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    page = (tmp_path / "report" / "index.html").read_text()
+    line = ("this CPU has no native bf16 (no avx512_bf16/amx_bf16): 2 amp-bf16 CPU configs ran emulated, "
+            "often several times slower than fp32")
+    if native_bf16:
+        assert "emulated" not in summary and "emulated" not in page
+    else:
+        assert summary.count(line) == 1 and f"> note: {line}" in summary
+        assert page.count(f"Note: {line}.") == 1

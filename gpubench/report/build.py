@@ -16,6 +16,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 import gpubench
 from gpubench import fmt
 from gpubench.calibrate import kernel_label
+from gpubench.env import emulation_note
 from gpubench.files import write_text_atomic
 from gpubench.report import breakdown, charts, tables
 from gpubench.report.load import ReportData, load_report_data
@@ -136,6 +137,26 @@ def _counts(configs: pd.DataFrame) -> str:
     return f"{len(configs)} configs: " + ", ".join(f"{n} {s}" for s, n in counts.items())
 
 
+@dataclass(frozen=True)
+class _Trained:
+    """What emulation_note reads of a result's config."""
+    config_id: str
+    device: str
+    precision: str
+
+
+def precision_notes(data: ReportData) -> list[str]:
+    """Per run, where bf16 or fp16 CPU configs trained on a CPU without native support for it
+    (per the run's fingerprint): why they are slow, in one line."""
+    notes = []
+    for run in data.runs:
+        trained = [_Trained(r.config_id, r.config["device"], r.config.get("precision", "fp32"))
+                   for r in run.results if r.status == "ok" and "device" in r.config]
+        if (note := emulation_note(trained, run_env(run.meta, run.results), ran=True)) is not None:
+            notes.append(f"{run.run_id}: {note}" if data.multi_run else note)
+    return notes
+
+
 def peaks_used(data: ReportData) -> pd.DataFrame:
     """The measured peaks the results' MFU is against, one row per device and precision."""
     rows: dict[tuple[str, ...], dict[str, Any]] = {}
@@ -180,6 +201,7 @@ def write_markdown(data: ReportData, path: Path) -> None:
               "samples/s; MFU: of the measured peak at the config's precision (`gpubench calibrate`)", ""]
     if (above := tables.above_peak_note(ok)) is not None:
         lines += [f"> MFU above peak: {above}", ""]
+    lines += [line for note in precision_notes(data) for line in (f"> note: {note}", "")]
     if data.multi_run:
         side_by_side = tables.run_comparison(c, [r.run_id for r in data.runs])
         lines += ["### Runs side by side", "", tables.to_markdown(side_by_side)]
@@ -246,6 +268,7 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
         "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "version": gpubench.__version__,
         "warnings": data.warnings,
+        "notes": precision_notes(data),
         "counts": _counts(c),
         "comparison": _html_table(tables.run_comparison(c, [r.run_id for r in data.runs])) if multi else None,
         "ci_note": ci_note,
