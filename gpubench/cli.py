@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -63,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-calibrate", action="store_true",
                      help="no device peaks (results get achieved_tflops but no mfu); by default they come from the "
                           "calibration cache, measured once per machine when missing (see gpubench calibrate)")
+    run.add_argument("--db", metavar="URL", help="also record each result into this results history as it finishes: "
+                                                 "a file path, sqlite:///PATH or postgresql://USER@HOST/NAME (default "
+                                                 "without --db: no history; GPUBENCH_DB names one for every run)")
+    run.add_argument("--tag", dest="tags", action="append", default=[], metavar="KEY=VALUE",
+                     help="a label kept with the run in run.json and the history (repeatable)")
     run.add_argument("--nnodes", type=int, default=1, metavar="N",
                      help="multi-node run: start the same command on N nodes; distributed configs run N x their "
                           "processes (default 1)")
@@ -151,6 +157,32 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--force", action="store_true", help="measure again even if cached")
     cal.add_argument("--json", type=Path, metavar="FILE", help="write the figures (and datasheet labels) as JSON")
 
+    hist = sub.add_parser("history", help="the results history: record runs, list and show them, export them")
+    hist_sub = hist.add_subparsers(dest="action", required=True)
+    db_help = ("the history: a file path, sqlite:///PATH or postgresql://USER@HOST[:PORT]/NAME (default: "
+               "$GPUBENCH_DB, else .gpubench/history.db)")
+    h_ingest = hist_sub.add_parser("ingest", help="record existing run directories (a run already there adds nothing)")
+    h_ingest.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
+    h_ingest.add_argument("--tag", dest="tags", action="append", default=[], metavar="KEY=VALUE",
+                          help="a label for these runs (repeatable)")
+    for name, text in (("list", "runs in the history, newest first"),
+                       ("show", "results in the history, oldest first"),
+                       ("export", "results in the history as CSV or Parquet (one row per result)")):
+        h = hist_sub.add_parser(name, help=text)
+        h.add_argument("--suite", help="only runs of this suite")
+        h.add_argument("--config", help="only configs whose id contains this text")
+        h.add_argument("--machine", help="only runs on this machine (hostname, or a machine key's prefix)")
+        h.add_argument("--branch", help="only runs of this branch")
+        h.add_argument("--since", metavar="DATE", help="only runs created at or after this ISO date or time")
+        if name == "show":
+            h.add_argument("--metric", dest="metrics", action="append", default=[],
+                           help="a metric to show (repeatable; default throughput and step_ms)")
+        if name == "export":
+            h.add_argument("--out", type=Path, required=True, metavar="FILE", help="FILE.csv, or FILE.parquet "
+                                                                                    "(needs pyarrow)")
+    for h in (h_ingest, *(hist_sub.choices[n] for n in ("list", "show", "export"))):
+        h.add_argument("--db", metavar="URL", help=db_help)
+
     env = sub.add_parser("env", help="print the environment fingerprint")
     env.add_argument("--json", action="store_true", help="as JSON")
     return parser
@@ -194,9 +226,23 @@ def _main(argv: list[str] | None) -> int:
             sets = args.sets + ([] if args.telemetry_interval_ms is None
                                 else [f"telemetry_interval_ms={args.telemetry_interval_ms}"])
             nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port)
+            from gpubench.history.db import ENV_VAR
+            from gpubench.provenance import parse_tags
+
             return execute(RunRequest(suite=args.suite, out=args.out, sets=sets, repeats=args.repeats,
                                       resume=args.resume, report=not args.no_report,
-                                      calibrate=not args.no_calibrate, nodes=nodes), console)
+                                      calibrate=not args.no_calibrate, nodes=nodes,
+                                      db=args.db or os.environ.get(ENV_VAR) or None,
+                                      tags=parse_tags(args.tags)), console)
+        if args.command == "history":
+            from gpubench.history.command import HistoryRequest, run_history
+            from gpubench.history.store import Filters
+            from gpubench.provenance import parse_tags
+
+            filters = Filters(*(getattr(args, k, None) for k in ("suite", "config", "machine", "branch", "since")))
+            return run_history(HistoryRequest(args.action, args.db, getattr(args, "run_dirs", []),
+                                              parse_tags(getattr(args, "tags", [])), filters,
+                                              getattr(args, "metrics", []), getattr(args, "out", None)), console)
         if args.command == "report":
             from gpubench.report.build import build_report
 

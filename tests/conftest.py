@@ -98,3 +98,22 @@ def parallel_twins(run_dir: Path) -> list[dict]:
 
     parallel = next(c for c in COMPARISONS if c.axis == "parallelism")
     return speedups(aggregate(results_frame(load_results(Path(run_dir)))), parallel).to_dict("records")
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server of the test session (tests/postgres.py)."""
+    from tests.postgres import postgres_server
+
+    yield from postgres_server()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def history_db(request, tmp_path):
+    """A fresh, empty results-history database: a SQLite file, and a database of its own on the
+    session's PostgreSQL server; every history test runs against both."""
+    if request.param == "sqlite":
+        return str(tmp_path / "history.db")
+    server = request.getfixturevalue("postgres")
+    name = f"h_{abs(hash(request.node.nodeid)) % 10**12}_{len(os.listdir(tmp_path))}"
+    return server.create_database(name)

@@ -18,10 +18,12 @@ from gpubench.backends.base import ProbeInfo
 from gpubench.env import emulation_note, fingerprint
 from gpubench.errors import InputError, note, stop_exit_code, stop_message, warn
 from gpubench.launch import Launcher
+from gpubench.provenance import provenance
 from gpubench.results.outputs import check_output_dir
 from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES, SCHEMA_VERSION
 from gpubench.results.store import NODE_FILE, RUN_FILE, create_run_dir, load_results, load_run, write_json_atomic
+from gpubench.runner.history import open_history
 from gpubench.runner.mfu import load_peaks, peak_devices
 from gpubench.runner.nodes import Nodes
 from gpubench.runner.probe import probe
@@ -42,6 +44,8 @@ class RunRequest:
     report: bool = True
     calibrate: bool = True  # look up (or measure) device peaks for MFU
     nodes: Nodes = field(default_factory=Nodes)
+    db: str | None = None  # record into this results history as results finish (None: no history)
+    tags: dict[str, str] = field(default_factory=dict)  # --tag KEY=VALUE, kept in run.json and the history
 
 
 def probe_frameworks(configs: list[Config], console: Console, launcher: Launcher = Launcher(),
@@ -57,7 +61,7 @@ def probe_frameworks(configs: list[Config], console: Console, launcher: Launcher
 
 
 def new_run_dir(out: Path, run_id: str, suite: Suite, args: dict[str, Any], configs: list[Config],
-                env: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+                env: dict[str, Any], tags: dict[str, str] | None = None) -> tuple[Path, dict[str, Any]]:
     """Make a run directory and its run.json (only once all input has been validated)."""
     now = datetime.now(timezone.utc)
     run_dir = create_run_dir(out, run_id)
@@ -69,6 +73,8 @@ def new_run_dir(out: Path, run_id: str, suite: Suite, args: dict[str, Any], conf
         "args": args,
         "configs": len(configs),
         "env": env,
+        "provenance": provenance(),
+        "tags": tags or {},
         "completed": False,
     }
     write_json_atomic(run_dir / RUN_FILE, meta)
@@ -135,6 +141,7 @@ def execute(req: RunRequest, console: Console) -> int:
     check_data(configs, suite.source)
     if run_dir is None:
         check_output_dir(req.out, "--out")
+    history = open_history(req.db) if req.db is not None and nodes.node_rank == 0 else None
     done = {(r.config_id, r.repeat) for r in existing}
     jobs = plan(configs, repeats, done)
     probes = probe_frameworks(configs, console) if jobs else {}
@@ -151,7 +158,8 @@ def execute(req: RunRequest, console: Console) -> int:
         if nodes.multi:
             args["nodes"] = nodes.to_dict()
         node = f"-node{nodes.node_rank}" if nodes.node_rank else ""
-        run_dir, meta = new_run_dir(req.out, f"{suite.name}-{now:%Y%m%d-%H%M%S}{node}", suite, args, configs, env)
+        run_dir, meta = new_run_dir(req.out, f"{suite.name}-{now:%Y%m%d-%H%M%S}{node}", suite, args, configs, env,
+                                    req.tags)
     else:
         meta = load_run(run_dir)
         meta.setdefault("resumed_at", []).append(now.isoformat(timespec="seconds"))
@@ -160,15 +168,23 @@ def execute(req: RunRequest, console: Console) -> int:
     where = f" (node {nodes.node_rank} of {nodes.nnodes})" if nodes.multi else ""
     console.print(f"run {run_id}{where}: {len(configs)} configs x {repeats} repeat(s), {len(jobs)} to run "
                   f"-> {run_dir}", highlight=False)
+    recorder = history.begin(meta, existing, req.tags, str(run_dir)) if history is not None else None
     try:
         with SweepDisplay(console, len(jobs)) as display:
-            new = run_jobs(jobs, run_dir, run_id, env, probes, display.started, display.finished, existing,
+            def finished(k: int, job: Any, result: Result) -> None:
+                display.finished(k, job, result)
+                if recorder is not None:
+                    recorder.record(result)
+            new = run_jobs(jobs, run_dir, run_id, env, probes, display.started, finished, existing,
                            peaks=peaks, nodes=nodes)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (errors.Stopped)
-        stop_message(e, f"finished configs are in {run_dir}/results.jsonl; continue with: "
-                        f"gpubench run --resume {run_dir}")
+        stop_message(e, f"finished configs are in {run_dir}/results.jsonl"
+                        f"{' and the history (the run marked incomplete)' if recorder is not None else ''}; "
+                        f"continue with: gpubench run --resume {run_dir}")
         return stop_exit_code(e)
     finish_run_dir(run_dir, meta)
+    if recorder is not None:
+        recorder.finish(meta["finished_at"])
     results = existing + new
     if nodes.node_rank > 0:
         return _node_summary(new, run_dir, console)

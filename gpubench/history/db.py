@@ -1,0 +1,167 @@
+"""Opening a history database: where it is, connecting, and bringing its schema to this
+gpubench's version (Alembic migrations, run in-process).
+
+Every problem opening it (the extra not installed, a bad URL, a server that does not answer,
+a file that is not a database, a lock held past the timeout, a schema written by a newer
+gpubench) is a HistoryError: one line naming the database, exit 2, raised before any
+training starts.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpubench.errors import InputError
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+
+DEFAULT_PATH = Path(".gpubench") / "history.db"
+ENV_VAR = "GPUBENCH_DB"
+LOCK_TIMEOUT_S = 30.0  # how long a writer waits for another's lock before giving up
+CONNECT_TIMEOUT_S = 10  # PostgreSQL: how long to wait for the server to answer
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+INSTALL_HINT = "pip install 'gpubench[history]' (and 'gpubench[postgresql]' for a PostgreSQL server)"
+
+
+class HistoryError(InputError):
+    """The history database cannot be used: one line, exit 2."""
+
+
+def resolve_url(db: str | None, environ: dict[str, str] | None = None) -> str:
+    """``--db`` (a path, ``sqlite:///PATH`` or ``postgresql://...``), else ``GPUBENCH_DB``, else
+    .gpubench/history.db in the working directory, as a SQLAlchemy URL (PostgreSQL through
+    psycopg 3)."""
+    environ = dict(os.environ) if environ is None else environ
+    text = db or environ.get(ENV_VAR) or str(DEFAULT_PATH)
+    if text.startswith(("postgresql://", "postgres://")):
+        return "postgresql+psycopg://" + text.split("://", 1)[1]
+    if text.startswith(("postgresql+", "sqlite:")):
+        return text
+    if "://" in text:
+        raise HistoryError(f"--db {text}: not a database this version knows; give a file path, sqlite:///PATH or "
+                           "postgresql://USER@HOST[:PORT]/NAME")
+    return f"sqlite:///{Path(text).expanduser()}"
+
+
+def display_url(url: str) -> str:
+    """The URL without its password, for messages."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True).replace("postgresql+psycopg://", "postgresql://")
+    except Exception:  # a URL SQLAlchemy cannot parse is shown as given
+        return url
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(getattr(e, "orig", None) or e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _alembic_config(connection: sa.Connection) -> Any:
+    from alembic.config import Config as AlembicConfig
+
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head_revision() -> str:
+    """The schema revision this gpubench writes."""
+    from alembic.config import Config as AlembicConfig
+    from alembic.script import ScriptDirectory
+
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    head = ScriptDirectory.from_config(cfg).get_current_head()
+    assert head is not None  # the package ships its migrations
+    return head
+
+
+def make_engine(url: str) -> sa.Engine:
+    """An engine for ``url``. SQLite: the file's directory made, a busy timeout of
+    LOCK_TIMEOUT_S, WAL journal (readers do not block the writer), and every transaction
+    begun IMMEDIATE, so that two writers queue for the lock instead of failing midway."""
+    try:
+        import sqlalchemy as sa
+    except ImportError:
+        raise HistoryError(f"the results history needs SQLAlchemy and Alembic: {INSTALL_HINT}") from None
+    if url.startswith("sqlite:"):
+        path = url.split(":///", 1)[1] if ":///" in url else ""
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = sa.create_engine(url, connect_args={"timeout": LOCK_TIMEOUT_S})
+
+        @sa.event.listens_for(engine, "connect")
+        def _connect(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.isolation_level = None  # transactions begun below, not by the driver
+            dbapi_connection.execute("PRAGMA foreign_keys=ON")
+
+        @sa.event.listens_for(engine, "begin")
+        def _begin(conn: sa.Connection) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        return engine
+    if url.startswith("postgresql"):
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:
+            raise HistoryError(f"--db {display_url(url)}: PostgreSQL needs the psycopg driver: "
+                               "pip install 'gpubench[postgresql]'") from None
+        return sa.create_engine(url, connect_args={"connect_timeout": CONNECT_TIMEOUT_S,
+                                                   "options": f"-c lock_timeout={int(LOCK_TIMEOUT_S * 1000)}"})
+    raise HistoryError(f"--db {url}: not a database this version knows; give a file path, sqlite:///PATH or "
+                       "postgresql://USER@HOST[:PORT]/NAME")
+
+
+@contextmanager
+def translated_errors(url: str) -> Iterator[None]:
+    """Database errors as one HistoryError line naming the database."""
+    import sqlalchemy as sa
+
+    try:
+        yield
+    except sa.exc.OperationalError as e:
+        raise HistoryError(f"history database {display_url(url)}: {_first_line(e)}") from None
+    except sa.exc.DatabaseError as e:
+        raise HistoryError(f"history database {display_url(url)}: {_first_line(e)}") from None
+
+
+def migrate(engine: sa.Engine, url: str) -> str:
+    """Bring the schema to this gpubench's head revision (creating it in an empty database);
+    refuse a database whose revision this gpubench does not know (a newer one wrote it).
+    Returns the revision. PostgreSQL: under an advisory lock, so that two jobs opening a new
+    database at once do not both create it."""
+    from alembic import command
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
+    with translated_errors(url), engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.exec_driver_sql("SELECT pg_advisory_xact_lock(725163001)")
+        current = MigrationContext.configure(conn).get_current_revision()
+        cfg = _alembic_config(conn)
+        if current is not None:
+            try:
+                ScriptDirectory.from_config(cfg).get_revision(current)
+            except CommandError:
+                raise HistoryError(f"history database {display_url(url)}: schema revision {current} was written by a "
+                                   f"newer gpubench (this one knows up to {head_revision()}); upgrade gpubench to "
+                                   "use it") from None
+        if current != head_revision():
+            command.upgrade(cfg, "head")
+        return head_revision()
+
+
+def open_engine(db: str | None) -> tuple[sa.Engine, str]:
+    """(engine, url) of a database ready to read and write: connected, migrated."""
+    url = resolve_url(db)
+    engine = make_engine(url)
+    migrate(engine, url)
+    return engine, url

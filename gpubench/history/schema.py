@@ -1,0 +1,76 @@
+"""The history's tables (SQLAlchemy Core). A change here is a new Alembic migration in
+``migrations/versions`` as well: the migrations, not this module, create and upgrade a
+database; a test checks that the two agree."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+# one row per machine: the identity (machine_key) hashes what does not change when drivers or
+# frameworks are upgraded (host, CPU model, GPU UUIDs); the rest is what was last seen
+machines = sa.Table(
+    "machines", metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("machine_key", sa.String(40), nullable=False, unique=True),
+    sa.Column("hostname", sa.String(255), nullable=False),
+    sa.Column("cpu_model", sa.String(255), nullable=False),
+    sa.Column("gpu_model", sa.String(255)),
+    sa.Column("gpu_uuids", sa.Text),
+    sa.Column("driver", sa.String(64)),
+    sa.Column("first_seen", sa.String(32), nullable=False),
+)
+
+# one row per run directory: run_key identifies it wherever it is recorded from (hostname,
+# run id and creation time), so recording a run while it runs and ingesting its directory
+# later add it once
+runs = sa.Table(
+    "runs", metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("run_key", sa.String(40), nullable=False, unique=True),
+    sa.Column("run_id", sa.String(255), nullable=False),
+    sa.Column("suite", sa.String(255), nullable=False),
+    sa.Column("machine_id", sa.Integer, sa.ForeignKey("machines.id"), nullable=False),
+    sa.Column("created_at", sa.String(32), nullable=False),
+    sa.Column("finished_at", sa.String(32)),
+    sa.Column("complete", sa.Boolean, nullable=False),
+    sa.Column("commit", sa.String(64)),
+    sa.Column("branch", sa.String(255)),
+    sa.Column("commit_time", sa.String(32)),
+    sa.Column("ci_url", sa.Text),
+    sa.Column("tags", sa.JSON, nullable=False),
+    sa.Column("env", sa.JSON, nullable=False),
+    sa.Column("recorded_at", sa.String(32), nullable=False),
+    sa.Index("ix_runs_suite_created", "suite", "created_at"),
+    sa.Index("ix_runs_machine", "machine_id"),
+)
+
+# one row per config repeat; doc is the whole result line (Result.to_json)
+results = sa.Table(
+    "results", metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("config_id", sa.String(255), nullable=False),
+    sa.Column("config_hash", sa.String(64)),
+    sa.Column("repeat", sa.Integer, nullable=False),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("workload", sa.String(128)),
+    sa.Column("framework", sa.String(64)),
+    sa.Column("device", sa.String(64)),
+    sa.Column("precision", sa.String(32)),
+    sa.Column("batch_size", sa.Integer),
+    sa.Column("doc", sa.JSON, nullable=False),
+    sa.UniqueConstraint("run_id", "config_id", "repeat", name="uq_results_run_config_repeat"),
+    sa.Index("ix_results_config", "config_id"),
+)
+
+# every numeric figure of the metric registry, per result
+metric_values = sa.Table(
+    "metric_values", metadata,
+    sa.Column("result_id", sa.Integer, sa.ForeignKey("results.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("value", sa.Float, nullable=False),
+    sa.Index("ix_metric_values_name", "name"),
+)

@@ -1,0 +1,219 @@
+"""Writing runs and results into the history, and reading them back.
+
+A run is written as it goes: ``Recorder.begin`` (the machine and the run, marked incomplete),
+``record`` for each result as it finishes (one transaction each, so a killed run keeps what
+it finished), ``finish`` (complete). ``ingest`` does the same for a run directory already on
+disk. Both are idempotent: a run is identified by run_key (host, run id and creation time) and
+a result by (run, config id, repeat), so recording a run live and ingesting its directory
+later, or ingesting it twice, adds it once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import sqlalchemy as sa
+
+from gpubench.history.db import HistoryError, translated_errors
+from gpubench.history.schema import machines, metric_values, results, runs
+from gpubench.results.frame import results_frame
+from gpubench.results.metrics import METRICS
+from gpubench.results.result import Result, ResultError
+from gpubench.results.store import load_results, load_run, run_env
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _insert(conn: sa.Connection, table: sa.Table) -> Any:
+    """INSERT ... ON CONFLICT DO NOTHING, in the connection's dialect."""
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    if conn.dialect.name == "postgresql":
+        return postgresql.insert(table).on_conflict_do_nothing()
+    return sqlite.insert(table).on_conflict_do_nothing()
+
+
+def machine_row(env: dict[str, Any]) -> dict[str, Any]:
+    """The machine's identity from an environment fingerprint: machine_key hashes the host, CPU
+    model and GPU UUIDs (what an upgrade of drivers or frameworks leaves alone)."""
+    gpus = [g for g in env.get("gpus") or [] if isinstance(g, dict)]
+    uuids = sorted(str(g.get("uuid")) for g in gpus if g.get("uuid"))
+    hostname, cpu = str(env.get("hostname") or "unknown"), str(env.get("cpu_model") or "unknown")
+    key = hashlib.sha1("\n".join([hostname, cpu, *uuids]).encode()).hexdigest()
+    models = sorted({str(g.get("name")) for g in gpus if g.get("name")})
+    drivers = sorted({str(g.get("driver")) for g in gpus if g.get("driver")})
+    return {"machine_key": key, "hostname": hostname, "cpu_model": cpu,
+            "gpu_model": ", ".join(models) or None, "gpu_uuids": ",".join(uuids) or None,
+            "driver": ", ".join(drivers) or None}
+
+
+def run_key(env: dict[str, Any], run_id: str, created_at: str) -> str:
+    return hashlib.sha1(f"{env.get('hostname')}\n{run_id}\n{created_at}".encode()).hexdigest()
+
+
+def metric_rows(result_id: int, result: Result) -> list[dict[str, Any]]:
+    """Every finite numeric figure of the metric registry in ``result`` (flags and labels are
+    in the stored result line)."""
+    rows = []
+    for m in METRICS:
+        v = m.value(result)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            rows.append({"result_id": result_id, "name": m.name, "value": float(v)})
+    return rows
+
+
+def _result_row(run_pk: int, r: Result) -> dict[str, Any]:
+    c = r.config
+    batch = c.get("batch_size")
+    return {"run_id": run_pk, "config_id": r.config_id, "config_hash": r.config_hash, "repeat": r.repeat,
+            "status": r.status, "reason": r.reason, "workload": c.get("workload"), "framework": c.get("framework"),
+            "device": c.get("device"), "precision": c.get("precision"),
+            "batch_size": batch if isinstance(batch, int) and not isinstance(batch, bool) else None,
+            "doc": r.to_json()}
+
+
+def _suite_name(meta: dict[str, Any]) -> str:
+    suite = meta.get("suite")
+    return str(suite.get("name") or "unnamed") if isinstance(suite, dict) else "unnamed"
+
+
+@dataclass
+class Recorder:
+    """Records one run into the history. ``begin`` before any training (it is the first
+    write, so a database that cannot be written fails the run before it starts)."""
+
+    engine: sa.Engine
+    url: str
+    meta: dict[str, Any]  # the run.json object
+    tags: dict[str, str] = field(default_factory=dict)
+    run_pk: int | None = None
+
+    def begin(self, results_so_far: Sequence[Result] = ()) -> bool:
+        """Write the machine and the run (incomplete), and any results it already has (a resumed
+        run). True when the run was new to the history."""
+        env = run_env(self.meta, list(results_so_far)) or {}
+        prov = self.meta.get("provenance") or {}
+        git = env.get("git") or {}
+        run_id, created = str(self.meta.get("run_id")), str(self.meta.get("created_at"))
+        key = run_key(env, run_id, created)
+        with translated_errors(self.url), self.engine.begin() as conn:
+            conn.execute(_insert(conn, machines).values(**machine_row(env), first_seen=_now()))
+            machine_id = conn.execute(sa.select(machines.c.id).where(
+                machines.c.machine_key == machine_row(env)["machine_key"])).scalar_one()
+            new = conn.execute(_insert(conn, runs).values(
+                run_key=key, run_id=run_id, suite=_suite_name(self.meta), machine_id=machine_id, created_at=created,
+                finished_at=self.meta.get("finished_at"), complete=bool(self.meta.get("completed")),
+                commit=prov.get("commit") or git.get("commit"), branch=prov.get("branch"),
+                commit_time=prov.get("commit_time"), ci_url=prov.get("ci_url"),
+                tags={**(self.meta.get("tags") or {}), **self.tags}, env=env, recorded_at=_now())).rowcount == 1
+            self.run_pk = conn.execute(sa.select(runs.c.id).where(runs.c.run_key == key)).scalar_one()
+            if not new and self.meta.get("completed"):  # recorded while it ran, complete since
+                conn.execute(runs.update().where(runs.c.id == self.run_pk).values(
+                    complete=True, finished_at=self.meta.get("finished_at")))
+        for r in results_so_far:
+            self.record(r)
+        return new
+
+    def record(self, result: Result) -> bool:
+        """One result, in a transaction of its own; False when the history has it already."""
+        assert self.run_pk is not None, "begin() first"
+        with translated_errors(self.url), self.engine.begin() as conn:
+            pk = conn.execute(_insert(conn, results).values(**_result_row(self.run_pk, result))
+                              .returning(results.c.id)).scalar_one_or_none()
+            if pk is None:
+                return False
+            rows = metric_rows(pk, result)
+            if rows:
+                conn.execute(metric_values.insert(), rows)
+            return True
+
+    def finish(self, finished_at: str | None = None) -> None:
+        assert self.run_pk is not None, "begin() first"
+        with translated_errors(self.url), self.engine.begin() as conn:
+            conn.execute(runs.update().where(runs.c.id == self.run_pk).values(
+                complete=True, finished_at=finished_at or _now()))
+
+
+def ingest(engine: sa.Engine, url: str, run_dir: Path, tags: dict[str, str] | None = None) -> tuple[int, int]:
+    """Record a run directory: (results added, results the history had already)."""
+    meta = load_run(run_dir)
+    try:
+        found = load_results(run_dir)
+    except ResultError as e:
+        raise HistoryError(str(e)) from None
+    rec = Recorder(engine, url, meta, tags or {})
+    rec.begin()
+    added = sum(rec.record(r) for r in found)
+    return added, len(found) - added
+
+
+@dataclass(frozen=True)
+class Filters:
+    suite: str | None = None
+    config: str | None = None  # a config id, or a part of one
+    machine: str | None = None  # a hostname, or a machine key's prefix
+    branch: str | None = None
+    since: str | None = None  # an ISO date or time: runs created at or after it
+
+    def where(self) -> list[Any]:
+        out: list[Any] = []
+        if self.suite:
+            out.append(runs.c.suite == self.suite)
+        if self.machine:
+            out.append(sa.or_(machines.c.hostname == self.machine, machines.c.machine_key.startswith(self.machine)))
+        if self.branch:
+            out.append(runs.c.branch == self.branch)
+        if self.since:
+            out.append(runs.c.created_at >= self.since)
+        return out
+
+
+def list_runs(engine: sa.Engine, url: str, f: Filters) -> pd.DataFrame:
+    """One row per run, newest first: run, suite, machine, commit, branch, created, complete,
+    results (ok of all)."""
+    n_ok = sa.func.sum(sa.case((results.c.status == "ok", 1), else_=0))
+    q = (sa.select(runs.c.run_id, runs.c.suite, machines.c.hostname, runs.c.commit, runs.c.branch,
+                   runs.c.created_at, runs.c.complete, sa.func.count(results.c.id).label("results"),
+                   n_ok.label("ok"))
+         .join(machines, runs.c.machine_id == machines.c.id)
+         .outerjoin(results, results.c.run_id == runs.c.id)
+         .where(*f.where())
+         .group_by(runs.c.id, machines.c.hostname)
+         .order_by(runs.c.created_at.desc(), runs.c.id.desc()))
+    if f.config:
+        q = q.where(runs.c.id.in_(sa.select(results.c.run_id).where(results.c.config_id.contains(f.config))))
+    with translated_errors(url), engine.connect() as conn:
+        return pd.DataFrame(conn.execute(q).mappings().all(),
+                            columns=["run_id", "suite", "hostname", "commit", "branch", "created_at", "complete",
+                                     "results", "ok"])
+
+
+def load_history(engine: sa.Engine, url: str, f: Filters) -> pd.DataFrame:
+    """One row per stored result, as the results frame has it (every registry metric a column),
+    with the run's provenance in front: run_id, suite, machine, machine_key, commit, branch,
+    commit_time, created_at, complete, ci_url."""
+    q = (sa.select(runs.c.run_id.label("h_run"), runs.c.suite, machines.c.hostname.label("machine"),
+                   machines.c.machine_key, runs.c.commit, runs.c.branch, runs.c.commit_time, runs.c.created_at,
+                   runs.c.complete, runs.c.ci_url, results.c.doc)
+         .join(machines, runs.c.machine_id == machines.c.id)
+         .join(results, results.c.run_id == runs.c.id)
+         .where(*f.where())
+         .order_by(runs.c.created_at, runs.c.id, results.c.id))
+    if f.config:
+        q = q.where(results.c.config_id.contains(f.config))
+    with translated_errors(url), engine.connect() as conn:
+        rows = conn.execute(q).mappings().all()
+    if not rows:
+        return pd.DataFrame()
+    frame = results_frame([Result.from_json(r["doc"]) for r in rows])
+    prov = pd.DataFrame([{k: v for k, v in r.items() if k != "doc"} for r in rows]).rename(columns={"h_run": "run_id"})
+    return pd.concat([prov, frame.drop(columns=[c for c in ("run_id", "run") if c in frame.columns])], axis=1)

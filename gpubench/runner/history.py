@@ -1,0 +1,61 @@
+"""``gpubench run --db``: the run recorded into the results history as it goes.
+
+The database is opened (connected, its schema checked and migrated) before anything is
+written or trained, so an unusable one is one line and exit 2 with nothing started. Each
+result is recorded after it is in results.jsonl: the history is a second copy. Should the
+database fail during the run, gpubench warns once, stops recording and trains on; the run
+directory still has every result (``gpubench history ingest`` adds them later).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gpubench.errors import warn
+from gpubench.results.result import Result
+
+
+@dataclass
+class LiveRecorder:
+    recorder: Any  # gpubench.history.store.Recorder
+    run_dir_hint: str
+    failed: bool = False
+
+    def _guard(self, what: str, fn: Any, *args: Any) -> None:
+        if self.failed:
+            return
+        from gpubench.history.db import HistoryError
+
+        try:
+            fn(*args)
+        except HistoryError as e:
+            self.failed = True
+            warn(f"{e}; stopped recording {what} into the history: every result is still in the run directory, "
+                 f"record it later with: gpubench history ingest {self.run_dir_hint}")
+
+    def record(self, result: Result) -> None:
+        self._guard("results", self.recorder.record, result)
+
+    def finish(self, finished_at: str) -> None:
+        self._guard("the run's end", self.recorder.finish, finished_at)
+
+
+class RunHistory:
+    def __init__(self, db: str) -> None:
+        from gpubench.history.db import open_engine
+
+        self.engine, self.url = open_engine(db)
+
+    def begin(self, meta: dict[str, Any], existing: list[Result], tags: dict[str, str], run_dir: str) -> LiveRecorder:
+        """The machine and the run (incomplete) and the results a resumed run has; an error
+        here is a HistoryError (exit 2) before any training."""
+        from gpubench.history.store import Recorder
+
+        recorder = Recorder(self.engine, self.url, meta, tags)
+        recorder.begin(existing)
+        return LiveRecorder(recorder, run_dir)
+
+
+def open_history(db: str) -> RunHistory:
+    return RunHistory(db)

@@ -1,0 +1,287 @@
+"""The results history, against a real SQLite file and a real PostgreSQL server (each test
+runs on both): recording a run as it goes, ingesting run directories, listing, showing and
+exporting, and the errors that must be one line and exit 2."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, plugin_env, result_lines, run_cli
+
+pytest.importorskip("sqlalchemy")
+pytest.importorskip("alembic")
+
+SAMPLES = REPO / "reports" / "samples"
+QUICK, FRAMEWORKS = SAMPLES / "cpu-quick-2vcpu" / "run", SAMPLES / "cpu-frameworks-2vcpu" / "run"
+
+FAKE = """
+name = "hist"
+[defaults]
+framework = "fake"
+workload = "fault"
+batch_size = 8
+warmup_steps = 1
+steps = 3
+windows = 2
+timeout_s = 20
+[matrix]
+mode = [0, 1]
+"""
+
+
+@pytest.fixture
+def gb(tmp_path, capsys, monkeypatch):
+    """gpubench's command line in this process (in tmp_path, 200 columns): (exit code, stdout,
+    stderr). The history commands spend most of a subprocess's second importing."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "200")
+    from gpubench.cli import main
+
+    def call(args: list[str]) -> subprocess.CompletedProcess:
+        code = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out, err)
+    return call
+
+
+def engine_of(db: str):
+    from gpubench.history.db import open_engine
+
+    return open_engine(db)
+
+
+def stored(db: str) -> list[dict]:
+    """Every stored result: its run, config, repeat, status and line (ordered)."""
+    import sqlalchemy as sa
+
+    from gpubench.history.schema import results, runs
+
+    engine, _ = engine_of(db)
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(runs.c.run_id, results.c.config_id, results.c.repeat, results.c.status,
+                                      results.c.doc).join(runs, results.c.run_id == runs.c.id)
+                            .order_by(runs.c.run_id, results.c.id)).mappings().all()
+    engine.dispose()
+    return [dict(r) for r in rows]
+
+
+def test_ingest_records_every_result_once_and_show_lists_them(tmp_path, history_db, gb):
+    proc = gb(["history", "ingest", str(QUICK), str(FRAMEWORKS), "--db", history_db, "--tag", "source=sample"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    n_quick, n_frameworks = len(result_lines(QUICK)), len(result_lines(FRAMEWORKS))
+    assert f"{QUICK}: {n_quick} result(s) added, 0 already in the history" in proc.stdout
+    assert f"{FRAMEWORKS}: {n_frameworks} result(s) added, 0 already" in proc.stdout
+    again = gb(["history", "ingest", str(QUICK), "--db", history_db])
+    assert again.returncode == 0 and f"0 result(s) added, {n_quick} already in the history" in again.stdout
+
+    rows = stored(history_db)
+    assert len(rows) == n_quick + n_frameworks  # nothing twice
+    by_key = {(r["run_id"], r["config_id"], r["repeat"]): r for r in rows}
+    for line in result_lines(QUICK):  # each stored line is the result line, whole
+        row = by_key[(line["run_id"], line["config_id"], line["repeat"])]
+        assert row["status"] == line["status"] and row["doc"] == line
+
+    listed = gb(["history", "list", "--db", history_db])
+    assert listed.returncode == 0, listed.stderr
+    assert "2 run(s)" in listed.stdout and "quick-20261124-104622" in listed.stdout
+    ok = sum(1 for line in result_lines(QUICK) if line["status"] == "ok")
+    assert f"{ok}/{n_quick}" in listed.stdout
+    only = gb(["history", "list", "--db", history_db, "--suite", "frameworks"])
+    assert "1 run(s)" in only.stdout and "quick-2026" not in only.stdout
+
+    shown = gb(["history", "show", "--db", history_db, "--config", "cnn-torch-cpu-bs64-fp32",
+                     "--metric", "throughput"])
+    assert shown.returncode == 0, shown.stderr
+    (line,) = [x for x in result_lines(QUICK) if x["config_id"] == "cnn-torch-cpu-bs64-fp32-single"]
+    assert f"{line['metrics']['throughput']['median']:.1f}" in shown.stdout
+
+
+def test_export_writes_one_row_per_result_with_provenance(tmp_path, history_db, gb):
+    assert gb(["history", "ingest", str(QUICK), "--db", history_db]).returncode == 0
+    proc = gb(["history", "export", "--db", history_db, "--out", "h.csv", "--suite", "quick"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(tmp_path / "h.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    lines = {x["config_id"]: x for x in result_lines(QUICK)}
+    assert len(rows) == len(lines)
+    meta = json.loads((QUICK / "run.json").read_text())
+    for row in rows:
+        line = lines[row["config_id"]]
+        assert row["run_id"] == line["run_id"] and row["status"] == line["status"]
+        assert row["commit"] == meta["env"]["git"]["commit"] and row["machine"] == meta["env"]["hostname"]
+        if line["status"] == "ok":
+            assert float(row["throughput"]) == pytest.approx(line["metrics"]["throughput"]["median"])
+    bad = gb(["history", "export", "--db", history_db, "--out", "h.txt"])
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and ".csv or .parquet" in bad.stderr
+
+
+def test_run_with_db_records_each_result_its_provenance_and_tags(tmp_path, write_suite, history_db, gb):
+    suite = write_suite(FAKE)
+    env = plugin_env(GITHUB_SHA="0123456789abcdef0123456789abcdef01234567", GITHUB_REF_NAME="main",
+                     GITHUB_REPOSITORY="acme/models", GITHUB_RUN_ID="42", GITHUB_SERVER_URL="https://github.com")
+    proc = run_cli(["run", str(suite), "--out", "runs", "--no-report", "--no-calibrate", "--db", history_db,
+                    "--tag", "runner=ci-1"],
+                   cwd=tmp_path, env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # mode 1 raises: an error result, exit 1
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    lines = result_lines(run_dir)
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["provenance"]["commit"] == "0123456789abcdef0123456789abcdef01234567"
+    assert meta["provenance"]["ci_url"] == "https://github.com/acme/models/actions/runs/42"
+    assert meta["tags"] == {"runner": "ci-1"}
+    rows = stored(history_db)
+    assert [(r["config_id"], r["status"]) for r in rows] == [(x["config_id"], x["status"]) for x in lines]
+    assert [r["doc"] for r in rows] == lines
+
+    import sqlalchemy as sa
+
+    from gpubench.history.schema import metric_values, runs
+
+    engine, _ = engine_of(history_db)
+    with engine.connect() as conn:
+        run = conn.execute(sa.select(runs)).mappings().one()
+        throughput = conn.execute(sa.select(metric_values.c.value).where(metric_values.c.name == "throughput")
+                                  ).scalars().all()
+    engine.dispose()
+    assert run["complete"] is True and run["branch"] == "main" and run["tags"] == {"runner": "ci-1"}
+    assert run["commit"] == meta["provenance"]["commit"] and run["ci_url"] == meta["provenance"]["ci_url"]
+    (ok,) = [x for x in lines if x["status"] == "ok"]
+    assert throughput == [pytest.approx(ok["metrics"]["throughput"]["median"])]
+    # ingesting the same run directory afterwards adds nothing
+    again = gb(["history", "ingest", str(run_dir), "--db", history_db])
+    assert f"0 result(s) added, {len(lines)} already" in again.stdout
+
+
+def test_a_run_stopped_midway_keeps_its_results_marked_incomplete(tmp_path, history_db, gb):
+    """A run whose process ended before its end (no finish): the results recorded so far stay,
+    and the run is listed as incomplete; ingesting its finished directory later completes it."""
+    from gpubench.history.store import Recorder
+    from gpubench.results.store import load_results, load_run
+
+    engine, url = engine_of(history_db)
+    meta = {**load_run(QUICK), "completed": False, "finished_at": None}
+    first = load_results(QUICK)[:3]
+    rec = Recorder(engine, url, meta)
+    rec.begin()
+    assert all(rec.record(r) for r in first)
+    engine.dispose()
+    listed = gb(["history", "list", "--db", history_db])
+    row = next(line for line in listed.stdout.splitlines() if "quick-20261124-104622" in line)
+    assert " no " in row and f"/{len(first)}" in row
+    assert gb(["history", "ingest", str(QUICK), "--db", history_db]).returncode == 0
+    listed = gb(["history", "list", "--db", history_db])
+    row = next(line for line in listed.stdout.splitlines() if "quick-20261124-104622" in line)
+    assert " yes " in row and f"/{len(result_lines(QUICK))}" in row
+
+
+def test_two_writers_at_once_lose_nothing_and_add_nothing_twice(tmp_path, history_db):
+    """Two processes ingesting at the same moment, each both sample runs, in opposite order:
+    every result once, none lost."""
+    engine_of(history_db)[0].dispose()  # the schema exists before the race (creating it is tested apart)
+    cmds = [[sys.executable, "-m", "gpubench", "history", "ingest", *map(str, dirs), "--db", history_db]
+            for dirs in ((QUICK, FRAMEWORKS), (FRAMEWORKS, QUICK))]
+    procs = [subprocess.Popen(c, cwd=tmp_path, env=plugin_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for c in cmds]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    rows = stored(history_db)
+    assert len(rows) == len(result_lines(QUICK)) + len(result_lines(FRAMEWORKS))
+    assert len({(r["run_id"], r["config_id"], r["repeat"]) for r in rows}) == len(rows)
+
+
+def test_a_new_database_created_by_two_processes_at_once(tmp_path, history_db):
+    cmd = [sys.executable, "-m", "gpubench", "history", "list", "--db", history_db]
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, env=plugin_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+
+
+def test_the_migrations_build_the_schema_the_code_declares(history_db):
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from gpubench.history.schema import metadata
+
+    engine, _ = engine_of(history_db)
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), metadata)
+    engine.dispose()
+    assert diff == []
+
+
+def test_a_database_of_a_newer_schema_is_refused_in_one_line(tmp_path, write_suite, history_db, gb):
+    import sqlalchemy as sa
+
+    engine, _ = engine_of(history_db)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999'"))
+    engine.dispose()
+    proc = gb(["history", "list", "--db", history_db])
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.strip().splitlines()
+    assert "schema revision 9999 was written by a newer gpubench" in line and "upgrade gpubench" in line
+    proc = run_cli(["run", str(write_suite(FAKE)), "--db", history_db, "--out", "runs", "--no-report", "--no-calibrate"], cwd=tmp_path)
+    assert proc.returncode == 2 and "was written by a newer gpubench" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("kind", ["not-a-database", "unreachable-server", "directory"])
+def test_an_unusable_database_is_one_line_and_exit_2_before_anything_runs(tmp_path, write_suite, kind):
+    if kind == "not-a-database":
+        db = tmp_path / "garbage.db"
+        db.write_bytes(b"this is not a SQLite file, it is plain text" * 100)
+        db = str(db)
+    elif kind == "directory":
+        (tmp_path / "adir").mkdir()
+        db = str(tmp_path / "adir")
+    else:  # nothing listens on port 1
+        db = "postgresql://nobody@127.0.0.1:1/nothing"
+        pytest.importorskip("psycopg")
+    suite = write_suite(FAKE)
+    for args in (["history", "list", "--db", db], ["run", str(suite), "--out", "runs", "--no-report", "--no-calibrate", "--db", db]):
+        proc = run_cli(args, cwd=tmp_path)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith("gpubench: error: history database") and "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()  # no run directory, nothing trained
+
+
+def test_bad_tags_and_metrics_are_one_line(tmp_path, gb):
+    for args, text in ((["history", "ingest", str(QUICK), "--tag", "novalue"], "expected KEY=VALUE"),
+                       (["history", "show", "--metric", "speed"], "--metric speed: unknown metric")):
+        proc = gb([*args, "--db", str(tmp_path / "h.db")])
+        assert proc.returncode == 2 and text in proc.stderr, proc.stderr
+
+
+def test_a_lock_held_past_the_timeout_is_one_line(tmp_path, gb, history_db, monkeypatch):
+    """Another writer holds the lock (SQLite: a write transaction; PostgreSQL: an exclusive lock
+    on the runs table) for longer than the timeout: the ingest gives up with one line, exit 2,
+    and once the lock is gone the same ingest succeeds."""
+    import sqlalchemy as sa
+
+    import gpubench.history.db as db
+
+    engine, _ = engine_of(history_db)  # the schema exists
+    monkeypatch.setattr(db, "LOCK_TIMEOUT_S", 0.5)
+    with engine.connect() as holder:
+        if engine.dialect.name == "postgresql":
+            holder.execute(sa.text("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE"))
+        else:
+            holder.execute(sa.text("INSERT INTO machines (machine_key, hostname, cpu_model, first_seen) "
+                                   "VALUES ('held', 'h', 'c', 'now')"))
+        proc = gb(["history", "ingest", str(QUICK), "--db", history_db])
+        holder.rollback()
+    engine.dispose()
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("gpubench: error: history database") and ("locked" in line or "lock timeout" in line)
+    proc = gb(["history", "ingest", str(QUICK), "--db", history_db])
+    assert proc.returncode == 0 and f"{len(result_lines(QUICK))} result(s) added" in proc.stdout
