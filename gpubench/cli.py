@@ -167,20 +167,28 @@ def build_parser() -> argparse.ArgumentParser:
                           help="a label for these runs (repeatable)")
     for name, text in (("list", "runs in the history, newest first"),
                        ("show", "results in the history, oldest first"),
-                       ("export", "results in the history as CSV or Parquet (one row per result)")):
+                       ("export", "results in the history as CSV or Parquet (one row per result)"),
+                       ("report", "a self-contained HTML dashboard: each config's metrics over the commits, per "
+                                  "machine, and the latest value against the previous and the best")):
         h = hist_sub.add_parser(name, help=text)
         h.add_argument("--suite", help="only runs of this suite")
         h.add_argument("--config", help="only configs whose id contains this text")
         h.add_argument("--machine", help="only runs on this machine (hostname, or a machine key's prefix)")
         h.add_argument("--branch", help="only runs of this branch")
         h.add_argument("--since", metavar="DATE", help="only runs created at or after this ISO date or time")
-        if name == "show":
+        if name in ("show", "report"):
             h.add_argument("--metric", dest="metrics", action="append", default=[],
-                           help="a metric to show (repeatable; default throughput and step_ms)")
+                           help="a metric to show (repeatable; default "
+                                f"{'throughput and step_ms' if name == 'show' else 'throughput'})")
+        if name == "report":
+            h.add_argument("--out", type=Path, default=Path("reports") / "history", metavar="DIR",
+                           help="where the dashboard goes (default reports/history)")
+            h.add_argument("--pin", dest="pinned", action="append", default=[], metavar="CONFIG",
+                           help="a config id to show first in each suite (repeatable)")
         if name == "export":
             h.add_argument("--out", type=Path, required=True, metavar="FILE", help="FILE.csv, or FILE.parquet "
                                                                                     "(needs pyarrow)")
-    for h in (h_ingest, *(hist_sub.choices[n] for n in ("list", "show", "export"))):
+    for h in (h_ingest, *(hist_sub.choices[n] for n in ("list", "show", "export", "report"))):
         h.add_argument("--db", metavar="URL", help=db_help)
 
     env = sub.add_parser("env", help="print the environment fingerprint")
@@ -242,7 +250,8 @@ def _main(argv: list[str] | None) -> int:
             filters = Filters(*(getattr(args, k, None) for k in ("suite", "config", "machine", "branch", "since")))
             return run_history(HistoryRequest(args.action, args.db, getattr(args, "run_dirs", []),
                                               parse_tags(getattr(args, "tags", [])), filters,
-                                              getattr(args, "metrics", []), getattr(args, "out", None)), console)
+                                              getattr(args, "metrics", []), getattr(args, "out", None),
+                                              getattr(args, "pinned", [])), console)
         if args.command == "report":
             from gpubench.report.build import build_report
 

@@ -5,6 +5,7 @@ exporting, and the errors that must be one line and exit 2."""
 from __future__ import annotations
 
 import csv
+import re
 import json
 import shutil
 import subprocess
@@ -69,7 +70,7 @@ def stored(db: str) -> list[dict]:
                                       results.c.doc).join(runs, results.c.run_id == runs.c.id)
                             .order_by(runs.c.run_id, results.c.id)).mappings().all()
     engine.dispose()
-    return [dict(r) for r in rows]
+    return [{**r, "doc": json.loads(r["doc"])} for r in rows]
 
 
 def test_ingest_records_every_result_once_and_show_lists_them(tmp_path, history_db, gb):
@@ -142,13 +143,12 @@ def test_run_with_db_records_each_result_its_provenance_and_tags(tmp_path, write
 
     import sqlalchemy as sa
 
-    from gpubench.history.schema import metric_values, runs
+    from gpubench.history.schema import results, runs
 
     engine, _ = engine_of(history_db)
     with engine.connect() as conn:
         run = conn.execute(sa.select(runs)).mappings().one()
-        throughput = conn.execute(sa.select(metric_values.c.value).where(metric_values.c.name == "throughput")
-                                  ).scalars().all()
+        throughput = [f["throughput"] for f in conn.execute(sa.select(results.c.figures)).scalars() if "throughput" in f]
     engine.dispose()
     assert run["complete"] is True and run["branch"] == "main" and run["tags"] == {"runner": "ci-1"}
     assert run["commit"] == meta["provenance"]["commit"] and run["ci_url"] == meta["provenance"]["ci_url"]
@@ -285,3 +285,66 @@ def test_a_lock_held_past_the_timeout_is_one_line(tmp_path, gb, history_db, monk
     assert line.startswith("gpubench: error: history database") and ("locked" in line or "lock timeout" in line)
     proc = gb(["history", "ingest", str(QUICK), "--db", history_db])
     assert proc.returncode == 0 and f"{len(result_lines(QUICK))} result(s) added" in proc.stdout
+
+
+def commit_runs(root: Path, factors: list[float], machine: str = "vm") -> list[Path]:
+    """Copies of the quick sample's run, one per commit in order, on ``machine``: commit i's
+    throughputs (median and CI bounds) are the sample's times ``factors[i]``."""
+    meta = json.loads((QUICK / "run.json").read_text())
+    lines = result_lines(QUICK)
+    dirs = []
+    for i, factor in enumerate(factors):
+        run_id = f"quick-{machine}-{i:03d}"
+        d = root / run_id
+        d.mkdir(parents=True)
+        when = f"2026-11-{10 + i:02d}T12:00:00+00:00"
+        env = {**meta["env"], "hostname": machine}
+        (d / "run.json").write_text(json.dumps({
+            **meta, "run_id": run_id, "created_at": when, "env": env, "tags": {},
+            "provenance": {"commit": f"{i:02d}" + "c" * 38, "branch": "main", "commit_time": when, "ci_url": None,
+                           "source": "ci"}}))
+        out = []
+        for line in lines:
+            line = {**line, "run_id": run_id, "env": env}
+            if line["status"] == "ok":
+                t = line["metrics"]["throughput"]
+                line["metrics"] = {**line["metrics"], "throughput": {k: v * factor for k, v in t.items()}}
+            out.append(json.dumps(line))
+        (d / "results.jsonl").write_text("\n".join(out) + "\n")
+        dirs.append(d)
+    return dirs
+
+
+def test_the_dashboard_charts_each_config_over_the_commits_per_machine(tmp_path, gb, history_db):
+    factors_a, factors_b = [1.0, 1.10, 0.90, 0.95], [0.5, 0.5, 0.55]
+    dirs = commit_runs(tmp_path / "a", factors_a, "host-a") + commit_runs(tmp_path / "b", factors_b, "host-b")
+    assert gb(["history", "ingest", *dirs, "--db", history_db]).returncode == 0
+    pin = "mlp_depth2_width512-torch-cpu-bs256-fp32-single"
+    proc = gb(["history", "report", "--db", history_db, "--out", "dash", "--pin", pin])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    page = (tmp_path / "dash" / "index.html").read_text()
+    ok = [x for x in result_lines(QUICK) if x["status"] == "ok"]
+    # one chart per ok config (one metric: throughput), embedded and also written as a file
+    charts = re.findall(r'data-file="([^"]+)"', page)
+    assert sorted(charts) == sorted(f"quick/{x['config_id']}-throughput.png" for x in ok)
+    assert all((tmp_path / "dash" / "charts" / c).stat().st_size > 1000 for c in charts)
+    assert charts[0] == f"quick/{pin}-throughput.png"  # pinned first
+    assert "4 commit(s)" in page and "host-a, host-b" in page
+    # the table: latest vs previous vs best, per config and machine
+    (line,) = [x for x in ok if x["config_id"] == pin]
+    base = line["metrics"]["throughput"]["median"]
+    from gpubench import fmt
+
+    rows = re.findall(r"<tr><td>(.*?)</td><td>(.*?)</td><td>throughput</td><td>(.*?)</td><td>(.*?)</td>"
+                      r"<td>(.*?)</td><td>(.*?)</td><td>(.*?)</td><td>(\d+)</td></tr>", page)
+    assert len(rows) == 2 * len(ok)
+    a = next(r for r in rows if pin in r[0] and r[1] == "host-a")
+    assert a[2] == f"{fmt.rate(base * 0.95)} @ 03cccccc" and a[3] == f"{fmt.rate(base * 0.90)} @ 02cccccc"
+    assert a[4] == f"{100 * (0.95 / 0.90 - 1):+.1f}%" and a[5] == f"{fmt.rate(base * 1.10)} @ 01cccccc"
+    assert a[6] == f"{100 * (0.95 / 1.10 - 1):+.1f}%" and a[7] == "4"
+    b = next(r for r in rows if pin in r[0] and r[1] == "host-b")
+    assert b[2] == f"{fmt.rate(base * 0.55)} @ 02cccccc" and b[7] == "3"
+    # filters reach the dashboard; an unknown pin is a warning, not an error
+    proc = gb(["history", "report", "--db", history_db, "--out", "dash2", "--machine", "host-b", "--pin", "nope"])
+    assert proc.returncode == 0 and "--pin nope: no ok result of that config" in proc.stderr
+    assert "host-a" not in (tmp_path / "dash2" / "index.html").read_text()

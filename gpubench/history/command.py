@@ -10,10 +10,12 @@ from rich.console import Console
 from rich.table import Table
 
 from gpubench import fmt
-from gpubench.errors import InputError
+from gpubench.errors import InputError, warn
+from gpubench.history.dashboard import DEFAULT_METRICS, build_dashboard
 from gpubench.history.db import display_url, open_engine
 from gpubench.history.store import Filters, ingest, list_runs, load_history
 from gpubench.results.metrics import BY_NAME
+from gpubench.results.outputs import check_output_dir
 
 SHOW_METRICS = ("throughput", "step_ms")  # history show's figures unless --metric says others
 EXPORT_SUFFIXES = (".csv", ".parquet")
@@ -28,6 +30,7 @@ class HistoryRequest:
     filters: Filters = field(default_factory=Filters)
     metrics: list[str] = field(default_factory=list)
     out: Path | None = None
+    pinned: list[str] = field(default_factory=list)
 
 
 def _check_metrics(names: list[str]) -> list[str]:
@@ -53,7 +56,10 @@ def _cell(v: object) -> str:
 
 
 def run_history(req: HistoryRequest, console: Console) -> int:
-    metrics = _check_metrics(req.metrics) if req.action == "show" else []
+    metrics = (_check_metrics(req.metrics) if req.action == "show" else
+               _check_metrics(req.metrics or list(DEFAULT_METRICS)) if req.action == "report" else [])
+    if req.action == "report":
+        check_output_dir(req.out, "--out")
     out = _check_export(req.out) if req.action == "export" else None
     if req.action == "ingest":
         for d in req.run_dirs:
@@ -77,6 +83,13 @@ def run_history(req: HistoryRequest, console: Console) -> int:
                               "yes" if r.complete else "no", f"{int(r.ok or 0)}/{int(r.results)}")
             console.print(table)
             console.print(f"{len(frame)} run(s)", highlight=False)
+            return 0
+        if req.action == "report":
+            assert req.out is not None
+            dash = build_dashboard(engine, url, req.out, req.filters, metrics, req.pinned)
+            for w in dash.warnings:
+                warn(w)
+            console.print(f"dashboard: {dash.index} ({dash.charts} charts)", highlight=False)
             return 0
         frame = load_history(engine, url, req.filters)
         if req.action == "export":

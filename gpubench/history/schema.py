@@ -46,7 +46,9 @@ runs = sa.Table(
     sa.Index("ix_runs_machine", "machine_id"),
 )
 
-# one row per config repeat; doc is the whole result line (Result.to_json)
+# one row per config repeat; doc is the whole result line as results.jsonl has it, figures every
+# finite numeric figure of the metric registry in it ({name: value}: a metric added to the
+# registry is stored from then on, with no change to the schema)
 results = sa.Table(
     "results", metadata,
     sa.Column("id", sa.Integer, primary_key=True),
@@ -61,16 +63,8 @@ results = sa.Table(
     sa.Column("device", sa.String(64)),
     sa.Column("precision", sa.String(32)),
     sa.Column("batch_size", sa.Integer),
-    sa.Column("doc", sa.JSON, nullable=False),
+    sa.Column("figures", sa.JSON, nullable=False),
+    sa.Column("doc", sa.Text, nullable=False),
     sa.UniqueConstraint("run_id", "config_id", "repeat", name="uq_results_run_config_repeat"),
     sa.Index("ix_results_config", "config_id"),
-)
-
-# every numeric figure of the metric registry, per result
-metric_values = sa.Table(
-    "metric_values", metadata,
-    sa.Column("result_id", sa.Integer, sa.ForeignKey("results.id", ondelete="CASCADE"), primary_key=True),
-    sa.Column("name", sa.String(64), primary_key=True),
-    sa.Column("value", sa.Float, nullable=False),
-    sa.Index("ix_metric_values_name", "name"),
 )

@@ -11,6 +11,7 @@ later, or ingesting it twice, adds it once.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,11 +23,11 @@ import pandas as pd
 import sqlalchemy as sa
 
 from gpubench.history.db import HistoryError, translated_errors
-from gpubench.history.schema import machines, metric_values, results, runs
+from gpubench.history.schema import machines, results, runs
 from gpubench.results.frame import results_frame
 from gpubench.results.metrics import METRICS
 from gpubench.results.result import Result, ResultError
-from gpubench.results.store import load_results, load_run, run_env
+from gpubench.results.store import load_run, read_results, result_line, run_env
 
 
 def _now() -> str:
@@ -60,25 +61,25 @@ def run_key(env: dict[str, Any], run_id: str, created_at: str) -> str:
     return hashlib.sha1(f"{env.get('hostname')}\n{run_id}\n{created_at}".encode()).hexdigest()
 
 
-def metric_rows(result_id: int, result: Result) -> list[dict[str, Any]]:
-    """Every finite numeric figure of the metric registry in ``result`` (flags and labels are
+def figures(result: Result) -> dict[str, float]:
+    """Every finite numeric figure of the metric registry in ``result`` (flags and labels stay
     in the stored result line)."""
-    rows = []
+    out = {}
     for m in METRICS:
         v = m.value(result)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            rows.append({"result_id": result_id, "name": m.name, "value": float(v)})
-    return rows
+            out[m.name] = float(v)
+    return out
 
 
-def _result_row(run_pk: int, r: Result) -> dict[str, Any]:
+def _result_row(run_pk: int, r: Result, line: str | None = None) -> dict[str, Any]:
     c = r.config
     batch = c.get("batch_size")
     return {"run_id": run_pk, "config_id": r.config_id, "config_hash": r.config_hash, "repeat": r.repeat,
             "status": r.status, "reason": r.reason, "workload": c.get("workload"), "framework": c.get("framework"),
             "device": c.get("device"), "precision": c.get("precision"),
             "batch_size": batch if isinstance(batch, int) and not isinstance(batch, bool) else None,
-            "doc": r.to_json()}
+            "figures": figures(r), "doc": line if line is not None else result_line(r)}
 
 
 def _suite_name(meta: dict[str, Any]) -> str:
@@ -119,22 +120,25 @@ class Recorder:
             if not new and self.meta.get("completed"):  # recorded while it ran, complete since
                 conn.execute(runs.update().where(runs.c.id == self.run_pk).values(
                     complete=True, finished_at=self.meta.get("finished_at")))
-        for r in results_so_far:
-            self.record(r)
+        self.record_many(results_so_far)
         return new
 
     def record(self, result: Result) -> bool:
         """One result, in a transaction of its own; False when the history has it already."""
+        return self.record_many([result]) == 1
+
+    def record_many(self, found: Sequence[Result], lines: Sequence[str] | None = None) -> int:
+        """Results in one transaction (one statement), with their lines as results.jsonl has
+        them when given; returns how many were new."""
         assert self.run_pk is not None, "begin() first"
+        if not found:
+            return 0
+        count = sa.select(sa.func.count()).select_from(results).where(results.c.run_id == self.run_pk)
         with translated_errors(self.url), self.engine.begin() as conn:
-            pk = conn.execute(_insert(conn, results).values(**_result_row(self.run_pk, result))
-                              .returning(results.c.id)).scalar_one_or_none()
-            if pk is None:
-                return False
-            rows = metric_rows(pk, result)
-            if rows:
-                conn.execute(metric_values.insert(), rows)
-            return True
+            before = conn.execute(count).scalar_one()
+            conn.execute(_insert(conn, results), [_result_row(self.run_pk, r, lines[i] if lines else None)
+                                                  for i, r in enumerate(found)])
+            return int(conn.execute(count).scalar_one() - before)
 
     def finish(self, finished_at: str | None = None) -> None:
         assert self.run_pk is not None, "begin() first"
@@ -147,12 +151,12 @@ def ingest(engine: sa.Engine, url: str, run_dir: Path, tags: dict[str, str] | No
     """Record a run directory: (results added, results the history had already)."""
     meta = load_run(run_dir)
     try:
-        found = load_results(run_dir)
+        found = read_results(run_dir)
     except ResultError as e:
         raise HistoryError(str(e)) from None
     rec = Recorder(engine, url, meta, tags or {})
     rec.begin()
-    added = sum(rec.record(r) for r in found)
+    added = rec.record_many([r for _, r in found], [line for line, _ in found])
     return added, len(found) - added
 
 
@@ -214,6 +218,6 @@ def load_history(engine: sa.Engine, url: str, f: Filters) -> pd.DataFrame:
         rows = conn.execute(q).mappings().all()
     if not rows:
         return pd.DataFrame()
-    frame = results_frame([Result.from_json(r["doc"]) for r in rows])
+    frame = results_frame([Result.from_json(json.loads(r["doc"])) for r in rows])
     prov = pd.DataFrame([{k: v for k, v in r.items() if k != "doc"} for r in rows]).rename(columns={"h_run": "run_id"})
     return pd.concat([prov, frame.drop(columns=[c for c in ("run_id", "run") if c in frame.columns])], axis=1)

@@ -40,12 +40,17 @@ def _write_all(fd: int, data: bytes) -> None:
         data = data[n:]
 
 
+def result_line(result: Result) -> str:
+    """A result as its line of results.jsonl (without the newline)."""
+    return json.dumps(clean(result.to_json()), separators=(",", ":"))
+
+
 def append_result(run_dir: Path, result: Result, name: str = RESULTS_FILE) -> None:
     """Append one result as one whole line, then fsync. The file only ever gains whole lines:
     a write that fails part-way (disk full) is undone and is an error naming the file, and a
     file that already ends in half a line (a killed run not yet resumed) is not appended to."""
     path = run_dir / name
-    line = (json.dumps(clean(result.to_json()), separators=(",", ":")) + "\n").encode()
+    line = (result_line(result) + "\n").encode()
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         start = os.fstat(fd).st_size
@@ -114,7 +119,13 @@ def run_env(meta: dict[str, Any], results: list[Result]) -> dict[str, Any]:
 
 def load_results(run_dir: Path, repair: bool = False, strict: bool = True,
                  warn: Callable[[str], None] = warn_user) -> list[Result]:
-    """All results of a run. A half-written last line (a killed run) is skipped with a
+    """All results of a run (read_results without the lines)."""
+    return [r for _, r in read_results(run_dir, repair, strict, warn)]
+
+
+def read_results(run_dir: Path, repair: bool = False, strict: bool = True,
+                 warn: Callable[[str], None] = warn_user) -> list[tuple[str, Result]]:
+    """All results of a run, each with its line as written. A half-written last line (a killed run) is skipped with a
     warning, and with ``repair`` cut off the file so that appends continue cleanly. A bad line
     elsewhere (unparsable, or without the shape readers rely on: ``schema.result_problem``), or
     an unknown schema version, is an InputError naming the line; with
@@ -129,7 +140,7 @@ def load_results(run_dir: Path, repair: bool = False, strict: bool = True,
     except OSError as e:  # a directory, no permission: not a line to skip
         raise InputError(f"{path}: unreadable results file: {e.strerror or e}") from None
     lines = raw.split(b"\n")
-    results: list[Result] = []
+    results: list[tuple[str, Result]] = []
     offset = 0
     for i, line in enumerate(lines, start=1):
         start = offset
@@ -156,7 +167,7 @@ def load_results(run_dir: Path, repair: bool = False, strict: bool = True,
                      f"{', '.join(map(str, SUPPORTED_SCHEMA_VERSIONS))}", strict, warn)
             continue
         try:
-            results.append(Result.from_json(obj))
+            results.append((line.decode(), Result.from_json(obj)))
         except ResultError as e:
             _problem(f"{path}:{i}: {e}", strict, warn)
     return results

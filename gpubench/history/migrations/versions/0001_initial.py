@@ -1,4 +1,4 @@
-"""The first history schema: machines, runs, results and their metric values.
+"""The first history schema: machines, runs and results.
 
 Revision ID: 0001
 Revises:
@@ -61,19 +61,13 @@ def upgrade() -> None:
         sa.Column("device", sa.String(64)),
         sa.Column("precision", sa.String(32)),
         sa.Column("batch_size", sa.Integer),
-        sa.Column("doc", sa.JSON, nullable=False),
+        sa.Column("figures", sa.JSON, nullable=False),
+        sa.Column("doc", sa.Text, nullable=False),
         sa.UniqueConstraint("run_id", "config_id", "repeat", name="uq_results_run_config_repeat"),
     )
     op.create_index("ix_results_config", "results", ["config_id"])
-    op.create_table(
-        "metric_values",
-        sa.Column("result_id", sa.Integer, sa.ForeignKey("results.id", ondelete="CASCADE"), primary_key=True),
-        sa.Column("name", sa.String(64), primary_key=True),
-        sa.Column("value", sa.Float, nullable=False),
-    )
-    op.create_index("ix_metric_values_name", "metric_values", ["name"])
 
 
 def downgrade() -> None:
-    for table in ("metric_values", "results", "runs", "machines"):
+    for table in ("results", "runs", "machines"):
         op.drop_table(table)

@@ -1,0 +1,122 @@
+"""Scale of the results history: ingesting many results, and (with --dashboard) building the
+trend dashboard over a long history.
+
+What it measures, wall time with ``time.perf_counter``:
+
+- **ingest**: ``--runs`` run directories of ``--configs`` results each (default 1,000 x 100 =
+  100,000 results), made in a temporary directory from the committed sample result lines
+  (each config a sample line with its id suffixed and its throughput and step time scaled
+  by a seeded log-normal factor; each run its own commit), recorded by the code path of
+  ``gpubench history ingest`` (gpubench.history.store.ingest, one engine) into a fresh
+  database; the time includes reading and parsing the run directories;
+- **dashboard** (with ``--dashboard``): ``gpubench history report`` (build_dashboard) over
+  that database.
+
+Target (issue: results history): 100,000 results into SQLite within 10 s on the 2-core
+development VM; a dashboard over 1,000 commits x 50 configs within 30 s; the same on
+PostgreSQL (``--db postgresql://...``, an empty database).
+
+    PYTHONPATH=. python benchmarks/history_scale.py [--runs 1000] [--configs 100] [--db URL]
+        [--dashboard] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent)]
+
+import numpy as np  # noqa: E402
+
+SAMPLES = HERE.parent / "reports" / "samples"
+SOURCES = [SAMPLES / "cpu-quick-2vcpu" / "run", SAMPLES / "cpu-frameworks-2vcpu" / "run"]
+
+
+def templates() -> tuple[dict, list[dict]]:
+    """(run.json of the quick sample, every ok result line of the samples)."""
+    meta = json.loads((SOURCES[0] / "run.json").read_text())
+    lines = [json.loads(x) for src in SOURCES for x in (src / "results.jsonl").read_text().splitlines() if x.strip()]
+    return meta, [x for x in lines if x["status"] == "ok"]
+
+
+def make_runs(root: Path, n_runs: int, n_configs: int, seed: int = 0) -> list[Path]:
+    meta, lines = templates()
+    rng = np.random.default_rng(seed)
+    start = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    dirs = []
+    for i in range(n_runs):
+        run_id = f"scale-{i:05d}"
+        created = (start + timedelta(minutes=10 * i)).isoformat(timespec="seconds")
+        commit = hashlib.sha1(str(i).encode()).hexdigest()
+        m = {**meta, "run_id": run_id, "created_at": created, "finished_at": created, "completed": True,
+             "provenance": {"commit": commit, "branch": "main", "commit_time": created, "ci_url": None,
+                            "source": "ci"}, "tags": {}}
+        d = root / run_id
+        d.mkdir()
+        (d / "run.json").write_text(json.dumps(m))
+        out = []
+        factors = rng.lognormal(0.0, 0.03, n_configs)
+        for k in range(n_configs):
+            line = copy.deepcopy(lines[k % len(lines)])
+            line["run_id"], line["config_id"] = run_id, f"{line['config_id']}-v{k // len(lines)}"
+            met = line["metrics"]
+            met["throughput"] = {key: v * factors[k] for key, v in met["throughput"].items()}
+            met["step_time_ms"] = {key: (v / factors[k] if key not in ("n", "cv") else v)
+                                   for key, v in met["step_time_ms"].items()}
+            out.append(json.dumps(line))
+        (d / "results.jsonl").write_text("\n".join(out) + "\n")
+        dirs.append(d)
+    return dirs
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=1000)
+    p.add_argument("--configs", type=int, default=100)
+    p.add_argument("--db", help="an empty database (default: a SQLite file in a temporary directory)")
+    p.add_argument("--dashboard", action="store_true", help="also time the dashboard over the database")
+    p.add_argument("--json", type=Path)
+    a = p.parse_args(argv)
+
+    from gpubench.history.db import display_url, open_engine
+    from gpubench.history.store import ingest
+
+    with tempfile.TemporaryDirectory(prefix="gpubench-scale-") as tmp:
+        root = Path(tmp)
+        t0 = time.perf_counter()
+        dirs = make_runs(root / "runs" if (root / "runs").mkdir() is None else root, a.runs, a.configs)
+        made = time.perf_counter() - t0
+        engine, url = open_engine(a.db or str(root / "history.db"))
+        t0 = time.perf_counter()
+        added = sum(ingest(engine, url, d)[0] for d in dirs)
+        ingest_s = time.perf_counter() - t0
+        figures = {"db": display_url(url), "runs": a.runs, "configs": a.configs, "results": added,
+                   "make_s": made, "ingest_s": ingest_s, "results_per_s": added / ingest_s}
+        print(f"made {a.runs} run directories x {a.configs} results in {made:.1f} s")
+        print(f"ingest: {added} results in {ingest_s:.2f} s ({added / ingest_s:,.0f} results/s) "
+              f"into {display_url(url)}")
+        if a.dashboard:
+            from gpubench.history.dashboard import build_dashboard
+
+            t0 = time.perf_counter()
+            dash = build_dashboard(engine, url, root / "dashboard")
+            figures["dashboard_s"] = time.perf_counter() - t0
+            figures["dashboard_charts"] = dash.charts
+            print(f"dashboard: {dash.charts} charts in {figures['dashboard_s']:.2f} s -> {dash.index}")
+        engine.dispose()
+    if a.json:
+        a.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
