@@ -73,6 +73,12 @@ def provenance(cwd: Path | None = None, environ: Mapping[str, str] | None = None
             "source": source}
 
 
+def commit_time(commit: str, where: Path | None = None) -> str | None:
+    """The committer's time of ``commit`` in the repository at ``where`` (default: gpubench's
+    own checkout), or None where git does not know it."""
+    return _git(where or Path(__file__).resolve().parent.parent, "show", "-s", "--format=%cI", commit)
+
+
 def parse_tags(items: list[str], flag: str = "--tag") -> dict[str, str]:
     """``--tag key=value`` items as a dict; a malformed one is an InputError naming it."""
     tags: dict[str, str] = {}

@@ -119,6 +119,12 @@ def test_export_writes_one_row_per_result_with_provenance(tmp_path, history_db, 
         assert row["commit"] == meta["env"]["git"]["commit"] and row["machine"] == meta["env"]["hostname"]
         if line["status"] == "ok":
             assert float(row["throughput"]) == pytest.approx(line["metrics"]["throughput"]["median"])
+    pq = gb(["history", "export", "--db", history_db, "--out", "h.parquet", "--suite", "quick"])
+    assert pq.returncode == 0, pq.stdout + pq.stderr
+    import pandas as pd
+
+    parquet = pd.read_parquet(tmp_path / "h.parquet")
+    assert sorted(parquet["config_id"]) == sorted(lines) and set(parquet["commit"]) == {meta["env"]["git"]["commit"]}
     bad = gb(["history", "export", "--db", history_db, "--out", "h.txt"])
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and ".csv or .parquet" in bad.stderr
 
@@ -323,6 +329,12 @@ def test_the_dashboard_charts_each_config_over_the_commits_per_machine(tmp_path,
     proc = gb(["history", "report", "--db", history_db, "--out", "dash", "--pin", pin])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     page = (tmp_path / "dash" / "index.html").read_text()
+    # a metric without CI bounds in the registry (step_ms): its band is the range at each commit
+    both = gb(["history", "report", "--db", history_db, "--out", "dash-step", "--metric", "throughput",
+               "--metric", "step_ms"])
+    assert both.returncode == 0, both.stdout + both.stderr
+    assert len(re.findall(r'data-file="quick/[^"]+-step_ms.png"', (tmp_path / "dash-step" / "index.html").read_text())
+               ) == len([x for x in result_lines(QUICK) if x["status"] == "ok"])
     ok = [x for x in result_lines(QUICK) if x["status"] == "ok"]
     # one chart per ok config (one metric: throughput), embedded and also written as a file
     charts = re.findall(r'data-file="([^"]+)"', page)
@@ -348,3 +360,41 @@ def test_the_dashboard_charts_each_config_over_the_commits_per_machine(tmp_path,
     proc = gb(["history", "report", "--db", history_db, "--out", "dash2", "--machine", "host-b", "--pin", "nope"])
     assert proc.returncode == 0 and "--pin nope: no ok result of that config" in proc.stderr
     assert "host-a" not in (tmp_path / "dash2" / "index.html").read_text()
+
+
+def test_a_run_killed_midway_keeps_its_finished_results_marked_incomplete(tmp_path, write_suite, history_db):
+    """A real run stopped by SIGTERM while its second config hangs: the first result is in
+    results.jsonl and in the history, and the history lists the run as incomplete."""
+    import signal
+    import time
+
+    import sqlalchemy as sa
+
+    from gpubench.history.schema import results, runs
+
+    suite = write_suite(FAKE.replace("mode = [0, 1]", "mode = [0, 2]").replace("timeout_s = 20", "timeout_s = 120"))
+    proc = subprocess.Popen([sys.executable, "-m", "gpubench", "run", str(suite), "--out", "runs", "--no-report",
+                             "--no-calibrate", "--db", history_db], cwd=tmp_path, env=plugin_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    engine, _ = engine_of(history_db)
+    try:
+        deadline = time.monotonic() + 60
+        n = 0
+        while time.monotonic() < deadline and n < 1:
+            time.sleep(0.3)
+            with engine.connect() as conn:
+                n = conn.execute(sa.select(sa.func.count()).select_from(results)).scalar_one()
+        assert n == 1, "the first result never reached the history"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 143, out + err
+        with engine.connect() as conn:
+            run = conn.execute(sa.select(runs.c.complete, runs.c.finished_at)).one()
+        assert tuple(run) == (False, None)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        engine.dispose()
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    assert [r["doc"] for r in stored(history_db)] == result_lines(run_dir)
+    assert "the history (the run marked incomplete)" in err

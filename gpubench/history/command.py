@@ -51,6 +51,16 @@ def _check_export(out: Path | None) -> Path:
     return out
 
 
+def _write_parquet(frame: pd.DataFrame, path: Path) -> None:
+    """Parquet wants one type per column: a column of mixed Python objects (a label that is a
+    number in one result and text in another) is written as text."""
+    try:
+        frame.to_parquet(path, index=False)
+    except (TypeError, ValueError):  # pyarrow's ArrowTypeError and ArrowInvalid are these
+        mixed = {c: "string" for c in frame.columns if frame[c].dtype == object}
+        frame.astype(mixed).to_parquet(path, index=False)
+
+
 def _cell(v: object) -> str:
     return "" if v is None or (isinstance(v, float) and pd.isna(v)) else str(v)
 
@@ -96,7 +106,10 @@ def run_history(req: HistoryRequest, console: Console) -> int:
             assert out is not None
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp = out.with_name(out.name + ".tmp")
-            (frame.to_parquet(tmp, index=False) if out.suffix == ".parquet" else frame.to_csv(tmp, index=False))
+            if out.suffix == ".parquet":
+                _write_parquet(frame, tmp)
+            else:
+                frame.to_csv(tmp, index=False)
             tmp.replace(out)
             console.print(f"{len(frame)} result(s) -> {out}", highlight=False)
             return 0

@@ -64,7 +64,10 @@ def trend_frame(engine: sa.Engine, url: str, f: Filters, metrics: list[str]) -> 
     with translated_errors(url), engine.connect() as conn:
         rows = [(s, m, c or f"run {ca}", ct or ca, cfg, *(fig.get(n) for n in wanted))
                 for s, m, c, ct, ca, cfg, fig in conn.execute(q)]
-    return pd.DataFrame(rows, columns=["suite", "machine", "commit", "order", "config_id", *wanted])
+    frame = pd.DataFrame(rows, columns=["suite", "machine", "commit", "order", "config_id", *wanted])
+    for name in wanted:  # a figure no result has is a column of None: make it NaN, as the others
+        frame[name] = pd.to_numeric(frame[name], errors="coerce")
+    return frame
 
 
 def _points(frame: pd.DataFrame, metric: str) -> pd.DataFrame:

@@ -24,6 +24,7 @@ import sqlalchemy as sa
 
 from gpubench.history.db import HistoryError, translated_errors
 from gpubench.history.schema import machines, results, runs
+from gpubench.provenance import commit_time
 from gpubench.results.frame import results_frame
 from gpubench.results.metrics import METRICS
 from gpubench.results.result import Result, ResultError
@@ -104,6 +105,8 @@ class Recorder:
         env = run_env(self.meta, list(results_so_far)) or {}
         prov = self.meta.get("provenance") or {}
         git = env.get("git") or {}
+        if not prov and git.get("commit"):  # a run from before provenance: gpubench's own commit
+            prov = {"commit": git["commit"], "commit_time": commit_time(git["commit"])}
         run_id, created = str(self.meta.get("run_id")), str(self.meta.get("created_at"))
         key = run_key(env, run_id, created)
         with translated_errors(self.url), self.engine.begin() as conn:
