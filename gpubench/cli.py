@@ -243,9 +243,12 @@ def _main(argv: list[str] | None) -> int:
                                       db=args.db or os.environ.get(ENV_VAR) or None,
                                       tags=parse_tags(args.tags)), console)
         if args.command == "history":
+            from gpubench.history.db import require_history
+            from gpubench.provenance import parse_tags
+
+            require_history()
             from gpubench.history.command import HistoryRequest, run_history
             from gpubench.history.store import Filters
-            from gpubench.provenance import parse_tags
 
             filters = Filters(*(getattr(args, k, None) for k in ("suite", "config", "machine", "branch", "since")))
             return run_history(HistoryRequest(args.action, args.db, getattr(args, "run_dirs", []),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import re
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -398,3 +399,21 @@ def test_a_run_killed_midway_keeps_its_finished_results_marked_incomplete(tmp_pa
     (run_dir,) = list((tmp_path / "runs").iterdir())
     assert [r["doc"] for r in stored(history_db)] == result_lines(run_dir)
     assert "the history (the run marked incomplete)" in err
+
+
+@pytest.mark.parametrize("missing", ["sqlalchemy", "alembic"])
+def test_without_the_history_extra_the_commands_say_what_to_install(tmp_path, write_suite, missing):
+    """gpubench's core install has no SQLAlchemy or Alembic: the history commands and run --db
+    say what to install in one line, exit 2, before anything runs."""
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / f"{missing}.py").write_text(f"raise ImportError('No module named {missing}')\n")
+    env = plugin_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(blocked), env["PYTHONPATH"]])
+    for args in (["history", "list", "--db", "h.db"],
+                 ["run", str(write_suite(FAKE)), "--out", "runs", "--no-report", "--db", "h.db"]):
+        proc = run_cli(args, cwd=tmp_path, env=env)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert "needs SQLAlchemy and Alembic" in line and "pip install 'gpubench[history]'" in line
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "h.db").exists()

@@ -84,15 +84,23 @@ def head_revision() -> str:
     return head
 
 
+def require_history() -> None:
+    """The history's libraries are installed (the ``history`` extra), else a HistoryError."""
+    try:
+        import alembic  # noqa: F401
+        import sqlalchemy  # noqa: F401
+    except ImportError as e:
+        raise HistoryError(f"the results history needs SQLAlchemy and Alembic ({e}): {INSTALL_HINT}") from None
+
+
 def make_engine(url: str) -> sa.Engine:
     """An engine for ``url``. SQLite: the file's directory made, a busy timeout of
     LOCK_TIMEOUT_S, WAL journal (readers do not block the writer) with synchronous NORMAL, and
     every transaction begun IMMEDIATE, so that two writers queue for the lock instead of
     failing midway."""
-    try:
-        import sqlalchemy as sa
-    except ImportError:
-        raise HistoryError(f"the results history needs SQLAlchemy and Alembic: {INSTALL_HINT}") from None
+    require_history()
+    import sqlalchemy as sa
+
     if url.startswith("sqlite:"):
         path = url.split(":///", 1)[1] if ":///" in url else ""
         if path and path != ":memory:":
