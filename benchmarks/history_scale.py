@@ -7,7 +7,7 @@ What it measures, wall time with ``time.perf_counter``:
   100,000 results), made in a temporary directory from the committed sample result lines
   (each config a sample line with its id suffixed and its throughput and step time scaled
   by a seeded log-normal factor; each run its own commit), recorded by the code path of
-  ``gpubench history ingest`` (gpubench.history.store.ingest, one engine) into a fresh
+  ``gpubench history ingest`` (gpubench.history.store.ingest_runs, one engine) into a fresh
   database; the time includes reading and parsing the run directories;
 - **dashboard** (with ``--dashboard``): ``gpubench history report`` (build_dashboard) over
   that database.
@@ -84,11 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configs", type=int, default=100)
     p.add_argument("--db", help="an empty database (default: a SQLite file in a temporary directory)")
     p.add_argument("--dashboard", action="store_true", help="also time the dashboard over the database")
+    p.add_argument("--workers", type=int, help="processes reading the run directories (default: the CPUs; 1: "
+                                               "this process only)")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
 
     from gpubench.history.db import display_url, open_engine
-    from gpubench.history.store import ingest
+    from gpubench.history.store import ingest_runs
 
     with tempfile.TemporaryDirectory(prefix="gpubench-scale-") as tmp:
         root = Path(tmp)
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         made = time.perf_counter() - t0
         engine, url = open_engine(a.db or str(root / "history.db"))
         t0 = time.perf_counter()
-        added = sum(ingest(engine, url, d)[0] for d in dirs)
+        added = sum(n for _, n, _ in ingest_runs(engine, url, dirs, workers=a.workers))
         ingest_s = time.perf_counter() - t0
         figures = {"db": display_url(url), "runs": a.runs, "configs": a.configs, "results": added,
                    "make_s": made, "ingest_s": ingest_s, "results_per_s": added / ingest_s}

@@ -417,3 +417,19 @@ def test_without_the_history_extra_the_commands_say_what_to_install(tmp_path, wr
         (line,) = proc.stderr.strip().splitlines()
         assert "needs SQLAlchemy and Alembic" in line and "pip install 'gpubench[history]'" in line
     assert not (tmp_path / "runs").exists() and not (tmp_path / "h.db").exists()
+
+
+def test_a_parallel_ingest_records_what_a_sequential_one_does(tmp_path, history_db):
+    """Enough run directories for worker processes to read them: every result once, each
+    directory reported in order, the same stored lines as ingesting them one by one."""
+    from gpubench.history.store import PARALLEL_MIN_RUNS, ingest_runs
+
+    dirs = commit_runs(tmp_path / "runs", [1.0 + i / 100 for i in range(PARALLEL_MIN_RUNS)])
+    engine, url = engine_of(history_db)
+    reported = list(ingest_runs(engine, url, dirs, workers=2))
+    again = list(ingest_runs(engine, url, dirs, workers=2))
+    engine.dispose()
+    n = len(result_lines(QUICK))
+    assert reported == [(d, n, 0) for d in dirs] and again == [(d, 0, n) for d in dirs]
+    rows = stored(history_db)
+    assert [r["doc"] for r in rows] == [line for d in dirs for line in result_lines(d)]

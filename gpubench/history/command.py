@@ -13,7 +13,7 @@ from gpubench import fmt
 from gpubench.errors import InputError, warn
 from gpubench.history.dashboard import DEFAULT_METRICS, build_dashboard
 from gpubench.history.db import display_url, open_engine
-from gpubench.history.store import Filters, ingest, list_runs, load_history
+from gpubench.history.store import Filters, ingest_runs, list_runs, load_history
 from gpubench.results.metrics import BY_NAME
 from gpubench.results.outputs import check_output_dir
 
@@ -78,8 +78,7 @@ def run_history(req: HistoryRequest, console: Console) -> int:
     engine, url = open_engine(req.db)
     try:
         if req.action == "ingest":
-            for d in req.run_dirs:
-                added, had = ingest(engine, url, d, req.tags)
+            for d, added, had in ingest_runs(engine, url, req.run_dirs, req.tags):
                 console.print(f"{d}: {added} result(s) added, {had} already in the history", highlight=False)
             console.print(f"history: {display_url(url)}", highlight=False)
             return 0

@@ -13,7 +13,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Sequence
+import multiprocessing
+import os
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -74,6 +77,7 @@ def figures(result: Result) -> dict[str, float]:
 
 
 def _result_row(run_pk: int, r: Result, line: str | None = None) -> dict[str, Any]:
+    """A result as a row of the results table (``line``: as results.jsonl has it, else made)."""
     c = r.config
     batch = c.get("batch_size")
     return {"run_id": run_pk, "config_id": r.config_id, "config_hash": r.config_hash, "repeat": r.repeat,
@@ -102,46 +106,61 @@ class Recorder:
     def begin(self, results_so_far: Sequence[Result] = ()) -> bool:
         """Write the machine and the run (incomplete), and any results it already has (a resumed
         run). True when the run was new to the history."""
-        env = run_env(self.meta, list(results_so_far)) or {}
+        if not self.meta.get("env") and results_so_far:
+            self.meta = {**self.meta, "env": run_env(self.meta, list(results_so_far))}
+        with translated_errors(self.url), self.engine.begin() as conn:
+            new = self.write_run(conn)
+        self.record_many(results_so_far)
+        return new
+
+    def write_run(self, conn: sa.Connection) -> bool:
+        """The machine and the run, in ``conn``'s transaction; sets run_pk. True when the run
+        was new to the history."""
+        env = self.meta.get("env") or {}
         prov = self.meta.get("provenance") or {}
         git = env.get("git") or {}
         if not prov and git.get("commit"):  # a run from before provenance: gpubench's own commit
             prov = {"commit": git["commit"], "commit_time": commit_time(git["commit"])}
         run_id, created = str(self.meta.get("run_id")), str(self.meta.get("created_at"))
         key = run_key(env, run_id, created)
-        with translated_errors(self.url), self.engine.begin() as conn:
-            conn.execute(_insert(conn, machines).values(**machine_row(env), first_seen=_now()))
-            machine_id = conn.execute(sa.select(machines.c.id).where(
-                machines.c.machine_key == machine_row(env)["machine_key"])).scalar_one()
-            new = conn.execute(_insert(conn, runs).values(
-                run_key=key, run_id=run_id, suite=_suite_name(self.meta), machine_id=machine_id, created_at=created,
-                finished_at=self.meta.get("finished_at"), complete=bool(self.meta.get("completed")),
-                commit=prov.get("commit") or git.get("commit"), branch=prov.get("branch"),
-                commit_time=prov.get("commit_time"), ci_url=prov.get("ci_url"),
-                tags={**(self.meta.get("tags") or {}), **self.tags}, env=env, recorded_at=_now())).rowcount == 1
-            self.run_pk = conn.execute(sa.select(runs.c.id).where(runs.c.run_key == key)).scalar_one()
-            if not new and self.meta.get("completed"):  # recorded while it ran, complete since
-                conn.execute(runs.update().where(runs.c.id == self.run_pk).values(
-                    complete=True, finished_at=self.meta.get("finished_at")))
-        self.record_many(results_so_far)
-        return new
+        machine = machine_row(env)
+        conn.execute(_insert(conn, machines).values(**machine, first_seen=_now()))
+        machine_id = conn.execute(sa.select(machines.c.id).where(
+            machines.c.machine_key == machine["machine_key"])).scalar_one()
+        new = conn.execute(_insert(conn, runs).values(
+            run_key=key, run_id=run_id, suite=_suite_name(self.meta), machine_id=machine_id, created_at=created,
+            finished_at=self.meta.get("finished_at"), complete=bool(self.meta.get("completed")),
+            commit=prov.get("commit") or git.get("commit"), branch=prov.get("branch"),
+            commit_time=prov.get("commit_time"), ci_url=prov.get("ci_url"),
+            tags={**(self.meta.get("tags") or {}), **self.tags}, env=env, recorded_at=_now())).rowcount == 1
+        self.run_pk = conn.execute(sa.select(runs.c.id).where(runs.c.run_key == key)).scalar_one()
+        if not new and self.meta.get("completed"):  # recorded while it ran, complete since
+            conn.execute(runs.update().where(runs.c.id == self.run_pk).values(
+                complete=True, finished_at=self.meta.get("finished_at")))
+        return bool(new)
 
     def record(self, result: Result) -> bool:
         """One result, in a transaction of its own; False when the history has it already."""
         return self.record_many([result]) == 1
 
-    def record_many(self, found: Sequence[Result], lines: Sequence[str] | None = None) -> int:
-        """Results in one transaction (one statement), with their lines as results.jsonl has
-        them when given; returns how many were new."""
+    def record_many(self, found: Sequence[Result]) -> int:
+        """Results in one transaction (one statement); returns how many were new."""
         assert self.run_pk is not None, "begin() first"
         if not found:
             return 0
-        count = sa.select(sa.func.count()).select_from(results).where(results.c.run_id == self.run_pk)
         with translated_errors(self.url), self.engine.begin() as conn:
-            before = conn.execute(count).scalar_one()
-            conn.execute(_insert(conn, results), [_result_row(self.run_pk, r, lines[i] if lines else None)
-                                                  for i, r in enumerate(found)])
-            return int(conn.execute(count).scalar_one() - before)
+            return self.insert_rows(conn, [_result_row(self.run_pk, r) for r in found])
+
+    def insert_rows(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> int:
+        """Result rows (``_result_row``) into this run, in ``conn``'s transaction; returns how
+        many were new (a row the history has is skipped)."""
+        assert self.run_pk is not None, "write_run() first"
+        if not rows:
+            return 0
+        count = sa.select(sa.func.count()).select_from(results).where(results.c.run_id == self.run_pk)
+        before = conn.execute(count).scalar_one()
+        conn.execute(_insert(conn, results), [{**row, "run_id": self.run_pk} for row in rows])
+        return int(conn.execute(count).scalar_one() - before)
 
     def finish(self, finished_at: str | None = None) -> None:
         assert self.run_pk is not None, "begin() first"
@@ -150,17 +169,54 @@ class Recorder:
                 complete=True, finished_at=finished_at or _now()))
 
 
-def ingest(engine: sa.Engine, url: str, run_dir: Path, tags: dict[str, str] | None = None) -> tuple[int, int]:
-    """Record a run directory: (results added, results the history had already)."""
+def parsed_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A run directory read for the history: its run.json (with the fingerprint of its first
+    result where run.json has none) and its results as rows of the results table, each with
+    its line as written. The expensive half of an ingest (decoding, checking and taking the
+    figures out of every line): a parallel ingest runs it in worker processes."""
     meta = load_run(run_dir)
     try:
         found = read_results(run_dir)
     except ResultError as e:
         raise HistoryError(str(e)) from None
+    if not meta.get("env") and found:
+        meta = {**meta, "env": run_env(meta, [found[0][1]])}
+    return meta, [_result_row(0, r, line) for line, r in found]
+
+
+def record_parsed(engine: sa.Engine, url: str, meta: dict[str, Any], rows: list[dict[str, Any]],
+                  tags: dict[str, str] | None = None) -> tuple[int, int]:
+    """A parsed run into the history, in one transaction: (results added, results it had)."""
     rec = Recorder(engine, url, meta, tags or {})
-    rec.begin()
-    added = rec.record_many([r for _, r in found], [line for line, _ in found])
-    return added, len(found) - added
+    with translated_errors(url), engine.begin() as conn:
+        rec.write_run(conn)
+        added = rec.insert_rows(conn, rows)
+    return added, len(rows) - added
+
+
+def ingest(engine: sa.Engine, url: str, run_dir: Path, tags: dict[str, str] | None = None) -> tuple[int, int]:
+    """Record a run directory: (results added, results the history had already)."""
+    return record_parsed(engine, url, *parsed_run(run_dir), tags)
+
+
+PARALLEL_MIN_RUNS = 8  # fewer run directories are read in this process: starting workers costs more
+
+
+def ingest_runs(engine: sa.Engine, url: str, run_dirs: Sequence[Path], tags: dict[str, str] | None = None,
+                workers: int | None = None) -> Iterator[tuple[Path, int, int]]:
+    """Record run directories in order, yielding (run dir, added, had) for each. With several
+    CPUs and at least PARALLEL_MIN_RUNS directories, worker processes read them (parsed_run)
+    while this process writes (the database is written from here only, in order)."""
+    workers = workers if workers is not None else len(os.sched_getaffinity(0)) if hasattr(
+        os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if workers < 2 or len(run_dirs) < PARALLEL_MIN_RUNS:
+        for d in run_dirs:
+            yield (d, *ingest(engine, url, d, tags))
+        return
+    # spawn: the workers start clean, without this process's database connections
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for d, parsed in zip(run_dirs, pool.map(parsed_run, run_dirs, chunksize=4)):
+            yield (d, *record_parsed(engine, url, *parsed, tags))
 
 
 @dataclass(frozen=True)
