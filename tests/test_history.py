@@ -155,7 +155,8 @@ def test_run_with_db_records_each_result_its_provenance_and_tags(tmp_path, write
     engine, _ = engine_of(history_db)
     with engine.connect() as conn:
         run = conn.execute(sa.select(runs)).mappings().one()
-        throughput = [f["throughput"] for f in conn.execute(sa.select(results.c.figures)).scalars() if "throughput" in f]
+        figures = [json.loads(f) for f in conn.execute(sa.select(results.c.figures)).scalars()]
+        throughput = [f["throughput"] for f in figures if "throughput" in f]
     engine.dispose()
     assert run["complete"] is True and run["branch"] == "main" and run["tags"] == {"runner": "ci-1"}
     assert run["commit"] == meta["provenance"]["commit"] and run["ci_url"] == meta["provenance"]["ci_url"]
@@ -433,3 +434,13 @@ def test_a_parallel_ingest_records_what_a_sequential_one_does(tmp_path, history_
     assert reported == [(d, n, 0) for d in dirs] and again == [(d, 0, n) for d in dirs]
     rows = stored(history_db)
     assert [r["doc"] for r in rows] == [line for d in dirs for line in result_lines(d)]
+
+
+def test_gpubench_db_in_the_environment_records_every_run(tmp_path, write_suite):
+    """GPUBENCH_DB names the history for every run without --db."""
+    db = tmp_path / "env-history.db"
+    proc = run_cli(["run", str(write_suite(FAKE)), "--out", "runs", "--no-report", "--no-calibrate"], cwd=tmp_path,
+                   env=plugin_env(GPUBENCH_DB=str(db)))
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # mode 1's error result
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    assert [r["doc"] for r in stored(str(db))] == result_lines(run_dir)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -62,8 +63,8 @@ def trend_frame(engine: sa.Engine, url: str, f: Filters, metrics: list[str]) -> 
         q = q.where(results.c.config_id.contains(f.config))
     wanted = [n for m in metrics for n in (m, f"{m}_ci_low", f"{m}_ci_high")]
     with translated_errors(url), engine.connect() as conn:
-        rows = [(s, m, c or f"run {ca}", ct or ca, cfg, *(fig.get(n) for n in wanted))
-                for s, m, c, ct, ca, cfg, fig in conn.execute(q)]
+        rows = [(s, m, c or f"run {ca}", ct or ca, cfg, *(figs.get(n) for n in wanted))
+                for s, m, c, ct, ca, cfg, fig in conn.execute(q) for figs in (json.loads(fig),)]
     frame = pd.DataFrame(rows, columns=["suite", "machine", "commit", "order", "config_id", *wanted])
     for name in wanted:  # a figure no result has is a column of None: make it NaN, as the others
         frame[name] = pd.to_numeric(frame[name], errors="coerce")

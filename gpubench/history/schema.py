@@ -63,7 +63,7 @@ results = sa.Table(
     sa.Column("device", sa.String(64)),
     sa.Column("precision", sa.String(32)),
     sa.Column("batch_size", sa.Integer),
-    sa.Column("figures", sa.JSON, nullable=False),
+    sa.Column("figures", sa.Text, nullable=False),  # a JSON object, encoded where the row is made
     sa.Column("doc", sa.Text, nullable=False),
     sa.UniqueConstraint("run_id", "config_id", "repeat", name="uq_results_run_config_repeat"),
     sa.Index("ix_results_config", "config_id"),

@@ -84,7 +84,7 @@ def _result_row(run_pk: int, r: Result, line: str | None = None) -> dict[str, An
             "status": r.status, "reason": r.reason, "workload": c.get("workload"), "framework": c.get("framework"),
             "device": c.get("device"), "precision": c.get("precision"),
             "batch_size": batch if isinstance(batch, int) and not isinstance(batch, bool) else None,
-            "figures": figures(r), "doc": line if line is not None else result_line(r)}
+            "figures": json.dumps(figures(r)), "doc": line if line is not None else result_line(r)}
 
 
 def _suite_name(meta: dict[str, Any]) -> str:
@@ -200,13 +200,15 @@ def ingest(engine: sa.Engine, url: str, run_dir: Path, tags: dict[str, str] | No
 
 
 PARALLEL_MIN_RUNS = 8  # fewer run directories are read in this process: starting workers costs more
+BATCH_RESULTS = 2000  # a parallel ingest writes whole runs in transactions of about this many results
 
 
 def ingest_runs(engine: sa.Engine, url: str, run_dirs: Sequence[Path], tags: dict[str, str] | None = None,
                 workers: int | None = None) -> Iterator[tuple[Path, int, int]]:
     """Record run directories in order, yielding (run dir, added, had) for each. With several
     CPUs and at least PARALLEL_MIN_RUNS directories, worker processes read them (parsed_run)
-    while this process writes (the database is written from here only, in order)."""
+    while this process writes (the database is written from here only, in order), whole runs
+    in transactions of about BATCH_RESULTS results."""
     workers = workers if workers is not None else len(os.sched_getaffinity(0)) if hasattr(
         os, "sched_getaffinity") else (os.cpu_count() or 1)
     if workers < 2 or len(run_dirs) < PARALLEL_MIN_RUNS:
@@ -215,8 +217,27 @@ def ingest_runs(engine: sa.Engine, url: str, run_dirs: Sequence[Path], tags: dic
         return
     # spawn: the workers start clean, without this process's database connections
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for d, parsed in zip(run_dirs, pool.map(parsed_run, run_dirs, chunksize=4)):
-            yield (d, *record_parsed(engine, url, *parsed, tags))
+        batch: list[tuple[Path, dict[str, Any], list[dict[str, Any]]]] = []
+        for d, (meta, rows) in zip(run_dirs, pool.map(parsed_run, run_dirs, chunksize=4)):
+            batch.append((d, meta, rows))
+            if sum(len(b[2]) for b in batch) >= BATCH_RESULTS:
+                yield from _record_batch(engine, url, batch, tags)
+                batch = []
+        yield from _record_batch(engine, url, batch, tags)
+
+
+def _record_batch(engine: sa.Engine, url: str, batch: list[tuple[Path, dict[str, Any], list[dict[str, Any]]]],
+                  tags: dict[str, str] | None) -> list[tuple[Path, int, int]]:
+    """Parsed runs in one transaction (each run whole: a commit per run costs more than the
+    run's rows on SQLite)."""
+    done = []
+    with translated_errors(url), engine.begin() as conn:
+        for d, meta, rows in batch:
+            rec = Recorder(engine, url, meta, tags or {})
+            rec.write_run(conn)
+            added = rec.insert_rows(conn, rows)
+            done.append((d, added, len(rows) - added))
+    return done
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ def upgrade() -> None:
         sa.Column("device", sa.String(64)),
         sa.Column("precision", sa.String(32)),
         sa.Column("batch_size", sa.Integer),
-        sa.Column("figures", sa.JSON, nullable=False),
+        sa.Column("figures", sa.Text, nullable=False),
         sa.Column("doc", sa.Text, nullable=False),
         sa.UniqueConstraint("run_id", "config_id", "repeat", name="uq_results_run_config_repeat"),
     )
