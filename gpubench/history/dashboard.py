@@ -47,7 +47,6 @@ MAX_TICKS = 12  # commit labels on a chart's x axis
 class Dashboard:
     index: Path
     charts: int
-    points: int  # (suite, config, machine, commit) points drawn, per metric
     warnings: list[str] = field(default_factory=list)
 
 
@@ -72,12 +71,12 @@ def trend_frame(engine: sa.Engine, url: str, f: Filters, metrics: list[str]) -> 
 
 
 def _points(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Per (suite, config, machine, commit): the median, the band, and the commit's position."""
+    """Per (suite, config, machine, commit): the median and the band."""
     lo, hi = f"{metric}_ci_low", f"{metric}_ci_high"
     d = frame[frame[metric].notna()]
     g = d.groupby(["suite", "config_id", "machine", "commit"], sort=False)
     out = g.agg(value=(metric, "median"), low=(lo, "median"), high=(hi, "median"), vmin=(metric, "min"),
-                vmax=(metric, "max"), order=("order", "min"), n=(metric, "size")).reset_index()
+                vmax=(metric, "max")).reset_index()
     no_ci = out["low"].isna() | out["high"].isna()
     out.loc[no_ci, "low"], out.loc[no_ci, "high"] = out.loc[no_ci, "vmin"], out.loc[no_ci, "vmax"]
     return out
@@ -170,7 +169,7 @@ def build_dashboard(engine: sa.Engine, url: str, out: Path, f: Filters | None = 
             warnings.append(f"--pin {p}: no ok result of that config in the history")
     charts_dir = out / "charts"
     charts_dir.mkdir(parents=True, exist_ok=True)
-    suites, n_charts, n_points = [], 0, 0
+    suites, n_charts = [], 0
     for suite, commits in orders.items():
         sections, table = [], []
         in_suite = frame[frame["suite"] == suite]
@@ -178,7 +177,6 @@ def build_dashboard(engine: sa.Engine, url: str, out: Path, f: Filters | None = 
                                                                     else 0, c))
         by_metric = {metric: _points(in_suite, metric) for metric in metrics}
         for metric, pts in by_metric.items():
-            n_points += len(pts)
             table += latest_table(pts, commits, metric)
         for config in configs:
             for metric in metrics:
@@ -201,4 +199,4 @@ def build_dashboard(engine: sa.Engine, url: str, out: Path, f: Filters | None = 
         version=gpubench.__version__, suites=suites, warnings=warnings, metrics=metrics, pinned=pinned)
     index = out / "index.html"
     write_text_atomic(index, page)
-    return Dashboard(index, n_charts, n_points, warnings)
+    return Dashboard(index, n_charts, warnings)

@@ -63,7 +63,9 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def _alembic_config(connection: sa.Connection) -> Any:
+def _alembic_config(connection: sa.Connection | None = None) -> Any:
+    """Alembic's configuration for the packaged migrations (there is no alembic.ini), run on
+    ``connection``."""
     from alembic.config import Config as AlembicConfig
 
     cfg = AlembicConfig()
@@ -74,12 +76,9 @@ def _alembic_config(connection: sa.Connection) -> Any:
 
 def head_revision() -> str:
     """The schema revision this gpubench writes."""
-    from alembic.config import Config as AlembicConfig
     from alembic.script import ScriptDirectory
 
-    cfg = AlembicConfig()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-    head = ScriptDirectory.from_config(cfg).get_current_head()
+    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
     assert head is not None  # the package ships its migrations
     return head
 
@@ -140,9 +139,7 @@ def translated_errors(url: str) -> Iterator[None]:
 
     try:
         yield
-    except sa.exc.OperationalError as e:
-        raise HistoryError(f"history database {display_url(url)}: {_first_line(e)}") from None
-    except sa.exc.DatabaseError as e:
+    except sa.exc.DatabaseError as e:  # OperationalError (unreachable, locked, unopenable) among them
         raise HistoryError(f"history database {display_url(url)}: {_first_line(e)}") from None
 
 
@@ -156,6 +153,7 @@ def migrate(engine: sa.Engine, url: str) -> str:
     from alembic.script import ScriptDirectory
     from alembic.util import CommandError
 
+    head = head_revision()
     with translated_errors(url), engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             conn.exec_driver_sql("SELECT pg_advisory_xact_lock(725163001)")
@@ -165,12 +163,12 @@ def migrate(engine: sa.Engine, url: str) -> str:
             try:
                 ScriptDirectory.from_config(cfg).get_revision(current)
             except CommandError:
-                raise HistoryError(f"history database {display_url(url)}: schema revision {current} was written by a "
-                                   f"newer gpubench (this one knows up to {head_revision()}); upgrade gpubench to "
-                                   "use it") from None
-        if current != head_revision():
+                raise HistoryError(f"history database {display_url(url)}: schema revision {current} was written by "
+                                   f"a newer gpubench (this one knows up to {head}); upgrade gpubench to use it"
+                                   ) from None
+        if current != head:
             command.upgrade(cfg, "head")
-        return head_revision()
+        return head
 
 
 def open_engine(db: str | None) -> tuple[sa.Engine, str]:

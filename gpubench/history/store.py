@@ -184,14 +184,20 @@ def parsed_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return meta, [_result_row(0, r, line) for line, r in found]
 
 
+def _write_parsed(conn: sa.Connection, engine: sa.Engine, url: str, meta: dict[str, Any], rows: list[dict[str, Any]],
+                  tags: dict[str, str] | None) -> tuple[int, int]:
+    """A parsed run, in ``conn``'s transaction: (results added, results the history had)."""
+    rec = Recorder(engine, url, meta, tags or {})
+    rec.write_run(conn)
+    added = rec.insert_rows(conn, rows)
+    return added, len(rows) - added
+
+
 def record_parsed(engine: sa.Engine, url: str, meta: dict[str, Any], rows: list[dict[str, Any]],
                   tags: dict[str, str] | None = None) -> tuple[int, int]:
     """A parsed run into the history, in one transaction: (results added, results it had)."""
-    rec = Recorder(engine, url, meta, tags or {})
     with translated_errors(url), engine.begin() as conn:
-        rec.write_run(conn)
-        added = rec.insert_rows(conn, rows)
-    return added, len(rows) - added
+        return _write_parsed(conn, engine, url, meta, rows, tags)
 
 
 def ingest(engine: sa.Engine, url: str, run_dir: Path, tags: dict[str, str] | None = None) -> tuple[int, int]:
@@ -218,11 +224,13 @@ def ingest_runs(engine: sa.Engine, url: str, run_dirs: Sequence[Path], tags: dic
     # spawn: the workers start clean, without this process's database connections
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         batch: list[tuple[Path, dict[str, Any], list[dict[str, Any]]]] = []
+        size = 0
         for d, (meta, rows) in zip(run_dirs, pool.map(parsed_run, run_dirs, chunksize=4)):
             batch.append((d, meta, rows))
-            if sum(len(b[2]) for b in batch) >= BATCH_RESULTS:
+            size += len(rows)
+            if size >= BATCH_RESULTS:
                 yield from _record_batch(engine, url, batch, tags)
-                batch = []
+                batch, size = [], 0
         yield from _record_batch(engine, url, batch, tags)
 
 
@@ -230,14 +238,10 @@ def _record_batch(engine: sa.Engine, url: str, batch: list[tuple[Path, dict[str,
                   tags: dict[str, str] | None) -> list[tuple[Path, int, int]]:
     """Parsed runs in one transaction (each run whole: a commit per run costs more than the
     run's rows on SQLite)."""
-    done = []
+    if not batch:
+        return []
     with translated_errors(url), engine.begin() as conn:
-        for d, meta, rows in batch:
-            rec = Recorder(engine, url, meta, tags or {})
-            rec.write_run(conn)
-            added = rec.insert_rows(conn, rows)
-            done.append((d, added, len(rows) - added))
-    return done
+        return [(d, *_write_parsed(conn, engine, url, meta, rows, tags)) for d, meta, rows in batch]
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,8 @@ class LiveRecorder:
 
 
 class RunHistory:
+    """The history a run records into: opened (connected, migrated) when made."""
+
     def __init__(self, db: str) -> None:
         from gpubench.history.db import open_engine
 
@@ -55,7 +57,3 @@ class RunHistory:
         recorder = Recorder(self.engine, self.url, meta, tags)
         recorder.begin(existing)
         return LiveRecorder(recorder, run_dir)
-
-
-def open_history(db: str) -> RunHistory:
-    return RunHistory(db)

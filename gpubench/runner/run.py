@@ -23,7 +23,7 @@ from gpubench.results.outputs import check_output_dir
 from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES, SCHEMA_VERSION
 from gpubench.results.store import NODE_FILE, RUN_FILE, create_run_dir, load_results, load_run, write_json_atomic
-from gpubench.runner.history import open_history
+from gpubench.runner.history import RunHistory
 from gpubench.runner.mfu import load_peaks, peak_devices
 from gpubench.runner.nodes import Nodes
 from gpubench.runner.probe import probe
@@ -141,7 +141,7 @@ def execute(req: RunRequest, console: Console) -> int:
     check_data(configs, suite.source)
     if run_dir is None:
         check_output_dir(req.out, "--out")
-    history = open_history(req.db) if req.db is not None and nodes.node_rank == 0 else None
+    history = RunHistory(req.db) if req.db is not None and nodes.node_rank == 0 else None
     done = {(r.config_id, r.repeat) for r in existing}
     jobs = plan(configs, repeats, done)
     probes = probe_frameworks(configs, console) if jobs else {}
