@@ -17,18 +17,21 @@ development VM; a dashboard over 1,000 commits x 50 configs within 30 s; the sam
 PostgreSQL (``--db postgresql://...``, an empty database).
 
     PYTHONPATH=. python benchmarks/history_scale.py [--runs 1000] [--configs 100] [--db URL]
-        [--dashboard] [--json FILE]
+        [--dashboard] [--profile] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import hashlib
 import json
+import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -78,6 +81,64 @@ def make_runs(root: Path, n_runs: int, n_configs: int, seed: int = 0) -> list[Pa
     return dirs
 
 
+@contextlib.contextmanager
+def second_postgres_db(url: str) -> Iterator[str]:
+    """A new database on the server of ``url`` (dropped afterwards), for the profile's writes."""
+    import sqlalchemy as sa
+
+    name = f"gpubench_profile_{os.getpid()}"
+    admin = sa.create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE {name}")
+    try:
+        yield sa.engine.make_url(url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE {name}")
+        admin.dispose()
+
+
+def profile(dirs: list[Path], db: str) -> dict[str, float]:
+    """Microseconds per result of each step of an ingest, in this process (see the docstring)."""
+    from gpubench.history.db import open_engine
+    from gpubench.history.store import _result_row, _write_parsed, figures
+    from gpubench.results.result import Result
+    from gpubench.results.store import decode_line, load_run
+
+    spent = dict.fromkeys(("read and decode", "shape check", "registry figures", "row", "write"), 0.0)
+    parsed, n = [], 0
+    for d in dirs:
+        t0 = time.perf_counter()
+        objs = [(line, decode_line(line)) for line in (d / "results.jsonl").read_bytes().splitlines() if line]
+        t1 = time.perf_counter()
+        found = [(line.decode(), Result.from_json(obj)) for line, obj in objs]
+        t2 = time.perf_counter()
+        for _, r in found:
+            figures(r)
+        t3 = time.perf_counter()
+        rows = [_result_row(0, r, line) for line, r in found]  # takes the figures again: less t3 - t2
+        t4 = time.perf_counter()
+        spent["read and decode"] += t1 - t0
+        spent["shape check"] += t2 - t1
+        spent["registry figures"] += t3 - t2
+        spent["row"] += (t4 - t3) - (t3 - t2)
+        parsed.append((load_run(d), rows))
+        n += len(rows)
+    engine, url = open_engine(db)
+    t0 = time.perf_counter()
+    batch: list[tuple[dict, list[dict]]] = []
+    for i, (meta, rows) in enumerate(parsed, start=1):
+        batch.append((meta, rows))
+        if sum(len(r) for _, r in batch) >= 2000 or i == len(parsed):
+            with engine.begin() as conn:  # as a parallel ingest's worker writes its share
+                for m, r in batch:
+                    _write_parsed(conn, engine, url, m, r, None)
+            batch = []
+    spent["write"] = time.perf_counter() - t0
+    engine.dispose()
+    return {k: v / n * 1e6 for k, v in spent.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=1000)
@@ -86,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dashboard", action="store_true", help="also time the dashboard over the database")
     p.add_argument("--workers", type=int, help="processes reading the run directories (default: the CPUs; 1: "
                                                "this process only)")
+    p.add_argument("--profile", action="store_true", help="also print where an ingest's time goes, per result, in "
+                                                          "one process")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
 
@@ -115,6 +178,15 @@ def main(argv: list[str] | None = None) -> int:
             figures["dashboard_charts"] = dash.charts
             print(f"dashboard: {dash.charts} charts in {figures['dashboard_s']:.2f} s -> {dash.index}")
         engine.dispose()
+        if a.profile:
+            if a.db and a.db.startswith("postgresql"):
+                with second_postgres_db(a.db) as other:
+                    split = profile(dirs, other)
+            else:
+                split = profile(dirs, str(root / "profile.db"))
+            figures["profile_us_per_result"] = split
+            print("profile (one process, microseconds per result): "
+                  + ", ".join(f"{k} {v:.0f}" for k, v in split.items()) + f"; total {sum(split.values()):.0f}")
     if a.json:
         a.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0

@@ -248,7 +248,7 @@ def _main(argv: list[str] | None) -> int:
 
             require_history()
             from gpubench.history.command import HistoryRequest, run_history
-            from gpubench.history.store import Filters
+            from gpubench.history.query import Filters
 
             filters = Filters(*(getattr(args, k, None) for k in ("suite", "config", "machine", "branch", "since")))
             return run_history(HistoryRequest(args.action, args.db, getattr(args, "run_dirs", []),

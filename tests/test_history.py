@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import re
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -420,12 +421,16 @@ def test_without_the_history_extra_the_commands_say_what_to_install(tmp_path, wr
     assert not (tmp_path / "runs").exists() and not (tmp_path / "h.db").exists()
 
 
-def test_a_parallel_ingest_records_what_a_sequential_one_does(tmp_path, history_db):
-    """Enough run directories for worker processes to read them: every result once, each
-    directory reported in order, the same stored lines as ingesting them one by one."""
+def test_a_parallel_ingest_records_what_a_sequential_one_does(tmp_path, history_db, monkeypatch):
+    """Enough run directories for worker processes to read and write them, each directory a
+    share of its own so that both workers write at once: every result once, each directory
+    reported in order, the same stored lines as ingesting them one by one."""
+    from gpubench.history import store
     from gpubench.history.store import PARALLEL_MIN_RUNS, ingest_runs
 
+    monkeypatch.setattr(store, "BATCH_BYTES", 1)
     dirs = commit_runs(tmp_path / "runs", [1.0 + i / 100 for i in range(PARALLEL_MIN_RUNS)])
+    assert len(list(store._shares(dirs))) == len(dirs)
     engine, url = engine_of(history_db)
     reported = list(ingest_runs(engine, url, dirs, workers=2))
     again = list(ingest_runs(engine, url, dirs, workers=2))
@@ -444,3 +449,48 @@ def test_gpubench_db_in_the_environment_records_every_run(tmp_path, write_suite)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # mode 1's error result
     (run_dir,) = list((tmp_path / "runs").iterdir())
     assert [r["doc"] for r in stored(str(db))] == result_lines(run_dir)
+
+
+def test_figures_are_the_registrys_values(tmp_path):
+    """The figures an ingest stores are what Metric.value gives for every numeric metric, on
+    the committed samples' lines and on lines missing what some metrics read."""
+    from gpubench.history.store import figures
+    from gpubench.results.metrics import METRICS
+    from gpubench.results.result import Result
+
+    lines = [x for d in (QUICK, FRAMEWORKS) for x in result_lines(d)]
+    sparse = {**lines[0], "metrics": {**lines[0]["metrics"], "memory": None, "mfu": 7.0, "throughput": {
+        "median": 10, "ci_low": float("inf"), "ci_high": 12.0}}, "model": None}
+    for line in [*lines, sparse]:
+        r = Result.from_json(line)
+        expected = {m.name: float(v) for m in METRICS for v in [m.value(r)]
+                    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+        assert figures(r) == expected
+        assert len(expected) >= 25 or line is sparse or line["status"] != "ok"  # most of the registry
+    assert "mfu" not in figures(Result.from_json(sparse)) and "throughput_ci_low" not in figures(
+        Result.from_json(sparse))
+
+
+def test_postgresql_stores_result_lines_with_lz4(postgres):
+    """The second migration compresses the stored lines with lz4 on a server that has it (the
+    tests' server is Debian's, built with lz4), and a database at the first revision is
+    brought to it when opened."""
+    import sqlalchemy as sa
+    from alembic import command
+
+    from gpubench.history.db import _alembic_config, head_revision, make_engine
+
+    url = postgres.create_database("lz4_migration")
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        command.upgrade(_alembic_config(conn), "0001")
+    compression = sa.text("SELECT attcompression FROM pg_attribute WHERE attrelid = 'results'::regclass "
+                          "AND attname = 'doc'")
+    with engine.connect() as conn:
+        assert conn.execute(compression).scalar_one() == ""  # the server's default (pglz)
+    engine.dispose()
+    engine, _ = engine_of(url)
+    with engine.connect() as conn:
+        assert conn.execute(compression).scalar_one() == "l"
+        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == head_revision()
+    engine.dispose()

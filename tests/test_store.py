@@ -229,3 +229,27 @@ def test_a_result_line_survives_a_round_trip_and_keeps_keys_it_does_not_know():
     assert r.to_json() == raw
     with pytest.raises(ValueError, match="unknown status 'fast'"):
         Result(run_id="r", config_id="c", repeat=0, config={"framework": "x"}, status="fast")
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["orjson", "json"])
+def test_lines_read_the_same_with_or_without_the_fast_decoder(tmp_path, monkeypatch, fast):
+    """orjson (where installed) and the standard library read the same lines the same way:
+    what orjson refuses (NaN from an older or hand-made line, an integer beyond 64 bits) is
+    read by the standard library, and a corrupt line is the same error either way."""
+    from gpubench.results import store
+
+    if fast:
+        pytest.importorskip("orjson")
+        assert store._fast_loads is not None
+    else:
+        monkeypatch.setattr(store, "_fast_loads", None)
+    odd = {**line(1), "metrics": None, "log": "w.log"}
+    text = json.dumps(line(0)) + "\n" + json.dumps(odd).replace('"w.log"', '"w.log", "x": NaN, "big": 18446744073709551616')
+    (tmp_path / "results.jsonl").write_text(text + "\n")
+    first, second = load_results(tmp_path)
+    assert first.config_id == "c0" and second.log == "w.log"
+    assert math.isnan(second.extra["x"]) and second.extra["big"] == 2**64
+    (tmp_path / "results.jsonl").write_text(text + "\n{oops\n" + json.dumps(line(2)) + "\n")
+    with pytest.raises(InputError, match=re.escape("results.jsonl:3: corrupt result line: Expecting property name "
+                                                   "enclosed in double quotes: line 1 column 2 (char 1)")):
+        load_results(tmp_path)

@@ -13,7 +13,8 @@ from gpubench import fmt
 from gpubench.errors import InputError, warn
 from gpubench.history.dashboard import DEFAULT_METRICS, build_dashboard
 from gpubench.history.db import display_url, open_engine
-from gpubench.history.store import Filters, ingest_runs, list_runs, load_history
+from gpubench.history.query import Filters, list_runs, load_history
+from gpubench.history.store import ingest_runs
 from gpubench.results.metrics import BY_NAME
 from gpubench.results.outputs import check_output_dir
 

@@ -33,8 +33,8 @@ import gpubench  # noqa: E402
 from gpubench import fmt  # noqa: E402
 from gpubench.files import write_atomic, write_text_atomic  # noqa: E402
 from gpubench.history.db import display_url, translated_errors  # noqa: E402
+from gpubench.history.query import Filters  # noqa: E402
 from gpubench.history.schema import machines, results, runs  # noqa: E402
-from gpubench.history.store import Filters  # noqa: E402
 from gpubench.results.metrics import BY_NAME  # noqa: E402
 
 DEFAULT_METRICS = ("throughput",)

@@ -126,8 +126,11 @@ def make_engine(url: str) -> sa.Engine:
         except ImportError:
             raise HistoryError(f"--db {display_url(url)}: PostgreSQL needs the psycopg driver: "
                                "pip install 'gpubench[postgresql]'") from None
-        return sa.create_engine(url, connect_args={"connect_timeout": CONNECT_TIMEOUT_S,
-                                                   "options": f"-c lock_timeout={int(LOCK_TIMEOUT_S * 1000)}"})
+        # use_insertmanyvalues off: many rows go through psycopg's executemany (one prepared
+        # statement), not a statement of many VALUES that the driver parses again each time
+        return sa.create_engine(url, use_insertmanyvalues=False,
+                                connect_args={"connect_timeout": CONNECT_TIMEOUT_S,
+                                              "options": f"-c lock_timeout={int(LOCK_TIMEOUT_S * 1000)}"})
     raise HistoryError(f"--db {url}: not a database this version knows; give a file path, sqlite:///PATH or "
                        "postgresql://USER@HOST[:PORT]/NAME")
 

@@ -1,4 +1,4 @@
-"""Writing runs and results into the history, and reading them back.
+"""Writing runs and results into the history (reading them back is gpubench.history.query's).
 
 A run is written as it goes: ``Recorder.begin`` (the machine and the run, marked incomplete),
 ``record`` for each result as it finishes (one transaction each, so a killed run keeps what
@@ -11,6 +11,7 @@ later, or ingesting it twice, adds it once.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import multiprocessing
@@ -22,16 +23,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import sqlalchemy as sa
 
 from gpubench.history.db import HistoryError, translated_errors
 from gpubench.history.schema import machines, results, runs
 from gpubench.provenance import commit_time
-from gpubench.results.frame import results_frame
 from gpubench.results.metrics import METRICS
 from gpubench.results.result import Result, ResultError
-from gpubench.results.store import load_run, read_results, result_line, run_env
+from gpubench.results.store import RESULTS_FILE, load_run, read_results, result_line, run_env
 
 
 def _now() -> str:
@@ -65,11 +64,44 @@ def run_key(env: dict[str, Any], run_id: str, created_at: str) -> str:
     return hashlib.sha1(f"{env.get('hostname')}\n{run_id}\n{created_at}".encode()).hexdigest()
 
 
+def _tree(paths: list[tuple[str, tuple[str, ...]]]) -> dict[str, Any]:
+    """Metric names by path, as nested {key: (name or None, {key: ...})}: a line's objects are
+    walked once for all the metrics inside them."""
+    tree: dict[str, Any] = {}
+    for name, path in paths:
+        node = tree
+        for i, key in enumerate(path):
+            leaf, children = node.get(key, (None, {}))
+            node[key] = (name if i == len(path) - 1 else leaf, children)
+            node = children
+    return tree
+
+
+# the registry's metrics found at a path, and those computed (flags and labels left out: they
+# are never numbers); a test checks that figures() gives what Metric.value gives
+_AT_PATH = _tree([(m.name, m.path) for m in METRICS if m.path and m.kind not in ("flag", "text")])
+_DERIVED = tuple(m for m in METRICS if m.derive is not None and m.kind not in ("flag", "text"))
+
+
+def _collect(obj: dict[str, Any], tree: dict[str, Any], out: dict[str, float]) -> None:
+    for key, (name, children) in tree.items():
+        v = obj.get(key)
+        if name is not None and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out[name] = float(v)
+        if children and isinstance(v, dict):
+            _collect(v, children, out)
+
+
 def figures(result: Result) -> dict[str, float]:
     """Every finite numeric figure of the metric registry in ``result`` (flags and labels stay
-    in the stored result line)."""
-    out = {}
-    for m in METRICS:
+    in the stored result line): ``Metric.value`` of each metric, with each object of the line
+    walked once, since an ingest takes them from every result line it reads."""
+    out: dict[str, float] = {}
+    for block, (_, children) in _AT_PATH.items():
+        v = getattr(result, block)
+        if isinstance(v, dict):
+            _collect(v, children, out)
+    for m in _DERIVED:
         v = m.value(result)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
             out[m.name] = float(v)
@@ -84,7 +116,17 @@ def _result_row(run_pk: int, r: Result, line: str | None = None) -> dict[str, An
             "status": r.status, "reason": r.reason, "workload": c.get("workload"), "framework": c.get("framework"),
             "device": c.get("device"), "precision": c.get("precision"),
             "batch_size": batch if isinstance(batch, int) and not isinstance(batch, bool) else None,
-            "figures": json.dumps(figures(r)), "doc": line if line is not None else result_line(r)}
+            "figures": _encode(figures(r)), "doc": line if line is not None else result_line(r)}
+
+
+try:  # orjson where installed (the history extra): an ingest encodes every result's figures
+    import orjson
+
+    def _encode(obj: dict[str, float]) -> str:
+        return orjson.dumps(obj).decode()
+except ImportError:  # pragma: no cover - depends on the environment
+    def _encode(obj: dict[str, float]) -> str:
+        return json.dumps(obj)
 
 
 def _suite_name(meta: dict[str, Any]) -> str:
@@ -113,9 +155,10 @@ class Recorder:
         self.record_many(results_so_far)
         return new
 
-    def write_run(self, conn: sa.Connection) -> bool:
+    def write_run(self, conn: sa.Connection, machine_ids: dict[str, int] | None = None) -> bool:
         """The machine and the run, in ``conn``'s transaction; sets run_pk. True when the run
-        was new to the history."""
+        was new to the history. ``machine_ids``: machine keys already written in this
+        transaction, with their ids (a batch of runs from one machine writes it once)."""
         env = self.meta.get("env") or {}
         prov = self.meta.get("provenance") or {}
         git = env.get("git") or {}
@@ -124,20 +167,28 @@ class Recorder:
         run_id, created = str(self.meta.get("run_id")), str(self.meta.get("created_at"))
         key = run_key(env, run_id, created)
         machine = machine_row(env)
-        conn.execute(_insert(conn, machines).values(**machine, first_seen=_now()))
-        machine_id = conn.execute(sa.select(machines.c.id).where(
-            machines.c.machine_key == machine["machine_key"])).scalar_one()
-        new = conn.execute(_insert(conn, runs).values(
+        machine_id = (machine_ids or {}).get(machine["machine_key"])
+        if machine_id is None:
+            conn.execute(_insert(conn, machines).values(**machine, first_seen=_now()))
+            machine_id = conn.execute(sa.select(machines.c.id).where(
+                machines.c.machine_key == machine["machine_key"])).scalar_one()
+            if machine_ids is not None:
+                machine_ids[machine["machine_key"]] = machine_id
+        pk = conn.execute(_insert(conn, runs).values(
             run_key=key, run_id=run_id, suite=_suite_name(self.meta), machine_id=machine_id, created_at=created,
             finished_at=self.meta.get("finished_at"), complete=bool(self.meta.get("completed")),
             commit=prov.get("commit") or git.get("commit"), branch=prov.get("branch"),
             commit_time=prov.get("commit_time"), ci_url=prov.get("ci_url"),
-            tags={**(self.meta.get("tags") or {}), **self.tags}, env=env, recorded_at=_now())).rowcount == 1
-        self.run_pk = conn.execute(sa.select(runs.c.id).where(runs.c.run_key == key)).scalar_one()
+            tags={**(self.meta.get("tags") or {}), **self.tags}, env=env, recorded_at=_now(),
+        ).returning(runs.c.id)).scalar_one_or_none()  # no row: the history has the run
+        new = pk is not None
+        if pk is None:
+            pk = conn.execute(sa.select(runs.c.id).where(runs.c.run_key == key)).scalar_one()
+        self.run_pk = pk
         if not new and self.meta.get("completed"):  # recorded while it ran, complete since
             conn.execute(runs.update().where(runs.c.id == self.run_pk).values(
                 complete=True, finished_at=self.meta.get("finished_at")))
-        return bool(new)
+        return new
 
     def record(self, result: Result) -> bool:
         """One result, in a transaction of its own; False when the history has it already."""
@@ -157,9 +208,13 @@ class Recorder:
         assert self.run_pk is not None, "write_run() first"
         if not rows:
             return 0
+        rows = [{**row, "run_id": self.run_pk} for row in rows]
+        insert = _insert(conn, results)
+        if conn.dialect.name == "sqlite":  # its driver sums the rows each insert added
+            return int(conn.execute(insert, rows).rowcount)
         count = sa.select(sa.func.count()).select_from(results).where(results.c.run_id == self.run_pk)
         before = conn.execute(count).scalar_one()
-        conn.execute(_insert(conn, results), [{**row, "run_id": self.run_pk} for row in rows])
+        conn.execute(insert, rows)
         return int(conn.execute(count).scalar_one() - before)
 
     def finish(self, finished_at: str | None = None) -> None:
@@ -185,10 +240,11 @@ def parsed_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 
 def _write_parsed(conn: sa.Connection, engine: sa.Engine, url: str, meta: dict[str, Any], rows: list[dict[str, Any]],
-                  tags: dict[str, str] | None) -> tuple[int, int]:
-    """A parsed run, in ``conn``'s transaction: (results added, results the history had)."""
+                  tags: dict[str, str] | None, machine_ids: dict[str, int] | None = None) -> tuple[int, int]:
+    """A parsed run, in ``conn``'s transaction: (results added, results the history had).
+    ``machine_ids``: as ``Recorder.write_run`` takes it."""
     rec = Recorder(engine, url, meta, tags or {})
-    rec.write_run(conn)
+    rec.write_run(conn, machine_ids)
     added = rec.insert_rows(conn, rows)
     return added, len(rows) - added
 
@@ -205,16 +261,17 @@ def ingest(engine: sa.Engine, url: str, run_dir: Path, tags: dict[str, str] | No
     return record_parsed(engine, url, *parsed_run(run_dir), tags)
 
 
-PARALLEL_MIN_RUNS = 8  # fewer run directories are read in this process: starting workers costs more
-BATCH_RESULTS = 2000  # a parallel ingest writes whole runs in transactions of about this many results
+PARALLEL_MIN_RUNS = 8  # fewer run directories are ingested in this process: starting workers costs more
+BATCH_BYTES = 8 << 20  # a parallel ingest writes whole runs in transactions of about this much result text
 
 
 def ingest_runs(engine: sa.Engine, url: str, run_dirs: Sequence[Path], tags: dict[str, str] | None = None,
                 workers: int | None = None) -> Iterator[tuple[Path, int, int]]:
-    """Record run directories in order, yielding (run dir, added, had) for each. With several
-    CPUs and at least PARALLEL_MIN_RUNS directories, worker processes read them (parsed_run)
-    while this process writes (the database is written from here only, in order), whole runs
-    in transactions of about BATCH_RESULTS results."""
+    """Record run directories, yielding (run dir, added, had) for each, in order. With several
+    CPUs and at least PARALLEL_MIN_RUNS directories, worker processes each read a share of the
+    directories and write it, whole runs in transactions of about BATCH_BYTES of results.jsonl
+    (a commit per run costs more than the run's rows on SQLite); the database orders the
+    writers (SQLite: each transaction begun IMMEDIATE waits for the lock)."""
     workers = workers if workers is not None else len(os.sched_getaffinity(0)) if hasattr(
         os, "sched_getaffinity") else (os.cpu_count() or 1)
     if workers < 2 or len(run_dirs) < PARALLEL_MIN_RUNS:
@@ -223,85 +280,37 @@ def ingest_runs(engine: sa.Engine, url: str, run_dirs: Sequence[Path], tags: dic
         return
     # spawn: the workers start clean, without this process's database connections
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        batch: list[tuple[Path, dict[str, Any], list[dict[str, Any]]]] = []
-        size = 0
-        for d, (meta, rows) in zip(run_dirs, pool.map(parsed_run, run_dirs, chunksize=4)):
-            batch.append((d, meta, rows))
-            size += len(rows)
-            if size >= BATCH_RESULTS:
-                yield from _record_batch(engine, url, batch, tags)
-                batch, size = [], 0
-        yield from _record_batch(engine, url, batch, tags)
+        for done in pool.map(_ingest_share, itertools.repeat(url), _shares(run_dirs), itertools.repeat(tags)):
+            yield from done
 
 
-def _record_batch(engine: sa.Engine, url: str, batch: list[tuple[Path, dict[str, Any], list[dict[str, Any]]]],
-                  tags: dict[str, str] | None) -> list[tuple[Path, int, int]]:
-    """Parsed runs in one transaction (each run whole: a commit per run costs more than the
-    run's rows on SQLite)."""
-    if not batch:
-        return []
+def _shares(run_dirs: Sequence[Path]) -> Iterator[list[Path]]:
+    """The run directories in consecutive shares of about BATCH_BYTES of results.jsonl each."""
+    share: list[Path] = []
+    size = 0
+    for d in run_dirs:
+        share.append(d)
+        try:
+            size += (d / RESULTS_FILE).stat().st_size
+        except OSError:
+            pass  # reading it will say what is wrong
+        if size >= BATCH_BYTES:
+            yield share
+            share, size = [], 0
+    if share:
+        yield share
+
+
+_ENGINES: dict[str, sa.Engine] = {}  # a worker's engine for each database it writes
+
+
+def _ingest_share(url: str, run_dirs: list[Path], tags: dict[str, str] | None) -> list[tuple[Path, int, int]]:
+    """A worker's share of a parallel ingest: read every directory, then write them all in one
+    transaction (the database is migrated already: the caller opened it)."""
+    from gpubench.history.db import make_engine
+
+    engine = _ENGINES.get(url) or _ENGINES.setdefault(url, make_engine(url))
+    parsed = [(d, *parsed_run(d)) for d in run_dirs]
+    machine_ids: dict[str, int] = {}
     with translated_errors(url), engine.begin() as conn:
-        return [(d, *_write_parsed(conn, engine, url, meta, rows, tags)) for d, meta, rows in batch]
-
-
-@dataclass(frozen=True)
-class Filters:
-    suite: str | None = None
-    config: str | None = None  # a config id, or a part of one
-    machine: str | None = None  # a hostname, or a machine key's prefix
-    branch: str | None = None
-    since: str | None = None  # an ISO date or time: runs created at or after it
-
-    def where(self) -> list[Any]:
-        out: list[Any] = []
-        if self.suite:
-            out.append(runs.c.suite == self.suite)
-        if self.machine:
-            out.append(sa.or_(machines.c.hostname == self.machine, machines.c.machine_key.startswith(self.machine)))
-        if self.branch:
-            out.append(runs.c.branch == self.branch)
-        if self.since:
-            out.append(runs.c.created_at >= self.since)
-        return out
-
-
-def list_runs(engine: sa.Engine, url: str, f: Filters) -> pd.DataFrame:
-    """One row per run, newest first: run, suite, machine, commit, branch, created, complete,
-    results (ok of all)."""
-    n_ok = sa.func.sum(sa.case((results.c.status == "ok", 1), else_=0))
-    q = (sa.select(runs.c.run_id, runs.c.suite, machines.c.hostname, runs.c.commit, runs.c.branch,
-                   runs.c.created_at, runs.c.complete, sa.func.count(results.c.id).label("results"),
-                   n_ok.label("ok"))
-         .join(machines, runs.c.machine_id == machines.c.id)
-         .outerjoin(results, results.c.run_id == runs.c.id)
-         .where(*f.where())
-         .group_by(runs.c.id, machines.c.hostname)
-         .order_by(runs.c.created_at.desc(), runs.c.id.desc()))
-    if f.config:
-        q = q.where(runs.c.id.in_(sa.select(results.c.run_id).where(results.c.config_id.contains(f.config))))
-    with translated_errors(url), engine.connect() as conn:
-        return pd.DataFrame(conn.execute(q).mappings().all(),
-                            columns=["run_id", "suite", "hostname", "commit", "branch", "created_at", "complete",
-                                     "results", "ok"])
-
-
-def load_history(engine: sa.Engine, url: str, f: Filters) -> pd.DataFrame:
-    """One row per stored result, as the results frame has it (every registry metric a column),
-    with the run's provenance in front: run_id, suite, machine, machine_key, commit, branch,
-    commit_time, created_at, complete, ci_url."""
-    q = (sa.select(runs.c.run_id.label("h_run"), runs.c.suite, machines.c.hostname.label("machine"),
-                   machines.c.machine_key, runs.c.commit, runs.c.branch, runs.c.commit_time, runs.c.created_at,
-                   runs.c.complete, runs.c.ci_url, results.c.doc)
-         .join(machines, runs.c.machine_id == machines.c.id)
-         .join(results, results.c.run_id == runs.c.id)
-         .where(*f.where())
-         .order_by(runs.c.created_at, runs.c.id, results.c.id))
-    if f.config:
-        q = q.where(results.c.config_id.contains(f.config))
-    with translated_errors(url), engine.connect() as conn:
-        rows = conn.execute(q).mappings().all()
-    if not rows:
-        return pd.DataFrame()
-    frame = results_frame([Result.from_json(json.loads(r["doc"])) for r in rows])
-    prov = pd.DataFrame([{k: v for k, v in r.items() if k != "doc"} for r in rows]).rename(columns={"h_run": "run_id"})
-    return pd.concat([prov, frame.drop(columns=[c for c in ("run_id", "run") if c in frame.columns])], axis=1)
+        return [(d, *_write_parsed(conn, engine, url, meta, rows, tags, machine_ids)) for d, meta, rows in parsed]
