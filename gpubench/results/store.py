@@ -29,8 +29,8 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 
 def decode_line(line: bytes) -> Any:
-    """One line of JSON. orjson where installed (some three times faster on result lines: an
-    ingest decodes every line it records), else, and for what orjson refuses (NaN, integers
+    """One line of JSON. orjson where installed (faster on result lines: an ingest decodes
+    every line it records), else, and for what orjson refuses (NaN, integers
     beyond 64 bits), the standard library, so both read the same lines the same way and a bad
     line is the standard library's ValueError."""
     if _fast_loads is not None:
