@@ -42,18 +42,18 @@ latest_run() { ls -td "$OUT"/runs/"$1"-* 2>/dev/null | head -n 1; }  # latest_ru
 # --- the steps: NAME, planned minutes on an H100 (a guess), what it checks ---------------------
 STEPS=(
   "env         0  the machine: nvidia-smi, gpubench env"
-  "calibrate   1  #8: peak TFLOP/s per precision (best training kernel) and copy bandwidth (cached for MFU)"
-  "targets     7  #8: ResNet-50 / MNIST CNN target configs, checked by scripts/gpu_targets.py; sample report"
-  "telemetry   2  #4: utilisation busy/idle, power above idle, counter vs integrated energy; NVML overhead"
-  "quick       3  #2: the quick suite's CUDA configs at fp32, tf32, amp-fp16, amp-bf16"
-  "overhead    1  #2: harness overhead against a hand-written loop"
-  "parallel    4  #7: grad-accum:4, ddp:1 and pipeline:1 over NCCL against single"
+  "calibrate   1  (39 s on an H100, 2026-11-24) #8: peak TFLOP/s per precision (best training kernel) and copy bandwidth (cached for MFU)"
+  "targets     6  (318 s) #8: ResNet-50 / MNIST CNN target configs, checked by scripts/gpu_targets.py; sample report"
+  "telemetry   2  (75 s) #4: utilisation busy/idle, power above idle, counter vs integrated energy; NVML overhead"
+  "quick       4  (216 s) #2: the quick suite's CUDA configs at fp32, tf32, amp-fp16, amp-bf16"
+  "overhead    1  (30 s) #2: harness overhead against a hand-written loop"
+  "parallel    5  (237 s for 13 of 16 configs) #7: grad-accum:4, ddp:1 and pipeline:1 over NCCL against single"
   "compile     6  #8: eager, torch.compile, reduce-overhead, cuda-graph, channels-last on the MNIST CNN"
-  "resnet      4  #7/#8: ResNet-18/50 with and without activation checkpointing (memory saving)"
-  "profile     2  #8: gpubench profile (CUDA kernels, breakdown on CUDA events; NVTX under nsys if installed)"
-  "gpu-tests   6  every @pytest.mark.gpu test"
+  "resnet      4  (190 s) #7/#8: ResNet-18/50 with and without activation checkpointing (memory saving)"
+  "profile     1  (33 s) #8: gpubench profile (CUDA kernels, breakdown on CUDA events; NVTX under nsys if installed)"
+  "gpu-tests   6  (303 s) every @pytest.mark.gpu test"
   "find-batch  5  #7: the largest batch for cnn and mlp at amp-bf16 (expected to fit to the limit), and for ResNet-18 fp32 (chosen to run out of memory partway)"
-  "max-batch   2  #7: batch_size = \"max\" resolved before the config runs; a config past the GPU's memory ends oom"
+  "max-batch   3  (136 s) #7: batch_size = \"max\" resolved before the config runs; a config past the GPU's memory ends oom"
 )
 
 do_env() {
@@ -135,7 +135,7 @@ do_profile() {
 }
 
 do_gpu_tests() {
-  step gpu-tests "$PY" -m pytest -q -m gpu tests/
+  step gpu-tests "$PY" -m pytest -q -rs -m gpu tests/
 }
 
 do_find_batch() {
@@ -173,7 +173,7 @@ PYEOF
 
 names=()
 for s in "${STEPS[@]}"; do names+=("${s%% *}"); done
-if [ "${1:-}" = --list ]; then echo "step        planned minutes on an H100 (a guess, not measured)"; printf '%s\n' "${STEPS[@]}"; exit 0; fi
+if [ "${1:-}" = --list ]; then echo "step        planned minutes on an H100 (measured seconds in brackets where a GPU has run it)"; printf '%s\n' "${STEPS[@]}"; exit 0; fi
 chosen=("$@")
 [ ${#chosen[@]} -gt 0 ] || chosen=("${names[@]}")
 for name in "${chosen[@]}"; do

@@ -6,7 +6,7 @@
    default 100 ms).
 3. Checks, from the result and its saved timeline: utilisation is high while measuring and
    low while idle; power while measuring is above idle; the energy from the counter (read at
-   window boundaries) agrees with power integrated over the windows within 10%.
+   window boundaries) agrees with power integrated over the windows within 10% of the integral.
 
 Prints every figure (they go into docs/gpu-validation.md) and exits 1 when a check fails.
 On a machine without a GPU (``--device cpu``) it checks the null path instead: ``telemetry.gpu``
@@ -67,7 +67,10 @@ def main() -> int:
               f"({idle['power_source']}), {idle['samples']} samples")
     # mlp 4 x 4096, batch 4096: tens of ms per step on an H100, so the GPU is busy
     sets = ["workload=mlp", "framework=torch", f"device={a.device}", "precision=fp32", "warmup_steps=20", "windows=5"]
-    sets += (["depth=4", "width=4096", "batch_size=4096", "steps=100"] if gpu
+    # 100 steps (about 2.7 s on an H100) a window: on the first H100 run the default window_s
+    # of 0.5 s left about 5 power samples a window, and the integral came out 10% below the
+    # counter; edge effects at that sampling are the likely cause, not yet confirmed
+    sets += (["depth=4", "width=4096", "batch_size=4096", "steps=100", "window_s=3"] if gpu
              else ["depth=2", "width=512", "batch_size=256", "steps=40"])
     cmd = [a.python, "-m", "gpubench", "run", "suites/quick.toml", "--out", str(a.out), "--no-report",
            "--telemetry-interval-ms", "100"] + [x for s in sets for x in ("--set", s)]
@@ -109,7 +112,7 @@ def main() -> int:
         print(f"energy over the windows: counter {counter} J ({g.get('energy_source')}), "
               f"integrated {integrated} J ({source})")
         agree = (counter is not None and integrated is not None and g.get("energy_source") == "counter"
-                 and abs(counter - integrated) <= ENERGY_AGREEMENT * counter)
+                 and abs(counter - integrated) <= ENERGY_AGREEMENT * integrated)
         checks.append((f"counter energy within {ENERGY_AGREEMENT:.0%} of integrated power", agree))
     for name, ok in checks:
         print(("PASS " if ok else "FAIL ") + name)

@@ -9,6 +9,7 @@ import re
 import shutil
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -75,7 +76,7 @@ def test_cache_miss_hit_corrupt_and_force(cache_dir):
     old = {k: v for k, v in rebuilt.entry.items() if k not in ("peak_tflops", "peak_kernels")}
     first.path.write_text(json.dumps({**old, "cache_version": 1, "matmul_tflops": {"fp32": 0.03, "bf16": 0.0012}}))
     again = cache.get_calibration("cpu", measure=measure, warn=warnings.append)
-    assert not again.cached and measure.calls == 9 and "cache_version 1, expected 2" in warnings[-1]
+    assert not again.cached and measure.calls == 9 and f"cache_version 1, expected {cache.CACHE_VERSION}" in warnings[-1]
     assert "matmul_tflops" not in json.loads(first.path.read_text())
 
     forced = cache.get_calibration("cpu", force=True, measure=measure, warn=warnings.append)
@@ -364,6 +365,31 @@ def test_combine_keeps_the_best_kernel_per_precision_across_frameworks():
     entry = cache.combine(only_failed, {"unavailable": "x"})
     assert entry["peak_tflops"] == {"fp32": 0.028} and set(entry["peak_kernels"]) == {"fp32"}
     assert "no kernel ran (torch linear: size 256: RuntimeError: no)" in entry["skipped"]["bf16"]
+
+
+def test_a_kernel_faster_than_the_datasheet_is_no_peak(capsys):
+    """On a lent H100 the fp32 peak came from cuDNN's FFT convolution at 98 TFLOP/s by nominal
+    FLOPs, 147% of the datasheet's 66.9: a figure no fp32 unit can reach. Such a kernel stays in
+    the details with the reason and the peak is the best kernel within the datasheet."""
+    torch_out = {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "framework": {"name": "torch"},
+                 "kernels": [_kernel("torch", "mm", "fp32", 51.0), _kernel("torch", "conv2d", "fp32", 98.09),
+                             _kernel("torch", "mm", "bf16", 702.0), _kernel("torch", "conv2d", "tf32", 600.0),
+                             _kernel("torch", "mm", "fp16", 69.0)],
+                 "memory_bandwidth_gbs": 3004.0, "skipped": {}}
+    entry = cache.combine(torch_out, {"unavailable": "tensorflow is not installed"})
+    assert entry["peak_tflops"] == {"fp32": 51.0, "fp16": 69.0, "bf16": 702.0}  # tf32's only kernel was impossible
+    assert entry["peak_kernels"]["fp32"]["op"] == "mm"
+    conv = next(k for k in entry["details"]["kernels"] if k["op"] == "conv2d" and k["precision"] == "fp32")
+    assert "98.09 TFLOP/s" in conv["not_a_peak"] and "66.9 (NVIDIA H100 SXM5 80GB)" in conv["not_a_peak"]
+    assert "above the datasheet" in entry["skipped"]["tf32"]
+    # 5% above the datasheet is clock noise, not an impossible figure; an unknown GPU has no limit
+    near = {**torch_out, "kernels": [_kernel("torch", "mm", "fp32", 66.9 * 1.04)]}
+    assert cache.combine(near, {"unavailable": "x"})["peak_tflops"] == {"fp32": 66.9 * 1.04}
+    unknown = {**torch_out, "device_name": "NVIDIA B300", "kernels": [_kernel("torch", "conv2d", "fp32", 98.09)]}
+    assert cache.combine(unknown, {"unavailable": "x"})["peak_tflops"] == {"fp32": 98.09}
+    from gpubench.calibrate.command import framework_lines
+    lines = framework_lines(cache.Calibration(entry, Path("x.json"), cached=True))
+    assert any(line.startswith("cuda:0: torch conv2d 512x512x512 fp32 not taken as a peak: 98.09") for line in lines)
 
 
 def test_measure_in_child_skips_tensorflow_where_it_is_missing_or_fails(monkeypatch):

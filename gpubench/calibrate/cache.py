@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import gpubench
+from gpubench.calibrate.datasheet import Datasheet, datasheet_for
 from gpubench.calibrate.measure import PRECISIONS
 from gpubench.env import cpu_model
 from gpubench.errors import warn
@@ -42,8 +43,9 @@ from gpubench.options import device_index, device_kind
 from gpubench.results.store import write_json_atomic
 
 # 2: peaks are the best of the frameworks' training kernels (peak_tflops, peak_kernels), no
-# longer torch.mm's matmul_tflops
-CACHE_VERSION = 2
+# longer torch.mm's matmul_tflops; 3: a kernel whose nominal rate beats the GPU's datasheet is
+# no peak (an H100's fp32 peak had come from an FFT convolution, at 147% of the datasheet)
+CACHE_VERSION = 3
 CACHE_ENV = "GPUBENCH_CACHE_DIR"
 TIMEOUT_S = {"cpu": 300, "cuda": 900}
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -230,6 +232,25 @@ def tensorflow_child(device: str, launcher: Launcher) -> dict[str, Any]:
         return {"unavailable": f"its measurement failed: {e}"}
 
 
+# a measured rate may sit a little above a datasheet figure (boost clocks, rounding); further
+# above it, the kernel did fewer operations than its nominal count
+DATASHEET_SLACK = 1.05
+
+
+def _beyond_datasheet(kernel: dict[str, Any], sheet: Datasheet | None) -> str | None:
+    """Why a kernel's figure cannot be a peak: its nominal FLOPs per second beat the GPU's
+    datasheet. cuDNN runs some fp32 convolutions as FFTs or Winograd transforms, which do fewer
+    multiply-adds than the direct convolution counted, so their rate is not the hardware's."""
+    if sheet is None:
+        return None
+    limit = sheet.tflops.get(kernel.get("precision", ""))
+    tflops: float = kernel.get("tflops") or 0.0
+    if limit is None or not _positive(tflops) or tflops <= DATASHEET_SLACK * limit:
+        return None
+    return (f"{tflops:.4g} TFLOP/s counted by nominal FLOPs is above the datasheet's {limit:g} ({sheet.label}): "
+            f"the kernel did fewer operations than counted (an FFT or Winograd algorithm), so it is no peak")
+
+
 def combine(torch_out: dict[str, Any], tf_out: dict[str, Any]) -> dict[str, Any]:
     """The calibration entry from the children's figures: per precision, the best kernel of
     every framework that ran (``peak_tflops``) and which one it was (``peak_kernels``); every
@@ -238,16 +259,22 @@ def combine(torch_out: dict[str, Any], tf_out: dict[str, Any]) -> dict[str, Any]
                   "tensorflow": ({"unavailable": tf_out["unavailable"]} if tf_out.get("unavailable")
                                  else {**tf_out.get("framework", {}), "seconds": tf_out.get("seconds")})}
     kernels = [*torch_out.get("kernels", []), *([] if tf_out.get("unavailable") else tf_out.get("kernels", []))]
+    sheet = datasheet_for(torch_out.get("device_name"))
     best: dict[str, dict[str, Any]] = {}
     for k in kernels:
-        if _positive(k.get("tflops")) and (k["precision"] not in best or k["tflops"] > best[k["precision"]]["tflops"]):
+        beyond = _beyond_datasheet(k, sheet)
+        if beyond:
+            k["not_a_peak"] = beyond
+        elif _positive(k.get("tflops")) and (k["precision"] not in best
+                                             or k["tflops"] > best[k["precision"]]["tflops"]):
             best[k["precision"]] = k
     order = {p: i for i, p in enumerate(PRECISIONS)}
     precisions = sorted(best, key=lambda p: order.get(p, len(order)))
     skipped = dict(torch_out.get("skipped") or {})
     for k in kernels:  # a precision the device has, but on which no kernel ran
         if k["precision"] not in best and k["precision"] not in skipped:
-            skipped[k["precision"]] = f"no kernel ran ({k['framework']} {k['op']}: {k.get('note') or 'no figure'})"
+            why = k.get("not_a_peak") or k.get("note") or "no figure"
+            skipped[k["precision"]] = f"no kernel ran ({k['framework']} {k['op']}: {why})"
     return {
         "device": torch_out["device"], "device_name": torch_out.get("device_name"),
         "device_uuid": torch_out.get("device_uuid"),

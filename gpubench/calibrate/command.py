@@ -84,6 +84,8 @@ def framework_lines(cal: Calibration) -> list[str]:
     lines += [f"{e['device']}: {name} kernels not timed: {info['unavailable']}"
               for name, info in frameworks.items() if info.get("unavailable")]
     lines += [f"{e['device']}: no {p} peak: {why}" for p, why in (e.get("skipped") or {}).items()]
+    lines += [f"{e['device']}: {kernel_label(k)} {k['precision']} not taken as a peak: {k['not_a_peak']}"
+              for k in (e.get("details") or {}).get("kernels", []) if k.get("not_a_peak")]
     return lines
 
 
