@@ -90,7 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "(default 3%%)")
     cmp.add_argument("--noise-floor", default="1%", help="changes inside this are noise, from 0%% up to the threshold "
                                                          "(default 1%%)")
-    cmp.add_argument("--alpha", type=float, default=0.01, help="family-wise error rate (default 0.01)")
+    cmp.add_argument("--alpha", type=float, default=0.01,
+                     help="error rate over the configs compared, as --correction says (default 0.01)")
+    cmp.add_argument("--correction", choices=["bonferroni", "bh"], default="bonferroni",
+                     help="bonferroni: alpha bounds the chance of any false regressed verdict (default); bh: "
+                          "Benjamini-Hochberg, alpha bounds the expected share of false ones (more power on a sweep)")
     cmp.add_argument("--metric", default="throughput", help=METRIC_HELP)
     cmp.add_argument("--markdown", type=Path, metavar="FILE", help="write a markdown summary (CI job summary)")
     cmp.add_argument("--json", type=Path, metavar="FILE", help="write the verdicts as JSON")
@@ -109,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--threshold", default="3%")
     ab.add_argument("--noise-floor", default="1%")
     ab.add_argument("--alpha", type=float, default=0.01)
+    ab.add_argument("--correction", choices=["bonferroni", "bh"], default="bonferroni",
+                    help="as for compare (default bonferroni)")
     ab.add_argument("--metric", default="throughput", help=METRIC_HELP)
     ab.add_argument("--markdown", type=Path, metavar="FILE")
     ab.add_argument("--no-report", action="store_true")
@@ -269,7 +275,8 @@ def _main(argv: list[str] | None) -> int:
             from gpubench.gate.command import CompareRequest, run_compare
 
             return run_compare(CompareRequest(args.baseline, args.current, args.threshold, args.noise_floor, args.alpha,
-                                              args.metric, args.markdown, args.json, args.force, args.baselines_dir),
+                                              args.metric, args.markdown, args.json, args.force, args.baselines_dir,
+                                              args.correction),
                                console)
         if args.command == "ab":
             from gpubench.launch import Launcher
@@ -278,7 +285,7 @@ def _main(argv: list[str] | None) -> int:
             return execute_ab(ABRequest(args.suite, Launcher(args.baseline_python, args.baseline_path),
                                         Launcher(args.candidate_python, args.candidate_path), args.out, args.sets,
                                         args.repeats, args.threshold, args.noise_floor, args.alpha, args.metric,
-                                        args.markdown, not args.no_report), console)
+                                        args.markdown, not args.no_report, args.correction), console)
         if args.command == "find-batch":
             from gpubench.runner.find_batch_command import run_find_batch
 

@@ -9,9 +9,9 @@ import pytest
 
 from gpubench.errors import InputError
 from gpubench.gate.compare import GATE_METRICS as METRICS
-from gpubench.gate.compare import compare, fingerprint_differences, judge, parse_fraction
+from gpubench.gate.compare import bh_flags, compare, fingerprint_differences, judge, parse_fraction
 from gpubench.results.result import Result
-from gpubench.gate.stats import Shift, _rank_k, _u_cdf, min_repeats, shift
+from gpubench.gate.stats import Shift, _rank_k, _u_cdf, benjamini_hochberg, min_repeats, p_below, shift
 from tests.conftest import run_cli
 
 ENV = {"cpu_model": "Fixture CPU", "gpus": [], "frameworks": {"torch": {"version": "2.13.0", "build": {}}}}
@@ -105,6 +105,107 @@ def test_a_5_percent_slowdown_is_caught_95_percent_of_the_time():
                               results({"c": lognormal(rng, 10, 0.02, scale=950.0)})).regressed)
                  for _ in range(2000))
     assert caught / 2000 >= 0.95, caught
+
+
+# --- false-discovery-rate control (Benjamini-Hochberg) beside Bonferroni -----------------------
+
+def test_p_below_is_the_test_whose_inversion_is_the_interval():
+    """The interval's upper end is below r exactly when the one-sided p-value of "ratio >= r" is
+    at most alpha / 2 of the two-sided level: BH's flags and the reported intervals agree."""
+    rng = np.random.default_rng(21)
+    for _ in range(300):
+        n, m = rng.integers(3, 14, size=2)
+        b, c = lognormal(rng, n, 0.05), lognormal(rng, m, 0.05, scale=1000 * rng.uniform(0.9, 1.05))
+        r0, alpha = float(rng.uniform(0.9, 1.05)), float(rng.choice([0.002, 0.01, 0.05]))
+        s = shift(b, c, 2 * alpha)
+        if s.has_ci:
+            assert (s.ci_high < r0) == (p_below(b, c, r0) <= alpha), (n, m, r0, alpha)
+    from scipy.stats import mannwhitneyu  # and it is the Mann-Whitney test of the shifted logs
+
+    b, c = lognormal(rng, 8, 0.05), lognormal(rng, 9, 0.05, scale=960.0)
+    ref = mannwhitneyu(np.log(c) - np.log(0.99), np.log(b), alternative="less", method="exact")
+    assert p_below(b, c, 0.99) == pytest.approx(ref.pvalue)
+
+
+def test_benjamini_hochberg_is_the_step_up_rule():
+    assert benjamini_hochberg([0.01, 0.04, 0.03, 0.005, 0.2], 0.05) == [True, True, True, True, False]
+    assert benjamini_hochberg([0.001, 0.5, 0.026, 0.04], 0.05) == [True, False, False, False]
+    # step-up: 0.02 misses its own bound (0.05 / 3) but is rejected with the larger 0.024 (<= 2 x 0.05 / 3)
+    assert benjamini_hochberg([0.02, 0.024, 0.5], 0.05) == [True, True, False]
+    assert benjamini_hochberg([], 0.05) == [] and benjamini_hochberg([0.06], 0.05) == [False]
+
+
+def _sweep(rng, k: int, slow: int, factor: float, cv: float = 0.04, n: int = 10):
+    """One simulated sweep of k configs, the first ``slow`` of them truly ``factor`` as fast:
+    each side's values, and its results."""
+    base = {f"c{i}": lognormal(rng, n, cv) for i in range(k)}
+    cur = {f"c{i}": lognormal(rng, n, cv, scale=1000.0 * (factor if i < slow else 1.0)) for i in range(k)}
+    return base, cur, results(base), results(cur)
+
+
+def test_both_corrections_hold_alpha_on_simulated_nulls():
+    """40 configs, none changed, 200 sweeps, alpha 0.05, threshold and noise floor 0 (every
+    regressed verdict is false): Bonferroni's familywise rate and BH's false-discovery rate (the
+    same thing when every config is null) stay within alpha plus three standard errors, where
+    testing each config at alpha would raise an alarm in most sweeps."""
+    rng = np.random.default_rng(2026)
+    sweeps, k, alpha = 200, 40, 0.05
+    alarms = {"bonferroni": 0, "bh": 0}
+    uncorrected = 0
+    for _ in range(sweeps):
+        base, cur, base_results, cur_results = _sweep(rng, k, 0, 1.0)
+        for correction in alarms:
+            c = compare(base_results, cur_results, threshold=0.0, noise_floor=0.0, alpha=alpha, correction=correction)
+            alarms[correction] += bool(c.regressed)
+        uncorrected += any(p_below(base[i], cur[i], 1.0) <= alpha for i in base)
+    limit = alpha + 3 * (alpha * (1 - alpha) / sweeps) ** 0.5
+    assert alarms["bonferroni"] / sweeps <= limit and alarms["bh"] / sweeps <= limit, alarms
+    assert uncorrected / sweeps > 0.5, uncorrected  # the test would see an uncontrolled gate
+
+
+def test_bh_keeps_the_false_discovery_rate_and_finds_more_real_slowdowns():
+    """40 configs of which 8 are truly 5% slower, CV 4%, 10 repeats, 200 sweeps, alpha 0.05:
+    BH's share of false regressed verdicts averages within alpha, and it catches more of the
+    real slowdowns than Bonferroni."""
+    rng = np.random.default_rng(11)
+    sweeps, k, slow, alpha = 200, 40, 8, 0.05
+    fdp, found = [], {"bonferroni": 0, "bh": 0}
+    for _ in range(sweeps):
+        _, _, base, cur = _sweep(rng, k, slow, 0.95)
+        for correction in found:
+            c = compare(base, cur, threshold=0.0, noise_floor=0.0, alpha=alpha, correction=correction)
+            flagged = {int(v.config_id[1:]) for v in c.regressed}
+            found[correction] += sum(i < slow for i in flagged)
+            if correction == "bh":
+                fdp.append(sum(i >= slow for i in flagged) / max(1, len(flagged)))
+    assert np.mean(fdp) <= alpha + 3 * np.std(fdp) / sweeps ** 0.5, np.mean(fdp)
+    assert found["bh"] > 1.2 * found["bonferroni"], found
+
+
+def test_bh_verdicts_the_interval_level_and_the_header(tmp_path):
+    rng = np.random.default_rng(5)
+    base = {f"c{i}": lognormal(rng, 10, 0.01) for i in range(10)}
+    cur = {**{f"c{i}": lognormal(rng, 10, 0.01) for i in range(8)},
+           "c8": lognormal(rng, 10, 0.02, scale=900.0), "c9": lognormal(rng, 10, 0.02, scale=1100.0)}
+    c = compare(results(base), results(cur), correction="bh", threshold=0.05)
+    verdicts = {v.config_id: v for v in c.verdicts}
+    assert verdicts["c8"].verdict == "regressed" and verdicts["c9"].verdict == "improved"
+    assert {v.verdict for k, v in verdicts.items() if k not in ("c8", "c9")} == {"unchanged"}
+    assert c.correction == "bh" and c.alpha_per_config == pytest.approx(0.01 * 2 / 10)  # 2 flagged of 10
+    assert verdicts["c8"].ci_high < 0.99 and verdicts["c9"].ci_low > 1.01  # beyond the noise floor
+    flags = bh_flags({k: (base[k], cur[k]) for k in base}, METRICS["step_time"], 0.01, 0.01)
+    assert flags["c8"] == "improved" and flags["c9"] == "regressed"  # lower is better: the directions swap
+    a, b = write_run(tmp_path / "a", base), write_run(tmp_path / "b", cur)
+    proc = run_cli(["compare", str(a), str(b), "--correction", "bh", "--json", "v.json", "--markdown", "v.md"],
+                   cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Benjamini-Hochberg: alpha is the false discovery rate over 10 compared" in proc.stdout
+    assert "Benjamini-Hochberg" in (tmp_path / "v.md").read_text()
+    assert json.loads((tmp_path / "v.json").read_text())["correction"] == "bh"
+    proc = run_cli(["compare", str(a), str(b)], cwd=tmp_path)
+    assert "Bonferroni: alpha is the familywise error rate, 0.001 per config over 10 compared" in proc.stdout
+    proc = run_cli(["compare", str(a), str(b), "--correction", "holm"], cwd=tmp_path)
+    assert proc.returncode == 2 and "--correction: invalid choice: 'holm'" in proc.stderr
 
 
 def test_missing_new_and_failed_configs():

@@ -30,6 +30,7 @@ class CompareRequest:
     json: Path | None = None
     force: bool = False
     baselines_dir: Path = Path(".gpubench/baselines")
+    correction: str = "bonferroni"
 
 
 def check_environments(base: Side, cur: Side, force: bool) -> None:
@@ -43,7 +44,7 @@ def check_environments(base: Side, cur: Side, force: bool) -> None:
 
 
 def run_compare(req: CompareRequest, console: Console) -> int:
-    options = gate_options(req.threshold, req.noise_floor, req.alpha, req.metric)
+    options = gate_options(req.threshold, req.noise_floor, req.alpha, req.metric, req.correction)
     check_output_file(req.markdown, "--markdown")
     check_output_file(req.json, "--json")
     base = resolve(req.baseline, req.baselines_dir)
@@ -51,7 +52,7 @@ def run_compare(req: CompareRequest, console: Console) -> int:
     check_environments(base, cur, req.force)
     labels = (base.label, cur.label)
     result = compare(base.results, cur.results, options.metric, options.threshold, options.noise_floor, options.alpha,
-                     labels)
+                     labels, options.correction)
     console.print(render.header(result, labels), highlight=False, soft_wrap=True)
     console.print(render.table(result))
     counts = ", ".join(f"{n} {k}" for k, n in result.counts().items())

@@ -16,6 +16,18 @@ direction where larger is better:
 
 A slowdown of exactly T is caught about half the time (its point estimate falls on either
 side of T), so T should sit below the smallest slowdown that must be caught.
+
+``correction = "bh"`` controls the false-discovery rate instead (Benjamini-Hochberg): for each
+config the one-sided p-value of "no regression beyond F" (and, separately, of "no improvement
+beyond F") comes from the same Mann-Whitney test whose inversion gives the interval; BH at
+``alpha`` over the K configs picks the flagged ones in each direction, and every interval is
+then reported at the one-sided level alpha R / K, R the number flagged (at least 1): the
+false-coverage-rate interval of Benjamini and Yekutieli, so a flagged regression's interval
+lies below 1 - F. A regression is ``regressed`` when BH flagged it and its point estimate is at
+or below 1 - T (improvements alike); the rest are ``unchanged`` or ``inconclusive`` as above.
+Of the verdicts ``regressed``, at most a share alpha is false on average, where Bonferroni
+bounds the chance of any false one: on a sweep of dozens of configs BH finds more of the real
+changes for the same alpha.
 """
 
 from __future__ import annotations
@@ -26,12 +38,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpubench.errors import InputError
-from gpubench.gate.stats import Shift, min_repeats, shift
+from gpubench.gate.stats import Shift, benjamini_hochberg, min_repeats, p_below, shift
 from gpubench.results.metrics import GATE_METRICS, Metric, gate_metric_names
 from gpubench.results.result import Result
 from gpubench.results.schema import dig
 
 VERDICTS = ("regressed", "improved", "unchanged", "inconclusive", "missing", "new")
+# --correction: what alpha bounds across the configs compared
+CORRECTIONS = {"bonferroni": "Bonferroni, familywise error rate", "bh": "Benjamini-Hochberg, false discovery rate"}
 
 
 def parse_fraction(text: str, option: str) -> float:
@@ -51,13 +65,17 @@ class GateOptions:
     noise_floor: float
     alpha: float
     metric: str
+    correction: str = "bonferroni"
 
 
-def gate_options(threshold: str, noise_floor: str, alpha: float, metric: str) -> GateOptions:
+def gate_options(threshold: str, noise_floor: str, alpha: float, metric: str,
+                 correction: str = "bonferroni") -> GateOptions:
     """The gate's command-line options, checked: ``compare`` and ``ab`` share this, and call it
     before they load or run anything."""
+    if correction not in CORRECTIONS:
+        raise InputError(f"--correction {correction}: expected one of: {', '.join(CORRECTIONS)}")
     options = GateOptions(parse_fraction(threshold, "--threshold"), parse_fraction(noise_floor, "--noise-floor"),
-                          alpha, metric)
+                          alpha, metric, correction)
     if options.noise_floor > options.threshold:
         raise InputError(f"--noise-floor {noise_floor} is above --threshold {threshold}")
     if not 0 < alpha < 1:
@@ -90,8 +108,9 @@ class Comparison:
     threshold: float
     noise_floor: float
     alpha: float
-    alpha_per_config: float
+    alpha_per_config: float  # the one-sided level of each config's interval
     verdicts: list[ConfigVerdict]
+    correction: str = "bonferroni"
 
     @property
     def regressed(self) -> list[ConfigVerdict]:
@@ -103,7 +122,7 @@ class Comparison:
     def to_dict(self) -> dict[str, Any]:
         return {"metric": self.metric.name, "unit": self.metric.unit, "bigger_is_better": self.metric.higher_is_better,
                 "threshold": self.threshold, "noise_floor": self.noise_floor, "alpha": self.alpha,
-                "alpha_per_config": self.alpha_per_config, "counts": self.counts(),
+                "alpha_per_config": self.alpha_per_config, "correction": self.correction, "counts": self.counts(),
                 "verdicts": [v.to_dict() for v in self.verdicts]}
 
 
@@ -128,24 +147,49 @@ def _reason(results: list[Result], config_id: str) -> str:
     return f"{bad[0].status}: {bad[0].reason}" if bad else "no value of the metric"
 
 
-def judge(s: Shift, metric: Metric, threshold: float, noise_floor: float) -> str:
+def judge(s: Shift, metric: Metric, threshold: float, noise_floor: float, flag: str | None = None) -> str:
+    """The verdict of one config. ``flag`` is None under Bonferroni (the interval decides a
+    change), else what Benjamini-Hochberg flagged: "regressed", "improved" or "" (nothing)."""
     # "good" = the ratio in the direction where larger is better
     g = s.ratio if metric.higher_is_better else 1 / s.ratio
+    if flag:  # BH flagged it, so its interval (at the FCR level) is beyond the noise floor
+        if flag == "regressed" and g <= 1 - threshold:
+            return "regressed"
+        if flag == "improved" and g >= 1 + threshold:
+            return "improved"
     if not s.has_ci:
         return "inconclusive"
     lo, hi = (s.ci_low, s.ci_high) if metric.higher_is_better else (1 / s.ci_high, 1 / s.ci_low)
-    if hi < 1 - noise_floor and g <= 1 - threshold:
+    if flag is None and hi < 1 - noise_floor and g <= 1 - threshold:
         return "regressed"
-    if lo > 1 + noise_floor and g >= 1 + threshold:
+    if flag is None and lo > 1 + noise_floor and g >= 1 + threshold:
         return "improved"
     if lo < 1 - threshold or hi > 1 + threshold:
         return "inconclusive"
     return "unchanged"
 
 
+def bh_flags(pairs: dict[str, tuple[list[float], list[float]]], metric: Metric, noise_floor: float,
+             alpha: float) -> dict[str, str]:
+    """config_id -> "regressed" / "improved" / "": Benjamini-Hochberg at ``alpha`` over the
+    configs' one-sided p-values, in each direction separately. ``pairs`` maps a config to its
+    (baseline, current) values; a regression is a good-direction ratio below 1 - F."""
+    ids = list(pairs)
+
+    def good(b: list[float], c: list[float]) -> tuple[list[float], list[float]]:
+        # (x, y) with y / x the good-direction ratio; p_below(x, y, r): is y / x below r?
+        return (b, c) if metric.higher_is_better else (c, b)
+
+    sides = [good(*pairs[i]) for i in ids]
+    p_reg = [p_below(x, y, 1 - noise_floor) for x, y in sides]
+    p_imp = [p_below(y, x, 1 / (1 + noise_floor)) for x, y in sides]  # x / y below 1 / (1 + F)
+    reg, imp = benjamini_hochberg(p_reg, alpha), benjamini_hochberg(p_imp, alpha)
+    return {i: "regressed" if r else "improved" if m else "" for i, r, m in zip(ids, reg, imp)}
+
+
 def compare(baseline: list[Result], current: list[Result], metric_name: str = "throughput",
             threshold: float = 0.03, noise_floor: float = 0.01, alpha: float = 0.01,
-            labels: tuple[str, str] = ("baseline", "current")) -> Comparison:
+            labels: tuple[str, str] = ("baseline", "current"), correction: str = "bonferroni") -> Comparison:
     metric = GATE_METRICS[metric_name]
     base, cur = _values(baseline, metric), _values(current, metric)
     if base and cur and not base.keys() & cur.keys():  # a gate that compared nothing must not pass
@@ -159,8 +203,15 @@ def compare(baseline: list[Result], current: list[Result], metric_name: str = "t
     if base.keys() & cur.keys() and not both:  # shared configs, but none measured on both sides
         raise InputError(f"{labels[0]} vs {labels[1]}: no config has an ok result with {metric_name!r} on both "
                          "sides; nothing to compare (see each run's errors)")
-    alpha_config = alpha / max(1, len(both))  # one-sided, per config
-    needed = min_repeats(2 * alpha_config)
+    flags: dict[str, str] | None = None
+    if correction == "bh":
+        flags = bh_flags({c: (base[c], cur[c]) for c in both}, metric, noise_floor, alpha)
+        flagged = sum(bool(f) for f in flags.values())
+        alpha_config = alpha * max(1, flagged) / max(1, len(both))  # the FCR-adjusted level
+        needed = min_repeats(2 * alpha)  # what one config needs to be flagged at all
+    else:
+        alpha_config = alpha / max(1, len(both))  # one-sided, per config
+        needed = min_repeats(2 * alpha_config)
     if both and all(min(len(base[c]), len(cur[c])) < needed for c in both):
         fewest = min(min(len(base[c]), len(cur[c])) for c in both)
         raise InputError(f"{labels[0]} vs {labels[1]}: configs have {fewest} repeat(s) on a side; comparing "
@@ -180,11 +231,12 @@ def compare(baseline: list[Result], current: list[Result], metric_name: str = "t
             verdicts.append(ConfigVerdict(config_id, "new", None, None, None, None, c_med, 0, len(c), note))
             continue
         s = shift(b, c, 2 * alpha_config)
-        note = "" if s.has_ci else f"too few repeats for a CI (needs {needed} per side)"
-        verdicts.append(ConfigVerdict(config_id, judge(s, metric, threshold, noise_floor), s.ratio,
+        note = "" if s.has_ci else f"too few repeats for a CI (needs {min_repeats(2 * alpha_config)} per side)"
+        flag = None if flags is None else flags.get(config_id, "")
+        verdicts.append(ConfigVerdict(config_id, judge(s, metric, threshold, noise_floor, flag), s.ratio,
                                       None if math.isnan(s.ci_low) else s.ci_low,
                                       None if math.isnan(s.ci_high) else s.ci_high, b_med, c_med, len(b), len(c), note))
-    return Comparison(metric, threshold, noise_floor, alpha, alpha_config, verdicts)
+    return Comparison(metric, threshold, noise_floor, alpha, alpha_config, verdicts, correction)
 
 
 FINGERPRINT_KEYS = ("cpu_model",)

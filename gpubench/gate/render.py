@@ -27,10 +27,17 @@ def _value(x: float | None, metric: Metric) -> str:
 
 
 def header(c: Comparison, labels: tuple[str, str]) -> str:
+    """The comparison's settings, naming the multiple-comparison correction in force."""
     direction = "higher is better" if c.metric.higher_is_better else "lower is better"
+    compared = sum(v.ratio is not None for v in c.verdicts)
+    if c.correction == "bh":
+        correction = (f"Benjamini-Hochberg: alpha is the false discovery rate over {compared} compared; "
+                      f"intervals at {c.alpha_per_config:.2g} per config, one-sided")
+    else:
+        correction = (f"Bonferroni: alpha is the familywise error rate, "
+                      f"{c.alpha_per_config:.2g} per config over {compared} compared")
     return (f"{labels[1]} vs {labels[0]}: {c.metric.name} ({c.metric.unit}, {direction}); threshold "
-            f"{100 * c.threshold:g}%, noise floor {100 * c.noise_floor:g}%, alpha {c.alpha:g} "
-            f"({c.alpha_per_config:.2g} per config over {sum(v.ratio is not None for v in c.verdicts)} compared)")
+            f"{100 * c.threshold:g}%, noise floor {100 * c.noise_floor:g}%, alpha {c.alpha:g} ({correction})")
 
 
 def table(c: Comparison) -> Table:

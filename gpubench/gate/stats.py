@@ -87,3 +87,38 @@ def shift(baseline: list[float] | np.ndarray, current: list[float] | np.ndarray,
     else:
         lo, hi = math.exp(diffs[k - 1]), math.exp(diffs[len(diffs) - k])
     return Shift(math.exp(estimate), lo, hi, n, m)
+
+
+def p_below(baseline: list[float] | np.ndarray, current: list[float] | np.ndarray, ratio0: float) -> float:
+    """One-sided p-value of "current/baseline is at least ``ratio0``" against "below it": the
+    Mann-Whitney test of the log values, current shifted up by -log(ratio0), the test whose
+    inversion gives ``shift``'s interval (its upper end is below ``ratio0`` at level 2 alpha
+    exactly when this is at most alpha). Exact for small samples, normal approximation beyond
+    EXACT_LIMIT; a tie counts a half, rounded down (the larger p-value)."""
+    a = np.log(np.asarray(baseline, dtype=float))
+    b = np.log(np.asarray(current, dtype=float)) - math.log(ratio0)
+    n, m = len(a), len(b)
+    if n == 0 or m == 0:
+        raise ValueError("both sides need at least one value")
+    d = (b[None, :] - a[:, None]).ravel()
+    w = int(math.floor(np.sum(d < 0) + 0.5 * np.sum(d == 0)))  # pairs where current is below
+    if n * m <= EXACT_LIMIT:
+        cdf = _u_cdf(n, m)
+        return float(1.0 - cdf[w - 1]) if w > 0 else 1.0  # P(U >= w)
+    from statistics import NormalDist
+
+    mean, sd = n * m / 2, math.sqrt(n * m * (n + m + 1) / 12)
+    return float(1 - NormalDist().cdf((w - 0.5 - mean) / sd))
+
+
+def benjamini_hochberg(pvalues: list[float], alpha: float) -> list[bool]:
+    """Which hypotheses Benjamini-Hochberg rejects at false-discovery rate ``alpha``: all whose
+    p-value is at most the largest p_(k) with p_(k) <= k alpha / K (K = len(pvalues))."""
+    k_total = len(pvalues)
+    order = sorted(range(k_total), key=lambda i: pvalues[i])
+    cut = 0
+    for rank, i in enumerate(order, start=1):
+        if pvalues[i] <= rank * alpha / k_total:
+            cut = rank
+    rejected = set(order[:cut])
+    return [i in rejected for i in range(k_total)]

@@ -47,6 +47,7 @@ class ABRequest:
     metric: str = "throughput"
     markdown: Path | None = None
     report: bool = True
+    correction: str = "bonferroni"
 
 
 def _check_python(launcher: Launcher, side: str) -> None:
@@ -62,7 +63,7 @@ def _check_python(launcher: Launcher, side: str) -> None:
 
 
 def execute_ab(req: ABRequest, console: Console) -> int:
-    options = gate_options(req.threshold, req.noise_floor, req.alpha, req.metric)  # before any config runs
+    options = gate_options(req.threshold, req.noise_floor, req.alpha, req.metric, req.correction)  # before any run
     suite = load_suite(req.suite).with_overrides(req.sets)
     configs = suite.expand()
     check_data(configs, suite.source)
@@ -70,7 +71,8 @@ def execute_ab(req: ABRequest, console: Console) -> int:
     if searched:  # each side's search could settle on another batch near the memory limit
         raise InputError(f"{suite.source}: batch_size: \"max\" is not for gpubench ab, whose two sides must train "
                          f"the same batch ({searched[0]}); find it with gpubench find-batch and give the number")
-    needed = min_repeats(2 * req.alpha / len(configs))
+    # Bonferroni splits alpha over the configs; under BH one config can be flagged at alpha itself
+    needed = min_repeats(2 * req.alpha / (1 if options.correction == "bh" else len(configs)))
     if req.repeats < needed:
         raise InputError(f"--repeats {req.repeats}: comparing {len(configs)} config(s) at alpha {req.alpha:g} needs at "
                          f"least {needed} repeats per side")
@@ -112,7 +114,7 @@ def execute_ab(req: ABRequest, console: Console) -> int:
         console.print(f"[red]{r.status}[/red] ({side}) {r.config_id}: {r.reason}", highlight=False)
     labels = ("baseline", "candidate")
     comparison = compare(results["baseline"], results["candidate"], options.metric, options.threshold,
-                         options.noise_floor, options.alpha, labels)
+                         options.noise_floor, options.alpha, labels, options.correction)
     console.print(render.header(comparison, labels), highlight=False, soft_wrap=True)
     console.print(render.table(comparison))
     counts = ", ".join(f"{n} {v}" for v, n in comparison.counts().items())
