@@ -175,17 +175,32 @@ def build_parser() -> argparse.ArgumentParser:
                        ("show", "results in the history, oldest first"),
                        ("export", "results in the history as CSV or Parquet (one row per result)"),
                        ("report", "a self-contained HTML dashboard: each config's metrics over the commits, per "
-                                  "machine, and the latest value against the previous and the best")):
+                                  "machine, and the latest value against the previous and the best"),
+                       ("check", "the commits where a metric's series stepped (E-Divisive means); exit 1 when a "
+                                 "regression is among a series' newest commits")):
         h = hist_sub.add_parser(name, help=text)
         h.add_argument("--suite", help="only runs of this suite")
         h.add_argument("--config", help="only configs whose id contains this text")
         h.add_argument("--machine", help="only runs on this machine (hostname, or a machine key's prefix)")
         h.add_argument("--branch", help="only runs of this branch")
         h.add_argument("--since", metavar="DATE", help="only runs created at or after this ISO date or time")
-        if name in ("show", "report"):
+        if name in ("show", "report", "check"):
             h.add_argument("--metric", dest="metrics", action="append", default=[],
                            help="a metric to show (repeatable; default "
                                 f"{'throughput and step_ms' if name == 'show' else 'throughput'})")
+        if name in ("report", "check"):
+            h.add_argument("--p-value", type=float, default=0.01, help="a step's significance (default 0.01)")
+            h.add_argument("--permutations", type=int, default=199, help="of the permutation test (default 199)")
+            h.add_argument("--min-size", type=int, default=3, metavar="N",
+                           help="commits on each side of a step, at least (default 3)")
+            h.add_argument("--threshold", default="3%", help="a step smaller than this is small, neither a "
+                                                            "regression nor an improvement (default 3%%)")
+            h.add_argument("--recent", type=int, default=5, metavar="N",
+                           help="a regression among a series' newest N commits fails the check (default 5)")
+        if name == "check":
+            h.add_argument("--json", type=Path, metavar="FILE", help="write the steps as JSON")
+        if name == "report":
+            h.add_argument("--no-changes", action="store_true", help="do not look for change points")
         if name == "report":
             h.add_argument("--out", type=Path, default=Path("reports") / "history", metavar="DIR",
                            help="where the dashboard goes (default reports/history)")
@@ -194,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "export":
             h.add_argument("--out", type=Path, required=True, metavar="FILE", help="FILE.csv, or FILE.parquet "
                                                                                     "(needs pyarrow)")
-    for h in (h_ingest, *(hist_sub.choices[n] for n in ("list", "show", "export", "report"))):
+    for h in (h_ingest, *(hist_sub.choices[n] for n in ("list", "show", "export", "report", "check"))):
         h.add_argument("--db", metavar="URL", help=db_help)
 
     env = sub.add_parser("env", help="print the environment fingerprint")
@@ -253,14 +268,23 @@ def _main(argv: list[str] | None) -> int:
             from gpubench.provenance import parse_tags
 
             require_history()
+            from gpubench.history.changes import CheckOptions
             from gpubench.history.command import HistoryRequest, run_history
             from gpubench.history.query import Filters
 
             filters = Filters(*(getattr(args, k, None) for k in ("suite", "config", "machine", "branch", "since")))
+            check = CheckOptions()
+            if args.action in ("report", "check"):
+                from gpubench.gate.compare import parse_fraction
+                from gpubench.history.command import check_options
+
+                check = check_options(args.p_value, args.permutations, args.min_size,
+                                      parse_fraction(args.threshold, "--threshold"), args.recent)
             return run_history(HistoryRequest(args.action, args.db, getattr(args, "run_dirs", []),
                                               parse_tags(getattr(args, "tags", [])), filters,
                                               getattr(args, "metrics", []), getattr(args, "out", None),
-                                              getattr(args, "pinned", [])), console)
+                                              getattr(args, "pinned", []), check, getattr(args, "json", None),
+                                              not getattr(args, "no_changes", False)), console)
         if args.command == "report":
             from gpubench.report.build import build_report
 

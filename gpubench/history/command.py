@@ -1,9 +1,10 @@
-"""``gpubench history ingest | list | show | export``."""
+"""``gpubench history ingest | list | show | export | report | check``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from rich.console import Console
@@ -11,12 +12,14 @@ from rich.table import Table
 
 from gpubench import fmt
 from gpubench.errors import InputError, warn
-from gpubench.history.dashboard import DEFAULT_METRICS, build_dashboard
+from gpubench.history.changes import CheckOptions, Step, describe, find_steps
+from gpubench.history.dashboard import DEFAULT_METRICS, build_dashboard, commit_order, trend_frame
 from gpubench.history.db import display_url, open_engine
 from gpubench.history.query import Filters, list_runs, load_history
 from gpubench.history.store import ingest_runs
 from gpubench.results.metrics import BY_NAME
-from gpubench.results.outputs import check_output_dir
+from gpubench.results.outputs import check_output_dir, check_output_file, write_output
+from gpubench.results.store import json_text
 
 SHOW_METRICS = ("throughput", "step_ms")  # history show's figures unless --metric says others
 EXPORT_SUFFIXES = (".csv", ".parquet")
@@ -32,6 +35,23 @@ class HistoryRequest:
     metrics: list[str] = field(default_factory=list)
     out: Path | None = None
     pinned: list[str] = field(default_factory=list)
+    check: CheckOptions = field(default_factory=CheckOptions)
+    json: Path | None = None
+    changes: bool = True  # history report: mark the change points on the charts
+
+
+def check_options(p_value: float, permutations: int, min_size: int, threshold: float, recent: int) -> CheckOptions:
+    """``history check``'s options, checked before the history is opened."""
+    if not 0 < p_value < 1:
+        raise InputError(f"--p-value {p_value:g}: must be between 0 and 1")
+    if permutations < 1 or 1 / (permutations + 1) > p_value:
+        raise InputError(f"--permutations {permutations}: at --p-value {p_value:g} needs at least "
+                         f"{int(-(-1 // p_value)) - 1} (the smallest p-value is 1 / (permutations + 1))")
+    if min_size < 2:
+        raise InputError(f"--min-size {min_size}: must be at least 2 (commits on each side of a step)")
+    if recent < 1:
+        raise InputError(f"--recent {recent}: must be at least 1")
+    return CheckOptions(p_value, permutations, min_size, threshold, recent)
 
 
 def _check_metrics(names: list[str]) -> list[str]:
@@ -68,7 +88,8 @@ def _cell(v: object) -> str:
 
 def run_history(req: HistoryRequest, console: Console) -> int:
     metrics = (_check_metrics(req.metrics) if req.action == "show" else
-               _check_metrics(req.metrics or list(DEFAULT_METRICS)) if req.action == "report" else [])
+               _check_metrics(req.metrics or list(DEFAULT_METRICS)) if req.action in ("report", "check") else [])
+    check_output_file(req.json, "--json")
     if req.action == "report":
         check_output_dir(req.out, "--out")
     out = _check_export(req.out) if req.action == "export" else None
@@ -94,9 +115,12 @@ def run_history(req: HistoryRequest, console: Console) -> int:
             console.print(table)
             console.print(f"{len(frame)} run(s)", highlight=False)
             return 0
+        if req.action == "check":
+            return _check(engine, url, req, metrics, console)
         if req.action == "report":
             assert req.out is not None
-            dash = build_dashboard(engine, url, req.out, req.filters, metrics, req.pinned)
+            dash = build_dashboard(engine, url, req.out, req.filters, metrics, req.pinned,
+                                   req.check if req.changes else None)
             for w in dash.warnings:
                 warn(w)
             console.print(f"dashboard: {dash.index} ({dash.charts} charts)", highlight=False)
@@ -125,3 +149,44 @@ def run_history(req: HistoryRequest, console: Console) -> int:
         return 0
     finally:
         engine.dispose()
+
+
+def _check(engine: Any, url: str, req: HistoryRequest, metrics: list[str], console: Console) -> int:
+    """Print every step of every series, and exit 1 when one is a regression among its
+    series' newest commits; a history with nothing to check is bad input (exit 2)."""
+    frame = trend_frame(engine, url, req.filters, metrics)
+    if frame.empty:
+        raise InputError(f"{display_url(url)}: no ok results" + (" for these filters" if req.filters != Filters()
+                                                                  else "") + "; nothing to check")
+    orders = commit_order(frame)
+    steps: list[Step] = []
+    short = 0
+    for metric in metrics:
+        found, n_short = find_steps(frame, orders, metric, req.check)
+        steps += found
+        short += n_short
+    o = req.check
+    console.print(f"change points in {display_url(url)}: E-Divisive means, p <= {o.p_value:g} "
+                  f"({o.permutations} permutations), at least {o.min_size} commits a side; a step beyond "
+                  f"{100 * o.threshold:g}% is a regression or improvement; regressions in the newest {o.recent} "
+                  "commits of a series fail the check", highlight=False, soft_wrap=True)
+    if steps:
+        table = Table()
+        for col in ("suite", "config", "machine", "metric", "step at", "change [95% CI]", "p", "kind"):
+            table.add_column(col)
+        for st in steps:
+            kind = f"[red]{st.kind}, recent[/red]" if st.recent_regression else st.kind
+            table.add_row(st.suite, st.config_id, st.machine, st.metric,
+                          f"{st.previous_commit[:8]} -> {st.commit[:8]}", describe(st), f"{st.change.p_value:.3g}",
+                          kind)
+        console.print(table)
+    series = frame.groupby(["suite", "config_id", "machine"]).ngroups
+    recent = [st for st in steps if st.recent_regression]
+    console.print(f"{len(steps)} step(s) in {series} series" + (f"; {short} series too short to test (fewer than "
+                  f"{2 * o.min_size} commits)" if short else ""), highlight=False)
+    console.print(f"[red]REGRESSION[/red] in the newest commits: {len(recent)} series" if recent else
+                  "no regression in the newest commits", highlight=False)
+    if req.json:
+        write_output(req.json, json_text({"history": display_url(url), "options": asdict(o),
+                                          "steps": [st.to_dict() for st in steps], "too_short": short}), "--json")
+    return 1 if recent else 0

@@ -6,7 +6,9 @@ the config's ok results at that commit on that machine, and a band (the median o
 results' 95% CI bounds where the metric has them, such as throughput; else the range of the
 results at that commit). Then a table per suite: for each config, machine and metric, the
 latest value against the previous commit's and against the best commit's. Configs given with
-``--pin`` come first in each suite.
+``--pin`` come first in each suite. The change points that ``history check`` finds are marked
+on the charts (a dashed line before the first commit after the step, labelled with its size)
+and listed per suite.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape  # noqa: E40
 import gpubench  # noqa: E402
 from gpubench import fmt  # noqa: E402
 from gpubench.files import write_atomic, write_text_atomic  # noqa: E402
+from gpubench.history.changes import CheckOptions, Step, describe, find_steps  # noqa: E402
 from gpubench.history.db import display_url, translated_errors  # noqa: E402
 from gpubench.history.query import Filters  # noqa: E402
 from gpubench.history.schema import machines, results, runs  # noqa: E402
@@ -88,7 +91,7 @@ def commit_order(frame: pd.DataFrame) -> dict[str, list[str]]:
     return {s: list(g["commit"]) for s, g in first.groupby("suite", sort=True)}
 
 
-def _chart(pts: pd.DataFrame, commits: list[str], metric: str, title: str) -> bytes:
+def _chart(pts: pd.DataFrame, commits: list[str], metric: str, title: str, steps: list[Step] | None = None) -> bytes:
     m = BY_NAME[metric]
     position = {c: i for i, c in enumerate(commits)}
     with plt.rc_context(STYLE):
@@ -98,6 +101,12 @@ def _chart(pts: pd.DataFrame, commits: list[str], metric: str, title: str) -> by
             line, = ax.plot(g["x"], g["value"], marker="o" if len(g) <= 60 else None, markersize=3, linewidth=1.2,
                             label=str(machine))
             ax.fill_between(g["x"], g["low"], g["high"], color=line.get_color(), alpha=0.2, linewidth=0)
+            for st in steps or []:
+                if st.machine == str(machine):
+                    colour = "tab:red" if st.kind == "regression" else line.get_color()
+                    ax.axvline(st.position - 0.5, color=colour, linestyle="--", linewidth=1)
+                    ax.annotate(f"{100 * (st.change.ratio - 1):+.1f}%", (st.position - 0.5, 1.0),
+                                xycoords=("data", "axes fraction"), fontsize=7, color=colour, ha="left", va="top")
         step = max(1, int(np.ceil(len(commits) / MAX_TICKS)))
         ticks = list(range(0, len(commits), step))
         ax.set_xticks(ticks, [commits[i][:8] for i in ticks], rotation=30, ha="right")
@@ -154,7 +163,10 @@ def _slug(text: str) -> str:
 
 
 def build_dashboard(engine: sa.Engine, url: str, out: Path, f: Filters | None = None,
-                    metrics: list[str] | None = None, pinned: list[str] | None = None) -> Dashboard:
+                    metrics: list[str] | None = None, pinned: list[str] | None = None,
+                    changes: CheckOptions | None = CheckOptions()) -> Dashboard:
+    """The dashboard in ``out``; ``changes``: how change points are found for the charts (None:
+    not looked for)."""
     f = f or Filters()
     metrics = list(metrics or DEFAULT_METRICS)
     pinned = list(pinned or [])
@@ -176,14 +188,18 @@ def build_dashboard(engine: sa.Engine, url: str, out: Path, f: Filters | None = 
         configs = sorted(set(in_suite["config_id"]), key=lambda c: (c not in pinned, pinned.index(c) if c in pinned
                                                                     else 0, c))
         by_metric = {metric: _points(in_suite, metric) for metric in metrics}
+        steps: list[Step] = []
         for metric, pts in by_metric.items():
             table += latest_table(pts, commits, metric)
+            if changes is not None:
+                steps += find_steps(in_suite, {suite: commits}, metric, changes)[0]
         for config in configs:
             for metric in metrics:
                 pts = by_metric[metric][by_metric[metric]["config_id"] == config]
                 if pts.empty:
                     continue
-                png = _chart(pts, commits, metric, f"{config}: {metric}")
+                png = _chart(pts, commits, metric, f"{config}: {metric}",
+                             [st for st in steps if st.config_id == config and st.metric == metric])
                 name = f"{_slug(suite)}/{_slug(config)}-{metric}.png"
                 _write_png(charts_dir / name, png)
                 sections.append({"config": config, "metric": metric, "pinned": config in pinned, "name": name,
@@ -192,7 +208,10 @@ def build_dashboard(engine: sa.Engine, url: str, out: Path, f: Filters | None = 
         table.sort(key=lambda r: (r["config"] not in pinned, r["config"], r["machine"], r["metric"]))
         suites.append({"name": suite, "commits": len(commits), "first": commits[0][:8], "last": commits[-1][:8],
                        "machines": sorted(set(in_suite["machine"])), "charts": sections,
-                       "table": table})
+                       "table": table, "changes": None if changes is None else [
+                           {"config": st.config_id, "machine": st.machine, "metric": st.metric,
+                            "at": f"{st.previous_commit[:8]} -> {st.commit[:8]}", "change": describe(st),
+                            "p": f"{st.change.p_value:.3g}", "kind": st.kind} for st in steps]})
     env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"), autoescape=select_autoescape())
     page = env.get_template("dashboard.html.j2").render(
         title=display_url(url), generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -1,0 +1,88 @@
+"""Validation of ``gpubench history check``'s change-point detection on synthetic series.
+
+    PYTHONPATH=. python benchmarks/changepoints.py [--series 200] [--length 60] [--seed 0]
+
+Each series is ``--length`` points of lognormal noise (the between-run variation of a metric:
+2% or 5%), with one step down of 3%, 5% or 10% at a random point between the first and last
+quarter (a slowdown landing at one commit). The detector (``gate.changepoints.change_points``,
+the defaults of ``history check``) runs on each; a change point within ``--tolerance`` points
+of the true step is a true positive, every other one a false positive. Printed per cell:
+precision (true positives over change points found), recall (steps found over steps),
+and the median distance from the true step. Then series with no step at all: false change
+points per 1,000 points, from ``--null-series`` series of 1,000 points at each noise level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpubench.gate.changepoints import DEFAULT_MIN_SIZE, DEFAULT_P_VALUE, change_points  # noqa: E402
+
+NOISES = (0.02, 0.05)
+STEPS = (0.03, 0.05, 0.10)
+
+
+def cell(rng: np.random.Generator, noise: float, step: float, series: int, length: int,
+         tolerance: int) -> tuple[float, float, float]:
+    """(precision, recall, median distance of the found steps) over ``series`` series."""
+    found = true = 0
+    distances = []
+    for i in range(series):
+        at = int(rng.integers(length // 4, length - length // 4 + 1))
+        values = 1000.0 * np.exp(rng.normal(0.0, noise, length))
+        values[at:] *= 1 - step
+        cps = change_points(values, seed=i)
+        found += len(cps)
+        near = [abs(c.index - at) for c in cps if abs(c.index - at) <= tolerance]
+        if near:
+            true += 1
+            distances.append(min(near))
+    precision = true / found if found else float("nan")
+    return precision, true / series, statistics.median(distances) if distances else float("nan")
+
+
+def null_rate(rng: np.random.Generator, noise: float, series: int) -> float:
+    """False change points per 1,000 points of series with no step."""
+    false = sum(len(change_points(1000.0 * np.exp(rng.normal(0.0, noise, 1000)), seed=i)) for i in range(series))
+    return false / series
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--series", type=int, default=200, help="series per cell (default 200)")
+    ap.add_argument("--length", type=int, default=60, help="points per series (default 60)")
+    ap.add_argument("--tolerance", type=int, default=3, help="how far from the true step a find counts (default 3)")
+    ap.add_argument("--null-series", type=int, default=20, help="series of 1,000 points with no step (default 20)")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    rng = np.random.default_rng(a.seed)
+    t0 = time.perf_counter()
+    print(f"E-Divisive means, p <= {DEFAULT_P_VALUE}, min segment {DEFAULT_MIN_SIZE}; {a.series} series of "
+          f"{a.length} points per cell, one step down at a random point in the middle half; a find within "
+          f"{a.tolerance} points of it is a true positive")
+    print()
+    print("| noise | step | precision | recall | median distance (points) |")
+    print("| --- | --- | --- | --- | --- |")
+    for noise in NOISES:
+        for step in STEPS:
+            precision, recall, distance = cell(rng, noise, step, a.series, a.length, a.tolerance)
+            print(f"| {noise:.0%} | {step:.0%} | {precision:.3f} | {recall:.3f} | {distance:g} |")
+    print()
+    print("| noise | false change points per 1,000 points (no step) |")
+    print("| --- | --- |")
+    for noise in NOISES:
+        print(f"| {noise:.0%} | {null_rate(rng, noise, a.null_series):.2f} (over {a.null_series} series) |")
+    print(f"\n{time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,72 @@
+"""Change points on a metric's series (gate.changepoints): the energy statistic, the steps it
+finds and misses, and the permutation test's false alarms on series without a step."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from gpubench.gate.changepoints import best_split, change_points, split_statistics
+
+
+def series(rng, n: int, noise: float, steps: dict[int, float] | None = None) -> np.ndarray:
+    """n points of lognormal noise around 1000; from each index in ``steps`` on, times its factor."""
+    v = 1000.0 * np.exp(rng.normal(0.0, noise, n))
+    for at, factor in (steps or {}).items():
+        v[at:] *= factor
+    return v
+
+
+def test_the_split_statistic_is_the_energy_distance_of_the_two_sides():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=13)
+
+    def energy(t: int) -> float:
+        left, right = x[:t], x[t:]
+        m = len(right)
+        between = np.abs(left[:, None] - right[None, :]).mean()
+        within_l = np.abs(left[:, None] - left[None, :]).sum() / (t * (t - 1))
+        within_r = np.abs(right[:, None] - right[None, :]).sum() / (m * (m - 1))
+        return t * m / len(x) * (2 * between - within_l - within_r)
+
+    q = split_statistics(np.abs(x[:, None] - x[None, :]), 3)
+    assert q == pytest.approx([energy(t) for t in range(3, 11)])
+    assert best_split(x[:5], 3) == (0, -math.inf)  # too short for two sides of 3
+
+
+def test_a_step_is_found_at_its_commit_with_its_size_and_interval():
+    rng = np.random.default_rng(7)
+    (cp,) = change_points(series(rng, 40, 0.02, {25: 0.90}))
+    assert cp.index == 25 and cp.p_value <= 0.01 and (cp.n_before, cp.n_after) == (25, 15)
+    assert cp.ci_low < 0.90 < cp.ci_high and cp.ratio == pytest.approx(0.90, abs=0.01)
+    assert cp.ci_high < 0.95  # the interval is the gate's: it excludes no change
+
+
+def test_two_steps_each_sized_against_its_neighbours():
+    rng = np.random.default_rng(3)
+    first, second = change_points(series(rng, 60, 0.02, {20: 0.85, 40: 1.25}))
+    assert (first.index, second.index) == (20, 40)
+    assert first.ratio == pytest.approx(0.85, abs=0.015) and (first.n_before, first.n_after) == (20, 20)
+    assert second.ratio == pytest.approx(1.25, abs=0.02) and second.n_after == 20
+
+
+def test_series_without_a_step_give_few_false_change_points():
+    """50 series of 100 points, no step, p <= 0.01: the first test of each is a false alarm
+    with probability at most 0.01, so more than 3 false change points would be a broken test."""
+    rng = np.random.default_rng(11)
+    false = sum(len(change_points(series(rng, 100, 0.05), seed=i)) for i in range(50))
+    assert false <= 3, false
+
+
+def test_a_small_step_in_heavy_noise_is_not_claimed():
+    rng = np.random.default_rng(5)
+    assert change_points(series(rng, 12, 0.10, {6: 0.97})) == []
+
+
+def test_bad_series_and_settings_are_refused():
+    with pytest.raises(ValueError, match="positive"):
+        change_points([1.0, 2.0, 0.0, 3.0])
+    with pytest.raises(ValueError, match="min_size"):
+        change_points([1.0] * 10, min_size=1)
