@@ -29,9 +29,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 TRAINER = Path("gpubench/backends/pytorch/trainer.py")
 ANCHOR = "        else:\n            self.optimizer.step()\n"
-SLOWER = ANCHOR + ("            params = [p for p in self.model.parameters()]\n"
-                   "            for _ in range({passes}):  # history_real.py's injected slowdown\n"
-                   "                torch._foreach_mul_(params, 1.0)\n")
+SLOWER = ANCHOR + ("            with torch.no_grad():  # history_real.py's injected slowdown\n"
+                   "                params = [p for p in self.model.parameters()]\n"
+                   "                for _ in range({passes}):\n"
+                   "                    torch._foreach_mul_(params, 1.0)\n")
 RUN_SETS = ["framework=torch", "workload=mlp", "device=cpu", "precision=fp32", "batch_size=256", "warmup_steps=5",
             "steps=20", "windows=5"]
 
