@@ -163,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--force", action="store_true", help="measure again even if cached")
     cal.add_argument("--json", type=Path, metavar="FILE", help="write the figures (and datasheet labels) as JSON")
 
-    hist = sub.add_parser("history", help="the results history: record runs, list and show them, export them")
+    hist = sub.add_parser("history", help="the results history: record runs, list, show and export them, chart "
+                                           "them, find where they stepped")
     hist_sub = hist.add_subparsers(dest="action", required=True)
     db_help = ("the history: a file path, sqlite:///PATH or postgresql://USER@HOST[:PORT]/NAME (default: "
                "$GPUBENCH_DB, else .gpubench/history.db)")
@@ -177,14 +178,16 @@ def build_parser() -> argparse.ArgumentParser:
                        ("report", "a self-contained HTML dashboard: each config's metrics over the commits, per "
                                   "machine, and the latest value against the previous and the best"),
                        ("check", "the commits where a metric's series stepped (E-Divisive means); exit 1 when a "
-                                 "regression is among a series' newest commits")):
+                                 "regression is among a series' newest commits"),
+                       ("noise", "each config's noise per machine, from results of the same commit, and the "
+                                 "smallest slowdown the gate catches with it")):
         h = hist_sub.add_parser(name, help=text)
         h.add_argument("--suite", help="only runs of this suite")
         h.add_argument("--config", help="only configs whose id contains this text")
         h.add_argument("--machine", help="only runs on this machine (hostname, or a machine key's prefix)")
         h.add_argument("--branch", help="only runs of this branch")
         h.add_argument("--since", metavar="DATE", help="only runs created at or after this ISO date or time")
-        if name in ("show", "report", "check"):
+        if name in ("show", "report", "check", "noise"):
             h.add_argument("--metric", dest="metrics", action="append", default=[],
                            help="a metric to show (repeatable; default "
                                 f"{'throughput and step_ms' if name == 'show' else 'throughput'})")
@@ -197,8 +200,16 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "regression nor an improvement (default 3%%)")
             h.add_argument("--recent", type=int, default=5, metavar="N",
                            help="a regression among a series' newest N commits fails the check (default 5)")
-        if name == "check":
-            h.add_argument("--json", type=Path, metavar="FILE", help="write the steps as JSON")
+        if name == "noise":
+            h.add_argument("--repeats", type=int, default=10, metavar="N", help="repeats a side (default 10)")
+            h.add_argument("--alpha", type=float, default=0.01, help="the gate's alpha (default 0.01)")
+            h.add_argument("--configs", type=int, default=1, metavar="K",
+                           help="configs compared at once: alpha / K per config (default 1)")
+            h.add_argument("--threshold", default="3%", help="the gate's threshold (default 3%%)")
+            h.add_argument("--noise-floor", default="1%", help="the gate's noise floor (default 1%%)")
+            h.add_argument("--effect", default="5%", help="the slowdown whose repeats are asked for (default 5%%)")
+        if name in ("check", "noise"):
+            h.add_argument("--json", type=Path, metavar="FILE", help="write what is printed as JSON")
         if name == "report":
             h.add_argument("--no-changes", action="store_true", help="do not look for change points")
         if name == "report":
@@ -209,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "export":
             h.add_argument("--out", type=Path, required=True, metavar="FILE", help="FILE.csv, or FILE.parquet "
                                                                                     "(needs pyarrow)")
-    for h in (h_ingest, *(hist_sub.choices[n] for n in ("list", "show", "export", "report", "check"))):
+    for h in (h_ingest, *(hist_sub.choices[n] for n in ("list", "show", "export", "report", "check", "noise"))):
         h.add_argument("--db", metavar="URL", help=db_help)
 
     env = sub.add_parser("env", help="print the environment fingerprint")
@@ -270,6 +281,7 @@ def _main(argv: list[str] | None) -> int:
             require_history()
             from gpubench.history.changes import CheckOptions
             from gpubench.history.command import HistoryRequest, run_history
+            from gpubench.history.noise import NoiseOptions
             from gpubench.history.query import Filters
 
             filters = Filters(*(getattr(args, k, None) for k in ("suite", "config", "machine", "branch", "since")))
@@ -280,11 +292,19 @@ def _main(argv: list[str] | None) -> int:
 
                 check = check_options(args.p_value, args.permutations, args.min_size,
                                       parse_fraction(args.threshold, "--threshold"), args.recent)
+            noise = NoiseOptions()
+            if args.action == "noise":
+                from gpubench.gate.compare import gate_options
+                from gpubench.history.command import noise_options
+
+                gate = gate_options(args.threshold, args.noise_floor, args.alpha, "throughput")
+                noise = noise_options(args.repeats, args.alpha, args.configs, gate.threshold, gate.noise_floor,
+                                      args.effect)
             return run_history(HistoryRequest(args.action, args.db, getattr(args, "run_dirs", []),
                                               parse_tags(getattr(args, "tags", [])), filters,
                                               getattr(args, "metrics", []), getattr(args, "out", None),
                                               getattr(args, "pinned", []), check, getattr(args, "json", None),
-                                              not getattr(args, "no_changes", False)), console)
+                                              not getattr(args, "no_changes", False), noise), console)
         if args.command == "report":
             from gpubench.report.build import build_report
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from gpubench.gate.changepoints import best_split, change_points, split_statistics
+from gpubench.gate.power import caught_share, minimal_detectable, repeats_needed
 
 
 def series(rng, n: int, noise: float, steps: dict[int, float] | None = None) -> np.ndarray:
@@ -70,3 +71,15 @@ def test_bad_series_and_settings_are_refused():
         change_points([1.0, 2.0, 0.0, 3.0])
     with pytest.raises(ValueError, match="min_size"):
         change_points([1.0] * 10, min_size=1)
+
+
+def test_the_minimal_detectable_slowdown_is_where_the_gate_starts_catching_95_percent():
+    """At 2% noise, 10 repeats a side, the default gate: the bisection's answer is caught at
+    least 95% of the time and a slowdown half a point smaller is not."""
+    mde = minimal_detectable(0.02, 10, 0.01, 0.03, 0.01)
+    assert mde is not None and 0.03 < mde < 0.06
+    assert caught_share(0.02, 10, mde, 0.01, 0.03, 0.01) >= 0.95 > caught_share(0.02, 10, mde - 0.005, 0.01, 0.03, 0.01)
+    assert minimal_detectable(0.02, 3, 0.01, 0.03, 0.01) is None  # 3 repeats give no 98% interval
+    # more noise needs more repeats; a slowdown at the threshold is never caught 95% of the time
+    assert repeats_needed(0.02, 0.05, 0.01, 0.03, 0.01) < repeats_needed(0.04, 0.05, 0.01, 0.03, 0.01)
+    assert repeats_needed(0.02, 0.03, 0.01, 0.03, 0.01) is None

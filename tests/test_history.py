@@ -296,14 +296,14 @@ def test_a_lock_held_past_the_timeout_is_one_line(tmp_path, gb, history_db, monk
     assert proc.returncode == 0 and f"{len(result_lines(QUICK))} result(s) added" in proc.stdout
 
 
-def commit_runs(root: Path, factors: list[float], machine: str = "vm") -> list[Path]:
+def commit_runs(root: Path, factors: list[float], machine: str = "vm", name: str = "quick") -> list[Path]:
     """Copies of the quick sample's run, one per commit in order, on ``machine``: commit i's
     throughputs (median and CI bounds) are the sample's times ``factors[i]``."""
     meta = json.loads((QUICK / "run.json").read_text())
     lines = result_lines(QUICK)
     dirs = []
     for i, factor in enumerate(factors):
-        run_id = f"quick-{machine}-{i:03d}"
+        run_id = f"{name}-{machine}-{i:03d}"
         d = root / run_id
         d.mkdir(parents=True)
         when = f"2026-11-{10 + i:02d}T12:00:00+00:00"
@@ -494,3 +494,76 @@ def test_postgresql_stores_result_lines_with_lz4(postgres):
         assert conn.execute(compression).scalar_one() == "l"
         assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == head_revision()
     engine.dispose()
+
+
+def test_check_finds_the_commit_where_each_series_stepped(tmp_path, gb, history_db):
+    """Ten commits, the throughput of every config 10% lower from the seventh: one step per
+    config at that commit, sized -10%, a regression among the newest commits (exit 1); the
+    dashboard lists and marks the same steps."""
+    dirs = commit_runs(tmp_path / "runs", [1.0] * 6 + [0.9] * 4)
+    assert gb(["history", "ingest", *dirs, "--db", history_db]).returncode == 0
+    ok = sorted(x["config_id"] for x in result_lines(QUICK) if x["status"] == "ok")
+    proc = gb(["history", "check", "--db", history_db, "--json", "steps.json"])
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "REGRESSION in the newest commits" in proc.stdout and "05cccccc -> 06cccccc" in proc.stdout
+    steps = json.loads((tmp_path / "steps.json").read_text())["steps"]
+    assert sorted(s["config_id"] for s in steps) == ok
+    for s in steps:
+        assert s["commit"] == "06" + "c" * 38 and s["kind"] == "regression" and s["recent_regression"]
+        assert s["ratio"] == pytest.approx(0.9) and s["p_value"] <= 0.01 and s["from_end"] == 4
+    # older than the newest 3 commits: listed, but the check passes
+    assert gb(["history", "check", "--db", history_db, "--recent", "3"]).returncode == 0
+    page_proc = gb(["history", "report", "--db", history_db, "--out", "dash"])
+    assert page_proc.returncode == 0, page_proc.stderr
+    page = (tmp_path / "dash" / "index.html").read_text()
+    assert "<h3>Change points</h3>" in page and page.count("<td>05cccccc -&gt; 06cccccc</td>") == len(ok)
+    assert "None found" not in page
+    assert "Change points" not in (gb(["history", "report", "--db", history_db, "--out", "plain", "--no-changes"])
+                                   and (tmp_path / "plain" / "index.html").read_text())
+
+
+def test_check_improvements_short_series_and_bad_input(tmp_path, gb, history_db):
+    dirs = commit_runs(tmp_path / "up", [1.0] * 6 + [1.2] * 3, machine="up")
+    dirs += commit_runs(tmp_path / "short", [1.0, 0.5, 0.5], machine="short")
+    assert gb(["history", "ingest", *dirs, "--db", history_db]).returncode == 0
+    proc = gb(["history", "check", "--db", history_db, "--json", "s.json"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # an improvement does not fail the check
+    steps = json.loads((tmp_path / "s.json").read_text())["steps"]
+    assert steps and {s["kind"] for s in steps} == {"improvement"} and {s["machine"] for s in steps} == {"up"}
+    assert "series too short to test (fewer than 6 commits)" in proc.stdout
+    # a smaller threshold than the step: still an improvement; a larger one: small
+    proc = gb(["history", "check", "--db", history_db, "--threshold", "25%", "--json", "t.json"])
+    assert {s["kind"] for s in json.loads((tmp_path / "t.json").read_text())["steps"]} == {"small"}
+    for args, message in ((["--p-value", "2"], "--p-value 2: must be between 0 and 1"),
+                          (["--permutations", "10"], "--permutations 10: at --p-value 0.01 needs at least 99"),
+                          (["--min-size", "1"], "--min-size 1: must be at least 2"),
+                          (["--recent", "0"], "--recent 0: must be at least 1"),
+                          (["--threshold", "x"], "--threshold x: expected a percentage"),
+                          (["--suite", "nope"], "no ok results for these filters; nothing to check")):
+        proc = gb(["history", "check", "--db", history_db, *args])
+        assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_noise_is_the_spread_within_commits_and_gives_the_detectable_slowdown(tmp_path, gb, history_db):
+    """Two runs of each of four commits, the second 2% faster: the noise is the pooled spread
+    of the log throughput within commits (log(1.02) / sqrt(2)), and the gate's minimal
+    detectable slowdown and repeats follow from it."""
+    dirs = commit_runs(tmp_path / "a", [1.0, 1.5, 0.8, 1.0]) + commit_runs(tmp_path / "b", [1.02, 1.53, 0.816, 1.02],
+                                                                           name="again")
+    assert gb(["history", "ingest", *dirs, "--db", history_db]).returncode == 0
+    proc = gb(["history", "noise", "--db", history_db, "--json", "noise.json", "--effect", "5%"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    levels = json.loads((tmp_path / "noise.json").read_text())["noise"]
+    ok = [x for x in result_lines(QUICK) if x["status"] == "ok"]
+    assert sorted(n["config_id"] for n in levels) == sorted(x["config_id"] for x in ok)
+    for n in levels:
+        assert n["sigma"] == pytest.approx(math.log(1.02) / math.sqrt(2), rel=1e-6)
+        assert (n["results"], n["commits"]) == (8, 4)
+        assert 0.03 < n["detectable"] < 0.05 and 5 <= n["repeats_for_effect"] <= 10
+    assert "with 10 repeats a side, a slowdown of" in proc.stdout and "or more is caught 95% of the time" in proc.stdout
+    for args, message in ((["--repeats", "1"], "--repeats 1: must be at least 2"),
+                          (["--effect", "lots"], "--effect lots: expected a percentage"),
+                          (["--noise-floor", "5%"], "--noise-floor 5% is above --threshold 3%")):
+        proc = gb(["history", "noise", "--db", history_db, *args])
+        assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from gpubench.errors import InputError, warn
 from gpubench.history.changes import CheckOptions, Step, describe, find_steps
 from gpubench.history.dashboard import DEFAULT_METRICS, build_dashboard, commit_order, trend_frame
 from gpubench.history.db import display_url, open_engine
+from gpubench.history.noise import NoiseOptions, noise_levels, sentence
 from gpubench.history.query import Filters, list_runs, load_history
 from gpubench.history.store import ingest_runs
 from gpubench.results.metrics import BY_NAME
@@ -38,6 +40,19 @@ class HistoryRequest:
     check: CheckOptions = field(default_factory=CheckOptions)
     json: Path | None = None
     changes: bool = True  # history report: mark the change points on the charts
+    noise: NoiseOptions = field(default_factory=NoiseOptions)
+
+
+def noise_options(repeats: int, alpha: float, configs: int, threshold: float, noise_floor: float,
+                  effect: str) -> NoiseOptions:
+    """``history noise``'s options, checked before the history is opened."""
+    from gpubench.gate.compare import parse_fraction
+
+    if repeats < 2:
+        raise InputError(f"--repeats {repeats}: must be at least 2")
+    if configs < 1:
+        raise InputError(f"--configs {configs}: must be at least 1")
+    return NoiseOptions(repeats, alpha, configs, threshold, noise_floor, parse_fraction(effect, "--effect"))
 
 
 def check_options(p_value: float, permutations: int, min_size: int, threshold: float, recent: int) -> CheckOptions:
@@ -88,7 +103,8 @@ def _cell(v: object) -> str:
 
 def run_history(req: HistoryRequest, console: Console) -> int:
     metrics = (_check_metrics(req.metrics) if req.action == "show" else
-               _check_metrics(req.metrics or list(DEFAULT_METRICS)) if req.action in ("report", "check") else [])
+               _check_metrics(req.metrics or list(DEFAULT_METRICS)) if req.action in ("report", "check", "noise")
+               else [])
     check_output_file(req.json, "--json")
     if req.action == "report":
         check_output_dir(req.out, "--out")
@@ -117,6 +133,8 @@ def run_history(req: HistoryRequest, console: Console) -> int:
             return 0
         if req.action == "check":
             return _check(engine, url, req, metrics, console)
+        if req.action == "noise":
+            return _noise(engine, url, req, metrics, console)
         if req.action == "report":
             assert req.out is not None
             dash = build_dashboard(engine, url, req.out, req.filters, metrics, req.pinned,
@@ -151,13 +169,49 @@ def run_history(req: HistoryRequest, console: Console) -> int:
         engine.dispose()
 
 
-def _check(engine: Any, url: str, req: HistoryRequest, metrics: list[str], console: Console) -> int:
-    """Print every step of every series, and exit 1 when one is a regression among its
-    series' newest commits; a history with nothing to check is bad input (exit 2)."""
+def _ok_results(engine: Any, url: str, req: HistoryRequest, metrics: list[str], what: str) -> pd.DataFrame:
+    """The filtered ok results (``trend_frame``); none is bad input (exit 2)."""
     frame = trend_frame(engine, url, req.filters, metrics)
     if frame.empty:
         raise InputError(f"{display_url(url)}: no ok results" + (" for these filters" if req.filters != Filters()
-                                                                  else "") + "; nothing to check")
+                                                                  else "") + f"; nothing to {what}")
+    return frame
+
+
+def _noise(engine: Any, url: str, req: HistoryRequest, metrics: list[str], console: Console) -> int:
+    """Each config's noise per machine and the gate's minimal detectable slowdown with it."""
+    frame = _ok_results(engine, url, req, metrics, "measure")
+    o = req.noise
+    levels = [n for metric in metrics for n in noise_levels(frame, metric, o)]
+    console.print(f"noise in {display_url(url)}: the spread between processes of the same commit; the gate at "
+                  f"alpha {o.alpha:g} over {o.configs} config(s), threshold {100 * o.threshold:g}%, noise floor "
+                  f"{100 * o.noise_floor:g}% (simulated with the gate's own rule)", highlight=False, soft_wrap=True)
+    if not levels:
+        console.print("no commit has two results of one config on one machine: run with --repeats 2 or more "
+                      "(or run the same commit twice) to measure the noise", highlight=False)
+    else:
+        table = Table()
+        for col in ("suite", "config", "machine", "metric", "noise (cv)", "results / commits",
+                    f"caught 95% with {o.repeats} repeats", f"repeats for {100 * o.effect:g}%"):
+            table.add_column(col)
+        for n in levels:
+            table.add_row(n.suite, n.config_id, n.machine, n.metric, f"{100 * (math.exp(n.sigma) - 1):.1f}%",
+                          f"{n.results} / {n.commits}",
+                          "none up to 50%" if n.detectable is None else f">= {100 * n.detectable:.1f}%",
+                          "more than 60" if n.repeats_for_effect is None else str(n.repeats_for_effect))
+        console.print(table)
+        for n in levels:
+            console.print(sentence(n, o), highlight=False, soft_wrap=True)
+    if req.json:
+        write_output(req.json, json_text({"history": display_url(url), "options": asdict(o),
+                                          "noise": [n.to_dict() for n in levels]}), "--json")
+    return 0
+
+
+def _check(engine: Any, url: str, req: HistoryRequest, metrics: list[str], console: Console) -> int:
+    """Print every step of every series, and exit 1 when one is a regression among its
+    series' newest commits; a history with nothing to check is bad input (exit 2)."""
+    frame = _ok_results(engine, url, req, metrics, "check")
     orders = commit_order(frame)
     steps: list[Step] = []
     short = 0

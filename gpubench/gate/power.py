@@ -1,0 +1,77 @@
+"""What the gate can see on a machine of a given noise: its minimal detectable slowdown, and
+the repeats a slowdown needs.
+
+The noise is the between-process spread of a config's metric, as the standard deviation of
+its log values (about its coefficient of variation), measured from results of the same code
+(``history noise``). The gate's power is found by simulation with the gate's own rule
+(``gate.stats.shift`` and the ``regressed`` condition of ``gate.compare``), never by a formula
+that the distribution-free interval only approximates: ``trials`` comparisons of lognormal
+repeats with that spread, a true slowdown on one side, counting how often the verdict is
+``regressed``. Power grows with the slowdown, so the smallest slowdown caught at the wanted
+rate is found by bisection.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpubench.gate.stats import min_repeats, shift
+
+POWER = 0.95
+TRIALS = 400
+MAX_SLOWDOWN = 0.5  # above this, "not detectable" (a slowdown of half the speed)
+MAX_REPEATS = 60
+
+
+def caught_share(sigma: float, repeats: int, slowdown: float, alpha_config: float, threshold: float,
+                 noise_floor: float, trials: int = TRIALS, seed: int = 0) -> float:
+    """Share of ``trials`` simulated comparisons (``repeats`` a side, log-sd ``sigma``, the
+    current side ``slowdown`` slower) that the gate calls ``regressed``, at one-sided level
+    ``alpha_config`` per config."""
+    rng = np.random.default_rng(seed)
+    caught = 0
+    for _ in range(trials):
+        base = np.exp(rng.normal(0.0, sigma, repeats))
+        cur = (1 - slowdown) * np.exp(rng.normal(0.0, sigma, repeats))
+        s = shift(base, cur, 2 * alpha_config)
+        caught += s.has_ci and s.ci_high < 1 - noise_floor and s.ratio <= 1 - threshold
+    return caught / trials
+
+
+def minimal_detectable(sigma: float, repeats: int, alpha_config: float, threshold: float, noise_floor: float,
+                       power: float = POWER, trials: int = TRIALS) -> float | None:
+    """The smallest slowdown (a fraction) caught at least ``power`` of the time with
+    ``repeats`` a side; None when even MAX_SLOWDOWN is not, or the repeats give no interval."""
+    if repeats < min_repeats(2 * alpha_config):
+        return None
+
+    def enough(slowdown: float) -> bool:
+        return caught_share(sigma, repeats, slowdown, alpha_config, threshold, noise_floor, trials) >= power
+
+    lo, hi = threshold, MAX_SLOWDOWN
+    if not enough(hi):
+        return None
+    for _ in range(12):  # to about 0.01 percentage points
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return hi
+
+
+def repeats_needed(sigma: float, slowdown: float, alpha_config: float, threshold: float, noise_floor: float,
+                   power: float = POWER, trials: int = TRIALS) -> int | None:
+    """The fewest repeats a side that catch ``slowdown`` at least ``power`` of the time; None
+    beyond MAX_REPEATS."""
+    if slowdown <= threshold:
+        return None  # a slowdown at the threshold is caught about half the time, whatever the repeats
+    def enough(n: int) -> bool:
+        return caught_share(sigma, n, slowdown, alpha_config, threshold, noise_floor, trials) >= power
+
+    lo, hi = min_repeats(2 * alpha_config), MAX_REPEATS  # power grows with the repeats: bisect
+    if not enough(hi):
+        return None
+    if enough(lo):
+        return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return hi
