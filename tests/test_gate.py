@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -298,6 +299,12 @@ def test_cli_compare_exit_codes_and_outputs(tmp_path):
     verdicts = {v["config_id"]: v for v in data["verdicts"]}
     assert verdicts["cnn"]["verdict"] == "regressed" and verdicts["cnn"]["ratio"] == pytest.approx(0.9, abs=0.02)
     assert data["alpha_per_config"] == pytest.approx(0.005)
+    # what the comparison could see: its own between-process noise, and the slowdown caught 95% of the time
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("noise between processes in this comparison"))
+    noise, mde = (float(v) for v in re.findall(r"([\d.]+)%", line)[:2])
+    assert 1.0 < noise < 3.5 and 3.0 < mde < 10.0, line
+    assert "with 10 repeats a side at this gate's settings" in line and line in md
+    assert all(0.01 < v["noise"] < 0.035 for v in data["verdicts"])
 
 
 def test_cli_refuses_different_environments_unless_forced(tmp_path):

@@ -55,10 +55,13 @@ def run_compare(req: CompareRequest, console: Console) -> int:
                      labels, options.correction)
     console.print(render.header(result, labels), highlight=False, soft_wrap=True)
     console.print(render.table(result))
+    power = render.power_line(result)
+    if power:
+        console.print(power, highlight=False, soft_wrap=True)
     counts = ", ".join(f"{n} {k}" for k, n in result.counts().items())
     console.print(("[red]REGRESSION[/red]: " if result.regressed else "no regression: ") + counts, highlight=False)
     if req.markdown:  # a failed write is exit 2 with its message, after the verdicts above
-        write_output(req.markdown, render.markdown(result, labels), "--markdown")
+        write_output(req.markdown, render.markdown(result, labels, power), "--markdown")
     if req.json:
         write_output(req.json, json_text({"baseline": str(base.path), "current": str(cur.path), **result.to_dict()}),
                      "--json")

@@ -97,6 +97,7 @@ class ConfigVerdict:
     n_baseline: int
     n_current: int
     note: str = ""
+    noise: float | None = None  # between-process spread: pooled sd of the log values within each side
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,6 +136,17 @@ def _values(results: list[Result], metric: Metric) -> dict[str, list[float]]:
         if v is not None and v > 0:
             values.append(float(v))
     return out
+
+
+def _pooled_sd(b: list[float], c: list[float]) -> float | None:
+    """The standard deviation of the log values about each side's own mean, pooled over both
+    sides (about the coefficient of variation between processes); None with too few."""
+    df = len(b) + len(c) - 2
+    if df < 1:
+        return None
+    ss = sum(sum((v - sum(side) / len(side)) ** 2 for v in side) for side in ([math.log(x) for x in b],
+                                                                            [math.log(x) for x in c]))
+    return math.sqrt(ss / df)
 
 
 def _some(values: dict[str, list[float]]) -> str:
@@ -230,12 +242,14 @@ def compare(baseline: list[Result], current: list[Result], metric_name: str = "t
             note = "not in baseline" if config_id not in base else _reason(baseline, config_id)
             verdicts.append(ConfigVerdict(config_id, "new", None, None, None, None, c_med, 0, len(c), note))
             continue
+        noise = _pooled_sd(b, c)
         s = shift(b, c, 2 * alpha_config)
         note = "" if s.has_ci else f"too few repeats for a CI (needs {min_repeats(2 * alpha_config)} per side)"
         flag = None if flags is None else flags.get(config_id, "")
         verdicts.append(ConfigVerdict(config_id, judge(s, metric, threshold, noise_floor, flag), s.ratio,
                                       None if math.isnan(s.ci_low) else s.ci_low,
-                                      None if math.isnan(s.ci_high) else s.ci_high, b_med, c_med, len(b), len(c), note))
+                                      None if math.isnan(s.ci_high) else s.ci_high, b_med, c_med, len(b), len(c), note,
+                                      noise))
     return Comparison(metric, threshold, noise_floor, alpha, alpha_config, verdicts, correction)
 
 

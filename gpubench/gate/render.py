@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import statistics
+
 from rich.table import Table
 
 from gpubench import fmt
@@ -52,10 +55,11 @@ def table(c: Comparison) -> Table:
     return t
 
 
-def markdown(c: Comparison, labels: tuple[str, str]) -> str:
+def markdown(c: Comparison, labels: tuple[str, str], power: str = "") -> str:
     counts = ", ".join(f"{n} {k}" for k, n in c.counts().items())
     status = "**regression**" if c.regressed else "no regression"
     lines = [f"## gpubench compare: {status}", "", header(c, labels), "", counts, "",
+             *([power, ""] if power else []),
              "| config | verdict | baseline | current | change [CI] | repeats | note |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     order = {k: i for i, k in enumerate(("regressed", "inconclusive", "missing", "improved", "new", "unchanged"))}
@@ -65,3 +69,21 @@ def markdown(c: Comparison, labels: tuple[str, str]) -> str:
                      f"{_value(v.current_median, c.metric)} | {_change(v)} | {v.n_baseline}/{v.n_current} | "
                      f"{v.note.replace('|', '/')} |")
     return "\n".join(lines) + "\n"
+
+
+def power_line(c: Comparison) -> str:
+    """What this comparison could see: the between-process noise its repeats showed (the
+    median over the configs) and the smallest slowdown the gate catches 95% of the time with
+    that noise and these repeats (simulated with the gate's rule: gate.power)."""
+    from gpubench.gate.power import minimal_detectable
+
+    measured = [v for v in c.verdicts if v.noise is not None and v.ratio is not None]
+    if not measured:
+        return ""
+    sigma = statistics.median(v.noise for v in measured if v.noise is not None)
+    repeats = min(min(v.n_baseline, v.n_current) for v in measured)
+    mde = minimal_detectable(sigma, repeats, c.alpha_per_config, c.threshold, c.noise_floor)
+    seen = (f"a slowdown of {100 * mde:.1f}% or more is caught 95% of the time" if mde is not None
+            else "no slowdown up to 50% is caught 95% of the time")
+    return (f"noise between processes in this comparison: {100 * (math.exp(sigma) - 1):.1f}% (median over "
+            f"{len(measured)} config(s)); with {repeats} repeats a side at this gate's settings, {seen}")

@@ -117,11 +117,14 @@ def execute_ab(req: ABRequest, console: Console) -> int:
                          options.noise_floor, options.alpha, labels, options.correction)
     console.print(render.header(comparison, labels), highlight=False, soft_wrap=True)
     console.print(render.table(comparison))
+    power = render.power_line(comparison)
+    if power:
+        console.print(power, highlight=False, soft_wrap=True)
     counts = ", ".join(f"{n} {v}" for v, n in comparison.counts().items())
     console.print(("[red]REGRESSION[/red]: " if comparison.regressed else "no regression: ") + counts,
                   highlight=False)
     if req.markdown:
-        write_output(req.markdown, render.markdown(comparison, labels), "--markdown")
+        write_output(req.markdown, render.markdown(comparison, labels, power), "--markdown")
     if req.report:
         write_report([dirs["baseline"], dirs["candidate"]], console, out=Path("reports") / stamp)
     console.print(f"run directories: {dirs['baseline']} {dirs['candidate']}", highlight=False)
