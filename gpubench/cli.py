@@ -200,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "regression nor an improvement (default 3%%)")
             h.add_argument("--recent", type=int, default=5, metavar="N",
                            help="a regression among a series' newest N commits fails the check (default 5)")
+            h.add_argument("--last", type=int, default=300, metavar="N",
+                           help="search only the newest N commits of each series (default 300; 0: all, whose cost "
+                                "grows as the square of the commits)")
         if name == "noise":
             h.add_argument("--repeats", type=int, default=10, metavar="N", help="repeats a side (default 10)")
             h.add_argument("--alpha", type=float, default=0.01, help="the gate's alpha (default 0.01)")
@@ -291,7 +294,7 @@ def _main(argv: list[str] | None) -> int:
                 from gpubench.history.command import check_options
 
                 check = check_options(args.p_value, args.permutations, args.min_size,
-                                      parse_fraction(args.threshold, "--threshold"), args.recent)
+                                      parse_fraction(args.threshold, "--threshold"), args.recent, args.last)
             noise = NoiseOptions()
             if args.action == "noise":
                 from gpubench.gate.compare import gate_options

@@ -497,33 +497,34 @@ def test_postgresql_stores_result_lines_with_lz4(postgres):
 
 
 def test_check_finds_the_commit_where_each_series_stepped(tmp_path, gb, history_db):
-    """Ten commits, the throughput of every config 10% lower from the seventh: one step per
-    config at that commit, sized -10%, a regression among the newest commits (exit 1); the
-    dashboard lists and marks the same steps."""
-    dirs = commit_runs(tmp_path / "runs", [1.0] * 6 + [0.9] * 4)
+    """Fifteen commits, the throughput of every config 10% lower from the eleventh: one step
+    per config at that commit, sized -10%, a regression among the newest commits (exit 1); the
+    dashboard lists and marks the same steps. (With ten commits even a perfect step could not
+    reach p <= 0.01: only 2 of the C(10, 4) = 210 orderings separate the two levels.)"""
+    dirs = commit_runs(tmp_path / "runs", [1.0] * 10 + [0.9] * 5)
     assert gb(["history", "ingest", *dirs, "--db", history_db]).returncode == 0
     ok = sorted(x["config_id"] for x in result_lines(QUICK) if x["status"] == "ok")
     proc = gb(["history", "check", "--db", history_db, "--json", "steps.json"])
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "REGRESSION in the newest commits" in proc.stdout and "05cccccc -> 06cccccc" in proc.stdout
+    assert "REGRESSION in the newest commits" in proc.stdout and "09cccccc -> 10cccccc" in proc.stdout
     steps = json.loads((tmp_path / "steps.json").read_text())["steps"]
     assert sorted(s["config_id"] for s in steps) == ok
     for s in steps:
-        assert s["commit"] == "06" + "c" * 38 and s["kind"] == "regression" and s["recent_regression"]
-        assert s["ratio"] == pytest.approx(0.9) and s["p_value"] <= 0.01 and s["from_end"] == 4
-    # older than the newest 3 commits: listed, but the check passes
-    assert gb(["history", "check", "--db", history_db, "--recent", "3"]).returncode == 0
+        assert s["commit"] == "10" + "c" * 38 and s["kind"] == "regression" and s["recent_regression"]
+        assert s["ratio"] == pytest.approx(0.9) and s["p_value"] <= 0.01 and s["from_end"] == 5
+    # older than the newest 4 commits: listed, but the check passes
+    assert gb(["history", "check", "--db", history_db, "--recent", "4"]).returncode == 0
     page_proc = gb(["history", "report", "--db", history_db, "--out", "dash"])
     assert page_proc.returncode == 0, page_proc.stderr
     page = (tmp_path / "dash" / "index.html").read_text()
-    assert "<h3>Change points</h3>" in page and page.count("<td>05cccccc -&gt; 06cccccc</td>") == len(ok)
+    assert "<h3>Change points</h3>" in page and page.count("<td>09cccccc -> 10cccccc</td>") == len(ok)
     assert "None found" not in page
     assert "Change points" not in (gb(["history", "report", "--db", history_db, "--out", "plain", "--no-changes"])
                                    and (tmp_path / "plain" / "index.html").read_text())
 
 
 def test_check_improvements_short_series_and_bad_input(tmp_path, gb, history_db):
-    dirs = commit_runs(tmp_path / "up", [1.0] * 6 + [1.2] * 3, machine="up")
+    dirs = commit_runs(tmp_path / "up", [1.0] * 10 + [1.2] * 4, machine="up")
     dirs += commit_runs(tmp_path / "short", [1.0, 0.5, 0.5], machine="short")
     assert gb(["history", "ingest", *dirs, "--db", history_db]).returncode == 0
     proc = gb(["history", "check", "--db", history_db, "--json", "s.json"])
@@ -538,6 +539,7 @@ def test_check_improvements_short_series_and_bad_input(tmp_path, gb, history_db)
                           (["--permutations", "10"], "--permutations 10: at --p-value 0.01 needs at least 99"),
                           (["--min-size", "1"], "--min-size 1: must be at least 2"),
                           (["--recent", "0"], "--recent 0: must be at least 1"),
+                          (["--last", "4"], "--last 4: must be 0 (every commit) or at least 6 (twice --min-size)"),
                           (["--threshold", "x"], "--threshold x: expected a percentage"),
                           (["--suite", "nope"], "no ok results for these filters; nothing to check")):
         proc = gb(["history", "check", "--db", history_db, *args])

@@ -33,6 +33,7 @@ class CheckOptions:
     min_size: int = DEFAULT_MIN_SIZE
     threshold: float = 0.03  # a step smaller than this (good direction) is "small"
     recent: int = 5  # the newest commits of a series in which a regression fails the check
+    last: int = 300  # only the newest commits of each series are searched (0: all); the cost grows as its square
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,8 @@ def find_steps(frame: pd.DataFrame, orders: dict[str, list[str]], metric: str,
     for (suite, config, machine), g in pts.groupby(["suite", "config_id", "machine"], sort=True):
         position = {c: i for i, c in enumerate(orders[suite])}
         g = g.assign(x=g["commit"].map(position)).sort_values("x")
+        if options.last:
+            g = g.iloc[-options.last:]
         if len(g) < 2 * options.min_size:
             short += 1
             continue

@@ -55,7 +55,8 @@ def noise_options(repeats: int, alpha: float, configs: int, threshold: float, no
     return NoiseOptions(repeats, alpha, configs, threshold, noise_floor, parse_fraction(effect, "--effect"))
 
 
-def check_options(p_value: float, permutations: int, min_size: int, threshold: float, recent: int) -> CheckOptions:
+def check_options(p_value: float, permutations: int, min_size: int, threshold: float, recent: int,
+                  last: int = CheckOptions.last) -> CheckOptions:
     """``history check``'s options, checked before the history is opened."""
     if not 0 < p_value < 1:
         raise InputError(f"--p-value {p_value:g}: must be between 0 and 1")
@@ -66,7 +67,9 @@ def check_options(p_value: float, permutations: int, min_size: int, threshold: f
         raise InputError(f"--min-size {min_size}: must be at least 2 (commits on each side of a step)")
     if recent < 1:
         raise InputError(f"--recent {recent}: must be at least 1")
-    return CheckOptions(p_value, permutations, min_size, threshold, recent)
+    if last < 0 or 0 < last < 2 * min_size:
+        raise InputError(f"--last {last}: must be 0 (every commit) or at least {2 * min_size} (twice --min-size)")
+    return CheckOptions(p_value, permutations, min_size, threshold, recent, last)
 
 
 def _check_metrics(names: list[str]) -> list[str]:
@@ -223,7 +226,9 @@ def _check(engine: Any, url: str, req: HistoryRequest, metrics: list[str], conso
     console.print(f"change points in {display_url(url)}: E-Divisive means, p <= {o.p_value:g} "
                   f"({o.permutations} permutations), at least {o.min_size} commits a side; a step beyond "
                   f"{100 * o.threshold:g}% is a regression or improvement; regressions in the newest {o.recent} "
-                  "commits of a series fail the check", highlight=False, soft_wrap=True)
+                  "commits of a series fail the check; "
+                  + (f"the newest {o.last} commits of each series searched" if o.last else "every commit searched"),
+                  highlight=False, soft_wrap=True)
     if steps:
         table = Table()
         for col in ("suite", "config", "machine", "metric", "step at", "change [95% CI]", "p", "kind"):
