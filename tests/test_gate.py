@@ -18,17 +18,19 @@ from tests.conftest import run_cli
 ENV = {"cpu_model": "Fixture CPU", "gpus": [], "frameworks": {"torch": {"version": "2.13.0", "build": {}}}}
 
 
-def results(values: dict[str, list[float]], run_id: str = "r", status: str = "ok", memory: float | None = None):
+def results(values: dict[str, list[float]], run_id: str = "r", status: str = "ok", memory: float | None = None,
+            telemetry: dict | None = None, env: dict = ENV):
     out = []
     for config_id, vs in values.items():
         for i, v in enumerate(vs):
             out.append(Result.from_json({"schema_version": 1, "run_id": run_id, "config_id": config_id, "repeat": i,
                         "config": {"framework": "torch"}, "status": status, "reason": "",
+                        **({"telemetry": telemetry} if telemetry else {}),
                         "metrics": {"throughput": {"median": v, "ci_low": 0.9 * v, "ci_high": 1.1 * v},
                                     "step_time_ms": {"median": 1000.0 / v, "cv": 0.01}, "cold_start_ms": 3000.0 / v,
                                     "samples_per_step": 64,
                                     "step_times_ms": [1000.0 / v] * 2,
-                                    "memory": {"peak_rss_bytes": memory or 1e9}}, "env": ENV}))
+                                    "memory": {"peak_rss_bytes": memory or 1e9}}, "env": env}))
     return out
 
 
@@ -274,10 +276,11 @@ def test_fingerprint_differences():
 
 # --- the CLI --------------------------------------------------------------------------------
 
-def write_run(path, values, env=ENV):
+def write_run(path, values, env=ENV, telemetry=None):
     path.mkdir(parents=True)
     (path / "run.json").write_text(json.dumps({"run_id": path.name, "created_at": "now", "env": env}))
-    (path / "results.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in results(values, path.name)))
+    (path / "results.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n"
+                                                for r in results(values, path.name, telemetry=telemetry, env=env)))
     return path
 
 
@@ -371,3 +374,67 @@ def test_cli_a_result_line_of_the_wrong_shape_is_named_not_skipped(tmp_path):
         (saved / name).write_text((b / name).read_text())
     listed = run_cli(["baseline", "list"], cwd=tmp_path)
     assert listed.returncode == 0 and "results.jsonl:3: status 'fine'" in listed.stdout, listed.stdout + listed.stderr
+
+
+# --- triage of a regressed verdict ---------------------------------------------------------------
+
+def telemetry_of(sm_clock: float, throttled: float, power: float, machine_cpu: float) -> dict:
+    return {"gpu": {"sm_clock_mean_mhz": sm_clock, "throttled_fraction": throttled, "util_mean": 95.0,
+                    "power_mean_w": power},
+            "host": {"cpu_percent_mean": 100.0, "system_cpu_percent_mean": machine_cpu}}
+
+
+def test_triage_names_a_slower_clock_and_throttling_as_the_machine():
+    from gpubench.gate.triage import triage
+
+    rng = np.random.default_rng(8)
+    base = results({"cnn": lognormal(rng, 10, 0.02)}, telemetry=telemetry_of(1980, 0.0, 600, 10))
+    cur = results({"cnn": lognormal(rng, 10, 0.02, scale=880.0)}, telemetry=telemetry_of(1740, 0.4, 480, 10))
+    lines = triage(base, cur, "cnn", ("baseline", "current"), "python -m gpubench compare a b")
+    assert "telemetry: current's SM clock is 12.1% lower (1,740 MHz against 1,980)" in lines
+    assert "telemetry: current's GPU power is 20.0% lower (480 W against 600)" in lines
+    assert "telemetry: of its GPU samples throttled: 40% on current against 0% on baseline" in lines
+    assert any(x.startswith("the machine, not the code, is the likelier cause") for x in lines)
+    assert lines[-1] == "reproduce: python -m gpubench compare a b" and lines[-2].startswith("phases: ")
+    # a busier machine, same clocks: the machine again
+    busy = results({"cnn": lognormal(rng, 10, 0.02, scale=880.0)}, telemetry=telemetry_of(1980, 0.0, 600, 60))
+    lines = triage(base, busy, "cnn", ("baseline", "current"), "x")
+    assert "telemetry: CPU used on the whole machine: 60% on current against 10% on baseline" in lines
+    assert any(x.startswith("the machine, not the code") for x in lines)
+
+
+def test_triage_of_a_different_driver_and_of_no_difference():
+    from gpubench.gate.triage import triage
+
+    rng = np.random.default_rng(9)
+    gpu_env = {**ENV, "gpus": [{"name": "NVIDIA H100 80GB HBM3", "driver": "580.159.04"}]}
+    other = {**gpu_env, "gpus": [{"name": "NVIDIA H100 80GB HBM3", "driver": "575.57.08"}],
+             "env_vars": {"OMP_NUM_THREADS": "4"}}
+    same = telemetry_of(1980, 0.0, 600, 10)
+    base = results({"cnn": lognormal(rng, 10, 0.02)}, telemetry=same, env=gpu_env)
+    cur = results({"cnn": lognormal(rng, 10, 0.02, scale=880.0)}, telemetry=same, env=other)
+    lines = triage(base, cur, "cnn", ("baseline", "current"), "x")
+    assert any(x.startswith("environment: GPUs/driver: [('NVIDIA H100 80GB HBM3', '580.159.04')]") for x in lines)
+    assert "environment: thread variables: {} (baseline) vs {'OMP_NUM_THREADS': '4'} (current)" in lines
+    assert any(x.startswith("the machine, not the code") for x in lines)
+    cur = results({"cnn": lognormal(rng, 10, 0.02, scale=880.0)}, telemetry=same, env=gpu_env)
+    lines = triage(base, cur, "cnn", ("baseline", "current"), "x")
+    assert lines[0] == "no difference in the recorded environment or telemetry: the code is the likelier cause"
+
+
+def test_compare_prints_the_triage_of_each_regressed_config(tmp_path):
+    rng = np.random.default_rng(10)
+    a = write_run(tmp_path / "a", {"cnn": lognormal(rng, 10, 0.02), "mlp": lognormal(rng, 10, 0.02)},
+                  telemetry=telemetry_of(1980, 0.0, 600, 10))
+    b = write_run(tmp_path / "b", {"cnn": lognormal(rng, 10, 0.02, scale=880.0), "mlp": lognormal(rng, 10, 0.02)},
+                  telemetry=telemetry_of(1740, 0.4, 600, 10))
+    proc = run_cli(["compare", str(a), str(b), "--markdown", "t.md", "--json", "t.json"], cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert "triage cnn:" in out and "b's SM clock is 12.1% lower (1,740 MHz against 1,980)" in out
+    assert f"reproduce: python -m gpubench compare {a} {b} --threshold 3% --noise-floor 1% --alpha 0.01" in out
+    assert "triage mlp" not in out  # only regressed configs
+    md = (tmp_path / "t.md").read_text()
+    assert "### Triage: cnn" in md and f"- telemetry: {b}'s SM clock is 12.1% lower" in md
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert set(data["triage"]) == {"cnn"} and data["triage"]["cnn"][-1].startswith("reproduce: ")

@@ -53,18 +53,15 @@ def run_compare(req: CompareRequest, console: Console) -> int:
     labels = (base.label, cur.label)
     result = compare(base.results, cur.results, options.metric, options.threshold, options.noise_floor, options.alpha,
                      labels, options.correction)
-    console.print(render.header(result, labels), highlight=False, soft_wrap=True)
-    console.print(render.table(result))
-    power = render.power_line(result)
-    if power:
-        console.print(power, highlight=False, soft_wrap=True)
-    counts = ", ".join(f"{n} {k}" for k, n in result.counts().items())
-    console.print(("[red]REGRESSION[/red]: " if result.regressed else "no regression: ") + counts, highlight=False)
+    reproduce = (f"python -m gpubench compare {req.baseline} {req.current} --threshold {req.threshold} "
+                 f"--noise-floor {req.noise_floor} --alpha {req.alpha:g} --correction {req.correction} "
+                 f"--metric {req.metric}" + (" --force" if req.force else ""))
+    power, triaged = render.show(console, result, labels, base.results, cur.results, reproduce)
     if req.markdown:  # a failed write is exit 2 with its message, after the verdicts above
-        write_output(req.markdown, render.markdown(result, labels, power), "--markdown")
+        write_output(req.markdown, render.markdown(result, labels, power, triaged), "--markdown")
     if req.json:
-        write_output(req.json, json_text({"baseline": str(base.path), "current": str(cur.path), **result.to_dict()}),
-                     "--json")
+        write_output(req.json, json_text({"baseline": str(base.path), "current": str(cur.path), **result.to_dict(),
+                                          "triage": triaged}), "--json")
     return EXIT_REGRESSED if result.regressed else EXIT_OK
 
 

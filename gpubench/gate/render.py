@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 import statistics
 
+from rich.console import Console
 from rich.table import Table
 
 from gpubench import fmt
 from gpubench.gate.compare import Comparison, ConfigVerdict
+from gpubench.gate.triage import triage
 from gpubench.results.metrics import Metric
+from gpubench.results.result import Result
 
 STYLE = {"regressed": "red", "improved": "green", "unchanged": "", "inconclusive": "yellow", "missing": "magenta",
          "new": "cyan"}
@@ -55,7 +58,34 @@ def table(c: Comparison) -> Table:
     return t
 
 
-def markdown(c: Comparison, labels: tuple[str, str], power: str = "") -> str:
+def triage_all(c: Comparison, base: list[Result], cur: list[Result], labels: tuple[str, str],
+               reproduce: str) -> dict[str, list[str]]:
+    """Each regressed config's triage (gate.triage)."""
+    return {v.config_id: triage(base, cur, v.config_id, labels, reproduce) for v in c.regressed}
+
+
+def show(console: Console, c: Comparison, labels: tuple[str, str], base: list[Result], cur: list[Result],
+         reproduce: str) -> tuple[str, dict[str, list[str]]]:
+    """Print a comparison as ``compare`` and ``ab`` do: its settings, the verdicts, what it could
+    see, the triage of each regressed config, and the counts; returns the power line and the
+    triage, for the markdown and JSON."""
+    console.print(header(c, labels), highlight=False, soft_wrap=True)
+    console.print(table(c))
+    power = power_line(c)
+    if power:
+        console.print(power, highlight=False, soft_wrap=True)
+    triaged = triage_all(c, base, cur, labels, reproduce)
+    for config_id, lines in triaged.items():
+        console.print(f"[red]triage[/red] {config_id}:", highlight=False, soft_wrap=True)
+        for line in lines:
+            console.print(f"  {line}", highlight=False, soft_wrap=True)
+    counts = ", ".join(f"{n} {k}" for k, n in c.counts().items())
+    console.print(("[red]REGRESSION[/red]: " if c.regressed else "no regression: ") + counts, highlight=False)
+    return power, triaged
+
+
+def markdown(c: Comparison, labels: tuple[str, str], power: str = "",
+             triaged: dict[str, list[str]] | None = None) -> str:
     counts = ", ".join(f"{n} {k}" for k, n in c.counts().items())
     status = "**regression**" if c.regressed else "no regression"
     lines = [f"## gpubench compare: {status}", "", header(c, labels), "", counts, "",
@@ -68,6 +98,8 @@ def markdown(c: Comparison, labels: tuple[str, str], power: str = "") -> str:
         lines.append(f"| {v.config_id} | {verdict} | {_value(v.baseline_median, c.metric)} | "
                      f"{_value(v.current_median, c.metric)} | {_change(v)} | {v.n_baseline}/{v.n_current} | "
                      f"{v.note.replace('|', '/')} |")
+    for config_id, found in (triaged or {}).items():
+        lines += ["", f"### Triage: {config_id}", "", *(f"- {x}" for x in found)]
     return "\n".join(lines) + "\n"
 
 

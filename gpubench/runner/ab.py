@@ -115,16 +115,12 @@ def execute_ab(req: ABRequest, console: Console) -> int:
     labels = ("baseline", "candidate")
     comparison = compare(results["baseline"], results["candidate"], options.metric, options.threshold,
                          options.noise_floor, options.alpha, labels, options.correction)
-    console.print(render.header(comparison, labels), highlight=False, soft_wrap=True)
-    console.print(render.table(comparison))
-    power = render.power_line(comparison)
-    if power:
-        console.print(power, highlight=False, soft_wrap=True)
-    counts = ", ".join(f"{n} {v}" for v, n in comparison.counts().items())
-    console.print(("[red]REGRESSION[/red]: " if comparison.regressed else "no regression: ") + counts,
-                  highlight=False)
+    reproduce = (f"python -m gpubench compare {dirs['baseline']} {dirs['candidate']} --force --threshold "
+                 f"{req.threshold} --noise-floor {req.noise_floor} --alpha {req.alpha:g} --correction "
+                 f"{req.correction} --metric {req.metric}")
+    power, triaged = render.show(console, comparison, labels, results["baseline"], results["candidate"], reproduce)
     if req.markdown:
-        write_output(req.markdown, render.markdown(comparison, labels, power), "--markdown")
+        write_output(req.markdown, render.markdown(comparison, labels, power, triaged), "--markdown")
     if req.report:
         write_report([dirs["baseline"], dirs["candidate"]], console, out=Path("reports") / stamp)
     console.print(f"run directories: {dirs['baseline']} {dirs['candidate']}", highlight=False)
