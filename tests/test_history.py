@@ -517,8 +517,8 @@ def test_check_finds_the_commit_where_each_series_stepped(tmp_path, gb, history_
     page_proc = gb(["history", "report", "--db", history_db, "--out", "dash"])
     assert page_proc.returncode == 0, page_proc.stderr
     page = (tmp_path / "dash" / "index.html").read_text()
-    assert "<h3>Change points</h3>" in page and page.count("<td>09cccccc -> 10cccccc</td>") == len(ok)
-    assert "None found" not in page
+    assert "<h3>Change points</h3>" in page and page.count("<td>09cccccc -&gt; 10cccccc</td>") == len(ok)  # escaped
+    assert "None found" not in page and "too short to search" not in page
     assert "Change points" not in (gb(["history", "report", "--db", history_db, "--out", "plain", "--no-changes"])
                                    and (tmp_path / "plain" / "index.html").read_text())
 

@@ -189,10 +189,13 @@ def build_dashboard(engine: sa.Engine, url: str, out: Path, f: Filters | None = 
                                                                     else 0, c))
         by_metric = {metric: _points(in_suite, metric) for metric in metrics}
         steps: list[Step] = []
+        too_short = 0
         for metric, pts in by_metric.items():
             table += latest_table(pts, commits, metric)
             if changes is not None:
-                steps += find_steps(in_suite, {suite: commits}, metric, changes)[0]
+                found, short = find_steps(in_suite, {suite: commits}, metric, changes)
+                steps += found
+                too_short += short
         for config in configs:
             for metric in metrics:
                 pts = by_metric[metric][by_metric[metric]["config_id"] == config]
@@ -208,11 +211,14 @@ def build_dashboard(engine: sa.Engine, url: str, out: Path, f: Filters | None = 
         table.sort(key=lambda r: (r["config"] not in pinned, r["config"], r["machine"], r["metric"]))
         suites.append({"name": suite, "commits": len(commits), "first": commits[0][:8], "last": commits[-1][:8],
                        "machines": sorted(set(in_suite["machine"])), "charts": sections,
-                       "table": table, "changes": None if changes is None else [
+                       "table": table, "too_short": too_short,
+                       "min_commits": 2 * changes.min_size if changes else None,
+                       "changes": None if changes is None else [
                            {"config": st.config_id, "machine": st.machine, "metric": st.metric,
                             "at": f"{st.previous_commit[:8]} -> {st.commit[:8]}", "change": describe(st),
                             "p": f"{st.change.p_value:.3g}", "kind": st.kind} for st in steps]})
-    env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"), autoescape=select_autoescape())
+    env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
+                      autoescape=select_autoescape(["html", "j2"]))
     page = env.get_template("dashboard.html.j2").render(
         title=display_url(url), generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         version=gpubench.__version__, suites=suites, warnings=warnings, metrics=metrics, pinned=pinned)
