@@ -147,12 +147,12 @@ def _sweep(rng, k: int, slow: int, factor: float, cv: float = 0.04, n: int = 10)
 
 
 def test_both_corrections_hold_alpha_on_simulated_nulls():
-    """40 configs, none changed, 200 sweeps, alpha 0.05, threshold and noise floor 0 (every
+    """40 configs, none changed, 120 sweeps, alpha 0.05, threshold and noise floor 0 (every
     regressed verdict is false): Bonferroni's familywise rate and BH's false-discovery rate (the
     same thing when every config is null) stay within alpha plus three standard errors, where
     testing each config at alpha would raise an alarm in most sweeps."""
     rng = np.random.default_rng(2026)
-    sweeps, k, alpha = 200, 40, 0.05
+    sweeps, k, alpha = 120, 40, 0.05
     alarms = {"bonferroni": 0, "bh": 0}
     uncorrected = 0
     for _ in range(sweeps):
@@ -167,11 +167,11 @@ def test_both_corrections_hold_alpha_on_simulated_nulls():
 
 
 def test_bh_keeps_the_false_discovery_rate_and_finds_more_real_slowdowns():
-    """40 configs of which 8 are truly 5% slower, CV 4%, 10 repeats, 200 sweeps, alpha 0.05:
+    """40 configs of which 8 are truly 5% slower, CV 4%, 10 repeats, 120 sweeps, alpha 0.05:
     BH's share of false regressed verdicts averages within alpha, and it catches more of the
     real slowdowns than Bonferroni."""
     rng = np.random.default_rng(11)
-    sweeps, k, slow, alpha = 200, 40, 8, 0.05
+    sweeps, k, slow, alpha = 120, 40, 8, 0.05
     fdp, found = [], {"bonferroni": 0, "bh": 0}
     for _ in range(sweeps):
         _, _, base, cur = _sweep(rng, k, slow, 0.95)
