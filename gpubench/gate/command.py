@@ -53,9 +53,7 @@ def run_compare(req: CompareRequest, console: Console) -> int:
     labels = (base.label, cur.label)
     result = compare(base.results, cur.results, options.metric, options.threshold, options.noise_floor, options.alpha,
                      labels, options.correction)
-    reproduce = (f"python -m gpubench compare {req.baseline} {req.current} --threshold {req.threshold} "
-                 f"--noise-floor {req.noise_floor} --alpha {req.alpha:g} --correction {req.correction} "
-                 f"--metric {req.metric}" + (" --force" if req.force else ""))
+    reproduce = render.compare_command(req.baseline, req.current, options, req.force)
     power, triaged = render.show(console, result, labels, base.results, cur.results, reproduce)
     if req.markdown:  # a failed write is exit 2 with its message, after the verdicts above
         write_output(req.markdown, render.markdown(result, labels, power, triaged), "--markdown")

@@ -38,14 +38,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpubench.errors import InputError
-from gpubench.gate.stats import Shift, benjamini_hochberg, min_repeats, p_below, shift
+from gpubench.gate.stats import Shift, benjamini_hochberg, min_repeats, p_below, pooled_log_sd, shift
 from gpubench.results.metrics import GATE_METRICS, Metric, gate_metric_names
 from gpubench.results.result import Result
 from gpubench.results.schema import dig
 
 VERDICTS = ("regressed", "improved", "unchanged", "inconclusive", "missing", "new")
 # --correction: what alpha bounds across the configs compared
-CORRECTIONS = {"bonferroni": "Bonferroni, familywise error rate", "bh": "Benjamini-Hochberg, false discovery rate"}
+CORRECTIONS = ("bonferroni", "bh")  # bonferroni: the familywise error rate; bh: the false discovery rate
 
 
 def parse_fraction(text: str, option: str) -> float:
@@ -66,6 +66,12 @@ class GateOptions:
     alpha: float
     metric: str
     correction: str = "bonferroni"
+
+
+def repeats_for(alpha: float, configs: int, correction: str) -> int:
+    """Fewest repeats a side for which a config can get a verdict: Bonferroni splits alpha over
+    the configs; under Benjamini-Hochberg one config can be flagged at alpha itself."""
+    return min_repeats(2 * alpha / (1 if correction == "bh" else max(1, configs)))
 
 
 def gate_options(threshold: str, noise_floor: str, alpha: float, metric: str,
@@ -136,17 +142,6 @@ def _values(results: list[Result], metric: Metric) -> dict[str, list[float]]:
         if v is not None and v > 0:
             values.append(float(v))
     return out
-
-
-def _pooled_sd(b: list[float], c: list[float]) -> float | None:
-    """The standard deviation of the log values about each side's own mean, pooled over both
-    sides (about the coefficient of variation between processes); None with too few."""
-    df = len(b) + len(c) - 2
-    if df < 1:
-        return None
-    ss = sum(sum((v - sum(side) / len(side)) ** 2 for v in side) for side in ([math.log(x) for x in b],
-                                                                            [math.log(x) for x in c]))
-    return math.sqrt(ss / df)
 
 
 def _some(values: dict[str, list[float]]) -> str:
@@ -220,10 +215,9 @@ def compare(baseline: list[Result], current: list[Result], metric_name: str = "t
         flags = bh_flags({c: (base[c], cur[c]) for c in both}, metric, noise_floor, alpha)
         flagged = sum(bool(f) for f in flags.values())
         alpha_config = alpha * max(1, flagged) / max(1, len(both))  # the FCR-adjusted level
-        needed = min_repeats(2 * alpha)  # what one config needs to be flagged at all
     else:
         alpha_config = alpha / max(1, len(both))  # one-sided, per config
-        needed = min_repeats(2 * alpha_config)
+    needed = repeats_for(alpha, len(both), correction)
     if both and all(min(len(base[c]), len(cur[c])) < needed for c in both):
         fewest = min(min(len(base[c]), len(cur[c])) for c in both)
         raise InputError(f"{labels[0]} vs {labels[1]}: configs have {fewest} repeat(s) on a side; comparing "
@@ -242,7 +236,7 @@ def compare(baseline: list[Result], current: list[Result], metric_name: str = "t
             note = "not in baseline" if config_id not in base else _reason(baseline, config_id)
             verdicts.append(ConfigVerdict(config_id, "new", None, None, None, None, c_med, 0, len(c), note))
             continue
-        noise = _pooled_sd(b, c)
+        noise = pooled_log_sd([b, c])
         s = shift(b, c, 2 * alpha_config)
         note = "" if s.has_ci else f"too few repeats for a CI (needs {min_repeats(2 * alpha_config)} per side)"
         flag = None if flags is None else flags.get(config_id, "")

@@ -4,7 +4,7 @@ the repeats a slowdown needs.
 The noise is the between-process spread of a config's metric, as the standard deviation of
 its log values (about its coefficient of variation), measured from results of the same code
 (``history noise``). The gate's power is found by simulation with the gate's own rule
-(``gate.stats.shift`` and the ``regressed`` condition of ``gate.compare``), never by a formula
+(``gate.stats.shift`` and ``gate.compare.judge``), never by a formula
 that the distribution-free interval only approximates: ``trials`` comparisons of lognormal
 repeats with that spread, a true slowdown on one side, counting how often the verdict is
 ``regressed``. Power grows with the slowdown, so the smallest slowdown caught at the wanted
@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpubench.gate.compare import judge
 from gpubench.gate.stats import min_repeats, shift
+from gpubench.results.metrics import GATE_METRICS
 
 POWER = 0.95
 TRIALS = 400
@@ -33,8 +35,8 @@ def caught_share(sigma: float, repeats: int, slowdown: float, alpha_config: floa
     for _ in range(trials):
         base = np.exp(rng.normal(0.0, sigma, repeats))
         cur = (1 - slowdown) * np.exp(rng.normal(0.0, sigma, repeats))
-        s = shift(base, cur, 2 * alpha_config)
-        caught += s.has_ci and s.ci_high < 1 - noise_floor and s.ratio <= 1 - threshold
+        caught += judge(shift(base, cur, 2 * alpha_config), GATE_METRICS["throughput"], threshold,
+                        noise_floor) == "regressed"
     return caught / trials
 
 

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpubench import fmt
-from gpubench.gate.compare import Comparison, ConfigVerdict
+from gpubench.gate.compare import Comparison, ConfigVerdict, GateOptions
 from gpubench.gate.triage import triage
 from gpubench.results.metrics import Metric
 from gpubench.results.result import Result
@@ -18,13 +18,27 @@ STYLE = {"regressed": "red", "improved": "green", "unchanged": "", "inconclusive
          "new": "cyan"}
 
 
-def _change(v: ConfigVerdict) -> str:
-    if v.ratio is None:
+def change_text(ratio: float | None, low: float | None, high: float | None) -> str:
+    """``-8.2% [-9.1%, -7.3%]``: a ratio as a change, with its interval where it has one (None or
+    NaN bounds: none)."""
+    if ratio is None:
         return "-"
-    text = f"{100 * (v.ratio - 1):+.1f}%"
-    if v.ci_low is not None and v.ci_high is not None:
-        text += f" [{100 * (v.ci_low - 1):+.1f}%, {100 * (v.ci_high - 1):+.1f}%]"
+    text = f"{100 * (ratio - 1):+.1f}%"
+    if low is not None and high is not None and not (math.isnan(low) or math.isnan(high)):
+        text += f" [{100 * (low - 1):+.1f}%, {100 * (high - 1):+.1f}%]"
     return text
+
+
+def _change(v: ConfigVerdict) -> str:
+    return change_text(v.ratio, v.ci_low, v.ci_high)
+
+
+def compare_command(baseline: str, current: str, o: GateOptions, force: bool) -> str:
+    """The ``gpubench compare`` command, every gate option spelled out, that gives the same
+    verdicts from the same results."""
+    return (f"python -m gpubench compare {baseline} {current} --threshold {100 * o.threshold:g}% --noise-floor "
+            f"{100 * o.noise_floor:g}% --alpha {o.alpha:g} --correction {o.correction} --metric {o.metric}"
+            + (" --force" if force else ""))
 
 
 def _value(x: float | None, metric: Metric) -> str:
@@ -107,7 +121,7 @@ def power_line(c: Comparison) -> str:
     """What this comparison could see: the between-process noise its repeats showed (the
     median over the configs) and the smallest slowdown the gate catches 95% of the time with
     that noise and these repeats (simulated with the gate's rule: gate.power)."""
-    from gpubench.gate.power import minimal_detectable
+    from gpubench.gate.power import MAX_SLOWDOWN, POWER, minimal_detectable
 
     measured = [v for v in c.verdicts if v.noise is not None and v.ratio is not None]
     if not measured:
@@ -115,7 +129,7 @@ def power_line(c: Comparison) -> str:
     sigma = statistics.median(v.noise for v in measured if v.noise is not None)
     repeats = min(min(v.n_baseline, v.n_current) for v in measured)
     mde = minimal_detectable(sigma, repeats, c.alpha_per_config, c.threshold, c.noise_floor)
-    seen = (f"a slowdown of {100 * mde:.1f}% or more is caught 95% of the time" if mde is not None
-            else "no slowdown up to 50% is caught 95% of the time")
+    seen = (f"a slowdown of {100 * mde:.1f}% or more is caught {POWER:.0%} of the time" if mde is not None
+            else f"no slowdown up to {MAX_SLOWDOWN:.0%} is caught {POWER:.0%} of the time")
     return (f"noise between processes in this comparison: {100 * (math.exp(sigma) - 1):.1f}% (median over "
             f"{len(measured)} config(s)); with {repeats} repeats a side at this gate's settings, {seen}")

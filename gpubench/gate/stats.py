@@ -122,3 +122,14 @@ def benjamini_hochberg(pvalues: list[float], alpha: float) -> list[bool]:
             cut = rank
     rejected = set(order[:cut])
     return [i in rejected for i in range(k_total)]
+
+
+def pooled_log_sd(groups: list[list[float]]) -> float | None:
+    """The standard deviation of the log values about each group's own mean, pooled over the
+    groups of two or more values (about the coefficient of variation between the processes of
+    one side, or of one commit); None when no group has two."""
+    logs = [np.log(np.asarray(g, dtype=float)) for g in groups if len(g) >= 2]
+    df = sum(len(g) - 1 for g in logs)
+    if df < 1:
+        return None
+    return math.sqrt(sum(float(np.sum(np.square(g - g.mean()))) for g in logs) / df)

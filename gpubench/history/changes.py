@@ -10,7 +10,6 @@ dashboard (``history report``) marks the same steps on its charts.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +22,7 @@ from gpubench.gate.changepoints import (
     ChangePoint,
     change_points,
 )
+from gpubench.gate.render import change_text
 from gpubench.results.metrics import BY_NAME
 
 
@@ -98,9 +98,5 @@ def find_steps(frame: pd.DataFrame, orders: dict[str, list[str]], metric: str,
 
 
 def describe(step: Step) -> str:
-    """``-8.2% [-9.1%, -7.3%]``: the step's change and its 95% interval."""
-    c = step.change
-    text = f"{100 * (c.ratio - 1):+.1f}%"
-    if not (math.isnan(c.ci_low) or math.isnan(c.ci_high)):
-        text += f" [{100 * (c.ci_low - 1):+.1f}%, {100 * (c.ci_high - 1):+.1f}%]"
-    return text
+    """The step's change and its 95% interval, as the gate's tables write a change."""
+    return change_text(step.change.ratio, step.change.ci_low, step.change.ci_high)

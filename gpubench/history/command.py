@@ -13,6 +13,7 @@ from rich.table import Table
 
 from gpubench import fmt
 from gpubench.errors import InputError, warn
+from gpubench.gate.power import MAX_REPEATS, MAX_SLOWDOWN
 from gpubench.history.changes import CheckOptions, Step, describe, find_steps
 from gpubench.history.dashboard import DEFAULT_METRICS, build_dashboard, commit_order, trend_frame
 from gpubench.history.db import display_url, open_engine
@@ -200,8 +201,8 @@ def _noise(engine: Any, url: str, req: HistoryRequest, metrics: list[str], conso
         for n in levels:
             table.add_row(n.suite, n.config_id, n.machine, n.metric, f"{100 * (math.exp(n.sigma) - 1):.1f}%",
                           f"{n.results} / {n.commits}",
-                          "none up to 50%" if n.detectable is None else f">= {100 * n.detectable:.1f}%",
-                          "more than 60" if n.repeats_for_effect is None else str(n.repeats_for_effect))
+                          f"none up to {MAX_SLOWDOWN:.0%}" if n.detectable is None else f">= {100 * n.detectable:.1f}%",
+                          f"more than {MAX_REPEATS}" if n.repeats_for_effect is None else str(n.repeats_for_effect))
         console.print(table)
         for n in levels:
             console.print(sentence(n, o), highlight=False, soft_wrap=True)

@@ -16,10 +16,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
-from gpubench.gate.power import POWER, minimal_detectable, repeats_needed
+from gpubench.gate.power import MAX_REPEATS, MAX_SLOWDOWN, POWER, minimal_detectable, repeats_needed
+from gpubench.gate.stats import pooled_log_sd
 
 
 @dataclass(frozen=True)
@@ -49,17 +49,17 @@ class Noise:
 
 
 def pooled_noise(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Per (suite, config, machine): sigma, results and commits, from ``dashboard.trend_frame``
-    rows; series with no commit of two results are left out."""
-    d = frame[frame[metric].notna() & (frame[metric] > 0)].assign(log=lambda x: np.log(x[metric]))
-    keys = ["suite", "config_id", "machine"]
-    g = d.groupby([*keys, "commit"])["log"]
-    d = d.assign(dev=d["log"] - g.transform("mean"), n=g.transform("size"))
-    d = d[d["n"] >= 2]
-    out = d.groupby(keys).agg(ss=("dev", lambda v: float(np.sum(np.square(v)))), results=("dev", "size"),
-                              commits=("commit", "nunique")).reset_index()
-    out["sigma"] = np.sqrt(out["ss"] / (out["results"] - out["commits"]))
-    return out.drop(columns="ss")
+    """Per (suite, config, machine): sigma (``gate.stats.pooled_log_sd`` over its commits),
+    results and commits, both counted over the commits with two or more results, from
+    ``dashboard.trend_frame`` rows; series with no such commit are left out."""
+    d = frame[frame[metric].notna() & (frame[metric] > 0)]
+    rows = []
+    for key, g in d.groupby(["suite", "config_id", "machine"], sort=True):
+        groups = [list(v) for _, v in g.groupby("commit", sort=False)[metric] if len(v) >= 2]
+        sigma = pooled_log_sd(groups)
+        if sigma is not None:
+            rows.append((*key, sigma, sum(len(v) for v in groups), len(groups)))
+    return pd.DataFrame(rows, columns=["suite", "config_id", "machine", "sigma", "results", "commits"])
 
 
 def noise_levels(frame: pd.DataFrame, metric: str, options: NoiseOptions = NoiseOptions()) -> list[Noise]:
@@ -75,12 +75,14 @@ def noise_levels(frame: pd.DataFrame, metric: str, options: NoiseOptions = Noise
 
 
 def sentence(n: Noise, options: NoiseOptions) -> str:
-    """``with 10 repeats on vm, a slowdown of 6.0% or more is caught 95% of the time ...``"""
+    """``CONFIG on MACHINE: noise X% between processes (...); with N repeats a side, a slowdown of
+    Y% or more is caught 95% of the time; M repeats a side catch a 5% slowdown``."""
     caught = (f"a slowdown of {100 * n.detectable:.1f}% or more is caught {POWER:.0%} of the time"
-              if n.detectable is not None else f"no slowdown up to 50% is caught {POWER:.0%} of the time")
+              if n.detectable is not None
+              else f"no slowdown up to {MAX_SLOWDOWN:.0%} is caught {POWER:.0%} of the time")
     need = (f"{n.repeats_for_effect} repeats a side catch a {100 * options.effect:g}% slowdown"
             if n.repeats_for_effect is not None else
-            f"a {100 * options.effect:g}% slowdown needs more than 60 repeats a side"
+            f"a {100 * options.effect:g}% slowdown needs more than {MAX_REPEATS} repeats a side"
             if options.effect > options.threshold else
             f"a {100 * options.effect:g}% slowdown is not above the {100 * options.threshold:g}% threshold")
     cv = f"{100 * (math.exp(n.sigma) - 1):.1f}%"

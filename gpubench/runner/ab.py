@@ -19,8 +19,7 @@ from rich.console import Console
 from gpubench.env import fingerprint
 from gpubench.errors import InputError, warn
 from gpubench.gate import render
-from gpubench.gate.compare import compare, fingerprint_differences, gate_options
-from gpubench.gate.stats import min_repeats
+from gpubench.gate.compare import compare, fingerprint_differences, gate_options, repeats_for
 from gpubench.launch import Launcher
 from gpubench.results.outputs import check_output_dir, check_output_file, write_output
 from gpubench.results.result import Result
@@ -71,8 +70,7 @@ def execute_ab(req: ABRequest, console: Console) -> int:
     if searched:  # each side's search could settle on another batch near the memory limit
         raise InputError(f"{suite.source}: batch_size: \"max\" is not for gpubench ab, whose two sides must train "
                          f"the same batch ({searched[0]}); find it with gpubench find-batch and give the number")
-    # Bonferroni splits alpha over the configs; under BH one config can be flagged at alpha itself
-    needed = min_repeats(2 * req.alpha / (1 if options.correction == "bh" else len(configs)))
+    needed = repeats_for(req.alpha, len(configs), options.correction)
     if req.repeats < needed:
         raise InputError(f"--repeats {req.repeats}: comparing {len(configs)} config(s) at alpha {req.alpha:g} needs at "
                          f"least {needed} repeats per side")
@@ -115,9 +113,7 @@ def execute_ab(req: ABRequest, console: Console) -> int:
     labels = ("baseline", "candidate")
     comparison = compare(results["baseline"], results["candidate"], options.metric, options.threshold,
                          options.noise_floor, options.alpha, labels, options.correction)
-    reproduce = (f"python -m gpubench compare {dirs['baseline']} {dirs['candidate']} --force --threshold "
-                 f"{req.threshold} --noise-floor {req.noise_floor} --alpha {req.alpha:g} --correction "
-                 f"{req.correction} --metric {req.metric}")
+    reproduce = render.compare_command(str(dirs["baseline"]), str(dirs["candidate"]), options, force=True)
     power, triaged = render.show(console, comparison, labels, results["baseline"], results["candidate"], reproduce)
     if req.markdown:
         write_output(req.markdown, render.markdown(comparison, labels, power, triaged), "--markdown")
