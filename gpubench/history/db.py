@@ -10,6 +10,7 @@ training starts.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -109,12 +110,11 @@ def make_engine(url: str) -> sa.Engine:
         @sa.event.listens_for(engine, "connect")
         def _connect(dbapi_connection: Any, _record: Any) -> None:
             dbapi_connection.isolation_level = None  # transactions begun below, not by the driver
-            dbapi_connection.execute("PRAGMA foreign_keys=ON")
             # WAL: readers and the writer do not block each other; synchronous NORMAL: in WAL mode a
             # commit survives a crash of the process (not of the machine's power) without an fsync
             # per commit, which is what bulk ingest and a run's many small commits need
-            dbapi_connection.execute("PRAGMA journal_mode=WAL")
-            dbapi_connection.execute("PRAGMA synchronous=NORMAL")
+            _while_busy(dbapi_connection, ("PRAGMA foreign_keys=ON", "PRAGMA journal_mode=WAL",
+                                           "PRAGMA synchronous=NORMAL"))
 
         @sa.event.listens_for(engine, "begin")
         def _begin(conn: sa.Connection) -> None:
@@ -133,6 +133,26 @@ def make_engine(url: str) -> sa.Engine:
                                               "options": f"-c lock_timeout={int(LOCK_TIMEOUT_S * 1000)}"})
     raise HistoryError(f"--db {url}: not a database this version knows; give a file path, sqlite:///PATH or "
                        "postgresql://USER@HOST[:PORT]/NAME")
+
+
+def _while_busy(dbapi_connection: Any, statements: tuple[str, ...]) -> None:
+    """Run ``statements`` on a new SQLite connection, retrying for up to LOCK_TIMEOUT_S while
+    the database answers "locked". Opening a WAL database can fail at once, without SQLite's
+    busy handler, while the last connection of another process is closing it (it holds an
+    exclusive lock while it cleans up the WAL) or recovering it; the busy timeout covers only
+    the locks taken later."""
+    import sqlite3
+
+    deadline = time.monotonic() + LOCK_TIMEOUT_S
+    while True:
+        try:
+            for statement in statements:
+                dbapi_connection.execute(statement)
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 @contextmanager
