@@ -115,8 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--alpha", type=float, default=0.01)
     ab.add_argument("--correction", choices=["bonferroni", "bh"], default="bonferroni",
                     help="as for compare (default bonferroni)")
+    ab.add_argument("--lockstep", action="store_true",
+                    help="run the two sides of each round at once, taking turns window by window, and compare the "
+                         "rounds paired (the gate for a noisy machine; one process a side, not for distributed "
+                         "configs)")
     ab.add_argument("--metric", default="throughput", help=METRIC_HELP)
     ab.add_argument("--markdown", type=Path, metavar="FILE")
+    ab.add_argument("--json", type=Path, metavar="FILE", help="write the verdicts (and any failed repeats) as JSON")
     ab.add_argument("--no-report", action="store_true")
 
     exp = sub.add_parser("export", help="a run's results as pytest-benchmark JSON or GitHub benchmark-action JSON")
@@ -332,7 +337,8 @@ def _main(argv: list[str] | None) -> int:
             return execute_ab(ABRequest(args.suite, Launcher(args.baseline_python, args.baseline_path),
                                         Launcher(args.candidate_python, args.candidate_path), args.out, args.sets,
                                         args.repeats, args.threshold, args.noise_floor, args.alpha, args.metric,
-                                        args.markdown, not args.no_report, args.correction), console)
+                                        args.markdown, args.json, not args.no_report, args.correction,
+                                        args.lockstep), console)
         if args.command == "find-batch":
             from gpubench.runner.find_batch_command import run_find_batch
 

@@ -33,14 +33,43 @@ class Launcher:
 
     python: str = sys.executable
     pythonpath: str | None = None  # a checkout whose gpubench the child imports instead of this one
+    # lockstep (``gpubench ab --lockstep``): the child's ends of the two turn pipes and its role
+    turns: TurnEnds | None = None
 
     def env(self) -> dict[str, str]:
         if self.pythonpath is None:
-            return child_env()
-        env = dict(os.environ)
-        parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != _PKG_ROOT]
-        env["PYTHONPATH"] = os.pathsep.join([self.pythonpath, *parts])
+            env = child_env()
+        else:
+            env = dict(os.environ)
+            parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != _PKG_ROOT]
+            env["PYTHONPATH"] = os.pathsep.join([self.pythonpath, *parts])
+        env.pop("GPUBENCH_TURNS", None)
+        if self.turns is not None:
+            env["GPUBENCH_TURNS"] = f"{self.turns.read},{self.turns.write},{self.turns.role}"
         return env
+
+    @property
+    def pass_fds(self) -> tuple[int, ...]:
+        return (self.turns.read, self.turns.write) if self.turns is not None else ()
 
     def command(self, module: str, *args: str) -> list[str]:
         return [self.python, "-m", module, *args]
+
+
+@dataclass(eq=False)
+class TurnEnds:
+    """A lockstep worker's ends of the two turn pipes: it reads the token from ``read`` and
+    writes it to ``write``. Once the worker has started (or will not start), ``close`` closes
+    this process's copies, so that the worker is their only holder and its exit closes the
+    pipes (the other side then stops waiting)."""
+
+    read: int
+    write: int
+    role: str
+    closed: bool = False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            os.close(self.read)
+            os.close(self.write)

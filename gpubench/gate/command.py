@@ -43,6 +43,14 @@ def check_environments(base: Side, cur: Side, force: bool) -> None:
         warn(f"environments differ (--force): {d}")
 
 
+def lockstep_pair(base: Side, cur: Side) -> bool:
+    """The two sides of one ``gpubench ab --lockstep``: their repeats ran in pairs, and are
+    compared paired."""
+    a, b = base.meta.get("args") or {}, cur.meta.get("args") or {}
+    return bool(a.get("lockstep") and b.get("lockstep") and a.get("ab_id") and a.get("ab_id") == b.get("ab_id")
+                and {a.get("ab_side"), b.get("ab_side")} == {"baseline", "candidate"})
+
+
 def run_compare(req: CompareRequest, console: Console) -> int:
     options = gate_options(req.threshold, req.noise_floor, req.alpha, req.metric, req.correction)
     check_output_file(req.markdown, "--markdown")
@@ -52,7 +60,7 @@ def run_compare(req: CompareRequest, console: Console) -> int:
     check_environments(base, cur, req.force)
     labels = (base.label, cur.label)
     result = compare(base.results, cur.results, options.metric, options.threshold, options.noise_floor, options.alpha,
-                     labels, options.correction)
+                     labels, options.correction, paired=lockstep_pair(base, cur))
     reproduce = render.compare_command(req.baseline, req.current, options, req.force)
     power, triaged = render.show(console, result, labels, base.results, cur.results, reproduce)
     if req.markdown:  # a failed write is exit 2 with its message, after the verdicts above

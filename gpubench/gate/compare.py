@@ -38,7 +38,18 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpubench.errors import InputError
-from gpubench.gate.stats import Shift, benjamini_hochberg, min_repeats, p_below, pooled_log_sd, shift
+from gpubench.gate.stats import (
+    Shift,
+    benjamini_hochberg,
+    min_pairs,
+    min_repeats,
+    p_below,
+    paired_p_below,
+    paired_shift,
+    pooled_log_sd,
+    round_spread,
+    shift,
+)
 from gpubench.results.metrics import GATE_METRICS, Metric, gate_metric_names
 from gpubench.results.result import Result
 from gpubench.results.schema import dig
@@ -68,10 +79,12 @@ class GateOptions:
     correction: str = "bonferroni"
 
 
-def repeats_for(alpha: float, configs: int, correction: str) -> int:
-    """Fewest repeats a side for which a config can get a verdict: Bonferroni splits alpha over
-    the configs; under Benjamini-Hochberg one config can be flagged at alpha itself."""
-    return min_repeats(2 * alpha / (1 if correction == "bh" else max(1, configs)))
+def repeats_for(alpha: float, configs: int, correction: str, paired: bool = False) -> int:
+    """Fewest repeats a side (pairs, when ``paired``) for which a config can get a verdict:
+    Bonferroni splits alpha over the configs; under Benjamini-Hochberg one config can be
+    flagged at alpha itself."""
+    level = 2 * alpha / (1 if correction == "bh" else max(1, configs))
+    return min_pairs(level) if paired else min_repeats(level)
 
 
 def gate_options(threshold: str, noise_floor: str, alpha: float, metric: str,
@@ -103,7 +116,9 @@ class ConfigVerdict:
     n_baseline: int
     n_current: int
     note: str = ""
-    noise: float | None = None  # between-process spread: pooled sd of the log values within each side
+    # between-process spread: pooled sd of the log values within each side; paired: the sd of
+    # the rounds' log ratios
+    noise: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,6 +133,7 @@ class Comparison:
     alpha_per_config: float  # the one-sided level of each config's interval
     verdicts: list[ConfigVerdict]
     correction: str = "bonferroni"
+    paired: bool = False  # lockstep rounds, judged on the per-round ratios
 
     @property
     def regressed(self) -> list[ConfigVerdict]:
@@ -129,7 +145,8 @@ class Comparison:
     def to_dict(self) -> dict[str, Any]:
         return {"metric": self.metric.name, "unit": self.metric.unit, "bigger_is_better": self.metric.higher_is_better,
                 "threshold": self.threshold, "noise_floor": self.noise_floor, "alpha": self.alpha,
-                "alpha_per_config": self.alpha_per_config, "correction": self.correction, "counts": self.counts(),
+                "alpha_per_config": self.alpha_per_config, "correction": self.correction, "paired": self.paired,
+                "counts": self.counts(),
                 "verdicts": [v.to_dict() for v in self.verdicts]}
 
 
@@ -141,6 +158,27 @@ def _values(results: list[Result], metric: Metric) -> dict[str, list[float]]:
         v = metric.value(r) if r.ok else None
         if v is not None and v > 0:
             values.append(float(v))
+    return out
+
+
+def _pairs(baseline: list[Result], current: list[Result], metric: Metric) -> dict[str, tuple[list[float],
+                                                                                          list[float]]]:
+    """config_id -> (baseline, current) values of the repeats ok on both sides, matched by
+    repeat number (the rounds of a lockstep A/B)."""
+    def by_repeat(results: list[Result]) -> dict[tuple[str, int], float]:
+        out = {}
+        for r in results:
+            v = metric.value(r) if r.ok else None
+            if v is not None and v > 0:
+                out[(r.config_id, r.repeat)] = float(v)
+        return out
+
+    b, c = by_repeat(baseline), by_repeat(current)
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    for key in sorted(b.keys() & c.keys()):
+        pair = out.setdefault(key[0], ([], []))
+        pair[0].append(b[key])
+        pair[1].append(c[key])
     return out
 
 
@@ -177,7 +215,7 @@ def judge(s: Shift, metric: Metric, threshold: float, noise_floor: float, flag: 
 
 
 def bh_flags(pairs: dict[str, tuple[list[float], list[float]]], metric: Metric, noise_floor: float,
-             alpha: float) -> dict[str, str]:
+             alpha: float, paired: bool = False) -> dict[str, str]:
     """config_id -> "regressed" / "improved" / "": Benjamini-Hochberg at ``alpha`` over the
     configs' one-sided p-values, in each direction separately. ``pairs`` maps a config to its
     (baseline, current) values; a regression is a good-direction ratio below 1 - F."""
@@ -188,17 +226,25 @@ def bh_flags(pairs: dict[str, tuple[list[float], list[float]]], metric: Metric, 
         return (b, c) if metric.higher_is_better else (c, b)
 
     sides = [good(*pairs[i]) for i in ids]
-    p_reg = [p_below(x, y, 1 - noise_floor) for x, y in sides]
-    p_imp = [p_below(y, x, 1 / (1 + noise_floor)) for x, y in sides]  # x / y below 1 / (1 + F)
+    below = paired_p_below if paired else p_below
+    p_reg = [below(x, y, 1 - noise_floor) for x, y in sides]
+    p_imp = [below(y, x, 1 / (1 + noise_floor)) for x, y in sides]  # x / y below 1 / (1 + F)
     reg, imp = benjamini_hochberg(p_reg, alpha), benjamini_hochberg(p_imp, alpha)
     return {i: "regressed" if r else "improved" if m else "" for i, r, m in zip(ids, reg, imp)}
 
 
 def compare(baseline: list[Result], current: list[Result], metric_name: str = "throughput",
             threshold: float = 0.03, noise_floor: float = 0.01, alpha: float = 0.01,
-            labels: tuple[str, str] = ("baseline", "current"), correction: str = "bonferroni") -> Comparison:
+            labels: tuple[str, str] = ("baseline", "current"), correction: str = "bonferroni",
+            paired: bool = False) -> Comparison:
+    """Every config's verdict. ``paired``: repeat i of the baseline ran beside repeat i of the
+    current (lockstep rounds), so each config is judged on the per-round ratios (Wilcoxon
+    signed-rank, ``paired_shift``) of the repeats ok on both sides."""
     metric = GATE_METRICS[metric_name]
     base, cur = _values(baseline, metric), _values(current, metric)
+    pairs = _pairs(baseline, current, metric) if paired else {}
+    for k in base.keys() & cur.keys() if paired else ():  # a config's values: those of its complete rounds
+        base[k], cur[k] = pairs.get(k, ([], []))
     if base and cur and not base.keys() & cur.keys():  # a gate that compared nothing must not pass
         raise InputError(f"{labels[0]} vs {labels[1]}: no config is in both ({_some(base)} in {labels[0]}, "
                          f"{_some(cur)} in {labels[1]}); configs are matched by config_id")
@@ -212,12 +258,12 @@ def compare(baseline: list[Result], current: list[Result], metric_name: str = "t
                          "sides; nothing to compare (see each run's errors)")
     flags: dict[str, str] | None = None
     if correction == "bh":
-        flags = bh_flags({c: (base[c], cur[c]) for c in both}, metric, noise_floor, alpha)
+        flags = bh_flags({c: (base[c], cur[c]) for c in both}, metric, noise_floor, alpha, paired)
         flagged = sum(bool(f) for f in flags.values())
         alpha_config = alpha * max(1, flagged) / max(1, len(both))  # the FCR-adjusted level
     else:
         alpha_config = alpha / max(1, len(both))  # one-sided, per config
-    needed = repeats_for(alpha, len(both), correction)
+    needed = repeats_for(alpha, len(both), correction, paired)
     if both and all(min(len(base[c]), len(cur[c])) < needed for c in both):
         fewest = min(min(len(base[c]), len(cur[c])) for c in both)
         raise InputError(f"{labels[0]} vs {labels[1]}: configs have {fewest} repeat(s) on a side; comparing "
@@ -236,15 +282,16 @@ def compare(baseline: list[Result], current: list[Result], metric_name: str = "t
             note = "not in baseline" if config_id not in base else _reason(baseline, config_id)
             verdicts.append(ConfigVerdict(config_id, "new", None, None, None, None, c_med, 0, len(c), note))
             continue
-        noise = pooled_log_sd([b, c])
-        s = shift(b, c, 2 * alpha_config)
-        note = "" if s.has_ci else f"too few repeats for a CI (needs {min_repeats(2 * alpha_config)} per side)"
+        noise = round_spread(b, c) if paired else pooled_log_sd([b, c])
+        s = paired_shift(b, c, 2 * alpha_config) if paired else shift(b, c, 2 * alpha_config)
+        note = "" if s.has_ci else (f"too few rounds for a CI (needs {min_pairs(2 * alpha_config)})" if paired else
+                                    f"too few repeats for a CI (needs {min_repeats(2 * alpha_config)} per side)")
         flag = None if flags is None else flags.get(config_id, "")
         verdicts.append(ConfigVerdict(config_id, judge(s, metric, threshold, noise_floor, flag), s.ratio,
                                       None if math.isnan(s.ci_low) else s.ci_low,
                                       None if math.isnan(s.ci_high) else s.ci_high, b_med, c_med, len(b), len(c), note,
                                       noise))
-    return Comparison(metric, threshold, noise_floor, alpha, alpha_config, verdicts, correction)
+    return Comparison(metric, threshold, noise_floor, alpha, alpha_config, verdicts, correction, paired)
 
 
 FINGERPRINT_KEYS = ("cpu_model",)

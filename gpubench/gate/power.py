@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpubench.gate.compare import judge
-from gpubench.gate.stats import min_repeats, shift
+from gpubench.gate.stats import min_pairs, min_repeats, paired_shift, shift
 from gpubench.results.metrics import GATE_METRICS
 
 POWER = 0.95
@@ -26,29 +26,35 @@ MAX_REPEATS = 60
 
 
 def caught_share(sigma: float, repeats: int, slowdown: float, alpha_config: float, threshold: float,
-                 noise_floor: float, trials: int = TRIALS, seed: int = 0) -> float:
+                 noise_floor: float, trials: int = TRIALS, seed: int = 0, paired: bool = False) -> float:
     """Share of ``trials`` simulated comparisons (``repeats`` a side, log-sd ``sigma``, the
     current side ``slowdown`` slower) that the gate calls ``regressed``, at one-sided level
-    ``alpha_config`` per config."""
+    ``alpha_config`` per config. ``paired``: ``repeats`` lockstep rounds, ``sigma`` the log-sd
+    of a round's ratio current/baseline."""
     rng = np.random.default_rng(seed)
     caught = 0
     for _ in range(trials):
-        base = np.exp(rng.normal(0.0, sigma, repeats))
-        cur = (1 - slowdown) * np.exp(rng.normal(0.0, sigma, repeats))
-        caught += judge(shift(base, cur, 2 * alpha_config), GATE_METRICS["throughput"], threshold,
-                        noise_floor) == "regressed"
+        if paired:
+            base = np.ones(repeats)
+            s = paired_shift(base, (1 - slowdown) * np.exp(rng.normal(0.0, sigma, repeats)), 2 * alpha_config)
+        else:
+            base = np.exp(rng.normal(0.0, sigma, repeats))
+            s = shift(base, (1 - slowdown) * np.exp(rng.normal(0.0, sigma, repeats)), 2 * alpha_config)
+        caught += judge(s, GATE_METRICS["throughput"], threshold, noise_floor) == "regressed"
     return caught / trials
 
 
 def minimal_detectable(sigma: float, repeats: int, alpha_config: float, threshold: float, noise_floor: float,
-                       power: float = POWER, trials: int = TRIALS) -> float | None:
+                       power: float = POWER, trials: int = TRIALS, paired: bool = False) -> float | None:
     """The smallest slowdown (a fraction) caught at least ``power`` of the time with
-    ``repeats`` a side; None when even MAX_SLOWDOWN is not, or the repeats give no interval."""
-    if repeats < min_repeats(2 * alpha_config):
+    ``repeats`` a side (rounds, when ``paired``); None when even MAX_SLOWDOWN is not, or the
+    repeats give no interval."""
+    if repeats < (min_pairs if paired else min_repeats)(2 * alpha_config):
         return None
 
     def enough(slowdown: float) -> bool:
-        return caught_share(sigma, repeats, slowdown, alpha_config, threshold, noise_floor, trials) >= power
+        return caught_share(sigma, repeats, slowdown, alpha_config, threshold, noise_floor, trials,
+                            paired=paired) >= power
 
     lo, hi = threshold, MAX_SLOWDOWN
     if not enough(hi):

@@ -128,8 +128,10 @@ def power_line(c: Comparison) -> str:
         return ""
     sigma = statistics.median(v.noise for v in measured if v.noise is not None)
     repeats = min(min(v.n_baseline, v.n_current) for v in measured)
-    mde = minimal_detectable(sigma, repeats, c.alpha_per_config, c.threshold, c.noise_floor)
+    mde = minimal_detectable(sigma, repeats, c.alpha_per_config, c.threshold, c.noise_floor, paired=c.paired)
     seen = (f"a slowdown of {100 * mde:.1f}% or more is caught {POWER:.0%} of the time" if mde is not None
             else f"no slowdown up to {MAX_SLOWDOWN:.0%} is caught {POWER:.0%} of the time")
-    return (f"noise between processes in this comparison: {100 * (math.exp(sigma) - 1):.1f}% (median over "
-            f"{len(measured)} config(s)); with {repeats} repeats a side at this gate's settings, {seen}")
+    what, unit = (("spread of the per-round ratio", "rounds") if c.paired else
+                  ("noise between processes", "repeats a side"))
+    return (f"{what} in this comparison: {100 * (math.exp(sigma) - 1):.1f}% (median over "
+            f"{len(measured)} config(s)); with {repeats} {unit} at this gate's settings, {seen}")

@@ -111,6 +111,89 @@ def p_below(baseline: list[float] | np.ndarray, current: list[float] | np.ndarra
     return float(1 - NormalDist().cdf((w - 0.5 - mean) / sd))
 
 
+@lru_cache(maxsize=64)
+def _signed_rank_cdf(n: int) -> np.ndarray:
+    """P(T <= t) for t = 0..n(n+1)/2 under H0 (differences symmetric about 0), T = the Wilcoxon
+    signed-rank statistic (the sum of the ranks of the positive differences)."""
+    counts = np.zeros(n * (n + 1) // 2 + 1)
+    counts[0] = 1.0
+    for k in range(1, n + 1):  # each rank k is in the positive set or not
+        counts[k:] = counts[k:] + counts[:-k].copy()
+    return np.cumsum(counts) / counts.sum()
+
+
+def _walsh_k(n: int, alpha: float) -> int:
+    """Largest k with P(T <= k - 1) <= alpha / 2 for n pairs (0: no 1 - alpha interval)."""
+    if n <= SIGNED_RANK_EXACT_LIMIT:
+        return int(np.searchsorted(_signed_rank_cdf(n), alpha / 2, side="right"))
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(1 - alpha / 2)
+    mean, sd = n * (n + 1) / 4, math.sqrt(n * (n + 1) * (2 * n + 1) / 24)
+    return max(0, int(math.floor(mean - z * sd)))
+
+
+SIGNED_RANK_EXACT_LIMIT = 300  # pairs up to which the exact signed-rank distribution is used
+
+
+def min_pairs(alpha: float) -> int:
+    """Fewest pairs for which a two-sided 1 - alpha paired interval exists."""
+    for n in range(2, 60):
+        if _walsh_k(n, alpha) >= 1:
+            return n
+    return 60
+
+
+def _walsh(d: np.ndarray) -> np.ndarray:
+    """The Walsh averages (d_i + d_j) / 2, i <= j, sorted."""
+    i, j = np.triu_indices(len(d))
+    return np.sort((d[i] + d[j]) / 2.0)
+
+
+def _paired_logs(baseline: list[float] | np.ndarray, current: list[float] | np.ndarray) -> np.ndarray:
+    a, b = np.asarray(baseline, dtype=float), np.asarray(current, dtype=float)
+    if len(a) != len(b) or len(a) == 0:
+        raise ValueError("a paired comparison needs as many current values as baseline ones, at least one")
+    return np.log(b) - np.log(a)
+
+
+def paired_shift(baseline: list[float] | np.ndarray, current: list[float] | np.ndarray, alpha: float) -> Shift:
+    """``shift`` for paired values (``current[i]`` measured beside ``baseline[i]``, as the two
+    sides of one lockstep round are): on the per-pair log ratios, the Hodges-Lehmann estimate
+    (median of the Walsh averages) and the interval from the exact Wilcoxon signed-rank
+    distribution (normal approximation beyond SIGNED_RANK_EXACT_LIMIT pairs). What the two
+    sides of a pair share (the machine's state while they ran) cancels in the ratio."""
+    d = _paired_logs(baseline, current)
+    walsh = _walsh(d)
+    k = _walsh_k(len(d), alpha)
+    lo, hi = (math.exp(walsh[k - 1]), math.exp(walsh[len(walsh) - k])) if k >= 1 else (math.nan, math.nan)
+    return Shift(math.exp(float(np.median(walsh))), lo, hi, len(d), len(d))
+
+
+def paired_p_below(baseline: list[float] | np.ndarray, current: list[float] | np.ndarray, ratio0: float) -> float:
+    """``p_below`` for paired values: the one-sided Wilcoxon signed-rank test of "the per-pair
+    ratio current/baseline is at least ``ratio0``", the test whose inversion gives
+    ``paired_shift``'s interval (ties count a half, rounded down)."""
+    d = _paired_logs(baseline, current) - math.log(ratio0)
+    walsh = _walsh(d)
+    w = int(math.floor(np.sum(walsh < 0) + 0.5 * np.sum(walsh == 0)))  # the signed-rank sum of the negatives
+    n = len(d)
+    if n <= SIGNED_RANK_EXACT_LIMIT:
+        cdf = _signed_rank_cdf(n)
+        return float(1.0 - cdf[w - 1]) if w > 0 else 1.0  # P(T >= w)
+    from statistics import NormalDist
+
+    mean, sd = n * (n + 1) / 4, math.sqrt(n * (n + 1) * (2 * n + 1) / 24)
+    return float(1 - NormalDist().cdf((w - 0.5 - mean) / sd))
+
+
+def round_spread(baseline: list[float] | np.ndarray, current: list[float] | np.ndarray) -> float | None:
+    """The standard deviation of the paired log ratios (the noise a paired comparison sees);
+    None below two pairs."""
+    d = _paired_logs(baseline, current)
+    return float(np.std(d, ddof=1)) if len(d) >= 2 else None
+
+
 def benjamini_hochberg(pvalues: list[float], alpha: float) -> list[bool]:
     """Which hypotheses Benjamini-Hochberg rejects at false-discovery rate ``alpha``: all whose
     p-value is at most the largest p_(k) with p_(k) <= k alpha / K (K = len(pvalues))."""

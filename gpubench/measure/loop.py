@@ -19,6 +19,7 @@ from typing import Protocol
 
 from gpubench.measure.clocks import clock_ns
 from gpubench.measure.trainer import Trainer
+from gpubench.measure.turns import Turns
 
 
 @dataclass(frozen=True)
@@ -96,12 +97,24 @@ def window_steps(steps: int, window_s: float, step_ms: float) -> int:
 
 def run_loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int,
              observer: PhaseObserver | None = None, ranges: Ranges | None = None,
-             window_s: float = 0.0) -> RawMeasurement:
+             window_s: float = 0.0, turns: Turns | None = None) -> RawMeasurement:
     """Cold start, warm-up, then ``windows`` timed windows of ``steps`` steps. With ``window_s``
     (seconds, 0: off) the warm-up stops once it has taken that long (after the trainer's own
     minimum), and every window takes the steps that fit in ``window_s`` at the warm-up's
     measured step time (at least MIN_WINDOW_STEPS): a slow config takes fewer steps, never
-    fewer windows, and every window the same number of steps."""
+    fewer windows, and every window the same number of steps. With ``turns`` (lockstep), the
+    worker trains only while it holds the token: it takes it before the cold start and hands
+    it over after the warm-up and after every window."""
+    turns = turns or Turns()
+    try:
+        turns.begin()
+        return _loop(trainer, warmup_steps, steps, windows, observer, ranges, window_s, turns)
+    finally:
+        turns.end()
+
+
+def _loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int, observer: PhaseObserver | None,
+          ranges: Ranges | None, window_s: float, turns: Turns) -> RawMeasurement:
     push, pop = (ranges or NO_RANGES).push, (ranges or NO_RANGES).pop
     push("cold start")
     t0 = clock_ns()
@@ -136,6 +149,7 @@ def run_loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int,
 
     compiles = trainer.compile_events()
     for w in range(windows):
+        turns.swap()
         timer = trainer.step_timer(steps)
         mark = timer.mark
         if observer is not None:

@@ -10,9 +10,11 @@ regression gate.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -20,10 +22,12 @@ from gpubench.env import fingerprint
 from gpubench.errors import InputError, warn
 from gpubench.gate import render
 from gpubench.gate.compare import compare, fingerprint_differences, gate_options, repeats_for
-from gpubench.launch import Launcher
+from gpubench.launch import Launcher, TurnEnds
 from gpubench.results.outputs import check_output_dir, check_output_file, write_output
 from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES
+from gpubench.results.store import json_text
+from gpubench.runner.job import Job
 from gpubench.runner.progress import SweepDisplay
 from gpubench.runner.run import check_data, finish_run_dir, new_run_dir, probe_frameworks, write_report
 from gpubench.runner.sweep import plan, run_jobs
@@ -45,8 +49,10 @@ class ABRequest:
     alpha: float = 0.01
     metric: str = "throughput"
     markdown: Path | None = None
+    json: Path | None = None
     report: bool = True
     correction: str = "bonferroni"
+    lockstep: bool = False
 
 
 def _check_python(launcher: Launcher, side: str) -> None:
@@ -61,6 +67,29 @@ def _check_python(launcher: Launcher, side: str) -> None:
             raise InputError(f"--{side}-path {launcher.pythonpath}: no such directory: {part}")
 
 
+def _lockstep_round(job: Job, order: tuple[str, ...], dirs: dict[str, Path], metas: dict[str, Any],
+                    envs: dict[str, Any], probes: dict[str, Any], launchers: dict[str, Launcher]) -> dict[str, Result]:
+    """One round in lockstep: both sides' workers at once, taking turns window by window
+    through two pipes (gpubench.measure.turns); ``order[0]`` trains first."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    to_second, to_first = os.pipe(), os.pipe()  # (read end, write end) each
+    ends = {order[0]: TurnEnds(to_first[0], to_second[1], "first"),
+            order[1]: TurnEnds(to_second[0], to_first[1], "second")}
+
+    def side_round(side: str) -> Result:
+        try:
+            (result,) = run_jobs([job], dirs[side], metas[side]["run_id"], envs[side], probes[side],
+                                 launcher=replace(launchers[side], turns=ends[side]))
+            return result
+        finally:  # a side that started no worker (its device missing, say) must not keep the other waiting
+            ends[side].close()
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {side: pool.submit(side_round, side) for side in order}
+        return {side: f.result() for side, f in futures.items()}
+
+
 def execute_ab(req: ABRequest, console: Console) -> int:
     options = gate_options(req.threshold, req.noise_floor, req.alpha, req.metric, req.correction)  # before any run
     suite = load_suite(req.suite).with_overrides(req.sets)
@@ -70,15 +99,21 @@ def execute_ab(req: ABRequest, console: Console) -> int:
     if searched:  # each side's search could settle on another batch near the memory limit
         raise InputError(f"{suite.source}: batch_size: \"max\" is not for gpubench ab, whose two sides must train "
                          f"the same batch ({searched[0]}); find it with gpubench find-batch and give the number")
-    needed = repeats_for(req.alpha, len(configs), options.correction)
+    if req.lockstep:
+        distributed = [c.config_id for c in configs if c.distributed]
+        if distributed:
+            raise InputError(f"{suite.source}: --lockstep runs one process a side, not a distributed config's many "
+                             f"({distributed[0]}); leave out --lockstep, or the config")
+    needed = repeats_for(req.alpha, len(configs), options.correction, req.lockstep)
     if req.repeats < needed:
         raise InputError(f"--repeats {req.repeats}: comparing {len(configs)} config(s) at alpha {req.alpha:g} needs at "
-                         f"least {needed} repeats per side")
+                         f"least {needed} {'rounds' if req.lockstep else 'repeats per side'}")
     launchers = {"baseline": req.baseline, "candidate": req.candidate}
     for side, launcher in launchers.items():
         _check_python(launcher, side)
     check_output_dir(req.out, "--out")
     check_output_file(req.markdown, "--markdown")
+    check_output_file(req.json, "--json")
     probes = {side: probe_frameworks(configs, console, launchers[side], label=f"{side} ") for side in SIDES}
     envs = {side: fingerprint({k: p.to_dict() for k, p in probes[side].items()}) for side in SIDES}
     for d in fingerprint_differences(envs["baseline"], envs["candidate"], {c.framework for c in configs}):
@@ -89,7 +124,8 @@ def execute_ab(req: ABRequest, console: Console) -> int:
     dirs, metas = {}, {}
     for side in SIDES:
         args = {"suite": req.suite, "set": req.sets, "repeats": req.repeats, "out": str(req.out), "ab_side": side,
-                "python": launchers[side].python, "pythonpath": launchers[side].pythonpath}
+                "python": launchers[side].python, "pythonpath": launchers[side].pythonpath,
+                "lockstep": req.lockstep, "ab_id": stamp}
         dirs[side], metas[side] = new_run_dir(root, side, suite, args, configs, envs[side])
     jobs = plan(configs, req.repeats)
     console.print(f"A/B {stamp}: {len(configs)} configs x {req.repeats} repeats x 2 sides -> {root}", highlight=False)
@@ -98,6 +134,15 @@ def execute_ab(req: ABRequest, console: Console) -> int:
         k = 0
         for job in jobs:
             order = SIDES if job.repeat % 2 == 0 else SIDES[::-1]  # A B, then B A, ...
+            if req.lockstep:
+                for side in order:
+                    display.started(k + order.index(side), job)
+                done = _lockstep_round(job, order, dirs, metas, envs, probes, launchers)
+                for side in order:
+                    results[side].append(done[side])
+                    display.finished(k + order.index(side), job, done[side])
+                k += 2
+                continue
             for side in order:
                 display.started(k, job)
                 (result,) = run_jobs([job], dirs[side], metas[side]["run_id"], envs[side], probes[side],
@@ -112,11 +157,17 @@ def execute_ab(req: ABRequest, console: Console) -> int:
         console.print(f"[red]{r.status}[/red] ({side}) {r.config_id}: {r.reason}", highlight=False)
     labels = ("baseline", "candidate")
     comparison = compare(results["baseline"], results["candidate"], options.metric, options.threshold,
-                         options.noise_floor, options.alpha, labels, options.correction)
+                         options.noise_floor, options.alpha, labels, options.correction, paired=req.lockstep)
     reproduce = render.compare_command(str(dirs["baseline"]), str(dirs["candidate"]), options, force=True)
     power, triaged = render.show(console, comparison, labels, results["baseline"], results["candidate"], reproduce)
     if req.markdown:
         write_output(req.markdown, render.markdown(comparison, labels, power, triaged), "--markdown")
+    if req.json:
+        write_output(req.json, json_text({"baseline": str(dirs["baseline"]), "candidate": str(dirs["candidate"]),
+                                          **comparison.to_dict(), "triage": triaged,
+                                          "failed": [{"side": side, "config_id": r.config_id, "repeat": r.repeat,
+                                                      "status": r.status, "reason": r.reason} for side, r in failed]}),
+                     "--json")
     if req.report:
         write_report([dirs["baseline"], dirs["candidate"]], console, out=Path("reports") / stamp)
     console.print(f"run directories: {dirs['baseline']} {dirs['candidate']}", highlight=False)

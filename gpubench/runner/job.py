@@ -61,7 +61,9 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: 
     with open(run_dir / log_rel, "wb") as log:
         proc = subprocess.Popen(worker_command(launcher, workdir, train, nodes),
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=launcher.env())
+                                start_new_session=True, env=launcher.env(), pass_fds=launcher.pass_fds)
+        if launcher.turns is not None:
+            launcher.turns.close()
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -27,6 +27,7 @@ from gpubench.config import Config
 from gpubench.errors import warn
 from gpubench.measure.loop import RawMeasurement, run_loop
 from gpubench.measure.stats import is_noisy, step_stats, throughput
+from gpubench.measure.turns import Turns
 from gpubench.options import REPLICA_KINDS, parse_parallelism
 from gpubench.results.result import Outcome
 from gpubench.results.store import write_json_atomic
@@ -240,6 +241,7 @@ def run_config(config: Config, profile: dict[str, Any] | None = None) -> tuple[O
     rss = PeakRss()
     rank, world = rank_of(config)
     telemetry = Telemetry(backend, config, rank)
+    turns = Turns.from_env(config.timeout_s)
     trainer = None
     try:
         t0 = time.perf_counter()
@@ -248,7 +250,7 @@ def run_config(config: Config, profile: dict[str, Any] | None = None) -> tuple[O
         with telemetry, rss.training():
             telemetry.raw = raw = run_loop(trainer, config.warmup_steps, config.steps, config.windows,
                                            telemetry.observer, ranges=trainer.ranges() if profile is not None else None,
-                                           window_s=config.window_s)
+                                           window_s=config.window_s, turns=turns)
         memory.update(trainer.memory())
         training_peak = rss.training_peak()
         if training_peak is not None:
@@ -262,6 +264,8 @@ def run_config(config: Config, profile: dict[str, Any] | None = None) -> tuple[O
     out = Outcome(status="ok", metrics={**metrics_from(raw, config, setup_ms), "memory": memory},
                   telemetry=telemetry.block, model=model, runtime=trainer.describe(), phases=phase_marks(raw))
     _note_compiles(out, raw)
+    if turns.describe() is not None:
+        out.runtime = {**(out.runtime or {}), "lockstep": turns.describe()}
     if profiled is not None:
         out.with_metrics(**profiled[0])
         out.profile = profiled[1]

@@ -1,0 +1,119 @@
+"""Does ``gpubench ab`` catch a real 5% slowdown on this machine, and stay quiet without one?
+
+    PYTHONPATH=. python benchmarks/ab_power.py [--extra-passes 8] [--rounds 30] [--gates 1] [--aa]
+                                               [--plain] [--keep DIR] [--json FILE]
+
+Builds two throw-away checkouts of this checkout's committed tree (HEAD). In the candidate,
+the PyTorch trainer does real extra work after every optimizer step (``--extra-passes``
+in-place passes over the parameters, values unchanged): training is really slower, a code
+regression, not simulated numbers. With ``--aa`` both sides are the unchanged checkout (an
+A/A gate: any ``regressed`` is a false alarm). Then it runs ``--gates`` times
+
+    python -m gpubench ab suites/quick.toml --lockstep --baseline-path A --candidate-path B
+        --set workload=mlp --set framework=torch --set device=cpu --set precision=fp32
+        --set batch_size=256 --set warmup_steps=5 --set steps=100 --set windows=5
+        --repeats ROUNDS --no-report
+
+(``--plain``: without ``--lockstep``, the sides one after the other) and prints each gate's
+verdict, change with its interval, the spread of its rounds and its wall time, then the count
+of each verdict. Exit 0 when every gate said what it should (``regressed`` with a slowdown,
+anything but ``regressed`` in A/A), else 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TRAINER = Path("gpubench/backends/pytorch/trainer.py")
+ANCHOR = "        else:\n            self.optimizer.step()\n"
+SLOWER = ANCHOR + ("            with torch.no_grad():  # ab_power.py's injected slowdown\n"
+                   "                params = [p for p in self.model.parameters()]\n"
+                   "                for _ in range({passes}):\n"
+                   "                    torch._foreach_mul_(params, 1.0)\n")
+SETS = ["workload=mlp", "framework=torch", "device=cpu", "precision=fp32", "batch_size=256", "warmup_steps=5",
+        "steps=100", "windows=5"]
+
+
+def checkout(root: Path, name: str, passes: int) -> Path:
+    """HEAD's tree in ``root/name``; with ``passes`` > 0, the trainer made slower."""
+    path = root / name
+    path.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "HEAD"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(path)], input=archive, check=True)
+    if passes:
+        source = (path / TRAINER).read_text()
+        assert ANCHOR in source, f"{TRAINER}: the injection point moved; update ANCHOR"
+        (path / TRAINER).write_text(source.replace(ANCHOR, SLOWER.format(passes=passes), 1))
+    return path
+
+
+def gate(base: Path, cand: Path, rounds: int, lockstep: bool, out: Path) -> dict:
+    verdict_file = out / "verdicts.json"
+    cmd = [sys.executable, "-m", "gpubench", "ab", "suites/quick.toml", "--baseline-python", sys.executable,
+           "--candidate-python", sys.executable, "--baseline-path", str(base), "--candidate-path", str(cand),
+           "--repeats", str(rounds), "--no-report", "--out", str(out / "runs"), "--json", str(verdict_file),
+           *(["--lockstep"] if lockstep else [])]
+    for s in SETS:
+        cmd += ["--set", s]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=base, env={**os.environ, "PYTHONPATH": str(base), "COLUMNS": "200"},
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode not in (0, 1) or not verdict_file.exists():
+        print(proc.stdout[-3000:] + proc.stderr[-3000:], file=sys.stderr)
+        raise SystemExit(f"gpubench ab exited with {proc.returncode}")
+    found = json.loads(verdict_file.read_text())
+    (v,) = found["verdicts"]
+    return {"verdict": v["verdict"], "ratio": v["ratio"], "ci_low": v["ci_low"], "ci_high": v["ci_high"],
+            "noise": v["noise"], "rounds": v["n_baseline"], "wall_s": round(wall, 1), "paired": found["paired"]}
+
+
+def pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * (x - 1):+.1f}%"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--extra-passes", type=int, default=8,
+                    help="the injected work per optimizer step (default 8: about 5%% slower on the 2-vCPU VM)")
+    ap.add_argument("--rounds", type=int, default=30, help="rounds (repeats a side) of each gate (default 30)")
+    ap.add_argument("--gates", type=int, default=1, help="gates to run one after the other (default 1)")
+    ap.add_argument("--aa", action="store_true", help="no slowdown: both sides the unchanged checkout")
+    ap.add_argument("--plain", action="store_true", help="without --lockstep: the sides one after the other")
+    ap.add_argument("--keep", type=Path, help="build in this directory and keep it (default: a temporary one)")
+    ap.add_argument("--json", type=Path, help="write every gate's figures here")
+    a = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="gpubench-ab-power-") as tmp:
+        root = a.keep or Path(tmp)
+        base = checkout(root, "baseline", 0)
+        cand = base if a.aa else checkout(root, "candidate", a.extra_passes)
+        what = "A/A (no slowdown)" if a.aa else f"candidate with {a.extra_passes} extra passes a step"
+        print(f"{what}; {a.rounds} rounds a gate, {'plain' if a.plain else 'lockstep'}", flush=True)
+        gates = []
+        for g in range(a.gates):
+            found = gate(base, cand, a.rounds, not a.plain, root / f"gate{g}")
+            gates.append(found)
+            print(f"gate {g + 1}: {found['verdict']} {pct(found['ratio'])} [{pct(found['ci_low'])}, "
+                  f"{pct(found['ci_high'])}], spread {pct(1 + found['noise'] if found['noise'] else None)}, "
+                  f"{found['rounds']} rounds, {found['wall_s']:.0f} s", flush=True)
+        counts: dict[str, int] = {}
+        for found in gates:
+            counts[found["verdict"]] = counts.get(found["verdict"], 0) + 1
+        print("verdicts: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+        if a.json:
+            a.json.write_text(json.dumps({"aa": a.aa, "extra_passes": 0 if a.aa else a.extra_passes,
+                                          "lockstep": not a.plain, "gates": gates}, indent=1))
+        wanted = [(g["verdict"] != "regressed") if a.aa else (g["verdict"] == "regressed") for g in gates]
+        return 0 if all(wanted) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
