@@ -1,7 +1,7 @@
 """Does ``gpubench ab`` catch a real 5% slowdown on this machine, and stay quiet without one?
 
-    PYTHONPATH=. python benchmarks/ab_power.py [--extra-passes 8] [--rounds 30] [--gates 1] [--aa]
-                                               [--plain] [--keep DIR] [--json FILE]
+    PYTHONPATH=. python benchmarks/ab_power.py [--extra-passes 9] [--rounds 30] [--budget 9m] [--gates 1]
+                                               [--aa] [--plain] [--keep DIR] [--json FILE]
 
 Builds two throw-away checkouts of this checkout's committed tree (HEAD). In the candidate,
 the PyTorch trainer does real extra work after every optimizer step (``--extra-passes``
@@ -12,7 +12,7 @@ A/A gate: any ``regressed`` is a false alarm). Then it runs ``--gates`` times
     python -m gpubench ab suites/quick.toml --lockstep --baseline-path A --candidate-path B
         --set workload=mlp --set framework=torch --set device=cpu --set precision=fp32
         --set batch_size=256 --set warmup_steps=5 --set steps=100 --set windows=5
-        --repeats ROUNDS --no-report
+        --repeats ROUNDS [--budget TIME] --no-report
 
 (``--plain``: without ``--lockstep``, the sides one after the other) and prints each gate's
 verdict, change with its interval, the spread of its rounds and its wall time, then the count
@@ -55,12 +55,12 @@ def checkout(root: Path, name: str, passes: int) -> Path:
     return path
 
 
-def gate(base: Path, cand: Path, rounds: int, lockstep: bool, out: Path) -> dict:
+def gate(base: Path, cand: Path, rounds: int, lockstep: bool, out: Path, budget: str | None) -> dict:
     verdict_file = out / "verdicts.json"
     cmd = [sys.executable, "-m", "gpubench", "ab", "suites/quick.toml", "--baseline-python", sys.executable,
            "--candidate-python", sys.executable, "--baseline-path", str(base), "--candidate-path", str(cand),
            "--repeats", str(rounds), "--no-report", "--out", str(out / "runs"), "--json", str(verdict_file),
-           *(["--lockstep"] if lockstep else [])]
+           *(["--lockstep"] if lockstep else []), *(["--budget", budget] if budget else [])]
     for s in SETS:
         cmd += ["--set", s]
     t0 = time.perf_counter()
@@ -73,7 +73,8 @@ def gate(base: Path, cand: Path, rounds: int, lockstep: bool, out: Path) -> dict
     found = json.loads(verdict_file.read_text())
     (v,) = found["verdicts"]
     return {"verdict": v["verdict"], "ratio": v["ratio"], "ci_low": v["ci_low"], "ci_high": v["ci_high"],
-            "noise": v["noise"], "rounds": v["n_baseline"], "wall_s": round(wall, 1), "paired": found["paired"]}
+            "noise": v["noise"], "rounds": v["n_baseline"], "wall_s": round(wall, 1), "paired": found["paired"],
+            "looks": found.get("looks", []), "alpha": found["alpha"]}
 
 
 def pct(x: float | None) -> str:
@@ -82,9 +83,11 @@ def pct(x: float | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--extra-passes", type=int, default=8,
-                    help="the injected work per optimizer step (default 8: about 5%% slower on the 2-vCPU VM)")
+    ap.add_argument("--extra-passes", type=int, default=9,
+                    help="the injected work per optimizer step (default 9: about 5%% slower on the 2-vCPU VM)")
     ap.add_argument("--rounds", type=int, default=30, help="rounds (repeats a side) of each gate (default 30)")
+    ap.add_argument("--budget", help="gpubench ab --budget: rounds added while undecided, within this time "
+                                     "(--rounds is then the first look's)")
     ap.add_argument("--gates", type=int, default=1, help="gates to run one after the other (default 1)")
     ap.add_argument("--aa", action="store_true", help="no slowdown: both sides the unchanged checkout")
     ap.add_argument("--plain", action="store_true", help="without --lockstep: the sides one after the other")
@@ -96,14 +99,15 @@ def main(argv: list[str] | None = None) -> int:
         base = checkout(root, "baseline", 0)
         cand = base if a.aa else checkout(root, "candidate", a.extra_passes)
         what = "A/A (no slowdown)" if a.aa else f"candidate with {a.extra_passes} extra passes a step"
-        print(f"{what}; {a.rounds} rounds a gate, {'plain' if a.plain else 'lockstep'}", flush=True)
+        print(f"{what}; {a.rounds} rounds a gate{f', more within --budget {a.budget}' if a.budget else ''}, "
+              f"{'plain' if a.plain else 'lockstep'}", flush=True)
         gates = []
         for g in range(a.gates):
-            found = gate(base, cand, a.rounds, not a.plain, root / f"gate{g}")
+            found = gate(base, cand, a.rounds, not a.plain, root / f"gate{g}", a.budget)
             gates.append(found)
             print(f"gate {g + 1}: {found['verdict']} {pct(found['ratio'])} [{pct(found['ci_low'])}, "
                   f"{pct(found['ci_high'])}], spread {pct(1 + found['noise'] if found['noise'] else None)}, "
-                  f"{found['rounds']} rounds, {found['wall_s']:.0f} s", flush=True)
+                  f"{found['rounds']} rounds, alpha {found['alpha']:.3g}, {found['wall_s']:.0f} s", flush=True)
         counts: dict[str, int] = {}
         for found in gates:
             counts[found["verdict"]] = counts.get(found["verdict"], 0) + 1

@@ -19,6 +19,17 @@ from gpubench.runner.run import EXIT_BAD_INPUT, RunRequest
 
 METRIC_HELP = f"the metric to gate on, one of: {', '.join(gate_metric_names())} (default throughput)"
 
+
+def _duration(text: str) -> float:
+    """``600``, ``600s``, ``10m``, ``1h`` -> seconds (argparse type)."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", text)
+    if not m or float(m.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a time such as 600, 600s or 10m")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -119,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run the two sides of each round at once, taking turns window by window, and compare the "
                          "rounds paired (the gate for a noisy machine; one process a side, not for distributed "
                          "configs)")
+    ab.add_argument("--budget", type=_duration, metavar="TIME",
+                    help="sequential: after the --repeats rounds, run more rounds of the undecided configs (doubling) "
+                         "until each is decided or this time (600, 600s, 10m) is spent; each look tests at alpha/2^k, "
+                         "so the false-alarm rate stays within alpha")
     ab.add_argument("--metric", default="throughput", help=METRIC_HELP)
     ab.add_argument("--markdown", type=Path, metavar="FILE")
     ab.add_argument("--json", type=Path, metavar="FILE", help="write the verdicts (and any failed repeats) as JSON")
@@ -338,7 +353,7 @@ def _main(argv: list[str] | None) -> int:
                                         Launcher(args.candidate_python, args.candidate_path), args.out, args.sets,
                                         args.repeats, args.threshold, args.noise_floor, args.alpha, args.metric,
                                         args.markdown, args.json, not args.no_report, args.correction,
-                                        args.lockstep), console)
+                                        args.lockstep, args.budget), console)
         if args.command == "find-batch":
             from gpubench.runner.find_batch_command import run_find_batch
 

@@ -73,3 +73,9 @@ class TurnEnds:
             self.closed = True
             os.close(self.read)
             os.close(self.write)
+
+
+def turn_pipes() -> tuple[TurnEnds, TurnEnds]:
+    """The ends for two lockstep workers: (the first's, the second's)."""
+    to_second, to_first = os.pipe(), os.pipe()  # (read end, write end) each
+    return TurnEnds(to_first[0], to_second[1], "first"), TurnEnds(to_second[0], to_first[1], "second")

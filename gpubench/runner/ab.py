@@ -10,7 +10,7 @@ regression gate.
 
 from __future__ import annotations
 
-import os
+import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,7 +22,7 @@ from gpubench.env import fingerprint
 from gpubench.errors import InputError, warn
 from gpubench.gate import render
 from gpubench.gate.compare import compare, fingerprint_differences, gate_options, repeats_for
-from gpubench.launch import Launcher, TurnEnds
+from gpubench.launch import Launcher, turn_pipes
 from gpubench.results.outputs import check_output_dir, check_output_file, write_output
 from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES
@@ -53,6 +53,7 @@ class ABRequest:
     report: bool = True
     correction: str = "bonferroni"
     lockstep: bool = False
+    budget_s: float | None = None  # sequential: more rounds while a config is undecided, within this time
 
 
 def _check_python(launcher: Launcher, side: str) -> None:
@@ -73,9 +74,7 @@ def _lockstep_round(job: Job, order: tuple[str, ...], dirs: dict[str, Path], met
     through two pipes (gpubench.measure.turns); ``order[0]`` trains first."""
     from concurrent.futures import ThreadPoolExecutor
 
-    to_second, to_first = os.pipe(), os.pipe()  # (read end, write end) each
-    ends = {order[0]: TurnEnds(to_first[0], to_second[1], "first"),
-            order[1]: TurnEnds(to_second[0], to_first[1], "second")}
+    ends = dict(zip(order, turn_pipes()))
 
     def side_round(side: str) -> Result:
         try:
@@ -88,6 +87,50 @@ def _lockstep_round(job: Job, order: tuple[str, ...], dirs: dict[str, Path], met
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {side: pool.submit(side_round, side) for side in order}
         return {side: f.result() for side, f in futures.items()}
+
+
+def look_alpha(alpha: float, look: int) -> float:
+    """The level of look ``look`` (1, 2, ...) of a sequential A/B (``--budget``): alpha / 2^look,
+    so that however many looks the budget allows, their levels add up to less than alpha and
+    a gate that looks again and again still raises a false alarm at most that often."""
+    return alpha / 2 ** look
+
+
+@dataclass
+class _Rounds:
+    """Runs batches of jobs, both sides of each (in lockstep or one after the other),
+    appending to ``results``."""
+
+    req: ABRequest
+    dirs: dict[str, Path]
+    metas: dict[str, Any]
+    envs: dict[str, Any]
+    probes: dict[str, Any]
+    launchers: dict[str, Launcher]
+    console: Console
+    results: dict[str, list[Result]]
+
+    def run(self, jobs: list[Job]) -> None:
+        with SweepDisplay(self.console, 2 * len(jobs)) as display:
+            k = 0
+            for job in jobs:
+                order = SIDES if job.repeat % 2 == 0 else SIDES[::-1]  # A B, then B A, ...
+                if self.req.lockstep:
+                    for side in order:
+                        display.started(k + order.index(side), job)
+                    done = _lockstep_round(job, order, self.dirs, self.metas, self.envs, self.probes, self.launchers)
+                    for side in order:
+                        self.results[side].append(done[side])
+                        display.finished(k + order.index(side), job, done[side])
+                    k += 2
+                    continue
+                for side in order:
+                    display.started(k, job)
+                    (result,) = run_jobs([job], self.dirs[side], self.metas[side]["run_id"], self.envs[side],
+                                         self.probes[side], launcher=self.launchers[side])
+                    self.results[side].append(result)
+                    display.finished(k, job, result)
+                    k += 1
 
 
 def execute_ab(req: ABRequest, console: Console) -> int:
@@ -104,10 +147,12 @@ def execute_ab(req: ABRequest, console: Console) -> int:
         if distributed:
             raise InputError(f"{suite.source}: --lockstep runs one process a side, not a distributed config's many "
                              f"({distributed[0]}); leave out --lockstep, or the config")
-    needed = repeats_for(req.alpha, len(configs), options.correction, req.lockstep)
+    first_alpha = look_alpha(req.alpha, 1) if req.budget_s else req.alpha
+    needed = repeats_for(first_alpha, len(configs), options.correction, req.lockstep)
     if req.repeats < needed:
-        raise InputError(f"--repeats {req.repeats}: comparing {len(configs)} config(s) at alpha {req.alpha:g} needs at "
-                         f"least {needed} {'rounds' if req.lockstep else 'repeats per side'}")
+        raise InputError(f"--repeats {req.repeats}: comparing {len(configs)} config(s) at alpha {first_alpha:g}"
+                         f"{' (the first look of --budget)' if req.budget_s else ''} needs at least {needed} "
+                         f"{'rounds' if req.lockstep else 'repeats per side'}")
     launchers = {"baseline": req.baseline, "candidate": req.candidate}
     for side, launcher in launchers.items():
         _check_python(launcher, side)
@@ -127,29 +172,36 @@ def execute_ab(req: ABRequest, console: Console) -> int:
                 "python": launchers[side].python, "pythonpath": launchers[side].pythonpath,
                 "lockstep": req.lockstep, "ab_id": stamp}
         dirs[side], metas[side] = new_run_dir(root, side, suite, args, configs, envs[side])
-    jobs = plan(configs, req.repeats)
-    console.print(f"A/B {stamp}: {len(configs)} configs x {req.repeats} repeats x 2 sides -> {root}", highlight=False)
+    console.print(f"A/B {stamp}: {len(configs)} configs x {req.repeats} {'rounds' if req.lockstep else 'repeats'} x 2 "
+                  f"sides{f', then more while undecided, within {req.budget_s:g} s' if req.budget_s else ''} -> {root}",
+                  highlight=False)
     results: dict[str, list[Result]] = {side: [] for side in SIDES}
-    with SweepDisplay(console, 2 * len(jobs)) as display:
-        k = 0
-        for job in jobs:
-            order = SIDES if job.repeat % 2 == 0 else SIDES[::-1]  # A B, then B A, ...
-            if req.lockstep:
-                for side in order:
-                    display.started(k + order.index(side), job)
-                done = _lockstep_round(job, order, dirs, metas, envs, probes, launchers)
-                for side in order:
-                    results[side].append(done[side])
-                    display.finished(k + order.index(side), job, done[side])
-                k += 2
-                continue
-            for side in order:
-                display.started(k, job)
-                (result,) = run_jobs([job], dirs[side], metas[side]["run_id"], envs[side], probes[side],
-                                     launcher=launchers[side])
-                results[side].append(result)
-                display.finished(k, job, result)
-                k += 1
+    t0 = time.monotonic()
+    runner = _Rounds(req, dirs, metas, envs, probes, launchers, console, results)
+    runner.run(plan(configs, req.repeats))
+    looks: list[dict[str, Any]] = []
+    while req.budget_s:
+        alpha_look = look_alpha(req.alpha, len(looks) + 1)
+        try:
+            at_look = compare(results["baseline"], results["candidate"], options.metric, options.threshold,
+                              options.noise_floor, alpha_look, SIDES, options.correction, paired=req.lockstep)
+        except InputError:
+            break  # said again, with the whole run, below
+        undecided = [v.config_id for v in at_look.verdicts if v.verdict == "inconclusive"]
+        done = {(r.config_id, r.repeat) for r in results["baseline"]}
+        rounds = max(r for _, r in done) + 1
+        looks.append({"look": len(looks) + 1, "rounds": rounds, "alpha": alpha_look, "undecided": len(undecided)})
+        elapsed = time.monotonic() - t0
+        fit = int((req.budget_s - elapsed) / (elapsed / len(done))) // max(1, len(undecided))
+        more = min(rounds, fit)  # the rounds so far again (looks at doubling counts), as many as the budget allows
+        if not undecided or more < 1:
+            why = "every config decided" if not undecided else f"the budget ({req.budget_s:g} s) is spent"
+            console.print(f"look {len(looks)}: {rounds} rounds, alpha {alpha_look:.3g}: {why}", highlight=False)
+            break
+        console.print(f"look {len(looks)}: {rounds} rounds, alpha {alpha_look:.3g}: {len(undecided)} undecided, "
+                      f"{more} more round(s)", highlight=False)
+        runner.run(plan([c for c in configs if c.config_id in undecided], rounds + more, done))
+    alpha_final = looks[-1]["alpha"] if looks else options.alpha
     for side in SIDES:
         finish_run_dir(dirs[side], metas[side])
     failed = [(side, r) for side in SIDES for r in results[side] if r.status in FAILED_STATUSES]
@@ -157,14 +209,15 @@ def execute_ab(req: ABRequest, console: Console) -> int:
         console.print(f"[red]{r.status}[/red] ({side}) {r.config_id}: {r.reason}", highlight=False)
     labels = ("baseline", "candidate")
     comparison = compare(results["baseline"], results["candidate"], options.metric, options.threshold,
-                         options.noise_floor, options.alpha, labels, options.correction, paired=req.lockstep)
-    reproduce = render.compare_command(str(dirs["baseline"]), str(dirs["candidate"]), options, force=True)
+                         options.noise_floor, alpha_final, labels, options.correction, paired=req.lockstep)
+    reproduce = render.compare_command(str(dirs["baseline"]), str(dirs["candidate"]),
+                                       replace(options, alpha=alpha_final), force=True)
     power, triaged = render.show(console, comparison, labels, results["baseline"], results["candidate"], reproduce)
     if req.markdown:
         write_output(req.markdown, render.markdown(comparison, labels, power, triaged), "--markdown")
     if req.json:
         write_output(req.json, json_text({"baseline": str(dirs["baseline"]), "candidate": str(dirs["candidate"]),
-                                          **comparison.to_dict(), "triage": triaged,
+                                          **comparison.to_dict(), "looks": looks, "triage": triaged,
                                           "failed": [{"side": side, "config_id": r.config_id, "repeat": r.repeat,
                                                       "status": r.status, "reason": r.reason} for side, r in failed]}),
                      "--json")

@@ -1,0 +1,150 @@
+"""Lockstep A/B: two workers taking turns window by window, and the paired gate on their rounds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gpubench.launch import Launcher, turn_pipes
+from tests.conftest import REPO, run_cli
+from tests.test_ab_and_plugin import SUITE, side_path
+
+# a stand-in worker: the lockstep protocol around three "windows" of 50 ms each, the start and
+# end of each written as a JSON line
+WORKER = """
+import json, sys, time
+from gpubench.measure.turns import Turns
+turns = Turns.from_env()
+die_after_begin = sys.argv[2] == "die"
+turns.begin()
+if die_after_begin:
+    sys.exit(0)
+spans = []
+for w in range(3):
+    turns.swap()
+    t0 = time.monotonic()
+    time.sleep(0.05)
+    spans.append((t0, time.monotonic()))
+turns.end()
+open(sys.argv[1], "w").write(json.dumps({"spans": spans, "lockstep": turns.describe()}))
+"""
+
+
+def start(tmp_path, name, ends, mode="run"):
+    launcher = Launcher(sys.executable, str(REPO), turns=ends)
+    proc = subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path / f"{name}.json"), mode],
+                            env=launcher.env(), pass_fds=launcher.pass_fds)
+    ends.close()
+    return proc
+
+
+def test_two_workers_take_turns_window_by_window(tmp_path):
+    first, second = turn_pipes()
+    procs = [start(tmp_path, "a", first), start(tmp_path, "b", second)]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab")
+    spans = sorted([(*s, "a") for s in a["spans"]] + [(*s, "b") for s in b["spans"]])
+    assert [side for _, _, side in spans] == ["a", "b"] * 3  # the first begins, then they alternate
+    assert all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1))  # never two windows at once
+    assert a["lockstep"]["role"] == "first" and b["lockstep"]["role"] == "second"
+    assert a["lockstep"]["paired"] and b["lockstep"]["paired"]
+    assert b["lockstep"]["waited_s"] >= 0.1  # it waited through the other's windows
+
+
+def test_a_worker_whose_other_side_dies_goes_on_alone(tmp_path):
+    first, second = turn_pipes()
+    t0 = time.monotonic()
+    procs = [start(tmp_path, "a", first), start(tmp_path, "b", second, mode="die")]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    assert time.monotonic() - t0 < 30  # no wait for a token that never comes
+    a = json.loads((tmp_path / "a.json").read_text())
+    assert len(a["spans"]) == 3 and a["lockstep"]["paired"] is False
+
+
+def test_no_lockstep_without_the_environment():
+    from gpubench.measure.turns import Turns
+
+    turns = Turns.from_env()
+    turns.begin()
+    turns.swap()
+    turns.end()
+    assert turns.describe() is None and Launcher().pass_fds == () and "GPUBENCH_TURNS" not in Launcher().env()
+
+
+def ab_lockstep(tmp_path, write_suite, candidate_ms, *extra):
+    suite = write_suite(SUITE)
+    n = len(list(tmp_path.glob("a*")))
+    return run_cli(["ab", str(suite), "--lockstep", "--baseline-python", sys.executable, "--baseline-path",
+                    side_path(tmp_path, f"a{n}", 2.0), "--candidate-python", sys.executable, "--candidate-path",
+                    side_path(tmp_path, f"b{n}", candidate_ms), "--out", str(tmp_path / "runs"), "--json",
+                    str(tmp_path / "gate.json"), "--no-report", *extra], cwd=tmp_path, timeout=600)
+
+
+def test_ab_lockstep_pairs_the_rounds_and_gates(tmp_path, write_suite):
+    proc = ab_lockstep(tmp_path, write_suite, 4.0, "--repeats", "7")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    gate = json.loads((tmp_path / "gate.json").read_text())
+    assert gate["paired"] is True and gate["counts"] == {"regressed": 1}
+    (v,) = gate["verdicts"]
+    assert v["n_baseline"] == v["n_current"] == 7 and 0.4 < v["ratio"] < 0.7
+    assert "spread of the per-round ratio in this comparison" in proc.stdout and "with 7 rounds" in proc.stdout
+    (root,) = (tmp_path / "runs").iterdir()
+    sides = {s: [json.loads(x) for x in (root / s / "results.jsonl").read_text().splitlines()]
+             for s in ("baseline", "candidate")}
+    for r in sides["baseline"] + sides["candidate"]:
+        assert r["runtime"]["lockstep"]["paired"] is True
+    roles = [r["runtime"]["lockstep"]["role"] for r in sides["baseline"]]
+    assert roles == ["first", "second"] * 3 + ["first"]  # who begins alternates by round
+    # compare knows the two directories for the sides of one lockstep A/B, and pairs them too
+    out = tmp_path / "again.json"
+    again = run_cli(["compare", str(root / "baseline"), str(root / "candidate"), "--json", str(out)], cwd=tmp_path)
+    assert again.returncode == 1 and json.loads(out.read_text())["paired"] is True
+
+
+def test_ab_lockstep_bad_input(tmp_path, write_suite):
+    proc = ab_lockstep(tmp_path, write_suite, 2.0, "--repeats", "6")
+    assert proc.returncode == 2 and "--repeats 6: comparing 1 config(s) at alpha 0.01 needs at least 7 rounds" \
+        in proc.stderr
+    proc = ab_lockstep(tmp_path, write_suite, 2.0, "--repeats", "7", "--set", "parallelism=ddp:2")
+    assert proc.returncode == 2 and "--lockstep runs one process a side, not a distributed config" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("n, alpha, k", [(10, 0.01, 4), (6, 0.05, 1), (20, 0.05, 53), (5, 0.05, 0)])
+def test_signed_rank_critical_values_match_the_tables(n, alpha, k):
+    from gpubench.gate.stats import _walsh_k
+
+    # k - 1 is the table's critical value of T for a two-sided test at alpha (n=5 has none at 0.05)
+    assert _walsh_k(n, alpha) == k
+
+
+def test_ab_budget_looks_again_while_undecided_and_stops_at_the_budget(tmp_path, write_suite):
+    """Threshold 0%: no config can be called unchanged, so an A/A comparison stays undecided
+    and the sequential gate looks again (at alpha / 4 after alpha / 2) until the budget is
+    spent."""
+    t0 = time.monotonic()
+    proc = ab_lockstep(tmp_path, write_suite, 2.0, "--repeats", "8", "--budget", "30s", "--threshold", "0%",
+                       "--noise-floor", "0%")
+    wall = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    gate = json.loads((tmp_path / "gate.json").read_text())
+    looks = gate["looks"]
+    assert len(looks) >= 2 and looks[0]["rounds"] == 8 and looks[1]["rounds"] > 8
+    assert [x["alpha"] for x in looks[:2]] == [0.005, 0.0025] and gate["alpha"] == looks[-1]["alpha"]
+    assert "budget (30 s) is spent" in proc.stdout and wall < 30 + 60  # the last batch fits the budget's rest
+    (v,) = gate["verdicts"]
+    assert v["verdict"] == "inconclusive" and v["n_baseline"] == looks[-1]["rounds"]
+
+
+def test_ab_budget_stops_once_every_config_is_decided(tmp_path, write_suite):
+    proc = ab_lockstep(tmp_path, write_suite, 4.0, "--repeats", "8", "--budget", "10m")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    gate = json.loads((tmp_path / "gate.json").read_text())
+    assert gate["counts"] == {"regressed": 1} and len(gate["looks"]) == 1 and gate["alpha"] == 0.005
+    assert "look 1: 8 rounds, alpha 0.005: every config decided" in proc.stdout
+    proc = ab_lockstep(tmp_path, write_suite, 4.0, "--repeats", "7", "--budget", "10m")
+    assert proc.returncode == 2 and "needs at least 8 rounds" in proc.stderr
