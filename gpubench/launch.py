@@ -43,6 +43,10 @@ class Launcher:
             env = dict(os.environ)
             parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != _PKG_ROOT]
             env["PYTHONPATH"] = os.pathsep.join([self.pythonpath, *parts])
+            # ``python -m`` puts the working directory first on sys.path, ahead of PYTHONPATH: run
+            # from inside another checkout, the child would import that checkout's gpubench, not
+            # this one's (Python 3.11+ honours this; older ones ignore it)
+            env["PYTHONSAFEPATH"] = "1"
         env.pop("GPUBENCH_TURNS", None)
         if self.turns is not None:
             env["GPUBENCH_TURNS"] = f"{self.turns.read},{self.turns.write},{self.turns.role}"

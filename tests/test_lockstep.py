@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -75,17 +77,25 @@ def test_no_lockstep_without_the_environment():
     assert turns.describe() is None and Launcher().pass_fds == () and "GPUBENCH_TURNS" not in Launcher().env()
 
 
-def ab_lockstep(tmp_path, write_suite, candidate_ms, *extra):
+def ab_lockstep(tmp_path, write_suite, candidate_ms, *extra, candidate_checkout=None):
     suite = write_suite(SUITE)
     n = len(list(tmp_path.glob("a*")))
+    candidate = side_path(tmp_path, f"b{n}", candidate_ms)
+    if candidate_checkout is not None:  # its gpubench ahead of the repository's
+        first, rest = candidate.split(os.pathsep, 1)
+        candidate = os.pathsep.join([first, str(candidate_checkout), rest])
     return run_cli(["ab", str(suite), "--lockstep", "--baseline-python", sys.executable, "--baseline-path",
                     side_path(tmp_path, f"a{n}", 2.0), "--candidate-python", sys.executable, "--candidate-path",
-                    side_path(tmp_path, f"b{n}", candidate_ms), "--out", str(tmp_path / "runs"), "--json",
+                    candidate, "--out", str(tmp_path / "runs"), "--json",
                     str(tmp_path / "gate.json"), "--no-report", *extra], cwd=tmp_path, timeout=600)
 
 
 def test_ab_lockstep_pairs_the_rounds_and_gates(tmp_path, write_suite):
-    proc = ab_lockstep(tmp_path, write_suite, 4.0, "--repeats", "7")
+    # a gpubench in the working directory (as when ab runs inside a checkout) and another as the
+    # candidate's checkout: each side's workers import their own, never the working directory's
+    shutil.copytree(REPO / "gpubench", tmp_path / "gpubench")
+    shutil.copytree(REPO / "gpubench", tmp_path / "cand" / "gpubench")
+    proc = ab_lockstep(tmp_path, write_suite, 4.0, "--repeats", "7", candidate_checkout=tmp_path / "cand")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     gate = json.loads((tmp_path / "gate.json").read_text())
     assert gate["paired"] is True and gate["counts"] == {"regressed": 1}
@@ -97,6 +107,8 @@ def test_ab_lockstep_pairs_the_rounds_and_gates(tmp_path, write_suite):
              for s in ("baseline", "candidate")}
     for r in sides["baseline"] + sides["candidate"]:
         assert r["runtime"]["lockstep"]["paired"] is True
+    assert {r["runtime"]["gpubench"]["path"] for r in sides["baseline"]} == {str(REPO / "gpubench")}
+    assert {r["runtime"]["gpubench"]["path"] for r in sides["candidate"]} == {str(tmp_path / "cand" / "gpubench")}
     roles = [r["runtime"]["lockstep"]["role"] for r in sides["baseline"]]
     assert roles == ["first", "second"] * 3 + ["first"]  # who begins alternates by round
     # compare knows the two directories for the sides of one lockstep A/B, and pairs them too

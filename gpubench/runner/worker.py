@@ -22,6 +22,7 @@ from typing import Any
 
 import psutil
 
+import gpubench
 from gpubench.backends import get_backend
 from gpubench.config import Config
 from gpubench.errors import warn
@@ -264,8 +265,11 @@ def run_config(config: Config, profile: dict[str, Any] | None = None) -> tuple[O
     out = Outcome(status="ok", metrics={**metrics_from(raw, config, setup_ms), "memory": memory},
                   telemetry=telemetry.block, model=model, runtime=trainer.describe(), phases=phase_marks(raw))
     _note_compiles(out, raw)
+    # which gpubench trained (gpubench ab: each side's own checkout)
+    out.runtime = {**(out.runtime or {}), "gpubench": {"version": gpubench.__version__,
+                                                       "path": str(Path(gpubench.__file__).resolve().parent)}}
     if turns.describe() is not None:
-        out.runtime = {**(out.runtime or {}), "lockstep": turns.describe()}
+        out.runtime["lockstep"] = turns.describe()
     if profiled is not None:
         out.with_metrics(**profiled[0])
         out.profile = profiled[1]
