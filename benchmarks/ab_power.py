@@ -11,7 +11,7 @@ A/A gate: any ``regressed`` is a false alarm). Then it runs ``--gates`` times
 
     python -m gpubench ab suites/quick.toml --lockstep --baseline-path A --candidate-path B
         --set workload=mlp --set framework=torch --set device=cpu --set precision=fp32
-        --set batch_size=256 --set warmup_steps=5 --set steps=100 --set windows=5
+        --set batch_size=256 --set warmup_steps=5 --set steps=100 --set windows=5 --set window_s=0
         --repeats ROUNDS [--budget TIME] --no-report
 
 (``--plain``: without ``--lockstep``, the sides one after the other) and prints each gate's
@@ -39,7 +39,7 @@ SLOWER = ANCHOR + ("            with torch.no_grad():  # ab_power.py's injected 
                    "                for _ in range({passes}):\n"
                    "                    torch._foreach_mul_(params, 1.0)\n")
 SETS = ["workload=mlp", "framework=torch", "device=cpu", "precision=fp32", "batch_size=256", "warmup_steps=5",
-        "steps=100", "windows=5"]
+        "steps=100", "windows=5", "window_s=0"]
 
 
 def checkout(root: Path, name: str, passes: int) -> Path:
