@@ -31,27 +31,18 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-TRAINER = Path("gpubench/backends/pytorch/trainer.py")
-ANCHOR = "        else:\n            self.optimizer.step()\n"
-SLOWER = ANCHOR + ("            with torch.no_grad():  # ab_power.py's injected slowdown\n"
-                   "                params = [p for p in self.model.parameters()]\n"
-                   "                for _ in range({passes}):\n"
-                   "                    torch._foreach_mul_(params, 1.0)\n")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _slowdown import export_head, inject  # noqa: E402 - beside this file
+
 SETS = ["workload=mlp", "framework=torch", "device=cpu", "precision=fp32", "batch_size=256", "warmup_steps=5",
         "steps=100", "windows=5", "window_s=0"]
 
 
 def checkout(root: Path, name: str, passes: int) -> Path:
     """HEAD's tree in ``root/name``; with ``passes`` > 0, the trainer made slower."""
-    path = root / name
-    path.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", "HEAD"], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(path)], input=archive, check=True)
+    path = export_head(root / name)
     if passes:
-        source = (path / TRAINER).read_text()
-        assert ANCHOR in source, f"{TRAINER}: the injection point moved; update ANCHOR"
-        (path / TRAINER).write_text(source.replace(ANCHOR, SLOWER.format(passes=passes), 1))
+        inject(path, passes, "ab_power.py")
     return path
 
 

@@ -26,13 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-TRAINER = Path("gpubench/backends/pytorch/trainer.py")
-ANCHOR = "        else:\n            self.optimizer.step()\n"
-SLOWER = ANCHOR + ("            with torch.no_grad():  # history_real.py's injected slowdown\n"
-                   "                params = [p for p in self.model.parameters()]\n"
-                   "                for _ in range({passes}):\n"
-                   "                    torch._foreach_mul_(params, 1.0)\n")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _slowdown import export_head, inject  # noqa: E402 - beside this file
+
 RUN_SETS = ["framework=torch", "workload=mlp", "device=cpu", "precision=fp32", "batch_size=256", "warmup_steps=5",
             "steps=20", "windows=5"]
 
@@ -43,10 +39,7 @@ def git(repo: Path, *args: str) -> str:
 
 def make_repo(root: Path) -> Path:
     """This checkout's committed tree (HEAD) as a fresh repository with one commit."""
-    repo = root / "repo"
-    repo.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", "HEAD"], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(repo)], input=archive, check=True)
+    repo = export_head(root / "repo")
     git(repo, "init", "-q")
     git(repo, "-c", "user.name=bench", "-c", "user.email=bench@localhost", "add", "-A")
     return repo
@@ -78,9 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         commits = []
         for i in range(a.commits):
             if i == a.step_at:
-                source = (repo / TRAINER).read_text()
-                assert ANCHOR in source, f"{TRAINER}: the injection point moved; update ANCHOR"
-                (repo / TRAINER).write_text(source.replace(ANCHOR, SLOWER.format(passes=a.extra_passes), 1))
+                inject(repo, a.extra_passes, "history_real.py")
             commits.append(commit(repo, "first" if i == 0 else f"commit {i}" + (" (slower)" if i == a.step_at
                                                                                  else ""), start + 3600 * i))
             cmd = [sys.executable, "-m", "gpubench", "run", "suites/quick.toml", "--repeats", str(a.repeats),
