@@ -1,7 +1,7 @@
 """Where the noise between processes comes from, and what removes it (PyTorch MLP, CPU).
 
     PYTHONPATH=. python benchmarks/noise_sources.py [--processes 8] [--steps 100] [--windows 5]
-                                                    [--callgrind]
+                                                    [--callgrind [--callgrind-timeout 600]]
 
 Trains the MLP (depth 2, width 512, batch 256, fp32) in ``--processes`` fresh processes for
 each variant, interleaved (one process of each variant in turn, so the machine's drift falls
@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--windows", type=int, default=5)
     ap.add_argument("--callgrind", action="store_true", help="time one process under valgrind instead")
+    ap.add_argument("--callgrind-timeout", type=float, default=600.0, help="seconds before it is stopped")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
@@ -96,9 +97,15 @@ def main(argv: list[str] | None = None) -> int:
         if shutil.which("valgrind") is None:
             raise SystemExit("valgrind is missing")
         t0 = time.perf_counter()
-        subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=/dev/null",
-                        sys.executable, __file__, "--child", "--steps", "3", "--windows", "1"],
-                       env={**os.environ, "PYTHONPATH": str(REPO), "THREADS": "1"}, capture_output=True, check=True)
+        try:
+            subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=/dev/null",
+                            sys.executable, __file__, "--child", "--steps", "3", "--windows", "1"],
+                           env={**os.environ, "PYTHONPATH": str(REPO), "THREADS": "1"}, capture_output=True,
+                           check=True, timeout=a.callgrind_timeout)
+        except subprocess.TimeoutExpired:
+            print(f"one process, import + build + 23 steps under valgrind (instrumentation off): not finished "
+                  f"within {a.callgrind_timeout:g} s, stopped")
+            return 1
         native = time.perf_counter()
         subprocess.run([sys.executable, __file__, "--child", "--steps", "3", "--windows", "1"],
                        env={**os.environ, "PYTHONPATH": str(REPO), "THREADS": "1"}, capture_output=True, check=True)
