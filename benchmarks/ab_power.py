@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python benchmarks/ab_power.py [--extra-passes 9] [--rounds 30] [--budget 9m] [--gates 1]
                                                [--aa] [--plain] [--pin] [--keep DIR] [--json FILE]
+    PYTHONPATH=. python benchmarks/ab_power.py --calibrate [--extra-passes 9]
 
 Builds two throw-away checkouts of this checkout's committed tree (HEAD). In the candidate,
 the PyTorch trainer does real extra work after every optimizer step (``--extra-passes``
@@ -71,6 +72,41 @@ def gate(base: Path, cand: Path, rounds: int, lockstep: bool, out: Path, budget:
             "looks": found.get("looks", []), "alpha": found["alpha"]}
 
 
+def calibrate(passes: int, pairs: int = 24, steps: int = 100) -> None:
+    """How much slower the injected passes make a step, in one process: blocks of ``steps``
+    steps without and with them, alternating ``pairs`` times (the machine's drift falls on
+    both); prints the median ratio of the step times with its spread."""
+    import statistics
+
+    import torch
+
+    from gpubench.backends import get_backend
+    from gpubench.config import Config
+    from gpubench.runner.worker import build_trainer
+    from gpubench.workloads import get_workload
+
+    config = Config(workload="mlp", framework="torch", device="cpu", batch_size=256, precision="fp32")
+    trainer, _ = build_trainer(get_backend("torch"), get_workload("mlp").spec(), config, 0, 1, False)
+
+    def block(extra: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            trainer.step()
+            with torch.no_grad():  # the same work as the injection
+                params = [p for p in trainer.model.parameters()]
+                for _ in range(extra):
+                    torch._foreach_mul_(params, 1.0)
+        return time.perf_counter() - t0
+
+    for _ in range(20):
+        trainer.step()
+    ratios = [block(passes) / block(0) for _ in range(pairs)]
+    q = statistics.quantiles(ratios, n=4)
+    print(f"{passes} extra passes: step time x{statistics.median(ratios):.3f} (median of {pairs} pairs of "
+          f"{steps}-step blocks; quartiles x{q[0]:.3f}, x{q[2]:.3f}), throughput "
+          f"{100 * (1 / statistics.median(ratios) - 1):+.1f}%")
+
+
 def pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * (x - 1):+.1f}%"
 
@@ -87,9 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gates", type=int, default=1, help="gates to run one after the other (default 1)")
     ap.add_argument("--aa", action="store_true", help="no slowdown: both sides the unchanged checkout")
     ap.add_argument("--plain", action="store_true", help="without --lockstep: the sides one after the other")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="only measure, in this process, how much slower --extra-passes make a step")
     ap.add_argument("--keep", type=Path, help="build in this directory and keep it (default: a temporary one)")
     ap.add_argument("--json", type=Path, help="write every gate's figures here")
     a = ap.parse_args(argv)
+    if a.calibrate:
+        calibrate(a.extra_passes)
+        return 0
     with tempfile.TemporaryDirectory(prefix="gpubench-ab-power-") as tmp:
         root = a.keep or Path(tmp)
         base = checkout(root, "baseline", 0)

@@ -6,6 +6,10 @@ the next round, and so on. Drift of the machine (thermal, other tenants, clock b
 lands on both sides alike, which a comparison against a stored baseline from another day
 cannot promise. The two sides go to two run directories, which are then compared by the
 regression gate.
+
+``--lockstep`` goes further: the two workers of a round run at once and take turns window by
+window (gpubench.measure.turns), and the rounds are compared paired. ``--budget`` makes the
+gate sequential: more rounds for the undecided configs, look k at alpha / 2^k.
 """
 
 from __future__ import annotations
@@ -170,7 +174,7 @@ def execute_ab(req: ABRequest, console: Console) -> int:
     for side in SIDES:
         args = {"suite": req.suite, "set": req.sets, "repeats": req.repeats, "out": str(req.out), "ab_side": side,
                 "python": launchers[side].python, "pythonpath": launchers[side].pythonpath,
-                "lockstep": req.lockstep, "ab_id": stamp}
+                "lockstep": req.lockstep, "budget_s": req.budget_s, "ab_id": stamp}
         dirs[side], metas[side] = new_run_dir(root, side, suite, args, configs, envs[side])
     console.print(f"A/B {stamp}: {len(configs)} configs x {req.repeats} {'rounds' if req.lockstep else 'repeats'} x 2 "
                   f"sides{f', then more while undecided, within {req.budget_s:g} s' if req.budget_s else ''} -> {root}",
