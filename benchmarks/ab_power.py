@@ -1,7 +1,8 @@
 """Does ``gpubench ab`` catch a real 5% slowdown on this machine, and stay quiet without one?
 
     PYTHONPATH=. python benchmarks/ab_power.py [--extra-passes 9] [--rounds 30] [--budget 9m] [--gates 1]
-                                               [--aa] [--plain] [--pin] [--keep DIR] [--json FILE]
+                                               [--aa] [--plain] [--pin] [--threads N] [--keep DIR]
+                                               [--json FILE]
     PYTHONPATH=. python benchmarks/ab_power.py --calibrate [--extra-passes 9]
 
 Builds two throw-away checkouts of this checkout's committed tree (HEAD). In the candidate,
@@ -16,7 +17,8 @@ A/A gate: any ``regressed`` is a false alarm). Then it runs ``--gates`` times
         --repeats ROUNDS [--budget TIME] --no-report
 
 (``--plain``: without ``--lockstep``, the sides one after the other; ``--pin``: the whole A/B
-under ``taskset -c 1`` with ``OMP_NUM_THREADS=1``) and prints each gate's
+under ``taskset -c 1`` with ``OMP_NUM_THREADS=1``; ``--threads N``: ``--set threads=N``, each
+worker training with N threads, unpinned) and prints each gate's
 verdict, change with its interval, the spread of its rounds and its wall time, then the count
 of each verdict. Exit 0 when every gate said what it should (``regressed`` with a slowdown,
 anything but ``regressed`` in A/A), else 1.
@@ -48,14 +50,15 @@ def checkout(root: Path, name: str, passes: int) -> Path:
     return path
 
 
-def gate(base: Path, cand: Path, rounds: int, lockstep: bool, out: Path, budget: str | None, pin: bool) -> dict:
+def gate(base: Path, cand: Path, rounds: int, lockstep: bool, out: Path, budget: str | None, pin: bool,
+         threads: int) -> dict:
     verdict_file = out / "verdicts.json"
     cmd = [*(["taskset", "-c", "1"] if pin else []), sys.executable, "-m", "gpubench", "ab", "suites/quick.toml",
            "--baseline-python", sys.executable,
            "--candidate-python", sys.executable, "--baseline-path", str(base), "--candidate-path", str(cand),
            "--repeats", str(rounds), "--no-report", "--out", str(out / "runs"), "--json", str(verdict_file),
            *(["--lockstep"] if lockstep else []), *(["--budget", budget] if budget else [])]
-    for s in SETS:
+    for s in SETS + ([f"threads={threads}"] if threads else []):
         cmd += ["--set", s]
     t0 = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": str(base), "COLUMNS": "200", **({"OMP_NUM_THREADS": "1"} if pin else {})}
@@ -120,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                                      "(--rounds is then the first look's)")
     ap.add_argument("--pin", action="store_true", help="run the A/B on core 1 alone with one thread (taskset -c 1, "
                                                      "OMP_NUM_THREADS=1)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="--set threads=N: every worker trains with N threads (default 0: PyTorch's default)")
     ap.add_argument("--gates", type=int, default=1, help="gates to run one after the other (default 1)")
     ap.add_argument("--aa", action="store_true", help="no slowdown: both sides the unchanged checkout")
     ap.add_argument("--plain", action="store_true", help="without --lockstep: the sides one after the other")
@@ -137,10 +142,11 @@ def main(argv: list[str] | None = None) -> int:
         cand = base if a.aa else checkout(root, "candidate", a.extra_passes)
         what = "A/A (no slowdown)" if a.aa else f"candidate with {a.extra_passes} extra passes a step"
         print(f"{what}; {a.rounds} rounds a gate{f', more within --budget {a.budget}' if a.budget else ''}, "
-              f"{'plain' if a.plain else 'lockstep'}{', on core 1 with one thread' if a.pin else ''}", flush=True)
+              f"{'plain' if a.plain else 'lockstep'}{', on core 1 with one thread' if a.pin else ''}"
+              f"{f', threads={a.threads}' if a.threads else ''}", flush=True)
         gates = []
         for g in range(a.gates):
-            found = gate(base, cand, a.rounds, not a.plain, root / f"gate{g}", a.budget, a.pin)
+            found = gate(base, cand, a.rounds, not a.plain, root / f"gate{g}", a.budget, a.pin, a.threads)
             gates.append(found)
             print(f"gate {g + 1}: {found['verdict']} {pct(found['ratio'])} [{pct(found['ci_low'])}, "
                   f"{pct(found['ci_high'])}], spread {pct(1 + found['noise'] if found['noise'] else None)}, "
@@ -151,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         print("verdicts: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
         if a.json:
             a.json.write_text(json.dumps({"aa": a.aa, "extra_passes": 0 if a.aa else a.extra_passes,
-                                          "lockstep": not a.plain, "pin": a.pin, "gates": gates}, indent=1))
+                                          "lockstep": not a.plain, "pin": a.pin, "threads": a.threads,
+                                          "gates": gates}, indent=1))
         wanted = [(g["verdict"] != "regressed") if a.aa else (g["verdict"] == "regressed") for g in gates]
         return 0 if all(wanted) else 1
 

@@ -14,6 +14,8 @@ of four per-process figures:
 - ``probe``: a fixed 256x256 matmul, timed between the windows in the same process;
 - ``wall/probe``: the wall time normalised by the probe (a same-process reference for the
   machine's speed);
+- ``min`` and ``p10``: the fastest window, and the 10th percentile of the single steps' wall
+  times (estimators that ignore the windows and steps something else slowed down);
 
 and the mean CV between a process's own windows. Variants: the default (PyTorch's own thread
 count), one thread, one thread pinned to core 1 (``taskset``), two threads pinned to cores 0-1.
@@ -65,12 +67,14 @@ def child(steps: int, windows: int) -> None:
     for _ in range(20):
         trainer.step()
     trainer.sync()
-    out: dict[str, list[float]] = {"wall": [], "cpu": [], "probe": []}
+    out: dict[str, list[float]] = {"wall": [], "cpu": [], "probe": [], "steps": []}
     for _ in range(windows):
         out["probe"].append(probe())
         c0, t0 = time.process_time_ns(), time.perf_counter_ns()
         for _ in range(steps):
+            s0 = time.perf_counter_ns()
             trainer.step()
+            out["steps"].append((time.perf_counter_ns() - s0) / 1e6)
         trainer.sync()
         out["wall"].append((time.perf_counter_ns() - t0) / 1e6)
         out["cpu"].append((time.process_time_ns() - c0) / 1e6)
@@ -86,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--processes", type=int, default=8)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--windows", type=int, default=5)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated variants to run (default: all)")
     ap.add_argument("--callgrind", action="store_true", help="time one process under valgrind instead")
     ap.add_argument("--callgrind-timeout", type=float, default=600.0, help="seconds before it is stopped")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -114,23 +119,36 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if shutil.which("taskset") is None:
         raise SystemExit("taskset is missing (util-linux)")
-    rows: dict[str, list[dict]] = {name: [] for name in VARIANTS}
+    chosen = [v.strip() for v in a.variants.split(",")]
+    unknown = [v for v in chosen if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {', '.join(unknown)} (allowed: {', '.join(VARIANTS)})")
+    rows: dict[str, list[dict]] = {name: [] for name in chosen}
     for _ in range(a.processes):
-        for name, (env, prefix) in VARIANTS.items():
+        for name in chosen:
+            env, prefix = VARIANTS[name]
             proc = subprocess.run([*prefix, sys.executable, __file__, "--child", "--steps", str(a.steps), "--windows",
                                    str(a.windows)], env={**os.environ, "PYTHONPATH": str(REPO), **env},
                                   capture_output=True, text=True, check=True)
             rows[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
     print(f"{a.processes} processes a variant, {a.windows} windows of {a.steps} steps; CV between processes of "
           "each process's median")
-    print(f"{'variant':<22} {'threads':>7} {'wall ms':>8} {'wall':>6} {'cpu':>6} {'probe':>6} {'wall/probe':>10} "
-          f"{'within':>7}")
+    print(f"{'variant':<22} {'threads':>7} {'wall ms':>8} {'wall':>6} {'min':>6} {'p10':>6} {'cpu':>6} {'probe':>6} "
+          f"{'wall/probe':>10} {'within':>7}")
     for name, found in rows.items():
         med = {k: [statistics.median(r[k]) for r in found] for k in ("wall", "cpu", "probe")}
         norm = [w / p for w, p in zip(med["wall"], med["probe"])]
         within = statistics.mean(cv(r["wall"]) for r in found)
+        fastest = [min(r["wall"]) for r in found]
+        p10 = [statistics.quantiles(r["steps"], n=10)[0] for r in found]
         print(f"{name:<22} {found[0]['threads']:>7} {statistics.mean(med['wall']):>8.0f} {cv(med['wall']):>5.1f}% "
-              f"{cv(med['cpu']):>5.1f}% {cv(med['probe']):>5.1f}% {cv(norm):>9.1f}% {within:>6.1f}%")
+              f"{cv(fastest):>5.1f}% {cv(p10):>5.1f}% {cv(med['cpu']):>5.1f}% {cv(med['probe']):>5.1f}% "
+              f"{cv(norm):>9.1f}% {within:>6.1f}%")
+    print("window time / the process's median, mean over the processes, by window (a trend = not yet steady):")
+    for name, found in rows.items():
+        by_window = [statistics.mean(r["wall"][i] / statistics.median(r["wall"]) for r in found)
+                     for i in range(a.windows)]
+        print(f"{name:<22} " + " ".join(f"{x:.3f}" for x in by_window))
     return 0
 
 

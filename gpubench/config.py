@@ -35,6 +35,7 @@ class Config:
     memory_format: str = "contiguous"
     data: str = "device"
     data_workers: int = 2
+    threads: int = 0  # CPU threads the worker trains with; 0 = the framework's own default
     dataset: str = "synthetic"
     data_dir: str = ""
     checkpointing: str = "none"
@@ -169,7 +170,7 @@ class Config:
 _DEFAULTS = {f.name: f.default for f in fields(Config)}
 # training settings named in config_id when they differ from their default (some only where
 # they matter: _ID_ONLY_WHEN); data_dir is a path and stays out of the id
-_ID_EXTRAS = ("optimizer", "lr", "loss", "compile", "memory_format", "data", "data_workers", "dataset",
+_ID_EXTRAS = ("optimizer", "lr", "loss", "compile", "memory_format", "data", "data_workers", "threads", "dataset",
               "checkpointing", "pipeline_microbatches", "pipeline_schedule", "nnodes")
 def _ALWAYS(c: Config) -> bool:
     return True

@@ -36,6 +36,9 @@ class TrainingRound:
             pytest.skip(f"{config.framework} is not installed ({e})")
         if verdict is not None:
             pytest.skip(f"{config.config_id}: {verdict[0]}: {verdict[1]}")
+        reason = backend.set_threads(config.threads) if config.threads else None
+        if reason:
+            pytest.skip(f"{config.config_id}: unsupported: {reason}")
         spec = get_workload(config.workload).spec(**dict(config.workload_params))
         batches = make_batches(spec, config.dataset, config.data_dir, config.batch_size, config.seed)
         self.config = config

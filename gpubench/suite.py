@@ -165,6 +165,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("data", _choice("data mode", _declared("data")), str,
             "device-resident batches or the framework's input pipeline"),
     Setting("data_workers", _int(0), _parse_number, "input-pipeline worker processes (PyTorch DataLoader)"),
+    Setting("threads", _int(0), _parse_number,
+            "CPU threads a worker trains with (PyTorch's intra-op threads, TensorFlow's intra- and inter-op "
+            "threads); 0 = the framework's default. Fewer threads can mean less noise on a small shared machine"),
     Setting("dataset", _choice("dataset", _declared("dataset")), str,
             "synthetic task, or MNIST IDX files from data_dir"),
     Setting("data_dir", _string, str, "directory holding the MNIST IDX files"),

@@ -223,3 +223,59 @@ def test_bad_plugin_module_is_a_clear_error(tmp_path):
     proc = run_cli(["list"], cwd=tmp_path, env=plugin_env(GPUBENCH_PLUGINS="no_such_plugin_mod"))
     assert proc.returncode == 2
     assert "GPUBENCH_PLUGINS: cannot import plugin module 'no_such_plugin_mod'" in proc.stderr
+
+
+THREADS = """
+name = "threads"
+[defaults]
+workload = "mlp"
+depth = 1
+width = 32
+batch_size = 16
+warmup_steps = 1
+steps = 2
+windows = 1
+threads = 1
+telemetry_interval_ms = 0
+[matrix]
+framework = ["torch", "tensorflow", "fake"]
+"""
+
+
+def test_threads_sets_each_frameworks_thread_pools_and_names_the_config(tmp_path, write_suite):
+    pytest.importorskip("torch")
+    pytest.importorskip("tensorflow")
+    proc = run_cli(["run", str(write_suite(THREADS)), "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    found = {r["config"]["framework"]: r for r in result_lines(run_dir)}
+    assert found["torch"]["status"] == "ok" and found["torch"]["runtime"]["num_threads"] == 1
+    assert found["torch"]["config_id"] == "mlp_depth1_width32-torch-cpu-bs16-fp32-single-threads=1"
+    tf_runtime = found["tensorflow"]["runtime"]
+    assert found["tensorflow"]["status"] == "ok"
+    assert (tf_runtime["intra_op_threads"], tf_runtime["inter_op_threads"]) == (1, 1)
+    assert found["fake"]["status"] == "ok"  # the test backend accepts any thread count
+
+
+def test_a_backend_that_cannot_set_its_threads_makes_the_config_unsupported(monkeypatch):
+    from gpubench.backends.base import Backend, Capabilities
+    from gpubench.runner import worker
+    from gpubench.suite import Config
+
+    class Plain(Backend):
+        name = "plain"
+        install_hint = "-"
+        capabilities = Capabilities(precisions={"cpu": ("fp32",)}, parallelism=("single",))
+
+        def static_unsupported(self, config): return None
+        def probe(self): raise NotImplementedError
+        def check(self, config): return None
+        def build(self, spec, config, batches): raise NotImplementedError
+        def is_oom(self, exc): return False
+
+    monkeypatch.setattr(worker, "get_backend", lambda name: Plain())
+    _, refused = worker.admit(Config(workload="mlp", framework="plain", threads=2))
+    _, admitted = worker.admit(Config(workload="mlp", framework="plain"))
+    assert refused is not None and refused.status == "unsupported"
+    assert refused.reason == "the plain backend cannot set its CPU thread count"
+    assert admitted is None

@@ -46,6 +46,7 @@ def test_config_is_frozen_hashable_and_round_trips():
 def test_config_id_names_non_default_training_settings_but_not_measurement_settings():
     base = Config(workload="cnn")
     assert Config(workload="cnn", optimizer="sgd", lr=0.01).config_id == base.config_id + "-optimizer=sgd-lr=0.01"
+    assert Config(workload="cnn", threads=1).config_id == base.config_id + "-threads=1"
     more_steps = Config(workload="cnn", steps=99)
     assert more_steps.config_id == base.config_id
     assert more_steps.config_hash != base.config_hash

@@ -105,6 +105,11 @@ class Backend(ABC):
     def build(self, spec: WorkloadSpec, config: Config, batches: Batches) -> Trainer:
         """Translate the spec, load the canonical initial weights, put data on the device."""
 
+    def set_threads(self, n: int) -> str | None:
+        """``threads = n``: make this process train with ``n`` CPU threads (called before the
+        trainer is built). None when done, else why this framework cannot."""
+        return f"the {self.name} backend cannot set its CPU thread count"
+
     def before_profiled_build(self, config: Config) -> None:  # noqa: B027 - an optional hook
         """``gpubench profile``: anything the profiler needs set up before the trainer is
         built (nothing by default)."""

@@ -197,7 +197,7 @@ def admit(config: Config) -> tuple[Any, Outcome | None]:
                                                               f"with: {backend.install_hint}")
     if verdict is not None:
         return backend, Outcome(status=verdict[0], reason=verdict[1])
-    reason = config.topology_unsupported()
+    reason = config.topology_unsupported() or (backend.set_threads(config.threads) if config.threads else None)
     if reason:
         return backend, Outcome(status="unsupported", reason=reason)
     return backend, None

@@ -107,6 +107,10 @@ class FakeBackend(Backend):
             return ("unavailable", f"the fake backend has no {config.device}")
         return None
 
+    def set_threads(self, n):
+        self.threads = n  # numpy's small float64 operations here run on one thread whatever n is
+        return None
+
     def build(self, spec, config, batches):
         fail_rank(config)
         mode = MODES[dict(config.workload_params).get("mode", 0)]

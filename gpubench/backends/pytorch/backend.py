@@ -186,6 +186,12 @@ class TorchBackend(Backend):
             return ("unsupported", f"this GPU (sm_{major}{minor}) has no bfloat16 support")
         return None
 
+    def set_threads(self, n: int) -> str | None:
+        import torch
+
+        torch.set_num_threads(n)  # intra-op: the threads one operator's work is split over
+        return None
+
     def build(self, spec: WorkloadSpec, config: Config, batches: Batches) -> Trainer:
         if config.pipelined:
             from gpubench.backends.pytorch.pipeline import PipelineTrainer

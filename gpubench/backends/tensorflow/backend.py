@@ -101,6 +101,17 @@ class TensorFlowBackend(Backend):
                                    f"{cc[0]}.{cc[1]}")
         return None
 
+    def set_threads(self, n: int) -> str | None:
+        tf = import_tf()
+        threading = tf.config.threading
+        try:
+            threading.set_intra_op_parallelism_threads(n)
+            threading.set_inter_op_parallelism_threads(n)
+        except RuntimeError:  # the runtime has started: it keeps the pools it made
+            if (threading.get_intra_op_parallelism_threads(), threading.get_inter_op_parallelism_threads()) != (n, n):
+                return "TensorFlow's runtime had started before its thread pools could be set"
+        return None
+
     def build(self, spec: WorkloadSpec, config: Config, batches: Batches) -> Trainer:
         from gpubench.backends.tensorflow.trainer import TFTrainer
 
