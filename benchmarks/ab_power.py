@@ -1,9 +1,9 @@
 """Does ``gpubench ab`` catch a real 5% slowdown on this machine, and stay quiet without one?
 
     PYTHONPATH=. python benchmarks/ab_power.py [--extra-passes 9] [--rounds 30] [--budget 9m] [--gates 1]
-                                               [--aa] [--plain] [--pin] [--threads N] [--keep DIR]
-                                               [--json FILE]
-    PYTHONPATH=. python benchmarks/ab_power.py --calibrate [--extra-passes 9]
+                                               [--aa] [--plain] [--pin] [--threads N] [--worker-cpu N]
+                                               [--keep DIR] [--json FILE]
+    PYTHONPATH=. python benchmarks/ab_power.py --calibrate [--extra-passes 9] [--threads N]
 
 Builds two throw-away checkouts of this checkout's committed tree (HEAD). In the candidate,
 the PyTorch trainer does real extra work after every optimizer step (``--extra-passes``
@@ -18,7 +18,9 @@ A/A gate: any ``regressed`` is a false alarm). Then it runs ``--gates`` times
 
 (``--plain``: without ``--lockstep``, the sides one after the other; ``--pin``: the whole A/B
 under ``taskset -c 1`` with ``OMP_NUM_THREADS=1``; ``--threads N``: ``--set threads=N``, each
-worker training with N threads, unpinned) and prints each gate's
+worker training with N threads; ``--worker-cpu N``: every worker, of both sides, on CPU N alone
+(``taskset -c N`` around each side's interpreter; gpubench itself stays unpinned), so that the
+two workers of a lockstep round share one CPU's state) and prints each gate's
 verdict, change with its interval, the spread of its rounds and its wall time, then the count
 of each verdict. Exit 0 when every gate said what it should (``regressed`` with a slowdown,
 anything but ``regressed`` in A/A), else 1.
@@ -50,12 +52,22 @@ def checkout(root: Path, name: str, passes: int) -> Path:
     return path
 
 
+def pinned_python(out: Path, cpu: int) -> str:
+    """An interpreter that runs on CPU ``cpu`` alone: a script that execs this one under taskset."""
+    out.mkdir(parents=True, exist_ok=True)
+    script = out / f"python-on-cpu{cpu}"
+    script.write_text(f'#!/bin/sh\nexec taskset -c {cpu} "{sys.executable}" "$@"\n')
+    script.chmod(0o755)
+    return str(script)
+
+
 def gate(base: Path, cand: Path, rounds: int, lockstep: bool, out: Path, budget: str | None, pin: bool,
-         threads: int) -> dict:
+         threads: int, worker_cpu: int | None) -> dict:
     verdict_file = out / "verdicts.json"
+    python = sys.executable if worker_cpu is None else pinned_python(out, worker_cpu)
     cmd = [*(["taskset", "-c", "1"] if pin else []), sys.executable, "-m", "gpubench", "ab", "suites/quick.toml",
-           "--baseline-python", sys.executable,
-           "--candidate-python", sys.executable, "--baseline-path", str(base), "--candidate-path", str(cand),
+           "--baseline-python", python,
+           "--candidate-python", python, "--baseline-path", str(base), "--candidate-path", str(cand),
            "--repeats", str(rounds), "--no-report", "--out", str(out / "runs"), "--json", str(verdict_file),
            *(["--lockstep"] if lockstep else []), *(["--budget", budget] if budget else [])]
     for s in SETS + ([f"threads={threads}"] if threads else []):
@@ -75,7 +87,7 @@ def gate(base: Path, cand: Path, rounds: int, lockstep: bool, out: Path, budget:
             "looks": found.get("looks", []), "alpha": found["alpha"]}
 
 
-def calibrate(passes: int, pairs: int = 24, steps: int = 100) -> None:
+def calibrate(passes: int, threads: int, pairs: int = 24, steps: int = 100) -> None:
     """How much slower the injected passes make a step, in one process: blocks of ``steps``
     steps without and with them, alternating ``pairs`` times (the machine's drift falls on
     both); prints the median ratio of the step times with its spread."""
@@ -88,6 +100,8 @@ def calibrate(passes: int, pairs: int = 24, steps: int = 100) -> None:
     from gpubench.runner.worker import build_trainer
     from gpubench.workloads import get_workload
 
+    if threads:
+        torch.set_num_threads(threads)
     config = Config(workload="mlp", framework="torch", device="cpu", batch_size=256, precision="fp32")
     trainer, _ = build_trainer(get_backend("torch"), get_workload("mlp").spec(), config, 0, 1, False)
 
@@ -105,7 +119,8 @@ def calibrate(passes: int, pairs: int = 24, steps: int = 100) -> None:
         trainer.step()
     ratios = [block(passes) / block(0) for _ in range(pairs)]
     q = statistics.quantiles(ratios, n=4)
-    print(f"{passes} extra passes: step time x{statistics.median(ratios):.3f} (median of {pairs} pairs of "
+    print(f"{passes} extra passes, {torch.get_num_threads()} thread(s): step time x{statistics.median(ratios):.3f} "
+          f"(median of {pairs} pairs of "
           f"{steps}-step blocks; quartiles x{q[0]:.3f}, x{q[2]:.3f}), throughput "
           f"{100 * (1 / statistics.median(ratios) - 1):+.1f}%")
 
@@ -125,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                                                      "OMP_NUM_THREADS=1)")
     ap.add_argument("--threads", type=int, default=0,
                     help="--set threads=N: every worker trains with N threads (default 0: PyTorch's default)")
+    ap.add_argument("--worker-cpu", type=int, metavar="N",
+                    help="every worker of both sides on CPU N alone (taskset around the interpreter)")
     ap.add_argument("--gates", type=int, default=1, help="gates to run one after the other (default 1)")
     ap.add_argument("--aa", action="store_true", help="no slowdown: both sides the unchanged checkout")
     ap.add_argument("--plain", action="store_true", help="without --lockstep: the sides one after the other")
@@ -134,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write every gate's figures here")
     a = ap.parse_args(argv)
     if a.calibrate:
-        calibrate(a.extra_passes)
+        calibrate(a.extra_passes, a.threads)
         return 0
     with tempfile.TemporaryDirectory(prefix="gpubench-ab-power-") as tmp:
         root = a.keep or Path(tmp)
@@ -143,10 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         what = "A/A (no slowdown)" if a.aa else f"candidate with {a.extra_passes} extra passes a step"
         print(f"{what}; {a.rounds} rounds a gate{f', more within --budget {a.budget}' if a.budget else ''}, "
               f"{'plain' if a.plain else 'lockstep'}{', on core 1 with one thread' if a.pin else ''}"
-              f"{f', threads={a.threads}' if a.threads else ''}", flush=True)
+              f"{f', threads={a.threads}' if a.threads else ''}"
+              f"{f', workers on CPU {a.worker_cpu}' if a.worker_cpu is not None else ''}", flush=True)
         gates = []
         for g in range(a.gates):
-            found = gate(base, cand, a.rounds, not a.plain, root / f"gate{g}", a.budget, a.pin, a.threads)
+            found = gate(base, cand, a.rounds, not a.plain, root / f"gate{g}", a.budget, a.pin, a.threads,
+                         a.worker_cpu)
             gates.append(found)
             print(f"gate {g + 1}: {found['verdict']} {pct(found['ratio'])} [{pct(found['ci_low'])}, "
                   f"{pct(found['ci_high'])}], spread {pct(1 + found['noise'] if found['noise'] else None)}, "
@@ -158,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.json:
             a.json.write_text(json.dumps({"aa": a.aa, "extra_passes": 0 if a.aa else a.extra_passes,
                                           "lockstep": not a.plain, "pin": a.pin, "threads": a.threads,
+                                          "worker_cpu": a.worker_cpu,
                                           "gates": gates}, indent=1))
         wanted = [(g["verdict"] != "regressed") if a.aa else (g["verdict"] == "regressed") for g in gates]
         return 0 if all(wanted) else 1

@@ -1,6 +1,7 @@
 """Where the noise between processes comes from, and what removes it (PyTorch MLP, CPU).
 
-    PYTHONPATH=. python benchmarks/noise_sources.py [--processes 8] [--steps 100] [--windows 5]
+    PYTHONPATH=. python benchmarks/noise_sources.py [--processes 8] [--steps 100] [--windows 5] [--warmup 20]
+                                                    [--variants "default,1 thread"]
                                                     [--callgrind [--callgrind-timeout 600]]
 
 Trains the MLP (depth 2, width 512, batch 256, fp32) in ``--processes`` fresh processes for
@@ -43,7 +44,7 @@ VARIANTS = {"default": ({}, []), "1 thread": ({"THREADS": "1"}, []),
             "2 threads, cores 0-1": ({"THREADS": "2"}, ["taskset", "-c", "0,1"])}
 
 
-def child(steps: int, windows: int) -> None:
+def child(steps: int, windows: int, warmup: int) -> None:
     """One process: build the trainer, warm up, then per window its wall and CPU time and a probe."""
     import torch
 
@@ -64,7 +65,7 @@ def child(steps: int, windows: int) -> None:
             torch.mm(a, b)
         return (time.perf_counter_ns() - t0) / 1e6
 
-    for _ in range(20):
+    for _ in range(warmup):
         trainer.step()
     trainer.sync()
     out: dict[str, list[float]] = {"wall": [], "cpu": [], "probe": [], "steps": []}
@@ -90,13 +91,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--processes", type=int, default=8)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--windows", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=20, help="steps before the first window (default 20)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated variants to run (default: all)")
     ap.add_argument("--callgrind", action="store_true", help="time one process under valgrind instead")
     ap.add_argument("--callgrind-timeout", type=float, default=600.0, help="seconds before it is stopped")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
-        child(a.steps, a.windows)
+        child(a.steps, a.windows, a.warmup)
         return 0
     if a.callgrind:
         if shutil.which("valgrind") is None:
@@ -128,11 +130,12 @@ def main(argv: list[str] | None = None) -> int:
         for name in chosen:
             env, prefix = VARIANTS[name]
             proc = subprocess.run([*prefix, sys.executable, __file__, "--child", "--steps", str(a.steps), "--windows",
-                                   str(a.windows)], env={**os.environ, "PYTHONPATH": str(REPO), **env},
-                                  capture_output=True, text=True, check=True)
+                                   str(a.windows), "--warmup", str(a.warmup)],
+                                  env={**os.environ, "PYTHONPATH": str(REPO), **env}, capture_output=True, text=True,
+                                  check=True)
             rows[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    print(f"{a.processes} processes a variant, {a.windows} windows of {a.steps} steps; CV between processes of "
-          "each process's median")
+    print(f"{a.processes} processes a variant, {a.warmup} warm-up steps, {a.windows} windows of {a.steps} steps; "
+          "CV between processes of each process's median")
     print(f"{'variant':<22} {'threads':>7} {'wall ms':>8} {'wall':>6} {'min':>6} {'p10':>6} {'cpu':>6} {'probe':>6} "
           f"{'wall/probe':>10} {'within':>7}")
     for name, found in rows.items():

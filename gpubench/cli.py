@@ -109,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--metric", default="throughput", help=METRIC_HELP)
     cmp.add_argument("--markdown", type=Path, metavar="FILE", help="write a markdown summary (CI job summary)")
     cmp.add_argument("--json", type=Path, metavar="FILE", help="write the verdicts as JSON")
+    cmp.add_argument("--junit", type=Path, metavar="FILE",
+                     help="write the verdicts as a JUnit XML test report (a config per test case; regressed fails)")
     cmp.add_argument("--force", action="store_true", help="compare even if the environments differ")
     cmp.add_argument("--baselines-dir", type=Path, default=Path(".gpubench/baselines"))
 
@@ -137,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--metric", default="throughput", help=METRIC_HELP)
     ab.add_argument("--markdown", type=Path, metavar="FILE")
     ab.add_argument("--json", type=Path, metavar="FILE", help="write the verdicts (and any failed repeats) as JSON")
+    ab.add_argument("--junit", type=Path, metavar="FILE", help="write the verdicts as a JUnit XML test report")
     ab.add_argument("--no-report", action="store_true")
 
     exp = sub.add_parser("export", help="a run's results as pytest-benchmark JSON or GitHub benchmark-action JSON")
@@ -343,7 +346,7 @@ def _main(argv: list[str] | None) -> int:
 
             return run_compare(CompareRequest(args.baseline, args.current, args.threshold, args.noise_floor, args.alpha,
                                               args.metric, args.markdown, args.json, args.force, args.baselines_dir,
-                                              args.correction),
+                                              args.correction, args.junit),
                                console)
         if args.command == "ab":
             from gpubench.launch import Launcher
@@ -353,7 +356,7 @@ def _main(argv: list[str] | None) -> int:
                                         Launcher(args.candidate_python, args.candidate_path), args.out, args.sets,
                                         args.repeats, args.threshold, args.noise_floor, args.alpha, args.metric,
                                         args.markdown, args.json, not args.no_report, args.correction,
-                                        args.lockstep, args.budget), console)
+                                        args.lockstep, args.budget, args.junit), console)
         if args.command == "find-batch":
             from gpubench.runner.find_batch_command import run_find_batch
 

@@ -11,11 +11,25 @@ the config id, samples per round and the median throughput. ``pytest --benchmark
 and ``--benchmark-compare-fail=median:5%`` then work on training steps. A config that cannot
 run here (no such device, framework not installed, unsupported combination) is skipped with
 its reason.
+
+The fixture ``gpubench_ab`` is gpubench's own gate inside a test: it runs ``gpubench ab``
+between a baseline checkout (``--gpubench-baseline-path`` or ``baseline_path=``) and this one,
+every round in fresh processes, by default in lockstep with sequential looks within a time
+budget, and fails the test with the verdict table when a config regressed:
+
+    def test_mlp_is_not_slower(gpubench_ab):
+        gpubench_ab(workload="mlp", batch_size=256, device="cpu", threads=1, budget="9m")
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -93,5 +107,75 @@ def gpubench_benchmark(benchmark: Any) -> Callable[..., TrainingRound]:
         round_.throughput = round_.samples_per_round / median
         benchmark.extra_info["throughput_median"] = round_.throughput
         return round_
+
+    return run
+
+
+def pytest_addoption(parser: Any) -> None:
+    group = parser.getgroup("gpubench")
+    group.addoption("--gpubench-baseline-path", metavar="DIR",
+                    help="gpubench_ab: the checkout whose gpubench is the baseline side")
+
+
+@dataclass(frozen=True)
+class ABGate:
+    """What ``gpubench_ab`` found: the verdict of each config, the gate's figures (the JSON of
+    ``gpubench ab --json``) and the printed table."""
+
+    verdicts: dict[str, str]  # config_id -> regressed, improved, unchanged, inconclusive, ...
+    data: dict[str, Any]
+    text: str
+
+    @property
+    def regressed(self) -> list[str]:
+        return [c for c, v in self.verdicts.items() if v == "regressed"]
+
+
+def _toml_value(key: str, value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        pytest.fail(f"gpubench_ab: {key}: expected a string or a number, got {value!r}", pytrace=False)
+    return json.dumps(value)  # a JSON string or number is a TOML one
+
+
+@pytest.fixture
+def gpubench_ab(request: Any, tmp_path: Path) -> Callable[..., ABGate]:
+    """Gate configs between two checkouts with ``gpubench ab``: ``gpubench_ab(baseline_path=None,
+    candidate_path=None, repeats=12, lockstep=True, budget="9m", threshold="3%",
+    noise_floor="1%", alpha=0.01, fail=True, **config_settings)``. The baseline path defaults to
+    ``--gpubench-baseline-path`` (no baseline: the test is skipped), the candidate to this
+    gpubench. A settings value may be a list (a sweep of that key). With ``fail``, a config that
+    regressed, or a repeat that failed, fails the test with the verdict table."""
+
+    def run(baseline_path: str | None = None, candidate_path: str | None = None, repeats: int = 12,
+            lockstep: bool = True, budget: str | None = "9m", threshold: str = "3%", noise_floor: str = "1%",
+            alpha: float = 0.01, fail: bool = True, **settings: Any) -> ABGate:
+        baseline_path = baseline_path or request.config.getoption("gpubench_baseline_path")
+        if not baseline_path:
+            pytest.skip("gpubench_ab: no baseline checkout (give --gpubench-baseline-path DIR or baseline_path=)")
+        lines = ['name = "pytest-ab"', "[defaults]"]
+        lines += [f"{k} = {_toml_value(k, v)}" for k, v in settings.items() if not isinstance(v, list)]
+        lines += ["[matrix]"] + [f"{k} = [{', '.join(_toml_value(k, x) for x in v)}]"
+                                 for k, v in settings.items() if isinstance(v, list)]
+        n = len(list(tmp_path.glob("gpubench-ab-*.toml")))
+        suite, verdicts = tmp_path / f"gpubench-ab-{n}.toml", tmp_path / f"gpubench-ab-{n}.json"
+        suite.write_text("\n".join(lines) + "\n")
+        cmd = [sys.executable, "-m", "gpubench", "ab", str(suite), "--baseline-python", sys.executable,
+               "--candidate-python", sys.executable, "--baseline-path", str(baseline_path),
+               *(["--candidate-path", str(candidate_path)] if candidate_path else []),
+               "--repeats", str(repeats), "--threshold", threshold, "--noise-floor", noise_floor,
+               "--alpha", str(alpha), "--out", str(tmp_path / f"gpubench-ab-{n}"), "--json", str(verdicts),
+               "--no-report", *(["--lockstep"] if lockstep else []), *(["--budget", budget] if budget else [])]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "COLUMNS": "160"})
+        text = proc.stdout + proc.stderr
+        if proc.returncode not in (0, 1) or not verdicts.exists():
+            last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
+            pytest.fail(f"gpubench_ab: gpubench ab exited with {proc.returncode}: {last}", pytrace=False)
+        data = json.loads(verdicts.read_text())
+        gate = ABGate({v["config_id"]: v["verdict"] for v in data["verdicts"]}, data, text)
+        if fail and (gate.regressed or data.get("failed")):
+            what = (f"regressed: {', '.join(gate.regressed)}" if gate.regressed else
+                    f"{len(data['failed'])} repeat(s) failed")
+            pytest.fail(f"gpubench_ab: {what}\n{proc.stdout}", pytrace=False)
+        return gate
 
     return run

@@ -164,6 +164,54 @@ def test_pytest_plugin_bad_settings_fail_with_one_line(tmp_path):
     assert "Traceback" not in proc.stdout
 
 
+AB_TEST = """
+import os
+
+
+def gate(gpubench_ab, candidate, **settings):
+    return gpubench_ab(candidate_path=candidate, framework="fake", workload="fault", batch_size=8,
+                       warmup_steps=2, steps=10, windows=2, repeats=8, budget=None, **settings)
+
+
+def test_same_code(gpubench_ab):
+    found = gate(gpubench_ab, os.environ["SAME"])
+    assert found.regressed == [] and found.data["paired"] is True
+    print("VERDICT", found.verdicts)
+
+
+def test_slower_code(gpubench_ab):
+    gate(gpubench_ab, os.environ["SLOWER"])
+
+
+def test_bad_key(gpubench_ab):
+    gate(gpubench_ab, os.environ["SAME"], batch=8)
+"""
+
+
+def test_gpubench_ab_fixture_gates_a_test_on_two_checkouts(tmp_path):
+    (tmp_path / "test_ab.py").write_text(AB_TEST)
+    env = plugin_env(SAME=side_path(tmp_path, "same", 2.0), SLOWER=side_path(tmp_path, "slower", 4.0))
+    baseline = side_path(tmp_path, "base", 2.0)
+
+    def pytest_run(*args):
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "test_ab.py",
+                               *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+    proc = pytest_run("--gpubench-baseline-path", baseline)
+    out = proc.stdout
+    assert proc.returncode == 1 and "1 passed" in out and "2 failed" in out, out + proc.stderr
+    assert "VERDICT {'fault_mode0-fake-cpu-bs8-fp32-single': 'unchanged'}" in out
+    # the slower candidate fails its test with gpubench's verdict table; a bad key with one line
+    sections = dict(re.findall(r"_{3,} (test_\w+) _{3,}\n(.*?)(?=\n_{3,} |\n=+ short)", out, re.S))
+    assert sections["test_slower_code"].startswith("gpubench_ab: regressed: fault_mode0-fake-cpu-bs8-fp32-single")
+    assert "REGRESSION" in sections["test_slower_code"] and "Traceback" not in sections["test_slower_code"]
+    assert sections["test_bad_key"].startswith("gpubench_ab: gpubench ab exited with 2: ")
+    assert "unknown key 'batch'" in sections["test_bad_key"]
+    skipped = pytest_run("-rs")  # no baseline checkout: skipped with the reason
+    assert skipped.returncode == 0 and "3 skipped" in skipped.stdout
+    assert "no baseline checkout (give --gpubench-baseline-path DIR or baseline_path=)" in skipped.stdout
+
+
 def test_export_formats(tmp_path):
     a = REPO / "tests" / "fixtures" / "run_a"
     proc = run_cli(["export", str(a), "--format", "github-action", "--out", str(tmp_path / "gh.json")], cwd=tmp_path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from xml.etree import ElementTree
 
 import numpy as np
 import pytest
@@ -335,7 +336,8 @@ def test_cli_compare_exit_codes_and_outputs(tmp_path):
     proc = run_cli(["compare", str(a), str(b)], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "no regression" in proc.stdout
-    proc = run_cli(["compare", str(a), str(slow), "--markdown", "s.md", "--json", "s.json"], cwd=tmp_path)
+    proc = run_cli(["compare", str(a), str(slow), "--markdown", "s.md", "--json", "s.json", "--junit", "s.xml"],
+                   cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "REGRESSION" in proc.stdout
     md = (tmp_path / "s.md").read_text()
@@ -350,6 +352,16 @@ def test_cli_compare_exit_codes_and_outputs(tmp_path):
     assert 1.0 < noise < 3.5 and 3.0 < mde < 10.0, line
     assert "with 10 repeats a side at this gate's settings" in line and line in md
     assert all(0.01 < v["noise"] < 0.035 for v in data["verdicts"])
+    # the JUnit test report: one case per config, the regression a failure with its triage
+    suite = ElementTree.parse(tmp_path / "s.xml").getroot()
+    assert (suite.tag, suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("testsuite", "2", "1", "0")
+    props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert props["correction"] == "bonferroni" and props["alpha"] == "0.01" and props["power"] == line
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    failure = cases["cnn"].find("failure")
+    assert failure is not None and failure.get("message").startswith("regressed: -10.")
+    assert "python -m gpubench compare" in failure.text  # the triage's reproduce command
+    assert cases["mlp"].find("failure") is None and cases["mlp"].find("system-out").text.startswith("unchanged: ")
 
 
 def test_cli_refuses_different_environments_unless_forced(tmp_path):

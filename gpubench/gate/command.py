@@ -31,6 +31,7 @@ class CompareRequest:
     force: bool = False
     baselines_dir: Path = Path(".gpubench/baselines")
     correction: str = "bonferroni"
+    junit: Path | None = None
 
 
 def check_environments(base: Side, cur: Side, force: bool) -> None:
@@ -55,6 +56,7 @@ def run_compare(req: CompareRequest, console: Console) -> int:
     options = gate_options(req.threshold, req.noise_floor, req.alpha, req.metric, req.correction)
     check_output_file(req.markdown, "--markdown")
     check_output_file(req.json, "--json")
+    check_output_file(req.junit, "--junit")
     base = resolve(req.baseline, req.baselines_dir)
     cur = resolve(req.current, req.baselines_dir)
     check_environments(base, cur, req.force)
@@ -68,6 +70,8 @@ def run_compare(req: CompareRequest, console: Console) -> int:
     if req.json:
         write_output(req.json, json_text({"baseline": str(base.path), "current": str(cur.path), **result.to_dict(),
                                           "triage": triaged}), "--json")
+    if req.junit:
+        write_output(req.junit, render.junit(result, labels, power, triaged), "--junit")
     return EXIT_REGRESSED if result.regressed else EXIT_OK
 
 

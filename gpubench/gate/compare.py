@@ -150,14 +150,19 @@ class Comparison:
                 "verdicts": [v.to_dict() for v in self.verdicts]}
 
 
+def _usable(r: Result, metric: Metric) -> float | None:
+    """The metric of an ok repeat, where it has a positive one (the gate works on its log)."""
+    v = metric.value(r) if r.ok else None
+    return float(v) if v is not None and v > 0 else None
+
+
 def _values(results: list[Result], metric: Metric) -> dict[str, list[float]]:
     """config_id -> the metric of each ok repeat (configs with no ok repeat map to [])."""
     out: dict[str, list[float]] = {}
     for r in results:
         values = out.setdefault(r.config_id, [])
-        v = metric.value(r) if r.ok else None
-        if v is not None and v > 0:
-            values.append(float(v))
+        if (v := _usable(r, metric)) is not None:
+            values.append(v)
     return out
 
 
@@ -166,12 +171,7 @@ def _pairs(baseline: list[Result], current: list[Result], metric: Metric) -> dic
     """config_id -> (baseline, current) values of the repeats ok on both sides, matched by
     repeat number (the rounds of a lockstep A/B)."""
     def by_repeat(results: list[Result]) -> dict[tuple[str, int], float]:
-        out = {}
-        for r in results:
-            v = metric.value(r) if r.ok else None
-            if v is not None and v > 0:
-                out[(r.config_id, r.repeat)] = float(v)
-        return out
+        return {(r.config_id, r.repeat): v for r in results if (v := _usable(r, metric)) is not None}
 
     b, c = by_repeat(baseline), by_repeat(current)
     out: dict[str, tuple[list[float], list[float]]] = {}

@@ -1,9 +1,10 @@
-"""A comparison as a terminal table, markdown (CI job summary) and JSON."""
+"""A comparison as a terminal table, markdown (CI job summary), JUnit XML and JSON."""
 
 from __future__ import annotations
 
 import math
 import statistics
+import xml.etree.ElementTree as ET
 
 from rich.console import Console
 from rich.table import Table
@@ -135,3 +136,38 @@ def power_line(c: Comparison) -> str:
                   ("noise between processes", "repeats a side"))
     return (f"{what} in this comparison: {100 * (math.exp(sigma) - 1):.1f}% (median over "
             f"{len(measured)} config(s)); with {repeats} {unit} at this gate's settings, {seen}")
+
+
+def junit(c: Comparison, labels: tuple[str, str], power: str = "",
+          triaged: dict[str, list[str]] | None = None) -> str:
+    """The verdicts as a JUnit XML report, the test report CI systems show (GitLab, Jenkins,
+    GitHub actions that publish test results): one test case per config; ``regressed`` is a
+    failure, ``missing`` an error (no result), ``inconclusive`` skipped (not decided), the others
+    pass. The gate's settings, the correction in force among them, are the suite's properties."""
+    compared = list(c.verdicts)
+    suite = ET.Element("testsuite", name=f"gpubench compare: {labels[1]} vs {labels[0]}", tests=str(len(compared)),
+                       failures=str(sum(v.verdict == "regressed" for v in compared)),
+                       errors=str(sum(v.verdict == "missing" for v in compared)),
+                       skipped=str(sum(v.verdict == "inconclusive" for v in compared)))
+    props = ET.SubElement(suite, "properties")
+    for name, value in (("gate", header(c, labels)), ("power", power), ("metric", c.metric.name),
+                        ("threshold", f"{100 * c.threshold:g}%"), ("noise_floor", f"{100 * c.noise_floor:g}%"),
+                        ("alpha", f"{c.alpha:g}"), ("correction", c.correction), ("paired", str(c.paired).lower())):
+        if value:
+            ET.SubElement(props, "property", name=name, value=value)
+    for v in compared:
+        case = ET.SubElement(suite, "testcase", classname=f"gpubench.{c.metric.name}", name=v.config_id)
+        line = (f"{v.verdict}: {_change(v)}; {labels[0]} {_value(v.baseline_median, c.metric)}, {labels[1]} "
+                f"{_value(v.current_median, c.metric)}, n {v.n_baseline}/{v.n_current}"
+                + (f"; {v.note}" if v.note else ""))
+        if v.verdict == "regressed":
+            ET.SubElement(case, "failure", message=line, type="regressed").text = "\n".join(
+                [line, *(triaged or {}).get(v.config_id, [])])
+        elif v.verdict == "missing":
+            ET.SubElement(case, "error", message=line, type="missing")
+        elif v.verdict == "inconclusive":
+            ET.SubElement(case, "skipped", message=line)
+        else:
+            ET.SubElement(case, "system-out").text = line
+    ET.indent(suite)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"

@@ -10,6 +10,7 @@ No normality is assumed, and one slow outlier process moves neither much.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -37,24 +38,49 @@ def _u_cdf(n: int, m: int) -> np.ndarray:
     return np.cumsum(counts) / counts.sum()
 
 
-def _rank_k(n: int, m: int, alpha: float) -> int:
-    """Largest k with P(U <= k - 1) <= alpha / 2 (0 when no interval reaches 1 - alpha)."""
-    if n * m <= EXACT_LIMIT:
-        cdf = _u_cdf(n, m)
+# the null distribution of a rank statistic: its exact CDF (None beyond the exact limit), and the
+# mean and standard deviation of its normal approximation
+Null = tuple["np.ndarray | None", float, float]
+
+
+def _u_null(n: int, m: int) -> Null:
+    return (_u_cdf(n, m) if n * m <= EXACT_LIMIT else None), n * m / 2, math.sqrt(n * m * (n + m + 1) / 12)
+
+
+def _interval_k(null: Null, alpha: float) -> int:
+    """Largest k with P(S <= k - 1) <= alpha / 2 (0 when no interval reaches 1 - alpha): the
+    k-th smallest and largest of the sorted differences (or Walsh averages) bound the interval."""
+    cdf, mean, sd = null
+    if cdf is not None:
         return int(np.searchsorted(cdf, alpha / 2, side="right"))
     from statistics import NormalDist
 
-    z = NormalDist().inv_cdf(1 - alpha / 2)
-    mean, sd = n * m / 2, math.sqrt(n * m * (n + m + 1) / 12)
-    return max(0, int(math.floor(mean - z * sd)))
+    return max(0, int(math.floor(mean - NormalDist().inv_cdf(1 - alpha / 2) * sd)))
+
+
+def _p_at_least(null: Null, w: int) -> float:
+    """P(S >= w) under the null (continuity-corrected beyond the exact limit)."""
+    cdf, mean, sd = null
+    if cdf is not None:
+        return float(1.0 - cdf[w - 1]) if w > 0 else 1.0
+    from statistics import NormalDist
+
+    return float(1 - NormalDist().cdf((w - 0.5 - mean) / sd))
+
+
+def _fewest(k_of: Callable[[int], int]) -> int:
+    """Fewest samples n (2..59, else 60) for which ``k_of(n)`` gives an interval."""
+    return next((n for n in range(2, 60) if k_of(n) >= 1), 60)
+
+
+def _rank_k(n: int, m: int, alpha: float) -> int:
+    """Largest k with P(U <= k - 1) <= alpha / 2 (0 when no interval reaches 1 - alpha)."""
+    return _interval_k(_u_null(n, m), alpha)
 
 
 def min_repeats(alpha: float) -> int:
     """Fewest repeats per side (equal sizes) for which a two-sided 1 - alpha interval exists."""
-    for n in range(2, 60):
-        if _rank_k(n, n, alpha) >= 1:
-            return n
-    return 60
+    return _fewest(lambda n: _rank_k(n, n, alpha))
 
 
 @dataclass(frozen=True)
@@ -102,13 +128,7 @@ def p_below(baseline: list[float] | np.ndarray, current: list[float] | np.ndarra
         raise ValueError("both sides need at least one value")
     d = (b[None, :] - a[:, None]).ravel()
     w = int(math.floor(np.sum(d < 0) + 0.5 * np.sum(d == 0)))  # pairs where current is below
-    if n * m <= EXACT_LIMIT:
-        cdf = _u_cdf(n, m)
-        return float(1.0 - cdf[w - 1]) if w > 0 else 1.0  # P(U >= w)
-    from statistics import NormalDist
-
-    mean, sd = n * m / 2, math.sqrt(n * m * (n + m + 1) / 12)
-    return float(1 - NormalDist().cdf((w - 0.5 - mean) / sd))
+    return _p_at_least(_u_null(n, m), w)
 
 
 @lru_cache(maxsize=64)
@@ -122,26 +142,22 @@ def _signed_rank_cdf(n: int) -> np.ndarray:
     return np.cumsum(counts) / counts.sum()
 
 
+SIGNED_RANK_EXACT_LIMIT = 300  # pairs up to which the exact signed-rank distribution is used
+
+
+def _t_null(n: int) -> Null:
+    return ((_signed_rank_cdf(n) if n <= SIGNED_RANK_EXACT_LIMIT else None), n * (n + 1) / 4,
+            math.sqrt(n * (n + 1) * (2 * n + 1) / 24))
+
+
 def _walsh_k(n: int, alpha: float) -> int:
     """Largest k with P(T <= k - 1) <= alpha / 2 for n pairs (0: no 1 - alpha interval)."""
-    if n <= SIGNED_RANK_EXACT_LIMIT:
-        return int(np.searchsorted(_signed_rank_cdf(n), alpha / 2, side="right"))
-    from statistics import NormalDist
-
-    z = NormalDist().inv_cdf(1 - alpha / 2)
-    mean, sd = n * (n + 1) / 4, math.sqrt(n * (n + 1) * (2 * n + 1) / 24)
-    return max(0, int(math.floor(mean - z * sd)))
-
-
-SIGNED_RANK_EXACT_LIMIT = 300  # pairs up to which the exact signed-rank distribution is used
+    return _interval_k(_t_null(n), alpha)
 
 
 def min_pairs(alpha: float) -> int:
     """Fewest pairs for which a two-sided 1 - alpha paired interval exists."""
-    for n in range(2, 60):
-        if _walsh_k(n, alpha) >= 1:
-            return n
-    return 60
+    return _fewest(lambda n: _walsh_k(n, alpha))
 
 
 def _walsh(d: np.ndarray) -> np.ndarray:
@@ -177,14 +193,7 @@ def paired_p_below(baseline: list[float] | np.ndarray, current: list[float] | np
     d = _paired_logs(baseline, current) - math.log(ratio0)
     walsh = _walsh(d)
     w = int(math.floor(np.sum(walsh < 0) + 0.5 * np.sum(walsh == 0)))  # the signed-rank sum of the negatives
-    n = len(d)
-    if n <= SIGNED_RANK_EXACT_LIMIT:
-        cdf = _signed_rank_cdf(n)
-        return float(1.0 - cdf[w - 1]) if w > 0 else 1.0  # P(T >= w)
-    from statistics import NormalDist
-
-    mean, sd = n * (n + 1) / 4, math.sqrt(n * (n + 1) * (2 * n + 1) / 24)
-    return float(1 - NormalDist().cdf((w - 0.5 - mean) / sd))
+    return _p_at_least(_t_null(len(d)), w)
 
 
 def round_spread(baseline: list[float] | np.ndarray, current: list[float] | np.ndarray) -> float | None:

@@ -58,6 +58,7 @@ class ABRequest:
     correction: str = "bonferroni"
     lockstep: bool = False
     budget_s: float | None = None  # sequential: more rounds while a config is undecided, within this time
+    junit: Path | None = None
 
 
 def _check_python(launcher: Launcher, side: str) -> None:
@@ -163,6 +164,7 @@ def execute_ab(req: ABRequest, console: Console) -> int:
     check_output_dir(req.out, "--out")
     check_output_file(req.markdown, "--markdown")
     check_output_file(req.json, "--json")
+    check_output_file(req.junit, "--junit")
     probes = {side: probe_frameworks(configs, console, launchers[side], label=f"{side} ") for side in SIDES}
     envs = {side: fingerprint({k: p.to_dict() for k, p in probes[side].items()}) for side in SIDES}
     for d in fingerprint_differences(envs["baseline"], envs["candidate"], {c.framework for c in configs}):
@@ -184,6 +186,7 @@ def execute_ab(req: ABRequest, console: Console) -> int:
     runner = _Rounds(req, dirs, metas, envs, probes, launchers, console, results)
     runner.run(plan(configs, req.repeats))
     looks: list[dict[str, Any]] = []
+    comparison = None  # the last look's, when a look ended the rounds
     while req.budget_s:
         alpha_look = look_alpha(req.alpha, len(looks) + 1)
         try:
@@ -201,6 +204,7 @@ def execute_ab(req: ABRequest, console: Console) -> int:
         if not undecided or more < 1:
             why = "every config decided" if not undecided else f"the budget ({req.budget_s:g} s) is spent"
             console.print(f"look {len(looks)}: {rounds} rounds, alpha {alpha_look:.3g}: {why}", highlight=False)
+            comparison = at_look
             break
         console.print(f"look {len(looks)}: {rounds} rounds, alpha {alpha_look:.3g}: {len(undecided)} undecided, "
                       f"{more} more round(s)", highlight=False)
@@ -211,9 +215,10 @@ def execute_ab(req: ABRequest, console: Console) -> int:
     failed = [(side, r) for side in SIDES for r in results[side] if r.status in FAILED_STATUSES]
     for side, r in failed:
         console.print(f"[red]{r.status}[/red] ({side}) {r.config_id}: {r.reason}", highlight=False)
-    labels = ("baseline", "candidate")
-    comparison = compare(results["baseline"], results["candidate"], options.metric, options.threshold,
-                         options.noise_floor, alpha_final, labels, options.correction, paired=req.lockstep)
+    labels = SIDES
+    if comparison is None:
+        comparison = compare(results["baseline"], results["candidate"], options.metric, options.threshold,
+                             options.noise_floor, alpha_final, labels, options.correction, paired=req.lockstep)
     reproduce = render.compare_command(str(dirs["baseline"]), str(dirs["candidate"]),
                                        replace(options, alpha=alpha_final), force=True)
     power, triaged = render.show(console, comparison, labels, results["baseline"], results["candidate"], reproduce)
@@ -225,6 +230,8 @@ def execute_ab(req: ABRequest, console: Console) -> int:
                                           "failed": [{"side": side, "config_id": r.config_id, "repeat": r.repeat,
                                                       "status": r.status, "reason": r.reason} for side, r in failed]}),
                      "--json")
+    if req.junit:
+        write_output(req.junit, render.junit(comparison, labels, power, triaged), "--junit")
     if req.report:
         write_report([dirs["baseline"], dirs["candidate"]], console, out=Path("reports") / stamp)
     console.print(f"run directories: {dirs['baseline']} {dirs['candidate']}", highlight=False)
