@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python benchmarks/ab_power.py [--extra-passes 9] [--rounds 30] [--budget 9m] [--gates 1]
                                                [--aa] [--plain] [--pin] [--threads N] [--worker-cpu N]
-                                               [--keep DIR] [--json FILE]
+                                               [--env KEY=VALUE] [--keep DIR] [--json FILE]
     PYTHONPATH=. python benchmarks/ab_power.py --calibrate [--extra-passes 9] [--threads N]
 
 Builds two throw-away checkouts of this checkout's committed tree (HEAD). In the candidate,
@@ -62,7 +62,7 @@ def pinned_python(out: Path, cpu: int) -> str:
 
 
 def gate(base: Path, cand: Path, rounds: int, lockstep: bool, out: Path, budget: str | None, pin: bool,
-         threads: int, worker_cpu: int | None) -> dict:
+         threads: int, worker_cpu: int | None, extra_env: dict[str, str]) -> dict:
     verdict_file = out / "verdicts.json"
     python = sys.executable if worker_cpu is None else pinned_python(out, worker_cpu)
     cmd = [*(["taskset", "-c", "1"] if pin else []), sys.executable, "-m", "gpubench", "ab", "suites/quick.toml",
@@ -73,7 +73,8 @@ def gate(base: Path, cand: Path, rounds: int, lockstep: bool, out: Path, budget:
     for s in SETS + ([f"threads={threads}"] if threads else []):
         cmd += ["--set", s]
     t0 = time.perf_counter()
-    env = {**os.environ, "PYTHONPATH": str(base), "COLUMNS": "200", **({"OMP_NUM_THREADS": "1"} if pin else {})}
+    env = {**os.environ, "PYTHONPATH": str(base), "COLUMNS": "200", **({"OMP_NUM_THREADS": "1"} if pin else {}),
+           **extra_env}
     proc = subprocess.run(cmd, cwd=base, env=env,
                           capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -142,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="--set threads=N: every worker trains with N threads (default 0: PyTorch's default)")
     ap.add_argument("--worker-cpu", type=int, metavar="N",
                     help="every worker of both sides on CPU N alone (taskset around the interpreter)")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="an environment variable for gpubench ab and its workers (repeatable), e.g. "
+                         "THP_MEM_ALLOC_ENABLE=1 (PyTorch's CPU allocator asks for transparent huge pages)")
     ap.add_argument("--gates", type=int, default=1, help="gates to run one after the other (default 1)")
     ap.add_argument("--aa", action="store_true", help="no slowdown: both sides the unchanged checkout")
     ap.add_argument("--plain", action="store_true", help="without --lockstep: the sides one after the other")
@@ -150,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", type=Path, help="build in this directory and keep it (default: a temporary one)")
     ap.add_argument("--json", type=Path, help="write every gate's figures here")
     a = ap.parse_args(argv)
+    if any("=" not in e for e in a.env):
+        ap.error("--env: expected KEY=VALUE")
+    extra_env = dict(e.split("=", 1) for e in a.env)
     if a.calibrate:
         calibrate(a.extra_passes, a.threads)
         return 0
@@ -161,11 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{what}; {a.rounds} rounds a gate{f', more within --budget {a.budget}' if a.budget else ''}, "
               f"{'plain' if a.plain else 'lockstep'}{', on core 1 with one thread' if a.pin else ''}"
               f"{f', threads={a.threads}' if a.threads else ''}"
-              f"{f', workers on CPU {a.worker_cpu}' if a.worker_cpu is not None else ''}", flush=True)
+              f"{f', workers on CPU {a.worker_cpu}' if a.worker_cpu is not None else ''}"
+              f"{''.join(f', {e}' for e in a.env)}", flush=True)
         gates = []
         for g in range(a.gates):
             found = gate(base, cand, a.rounds, not a.plain, root / f"gate{g}", a.budget, a.pin, a.threads,
-                         a.worker_cpu)
+                         a.worker_cpu, extra_env)
             gates.append(found)
             print(f"gate {g + 1}: {found['verdict']} {pct(found['ratio'])} [{pct(found['ci_low'])}, "
                   f"{pct(found['ci_high'])}], spread {pct(1 + found['noise'] if found['noise'] else None)}, "
@@ -177,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.json:
             a.json.write_text(json.dumps({"aa": a.aa, "extra_passes": 0 if a.aa else a.extra_passes,
                                           "lockstep": not a.plain, "pin": a.pin, "threads": a.threads,
-                                          "worker_cpu": a.worker_cpu,
+                                          "worker_cpu": a.worker_cpu, "env": extra_env,
                                           "gates": gates}, indent=1))
         wanted = [(g["verdict"] != "regressed") if a.aa else (g["verdict"] == "regressed") for g in gates]
         return 0 if all(wanted) else 1
