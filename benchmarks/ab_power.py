@@ -1,8 +1,9 @@
 """Does ``gpubench ab`` catch a real 5% slowdown on this machine, and stay quiet without one?
 
     PYTHONPATH=. python benchmarks/ab_power.py [--extra-passes 9] [--rounds 30] [--budget 9m] [--gates 1]
-                                               [--aa] [--plain] [--pin] [--threads N] [--worker-cpu N]
-                                               [--env KEY=VALUE] [--keep DIR] [--json FILE]
+                                               [--aa] [--plain] [--pin] [--threads N] [--huge-pages]
+                                               [--best-of K] [--worker-cpu N] [--env KEY=VALUE]
+                                               [--keep DIR] [--json FILE]
     PYTHONPATH=. python benchmarks/ab_power.py --calibrate [--extra-passes 9] [--threads N]
 
 Builds two throw-away checkouts of this checkout's committed tree (HEAD). In the candidate,
@@ -18,7 +19,8 @@ A/A gate: any ``regressed`` is a false alarm). Then it runs ``--gates`` times
 
 (``--plain``: without ``--lockstep``, the sides one after the other; ``--pin``: the whole A/B
 under ``taskset -c 1`` with ``OMP_NUM_THREADS=1``; ``--threads N``: ``--set threads=N``, each
-worker training with N threads; ``--worker-cpu N``: every worker, of both sides, on CPU N alone
+worker training with N threads; ``--huge-pages``: ``--set huge_pages=transparent``;
+``--best-of K``: ``gpubench ab --best-of K``; ``--worker-cpu N``: every worker, of both sides, on CPU N alone
 (``taskset -c N`` around each side's interpreter; gpubench itself stays unpinned), so that the
 two workers of a lockstep round share one CPU's state) and prints each gate's
 verdict, change with its interval, the spread of its rounds and its wall time, then the count
@@ -62,15 +64,16 @@ def pinned_python(out: Path, cpu: int) -> str:
 
 
 def gate(base: Path, cand: Path, rounds: int, lockstep: bool, out: Path, budget: str | None, pin: bool,
-         threads: int, worker_cpu: int | None, extra_env: dict[str, str]) -> dict:
+         sets: list[str], worker_cpu: int | None, extra_env: dict[str, str], best_of: int) -> dict:
     verdict_file = out / "verdicts.json"
     python = sys.executable if worker_cpu is None else pinned_python(out, worker_cpu)
     cmd = [*(["taskset", "-c", "1"] if pin else []), sys.executable, "-m", "gpubench", "ab", "suites/quick.toml",
            "--baseline-python", python,
            "--candidate-python", python, "--baseline-path", str(base), "--candidate-path", str(cand),
            "--repeats", str(rounds), "--no-report", "--out", str(out / "runs"), "--json", str(verdict_file),
-           *(["--lockstep"] if lockstep else []), *(["--budget", budget] if budget else [])]
-    for s in SETS + ([f"threads={threads}"] if threads else []):
+           *(["--lockstep"] if lockstep else []), *(["--budget", budget] if budget else []),
+           *(["--best-of", str(best_of)] if best_of > 1 else [])]
+    for s in SETS + sets:
         cmd += ["--set", s]
     t0 = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": str(base), "COLUMNS": "200", **({"OMP_NUM_THREADS": "1"} if pin else {}),
@@ -141,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
                                                      "OMP_NUM_THREADS=1)")
     ap.add_argument("--threads", type=int, default=0,
                     help="--set threads=N: every worker trains with N threads (default 0: PyTorch's default)")
+    ap.add_argument("--huge-pages", action="store_true",
+                    help="--set huge_pages=transparent: the workers' memory in transparent huge pages")
+    ap.add_argument("--best-of", type=int, default=1, metavar="K",
+                    help="gpubench ab --best-of K: each side's best of K consecutive rounds makes a pair")
     ap.add_argument("--worker-cpu", type=int, metavar="N",
                     help="every worker of both sides on CPU N alone (taskset around the interpreter)")
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
@@ -167,13 +174,16 @@ def main(argv: list[str] | None = None) -> int:
         what = "A/A (no slowdown)" if a.aa else f"candidate with {a.extra_passes} extra passes a step"
         print(f"{what}; {a.rounds} rounds a gate{f', more within --budget {a.budget}' if a.budget else ''}, "
               f"{'plain' if a.plain else 'lockstep'}{', on core 1 with one thread' if a.pin else ''}"
-              f"{f', threads={a.threads}' if a.threads else ''}"
+              f"{f', threads={a.threads}' if a.threads else ''}{', huge pages' if a.huge_pages else ''}"
+              f"{f', best of {a.best_of}' if a.best_of > 1 else ''}"
               f"{f', workers on CPU {a.worker_cpu}' if a.worker_cpu is not None else ''}"
               f"{''.join(f', {e}' for e in a.env)}", flush=True)
         gates = []
         for g in range(a.gates):
-            found = gate(base, cand, a.rounds, not a.plain, root / f"gate{g}", a.budget, a.pin, a.threads,
-                         a.worker_cpu, extra_env)
+            sets = [*([f"threads={a.threads}"] if a.threads else []),
+                    *(["huge_pages=transparent"] if a.huge_pages else [])]
+            found = gate(base, cand, a.rounds, not a.plain, root / f"gate{g}", a.budget, a.pin, sets,
+                         a.worker_cpu, extra_env, a.best_of)
             gates.append(found)
             print(f"gate {g + 1}: {found['verdict']} {pct(found['ratio'])} [{pct(found['ci_low'])}, "
                   f"{pct(found['ci_high'])}], spread {pct(1 + found['noise'] if found['noise'] else None)}, "
@@ -185,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.json:
             a.json.write_text(json.dumps({"aa": a.aa, "extra_passes": 0 if a.aa else a.extra_passes,
                                           "lockstep": not a.plain, "pin": a.pin, "threads": a.threads,
+                                          "huge_pages": a.huge_pages, "best_of": a.best_of,
                                           "worker_cpu": a.worker_cpu, "env": extra_env,
                                           "gates": gates}, indent=1))
         wanted = [(g["verdict"] != "regressed") if a.aa else (g["verdict"] == "regressed") for g in gates]

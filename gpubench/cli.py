@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--json", type=Path, metavar="FILE", help="write the verdicts as JSON")
     cmp.add_argument("--junit", type=Path, metavar="FILE",
                      help="write the verdicts as a JUnit XML test report (a config per test case; regressed fails)")
+    cmp.add_argument("--best-of", type=_positive_int, default=1, metavar="K",
+                     help="paired rounds (the two run directories of one ab --lockstep): each side's best of K "
+                          "consecutive rounds makes one pair (default 1)")
     cmp.add_argument("--force", action="store_true", help="compare even if the environments differ")
     cmp.add_argument("--baselines-dir", type=Path, default=Path(".gpubench/baselines"))
 
@@ -136,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="sequential: after the --repeats rounds, run more rounds of the undecided configs (doubling) "
                          "until each is decided or this time (600, 600s, 10m) is spent; each look tests at alpha/2^k, "
                          "so the false-alarm rate stays within alpha")
+    ab.add_argument("--best-of", type=_positive_int, default=1, metavar="K",
+                    help="with --lockstep: each side's best of K consecutive rounds makes one pair, so that a worker "
+                         "that was slow for its whole life does not decide a pair (default 1)")
     ab.add_argument("--metric", default="throughput", help=METRIC_HELP)
     ab.add_argument("--markdown", type=Path, metavar="FILE")
     ab.add_argument("--json", type=Path, metavar="FILE", help="write the verdicts (and any failed repeats) as JSON")
@@ -346,7 +352,7 @@ def _main(argv: list[str] | None) -> int:
 
             return run_compare(CompareRequest(args.baseline, args.current, args.threshold, args.noise_floor, args.alpha,
                                               args.metric, args.markdown, args.json, args.force, args.baselines_dir,
-                                              args.correction, args.junit),
+                                              args.correction, args.junit, args.best_of),
                                console)
         if args.command == "ab":
             from gpubench.launch import Launcher
@@ -356,7 +362,7 @@ def _main(argv: list[str] | None) -> int:
                                         Launcher(args.candidate_python, args.candidate_path), args.out, args.sets,
                                         args.repeats, args.threshold, args.noise_floor, args.alpha, args.metric,
                                         args.markdown, args.json, not args.no_report, args.correction,
-                                        args.lockstep, args.budget, args.junit), console)
+                                        args.lockstep, args.budget, args.junit, args.best_of), console)
         if args.command == "find-batch":
             from gpubench.runner.find_batch_command import run_find_batch
 

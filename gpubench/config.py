@@ -36,6 +36,7 @@ class Config:
     data: str = "device"
     data_workers: int = 2
     threads: int = 0  # CPU threads the worker trains with; 0 = the framework's own default
+    huge_pages: str = "off"  # "transparent": the worker's memory in transparent huge pages
     dataset: str = "synthetic"
     data_dir: str = ""
     checkpointing: str = "none"
@@ -170,8 +171,8 @@ class Config:
 _DEFAULTS = {f.name: f.default for f in fields(Config)}
 # training settings named in config_id when they differ from their default (some only where
 # they matter: _ID_ONLY_WHEN); data_dir is a path and stays out of the id
-_ID_EXTRAS = ("optimizer", "lr", "loss", "compile", "memory_format", "data", "data_workers", "threads", "dataset",
-              "checkpointing", "pipeline_microbatches", "pipeline_schedule", "nnodes")
+_ID_EXTRAS = ("optimizer", "lr", "loss", "compile", "memory_format", "data", "data_workers", "threads", "huge_pages",
+              "dataset", "checkpointing", "pipeline_microbatches", "pipeline_schedule", "nnodes")
 def _ALWAYS(c: Config) -> bool:
     return True
 

@@ -94,6 +94,9 @@ def gpubench_benchmark(benchmark: Any) -> Callable[..., TrainingRound]:
                         "give a number (gpubench find-batch prints the largest that fits)", pytrace=False)
         params = {p.name: settings.pop(p.name, p.default) for p in workload.params}
         config = Config(**settings, workload_params=tuple(sorted(params.items())))
+        if config.huge_pages != "off":
+            pytest.fail(f"gpubench_benchmark: huge_pages = {config.huge_pages} is set as a worker starts; the fixture "
+                        "trains in pytest's own process: use gpubench_ab or gpubench run", pytrace=False)
         if config.distributed:
             pytest.fail(f"gpubench_benchmark: parallelism: {config.parallelism} needs one process per rank; "
                         "the fixture benchmarks one process (single, grad-accum:N, dp:N, mirrored:N); "

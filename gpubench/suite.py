@@ -36,6 +36,7 @@ else:  # pragma: no cover - Python 3.10
 from gpubench.backends import BACKENDS, declared_values
 from gpubench.config import MAX_BATCH, Config
 from gpubench.errors import InputError, choices_message
+from gpubench.hugepages import HUGE_PAGES
 from gpubench.options import PIPELINE_SCHEDULES, parse_parallelism
 from gpubench.workloads import WORKLOADS
 
@@ -168,6 +169,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("threads", _int(0), _parse_number,
             "CPU threads a worker trains with (PyTorch's intra-op threads, TensorFlow's intra- and inter-op "
             "threads); 0 = the framework's default. Fewer threads can mean less noise on a small shared machine"),
+    Setting("huge_pages", _choice("huge_pages", HUGE_PAGES), str,
+            "off, or transparent: the worker's memory in transparent huge pages (PyTorch's CPU allocator and "
+            "glibc's malloc ask for them); steadier speed from one process to the next on a VM"),
     Setting("dataset", _choice("dataset", _declared("dataset")), str,
             "synthetic task, or MNIST IDX files from data_dir"),
     Setting("data_dir", _string, str, "directory holding the MNIST IDX files"),

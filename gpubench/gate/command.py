@@ -32,6 +32,7 @@ class CompareRequest:
     baselines_dir: Path = Path(".gpubench/baselines")
     correction: str = "bonferroni"
     junit: Path | None = None
+    best_of: int = 1
 
 
 def check_environments(base: Side, cur: Side, force: bool) -> None:
@@ -53,7 +54,7 @@ def lockstep_pair(base: Side, cur: Side) -> bool:
 
 
 def run_compare(req: CompareRequest, console: Console) -> int:
-    options = gate_options(req.threshold, req.noise_floor, req.alpha, req.metric, req.correction)
+    options = gate_options(req.threshold, req.noise_floor, req.alpha, req.metric, req.correction, req.best_of)
     check_output_file(req.markdown, "--markdown")
     check_output_file(req.json, "--json")
     check_output_file(req.junit, "--junit")
@@ -62,7 +63,7 @@ def run_compare(req: CompareRequest, console: Console) -> int:
     check_environments(base, cur, req.force)
     labels = (base.label, cur.label)
     result = compare(base.results, cur.results, options.metric, options.threshold, options.noise_floor, options.alpha,
-                     labels, options.correction, paired=lockstep_pair(base, cur))
+                     labels, options.correction, paired=lockstep_pair(base, cur), best_of=options.best_of)
     reproduce = render.compare_command(req.baseline, req.current, options, req.force)
     power, triaged = render.show(console, result, labels, base.results, cur.results, reproduce)
     if req.markdown:  # a failed write is exit 2 with its message, after the verdicts above

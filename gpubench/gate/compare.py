@@ -77,24 +77,27 @@ class GateOptions:
     alpha: float
     metric: str
     correction: str = "bonferroni"
+    best_of: int = 1
 
 
-def repeats_for(alpha: float, configs: int, correction: str, paired: bool = False) -> int:
-    """Fewest repeats a side (pairs, when ``paired``) for which a config can get a verdict:
+def repeats_for(alpha: float, configs: int, correction: str, paired: bool = False, best_of: int = 1) -> int:
+    """Fewest repeats a side (rounds, when ``paired``) for which a config can get a verdict:
     Bonferroni splits alpha over the configs; under Benjamini-Hochberg one config can be
-    flagged at alpha itself."""
+    flagged at alpha itself. With ``best_of`` k, k rounds make one pair."""
     level = 2 * alpha / (1 if correction == "bh" else max(1, configs))
-    return min_pairs(level) if paired else min_repeats(level)
+    return best_of * min_pairs(level) if paired else min_repeats(level)
 
 
 def gate_options(threshold: str, noise_floor: str, alpha: float, metric: str,
-                 correction: str = "bonferroni") -> GateOptions:
+                 correction: str = "bonferroni", best_of: int = 1) -> GateOptions:
     """The gate's command-line options, checked: ``compare`` and ``ab`` share this, and call it
     before they load or run anything."""
     if correction not in CORRECTIONS:
         raise InputError(f"--correction {correction}: expected one of: {', '.join(CORRECTIONS)}")
     options = GateOptions(parse_fraction(threshold, "--threshold"), parse_fraction(noise_floor, "--noise-floor"),
-                          alpha, metric, correction)
+                          alpha, metric, correction, best_of)
+    if best_of < 1:
+        raise InputError(f"--best-of {best_of}: must be at least 1")
     if options.noise_floor > options.threshold:
         raise InputError(f"--noise-floor {noise_floor} is above --threshold {threshold}")
     if not 0 < alpha < 1:
@@ -134,6 +137,7 @@ class Comparison:
     verdicts: list[ConfigVerdict]
     correction: str = "bonferroni"
     paired: bool = False  # lockstep rounds, judged on the per-round ratios
+    best_of: int = 1  # paired: each side's best of k consecutive rounds makes one pair
 
     @property
     def regressed(self) -> list[ConfigVerdict]:
@@ -146,6 +150,7 @@ class Comparison:
         return {"metric": self.metric.name, "unit": self.metric.unit, "bigger_is_better": self.metric.higher_is_better,
                 "threshold": self.threshold, "noise_floor": self.noise_floor, "alpha": self.alpha,
                 "alpha_per_config": self.alpha_per_config, "correction": self.correction, "paired": self.paired,
+                "best_of": self.best_of,
                 "counts": self.counts(),
                 "verdicts": [v.to_dict() for v in self.verdicts]}
 
@@ -166,10 +171,12 @@ def _values(results: list[Result], metric: Metric) -> dict[str, list[float]]:
     return out
 
 
-def _pairs(baseline: list[Result], current: list[Result], metric: Metric) -> dict[str, tuple[list[float],
-                                                                                          list[float]]]:
+def _pairs(baseline: list[Result], current: list[Result], metric: Metric, best_of: int = 1
+           ) -> dict[str, tuple[list[float], list[float]]]:
     """config_id -> (baseline, current) values of the repeats ok on both sides, matched by
-    repeat number (the rounds of a lockstep A/B)."""
+    repeat number (the rounds of a lockstep A/B). With ``best_of`` k, each run of k such rounds
+    (in repeat order; an incomplete last run is left out) gives one pair: each side's best
+    value of the k."""
     def by_repeat(results: list[Result]) -> dict[tuple[str, int], float]:
         return {(r.config_id, r.repeat): v for r in results if (v := _usable(r, metric)) is not None}
 
@@ -179,6 +186,10 @@ def _pairs(baseline: list[Result], current: list[Result], metric: Metric) -> dic
         pair = out.setdefault(key[0], ([], []))
         pair[0].append(b[key])
         pair[1].append(c[key])
+    if best_of > 1:
+        best = max if metric.higher_is_better else min
+        out = {k: tuple([best(v[i: i + best_of]) for i in range(0, len(v) - best_of + 1, best_of)]  # type: ignore[misc]
+                        for v in pair) for k, pair in out.items()}
     return out
 
 
@@ -236,13 +247,20 @@ def bh_flags(pairs: dict[str, tuple[list[float], list[float]]], metric: Metric, 
 def compare(baseline: list[Result], current: list[Result], metric_name: str = "throughput",
             threshold: float = 0.03, noise_floor: float = 0.01, alpha: float = 0.01,
             labels: tuple[str, str] = ("baseline", "current"), correction: str = "bonferroni",
-            paired: bool = False) -> Comparison:
+            paired: bool = False, best_of: int = 1) -> Comparison:
     """Every config's verdict. ``paired``: repeat i of the baseline ran beside repeat i of the
     current (lockstep rounds), so each config is judged on the per-round ratios (Wilcoxon
-    signed-rank, ``paired_shift``) of the repeats ok on both sides."""
+    signed-rank, ``paired_shift``) of the repeats ok on both sides. ``best_of`` k (paired
+    only): each side's best of k consecutive rounds makes one pair, so that a process that was
+    slow for its whole life (a few in ten on a small VM) no longer decides a pair; under no
+    change the two sides' bests are as exchangeable as single rounds, so the test holds."""
     metric = GATE_METRICS[metric_name]
     base, cur = _values(baseline, metric), _values(current, metric)
-    pairs = _pairs(baseline, current, metric) if paired else {}
+    if best_of < 1 or (best_of > 1 and not paired):
+        raise InputError(f"--best-of {best_of}: " + ("must be at least 1" if best_of < 1 else
+                                                      "needs paired rounds (the two sides of one gpubench ab "
+                                                      "--lockstep)"))
+    pairs = _pairs(baseline, current, metric, best_of) if paired else {}
     for k in base.keys() & cur.keys() if paired else ():  # a config's values: those of its complete rounds
         base[k], cur[k] = pairs.get(k, ([], []))
     if base and cur and not base.keys() & cur.keys():  # a gate that compared nothing must not pass
@@ -263,12 +281,12 @@ def compare(baseline: list[Result], current: list[Result], metric_name: str = "t
         alpha_config = alpha * max(1, flagged) / max(1, len(both))  # the FCR-adjusted level
     else:
         alpha_config = alpha / max(1, len(both))  # one-sided, per config
-    needed = repeats_for(alpha, len(both), correction, paired)
-    if both and all(min(len(base[c]), len(cur[c])) < needed for c in both):
-        fewest = min(min(len(base[c]), len(cur[c])) for c in both)
+    needed = repeats_for(alpha, len(both), correction, paired, best_of)  # repeats (rounds) a side
+    if both and all(min(len(base[c]), len(cur[c])) * best_of < needed for c in both):
+        fewest = min(min(len(base[c]), len(cur[c])) for c in both) * best_of
         raise InputError(f"{labels[0]} vs {labels[1]}: configs have {fewest} repeat(s) on a side; comparing "
-                         f"{len(both)} config(s) at alpha {alpha:g} needs at least {needed} repeats per side "
-                         f"(gpubench run --repeats {needed})")
+                         f"{len(both)} config(s) at alpha {alpha:g}{f' best of {best_of}' if best_of > 1 else ''} "
+                         f"needs at least {needed} repeats per side (gpubench run --repeats {needed})")
     verdicts = []
     for config_id in list(dict.fromkeys([*base, *cur])):
         b, c = base.get(config_id, []), cur.get(config_id, [])
@@ -284,14 +302,15 @@ def compare(baseline: list[Result], current: list[Result], metric_name: str = "t
             continue
         noise = round_spread(b, c) if paired else pooled_log_sd([b, c])
         s = paired_shift(b, c, 2 * alpha_config) if paired else shift(b, c, 2 * alpha_config)
-        note = "" if s.has_ci else (f"too few rounds for a CI (needs {min_pairs(2 * alpha_config)})" if paired else
+        note = "" if s.has_ci else (f"too few rounds for a CI (needs {best_of * min_pairs(2 * alpha_config)})"
+                                    if paired else
                                     f"too few repeats for a CI (needs {min_repeats(2 * alpha_config)} per side)")
         flag = None if flags is None else flags.get(config_id, "")
         verdicts.append(ConfigVerdict(config_id, judge(s, metric, threshold, noise_floor, flag), s.ratio,
                                       None if math.isnan(s.ci_low) else s.ci_low,
                                       None if math.isnan(s.ci_high) else s.ci_high, b_med, c_med, len(b), len(c), note,
                                       noise))
-    return Comparison(metric, threshold, noise_floor, alpha, alpha_config, verdicts, correction, paired)
+    return Comparison(metric, threshold, noise_floor, alpha, alpha_config, verdicts, correction, paired, best_of)
 
 
 FINGERPRINT_KEYS = ("cpu_model",)

@@ -39,7 +39,7 @@ def compare_command(baseline: str, current: str, o: GateOptions, force: bool) ->
     verdicts from the same results."""
     return (f"python -m gpubench compare {baseline} {current} --threshold {100 * o.threshold:g}% --noise-floor "
             f"{100 * o.noise_floor:g}% --alpha {o.alpha:g} --correction {o.correction} --metric {o.metric}"
-            + (" --force" if force else ""))
+            + (f" --best-of {o.best_of}" if o.best_of > 1 else "") + (" --force" if force else ""))
 
 
 def _value(x: float | None, metric: Metric) -> str:
@@ -57,8 +57,10 @@ def header(c: Comparison, labels: tuple[str, str]) -> str:
     else:
         correction = (f"Bonferroni: alpha is the familywise error rate, "
                       f"{c.alpha_per_config:.2g} per config over {compared} compared")
+    pairs = f"; paired rounds, each side's best of {c.best_of} rounds a pair" if c.best_of > 1 else (
+        "; paired rounds" if c.paired else "")
     return (f"{labels[1]} vs {labels[0]}: {c.metric.name} ({c.metric.unit}, {direction}); threshold "
-            f"{100 * c.threshold:g}%, noise floor {100 * c.noise_floor:g}%, alpha {c.alpha:g} ({correction})")
+            f"{100 * c.threshold:g}%, noise floor {100 * c.noise_floor:g}%, alpha {c.alpha:g} ({correction}){pairs}")
 
 
 def table(c: Comparison) -> Table:
@@ -132,7 +134,8 @@ def power_line(c: Comparison) -> str:
     mde = minimal_detectable(sigma, repeats, c.alpha_per_config, c.threshold, c.noise_floor, paired=c.paired)
     seen = (f"a slowdown of {100 * mde:.1f}% or more is caught {POWER:.0%} of the time" if mde is not None
             else f"no slowdown up to {MAX_SLOWDOWN:.0%} is caught {POWER:.0%} of the time")
-    what, unit = (("spread of the per-round ratio", "rounds") if c.paired else
+    what, unit = ((f"spread of the ratio of the bests of {c.best_of} rounds", f"pairs of bests of {c.best_of}")
+                  if c.best_of > 1 else ("spread of the per-round ratio", "rounds") if c.paired else
                   ("noise between processes", "repeats a side"))
     return (f"{what} in this comparison: {100 * (math.exp(sigma) - 1):.1f}% (median over "
             f"{len(measured)} config(s)); with {repeats} {unit} at this gate's settings, {seen}")
@@ -152,7 +155,8 @@ def junit(c: Comparison, labels: tuple[str, str], power: str = "",
     props = ET.SubElement(suite, "properties")
     for name, value in (("gate", header(c, labels)), ("power", power), ("metric", c.metric.name),
                         ("threshold", f"{100 * c.threshold:g}%"), ("noise_floor", f"{100 * c.noise_floor:g}%"),
-                        ("alpha", f"{c.alpha:g}"), ("correction", c.correction), ("paired", str(c.paired).lower())):
+                        ("alpha", f"{c.alpha:g}"), ("correction", c.correction), ("paired", str(c.paired).lower()),
+                        ("best_of", str(c.best_of))):
         if value:
             ET.SubElement(props, "property", name=name, value=value)
     for v in compared:

@@ -29,7 +29,8 @@ TEMPLATES = Path(__file__).parent / "templates"
 # one row per config: its identity and how its repeats went, then every metric of the registry
 IDENTITY_CSV_COLUMNS = ["run", "config_id", "config_hash", "workload", "workload_label", "variant", "framework",
                         "device", "device_model", "batch_size", "precision", "parallelism", "optimizer", "lr", "loss",
-                        "compile", "memory_format", "data", "data_workers", "threads", "dataset", "checkpointing",
+                        "compile", "memory_format", "data", "data_workers", "threads", "huge_pages", "dataset",
+                        "checkpointing",
                         "status", "reason", "repeats", "repeats_ok", "ci_kind"]
 
 

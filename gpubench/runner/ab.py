@@ -59,6 +59,7 @@ class ABRequest:
     lockstep: bool = False
     budget_s: float | None = None  # sequential: more rounds while a config is undecided, within this time
     junit: Path | None = None
+    best_of: int = 1  # lockstep: each side's best of k consecutive rounds makes one pair
 
 
 def _check_python(launcher: Launcher, side: str) -> None:
@@ -139,7 +140,10 @@ class _Rounds:
 
 
 def execute_ab(req: ABRequest, console: Console) -> int:
-    options = gate_options(req.threshold, req.noise_floor, req.alpha, req.metric, req.correction)  # before any run
+    options = gate_options(req.threshold, req.noise_floor, req.alpha, req.metric, req.correction,
+                           req.best_of)  # before any run
+    if req.best_of > 1 and not req.lockstep:
+        raise InputError(f"--best-of {req.best_of}: needs --lockstep (the best of consecutive paired rounds)")
     suite = load_suite(req.suite).with_overrides(req.sets)
     configs = suite.expand()
     check_data(configs, suite.source)
@@ -153,7 +157,7 @@ def execute_ab(req: ABRequest, console: Console) -> int:
             raise InputError(f"{suite.source}: --lockstep runs one process a side, not a distributed config's many "
                              f"({distributed[0]}); leave out --lockstep, or the config")
     first_alpha = look_alpha(req.alpha, 1) if req.budget_s else req.alpha
-    needed = repeats_for(first_alpha, len(configs), options.correction, req.lockstep)
+    needed = repeats_for(first_alpha, len(configs), options.correction, req.lockstep, req.best_of)
     if req.repeats < needed:
         raise InputError(f"--repeats {req.repeats}: comparing {len(configs)} config(s) at alpha {first_alpha:g}"
                          f"{' (the first look of --budget)' if req.budget_s else ''} needs at least {needed} "
@@ -191,7 +195,8 @@ def execute_ab(req: ABRequest, console: Console) -> int:
         alpha_look = look_alpha(req.alpha, len(looks) + 1)
         try:
             at_look = compare(results["baseline"], results["candidate"], options.metric, options.threshold,
-                              options.noise_floor, alpha_look, SIDES, options.correction, paired=req.lockstep)
+                              options.noise_floor, alpha_look, SIDES, options.correction, paired=req.lockstep,
+                              best_of=req.best_of)
         except InputError:
             break  # said again, with the whole run, below
         undecided = [v.config_id for v in at_look.verdicts if v.verdict == "inconclusive"]
@@ -200,7 +205,8 @@ def execute_ab(req: ABRequest, console: Console) -> int:
         looks.append({"look": len(looks) + 1, "rounds": rounds, "alpha": alpha_look, "undecided": len(undecided)})
         elapsed = time.monotonic() - t0
         fit = int((req.budget_s - elapsed) / (elapsed / len(done))) // max(1, len(undecided))
-        more = min(rounds, fit)  # the rounds so far again (looks at doubling counts), as many as the budget allows
+        # the rounds so far again (looks at doubling counts), as many as the budget allows, in whole bests-of
+        more = min(rounds, fit) // req.best_of * req.best_of
         if not undecided or more < 1:
             why = "every config decided" if not undecided else f"the budget ({req.budget_s:g} s) is spent"
             console.print(f"look {len(looks)}: {rounds} rounds, alpha {alpha_look:.3g}: {why}", highlight=False)
@@ -218,7 +224,8 @@ def execute_ab(req: ABRequest, console: Console) -> int:
     labels = SIDES
     if comparison is None:
         comparison = compare(results["baseline"], results["candidate"], options.metric, options.threshold,
-                             options.noise_floor, alpha_final, labels, options.correction, paired=req.lockstep)
+                             options.noise_floor, alpha_final, labels, options.correction, paired=req.lockstep,
+                             best_of=req.best_of)
     reproduce = render.compare_command(str(dirs["baseline"]), str(dirs["candidate"]),
                                        replace(options, alpha=alpha_final), force=True)
     power, triaged = render.show(console, comparison, labels, results["baseline"], results["candidate"], reproduce)

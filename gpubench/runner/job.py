@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.config import Config
+from gpubench.hugepages import worker_env
 from gpubench.launch import Launcher
 from gpubench.results.result import Outcome
 from gpubench.results.store import slug
@@ -58,10 +59,12 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: 
     (run_dir / "logs").mkdir(exist_ok=True)
     oom_before = oom_kill_count()
     timeout_s = train.timeout_s
+    env = launcher.env()
+    env.update(worker_env(train.huge_pages, env))  # read as the worker starts
     with open(run_dir / log_rel, "wb") as log:
         proc = subprocess.Popen(worker_command(launcher, workdir, train, nodes),
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=launcher.env(), pass_fds=launcher.pass_fds)
+                                start_new_session=True, env=env, pass_fds=launcher.pass_fds)
         if launcher.turns is not None:
             launcher.turns.close()
         try:

@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 
 import gpubench
+from gpubench import hugepages
 from gpubench.backends import get_backend
 from gpubench.config import Config
 from gpubench.errors import warn
@@ -197,7 +198,8 @@ def admit(config: Config) -> tuple[Any, Outcome | None]:
                                                               f"with: {backend.install_hint}")
     if verdict is not None:
         return backend, Outcome(status=verdict[0], reason=verdict[1])
-    reason = config.topology_unsupported() or (backend.set_threads(config.threads) if config.threads else None)
+    reason = (config.topology_unsupported() or hugepages.unavailable(config.huge_pages)
+              or (backend.set_threads(config.threads) if config.threads else None))
     if reason:
         return backend, Outcome(status="unsupported", reason=reason)
     return backend, None
@@ -270,6 +272,9 @@ def run_config(config: Config, profile: dict[str, Any] | None = None) -> tuple[O
                                                        "path": str(Path(gpubench.__file__).resolve().parent)}}
     if turns.describe() is not None:
         out.runtime["lockstep"] = turns.describe()
+    if config.huge_pages != "off":  # what the worker held in huge pages as it finished
+        out.runtime["huge_pages"] = {"setting": config.huge_pages, "kernel": hugepages.kernel_mode(),
+                                     "anon_huge_bytes": hugepages.anon_huge_bytes()}
     if profiled is not None:
         out.with_metrics(**profiled[0])
         out.profile = profiled[1]
