@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python benchmarks/ab_power.py [--extra-passes 9] [--rounds 30] [--budget 9m] [--gates 1]
                                                [--aa] [--plain] [--pin] [--threads N] [--huge-pages]
-                                               [--best-of K] [--worker-cpu N] [--env KEY=VALUE]
+                                               [--best-of K] [--window-s S] [--worker-cpu N] [--env KEY=VALUE]
                                                [--keep DIR] [--json FILE]
     PYTHONPATH=. python benchmarks/ab_power.py --calibrate [--extra-passes 9] [--threads N]
 
@@ -20,7 +20,8 @@ A/A gate: any ``regressed`` is a false alarm). Then it runs ``--gates`` times
 (``--plain``: without ``--lockstep``, the sides one after the other; ``--pin``: the whole A/B
 under ``taskset -c 1`` with ``OMP_NUM_THREADS=1``; ``--threads N``: ``--set threads=N``, each
 worker training with N threads; ``--huge-pages``: ``--set huge_pages=transparent``;
-``--best-of K``: ``gpubench ab --best-of K``; ``--worker-cpu N``: every worker, of both sides, on CPU N alone
+``--best-of K``: ``gpubench ab --best-of K``; ``--window-s S``: ``--set window_s=S``;
+``--worker-cpu N``: every worker, of both sides, on CPU N alone
 (``taskset -c N`` around each side's interpreter; gpubench itself stays unpinned), so that the
 two workers of a lockstep round share one CPU's state) and prints each gate's
 verdict, change with its interval, the spread of its rounds and its wall time, then the count
@@ -73,7 +74,8 @@ def gate(base: Path, cand: Path, rounds: int, lockstep: bool, out: Path, budget:
            "--repeats", str(rounds), "--no-report", "--out", str(out / "runs"), "--json", str(verdict_file),
            *(["--lockstep"] if lockstep else []), *(["--budget", budget] if budget else []),
            *(["--best-of", str(best_of)] if best_of > 1 else [])]
-    for s in SETS + sets:
+    overridden = {x.split("=", 1)[0] for x in sets}
+    for s in [x for x in SETS if x.split("=", 1)[0] not in overridden] + sets:
         cmd += ["--set", s]
     t0 = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": str(base), "COLUMNS": "200", **({"OMP_NUM_THREADS": "1"} if pin else {}),
@@ -144,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                                                      "OMP_NUM_THREADS=1)")
     ap.add_argument("--threads", type=int, default=0,
                     help="--set threads=N: every worker trains with N threads (default 0: PyTorch's default)")
+    ap.add_argument("--window-s", type=float, metavar="S",
+                    help="--set window_s=S: time-bounded windows (each takes the steps that fit in S seconds)")
     ap.add_argument("--huge-pages", action="store_true",
                     help="--set huge_pages=transparent: the workers' memory in transparent huge pages")
     ap.add_argument("--best-of", type=int, default=1, metavar="K",
@@ -176,12 +180,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{'plain' if a.plain else 'lockstep'}{', on core 1 with one thread' if a.pin else ''}"
               f"{f', threads={a.threads}' if a.threads else ''}{', huge pages' if a.huge_pages else ''}"
               f"{f', best of {a.best_of}' if a.best_of > 1 else ''}"
+              f"{f', windows of {a.window_s:g} s' if a.window_s is not None else ''}"
               f"{f', workers on CPU {a.worker_cpu}' if a.worker_cpu is not None else ''}"
               f"{''.join(f', {e}' for e in a.env)}", flush=True)
         gates = []
         for g in range(a.gates):
             sets = [*([f"threads={a.threads}"] if a.threads else []),
-                    *(["huge_pages=transparent"] if a.huge_pages else [])]
+                    *(["huge_pages=transparent"] if a.huge_pages else []),
+                    *([f"window_s={a.window_s:g}"] if a.window_s is not None else [])]
             found = gate(base, cand, a.rounds, not a.plain, root / f"gate{g}", a.budget, a.pin, sets,
                          a.worker_cpu, extra_env, a.best_of)
             gates.append(found)
@@ -195,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.json:
             a.json.write_text(json.dumps({"aa": a.aa, "extra_passes": 0 if a.aa else a.extra_passes,
                                           "lockstep": not a.plain, "pin": a.pin, "threads": a.threads,
-                                          "huge_pages": a.huge_pages, "best_of": a.best_of,
+                                          "huge_pages": a.huge_pages, "best_of": a.best_of, "window_s": a.window_s,
                                           "worker_cpu": a.worker_cpu, "env": extra_env,
                                           "gates": gates}, indent=1))
         wanted = [(g["verdict"] != "regressed") if a.aa else (g["verdict"] == "regressed") for g in gates]

@@ -119,6 +119,14 @@ def test_ab_lockstep_pairs_the_rounds_and_gates(tmp_path, write_suite):
     out = tmp_path / "again.json"
     again = run_cli(["compare", str(root / "baseline"), str(root / "candidate"), "--json", str(out)], cwd=tmp_path)
     assert again.returncode == 1 and json.loads(out.read_text())["paired"] is True
+    # --best-of 2: each side's better of two consecutive rounds a pair, 8 rounds -> 4 pairs
+    best = run_cli(["compare", str(root / "baseline"), str(root / "candidate"), "--best-of", "2", "--alpha", "0.1",
+                    "--json", str(out)], cwd=tmp_path)
+    found = json.loads(out.read_text())
+    assert best.returncode == 1 and found["best_of"] == 2 and found["verdicts"][0]["n_baseline"] == 4, best.stdout
+    assert "each side's best of 2 rounds a pair" in best.stdout and "--best-of 2" in best.stdout  # reproduce
+    short = run_cli(["compare", str(root / "baseline"), str(root / "candidate"), "--best-of", "2"], cwd=tmp_path)
+    assert short.returncode == 2 and "at alpha 0.01 best of 2 needs at least 14 repeats per side" in short.stderr
 
 
 def test_ab_lockstep_bad_input(tmp_path, write_suite):
@@ -127,6 +135,11 @@ def test_ab_lockstep_bad_input(tmp_path, write_suite):
         in proc.stderr
     proc = ab_lockstep(tmp_path, write_suite, 2.0, "--repeats", "7", "--budget", "10m")
     assert proc.returncode == 2 and "alpha 0.005 (the first look of --budget) needs at least 8 rounds" in proc.stderr
+    proc = ab_lockstep(tmp_path, write_suite, 2.0, "--repeats", "13", "--best-of", "2")
+    assert proc.returncode == 2 and "alpha 0.01 needs at least 14 rounds" in proc.stderr
+    proc = run_cli(["ab", str(write_suite(SUITE)), "--baseline-python", sys.executable, "--candidate-python",
+                    sys.executable, "--best-of", "2", "--out", str(tmp_path / "runs")], cwd=tmp_path)
+    assert proc.returncode == 2 and "--best-of 2: needs --lockstep" in proc.stderr
     proc = ab_lockstep(tmp_path, write_suite, 2.0, "--repeats", "7", "--set", "parallelism=ddp:2")
     assert proc.returncode == 2 and "--lockstep runs one process a side, not a distributed config" in proc.stderr
     assert not (tmp_path / "runs").exists()

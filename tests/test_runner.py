@@ -279,3 +279,42 @@ def test_a_backend_that_cannot_set_its_threads_makes_the_config_unsupported(monk
     assert refused is not None and refused.status == "unsupported"
     assert refused.reason == "the plain backend cannot set its CPU thread count"
     assert admitted is None
+
+
+def test_huge_pages_go_into_the_workers_environment_and_are_refused_where_thp_is_off(tmp_path, monkeypatch):
+    from gpubench import hugepages
+
+    assert hugepages.worker_env("off", {}) == {}
+    env = hugepages.worker_env("transparent", {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=0"})
+    assert env == {"THP_MEM_ALLOC_ENABLE": "1", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"}
+    setting = tmp_path / "enabled"
+    monkeypatch.setattr(hugepages, "THP_SETTING", setting)
+    assert hugepages.unavailable("transparent") == (f"huge_pages = transparent: this system has no transparent huge "
+                                                     f"pages ({setting} is missing)")
+    setting.write_text("always madvise [never]\n")
+    assert hugepages.unavailable("transparent") == (f"huge_pages = transparent: transparent huge pages are off on "
+                                                     f"this machine ({setting}: never)")
+    assert hugepages.unavailable("off") is None
+    setting.write_text("always [madvise] never\n")
+    assert hugepages.unavailable("transparent") is None and hugepages.kernel_mode() == "madvise"
+
+
+def test_a_worker_with_huge_pages_holds_its_memory_in_them(tmp_path, write_suite):
+    pytest.importorskip("torch")
+    from gpubench import hugepages
+
+    suite = write_suite(THREADS.replace('framework = ["torch", "tensorflow", "fake"]',
+                                        'framework = "torch"\nhuge_pages = ["transparent", "off"]')
+                        .replace("width = 32", "width = 1024").replace("batch_size = 16", "batch_size = 512"))
+    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    found = {r["config"]["huge_pages"]: r for r in result_lines(run_dir)}
+    on = found["transparent"]
+    assert on["config_id"].endswith("-threads=1-huge_pages=transparent")
+    assert "huge_pages" not in found["off"]["runtime"] and found["off"]["status"] == "ok"
+    if hugepages.kernel_mode() in ("always", "madvise"):
+        assert on["status"] == "ok" and on["runtime"]["huge_pages"]["setting"] == "transparent"
+        assert on["runtime"]["huge_pages"]["anon_huge_bytes"] >= 2 << 20  # at least one 2 MiB page
+    else:
+        assert on["status"] == "unsupported" and "huge_pages = transparent" in on["reason"]
