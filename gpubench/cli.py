@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from rich.console import Console
 
@@ -16,6 +16,9 @@ from gpubench.errors import InputError, Stopped, stop_exit_code, stop_message, w
 from gpubench.results.metrics import gate_metric_names
 from gpubench.runner.nodes import DEFAULT_MASTER_PORT, Nodes
 from gpubench.runner.run import EXIT_BAD_INPUT, RunRequest
+
+if TYPE_CHECKING:
+    from gpubench.runner.slurm import SlurmOptions
 
 METRIC_HELP = f"the metric to gate on, one of: {', '.join(gate_metric_names())} (default throughput)"
 
@@ -88,6 +91,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--master-addr", metavar="HOST", help="node 0's address, reachable from every node")
     run.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT, metavar="P",
                      help=f"the rendezvous port on node 0 (default {DEFAULT_MASTER_PORT})")
+    slurm = run.add_argument_group("Slurm (--launcher slurm: every config repeat a batch job)")
+    slurm.add_argument("--launcher", choices=["local", "slurm"], default="local",
+                       help="local: each config in a process here (default); slurm: each a Slurm job")
+    slurm.add_argument("--partition", help="sbatch --partition")
+    slurm.add_argument("--account", help="sbatch --account")
+    slurm.add_argument("--time", metavar="LIMIT", help="sbatch --time for every job (default: each config's "
+                                                       "timeout_s, in whole minutes)")
+    slurm.add_argument("--gpus-per-node", type=_positive_int, metavar="N",
+                       help="sbatch --gpus-per-node for every job (default: the GPUs each CUDA config uses)")
+    slurm.add_argument("--max-parallel", type=_positive_int, metavar="K", help="at most K jobs queued or running")
+    slurm.add_argument("--sbatch-arg", dest="sbatch_args", action="append", default=[], metavar="ARG",
+                       help="passed to sbatch as an #SBATCH line, e.g. --sbatch-arg=--qos=high (repeatable)")
 
     rep = sub.add_parser("report", help="HTML (self-contained), PNG charts, CSV and markdown from run directories")
     rep.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
@@ -283,6 +298,20 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
+def slurm_options(args: argparse.Namespace) -> SlurmOptions | None:
+    """--launcher slurm's options; the Slurm options without it are an error naming them."""
+    from gpubench.runner.slurm import SlurmOptions
+
+    given = [f"--{k.replace('_', '-')}" for k in ("partition", "account", "time", "gpus_per_node", "max_parallel")
+             if getattr(args, k) is not None] + (["--sbatch-arg"] if args.sbatch_args else [])
+    if args.launcher != "slurm":
+        if given:
+            raise InputError(f"{', '.join(given)}: Slurm options need --launcher slurm")
+        return None
+    return SlurmOptions(args.partition, args.account, args.time, args.gpus_per_node, args.max_parallel or 0,
+                        tuple(args.sbatch_args))
+
+
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     console = Console()
@@ -305,7 +334,7 @@ def _main(argv: list[str] | None) -> int:
                                       resume=args.resume, report=not args.no_report,
                                       calibrate=not args.no_calibrate, nodes=nodes,
                                       db=args.db or os.environ.get(ENV_VAR) or None,
-                                      tags=parse_tags(args.tags)), console)
+                                      tags=parse_tags(args.tags), slurm=slurm_options(args)), console)
         if args.command == "history":
             from gpubench.history.db import require_history
             from gpubench.provenance import parse_tags

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
+import sys
 import time
 
 import pytest
 
+from tests.conftest import plugin_env, result_lines, run_cli
 from tests.slurm import slurm_cluster
+from tests.test_runner import FAULTS
 
 
 @pytest.fixture(scope="module")
@@ -39,3 +44,116 @@ def test_the_test_cluster_runs_a_batch_job_with_a_step_and_refuses_an_unknown_pa
     assert (tmp_path / "out.txt").read_text().splitlines() == [f"on {cluster.name}", "step 0"]
     refused = slurm(cluster, "sbatch", "--parsable", "-p", "nope", "--wrap", "true")
     assert refused.returncode == 1 and "invalid partition specified: nope" in refused.stderr
+
+
+# the runner tests' suite of the fake backend's fault modes, with a time limit of one minute
+SWEEP = FAULTS.replace("timeout_s = 20", "timeout_s = 50").replace("mode = [0, 1, 2, 3, 4, 5]", "mode = [0, 1, 2]")
+
+
+def gpubench(cluster, tmp_path, *args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+    return run_cli(list(args), cwd=tmp_path, env=plugin_env(**cluster.env, **env), timeout=timeout)
+
+
+def test_a_sweep_under_slurm_gives_results_and_slurms_outcomes(cluster, tmp_path, write_suite):
+    # mode 0 trains, mode 1 raises as it is built, mode 2 hangs until Slurm's time limit (1 minute)
+    proc = gpubench(cluster, tmp_path, "run", str(write_suite(SWEEP)), "--launcher", "slurm", "--out", "runs",
+                    "--no-report", "--max-parallel", "2")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    found = {r["config"]["workload_params"]["mode"]: r for r in result_lines(run_dir)}
+    assert {m: r["status"] for m, r in found.items()} == {0: "ok", 1: "error", 2: "timeout"}
+    assert found[0]["metrics"]["throughput"]["median"] > 0 and found[0]["runtime"]["slurm"]["state"] == "COMPLETED"
+    assert "ValueError: injected failure in build" in found[1]["reason"]
+    assert found[2]["reason"].startswith(f"Slurm job {found[2]['runtime']['slurm']['job_id']} ended TIMEOUT")
+    assert "past its time limit" in found[2]["reason"]
+    script = (run_dir / "slurm" / "fault_mode0-fake-cpu-bs8-fp32-single-r0.sbatch").read_text()
+    assert "#SBATCH --time=1\n" in script and "#SBATCH --nodes=1\n" in script
+    assert "srun --ntasks=1 " in script and "-m gpubench.runner.worker" in script
+    counts = [tuple(map(int, m)) for m in re.findall(r"slurm: (\d+) pending, (\d+) running, (\d+) finished of 3",
+                                                     proc.stdout)]
+    assert counts[0] == (3, 0, 0) and counts[-1] == (0, 0, 3), counts
+    assert 1 <= max(r for _, r, _ in counts) <= 2, counts  # --max-parallel 2
+    assert json.loads((run_dir / "run.json").read_text())["args"]["slurm"]["max_parallel"] == 2
+
+
+def test_a_cancelled_job_keeps_the_finished_results_and_resume_submits_only_it(cluster, tmp_path, write_suite):
+    suite = write_suite(SWEEP.replace("mode = [0, 1, 2]", "batch_size = [4, 8]").replace("warmup_steps = 1", "warmup_steps = 0")
+                        .replace("steps = 3", "steps = 1").replace("windows = 2", "windows = 1"))
+    out = tmp_path / "runs"
+    # the first run's steps take 3 s each (set when the jobs are submitted), so that one can be cancelled
+    first = subprocess.Popen([sys.executable, "-m", "gpubench", "run", str(suite), "--launcher", "slurm", "--out",
+                              str(out), "--no-report", "--max-parallel", "1"], cwd=tmp_path,
+                             env=plugin_env(**cluster.env, FAKE_STEP_SLEEP_MS="3000"), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while "RUNNING" not in slurm(cluster, "squeue", "-h", "-o", "%T").stdout:
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.3)
+    assert slurm(cluster, "scancel", "--name", "gpubench-fault_mode0-fake-cpu-bs4-fp32-single-r0").returncode == 0
+    output, _ = first.communicate(timeout=120)
+    assert first.returncode == 130, output
+    assert "1 Slurm job(s) cancelled (scancel) without a result" in output and "--resume" in output
+    (run_dir,) = out.iterdir()
+    assert [r["config_id"] for r in result_lines(run_dir)] == ["fault_mode0-fake-cpu-bs8-fp32-single"]
+    again = gpubench(cluster, tmp_path, "run", "--resume", str(run_dir), "--no-report")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "2 configs x 1 repeat(s), 1 to run" in again.stdout
+    assert sorted(r["config_id"] for r in result_lines(run_dir)) == ["fault_mode0-fake-cpu-bs4-fp32-single",
+                                                                     "fault_mode0-fake-cpu-bs8-fp32-single"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--launcher", "slurm", "--partition", "nope"],
+     "--launcher slurm: Slurm refused the job (invalid partition specified: nope; "),
+    (["--partition", "gpu"], "--partition: Slurm options need --launcher slurm"),
+    (["--launcher", "slurm", "--set", "batch_size=max"], '--launcher slurm: batch_size "max" is searched on'),
+])
+def test_a_refused_submission_is_one_line_before_anything_runs(cluster, tmp_path, write_suite, args, message):
+    proc = gpubench(cluster, tmp_path, "run", str(write_suite(SWEEP)), "--out", "runs", *args)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"gpubench: error: {message}"), proc.stderr
+    assert proc.stderr.count("\n") == 1 and not (tmp_path / "runs").exists()
+    assert slurm(cluster, "squeue", "-h").stdout.strip() == ""
+
+
+def test_a_ddp_config_runs_its_ranks_in_one_slurm_job(cluster, tmp_path, write_suite):
+    pytest.importorskip("torch")
+    suite = write_suite("""
+name = "slurmddp"
+[defaults]
+workload = "mlp"
+depth = 1
+width = 32
+batch_size = 8
+warmup_steps = 1
+steps = 2
+windows = 1
+parallelism = "ddp:2"
+telemetry_interval_ms = 0
+""")
+    proc = gpubench(cluster, tmp_path, "run", str(suite), "--launcher", "slurm", "--out", "runs", "--no-report")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    (r,) = result_lines(run_dir)
+    assert r["status"] == "ok" and r["runtime"]["distributed"].startswith("DistributedDataParallel(gloo, world_size=2")
+    script = (run_dir / "slurm" / f"{r['config_id']}-r0.sbatch").read_text()
+    assert "-m torch.distributed.run" in script and "--gpus-per-node" not in script  # a CPU config asks for no GPU
+
+
+def test_the_batch_script_asks_for_what_the_config_needs(tmp_path):
+    from gpubench.config import Config
+    from gpubench.launch import Launcher
+    from gpubench.runner.job import Job
+    from gpubench.runner.slurm import SlurmOptions, batch_script
+
+    def script(config, **options):
+        return batch_script(Job(config, 0), tmp_path / "w", tmp_path / "l.log", Launcher(), SlurmOptions(**options))
+
+    ddp = script(Config(workload="mlp", device="cuda", parallelism="ddp:4", timeout_s=150, huge_pages="transparent"))
+    assert "#SBATCH --gpus-per-node=4\n" in ddp and "#SBATCH --time=3\n" in ddp  # 150 s -> 3 minutes
+    assert "export THP_MEM_ALLOC_ENABLE=1\n" in ddp and "--nproc-per-node=4" in ddp
+    single = script(Config(workload="mlp", device="cuda"), partition="gpu", account="lab", time="0:30:00",
+                    sbatch_args=("--qos=high", "--exclusive"))
+    assert "#SBATCH --gpus-per-node=1\n" in single and "#SBATCH --time=0:30:00\n" in single
+    assert "#SBATCH --partition=gpu\n#SBATCH --account=lab\n#SBATCH --qos=high\n#SBATCH --exclusive\n" in single
+    assert "--gpus-per-node" not in script(Config(workload="mlp", device="cpu"))
+    assert "#SBATCH --gpus-per-node=8\n" in script(Config(workload="mlp", device="cuda"), gpus_per_node=8)

@@ -43,6 +43,48 @@ def _tail(path: Path, n: int) -> list[str]:
         return []
 
 
+def prepare_workdir(job: Job, run_dir: Path, train: Config | None = None) -> tuple[Path, Path]:
+    """A fresh work directory holding the worker's job.json, and the run-relative path of its
+    log: (workdir, log_rel)."""
+    train = train or job.config
+    workdir = run_dir / ".work" / job.name
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    (workdir / "job.json").write_text(json.dumps({"config": train.to_dict(), "repeat": job.repeat,
+                                                  "options": job.options}))
+    (run_dir / "logs").mkdir(exist_ok=True)
+    return workdir, Path("logs") / f"{job.name}.log"
+
+
+def collect_outcome(job: Job, run_dir: Path, workdir: Path, log_rel: Path) -> Outcome | None:
+    """The outcome the worker wrote in ``workdir`` (its telemetry timeline moved into the run
+    directory), or None when it wrote none; the work directory is removed either way."""
+    result_path = workdir / "result.json"
+    # a distributed config where a rank other than 0 failed: that rank's failure is the cause
+    # (rank 0 then fails in a collective, or is stopped by torchrun)
+    result_path = next(iter(sorted(workdir.glob("result-rank*.json"))), result_path)
+    if not result_path.exists():
+        shutil.rmtree(workdir, ignore_errors=True)
+        return None
+    found = Outcome.from_outcome_json(json.loads(result_path.read_text()))
+    found.log = str(log_rel)
+    timeline = workdir / "timeline.json"
+    if timeline.exists() and found.telemetry is not None:
+        (run_dir / "telemetry").mkdir(exist_ok=True)
+        rel = Path("telemetry") / f"{job.name}.json"
+        shutil.move(str(timeline), run_dir / rel)
+        found.telemetry["timeline"] = str(rel)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return found
+
+
+def log_tail_reason(run_dir: Path, log_rel: Path, reason: str) -> tuple[str, str]:
+    """``reason`` with the log's last non-empty line, and the log's tail (the traceback)."""
+    tail = _tail(run_dir / log_rel, LOG_TAIL_LINES)
+    last = next((line for line in reversed(tail) if line.strip()), "")
+    return (reason + (f"; last output: {last.strip()[:300]}" if last else "")), "\n".join(tail)
+
+
 def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: Nodes = Nodes(),
                train: Config | None = None) -> Outcome:
     """Run one job in a fresh process; its outcome, whatever happens to the worker. On
@@ -50,13 +92,7 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: 
     ``train`` is the config the worker trains when it is not the job's own (a resolved
     ``batch_size = "max"``); files are still named after the job."""
     train = train or job.config
-    workdir = run_dir / ".work" / job.name
-    shutil.rmtree(workdir, ignore_errors=True)
-    workdir.mkdir(parents=True)
-    (workdir / "job.json").write_text(json.dumps({"config": train.to_dict(), "repeat": job.repeat,
-                                                  "options": job.options}))
-    log_rel = Path("logs") / f"{job.name}.log"
-    (run_dir / "logs").mkdir(exist_ok=True)
+    workdir, log_rel = prepare_workdir(job, run_dir, train)
     oom_before = oom_kill_count()
     timeout_s = train.timeout_s
     env = launcher.env()
@@ -77,22 +113,9 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: 
         except BaseException:
             kill_group(proc)
             raise
-    result_path = workdir / "result.json"
-    # a distributed config where a rank other than 0 failed: that rank's failure is the cause
-    # (rank 0 then fails in a collective, or is stopped by torchrun)
-    result_path = next(iter(sorted(workdir.glob("result-rank*.json"))), result_path)
-    if result_path.exists():
-        found = Outcome.from_outcome_json(json.loads(result_path.read_text()))
-        found.log = str(log_rel)
-        timeline = workdir / "timeline.json"
-        if timeline.exists() and found.telemetry is not None:
-            (run_dir / "telemetry").mkdir(exist_ok=True)
-            rel = Path("telemetry") / f"{job.name}.json"
-            shutil.move(str(timeline), run_dir / rel)
-            found.telemetry["timeline"] = str(rel)
-        shutil.rmtree(workdir, ignore_errors=True)
+    found = collect_outcome(job, run_dir, workdir, log_rel)
+    if found is not None:
         return found
-    shutil.rmtree(workdir, ignore_errors=True)
     rc = proc.returncode
     if rc == 0 and nodes.node_rank > 0:
         per_node = job.config.devices // nodes.nnodes
@@ -100,7 +123,6 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: 
         ranks = f"rank {first}" if per_node == 1 else f"ranks {first}-{first + per_node - 1}"
         return Outcome(status="ok", reason=f"node {nodes.node_rank}: {ranks} finished; node 0 writes the result",
                        log=str(log_rel))
-    tail = _tail(run_dir / log_rel, LOG_TAIL_LINES)
     if rc < 0:
         sig = signal.Signals(-rc).name
         oom_after = oom_kill_count()
@@ -110,7 +132,5 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: 
         reason = f"worker killed by {sig}"
     else:
         reason = f"worker exited with code {rc} without a result"
-    last = next((line for line in reversed(tail) if line.strip()), "")
-    if last:
-        reason += f"; last output: {last.strip()[:300]}"
-    return Outcome(status="error", reason=reason, traceback="\n".join(tail), log=str(log_rel))
+    reason, traceback = log_tail_reason(run_dir, log_rel, reason)
+    return Outcome(status="error", reason=reason, traceback=traceback, log=str(log_rel))

@@ -58,6 +58,10 @@ class SweepDisplay:
         if self.progress:
             self.progress.stop()
 
+    def note(self, line: str) -> None:
+        """A line between the finished configs' (above the progress bar on a terminal)."""
+        (self.progress.console if self.progress else self.console).print(line, highlight=False, soft_wrap=True)
+
     def started(self, k: int, job: Job) -> None:
         if self.progress:
             self.progress.update(self.task, description=job.config.config_id)

@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 
 from gpubench.backends.base import ProbeInfo
+from gpubench.config import MAX_BATCH
 from gpubench.env import emulation_note, fingerprint
 from gpubench.errors import InputError, note, stop_exit_code, stop_message, warn
 from gpubench.launch import Launcher
@@ -28,6 +29,7 @@ from gpubench.runner.mfu import load_peaks, peak_devices
 from gpubench.runner.nodes import Nodes
 from gpubench.runner.probe import probe
 from gpubench.runner.progress import SweepDisplay, summary_table, unmeasured_lines
+from gpubench.runner.slurm import SlurmOptions, check_submission, run_slurm_jobs
 from gpubench.runner.sweep import plan, pre_resolve, run_jobs
 from gpubench.suite import Config, Suite, load_suite
 
@@ -46,6 +48,7 @@ class RunRequest:
     nodes: Nodes = field(default_factory=Nodes)
     db: str | None = None  # record into this results history as results finish (None: no history)
     tags: dict[str, str] = field(default_factory=dict)  # --tag KEY=VALUE, kept in run.json and the history
+    slurm: SlurmOptions | None = None  # --launcher slurm: every job a Slurm batch job
 
 
 def probe_frameworks(configs: list[Config], console: Console, launcher: Launcher = Launcher(),
@@ -85,6 +88,18 @@ def finish_run_dir(run_dir: Path, meta: dict[str, Any]) -> None:
     meta["completed"] = True
     meta["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     write_json_atomic(run_dir / RUN_FILE, meta)
+
+
+def _check_slurm(req: RunRequest, configs: list[Config]) -> None:
+    if req.slurm is None:
+        return
+    if req.nodes.multi:
+        raise InputError("--launcher slurm: --nnodes is for runs started by hand on every node; under Slurm a "
+                         "config runs on one node")
+    searched = [c.config_id for c in configs if c.batch_size == MAX_BATCH]
+    if searched:
+        raise InputError(f"--launcher slurm: batch_size \"max\" is searched on the machine that runs gpubench "
+                         f"({searched[0]}); find it on a node with gpubench find-batch and give the number")
 
 
 def _prepare(req: RunRequest) -> tuple[Suite, int, Path | None, list[Result]]:
@@ -136,27 +151,43 @@ def check_data(configs: list[Config], source: str) -> None:
 def execute(req: RunRequest, console: Console) -> int:
     nodes = req.nodes.check()
     suite, repeats, run_dir, existing = _prepare(req)
+    if run_dir is not None and req.slurm is None:  # a Slurm run resumes under Slurm, with its options
+        stored = (load_run(run_dir).get("args") or {}).get("slurm")
+        if isinstance(stored, dict):
+            req = replace(req, slurm=SlurmOptions.from_dict(stored))
     # every node expands the same suite: the same configs in the same order
     configs = [replace(c, nnodes=nodes.nnodes) for c in suite.expand()]
     check_data(configs, suite.source)
+    _check_slurm(req, configs)
     if run_dir is None:
         check_output_dir(req.out, "--out")
     history = RunHistory(req.db) if req.db is not None and nodes.node_rank == 0 else None
     done = {(r.config_id, r.repeat) for r in existing}
     jobs = plan(configs, repeats, done)
-    probes = probe_frameworks(configs, console) if jobs else {}
+    # under Slurm the frameworks and devices are the nodes', not this submit host's: each job's
+    # worker checks them where it runs
+    probes = probe_frameworks(configs, console) if jobs and req.slurm is None else {}
+    if req.slurm is not None:
+        shapes: dict[tuple[str, int, float], Any] = {}
+        for job in jobs:
+            shapes.setdefault((job.config.device, job.config.devices, job.config.timeout_s), job)
+        for job in shapes.values():
+            check_submission(job, Launcher(), req.slurm)
     env = fingerprint({k: p.to_dict() for k, p in probes.items()})
     runnable = [job.config for job in jobs if pre_resolve(job.config, probes) is None]
     if (emulated := emulation_note(runnable, env)) is not None:
         note(emulated)
     # only node 0 writes results, so only node 0 needs the peaks (a calibration on the others
     # would only delay their first rendezvous)
-    peaks = load_peaks(peak_devices(runnable), console) if req.calibrate and nodes.node_rank == 0 else {}
+    peaks = (load_peaks(peak_devices(runnable), console)
+             if req.calibrate and nodes.node_rank == 0 and req.slurm is None else {})
     now = datetime.now(timezone.utc)
     if run_dir is None:
         args: dict[str, Any] = {"suite": req.suite, "set": req.sets, "repeats": repeats, "out": str(req.out)}
         if nodes.multi:
             args["nodes"] = nodes.to_dict()
+        if req.slurm is not None:
+            args["slurm"] = req.slurm.to_dict()
         node = f"-node{nodes.node_rank}" if nodes.node_rank else ""
         run_dir, meta = new_run_dir(req.out, f"{suite.name}-{now:%Y%m%d-%H%M%S}{node}", suite, args, configs, env,
                                     req.tags)
@@ -169,19 +200,30 @@ def execute(req: RunRequest, console: Console) -> int:
     console.print(f"run {run_id}{where}: {len(configs)} configs x {repeats} repeat(s), {len(jobs)} to run "
                   f"-> {run_dir}", highlight=False)
     recorder = history.begin(meta, existing, req.tags, str(run_dir)) if history is not None else None
+    cancelled = 0
     try:
         with SweepDisplay(console, len(jobs)) as display:
             def finished(k: int, job: Any, result: Result) -> None:
                 display.finished(k, job, result)
                 if recorder is not None:
                     recorder.record(result)
-            new = run_jobs(jobs, run_dir, run_id, env, probes, display.started, finished, existing,
-                           peaks=peaks, nodes=nodes)
+            if req.slurm is not None:
+                new, cancelled = run_slurm_jobs(
+                    jobs, run_dir, run_id, env, req.slurm, Launcher(), display.started, finished,
+                    lambda p, r, f: display.note(f"slurm: {p} pending, {r} running, {f} finished of {len(jobs)}"))
+            else:
+                new = run_jobs(jobs, run_dir, run_id, env, probes, display.started, finished, existing,
+                               peaks=peaks, nodes=nodes)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (errors.Stopped)
         stop_message(e, f"finished configs are in {run_dir}/results.jsonl"
                         f"{' and the history (the run marked incomplete)' if recorder is not None else ''}; "
                         f"continue with: gpubench run --resume {run_dir}")
         return stop_exit_code(e)
+    if cancelled:
+        console.print(f"[yellow]{cancelled} Slurm job(s) cancelled[/yellow] (scancel) without a result; finished "
+                      f"configs are in {run_dir}/results.jsonl; continue with: gpubench run --resume {run_dir}",
+                      highlight=False, soft_wrap=True)
+        return EXIT_INTERRUPTED
     finish_run_dir(run_dir, meta)
     if recorder is not None:
         recorder.finish(meta["finished_at"])

@@ -1,0 +1,228 @@
+"""``gpubench run --launcher slurm``: every config repeat is a Slurm batch job.
+
+Each job's batch script (``RUN_DIR/slurm/<job>.sbatch``, kept) asks for what the config needs
+(one node; the GPUs its parallelism uses on a CUDA device; the config's ``timeout_s`` as the
+time limit unless ``--time`` says otherwise) and runs the same worker command a local sweep
+runs, under ``srun``; the worker writes its outcome into its work directory in the run
+directory, which must be on a file system the nodes share. gpubench submits with ``sbatch``
+(at most ``--max-parallel`` jobs queued or running at once), follows them with ``squeue`` and,
+for a job that has ended, ``scontrol`` or ``sacct``, and appends each result as its job ends.
+A job that ends without an outcome gets Slurm's: ``TIMEOUT`` is ``timeout``,
+``OUT_OF_MEMORY`` ``oom``, ``FAILED``, ``NODE_FAIL``, ``PREEMPTED`` and ``BOOT_FAIL``
+``error``, each with Slurm's reason; a ``CANCELLED`` job (``scancel``, Ctrl-C) gets no result,
+so ``--resume`` submits it again.
+
+Why ``sbatch`` and not submitit: a gpubench worker is already a command that reads its job
+from a directory and writes its outcome there, so a plain batch script per job is all Slurm
+needs, one a user can read, run by hand and adapt; submitit pickles Python callables instead,
+hides the script, and would add a dependency the GPU machines do not have.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from gpubench.errors import InputError
+from gpubench.hugepages import worker_env
+from gpubench.launch import Launcher
+from gpubench.results.result import Outcome, Result
+from gpubench.results.store import RESULTS_FILE, append_result
+from gpubench.runner.job import Job, collect_outcome, log_tail_reason, prepare_workdir
+from gpubench.runner.process import worker_command
+
+# Slurm job states in which the job may still run (the rest are ends)
+ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
+                    "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "STOPPED"})
+# a job that ended without the worker's outcome: the status Slurm's end state means
+END_STATUS = {"TIMEOUT": "timeout", "DEADLINE": "timeout", "OUT_OF_MEMORY": "oom", "FAILED": "error",
+              "NODE_FAIL": "error", "PREEMPTED": "error", "BOOT_FAIL": "error", "COMPLETED": "error"}
+CANCELLED = "CANCELLED"
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None  # sbatch --time; default: each config's timeout_s, in whole minutes
+    gpus_per_node: int | None = None  # default: the GPUs the config's parallelism uses (CUDA configs)
+    max_parallel: int = 0  # jobs queued or running at once; 0: all
+    sbatch_args: tuple[str, ...] = field(default_factory=tuple)  # passed through, e.g. "--qos=high"
+    poll_s: float = 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "sbatch_args": list(self.sbatch_args)}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> SlurmOptions:
+        return SlurmOptions(**{**d, "sbatch_args": tuple(d.get("sbatch_args") or ())})
+
+
+def _slurm(*cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise InputError(f"--launcher slurm: {cmd[0]} is not installed here (a Slurm submit host has sbatch, "
+                         "squeue, scontrol and scancel)") from None
+
+
+def batch_script(job: Job, workdir: Path, log: Path, launcher: Launcher, options: SlurmOptions) -> str:
+    """The job's sbatch script: its resources as #SBATCH lines, then the worker under srun."""
+    c = job.config
+    gpus = options.gpus_per_node if options.gpus_per_node is not None else (
+        c.devices if c.device.startswith("cuda") else 0)
+    lines = ["#!/bin/bash", f"#SBATCH --job-name=gpubench-{job.name}", f"#SBATCH --output={log}",
+             "#SBATCH --nodes=1", "#SBATCH --ntasks=1",
+             f"#SBATCH --time={options.time or max(1, math.ceil(c.timeout_s / 60))}"]
+    if gpus:
+        lines.append(f"#SBATCH --gpus-per-node={gpus}")
+    lines += [f"#SBATCH --{k}={v}" for k, v in (("partition", options.partition), ("account", options.account)) if v]
+    lines += [f"#SBATCH {a}" for a in options.sbatch_args]
+    env = launcher.env()
+    exports: dict[str, str] = {k: env[k] for k in ("PYTHONPATH", "PYTHONSAFEPATH") if k in env}
+    exports.update(worker_env(c.huge_pages, env))
+    lines += ["", "# gpubench's worker: it reads job.json in its work directory and writes its outcome there"]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in exports.items()]
+    lines.append("srun --ntasks=1 " + shlex.join(worker_command(launcher, workdir, c)))
+    return "\n".join(lines) + "\n"
+
+
+def check_submission(job: Job, launcher: Launcher, options: SlurmOptions) -> None:
+    """``sbatch --test-only`` of the first job's script, before anything is written: a request
+    Slurm refuses (unknown partition or account, too many GPUs) is one line, exit 2."""
+    with tempfile.TemporaryDirectory(prefix="gpubench-slurm-") as tmp:
+        script = Path(tmp) / "test.sbatch"
+        script.write_text(batch_script(job, Path(tmp) / "work", Path(tmp) / "log", launcher, options))
+        proc = _slurm("sbatch", "--test-only", str(script))
+    if proc.returncode != 0:
+        lines = [x.removeprefix("sbatch: error: ").strip() for x in proc.stderr.splitlines() if x.strip()]
+        raise InputError(f"--launcher slurm: Slurm refused the job ({'; '.join(lines) or 'no reason given'})")
+
+
+def _states(ids: list[str]) -> dict[str, tuple[str, str]]:
+    """Job id -> (state, reason) for the jobs Slurm still knows (squeue, every state)."""
+    if not ids:
+        return {}
+    proc = _slurm("squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T|%r")
+    out = {}
+    for line in proc.stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3:
+            out[parts[0]] = (parts[1], parts[2])
+    return out
+
+
+def _end(job_id: str) -> tuple[str, str, str]:
+    """(state, reason, exit code) of an ended job: scontrol while slurmctld keeps it, else sacct."""
+    proc = _slurm("scontrol", "show", "job", "-o", job_id)
+    if proc.returncode == 0 and "JobState=" in proc.stdout:
+        fields = dict(f.split("=", 1) for f in proc.stdout.split() if "=" in f)
+        return fields.get("JobState", "UNKNOWN"), fields.get("Reason", ""), fields.get("ExitCode", "")
+    proc = _slurm("sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State,Reason,ExitCode")
+    parts = (proc.stdout.strip().splitlines() or [""])[0].split("|")
+    if proc.returncode == 0 and len(parts) == 3:
+        return parts[0].split()[0], parts[1], parts[2]  # "CANCELLED by 0" -> CANCELLED
+    return "UNKNOWN", "Slurm no longer knows the job (no scontrol record, no sacct)", ""
+
+
+def slurm_outcome(state: str, reason: str, exit_code: str, job_id: str, run_dir: Path, log_rel: Path) -> Outcome:
+    """The outcome of a job that ended without the worker's: Slurm's end state as a status."""
+    status = END_STATUS.get(state, "error")
+    what = f"Slurm job {job_id} ended {state}" + (f" ({reason})" if reason and reason != "None" else "") + (
+        f", exit code {exit_code}" if exit_code else "")
+    if status == "timeout":
+        what += ": past its time limit"
+    elif status == "oom":
+        what += ": out of memory"
+    what, traceback = log_tail_reason(run_dir, log_rel, what)
+    return Outcome(status=status, reason=what, traceback=traceback, log=str(log_rel))
+
+
+@dataclass
+class _Submitted:
+    k: int
+    job: Job
+    workdir: Path
+    log_rel: Path
+    started_at: str
+    t0: float
+    running: bool = False
+
+
+Callback = Callable[[int, Job], None]
+FinishCallback = Callable[[int, Job, Result], None]
+
+
+def run_slurm_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], options: SlurmOptions,
+                   launcher: Launcher = Launcher(), on_start: Callback | None = None,
+                   on_finish: FinishCallback | None = None,
+                   on_counts: Callable[[int, int, int], None] | None = None) -> tuple[list[Result], int]:
+    """Submit the jobs, follow them, and append each result as its job ends: (the results, the
+    number of jobs cancelled without a result). Ctrl-C cancels every job still queued or
+    running (the finished results stay)."""
+    (run_dir / "slurm").mkdir(exist_ok=True)
+    queue = list(enumerate(jobs))
+    live: dict[str, _Submitted] = {}
+    results: list[Result] = []
+    cancelled = 0
+    counts = (-1, -1, -1)
+    try:
+        while queue or live:
+            while queue and (options.max_parallel <= 0 or len(live) < options.max_parallel):
+                k, job = queue.pop(0)
+                workdir, log_rel = prepare_workdir(job, run_dir)
+                script = run_dir / "slurm" / f"{job.name}.sbatch"
+                script.write_text(batch_script(job, workdir, run_dir / log_rel, launcher, options))
+                proc = _slurm("sbatch", "--parsable", str(script))
+                if proc.returncode != 0:
+                    message = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no reason given"
+                    raise InputError(f"--launcher slurm: sbatch refused {script}: {message}")
+                job_id = proc.stdout.strip().split(";")[0]
+                live[job_id] = _Submitted(k, job, workdir, log_rel,
+                                          datetime.now(timezone.utc).isoformat(timespec="seconds"), time.monotonic())
+                if on_start:
+                    on_start(k, job)
+            known = _states(list(live))
+            for job_id, sub in list(live.items()):
+                state, _ = known.get(job_id, ("", ""))
+                if state in ACTIVE:
+                    sub.running = sub.running or state == "RUNNING"
+                    continue
+                state, reason, exit_code = _end(job_id)
+                if state in ACTIVE:
+                    continue
+                del live[job_id]
+                found = collect_outcome(sub.job, run_dir, sub.workdir, sub.log_rel)
+                if found is None and state == CANCELLED:
+                    cancelled += 1  # no result: --resume submits it again
+                    continue
+                outcome = found or slurm_outcome(state, reason, exit_code, job_id, run_dir, sub.log_rel)
+                outcome.runtime = {**(outcome.runtime or {}), "slurm": {"job_id": job_id, "state": state}}
+                c = sub.job.config
+                result = Result.of(outcome, run_id=run_id, config_id=c.config_id, config_hash=c.config_hash,
+                                   repeat=sub.job.repeat, config=c.to_dict(), env=env, started_at=sub.started_at,
+                                   duration_s=time.monotonic() - sub.t0)
+                append_result(run_dir, result, RESULTS_FILE)
+                results.append(result)
+                if on_finish:
+                    on_finish(sub.k, sub.job, result)
+            now = (sum(not s.running for s in live.values()) + len(queue), sum(s.running for s in live.values()),
+                   len(results))
+            if on_counts and now != counts:
+                on_counts(*now)
+            counts = now
+            if queue or live:
+                time.sleep(options.poll_s)
+    except BaseException:
+        if live:
+            _slurm("scancel", *live)
+        raise
+    return results, cancelled
