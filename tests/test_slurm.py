@@ -130,10 +130,15 @@ windows = 1
 parallelism = "ddp:2"
 telemetry_interval_ms = 0
 """)
-    proc = gpubench(cluster, tmp_path, "run", str(suite), "--launcher", "slurm", "--out", "runs", "--no-report")
+    db = str(tmp_path / "history.db")
+    proc = gpubench(cluster, tmp_path, "run", str(suite), "--launcher", "slurm", "--out", "runs", "--no-report",
+                    "--db", db)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     (r,) = result_lines(run_dir)
+    listed = gpubench(cluster, tmp_path, "history", "list", "--db", db)  # recorded as the job ended
+    assert listed.returncode == 0 and "1 run(s)" in listed.stdout and run_dir.name in listed.stdout, listed.stdout
+    assert "1/1" in listed.stdout
     assert r["status"] == "ok" and r["runtime"]["distributed"].startswith("DistributedDataParallel(gloo, world_size=2")
     script = (run_dir / "slurm" / f"{r['config_id']}-r0.sbatch").read_text()
     assert "-m torch.distributed.run" in script and "--gpus-per-node" not in script  # a CPU config asks for no GPU
