@@ -129,7 +129,7 @@ def _end(job_id: str) -> tuple[str, str, str]:
     proc = _slurm("sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State,Reason,ExitCode")
     parts = (proc.stdout.strip().splitlines() or [""])[0].split("|")
     if proc.returncode == 0 and len(parts) == 3:
-        return parts[0].split()[0], parts[1], parts[2]  # "CANCELLED by 0" -> CANCELLED
+        return (parts[0].split() or ["UNKNOWN"])[0], parts[1], parts[2]  # "CANCELLED by 0" -> CANCELLED
     return "UNKNOWN", "Slurm no longer knows the job (no scontrol record, no sacct)", ""
 
 
