@@ -200,7 +200,8 @@ def test_gpubench_ab_fixture_gates_a_test_on_two_checkouts(tmp_path):
     proc = pytest_run("--gpubench-baseline-path", baseline)
     out = proc.stdout
     assert proc.returncode == 1 and "1 passed" in out and "2 failed" in out, out + proc.stderr
-    assert "VERDICT {'fault_mode0-fake-cpu-bs8-fp32-single': 'unchanged'}" in out
+    # the same code: never regressed; 8 rounds of 2 ms steps on a loaded CI machine may leave it undecided
+    assert re.search(r"VERDICT \{'fault_mode0-fake-cpu-bs8-fp32-single': '(unchanged|inconclusive)'\}", out), out
     # the slower candidate fails its test with gpubench's verdict table; a bad key with one line
     sections = dict(re.findall(r"_{3,} (test_\w+) _{3,}\n(.*?)(?=\n_{3,} |\n=+ short)", out, re.S))
     assert sections["test_slower_code"].startswith("gpubench_ab: regressed: fault_mode0-fake-cpu-bs8-fp32-single")
