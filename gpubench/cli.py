@@ -84,8 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tag", dest="tags", action="append", default=[], metavar="KEY=VALUE",
                      help="a label kept with the run in run.json and the history (repeatable)")
     run.add_argument("--nnodes", type=int, default=1, metavar="N",
-                     help="multi-node run: start the same command on N nodes; distributed configs run N x their "
-                          "processes (default 1)")
+                     help="multi-node run: distributed configs run N x their processes, on N nodes (default 1); "
+                          "by hand: start the same command on every node with --node-rank; with --launcher slurm: "
+                          "each such config is one job on N nodes")
     run.add_argument("--node-rank", type=int, default=0, metavar="R", help="this node's rank, 0..N-1 (node 0 "
                                                                            "writes the results)")
     run.add_argument("--master-addr", metavar="HOST", help="node 0's address, reachable from every node")
@@ -308,8 +309,16 @@ def slurm_options(args: argparse.Namespace) -> SlurmOptions | None:
         if given:
             raise InputError(f"{', '.join(given)}: Slurm options need --launcher slurm")
         return None
+    by_hand = [f"--{k.replace('_', '-')}" for k, default in (("node_rank", 0), ("master_addr", None),
+                                                             ("master_port", DEFAULT_MASTER_PORT))
+               if getattr(args, k) != default]
+    if by_hand:
+        raise InputError(f"{', '.join(by_hand)}: not with --launcher slurm (Slurm places the nodes; give --nnodes N "
+                         "for distributed configs spanning N nodes)")
+    if args.nnodes < 1:
+        raise InputError(f"--nnodes: expected an integer >= 1, got {args.nnodes}")
     return SlurmOptions(args.partition, args.account, args.time, args.gpus_per_node, args.max_parallel or 0,
-                        tuple(args.sbatch_args))
+                        args.nnodes, tuple(args.sbatch_args))
 
 
 def _main(argv: list[str] | None) -> int:
@@ -326,7 +335,8 @@ def _main(argv: list[str] | None) -> int:
 
             sets = args.sets + ([] if args.telemetry_interval_ms is None
                                 else [f"telemetry_interval_ms={args.telemetry_interval_ms}"])
-            nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port)
+            slurm = slurm_options(args)  # under Slurm, --nnodes is the nodes each distributed job spans
+            nodes = Nodes() if slurm else Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port)
             from gpubench.history.db import ENV_VAR
             from gpubench.provenance import parse_tags
 
@@ -334,7 +344,7 @@ def _main(argv: list[str] | None) -> int:
                                       resume=args.resume, report=not args.no_report,
                                       calibrate=not args.no_calibrate, nodes=nodes,
                                       db=args.db or os.environ.get(ENV_VAR) or None,
-                                      tags=parse_tags(args.tags), slurm=slurm_options(args)), console)
+                                      tags=parse_tags(args.tags), slurm=slurm), console)
         if args.command == "history":
             from gpubench.history.db import require_history
             from gpubench.provenance import parse_tags

@@ -187,7 +187,7 @@ def test_multiworker_2_trains_like_single_at_twice_the_batch(tf_strategies):
     # two workers, each its shard of 8 of every global batch of 16: single's losses at 16
     assert m["loss"]["windows"] == pytest.approx(single["metrics"]["loss"]["windows"], rel=1e-5)
     assert (m["devices"], m["samples_per_step"], m["micro_batch_size"]) == (2, 16, 8)
-    assert multi["runtime"]["distributed"] == "MultiWorkerMirroredStrategy(RING, workers=2)"
+    assert multi["runtime"]["distributed"] == "MultiWorkerMirroredStrategy(RING, workers=2, cluster=TF_CONFIG)"
     assert [r["rank"] for r in m["ranks"]] == [0, 1] and m["ranks_weights_identical"] is True
     assert leftover(run_dir) == []
 

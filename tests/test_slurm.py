@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ import time
 import pytest
 
 from tests.conftest import plugin_env, result_lines, run_cli
-from tests.slurm import slurm_cluster
+from tests.slurm import REQUIRE, slurm_cluster
 from tests.test_runner import FAULTS
 
 
@@ -30,9 +31,9 @@ def job_state(cluster, job_id: str) -> dict[str, str]:
     return dict(f.split("=", 1) for f in out.split() if "=" in f)
 
 
-def test_the_test_cluster_runs_a_batch_job_with_a_step_and_refuses_an_unknown_partition(cluster, tmp_path):
-    sub = slurm(cluster, "sbatch", "--parsable", "-o", str(tmp_path / "out.txt"), "--wrap",
-                "echo on $SLURM_JOB_NODELIST; srun sh -c 'echo step $SLURM_STEP_ID'")
+def test_the_test_cluster_has_two_nodes_that_a_job_spans_and_refuses_an_unknown_partition(cluster, tmp_path):
+    sub = slurm(cluster, "sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", "-o", str(tmp_path / "out.txt"),
+                "--wrap", "echo on $SLURM_JOB_NODELIST; srun sh -c 'echo step $SLURM_STEP_ID on $(hostname)'")
     assert sub.returncode == 0, sub.stderr
     job_id = sub.stdout.strip().split(";")[0]
     deadline = time.monotonic() + 60
@@ -41,9 +42,19 @@ def test_the_test_cluster_runs_a_batch_job_with_a_step_and_refuses_an_unknown_pa
         time.sleep(0.3)
     state = job_state(cluster, job_id)
     assert (state["JobState"], state["ExitCode"]) == ("COMPLETED", "0:0")
-    assert (tmp_path / "out.txt").read_text().splitlines() == [f"on {cluster.name}", "step 0"]
+    first, *steps = (tmp_path / "out.txt").read_text().splitlines()
+    assert first == "on node[1-2]" and sorted(steps) == ["step 0 on node1", "step 0 on node2"]  # two host names
     refused = slurm(cluster, "sbatch", "--parsable", "-p", "nope", "--wrap", "true")
     assert refused.returncode == 1 and "invalid partition specified: nope" in refused.stderr
+
+
+def test_the_test_cluster_enforces_a_jobs_memory_limit(cluster):
+    if not cluster.memory_limits:  # task/cgroup needs a writable cgroup v1 memory hierarchy
+        reason = "this host has no writable cgroup v1 memory hierarchy: Slurm cannot enforce --mem here"
+        if os.environ.get(REQUIRE) == "1":
+            pytest.fail(f"{REQUIRE}=1 and {reason}")
+        pytest.skip(reason)
+    assert "TaskPlugin=task/cgroup" in cluster.conf.read_text()
 
 
 # the runner tests' suite of the fake backend's fault modes, with a time limit of one minute
@@ -55,23 +66,31 @@ def gpubench(cluster, tmp_path, *args: str, timeout: float = 300, **env: str) ->
 
 
 def test_a_sweep_under_slurm_gives_results_and_slurms_outcomes(cluster, tmp_path, write_suite):
-    # mode 0 trains, mode 1 raises as it is built, mode 2 hangs until Slurm's time limit (1 minute)
-    proc = gpubench(cluster, tmp_path, "run", str(write_suite(SWEEP)), "--launcher", "slurm", "--out", "runs",
-                    "--no-report", "--max-parallel", "2")
+    # mode 0 trains, 1 raises as it is built, 2 hangs until Slurm's time limit (1 minute), 6 writes
+    # 2 GiB, past the job's --mem (where the cluster enforces it: cgroups)
+    modes = [0, 1, 2, 6] if cluster.memory_limits else [0, 1, 2]
+    proc = gpubench(cluster, tmp_path, "run", str(write_suite(SWEEP.replace("[0, 1, 2]", str(modes)))),
+                    "--launcher", "slurm", "--out", "runs", "--no-report", "--max-parallel", "2",
+                    "--sbatch-arg=--mem=600M")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     found = {r["config"]["workload_params"]["mode"]: r for r in result_lines(run_dir)}
-    assert {m: r["status"] for m, r in found.items()} == {0: "ok", 1: "error", 2: "timeout"}
+    expected = {0: "ok", 1: "error", 2: "timeout", 6: "oom"}
+    assert {m: r["status"] for m, r in found.items()} == {m: expected[m] for m in modes}
     assert found[0]["metrics"]["throughput"]["median"] > 0 and found[0]["runtime"]["slurm"]["state"] == "COMPLETED"
     assert "ValueError: injected failure in build" in found[1]["reason"]
     assert found[2]["reason"].startswith(f"Slurm job {found[2]['runtime']['slurm']['job_id']} ended TIMEOUT")
     assert "past its time limit" in found[2]["reason"]
+    if 6 in found:
+        assert "out of memory (past the job's --mem); Slurm: " in found[6]["reason"], found[6]["reason"]
+        assert re.search(r"oom-kill event|Out Of Memory", found[6]["reason"]), found[6]["reason"]
     script = (run_dir / "slurm" / "fault_mode0-fake-cpu-bs8-fp32-single-r0.sbatch").read_text()
-    assert "#SBATCH --time=1\n" in script and "#SBATCH --nodes=1\n" in script
-    assert "srun --ntasks=1 " in script and "-m gpubench.runner.worker" in script
-    counts = [tuple(map(int, m)) for m in re.findall(r"slurm: (\d+) pending, (\d+) running, (\d+) finished of 3",
+    assert "#SBATCH --time=1\n" in script and "#SBATCH --nodes=1\n" in script and "#SBATCH --mem=600M\n" in script
+    assert "srun --nodes=1 --ntasks-per-node=1 " in script and "-m gpubench.runner.worker" in script
+    n = len(modes)
+    counts = [tuple(map(int, m)) for m in re.findall(rf"slurm: (\d+) pending, (\d+) running, (\d+) finished of {n}",
                                                      proc.stdout)]
-    assert counts[0] == (3, 0, 0) and counts[-1] == (0, 0, 3), counts
+    assert counts[0] == (n, 0, 0) and counts[-1] == (0, 0, n), counts
     assert 1 <= max(r for _, r, _ in counts) <= 2, counts  # --max-parallel 2
     assert json.loads((run_dir / "run.json").read_text())["args"]["slurm"]["max_parallel"] == 2
 
@@ -102,10 +121,38 @@ def test_a_cancelled_job_keeps_the_finished_results_and_resume_submits_only_it(c
                                                                      "fault_mode0-fake-cpu-bs8-fp32-single"]
 
 
+def test_ctrl_c_cancels_the_sweeps_jobs_and_keeps_the_finished_results(cluster, tmp_path, write_suite):
+    suite = write_suite(SWEEP.replace("mode = [0, 1, 2]", "mode = [0, 2]"))  # one trains, one hangs
+    # SIGINT as a terminal delivers it (a shell that starts a command in the background, as a CI
+    # script may have started these tests, makes its children ignore SIGINT)
+    proc = subprocess.Popen([sys.executable, "-m", "gpubench", "run", str(suite), "--launcher", "slurm", "--out",
+                             str(tmp_path / "runs"), "--no-report"], cwd=tmp_path, env=plugin_env(**cluster.env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 90
+    while not list((tmp_path / "runs").glob("*/results.jsonl")):  # the first config's result is in
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.3)
+    assert "RUNNING" in slurm(cluster, "squeue", "-h", "-o", "%T").stdout  # the hanging one
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "gpubench: interrupted; finished configs are in" in err, err
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert [r["status"] for r in result_lines(run_dir)] == ["ok"]
+    deadline = time.monotonic() + 30
+    while slurm(cluster, "squeue", "-h").stdout.strip():  # scancel'ed: gone from the queue
+        assert time.monotonic() < deadline, slurm(cluster, "squeue").stdout
+        time.sleep(0.3)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--launcher", "slurm", "--partition", "nope"],
      "--launcher slurm: Slurm refused the job (invalid partition specified: nope; "),
     (["--partition", "gpu"], "--partition: Slurm options need --launcher slurm"),
+    (["--launcher", "slurm", "--nnodes", "2", "--master-addr", "node1"],
+     "--master-addr: not with --launcher slurm (Slurm places the nodes; give --nnodes N"),
+    (["--launcher", "slurm", "--nnodes", "3", "--set", "parallelism=multiworker:1"],
+     "--launcher slurm: Slurm refused the job (allocation failure: Requested node configuration is not available"),
     (["--launcher", "slurm", "--set", "batch_size=max"], '--launcher slurm: batch_size "max" is searched on'),
 ])
 def test_a_refused_submission_is_one_line_before_anything_runs(cluster, tmp_path, write_suite, args, message):
@@ -144,6 +191,44 @@ telemetry_interval_ms = 0
     assert "-m torch.distributed.run" in script and "--gpus-per-node" not in script  # a CPU config asks for no GPU
 
 
+def test_distributed_configs_span_two_nodes_in_one_slurm_job_each(cluster, tmp_path, write_suite):
+    pytest.importorskip("torch")
+    pytest.importorskip("tensorflow")
+    suite = write_suite("""
+name = "slurmnodes"
+[defaults]
+workload = "mlp"
+depth = 1
+width = 32
+batch_size = 8
+warmup_steps = 1
+steps = 2
+windows = 1
+telemetry_interval_ms = 0
+[[matrix.include]]
+framework = "torch"
+parallelism = "ddp:1"
+[[matrix.include]]
+framework = "tensorflow"
+parallelism = "multiworker:1"
+""")
+    proc = gpubench(cluster, tmp_path, "run", str(suite), "--launcher", "slurm", "--nnodes", "2", "--out", "runs",
+                    "--no-report")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    found = {r["config"]["framework"]: r for r in result_lines(run_dir)}
+    assert {f: r["status"] for f, r in found.items()} == {"torch": "ok", "tensorflow": "ok"}
+    for r in found.values():  # one rank on each node, each on its own host
+        assert [(x["rank"], x["node"], x["host"]) for x in r["metrics"]["ranks"]] == [(0, 0, "node1"), (1, 1, "node2")]
+        assert r["metrics"]["nodes"] == 2 and r["config_id"].endswith("-nnodes=2")
+    assert found["torch"]["runtime"]["distributed"].startswith("DistributedDataParallel(gloo, world_size=2")
+    assert found["tensorflow"]["runtime"]["distributed"] == (
+        "MultiWorkerMirroredStrategy(RING, workers=2, cluster=SlurmClusterResolver)")
+    script = (run_dir / "slurm" / f"{found['torch']['config_id']}-r0.sbatch").read_text()
+    assert "#SBATCH --nodes=2\n" in script and "--rdzv-backend=c10d" in script
+    assert json.loads((run_dir / "run.json").read_text())["args"]["slurm"]["nodes"] == 2
+
+
 def test_the_batch_script_asks_for_what_the_config_needs(tmp_path):
     from gpubench.config import Config
     from gpubench.launch import Launcher
@@ -162,3 +247,24 @@ def test_the_batch_script_asks_for_what_the_config_needs(tmp_path):
     assert "#SBATCH --partition=gpu\n#SBATCH --account=lab\n#SBATCH --qos=high\n#SBATCH --exclusive\n" in single
     assert "--gpus-per-node" not in script(Config(workload="mlp", device="cpu"))
     assert "#SBATCH --gpus-per-node=8\n" in script(Config(workload="mlp", device="cuda"), gpus_per_node=8)
+    # ddp:4 on each of 2 nodes: one torchrun per node, meeting at the first node's c10d rendezvous
+    two = script(Config(workload="mlp", device="cuda", parallelism="ddp:4", nnodes=2))
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n" in two and "#SBATCH --gpus-per-node=4\n" in two
+    assert 'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in two
+    assert ("-m torch.distributed.run --nnodes=2 --nproc-per-node=4 --rdzv-backend=c10d "
+            "--rdzv-id=gpubench-$SLURM_JOB_ID --rdzv-endpoint=$head:$port -m gpubench.runner.worker") in two
+    # multiworker:2 on each of 2 nodes: 2 tasks a node, each a worker; TensorFlow's SlurmClusterResolver
+    tf = script(Config(workload="mlp", framework="tensorflow", parallelism="multiworker:2", nnodes=2))
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n" in tf and "export GPUBENCH_TF_CLUSTER=slurm " in tf
+    assert "srun --nodes=2 --ntasks-per-node=2 " in tf and "tf_launch" not in tf
+    # a single-process config in a multi-node run asks for one node (its worker says unsupported)
+    assert "#SBATCH --nodes=1\n" in script(Config(workload="mlp", nnodes=2))
+
+
+def test_slurm_ranks_are_torchruns_variables_from_a_slurm_tasks():
+    from gpubench.runner.slurm import slurm_ranks
+
+    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NNODES": "2", "SLURM_NODEID": "1"}
+    assert slurm_ranks(env) == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                                "GROUP_RANK": "1"}
+    assert slurm_ranks({**env, "SLURM_NTASKS_PER_NODE": "2"})["LOCAL_WORLD_SIZE"] == "2"

@@ -36,7 +36,8 @@ class Job:
         return f"{slug(self.config.config_id)}-r{self.repeat}"
 
 
-def _tail(path: Path, n: int) -> list[str]:
+def tail_lines(path: Path, n: int = LOG_TAIL_LINES) -> list[str]:
+    """The last n lines of a log (none when it cannot be read)."""
     try:
         return path.read_text(errors="replace").splitlines()[-n:]
     except OSError:
@@ -80,7 +81,7 @@ def collect_outcome(job: Job, run_dir: Path, workdir: Path, log_rel: Path) -> Ou
 
 def log_tail_reason(run_dir: Path, log_rel: Path, reason: str) -> tuple[str, str]:
     """``reason`` with the log's last non-empty line, and the log's tail (the traceback)."""
-    tail = _tail(run_dir / log_rel, LOG_TAIL_LINES)
+    tail = tail_lines(run_dir / log_rel)
     last = next((line for line in reversed(tail) if line.strip()), "")
     return (reason + (f"; last output: {last.strip()[:300]}" if last else "")), "\n".join(tail)
 

@@ -29,7 +29,7 @@ from gpubench.runner.mfu import load_peaks, peak_devices
 from gpubench.runner.nodes import Nodes
 from gpubench.runner.probe import probe
 from gpubench.runner.progress import SweepDisplay, summary_table, unmeasured_lines
-from gpubench.runner.slurm import SlurmOptions, check_submission, run_slurm_jobs
+from gpubench.runner.slurm import SlurmOptions, check_submission, job_nodes, run_slurm_jobs
 from gpubench.runner.sweep import plan, pre_resolve, run_jobs
 from gpubench.suite import Config, Suite, load_suite
 
@@ -94,8 +94,8 @@ def _check_slurm(req: RunRequest, configs: list[Config]) -> None:
     if req.slurm is None:
         return
     if req.nodes.multi:
-        raise InputError("--launcher slurm: --nnodes is for runs started by hand on every node; under Slurm a "
-                         "config runs on one node")
+        raise InputError("--launcher slurm: --node-rank and --master-addr are for runs started by hand on every "
+                         "node; under Slurm give the nodes each distributed config spans (SlurmOptions.nodes)")
     searched = [c.config_id for c in configs if c.batch_size == MAX_BATCH]
     if searched:
         raise InputError(f"--launcher slurm: batch_size \"max\" is searched on the machine that runs gpubench "
@@ -156,7 +156,8 @@ def execute(req: RunRequest, console: Console) -> int:
         if isinstance(stored, dict):
             req = replace(req, slurm=SlurmOptions.from_dict(stored))
     # every node expands the same suite: the same configs in the same order
-    configs = [replace(c, nnodes=nodes.nnodes) for c in suite.expand()]
+    nnodes = req.slurm.nodes if req.slurm is not None else nodes.nnodes
+    configs = [replace(c, nnodes=nnodes) for c in suite.expand()]
     check_data(configs, suite.source)
     _check_slurm(req, configs)
     if run_dir is None:
@@ -168,9 +169,10 @@ def execute(req: RunRequest, console: Console) -> int:
     # worker checks them where it runs
     probes = probe_frameworks(configs, console) if jobs and req.slurm is None else {}
     if req.slurm is not None:
-        shapes: dict[tuple[str, int, float], Any] = {}
+        shapes: dict[tuple[str, int, int, float], Any] = {}
         for job in jobs:
-            shapes.setdefault((job.config.device, job.config.devices, job.config.timeout_s), job)
+            c = job.config
+            shapes.setdefault((c.device, c.devices, job_nodes(c), c.timeout_s), job)
         for job in shapes.values():
             check_submission(job, Launcher(), req.slurm)
     env = fingerprint({k: p.to_dict() for k, p in probes.items()})

@@ -21,6 +21,7 @@ hides the script, and would add a dependency the GPU machines do not have.
 from __future__ import annotations
 
 import math
+import re
 import shlex
 import subprocess
 import tempfile
@@ -31,12 +32,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from gpubench.config import Config
 from gpubench.errors import InputError
 from gpubench.hugepages import worker_env
 from gpubench.launch import Launcher
+from gpubench.options import parse_parallelism
 from gpubench.results.result import Outcome, Result
 from gpubench.results.store import RESULTS_FILE, append_result
-from gpubench.runner.job import Job, collect_outcome, log_tail_reason, prepare_workdir
+from gpubench.runner.job import Job, collect_outcome, log_tail_reason, prepare_workdir, tail_lines
 from gpubench.runner.process import worker_command
 
 # Slurm job states in which the job may still run (the rest are ends)
@@ -55,6 +58,7 @@ class SlurmOptions:
     time: str | None = None  # sbatch --time; default: each config's timeout_s, in whole minutes
     gpus_per_node: int | None = None  # default: the GPUs the config's parallelism uses (CUDA configs)
     max_parallel: int = 0  # jobs queued or running at once; 0: all
+    nodes: int = 1  # the nodes each distributed config spans (gpubench run --nnodes)
     sbatch_args: tuple[str, ...] = field(default_factory=tuple)  # passed through, e.g. "--qos=high"
     poll_s: float = 1.0
 
@@ -74,13 +78,35 @@ def _slurm(*cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
                          "squeue, scontrol and scancel)") from None
 
 
+# one port per job for its rendezvous (torchrun's c10d store, or the first of TensorFlow's
+# worker ports, one per task on a node), so that jobs sharing a node do not collide
+PORT_LINE = "port=$((20000 + SLURM_JOB_ID % 2000 * 16))"
+TF_CLUSTER_ENV = "GPUBENCH_TF_CLUSTER"  # "slurm": TensorFlow's SlurmClusterResolver makes the cluster
+TF_PORT_ENV = "GPUBENCH_TF_PORT_BASE"
+
+
+def job_nodes(config: Config) -> int:
+    """The nodes a config's job asks for: a distributed config's ``nnodes``, else one (a
+    single-process config in a multi-node run says ``unsupported`` where it runs)."""
+    return config.nnodes if config.distributed else 1
+
+
 def batch_script(job: Job, workdir: Path, log: Path, launcher: Launcher, options: SlurmOptions) -> str:
-    """The job's sbatch script: its resources as #SBATCH lines, then the worker under srun."""
+    """The job's sbatch script: its resources as #SBATCH lines, then the worker under srun.
+
+    A PyTorch ddp/pipeline config: one torchrun per node (``--ntasks-per-node=1``), which
+    starts the node's ranks; on several nodes they meet at torchrun's c10d rendezvous on the
+    first node. A TensorFlow multiworker:N config: N tasks per node, each a worker, whose
+    cluster TensorFlow's SlurmClusterResolver reads from Slurm's variables."""
     c = job.config
+    nodes = job_nodes(c)
+    workdir, log = workdir.absolute(), log.absolute()  # whatever directory the job starts in
+    kind, per_node = parse_parallelism(c.parallelism) if c.distributed else ("single", 1)
     gpus = options.gpus_per_node if options.gpus_per_node is not None else (
-        c.devices if c.device.startswith("cuda") else 0)
+        c.devices // nodes if c.device.startswith("cuda") else 0)
+    tasks = per_node if kind == "multiworker" else 1
     lines = ["#!/bin/bash", f"#SBATCH --job-name=gpubench-{job.name}", f"#SBATCH --output={log}",
-             "#SBATCH --nodes=1", "#SBATCH --ntasks=1",
+             f"#SBATCH --nodes={nodes}", f"#SBATCH --ntasks-per-node={tasks}",
              f"#SBATCH --time={options.time or max(1, math.ceil(c.timeout_s / 60))}"]
     if gpus:
         lines.append(f"#SBATCH --gpus-per-node={gpus}")
@@ -91,8 +117,29 @@ def batch_script(job: Job, workdir: Path, log: Path, launcher: Launcher, options
     exports.update(worker_env(c.huge_pages, env))
     lines += ["", "# gpubench's worker: it reads job.json in its work directory and writes its outcome there"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in exports.items()]
-    lines.append("srun --ntasks=1 " + shlex.join(worker_command(launcher, workdir, c)))
+    srun = f"srun --nodes={nodes} --ntasks-per-node={tasks} "
+    if kind == "multiworker":
+        lines += [PORT_LINE, f"export {TF_CLUSTER_ENV}=slurm {TF_PORT_ENV}=$port",
+                  srun + shlex.join(launcher.command("gpubench.runner.worker", str(workdir)))]
+    elif nodes > 1:
+        torchrun = launcher.command("torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={per_node}",
+                                    "--rdzv-backend=c10d", "--rdzv-id=gpubench-$SLURM_JOB_ID",
+                                    "--rdzv-endpoint=$head:$port", "-m", "gpubench.runner.worker", str(workdir))
+        lines += ['head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', PORT_LINE,
+                  srun + " ".join(a if "$" in a else shlex.quote(a) for a in torchrun)]
+    else:
+        lines.append(srun + shlex.join(worker_command(launcher, workdir, c)))
     return "\n".join(lines) + "\n"
+
+
+def slurm_ranks(environ: dict[str, str]) -> dict[str, str]:
+    """The rank variables torchrun sets, from a Slurm task's own (a multiworker worker started
+    by srun): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK."""
+    local_world = environ.get("SLURM_NTASKS_PER_NODE") or str(
+        int(environ["SLURM_NTASKS"]) // max(1, int(environ.get("SLURM_NNODES", "1"))))
+    return {"RANK": environ["SLURM_PROCID"], "WORLD_SIZE": environ["SLURM_NTASKS"],
+            "LOCAL_RANK": environ["SLURM_LOCALID"], "LOCAL_WORLD_SIZE": local_world,
+            "GROUP_RANK": environ.get("SLURM_NODEID", "0")}
 
 
 def check_submission(job: Job, launcher: Launcher, options: SlurmOptions) -> None:
@@ -133,15 +180,23 @@ def _end(job_id: str) -> tuple[str, str, str]:
     return "UNKNOWN", "Slurm no longer knows the job (no scontrol record, no sacct)", ""
 
 
+# what srun and slurmstepd write into the job's output when the kernel killed a step's process
+# for the job's memory limit (the job itself then ends FAILED, its step OUT_OF_MEMORY)
+OOM_LINE = re.compile(r"oom-kill event|task \d+: Out Of Memory")
+
+
 def slurm_outcome(state: str, reason: str, exit_code: str, job_id: str, run_dir: Path, log_rel: Path) -> Outcome:
-    """The outcome of a job that ended without the worker's: Slurm's end state as a status."""
+    """The outcome of a job that ended without the worker's: Slurm's end state as a status
+    (a step killed for the job's memory limit is ``oom``, whatever state the job ended in)."""
     status = END_STATUS.get(state, "error")
     what = f"Slurm job {job_id} ended {state}" + (f" ({reason})" if reason and reason != "None" else "") + (
         f", exit code {exit_code}" if exit_code else "")
+    oom = next((line.strip() for line in tail_lines(run_dir / log_rel) if OOM_LINE.search(line)), None)
     if status == "timeout":
         what += ": past its time limit"
-    elif status == "oom":
-        what += ": out of memory"
+    elif status == "oom" or oom is not None:
+        status = "oom"
+        what += ": out of memory (past the job's --mem)" + (f"; Slurm: {oom[:300]}" if oom else "")
     what, traceback = log_tail_reason(run_dir, log_rel, what)
     return Outcome(status=status, reason=what, traceback=traceback, log=str(log_rel))
 

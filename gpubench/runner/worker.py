@@ -331,6 +331,10 @@ def _check_ranks(out: Outcome, ranks: list[dict[str, Any]], config: Config) -> N
 
 def main(argv: list[str]) -> int:
     workdir = Path(argv[0])
+    if os.environ.get("GPUBENCH_TF_CLUSTER") == "slurm":  # a multiworker task started by srun (--launcher slurm)
+        from gpubench.runner.slurm import slurm_ranks
+
+        os.environ.update(slurm_ranks(dict(os.environ)))
     job = json.loads((workdir / "job.json").read_text())
     from gpubench.plugins import load_plugins
 

@@ -21,14 +21,14 @@ from gpubench.measure.timers import HostStepTimer
 from gpubench.workloads import register_workload
 from gpubench.workloads.base import Flatten, Linear, Param, Workload, WorkloadSpec
 
-MODES = {0: "ok", 1: "raise", 2: "hang", 3: "oom", 4: "kill", 5: "nan"}
+MODES = {0: "ok", 1: "raise", 2: "hang", 3: "oom", 4: "kill", 5: "nan", 6: "hog"}
 
 
 def build_fault(mode: int) -> WorkloadSpec:
     return WorkloadSpec("fault", (1, 4, 4), 3, (Flatten(), Linear(3)))
 
 
-register_workload(Workload("fault", "test workload: mode 0 ok, 1 raise, 2 hang, 3 oom, 4 kill, 5 nan",
+register_workload(Workload("fault", "test workload: mode 0 ok, 1 raise, 2 hang, 3 oom, 4 kill, 5 nan, 6 hog",
                            build_fault, params=(Param("mode", 0, 0, "what goes wrong"),)))
 register_backend("fake", "tests.plugins.fake:FakeBackend")
 
@@ -121,6 +121,9 @@ class FakeBackend(Backend):
         # a simulated device memory: batches above FAKE_MAX_BATCH do not fit (find-batch tests)
         if int(os.environ.get("FAKE_MAX_BATCH", "0")) and config.batch_size > int(os.environ["FAKE_MAX_BATCH"]):
             raise MemoryError(f"fake device: batch {config.batch_size} > FAKE_MAX_BATCH")
+        if mode == "hog":  # 2 GiB really written (past a Slurm job's --mem, the kernel kills the worker)
+            hog = np.ones(1 << 28)
+            del hog
         if mode == "oom":
             # address space capped just above what the process maps now, so the first 1 GiB
             # allocation fails at once (filling GiBs first made this mode slow on a loaded machine)

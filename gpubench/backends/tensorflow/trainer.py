@@ -80,13 +80,24 @@ def _mirrored_strategy(n: int, gpu: bool) -> tf.distribute.Strategy:
 
 def _multiworker_strategy(gpu: bool) -> tf.distribute.Strategy:
     """One replica per worker process (worker r of a node on its /GPU:r, or on the CPU), in
-    the cluster that TF_CONFIG describes (set by gpubench.runner.tf_launch). Collectives: NCCL
-    between GPUs, ring all-reduce over gRPC between CPUs."""
+    the cluster that TF_CONFIG describes (set by gpubench.runner.tf_launch) or, for a worker
+    that srun started (gpubench run --launcher slurm), the one TensorFlow's
+    SlurmClusterResolver reads from Slurm's variables (worker ports from GPUBENCH_TF_PORT_BASE
+    on every node). Collectives: NCCL between GPUs, ring all-reduce over gRPC between CPUs."""
     gpus = tf.config.list_physical_devices("GPU")
-    tf.config.set_visible_devices([gpus[int(os.environ.get("LOCAL_RANK", "0"))]] if gpu else [], "GPU")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    tf.config.set_visible_devices([gpus[local]] if gpu else [], "GPU")
     comm = tf.distribute.experimental.CommunicationImplementation
     options = tf.distribute.experimental.CommunicationOptions(implementation=comm.NCCL if gpu else comm.RING)
-    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    resolver = None
+    if os.environ.get("GPUBENCH_TF_CLUSTER") == "slurm":
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        # one device per task, chosen above by LOCAL_RANK (auto_set_gpu would set CUDA_VISIBLE_DEVICES
+        # after TensorFlow has seen the GPUs); on CPUs the "GPU" counts only shape the port layout
+        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
+            port_base=int(os.environ["GPUBENCH_TF_PORT_BASE"]), gpus_per_node=per_node, gpus_per_task=1,
+            auto_set_gpu=False)
+    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)
 
 
 _GATHER_BYTES = 1 << 14  # room for one rank's summary in all_gather
@@ -236,8 +247,9 @@ class TFTrainer(Trainer):
             self._step = tf.function(device_step, jit_compile=xla)
         data = "tf.data(distributed)" if self.pipeline else "device-resident (per replica)"
         if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            cluster = ("SlurmClusterResolver" if os.environ.get("GPUBENCH_TF_CLUSTER") == "slurm" else "TF_CONFIG")
             distributed = (f"MultiWorkerMirroredStrategy({'NCCL' if self.gpu else 'RING'}, "
-                           f"workers={self.world_size})")
+                           f"workers={self.world_size}, cluster={cluster})")
         else:
             distributed = f"MirroredStrategy({', '.join(strategy.extended.worker_devices)})"
         self._finish_init(config, policy, data, distributed=distributed)
