@@ -216,8 +216,13 @@ parallelism = "multiworker:1"
                     "--no-report")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
-    found = {r["config"]["framework"]: r for r in result_lines(run_dir)}
-    assert {f: r["status"] for f, r in found.items()} == {"torch": "ok", "tensorflow": "ok"}
+    found = {r["config"]["parallelism"]: r for r in result_lines(run_dir)}
+    # the suite's base config (single) cannot span nodes: unsupported, without a Slurm job
+    assert {p: r["status"] for p, r in found.items()} == {"single": "unsupported", "ddp:1": "ok",
+                                                         "multiworker:1": "ok"}
+    assert "runs distributed configs only" in found.pop("single")["reason"]
+    assert len(list((run_dir / "slurm").glob("*.sbatch"))) == 2
+    found = {r["config"]["framework"]: r for r in found.values()}
     for r in found.values():  # one rank on each node, each on its own host
         assert [(x["rank"], x["node"], x["host"]) for x in r["metrics"]["ranks"]] == [(0, 0, "node1"), (1, 1, "node2")]
         assert r["metrics"]["nodes"] == 2 and r["config_id"].endswith("-nnodes=2")

@@ -172,7 +172,8 @@ def execute(req: RunRequest, console: Console) -> int:
         shapes: dict[tuple[str, int, int, float], Any] = {}
         for job in jobs:
             c = job.config
-            shapes.setdefault((c.device, c.devices, job_nodes(c), c.timeout_s), job)
+            if pre_resolve(c, {}) is None:  # the rest are recorded without a job
+                shapes.setdefault((c.device, c.devices, job_nodes(c), c.timeout_s), job)
         for job in shapes.values():
             check_submission(job, Launcher(), req.slurm)
     env = fingerprint({k: p.to_dict() for k, p in probes.items()})

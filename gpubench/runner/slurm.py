@@ -1,16 +1,20 @@
 """``gpubench run --launcher slurm``: every config repeat is a Slurm batch job.
 
 Each job's batch script (``RUN_DIR/slurm/<job>.sbatch``, kept) asks for what the config needs
-(one node; the GPUs its parallelism uses on a CUDA device; the config's ``timeout_s`` as the
-time limit unless ``--time`` says otherwise) and runs the same worker command a local sweep
-runs, under ``srun``; the worker writes its outcome into its work directory in the run
-directory, which must be on a file system the nodes share. gpubench submits with ``sbatch``
-(at most ``--max-parallel`` jobs queued or running at once), follows them with ``squeue`` and,
-for a job that has ended, ``scontrol`` or ``sacct``, and appends each result as its job ends.
-A job that ends without an outcome gets Slurm's: ``TIMEOUT`` is ``timeout``,
-``OUT_OF_MEMORY`` ``oom``, ``FAILED``, ``NODE_FAIL``, ``PREEMPTED`` and ``BOOT_FAIL``
-``error``, each with Slurm's reason; a ``CANCELLED`` job (``scancel``, Ctrl-C) gets no result,
-so ``--resume`` submits it again.
+(its nodes: one, or ``--nnodes`` for a distributed config; the GPUs its parallelism uses on a
+CUDA device; the config's ``timeout_s`` as the time limit unless ``--time`` says otherwise) and
+runs the worker under ``srun``: directly, through torchrun (one per node; across nodes, at
+torchrun's c10d rendezvous on the first node), or for TensorFlow's multiworker one task per
+worker, whose cluster TensorFlow's SlurmClusterResolver reads. The worker writes its outcome
+into its work directory in the run directory, which must be on a file system the nodes share.
+gpubench submits with ``sbatch`` (at most ``--max-parallel`` jobs queued or running at once),
+follows them with ``squeue`` and, for a job that has ended, ``scontrol`` or ``sacct``, and
+appends each result as its job ends. A config that cannot run anywhere (unsupported) is
+recorded without a job. A job that ends without an outcome gets Slurm's: ``TIMEOUT`` is
+``timeout``, ``OUT_OF_MEMORY`` (or a step Slurm reports killed for memory) ``oom``,
+``FAILED``, ``NODE_FAIL``, ``PREEMPTED`` and ``BOOT_FAIL`` ``error``, each with Slurm's
+reason; a ``CANCELLED`` job (``scancel``, Ctrl-C) gets no result, so ``--resume`` submits it
+again.
 
 Why ``sbatch`` and not submitit: a gpubench worker is already a command that reads its job
 from a directory and writes its outcome there, so a plain batch script per job is all Slurm
@@ -41,6 +45,7 @@ from gpubench.results.result import Outcome, Result
 from gpubench.results.store import RESULTS_FILE, append_result
 from gpubench.runner.job import Job, collect_outcome, log_tail_reason, prepare_workdir, tail_lines
 from gpubench.runner.process import worker_command
+from gpubench.runner.sweep import pre_resolve
 
 # Slurm job states in which the job may still run (the rest are ends)
 ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
@@ -233,6 +238,20 @@ def run_slurm_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, A
         while queue or live:
             while queue and (options.max_parallel <= 0 or len(live) < options.max_parallel):
                 k, job = queue.pop(0)
+                pre = pre_resolve(job.config, {})
+                if pre is not None:  # a config that cannot run anywhere (unsupported) costs no job
+                    if on_start:
+                        on_start(k, job)
+                    c = job.config
+                    result = Result.of(Outcome(status=pre[0], reason=pre[1]), run_id=run_id, config_id=c.config_id,
+                                       config_hash=c.config_hash, repeat=job.repeat, config=c.to_dict(), env=env,
+                                       started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                       duration_s=0.0)
+                    append_result(run_dir, result, RESULTS_FILE)
+                    results.append(result)
+                    if on_finish:
+                        on_finish(k, job, result)
+                    continue
                 workdir, log_rel = prepare_workdir(job, run_dir)
                 script = run_dir / "slurm" / f"{job.name}.sbatch"
                 script.write_text(batch_script(job, workdir, run_dir / log_rel, launcher, options))
