@@ -58,6 +58,69 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+# two or three examples at the end of each command's --help (keyed by the command's words after
+# "gpubench"; "" is gpubench --help itself)
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "": ("gpubench run suites/quick.toml                      # train the quick suite, write the report",
+         "gpubench compare runs/main-run runs/my-branch-run   # did my branch make training slower?",
+         "gpubench run --help                                 # a command's options and examples"),
+    "run": ("gpubench run suites/quick.toml",
+            "gpubench run suites/frameworks.toml --set device=cuda --set batch_size=256,1024 --repeats 3",
+            "gpubench run suites/parallel.toml --launcher slurm --nnodes 2 --partition gpu --out /shared/runs"),
+    "report": ("gpubench report runs/quick-20261125-101500",
+               "gpubench report runs/before runs/after --out reports/before-after   # side by side"),
+    "compare": ("gpubench compare runs/baseline runs/candidate",
+                "gpubench compare main runs/candidate --threshold 5% --markdown summary.md   # a saved baseline",
+                "gpubench compare runs/baseline runs/candidate --metric peak_memory_bytes"),
+    "ab": ("gpubench ab suites/quick.toml --baseline-python ../main/.venv/bin/python "
+           "--candidate-python .venv/bin/python",
+           "gpubench ab suites/quick.toml --baseline-python py-a --candidate-python py-b --lockstep --budget 10m "
+           "--junit ab.xml"),
+    "export": ("gpubench export runs/quick-20261125-101500 --format pytest-benchmark --out bench.json",
+               "gpubench export runs/quick-20261125-101500 --format github-action --out action.json"),
+    "baseline": ("gpubench baseline save runs/quick-20261125-101500 main",
+                 "gpubench baseline list"),
+    "baseline save": ("gpubench baseline save runs/quick-20261125-101500 main",
+                      "gpubench baseline save runs/quick-20261126-090000 main --force   # replace it"),
+    "baseline list": ("gpubench baseline list", "gpubench baseline list --baselines-dir ci/baselines"),
+    "list": ("gpubench list", "gpubench list --suites-dir my-suites"),
+    "find-batch": ("gpubench find-batch suites/quick.toml --set device=cuda",
+                   "gpubench find-batch suites/resnet.toml --set device=cuda --limit 4096 --json batches.json"),
+    "profile": ("gpubench profile suites/quick.toml --set workload=cnn --set framework=torch",
+                "gpubench profile suites/quick.toml --set device=cuda --steps 10"),
+    "calibrate": ("gpubench calibrate", "gpubench calibrate --device cuda --force   # measure again"),
+    "history": ("gpubench history ingest runs/* --db history.db",
+                "gpubench history check --db history.db",
+                "gpubench history report --db history.db --out reports/history"),
+    "history ingest": ("gpubench history ingest runs/* --db history.db --tag branch=main",
+                       "gpubench history ingest runs/quick-20261125-101500 --db postgresql://bench@db/gpubench"),
+    "history list": ("gpubench history list --db history.db", "gpubench history list --suite quick --since 2026-11-01"),
+    "history show": ("gpubench history show --db history.db --config cnn-torch",
+                     "gpubench history show --config cnn-torch --metric throughput --metric peak_memory_bytes"),
+    "history export": ("gpubench history export --db history.db --out history.csv",
+                       "gpubench history export --suite quick --out quick.json"),
+    "history report": ("gpubench history report --db history.db --out reports/history",
+                       "gpubench history report --suite quick --pin cnn-torch-cpu --out reports/history"),
+    "history check": ("gpubench history check --db history.db",
+                      "gpubench history check --suite quick --threshold 5% --json changes.json"),
+    "history noise": ("gpubench history noise --db history.db",
+                      "gpubench history noise --suite quick --effect 5% --json noise.json"),
+    "env": ("gpubench env", "gpubench env --json"),
+}
+
+
+def _add_examples(parser: argparse.ArgumentParser, words: str = "") -> None:
+    """Each command's examples as its --help epilog (kept as written: one per line)."""
+    examples = EXAMPLES.get(words)
+    if examples:
+        parser.epilog = "examples:\n" + "\n".join(f"  {e}" for e in examples)
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                _add_examples(sub, f"{words} {name}".strip())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="gpubench", description="Benchmark deep-learning training.")
     parser.add_argument("--version", action="version", version=f"gpubench {__version__}")
@@ -273,6 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     env = sub.add_parser("env", help="print the environment fingerprint")
     env.add_argument("--json", action="store_true", help="as JSON")
+    _add_examples(parser)
     return parser
 
 

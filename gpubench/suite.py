@@ -149,47 +149,75 @@ def _parse_number(s: str) -> Any:
 
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
-    Setting("workload", _choice("workload", lambda: sorted(WORKLOADS)), str, "model family"),
-    Setting("framework", _choice("framework", lambda: sorted(BACKENDS)), str, "training framework"),
-    Setting("device", parse_device, str, "cpu, cuda or cuda:N"),
-    Setting("batch_size", _batch_size, _parse_number, 'samples per step per device, or "max" (the largest that fits)'),
-    Setting("precision", _choice("precision", _declared("precision")), str, "numeric precision"),
-    Setting("parallelism", _parallelism, str, "parallel strategy: single, grad-accum:N, ddp:N, dp:N, mirrored:N, "
-                                              "pipeline:N, multiworker:N"),
-    Setting("optimizer", _choice("optimizer", _declared("optimizer")), str, "optimizer"),
-    Setting("lr", _positive_float, _parse_number, "learning rate"),
-    Setting("loss", _choice("loss", _declared("loss")), str, "loss function"),
+    Setting("workload", _choice("workload", lambda: sorted(WORKLOADS)), str,
+            "the model: `cnn`, `mlp`, `resnet18`, `resnet50` (and plugins' workloads)"),
+    Setting("framework", _choice("framework", lambda: sorted(BACKENDS)), str,
+            "the training framework: `torch`, `tensorflow` (and plugins' backends)"),
+    Setting("device", parse_device, str, "`cpu`, `cuda`, `cuda:N` (`gpu`, `gpu:N` are aliases)"),
+    Setting("batch_size", _batch_size, _parse_number,
+            'samples per step per device and micro-batch, an integer >= 1, or `"max"`: the largest batch that '
+            "trains, searched before the config runs (see `max_batch_start`, `max_batch_limit`)"),
+    Setting("precision", _choice("precision", _declared("precision")), str,
+            "`fp32` (true fp32: TF32 off), `tf32`, `amp-fp16`, `amp-bf16` (automatic mixed precision)"),
+    Setting("parallelism", _parallelism, str,
+            "`single`; `grad-accum:N` (N micro-batches of `batch_size` per optimizer step, both frameworks); "
+            "`ddp:N` (PyTorch DistributedDataParallel, N processes started by torchrun, gloo on CPU, NCCL on GPU); "
+            "`dp:N` (PyTorch DataParallel over N GPUs in one process); `pipeline:N` (PyTorch "
+            "`torch.distributed.pipelining`: N stages, one process each; `batch_size` is the batch every stage "
+            "processes per step); `mirrored:N` (TensorFlow MirroredStrategy over N GPUs, or N logical CPU "
+            "devices); `multiworker:N` (TensorFlow MultiWorkerMirroredStrategy, N worker processes)"),
+    Setting("optimizer", _choice("optimizer", _declared("optimizer")), str, "`adam`, `adamw`, `sgd` (momentum 0.9)"),
+    Setting("lr", _positive_float, _parse_number, "learning rate, a number > 0"),
+    Setting("loss", _choice("loss", _declared("loss")), str, "loss function: `cross_entropy`"),
     Setting("compile", _choice("compile", _declared("compile")), str,
-            "graph compiler: xla (TensorFlow jit_compile), torch-compile[-reduce-overhead|-max-autotune], cuda-graph"),
+            "`none` (PyTorch eager; TensorFlow `tf.function`), `xla` (TensorFlow `jit_compile`), `torch-compile`, "
+            "`torch-compile-reduce-overhead`, `torch-compile-max-autotune` (`torch.compile` with that mode; "
+            "reduce-overhead on CUDA only), `cuda-graph` (the whole PyTorch step as one CUDA graph; CUDA, device "
+            "data, not with `amp-fp16`, `ddp`/`dp`)"),
     Setting("memory_format", _choice("memory_format", _declared("memory_format")), str,
-            "PyTorch tensor layout of 4-D inputs and conv weights"),
+            "`contiguous`, `channels-last` (PyTorch: conv weights and 4-D inputs in NHWC memory order; a workload "
+            "without a (C, H, W) input is `unsupported`; TensorFlow: `unsupported`, Keras is NHWC already)"),
     Setting("data", _choice("data mode", _declared("data")), str,
-            "device-resident batches or the framework's input pipeline"),
-    Setting("data_workers", _int(0), _parse_number, "input-pipeline worker processes (PyTorch DataLoader)"),
+            "`device` (batches resident on the device) or `pipeline` (the framework's input pipeline: "
+            "PyTorch DataLoader, `tf.data`)"),
+    Setting("data_workers", _int(0), _parse_number,
+            "DataLoader worker processes with `data = \"pipeline\"` (PyTorch), an integer >= 0"),
     Setting("threads", _int(0), _parse_number,
-            "CPU threads a worker trains with (PyTorch's intra-op threads, TensorFlow's intra- and inter-op "
-            "threads); 0 = the framework's default. Fewer threads can mean less noise on a small shared machine"),
+            "CPU threads a worker trains with: PyTorch's intra-op threads (`torch.set_num_threads`), TensorFlow's "
+            "intra- and inter-op thread pools; `0` leaves the framework's default. Part of the config id when set "
+            "(`-threads=1`). Fewer threads can mean less noise on a small shared machine"),
     Setting("huge_pages", _choice("huge_pages", HUGE_PAGES), str,
-            "off, or transparent: the worker's memory in transparent huge pages (PyTorch's CPU allocator and "
-            "glibc's malloc ask for them); steadier speed from one process to the next on a VM"),
+            "`off`, `transparent`: the worker starts with PyTorch's CPU allocator (`THP_MEM_ALLOC_ENABLE=1`) and "
+            "glibc's malloc (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, glibc 2.35+) asking for transparent huge "
+            "pages; `unsupported` where the kernel's THP mode is `never`. Steadier speed from one process to the "
+            "next on a VM. Part of the config id when set"),
     Setting("dataset", _choice("dataset", _declared("dataset")), str,
-            "synthetic task, or MNIST IDX files from data_dir"),
-    Setting("data_dir", _string, str, "directory holding the MNIST IDX files"),
+            "`synthetic` (a learnable task made from the seed), `mnist` (IDX files from `data_dir`)"),
+    Setting("data_dir", _string, str,
+            "directory of `train-images-idx3-ubyte[.gz]` and `train-labels-idx1-ubyte[.gz]` (`dataset = "
+            "\"mnist\"`)"),
     Setting("checkpointing", _choice("checkpointing", _declared("checkpointing")), str,
-            "activation checkpointing: none, or activations (recomputed in the backward pass)"),
-    Setting("warmup_steps", _int(0), _parse_number, "steps after the cold-start step, not measured"),
-    Setting("steps", _int(1), _parse_number, "measured steps per window"),
-    Setting("windows", _int(1), _parse_number, "measured windows"),
+            "`none`, or `activations` (activation checkpointing: activations recomputed in the backward pass; "
+            "PyTorch only)"),
+    Setting("warmup_steps", _int(0), _parse_number, "steps after the cold-start step, not measured; an integer >= 0"),
+    Setting("steps", _int(1), _parse_number, "measured steps per window, an integer >= 1"),
+    Setting("windows", _int(1), _parse_number, "measured windows, an integer >= 1"),
     Setting("window_s", _non_negative_float, _parse_number,
-            "seconds a measured window may take: a slower config takes fewer steps (at least 2), 0 = no bound"),
-    Setting("timeout_s", _positive_float, _parse_number, "seconds before a config is killed"),
-    Setting("seed", _int(0, SEED_MAX), _parse_number, "seed for weights, data and dropout"),
-    Setting("telemetry_interval_ms", _int(0), _parse_number, "telemetry sampling period; 0 turns sampling off"),
-    Setting("max_batch_start", _int(1), _parse_number, 'batch_size = "max": the first batch the search tries'),
-    Setting("max_batch_limit", _int(1), _parse_number, 'batch_size = "max": the largest batch the search tries'),
-    Setting("pipeline_microbatches", _int(1), _parse_number, "pipeline:N: micro-batches each batch is split into"),
+            "seconds a measured window may take, 0 for no bound: the warm-up stops once it has taken that long, "
+            "and every window takes the steps that fit at the warm-up's step time, at least 2 (never more than "
+            "`steps`), so a slow config takes fewer steps, never fewer windows"),
+    Setting("timeout_s", _positive_float, _parse_number, "seconds > 0 before a config's worker is killed (`timeout`)"),
+    Setting("seed", _int(0, SEED_MAX), _parse_number, "seed for weights, data and dropout, an integer >= 0"),
+    Setting("telemetry_interval_ms", _int(0), _parse_number,
+            "telemetry sampling period in ms, an integer >= 0; 0 turns sampling off (also "
+            "`--telemetry-interval-ms`, or `interval_ms` in a `[telemetry]` table)"),
+    Setting("max_batch_start", _int(1), _parse_number,
+            '`batch_size = "max"`: the first batch the search tries (an integer >= 1, at most `max_batch_limit`)'),
+    Setting("max_batch_limit", _int(1), _parse_number, '`batch_size = "max"`: the largest batch the search tries'),
+    Setting("pipeline_microbatches", _int(1), _parse_number,
+            "`pipeline:N`: micro-batches each batch is split into (must divide `batch_size`)"),
     Setting("pipeline_schedule", _choice("pipeline schedule", PIPELINE_SCHEDULES), str,
-            "pipeline:N: the torch.distributed.pipelining schedule"),
+            "`pipeline:N`: the `torch.distributed.pipelining` schedule, `gpipe` or `1f1b`"),
 )}
 
 

@@ -5,7 +5,7 @@
 #   bash scripts/gpu_check.sh --list             # the steps, one line each
 #   CHECK_DEVICE=cpu bash scripts/gpu_check.sh quick   # dry run of a step on a CPU machine
 # A lent GPU machine allows 10 minutes a call and 30 minutes a session: the steps are ordered
-# by what they prove (the issue's targets and telemetry first), and --list gives each step's
+# by what they prove (the performance targets and telemetry first), and --list gives each step's
 # planned minutes on an H100 (a guess for splitting a session into calls, not a measurement:
 # the summary at the end prints each step's measured seconds, which replace the guesses). The calibration cache lives
 # in runs/gpu-check-cache of the checkout (ignored by git, so it stays on a warm machine between
@@ -42,18 +42,18 @@ latest_run() { ls -td "$OUT"/runs/"$1"-* 2>/dev/null | head -n 1; }  # latest_ru
 # --- the steps: NAME, planned minutes on an H100 (a guess), what it checks ---------------------
 STEPS=(
   "env         0  the machine: nvidia-smi, gpubench env"
-  "calibrate   1  (39 s on an H100, 2026-11-24) #8: peak TFLOP/s per precision (best training kernel) and copy bandwidth (cached for MFU)"
-  "targets     6  (318 s) #8: ResNet-50 / MNIST CNN target configs, checked by scripts/gpu_targets.py; sample report"
-  "telemetry   2  (75 s) #4: utilisation busy/idle, power above idle, counter vs integrated energy; NVML overhead"
-  "quick       4  (216 s) #2: the quick suite's CUDA configs at fp32, tf32, amp-fp16, amp-bf16"
-  "overhead    1  (30 s) #2: harness overhead against a hand-written loop"
-  "parallel    5  (237 s for 13 of 16 configs) #7: grad-accum:4, ddp:1 and pipeline:1 over NCCL against single"
-  "compile     6  #8: eager, torch.compile, reduce-overhead, cuda-graph, channels-last on the MNIST CNN"
-  "resnet      4  (190 s) #7/#8: ResNet-18/50 with and without activation checkpointing (memory saving)"
-  "profile     1  (33 s) #8: gpubench profile (CUDA kernels, breakdown on CUDA events; NVTX under nsys if installed)"
+  "calibrate   1  (39 s on an H100, 2026-11-24): peak TFLOP/s per precision (best training kernel) and copy bandwidth (cached for MFU)"
+  "targets     6  (318 s): ResNet-50 / MNIST CNN target configs, checked by scripts/gpu_targets.py; sample report"
+  "telemetry   2  (75 s): utilisation busy/idle, power above idle, counter vs integrated energy; NVML overhead"
+  "quick       4  (216 s): the quick suite's CUDA configs at fp32, tf32, amp-fp16, amp-bf16"
+  "overhead    1  (30 s): harness overhead against a hand-written loop"
+  "parallel    5  (237 s for 13 of 16 configs): grad-accum:4, ddp:1 and pipeline:1 over NCCL against single"
+  "compile     6  eager, torch.compile, reduce-overhead, cuda-graph, channels-last on the MNIST CNN"
+  "resnet      4  (190 s): ResNet-18/50 with and without activation checkpointing (memory saving)"
+  "profile     1  (33 s): gpubench profile (CUDA kernels, breakdown on CUDA events; NVTX under nsys if installed)"
   "gpu-tests   6  (303 s) every @pytest.mark.gpu test"
-  "find-batch  5  #7: the largest batch for cnn and mlp at amp-bf16 (expected to fit to the limit), and for ResNet-18 fp32 (chosen to run out of memory partway)"
-  "max-batch   3  (136 s) #7: batch_size = \"max\" resolved before the config runs; a config past the GPU's memory ends oom"
+  "find-batch  5  the largest batch for cnn and mlp at amp-bf16 (expected to fit to the limit), and for ResNet-18 fp32 (chosen to run out of memory partway)"
+  "max-batch   3  (136 s): batch_size = \"max\" resolved before the config runs; a config past the GPU's memory ends oom"
 )
 
 do_env() {
@@ -73,7 +73,7 @@ do_calibrate() {
   step calibrate "$PY" -m gpubench calibrate --device "$DEV" --force --json "$OUT/calibration.json"
 }
 
-do_targets() {  # the configs of issue #8's performance targets, then the verdicts and a report
+do_targets() {  # the configs of the GPU performance targets, then the verdicts and a report
   local sets=()
   cuda || sets=(--set device=cpu --set workload=cnn --set batch_size=16 --set compile=none --set steps=2
                 --set windows=2 --set precision=amp-bf16)

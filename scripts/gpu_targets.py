@@ -102,7 +102,7 @@ def check(results: list[dict[str, Any]], calibration: list[dict[str, Any]]) -> l
                         best(throughputs(results, workload="cnn", precision="amp-bf16", batch_size=1024,
                                          data="device")), 1_000_000, "img/s"))
 
-    # the issue names no precision for this one; it is judged at amp-bf16, the precision of
+    # no precision is named for this target; it is judged at amp-bf16, the precision of
     # every other CNN and ResNet target, and the pairs at other precisions are printed with it
     cnn128: Callable[[str], dict[str, float]] = lambda compile_: throughputs(
         results, workload="cnn", batch_size=128, data="device", memory_format="contiguous", compile=compile_)

@@ -4,10 +4,11 @@ One place declares each metric: its name (the column of the results frame, of th
 results.csv and of summary tables, and the value of ``compare --metric``), where it lives in a
 result line, its unit, which direction is better, how it is formatted, how a config's repeats
 combine, and whether the regression gate may use it. The frame, the CSV, the report's tables,
-the summaries, the gate, the exporters and docs/results-schema.md all read this list, so
+the summaries, the gate, the exporters and docs/reference/metrics.md all read this list, so
 adding a metric is one entry here plus the code that measures it.
 
-``python -m gpubench.results.metrics`` prints the reference table docs/results-schema.md holds.
+``python -m gpubench.results.metrics`` prints the reference table (docs/reference/metrics.md, written by
+``python -m gpubench.docgen``).
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ def gate_metric_names() -> list[str]:
 
 
 def reference_markdown() -> str:
-    """The metric table of docs/results-schema.md (a test checks the doc holds exactly this)."""
+    """The metric table of docs/reference/metrics.md (a test checks the page holds exactly this)."""
     lines = ["| metric | in a result line | unit | better | repeats | gate | meaning |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for m in METRICS:

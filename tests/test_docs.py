@@ -1,0 +1,69 @@
+"""The documentation: generated reference pages that match the code, --help examples that parse,
+no issue numbers where users read."""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+import pytest
+
+from gpubench.cli import EXAMPLES, build_parser
+from gpubench.docgen import PAGES, _commands, main, stale
+from tests.conftest import REPO
+
+
+def test_the_reference_pages_are_what_the_code_generates(tmp_path, capsys):
+    assert stale() == [], "regenerate with: python -m gpubench.docgen"
+    # the check names a stale page and fails; writing the pages makes it pass
+    assert main(["--out", str(tmp_path)]) == 0
+    (tmp_path / "cli.md").write_text((tmp_path / "cli.md").read_text().replace("gpubench run", "gpubench walk", 1))
+    assert main(["--check", "--out", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.strip() == f"{tmp_path / 'cli.md'}: out of date; regenerate with: python -m " \
+                                              "gpubench.docgen"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(PAGES)
+
+
+def test_the_generated_pages_cover_every_command_suite_key_and_metric():
+    from gpubench.results.metrics import METRICS
+    from gpubench.suite import SETTINGS
+
+    cli = (REPO / "docs" / "reference" / "cli.md").read_text()
+    commands = [name for name, _ in _commands(build_parser(), "gpubench")]
+    assert len(commands) > 20 and all(f"## `{c}`\n" in cli for c in commands)
+    keys = (REPO / "docs" / "reference" / "suite-keys.md").read_text()
+    assert all(f"| `{k}` |" in keys for k in SETTINGS) and "| `depth` | `mlp` | `2` | `1` |" in keys
+    assert "| `batch_size` | `64` |" in keys and "| `framework` | `\"torch\"` |" in keys
+    metrics = (REPO / "docs" / "reference" / "metrics.md").read_text()
+    assert all(f"| `{m.name}`" in metrics for m in METRICS)
+
+
+@pytest.mark.parametrize("words", sorted(EXAMPLES))
+def test_each_commands_help_ends_with_examples_that_parse(words, capsys):
+    examples = EXAMPLES[words]
+    assert 2 <= len(examples) <= 3, words
+    parser = dict(_commands(build_parser(), "gpubench"))[f"gpubench {words}".strip()]
+    assert parser.format_help().rstrip().endswith("examples:\n" + "\n".join(f"  {e}" for e in examples))
+    for example in examples:
+        argv = shlex.split(example, comments=True)
+        assert argv[0] == "gpubench"
+        if argv[1:] == ["run", "--help"]:
+            continue
+        build_parser().parse_args(argv[1:])  # an unknown option or value exits 2 here
+
+
+def test_every_command_has_examples():
+    commands = [name.removeprefix("gpubench").strip() for name, _ in _commands(build_parser(), "gpubench")]
+    assert sorted(commands) == sorted(EXAMPLES)
+
+
+ISSUE = re.compile(r"\bissues? ?#?\d+|(?<![\w/&#])#\d+\b", re.IGNORECASE)
+
+
+def test_no_user_facing_text_names_an_issue():
+    files = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), *sorted((REPO / "suites").glob("*.toml")),
+             REPO / "scripts" / "gpu_check.sh"]
+    found = [f"{path.relative_to(REPO)}:{n}: {line.strip()[:80]}" for path in files
+             for n, line in enumerate(path.read_text().splitlines(), 1) if ISSUE.search(line)]
+    assert found == []
+    assert ISSUE.search("see issue 8") and ISSUE.search("(#7)") and not ISSUE.search("[a](#under-slurm)")
