@@ -67,3 +67,30 @@ def test_no_user_facing_text_names_an_issue():
              for n, line in enumerate(path.read_text().splitlines(), 1) if ISSUE.search(line)]
     assert found == []
     assert ISSUE.search("see issue 8") and ISSUE.search("(#7)") and not ISSUE.search("[a](#under-slurm)")
+
+
+def _gpubench_commands(text: str) -> list[list[str]]:
+    """The `python -m gpubench ...` commands of a page's bash blocks, continuation lines joined."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            argv = shlex.split(line, comments=True)
+            if argv[:3] == ["python", "-m", "gpubench"]:
+                commands.append(argv[3:])
+    return commands
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md", "docs/index.md"])
+def test_the_commands_a_newcomer_copies_parse(page):
+    commands = _gpubench_commands((REPO / page).read_text())
+    assert commands
+    for argv in commands:
+        build_parser().parse_args(argv)  # an unknown command, option or value exits 2 here
+
+
+def test_the_readme_is_short_and_shows_five_recipes():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 160
+    recipes = readme.split("## Recipes", 1)[1].split("\n## ", 1)[0]
+    assert len(re.findall(r"^\*\*[^*]+\*\*", recipes, re.M)) == 5
+    assert len(_gpubench_commands(recipes)) >= 5
