@@ -72,10 +72,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "compare": ("gpubench compare runs/baseline runs/candidate",
                 "gpubench compare main runs/candidate --threshold 5% --markdown summary.md   # a saved baseline",
                 "gpubench compare runs/baseline runs/candidate --metric peak_memory_bytes"),
-    "ab": ("gpubench ab suites/quick.toml --baseline-python ../main/.venv/bin/python "
-           "--candidate-python .venv/bin/python",
-           "gpubench ab suites/quick.toml --baseline-python py-a --candidate-python py-b --lockstep --budget 10m "
-           "--junit ab.xml"),
+    "ab": ("gpubench ab suites/quick.toml --set device=cpu --baseline-python ../main/.venv/bin/python "
+           "--candidate-python .venv/bin/python --repeats 12",
+           "gpubench ab suites/quick.toml --set workload=mlp --set device=cpu --set batch_size=256 "
+           "--baseline-python py-a --candidate-python py-b --lockstep --repeats 12 --budget 9m --junit ab.xml"),
     "export": ("gpubench export runs/quick-20261125-101500 --format pytest-benchmark --out bench.json",
                "gpubench export runs/quick-20261125-101500 --format github-action --out action.json"),
     "baseline": ("gpubench baseline save runs/quick-20261125-101500 main",

@@ -162,10 +162,9 @@ def test_a_refused_submission_is_one_line_before_anything_runs(cluster, tmp_path
     assert slurm(cluster, "squeue", "-h").stdout.strip() == ""
 
 
-def test_a_ddp_config_runs_its_ranks_in_one_slurm_job(cluster, tmp_path, write_suite):
-    pytest.importorskip("torch")
-    suite = write_suite("""
-name = "slurmddp"
+# an MLP small enough that a distributed config's job takes seconds
+TINY_MLP = """
+name = "tiny"
 [defaults]
 workload = "mlp"
 depth = 1
@@ -174,9 +173,13 @@ batch_size = 8
 warmup_steps = 1
 steps = 2
 windows = 1
-parallelism = "ddp:2"
 telemetry_interval_ms = 0
-""")
+"""
+
+
+def test_a_ddp_config_runs_its_ranks_in_one_slurm_job(cluster, tmp_path, write_suite):
+    pytest.importorskip("torch")
+    suite = write_suite(TINY_MLP.replace("tiny", "slurmddp") + 'parallelism = "ddp:2"\n')
     db = str(tmp_path / "history.db")
     proc = gpubench(cluster, tmp_path, "run", str(suite), "--launcher", "slurm", "--out", "runs", "--no-report",
                     "--db", db)
@@ -194,17 +197,7 @@ telemetry_interval_ms = 0
 def test_distributed_configs_span_two_nodes_in_one_slurm_job_each(cluster, tmp_path, write_suite):
     pytest.importorskip("torch")
     pytest.importorskip("tensorflow")
-    suite = write_suite("""
-name = "slurmnodes"
-[defaults]
-workload = "mlp"
-depth = 1
-width = 32
-batch_size = 8
-warmup_steps = 1
-steps = 2
-windows = 1
-telemetry_interval_ms = 0
+    suite = write_suite(TINY_MLP.replace("tiny", "slurmnodes") + """
 [[matrix.include]]
 framework = "torch"
 parallelism = "ddp:1"

@@ -94,7 +94,8 @@ def pipeline_unsupported(config: Config) -> str | None:
 
 class TorchBackend(Backend):
     name = "torch"
-    install_hint = "pip install torch==2.13.0 (CPU build) or pip install 'gpubench[torch]'"
+    install_hint = ("pip install torch (PyPI's CUDA build; for the CPU build add --index-url "
+                    "https://download.pytorch.org/whl/cpu)")
     capabilities = Capabilities(
         precisions={"cpu": ("fp32", "amp-bf16"), "cuda": PRECISIONS},
         parallelism=("single", "grad-accum", "ddp", "dp", "pipeline"),
