@@ -292,8 +292,8 @@ PartitionName=debug Nodes={",".join(self.names)} Default=YES MaxTime=INFINITE St
             self.cancel_all()
         except (OSError, subprocess.SubprocessError):
             pass
-        for pidfile in (*(f"slurmd-{n}.pid" for n in self.names), "slurmctld.pid", "munge/munged.pid"):
-            _terminate(self.root / pidfile)
+        _terminate([self.root / f for f in (*(f"slurmd-{n}.pid" for n in self.names), "slurmctld.pid",
+                                            "munge/munged.pid")])
         for name in self.names:  # the cgroups slurmd made (slurm_<node>), bottom-up, where empty
             for top in CGROUP_V1.glob(f"*/slurm_{name}"):
                 for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [top]:
@@ -309,25 +309,33 @@ PartitionName=debug Nodes={",".join(self.names)} Default=YES MaxTime=INFINITE St
             _ip("link", "del", link, check=False)
 
 
-def _terminate(pidfile: Path) -> None:
+def _alive(pid: int) -> bool:
     try:
-        pid = int(pidfile.read_text().strip())
-    except (OSError, ValueError):
-        return
-    try:
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, 0)
     except ProcessLookupError:
-        return
-    for _ in range(100):
+        return False
+    return True
+
+
+def _terminate(pidfiles: list[Path], grace_s: float = 10) -> None:
+    """SIGTERM the daemons all at once (each takes a second or two to exit), then SIGKILL what
+    is left after the grace period."""
+    pids = []
+    for pidfile in pidfiles:
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
+            pid = int(pidfile.read_text().strip())
+            os.kill(pid, signal.SIGTERM)
+            pids.append(pid)
+        except (OSError, ValueError):
+            continue
+    deadline = time.monotonic() + grace_s
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    for pid in filter(_alive, pids):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def main(argv: list[str]) -> int:
