@@ -121,6 +121,29 @@ def test_a_cancelled_job_keeps_the_finished_results_and_resume_submits_only_it(c
                                                                      "fault_mode0-fake-cpu-bs8-fp32-single"]
 
 
+def test_a_job_whose_node_fails_is_an_error_with_slurms_reason(cluster, tmp_path, write_suite):
+    suite = write_suite(SWEEP.replace("mode = [0, 1, 2]", "mode = [2]"))  # hangs until its node goes down
+    # --no-requeue: by default Slurm puts a job whose node failed back in the queue, to run again
+    proc = subprocess.Popen([sys.executable, "-m", "gpubench", "run", str(suite), "--launcher", "slurm", "--out",
+                             str(tmp_path / "runs"), "--no-report", "--sbatch-arg=--no-requeue"], cwd=tmp_path,
+                            env=plugin_env(**cluster.env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not (running := slurm(cluster, "squeue", "-h", "-t", "RUNNING", "-o", "%N").stdout.strip()):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.3)
+    try:
+        assert slurm(cluster, "scontrol", "update", f"nodename={running}", "state=down",
+                     "reason=test: node lost").returncode == 0
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        slurm(cluster, "scontrol", "update", f"nodename={running}", "state=resume")
+    assert proc.returncode == 1, output
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    (r,) = result_lines(run_dir)
+    assert r["status"] == "error" and r["runtime"]["slurm"]["state"] == "NODE_FAIL", r["reason"]
+    assert r["reason"].startswith(f"Slurm job {r['runtime']['slurm']['job_id']} ended NODE_FAIL"), r["reason"]
+
+
 def test_ctrl_c_cancels_the_sweeps_jobs_and_keeps_the_finished_results(cluster, tmp_path, write_suite):
     suite = write_suite(SWEEP.replace("mode = [0, 1, 2]", "mode = [0, 2]"))  # one trains, one hangs
     # SIGINT as a terminal delivers it (a shell that starts a command in the background, as a CI
