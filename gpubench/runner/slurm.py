@@ -268,7 +268,7 @@ def run_slurm_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, A
             for job_id, sub in list(live.items()):
                 state, _ = known.get(job_id, ("", ""))
                 if state in ACTIVE:
-                    sub.running = sub.running or state == "RUNNING"
+                    sub.running = state in ("RUNNING", "COMPLETING")  # a requeued job is pending again
                     continue
                 state, reason, exit_code = _end(job_id)
                 if state in ACTIVE:
