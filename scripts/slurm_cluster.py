@@ -184,7 +184,9 @@ PartitionName=debug Nodes={",".join(self.names)} Default=YES MaxTime=INFINITE St
         """A bridge with slurmctld's address and one network namespace per node, joined to it by
         a veth pair: (slurmctld's address, the nodes' addresses)."""
         tag = f"gb{os.getpid() % 100000}{secrets.token_hex(1)}"  # interface names: at most 15 characters
-        subnet = f"10.{random.randint(100, 250)}.{random.randint(0, 250)}"
+        routes = _ip("-4", "route", check=False).stdout
+        subnet = next(net for net in (f"10.{random.randint(100, 250)}.{random.randint(0, 250)}" for _ in range(100))
+                      if f"{net}." not in routes)  # not a network this host already reaches
         names = {"bridge": f"{tag}b", "namespaces": [f"{tag}n{k}" for k in range(1, self.nodes + 1)],
                  "host_ends": [f"{tag}h{k}" for k in range(1, self.nodes + 1)]}
         self.net.write_text(json.dumps(names))
@@ -192,6 +194,8 @@ PartitionName=debug Nodes={",".join(self.names)} Default=YES MaxTime=INFINITE St
         _ip("link", "add", names["bridge"], "type", "bridge")
         _ip("addr", "add", f"{subnet}.1/24", "dev", names["bridge"])
         _ip("link", "set", names["bridge"], "up")
+        # where Docker's br_netfilter sends bridged traffic through a FORWARD chain that drops it
+        _ip("link", "set", names["bridge"], "type", "bridge", "nf_call_iptables", "0", check=False)
         hosts = "127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for n, a in zip(self.names, addrs))
         for ns, host_end, addr in zip(names["namespaces"], names["host_ends"], addrs):
             etc = Path("/etc/netns") / ns  # the node's /etc/hosts

@@ -37,7 +37,7 @@ def test_the_test_cluster_has_two_nodes_that_a_job_spans_and_refuses_an_unknown_
     assert sub.returncode == 0, sub.stderr
     job_id = sub.stdout.strip().split(";")[0]
     deadline = time.monotonic() + 60
-    while job_state(cluster, job_id).get("JobState") in ("PENDING", "RUNNING", "COMPLETING", None):
+    while job_state(cluster, job_id).get("JobState") in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", None):
         assert time.monotonic() < deadline, cluster.log("slurmctld")
         time.sleep(0.3)
     state = job_state(cluster, job_id)
@@ -59,6 +59,33 @@ def test_the_test_cluster_enforces_a_jobs_memory_limit(cluster):
 
 # the runner tests' suite of the fake backend's fault modes, with a time limit of one minute
 SWEEP = FAULTS.replace("timeout_s = 20", "timeout_s = 50").replace("mode = [0, 1, 2, 3, 4, 5]", "mode = [0, 1, 2]")
+
+
+STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_gpubench_left():
+    """A test that fails while a gpubench it started still runs must not leave it polling the
+    shared cluster (its jobs would confuse the next tests)."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def start(cluster, tmp_path, *args: str, sigint: bool = False, **env: str) -> subprocess.Popen:
+    """gpubench in the background, its output (stdout and stderr) in one pipe. ``sigint``: with
+    SIGINT at its default, as a terminal delivers it (a shell that starts a command in the
+    background, as a CI script may have started these tests, makes its children ignore SIGINT)."""
+    proc = subprocess.Popen([sys.executable, "-m", "gpubench", *args], cwd=tmp_path,
+                            env=plugin_env(**cluster.env, **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if sigint
+                            else None)
+    STARTED.append(proc)
+    return proc
 
 
 def gpubench(cluster, tmp_path, *args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
@@ -90,7 +117,7 @@ def test_a_sweep_under_slurm_gives_results_and_slurms_outcomes(cluster, tmp_path
     n = len(modes)
     counts = [tuple(map(int, m)) for m in re.findall(rf"slurm: (\d+) pending, (\d+) running, (\d+) finished of {n}",
                                                      proc.stdout)]
-    assert counts[0] == (n, 0, 0) and counts[-1] == (0, 0, n), counts
+    assert counts[0][2] == 0 and sum(counts[0]) == n and counts[-1] == (0, 0, n), counts
     assert 1 <= max(r for _, r, _ in counts) <= 2, counts  # --max-parallel 2
     assert json.loads((run_dir / "run.json").read_text())["args"]["slurm"]["max_parallel"] == 2
 
@@ -100,10 +127,8 @@ def test_a_cancelled_job_keeps_the_finished_results_and_resume_submits_only_it(c
                         .replace("steps = 3", "steps = 1").replace("windows = 2", "windows = 1"))
     out = tmp_path / "runs"
     # the first run's steps take 3 s each (set when the jobs are submitted), so that one can be cancelled
-    first = subprocess.Popen([sys.executable, "-m", "gpubench", "run", str(suite), "--launcher", "slurm", "--out",
-                              str(out), "--no-report", "--max-parallel", "1"], cwd=tmp_path,
-                             env=plugin_env(**cluster.env, FAKE_STEP_SLEEP_MS="3000"), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    first = start(cluster, tmp_path, "run", str(suite), "--launcher", "slurm", "--out", str(out), "--no-report",
+                  "--max-parallel", "1", FAKE_STEP_SLEEP_MS="3000")
     deadline = time.monotonic() + 60
     while "RUNNING" not in slurm(cluster, "squeue", "-h", "-o", "%T").stdout:
         assert time.monotonic() < deadline and first.poll() is None
@@ -124,9 +149,8 @@ def test_a_cancelled_job_keeps_the_finished_results_and_resume_submits_only_it(c
 def test_a_job_whose_node_fails_is_an_error_with_slurms_reason(cluster, tmp_path, write_suite):
     suite = write_suite(SWEEP.replace("mode = [0, 1, 2]", "mode = [2]"))  # hangs until its node goes down
     # --no-requeue: by default Slurm puts a job whose node failed back in the queue, to run again
-    proc = subprocess.Popen([sys.executable, "-m", "gpubench", "run", str(suite), "--launcher", "slurm", "--out",
-                             str(tmp_path / "runs"), "--no-report", "--sbatch-arg=--no-requeue"], cwd=tmp_path,
-                            env=plugin_env(**cluster.env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = start(cluster, tmp_path, "run", str(suite), "--launcher", "slurm", "--out", str(tmp_path / "runs"),
+                 "--no-report", "--sbatch-arg=--no-requeue")
     deadline = time.monotonic() + 60
     while not (running := slurm(cluster, "squeue", "-h", "-t", "RUNNING", "-o", "%N").stdout.strip()):
         assert time.monotonic() < deadline and proc.poll() is None
@@ -146,20 +170,16 @@ def test_a_job_whose_node_fails_is_an_error_with_slurms_reason(cluster, tmp_path
 
 def test_ctrl_c_cancels_the_sweeps_jobs_and_keeps_the_finished_results(cluster, tmp_path, write_suite):
     suite = write_suite(SWEEP.replace("mode = [0, 1, 2]", "mode = [0, 2]"))  # one trains, one hangs
-    # SIGINT as a terminal delivers it (a shell that starts a command in the background, as a CI
-    # script may have started these tests, makes its children ignore SIGINT)
-    proc = subprocess.Popen([sys.executable, "-m", "gpubench", "run", str(suite), "--launcher", "slurm", "--out",
-                             str(tmp_path / "runs"), "--no-report"], cwd=tmp_path, env=plugin_env(**cluster.env),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = start(cluster, tmp_path, "run", str(suite), "--launcher", "slurm", "--out", str(tmp_path / "runs"),
+                 "--no-report", sigint=True)
     deadline = time.monotonic() + 90
-    while not list((tmp_path / "runs").glob("*/results.jsonl")):  # the first config's result is in
+    while not [r for d in (tmp_path / "runs").glob("*") for r in result_lines(d)]:  # the first result is in
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.3)
     assert "RUNNING" in slurm(cluster, "squeue", "-h", "-o", "%T").stdout  # the hanging one
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "gpubench: interrupted; finished configs are in" in err, err
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "gpubench: interrupted; finished configs are in" in output, output
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert [r["status"] for r in result_lines(run_dir)] == ["ok"]
     deadline = time.monotonic() + 30
@@ -270,14 +290,21 @@ def test_the_batch_script_asks_for_what_the_config_needs(tmp_path):
     assert "#SBATCH --gpus-per-node=8\n" in script(Config(workload="mlp", device="cuda"), gpus_per_node=8)
     # ddp:4 on each of 2 nodes: one torchrun per node, meeting at the first node's c10d rendezvous
     two = script(Config(workload="mlp", device="cuda", parallelism="ddp:4", nnodes=2))
-    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n" in two and "#SBATCH --gpus-per-node=4\n" in two
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=4\n" in two
+    assert "#SBATCH --gpus-per-node=4\n" in two and "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=4 " in two
     assert 'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in two
     assert ("-m torch.distributed.run --nnodes=2 --nproc-per-node=4 --rdzv-backend=c10d "
             "--rdzv-id=gpubench-$SLURM_JOB_ID --rdzv-endpoint=$head:$port -m gpubench.runner.worker") in two
     # multiworker:2 on each of 2 nodes: 2 tasks a node, each a worker; TensorFlow's SlurmClusterResolver
     tf = script(Config(workload="mlp", framework="tensorflow", parallelism="multiworker:2", nnodes=2))
-    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n" in tf and "export GPUBENCH_TF_CLUSTER=slurm " in tf
-    assert "srun --nodes=2 --ntasks-per-node=2 " in tf and "tf_launch" not in tf
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n#SBATCH --cpus-per-task=1\n" in tf
+    assert "export GPUBENCH_TF_CLUSTER=slurm " in tf and "tf_launch" not in tf
+    assert "srun --nodes=2 --ntasks-per-node=2 --cpus-per-task=1 --distribution=block --kill-on-bad-exit=1 " in tf
+    # paths are quoted for the shell (a $ in one is not expanded), a % in the log escaped for sbatch
+    odd = batch_script(Job(Config(workload="mlp", parallelism="ddp:1", nnodes=2), 0), tmp_path / "a $b",
+                       tmp_path / "50%.log", Launcher(), SlurmOptions())
+    assert f"'{tmp_path}/a $b'" in odd and f"--output={tmp_path}/50%%.log\n" in odd
+    assert f"rm -f '{tmp_path}/a $b'/result*.json" in odd  # a requeued job's first outcomes go
     # a single-process config in a multi-node run asks for one node (its worker says unsupported)
     assert "#SBATCH --nodes=1\n" in script(Config(workload="mlp", nnodes=2))
 
@@ -289,3 +316,21 @@ def test_slurm_ranks_are_torchruns_variables_from_a_slurm_tasks():
     assert slurm_ranks(env) == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
                                 "GROUP_RANK": "1"}
     assert slurm_ranks({**env, "SLURM_NTASKS_PER_NODE": "2"})["LOCAL_WORLD_SIZE"] == "2"
+    # nodes gpu9, gpu10 (Slurm's order): numbered as TensorFlow's resolver lists them, gpu10 first
+    hosts = {**env, "SLURM_NODEID": "0", "GPUBENCH_SLURM_HOSTS": "gpu9,gpu10"}
+    assert (slurm_ranks(hosts)["RANK"], slurm_ranks(hosts)["GROUP_RANK"]) == ("3", "1")
+
+
+def test_tensorflows_slurm_resolver_puts_each_worker_at_its_own_address(monkeypatch):
+    pytest.importorskip("tensorflow")
+    from gpubench.backends.tensorflow.trainer import _SlurmResolver
+    from gpubench.runner.slurm import slurm_ranks
+
+    # task 0 (SLURM_PROCID) runs on gpu9, the first node in Slurm's order and the last as text
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NNODES": "2", "SLURM_NODEID": "0",
+           "SLURM_STEP_NODELIST": "gpu[9-10]", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+           "GPUBENCH_SLURM_HOSTS": "gpu9,gpu10"}
+    for key, value in {**env, **slurm_ranks(env)}.items():
+        monkeypatch.setenv(key, value)
+    resolver = _SlurmResolver(port_base=20000, gpus_per_node=1, gpus_per_task=1, auto_set_gpu=False)
+    assert resolver.cluster_spec().task_address("worker", resolver.task_id) == "gpu9:20000"

@@ -151,10 +151,15 @@ def check_data(configs: list[Config], source: str) -> None:
 def execute(req: RunRequest, console: Console) -> int:
     nodes = req.nodes.check()
     suite, repeats, run_dir, existing = _prepare(req)
-    if run_dir is not None and req.slurm is None:  # a Slurm run resumes under Slurm, with its options
-        stored = (load_run(run_dir).get("args") or {}).get("slurm")
-        if isinstance(stored, dict):
-            req = replace(req, slurm=SlurmOptions.from_dict(stored))
+    stored = (load_run(run_dir).get("args") or {}).get("slurm") if run_dir is not None else None
+    if isinstance(stored, dict) and req.slurm is None:  # a Slurm run resumes under Slurm, with its options
+        req = replace(req, slurm=SlurmOptions.from_dict(stored))
+    elif isinstance(stored, dict) and req.slurm is not None:  # new Slurm options, the same nodes per config
+        spans = SlurmOptions.from_dict(stored).nodes
+        if req.slurm.nodes not in (1, spans):
+            raise InputError(f"--resume {run_dir}: --nnodes {req.slurm.nodes}: the run was started with --nnodes "
+                             f"{spans}, part of each config's id")
+        req = replace(req, slurm=replace(req.slurm, nodes=spans))
     # every node expands the same suite: the same configs in the same order
     nnodes = req.slurm.nodes if req.slurm is not None else nodes.nnodes
     configs = [replace(c, nnodes=nnodes) for c in suite.expand()]
@@ -169,11 +174,11 @@ def execute(req: RunRequest, console: Console) -> int:
     # worker checks them where it runs
     probes = probe_frameworks(configs, console) if jobs and req.slurm is None else {}
     if req.slurm is not None:
-        shapes: dict[tuple[str, int, int, float], Any] = {}
+        shapes: dict[tuple[str, int, int, float, str], Any] = {}
         for job in jobs:
             c = job.config
             if pre_resolve(c, {}) is None:  # the rest are recorded without a job
-                shapes.setdefault((c.device, c.devices, job_nodes(c), c.timeout_s), job)
+                shapes.setdefault((c.device, c.devices, job_nodes(c), c.timeout_s, c.parallelism.split(":")[0]), job)
         for job in shapes.values():
             check_submission(job, Launcher(), req.slurm)
     env = fingerprint({k: p.to_dict() for k, p in probes.items()})
@@ -213,7 +218,8 @@ def execute(req: RunRequest, console: Console) -> int:
             if req.slurm is not None:
                 new, cancelled = run_slurm_jobs(
                     jobs, run_dir, run_id, env, req.slurm, Launcher(), display.started, finished,
-                    lambda p, r, f: display.note(f"slurm: {p} pending, {r} running, {f} finished of {len(jobs)}"))
+                    lambda p, r, f, why: display.note(f"slurm: {p} pending, {r} running, {f} finished of {len(jobs)}"
+                                                      + (f" (pending: {why})" if why else "")), display.note)
             else:
                 new = run_jobs(jobs, run_dir, run_id, env, probes, display.started, finished, existing,
                                peaks=peaks, nodes=nodes)

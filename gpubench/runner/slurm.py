@@ -76,18 +76,24 @@ class SlurmOptions:
 
 
 def _slurm(*cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run a Slurm command; one that does not answer in time (slurmctld restarting, a busy
+    cluster) is a failed call (exit code -1), for the caller to try again at its next poll."""
     try:
         return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError:
         raise InputError(f"--launcher slurm: {cmd[0]} is not installed here (a Slurm submit host has sbatch, "
                          "squeue, scontrol and scancel)") from None
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(list(cmd), -1, "", f"{cmd[0]} did not answer within {timeout:g} s")
 
 
 # one port per job for its rendezvous (torchrun's c10d store, or the first of TensorFlow's
-# worker ports, one per task on a node), so that jobs sharing a node do not collide
-PORT_LINE = "port=$((20000 + SLURM_JOB_ID % 2000 * 16))"
+# worker ports, one per task on a node), so that jobs sharing a node do not collide; below
+# Linux's ephemeral range (32768-60999), where an outgoing connection could hold it
+PORT_LINE = "port=$((20000 + SLURM_JOB_ID % 700 * 16))"
 TF_CLUSTER_ENV = "GPUBENCH_TF_CLUSTER"  # "slurm": TensorFlow's SlurmClusterResolver makes the cluster
 TF_PORT_ENV = "GPUBENCH_TF_PORT_BASE"
+HOSTS_ENV = "GPUBENCH_SLURM_HOSTS"  # the job's host names, comma-separated, in Slurm's order
 
 
 def job_nodes(config: Config) -> int:
@@ -109,9 +115,12 @@ def batch_script(job: Job, workdir: Path, log: Path, launcher: Launcher, options
     kind, per_node = parse_parallelism(c.parallelism) if c.distributed else ("single", 1)
     gpus = options.gpus_per_node if options.gpus_per_node is not None else (
         c.devices // nodes if c.device.startswith("cuda") else 0)
-    tasks = per_node if kind == "multiworker" else 1
-    lines = ["#!/bin/bash", f"#SBATCH --job-name=gpubench-{job.name}", f"#SBATCH --output={log}",
-             f"#SBATCH --nodes={nodes}", f"#SBATCH --ntasks-per-node={tasks}",
+    # every rank a CPU of its own: N tasks of one CPU (multiworker), or one task of N CPUs
+    # (torchrun's N ranks); --sbatch-arg=--cpus-per-task=K, a later line, gives more
+    tasks, cpus = (per_node, 1) if kind == "multiworker" else (1, per_node)
+    lines = ["#!/bin/bash", f"#SBATCH --job-name=gpubench-{job.name}",
+             f"#SBATCH --output={str(log).replace('%', '%%')}",  # sbatch reads %j, %u... in file names
+             f"#SBATCH --nodes={nodes}", f"#SBATCH --ntasks-per-node={tasks}", f"#SBATCH --cpus-per-task={cpus}",
              f"#SBATCH --time={options.time or max(1, math.ceil(c.timeout_s / 60))}"]
     if gpus:
         lines.append(f"#SBATCH --gpus-per-node={gpus}")
@@ -122,16 +131,24 @@ def batch_script(job: Job, workdir: Path, log: Path, launcher: Launcher, options
     exports.update(worker_env(c.huge_pages, env))
     lines += ["", "# gpubench's worker: it reads job.json in its work directory and writes its outcome there"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in exports.items()]
-    srun = f"srun --nodes={nodes} --ntasks-per-node={tasks} "
+    # a job Slurm requeued (its node failed) starts again without its first attempt's outcomes
+    lines.append(f"rm -f {shlex.quote(str(workdir))}/result*.json {shlex.quote(str(workdir))}/timeline.json")
+    # block: ranks numbered node by node, as torchrun and the rank variables expect; a task
+    # that fails ends the others, as torchrun and gpubench's own launcher do
+    srun = (f"srun --nodes={nodes} --ntasks-per-node={tasks} --cpus-per-task={cpus} --distribution=block "
+            "--kill-on-bad-exit=1 ")  # (srun of Slurm 22.05 does not take --cpus-per-task from sbatch's)
     if kind == "multiworker":
         lines += [PORT_LINE, f"export {TF_CLUSTER_ENV}=slurm {TF_PORT_ENV}=$port",
+                  f'export {HOSTS_ENV}=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd,)',
                   srun + shlex.join(launcher.command("gpubench.runner.worker", str(workdir)))]
     elif nodes > 1:
+        expanded = {"--rdzv-id=gpubench-$SLURM_JOB_ID", "--rdzv-endpoint=$head:$port"}  # the shell fills these in
         torchrun = launcher.command("torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={per_node}",
-                                    "--rdzv-backend=c10d", "--rdzv-id=gpubench-$SLURM_JOB_ID",
-                                    "--rdzv-endpoint=$head:$port", "-m", "gpubench.runner.worker", str(workdir))
+                                    "--rdzv-backend=c10d",
+                                    "--rdzv-id=gpubench-$SLURM_JOB_ID", "--rdzv-endpoint=$head:$port", "-m",
+                                    "gpubench.runner.worker", str(workdir))
         lines += ['head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', PORT_LINE,
-                  srun + " ".join(a if "$" in a else shlex.quote(a) for a in torchrun)]
+                  srun + " ".join(a if a in expanded else shlex.quote(a) for a in torchrun)]
     else:
         lines.append(srun + shlex.join(worker_command(launcher, workdir, c)))
     return "\n".join(lines) + "\n"
@@ -139,12 +156,18 @@ def batch_script(job: Job, workdir: Path, log: Path, launcher: Launcher, options
 
 def slurm_ranks(environ: dict[str, str]) -> dict[str, str]:
     """The rank variables torchrun sets, from a Slurm task's own (a multiworker worker started
-    by srun): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK."""
-    local_world = environ.get("SLURM_NTASKS_PER_NODE") or str(
-        int(environ["SLURM_NTASKS"]) // max(1, int(environ.get("SLURM_NNODES", "1"))))
-    return {"RANK": environ["SLURM_PROCID"], "WORLD_SIZE": environ["SLURM_NTASKS"],
-            "LOCAL_RANK": environ["SLURM_LOCALID"], "LOCAL_WORLD_SIZE": local_world,
-            "GROUP_RANK": environ.get("SLURM_NODEID", "0")}
+    by srun, the same number of tasks on every node): RANK, WORLD_SIZE, LOCAL_RANK,
+    LOCAL_WORLD_SIZE, GROUP_RANK. Nodes are numbered as TensorFlow's SlurmClusterResolver
+    lists them, by host name sorted as text (``gpu10`` before ``gpu9``), which is not always
+    Slurm's order: the job's host names, in Slurm's order, are in GPUBENCH_SLURM_HOSTS."""
+    nodes = max(1, int(environ.get("SLURM_NNODES", "1")))
+    per_node = int(environ.get("SLURM_NTASKS_PER_NODE") or int(environ["SLURM_NTASKS"]) // nodes)
+    node = int(environ.get("SLURM_NODEID", "0"))
+    hosts = [h for h in environ.get(HOSTS_ENV, "").split(",") if h]
+    if len(hosts) == nodes:
+        node = sorted(hosts).index(hosts[node])
+    return {"RANK": str(node * per_node + int(environ["SLURM_LOCALID"])), "WORLD_SIZE": environ["SLURM_NTASKS"],
+            "LOCAL_RANK": environ["SLURM_LOCALID"], "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(node)}
 
 
 def check_submission(job: Job, launcher: Launcher, options: SlurmOptions) -> None:
@@ -159,11 +182,14 @@ def check_submission(job: Job, launcher: Launcher, options: SlurmOptions) -> Non
         raise InputError(f"--launcher slurm: Slurm refused the job ({'; '.join(lines) or 'no reason given'})")
 
 
-def _states(ids: list[str]) -> dict[str, tuple[str, str]]:
-    """Job id -> (state, reason) for the jobs Slurm still knows (squeue, every state)."""
+def _states(ids: list[str]) -> dict[str, tuple[str, str]] | None:
+    """Job id -> (state, reason) for the jobs Slurm still knows (squeue, every state); None
+    when squeue failed (nothing can be concluded from this poll)."""
     if not ids:
         return {}
     proc = _slurm("squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T|%r")
+    if proc.returncode != 0 and "Invalid job id" not in proc.stderr:  # every id gone: squeue says so
+        return None
     out = {}
     for line in proc.stdout.splitlines():
         parts = line.strip().split("|")
@@ -172,13 +198,19 @@ def _states(ids: list[str]) -> dict[str, tuple[str, str]]:
     return out
 
 
-def _end(job_id: str) -> tuple[str, str, str]:
-    """(state, reason, exit code) of an ended job: scontrol while slurmctld keeps it, else sacct."""
+def _end(job_id: str) -> tuple[str, str, str] | None:
+    """(state, reason, exit code) of an ended job: scontrol while slurmctld keeps it, else sacct;
+    None when scontrol failed for another reason than not knowing the job (ask again later)."""
     proc = _slurm("scontrol", "show", "job", "-o", job_id)
     if proc.returncode == 0 and "JobState=" in proc.stdout:
         fields = dict(f.split("=", 1) for f in proc.stdout.split() if "=" in f)
         return fields.get("JobState", "UNKNOWN"), fields.get("Reason", ""), fields.get("ExitCode", "")
-    proc = _slurm("sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State,Reason,ExitCode")
+    if "Invalid job id" not in proc.stderr:
+        return None
+    try:
+        proc = _slurm("sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State,Reason,ExitCode")
+    except InputError:  # no sacct on this host
+        proc = subprocess.CompletedProcess([], 1, "", "")
     parts = (proc.stdout.strip().splitlines() or [""])[0].split("|")
     if proc.returncode == 0 and len(parts) == 3:
         return (parts[0].split() or ["UNKNOWN"])[0], parts[1], parts[2]  # "CANCELLED by 0" -> CANCELLED
@@ -224,19 +256,23 @@ FinishCallback = Callable[[int, Job, Result], None]
 def run_slurm_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], options: SlurmOptions,
                    launcher: Launcher = Launcher(), on_start: Callback | None = None,
                    on_finish: FinishCallback | None = None,
-                   on_counts: Callable[[int, int, int], None] | None = None) -> tuple[list[Result], int]:
+                   on_counts: Callable[[int, int, int, str], None] | None = None,
+                   on_note: Callable[[str], None] | None = None) -> tuple[list[Result], int]:
     """Submit the jobs, follow them, and append each result as its job ends: (the results, the
-    number of jobs cancelled without a result). Ctrl-C cancels every job still queued or
-    running (the finished results stay)."""
+    number of jobs cancelled without a result). ``on_counts`` hears the pending, running and
+    finished counts, with why the pending jobs wait (Slurm's reasons). A submission Slurm
+    refuses while jobs of the sweep are in flight (a limit on queued jobs) waits for one of
+    them to end. Ctrl-C cancels every job still queued or running (the finished results stay)."""
     (run_dir / "slurm").mkdir(exist_ok=True)
     queue = list(enumerate(jobs))
     live: dict[str, _Submitted] = {}
     results: list[Result] = []
     cancelled = 0
-    counts = (-1, -1, -1)
+    counts: tuple[int, int, int, str] = (-1, -1, -1, "")
+    refused = ""
     try:
         while queue or live:
-            while queue and (options.max_parallel <= 0 or len(live) < options.max_parallel):
+            while queue and (options.max_parallel <= 0 or len(live) < options.max_parallel) and not refused:
                 k, job = queue.pop(0)
                 pre = pre_resolve(job.config, {})
                 if pre is not None:  # a config that cannot run anywhere (unsupported) costs no job
@@ -258,22 +294,34 @@ def run_slurm_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, A
                 proc = _slurm("sbatch", "--parsable", str(script))
                 if proc.returncode != 0:
                     message = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no reason given"
-                    raise InputError(f"--launcher slurm: sbatch refused {script}: {message}")
+                    if not live:
+                        raise InputError(f"--launcher slurm: sbatch refused {script}: {message}")
+                    queue.insert(0, (k, job))  # submitted again once a job of the sweep has ended
+                    refused = message
+                    if on_note:
+                        on_note(f"slurm: sbatch refused the next job ({message}); it is submitted again when one of "
+                                f"the {len(live)} in flight ends")
+                    break
                 job_id = proc.stdout.strip().split(";")[0]
                 live[job_id] = _Submitted(k, job, workdir, log_rel,
                                           datetime.now(timezone.utc).isoformat(timespec="seconds"), time.monotonic())
                 if on_start:
                     on_start(k, job)
             known = _states(list(live))
-            for job_id, sub in list(live.items()):
-                state, _ = known.get(job_id, ("", ""))
+            waiting: set[str] = set()
+            for job_id, sub in list(live.items()) if known is not None else []:
+                state, why = known.get(job_id, ("", "")) if known is not None else ("", "")
                 if state in ACTIVE:
                     sub.running = state in ("RUNNING", "COMPLETING")  # a requeued job is pending again
+                    if not sub.running and why and why != "None":
+                        waiting.add(why)
                     continue
-                state, reason, exit_code = _end(job_id)
-                if state in ACTIVE:
+                ended = _end(job_id)
+                if ended is None or ended[0] in ACTIVE:
                     continue
+                state, reason, exit_code = ended
                 del live[job_id]
+                refused = ""
                 found = collect_outcome(sub.job, run_dir, sub.workdir, sub.log_rel)
                 if found is None and state == CANCELLED:
                     cancelled += 1  # no result: --resume submits it again
@@ -289,10 +337,10 @@ def run_slurm_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, A
                 if on_finish:
                     on_finish(sub.k, sub.job, result)
             now = (sum(not s.running for s in live.values()) + len(queue), sum(s.running for s in live.values()),
-                   len(results))
-            if on_counts and now != counts:
+                   len(results), ", ".join(sorted(waiting)))
+            if on_counts and now != counts and known is not None:
                 on_counts(*now)
-            counts = now
+                counts = now
             if queue or live:
                 time.sleep(options.poll_s)
     except BaseException:

@@ -78,6 +78,16 @@ def _mirrored_strategy(n: int, gpu: bool) -> tf.distribute.Strategy:
     return tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
 
 
+class _SlurmResolver(tf.distribute.cluster_resolver.SlurmClusterResolver):
+    """TensorFlow's SlurmClusterResolver, with this worker's task index the RANK gpubench gave
+    it: the resolver lists the workers by host name sorted as text, but takes a task's index
+    from SLURM_PROCID, which follows Slurm's node order (``gpu9`` before ``gpu10``), so the
+    two can disagree; gpubench.runner.slurm.slurm_ranks numbers the ranks the resolver's way."""
+
+    def _resolve_own_rank(self) -> int:
+        return int(os.environ["RANK"])
+
+
 def _multiworker_strategy(gpu: bool) -> tf.distribute.Strategy:
     """One replica per worker process (worker r of a node on its /GPU:r, or on the CPU), in
     the cluster that TF_CONFIG describes (set by gpubench.runner.tf_launch) or, for a worker
@@ -94,9 +104,8 @@ def _multiworker_strategy(gpu: bool) -> tf.distribute.Strategy:
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         # one device per task, chosen above by LOCAL_RANK (auto_set_gpu would set CUDA_VISIBLE_DEVICES
         # after TensorFlow has seen the GPUs); on CPUs the "GPU" counts only shape the port layout
-        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
-            port_base=int(os.environ["GPUBENCH_TF_PORT_BASE"]), gpus_per_node=per_node, gpus_per_task=1,
-            auto_set_gpu=False)
+        resolver = _SlurmResolver(port_base=int(os.environ["GPUBENCH_TF_PORT_BASE"]), gpus_per_node=per_node,
+                                  gpus_per_task=1, auto_set_gpu=False)
     return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)
 
 
