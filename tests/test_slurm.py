@@ -197,6 +197,7 @@ def test_ctrl_c_cancels_the_sweeps_jobs_and_keeps_the_finished_results(cluster, 
     (["--launcher", "slurm", "--nnodes", "3", "--set", "parallelism=multiworker:1"],
      "--launcher slurm: Slurm refused the job (allocation failure: Requested node configuration is not available"),
     (["--launcher", "slurm", "--set", "batch_size=max"], '--launcher slurm: batch_size "max" is searched on'),
+    (["--launcher", "slurm", "--set", "device=cuda:1"], "--launcher slurm: device: a numbered GPU (fault_mode0-"),
 ])
 def test_a_refused_submission_is_one_line_before_anything_runs(cluster, tmp_path, write_suite, args, message):
     proc = gpubench(cluster, tmp_path, "run", str(write_suite(SWEEP)), "--out", "runs", *args)

@@ -100,6 +100,10 @@ def _check_slurm(req: RunRequest, configs: list[Config]) -> None:
     if searched:
         raise InputError(f"--launcher slurm: batch_size \"max\" is searched on the machine that runs gpubench "
                          f"({searched[0]}); find it on a node with gpubench find-batch and give the number")
+    numbered = [c.config_id for c in configs if c.device.startswith("cuda:")]
+    if numbered:  # a job sees only the GPUs Slurm gave it, numbered from 0
+        raise InputError(f"--launcher slurm: device: a numbered GPU ({numbered[0]}) is for a machine gpubench runs "
+                         "on; under Slurm use device = \"cuda\": Slurm picks each job's GPUs")
 
 
 def _prepare(req: RunRequest) -> tuple[Suite, int, Path | None, list[Result]]:
