@@ -6,6 +6,7 @@ import argparse
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -109,16 +110,23 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _add_examples(parser: argparse.ArgumentParser, words: str = "") -> None:
-    """Each command's examples as its --help epilog (kept as written: one per line)."""
-    examples = EXAMPLES.get(words)
-    if examples:
-        parser.epilog = "examples:\n" + "\n".join(f"  {e}" for e in examples)
-        parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    for action in parser._actions:
+def iter_commands(parser: argparse.ArgumentParser, words: str = "") -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """The parser and every sub-command's, depth first, in the order they were added, each with
+    its words after ``gpubench`` (``""`` for the top level, ``"history list"``)."""
+    yield words, parser
+    for action in parser._actions:  # argparse keeps sub-parsers only here
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
-                _add_examples(sub, f"{words} {name}".strip())
+                yield from iter_commands(sub, f"{words} {name}".strip())
+
+
+def _add_examples(parser: argparse.ArgumentParser) -> None:
+    """Each command's examples as its --help epilog (kept as written: one per line)."""
+    for words, command in iter_commands(parser):
+        examples = EXAMPLES.get(words)
+        if examples:
+            command.epilog = "examples:\n" + "\n".join(f"  {e}" for e in examples)
+            command.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
 def build_parser() -> argparse.ArgumentParser:

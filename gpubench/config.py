@@ -138,7 +138,7 @@ class Config:
         """The training settings that differ from their built-in default, ``key=value`` joined
         by ``-`` (``""`` when none do); data_workers only counts in pipeline mode."""
         return "-".join(f"{name}={getattr(self, name)}" for name in _ID_EXTRAS
-                        if getattr(self, name) != _DEFAULTS[name] and _ID_ONLY_WHEN.get(name, _ALWAYS)(self))
+                        if getattr(self, name) != DEFAULTS[name] and _ID_ONLY_WHEN.get(name, _ALWAYS)(self))
 
     @property
     def config_id(self) -> str:
@@ -168,7 +168,7 @@ class Config:
         return Config(**{k: v for k, v in d.items() if k in names})
 
 
-_DEFAULTS = {f.name: f.default for f in fields(Config)}
+DEFAULTS = {f.name: f.default for f in fields(Config)}
 # training settings named in config_id when they differ from their default (some only where
 # they matter: _ID_ONLY_WHEN); data_dir is a path and stays out of the id
 _ID_EXTRAS = ("optimizer", "lr", "loss", "compile", "memory_format", "data", "data_workers", "threads", "huge_pages",

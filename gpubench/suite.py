@@ -93,13 +93,22 @@ def _non_negative_float(v: Any) -> float:
     return float(v)
 
 
-def _choice(kind: str, allowed: Callable[[], list[str]] | tuple[str, ...]) -> Check:
-    def check(v: Any) -> str:
-        options = list(allowed() if callable(allowed) else allowed)
+@dataclass(frozen=True)
+class Choice:
+    """A check that a value is one of ``allowed``: a tuple, or a callable read when checked
+    (so that a plugin can add values)."""
+
+    kind: str
+    allowed: Callable[[], list[str]] | tuple[str, ...]
+
+    def values(self) -> list[str]:
+        return list(self.allowed() if callable(self.allowed) else self.allowed)
+
+    def __call__(self, v: Any) -> str:
+        options = self.values()
         if not isinstance(v, str) or v not in options:
-            raise ValueError(choices_message(kind, v, options))
+            raise ValueError(choices_message(self.kind, v, options))
         return v
-    return check
 
 
 def _declared(setting: str) -> Callable[[], list[str]]:
@@ -149,15 +158,15 @@ def _parse_number(s: str) -> Any:
 
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
-    Setting("workload", _choice("workload", lambda: sorted(WORKLOADS)), str,
+    Setting("workload", Choice("workload", lambda: sorted(WORKLOADS)), str,
             "the model: `cnn`, `mlp`, `resnet18`, `resnet50` (and plugins' workloads)"),
-    Setting("framework", _choice("framework", lambda: sorted(BACKENDS)), str,
+    Setting("framework", Choice("framework", lambda: sorted(BACKENDS)), str,
             "the training framework: `torch`, `tensorflow` (and plugins' backends)"),
     Setting("device", parse_device, str, "`cpu`, `cuda`, `cuda:N` (`gpu`, `gpu:N` are aliases)"),
     Setting("batch_size", _batch_size, _parse_number,
             'samples per step per device and micro-batch, an integer >= 1, or `"max"`: the largest batch that '
             "trains, searched before the config runs (see `max_batch_start`, `max_batch_limit`)"),
-    Setting("precision", _choice("precision", _declared("precision")), str,
+    Setting("precision", Choice("precision", _declared("precision")), str,
             "`fp32` (true fp32: TF32 off), `tf32`, `amp-fp16`, `amp-bf16` (automatic mixed precision)"),
     Setting("parallelism", _parallelism, str,
             "`single`; `grad-accum:N` (N micro-batches of `batch_size` per optimizer step, both frameworks); "
@@ -166,18 +175,18 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "`torch.distributed.pipelining`: N stages, one process each; `batch_size` is the batch every stage "
             "processes per step); `mirrored:N` (TensorFlow MirroredStrategy over N GPUs, or N logical CPU "
             "devices); `multiworker:N` (TensorFlow MultiWorkerMirroredStrategy, N worker processes)"),
-    Setting("optimizer", _choice("optimizer", _declared("optimizer")), str, "`adam`, `adamw`, `sgd` (momentum 0.9)"),
+    Setting("optimizer", Choice("optimizer", _declared("optimizer")), str, "`adam`, `adamw`, `sgd` (momentum 0.9)"),
     Setting("lr", _positive_float, _parse_number, "learning rate, a number > 0"),
-    Setting("loss", _choice("loss", _declared("loss")), str, "loss function: `cross_entropy`"),
-    Setting("compile", _choice("compile", _declared("compile")), str,
+    Setting("loss", Choice("loss", _declared("loss")), str, "loss function: `cross_entropy`"),
+    Setting("compile", Choice("compile", _declared("compile")), str,
             "`none` (PyTorch eager; TensorFlow `tf.function`), `xla` (TensorFlow `jit_compile`), `torch-compile`, "
             "`torch-compile-reduce-overhead`, `torch-compile-max-autotune` (`torch.compile` with that mode; "
             "reduce-overhead on CUDA only), `cuda-graph` (the whole PyTorch step as one CUDA graph; CUDA, device "
             "data, not with `amp-fp16`, `ddp`/`dp`)"),
-    Setting("memory_format", _choice("memory_format", _declared("memory_format")), str,
+    Setting("memory_format", Choice("memory_format", _declared("memory_format")), str,
             "`contiguous`, `channels-last` (PyTorch: conv weights and 4-D inputs in NHWC memory order; a workload "
             "without a (C, H, W) input is `unsupported`; TensorFlow: `unsupported`, Keras is NHWC already)"),
-    Setting("data", _choice("data mode", _declared("data")), str,
+    Setting("data", Choice("data mode", _declared("data")), str,
             "`device` (batches resident on the device) or `pipeline` (the framework's input pipeline: "
             "PyTorch DataLoader, `tf.data`)"),
     Setting("data_workers", _int(0), _parse_number,
@@ -186,17 +195,17 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "CPU threads a worker trains with: PyTorch's intra-op threads (`torch.set_num_threads`), TensorFlow's "
             "intra- and inter-op thread pools; `0` leaves the framework's default. Part of the config id when set "
             "(`-threads=1`). Fewer threads can mean less noise on a small shared machine"),
-    Setting("huge_pages", _choice("huge_pages", HUGE_PAGES), str,
+    Setting("huge_pages", Choice("huge_pages", HUGE_PAGES), str,
             "`off`, `transparent`: the worker starts with PyTorch's CPU allocator (`THP_MEM_ALLOC_ENABLE=1`) and "
             "glibc's malloc (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, glibc 2.35+) asking for transparent huge "
             "pages; `unsupported` where the kernel's THP mode is `never`. Steadier speed from one process to the "
             "next on a VM. Part of the config id when set"),
-    Setting("dataset", _choice("dataset", _declared("dataset")), str,
+    Setting("dataset", Choice("dataset", _declared("dataset")), str,
             "`synthetic` (a learnable task made from the seed), `mnist` (IDX files from `data_dir`)"),
     Setting("data_dir", _string, str,
             "directory of `train-images-idx3-ubyte[.gz]` and `train-labels-idx1-ubyte[.gz]` (`dataset = "
             "\"mnist\"`)"),
-    Setting("checkpointing", _choice("checkpointing", _declared("checkpointing")), str,
+    Setting("checkpointing", Choice("checkpointing", _declared("checkpointing")), str,
             "`none`, or `activations` (activation checkpointing: activations recomputed in the backward pass; "
             "PyTorch only)"),
     Setting("warmup_steps", _int(0), _parse_number, "steps after the cold-start step, not measured; an integer >= 0"),
@@ -216,7 +225,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("max_batch_limit", _int(1), _parse_number, '`batch_size = "max"`: the largest batch the search tries'),
     Setting("pipeline_microbatches", _int(1), _parse_number,
             "`pipeline:N`: micro-batches each batch is split into (must divide `batch_size`)"),
-    Setting("pipeline_schedule", _choice("pipeline schedule", PIPELINE_SCHEDULES), str,
+    Setting("pipeline_schedule", Choice("pipeline schedule", PIPELINE_SCHEDULES), str,
             "`pipeline:N`: the `torch.distributed.pipelining` schedule, `gpipe` or `1f1b`"),
 )}
 

@@ -6,14 +6,10 @@ result line, its unit, which direction is better, how it is formatted, how a con
 combine, and whether the regression gate may use it. The frame, the CSV, the report's tables,
 the summaries, the gate, the exporters and docs/reference/metrics.md all read this list, so
 adding a metric is one entry here plus the code that measures it.
-
-``python -m gpubench.results.metrics`` prints the reference table (docs/reference/metrics.md, written by
-``python -m gpubench.docgen``).
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -205,6 +201,3 @@ def reference_markdown() -> str:
                      f"{'yes' if m.gate else '-'} | {m.help} |")
     return "\n".join(lines) + "\n"
 
-
-if __name__ == "__main__":
-    sys.stdout.write(reference_markdown())
