@@ -7,6 +7,6 @@ whether it completed), the machine it ran on (a stable identity from host, CPU m
 UUIDs), and each result whole (its result line, from which the gate's per-repeat figures come
 back) with every numeric figure of the metric registry in a table of its own for queries.
 
-Needs the ``history`` extra (``pip install -e ".[history]"`` in the checkout; ``postgresql`` adds the
-PostgreSQL driver); nothing else in gpubench imports it unless a command asks for a database.
+Needs the ``history`` extra (SQLAlchemy, Alembic, orjson; ``postgresql`` adds the PostgreSQL
+driver, psycopg); nothing else in gpubench imports it unless a command asks for a database.
 """

@@ -26,8 +26,10 @@ ENV_VAR = "GPUBENCH_DB"
 LOCK_TIMEOUT_S = 30.0  # how long a writer waits for another's lock before giving up
 CONNECT_TIMEOUT_S = 10  # PostgreSQL: how long to wait for the server to answer
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
-INSTALL_HINT = ('pip install -e ".[history]" in the gpubench checkout (".[postgresql]" for a PostgreSQL '
-                "server)")
+# the packages of the history and postgresql extras, named so that the hint works wherever
+# gpubench was installed from
+INSTALL_HINT = "pip install sqlalchemy alembic orjson"
+POSTGRESQL_HINT = "pip install 'psycopg[binary]'"
 
 
 class HistoryError(InputError):
@@ -126,7 +128,7 @@ def make_engine(url: str) -> sa.Engine:
             import psycopg  # noqa: F401
         except ImportError:
             raise HistoryError(f"--db {display_url(url)}: PostgreSQL needs the psycopg driver: "
-                               'pip install -e ".[postgresql]" in the gpubench checkout') from None
+                               f"{POSTGRESQL_HINT}") from None
         # use_insertmanyvalues off: many rows go through psycopg's executemany (one prepared
         # statement), not a statement of many VALUES that the driver parses again each time
         return sa.create_engine(url, use_insertmanyvalues=False,
