@@ -97,10 +97,10 @@ def test_a_sweep_under_slurm_gives_results_and_slurms_outcomes(cluster, tmp_path
     # 2 GiB, past the job's --mem (where the cluster enforces it: cgroups)
     modes = [0, 1, 2, 6] if cluster.memory_limits else [0, 1, 2]
     proc = gpubench(cluster, tmp_path, "run", str(write_suite(SWEEP.replace("[0, 1, 2]", str(modes)))),
-                    "--launcher", "slurm", "--out", "runs", "--no-report", "--max-parallel", "2",
-                    "--sbatch-arg=--mem=600M")
+                    "--launcher", "slurm", "--out", "my runs", "--no-report", "--max-parallel", "2",
+                    "--sbatch-arg=--mem=600M")  # a blank in the run directory's path, as in a log's
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    (run_dir,) = (tmp_path / "runs").iterdir()
+    (run_dir,) = (tmp_path / "my runs").iterdir()
     found = {r["config"]["workload_params"]["mode"]: r for r in result_lines(run_dir)}
     expected = {0: "ok", 1: "error", 2: "timeout", 6: "oom"}
     assert {m: r["status"] for m, r in found.items()} == {m: expected[m] for m in modes}
@@ -108,6 +108,10 @@ def test_a_sweep_under_slurm_gives_results_and_slurms_outcomes(cluster, tmp_path
     assert "ValueError: injected failure in build" in found[1]["reason"]
     assert found[2]["reason"].startswith(f"Slurm job {found[2]['runtime']['slurm']['job_id']} ended TIMEOUT")
     assert "past its time limit" in found[2]["reason"]
+    assert 60 <= found[2]["duration_s"] < 120  # Slurm's run time: the one-minute limit, no time in the queue
+    # each result's fingerprint is the node's its job ran on (with the framework it ran), as is the run's
+    assert found[0]["env"]["hostname"] in ("node1", "node2") and "fake" in found[0]["env"]["frameworks"]
+    assert json.loads((run_dir / "run.json").read_text())["env"]["hostname"] in ("node1", "node2")
     if 6 in found:
         assert "out of memory (past the job's --mem); Slurm: " in found[6]["reason"], found[6]["reason"]
         assert re.search(r"oom-kill event|Out Of Memory", found[6]["reason"]), found[6]["reason"]
@@ -123,8 +127,9 @@ def test_a_sweep_under_slurm_gives_results_and_slurms_outcomes(cluster, tmp_path
 
 
 def test_a_cancelled_job_keeps_the_finished_results_and_resume_submits_only_it(cluster, tmp_path, write_suite):
-    suite = write_suite(SWEEP.replace("mode = [0, 1, 2]", "batch_size = [4, 8]").replace("warmup_steps = 1", "warmup_steps = 0")
-                        .replace("steps = 3", "steps = 1").replace("windows = 2", "windows = 1"))
+    suite = write_suite(SWEEP.replace("mode = [0, 1, 2]", "batch_size = [4, 8]")
+                        .replace("warmup_steps = 1", "warmup_steps = 0").replace("steps = 3", "steps = 1")
+                        .replace("windows = 2", "windows = 1"))
     out = tmp_path / "runs"
     # the first run's steps take 3 s each (set when the jobs are submitted), so that one can be cancelled
     first = start(cluster, tmp_path, "run", str(suite), "--launcher", "slurm", "--out", str(out), "--no-report",
@@ -234,6 +239,9 @@ def test_a_ddp_config_runs_its_ranks_in_one_slurm_job(cluster, tmp_path, write_s
     assert listed.returncode == 0 and "1 run(s)" in listed.stdout and run_dir.name in listed.stdout, listed.stdout
     assert "1/1" in listed.stdout
     assert r["status"] == "ok" and r["runtime"]["distributed"].startswith("DistributedDataParallel(gloo, world_size=2")
+    assert r["env"]["hostname"] in ("node1", "node2") and r["env"]["frameworks"]["torch"]["available"]
+    on_node = gpubench(cluster, tmp_path, "history", "list", "--db", db, "--machine", r["env"]["hostname"])
+    assert on_node.returncode == 0 and run_dir.name in on_node.stdout, on_node.stdout  # the node's machine
     script = (run_dir / "slurm" / f"{r['config_id']}-r0.sbatch").read_text()
     assert "-m torch.distributed.run" in script and "--gpus-per-node" not in script  # a CPU config asks for no GPU
 
@@ -273,6 +281,7 @@ parallelism = "multiworker:1"
 
 def test_the_batch_script_asks_for_what_the_config_needs(tmp_path):
     from gpubench.config import Config
+    from gpubench.errors import InputError
     from gpubench.launch import Launcher
     from gpubench.runner.job import Job
     from gpubench.runner.slurm import SlurmOptions, batch_script
@@ -292,7 +301,8 @@ def test_the_batch_script_asks_for_what_the_config_needs(tmp_path):
     # ddp:4 on each of 2 nodes: one torchrun per node, meeting at the first node's c10d rendezvous
     two = script(Config(workload="mlp", device="cuda", parallelism="ddp:4", nnodes=2))
     assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=4\n" in two
-    assert "#SBATCH --gpus-per-node=4\n" in two and "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=4 " in two
+    assert "#SBATCH --gpus-per-node=4\n" in two
+    assert "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=$SLURM_CPUS_PER_TASK " in two  # or --sbatch-arg's
     assert 'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in two
     assert ("-m torch.distributed.run --nnodes=2 --nproc-per-node=4 --rdzv-backend=c10d "
             "--rdzv-id=gpubench-$SLURM_JOB_ID --rdzv-endpoint=$head:$port -m gpubench.runner.worker") in two
@@ -300,11 +310,14 @@ def test_the_batch_script_asks_for_what_the_config_needs(tmp_path):
     tf = script(Config(workload="mlp", framework="tensorflow", parallelism="multiworker:2", nnodes=2))
     assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n#SBATCH --cpus-per-task=1\n" in tf
     assert "export GPUBENCH_TF_CLUSTER=slurm " in tf and "tf_launch" not in tf
-    assert "srun --nodes=2 --ntasks-per-node=2 --cpus-per-task=1 --distribution=block --kill-on-bad-exit=1 " in tf
-    # paths are quoted for the shell (a $ in one is not expanded), a % in the log escaped for sbatch
+    assert ("srun --nodes=2 --ntasks-per-node=2 --cpus-per-task=$SLURM_CPUS_PER_TASK --distribution=block "
+            "--kill-on-bad-exit=1 ") in tf
+    # paths are quoted for the shell (a $ in one is not expanded) and for sbatch, a % in the log escaped
     odd = batch_script(Job(Config(workload="mlp", parallelism="ddp:1", nnodes=2), 0), tmp_path / "a $b",
-                       tmp_path / "50%.log", Launcher(), SlurmOptions())
-    assert f"'{tmp_path}/a $b'" in odd and f"--output={tmp_path}/50%%.log\n" in odd
+                       tmp_path / "my runs" / "50%.log", Launcher(), SlurmOptions())
+    assert f"'{tmp_path}/a $b'" in odd and f'--output="{tmp_path}/my runs/50%%.log"\n' in odd
+    with pytest.raises(InputError, match="double quote"):
+        batch_script(Job(Config(workload="mlp"), 0), tmp_path, tmp_path / 'a"b.log', Launcher(), SlurmOptions())
     assert f"rm -f '{tmp_path}/a $b'/result*.json" in odd  # a requeued job's first outcomes go
     # a single-process config in a multi-node run asks for one node (its worker says unsupported)
     assert "#SBATCH --nodes=1\n" in script(Config(workload="mlp", nnodes=2))

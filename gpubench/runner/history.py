@@ -49,11 +49,17 @@ class RunHistory:
 
         self.engine, self.url = open_engine(db)
 
-    def begin(self, meta: dict[str, Any], existing: list[Result], tags: dict[str, str], run_dir: str) -> LiveRecorder:
-        """The machine and the run (incomplete) and the results a resumed run has; an error
-        here is a HistoryError (exit 2) before any training."""
+    def begin(self, meta: dict[str, Any], existing: list[Result], tags: dict[str, str], run_dir: str,
+              started: bool = False) -> LiveRecorder:
+        """The machine and the run (incomplete) and the results it already has; an error here is
+        a HistoryError (exit 2) before any training, or once the run is ``started`` (a Slurm run
+        recorded from its first result, whose node's fingerprint is the run's) a warning, as a
+        failure during the run is."""
         from gpubench.history.store import Recorder
 
-        recorder = Recorder(self.engine, self.url, meta, tags)
-        recorder.begin(existing)
-        return LiveRecorder(recorder, run_dir)
+        live = LiveRecorder(Recorder(self.engine, self.url, meta, tags), run_dir)
+        if started:
+            live._guard("the run", live.recorder.begin, existing)
+        else:
+            live.recorder.begin(existing)
+        return live

@@ -29,7 +29,7 @@ from gpubench.runner.mfu import load_peaks, peak_devices
 from gpubench.runner.nodes import Nodes
 from gpubench.runner.probe import probe
 from gpubench.runner.progress import SweepDisplay, summary_table, unmeasured_lines
-from gpubench.runner.slurm import SlurmOptions, check_submission, job_nodes, run_slurm_jobs
+from gpubench.runner.slurm import SlurmOptions, check_submissions, run_slurm_jobs
 from gpubench.runner.sweep import plan, pre_resolve, run_jobs
 from gpubench.suite import Config, Suite, load_suite
 
@@ -178,14 +178,10 @@ def execute(req: RunRequest, console: Console) -> int:
     # worker checks them where it runs
     probes = probe_frameworks(configs, console) if jobs and req.slurm is None else {}
     if req.slurm is not None:
-        shapes: dict[tuple[str, int, int, float, str], Any] = {}
-        for job in jobs:
-            c = job.config
-            if pre_resolve(c, {}) is None:  # the rest are recorded without a job
-                shapes.setdefault((c.device, c.devices, job_nodes(c), c.timeout_s, c.parallelism.split(":")[0]), job)
-        for job in shapes.values():
-            check_submission(job, Launcher(), req.slurm)
-    env = fingerprint({k: p.to_dict() for k, p in probes.items()})
+        check_submissions(jobs, Launcher(), req.slurm)
+    # under Slurm the run's fingerprint is that of the node its first job ran on (each result
+    # has its own node's), written into run.json as that job ends
+    env = fingerprint({k: p.to_dict() for k, p in probes.items()}) if req.slurm is None else {}
     runnable = [job.config for job in jobs if pre_resolve(job.config, probes) is None]
     if (emulated := emulation_note(runnable, env)) is not None:
         note(emulated)
@@ -211,13 +207,23 @@ def execute(req: RunRequest, console: Console) -> int:
     where = f" (node {nodes.node_rank} of {nodes.nnodes})" if nodes.multi else ""
     console.print(f"run {run_id}{where}: {len(configs)} configs x {repeats} repeat(s), {len(jobs)} to run "
                   f"-> {run_dir}", highlight=False)
-    recorder = history.begin(meta, existing, req.tags, str(run_dir)) if history is not None else None
+    # a new Slurm run is recorded from its first result on, once its fingerprint is known
+    recorder = (history.begin(meta, existing, req.tags, str(run_dir))
+                if history is not None and (meta.get("env") or req.slurm is None) else None)
+    so_far: list[Result] = []
     cancelled = 0
     try:
         with SweepDisplay(console, len(jobs)) as display:
             def finished(k: int, job: Any, result: Result) -> None:
+                nonlocal recorder
                 display.finished(k, job, result)
-                if recorder is not None:
+                so_far.append(result)
+                if not meta.get("env") and result.env:  # under Slurm: the node the first job ran on
+                    meta["env"] = result.env
+                    write_json_atomic(run_dir / RUN_FILE, meta)
+                    if history is not None:
+                        recorder = history.begin(meta, existing + so_far, req.tags, str(run_dir), started=True)
+                elif recorder is not None:
                     recorder.record(result)
             if req.slurm is not None:
                 new, cancelled = run_slurm_jobs(

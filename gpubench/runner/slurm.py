@@ -31,10 +31,10 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpubench.config import Config
 from gpubench.errors import InputError
@@ -51,8 +51,8 @@ from gpubench.runner.sweep import pre_resolve
 ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
                     "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "STOPPED"})
 # a job that ended without the worker's outcome: the status Slurm's end state means
-END_STATUS = {"TIMEOUT": "timeout", "DEADLINE": "timeout", "OUT_OF_MEMORY": "oom", "FAILED": "error",
-              "NODE_FAIL": "error", "PREEMPTED": "error", "BOOT_FAIL": "error", "COMPLETED": "error"}
+# (every other end: FAILED, NODE_FAIL, PREEMPTED, BOOT_FAIL, a COMPLETED job with no outcome, is error)
+END_STATUS = {"TIMEOUT": "timeout", "DEADLINE": "timeout", "OUT_OF_MEMORY": "oom"}
 CANCELLED = "CANCELLED"
 
 
@@ -94,6 +94,7 @@ PORT_LINE = "port=$((20000 + SLURM_JOB_ID % 700 * 16))"
 TF_CLUSTER_ENV = "GPUBENCH_TF_CLUSTER"  # "slurm": TensorFlow's SlurmClusterResolver makes the cluster
 TF_PORT_ENV = "GPUBENCH_TF_PORT_BASE"
 HOSTS_ENV = "GPUBENCH_SLURM_HOSTS"  # the job's host names, comma-separated, in Slurm's order
+NODE_ENV = "node_env"  # in a worker's outcome (runtime): the fingerprint of the node it ran on
 
 
 def job_nodes(config: Config) -> int:
@@ -116,10 +117,11 @@ def batch_script(job: Job, workdir: Path, log: Path, launcher: Launcher, options
     gpus = options.gpus_per_node if options.gpus_per_node is not None else (
         c.devices // nodes if c.device.startswith("cuda") else 0)
     # every rank a CPU of its own: N tasks of one CPU (multiworker), or one task of N CPUs
-    # (torchrun's N ranks); --sbatch-arg=--cpus-per-task=K, a later line, gives more
+    # (torchrun's N ranks); --sbatch-arg=--cpus-per-task=K, a later line, gives more (srun
+    # takes the job's count from SLURM_CPUS_PER_TASK, as srun of Slurm 22.05 does not itself)
     tasks, cpus = (per_node, 1) if kind == "multiworker" else (1, per_node)
     lines = ["#!/bin/bash", f"#SBATCH --job-name=gpubench-{job.name}",
-             f"#SBATCH --output={str(log).replace('%', '%%')}",  # sbatch reads %j, %u... in file names
+             f"#SBATCH --output={_sbatch_quote(str(log).replace('%', '%%'))}",  # sbatch reads %j, %u...
              f"#SBATCH --nodes={nodes}", f"#SBATCH --ntasks-per-node={tasks}", f"#SBATCH --cpus-per-task={cpus}",
              f"#SBATCH --time={options.time or max(1, math.ceil(c.timeout_s / 60))}"]
     if gpus:
@@ -135,8 +137,8 @@ def batch_script(job: Job, workdir: Path, log: Path, launcher: Launcher, options
     lines.append(f"rm -f {shlex.quote(str(workdir))}/result*.json {shlex.quote(str(workdir))}/timeline.json")
     # block: ranks numbered node by node, as torchrun and the rank variables expect; a task
     # that fails ends the others, as torchrun and gpubench's own launcher do
-    srun = (f"srun --nodes={nodes} --ntasks-per-node={tasks} --cpus-per-task={cpus} --distribution=block "
-            "--kill-on-bad-exit=1 ")  # (srun of Slurm 22.05 does not take --cpus-per-task from sbatch's)
+    srun = (f"srun --nodes={nodes} --ntasks-per-node={tasks} --cpus-per-task=$SLURM_CPUS_PER_TASK "
+            "--distribution=block --kill-on-bad-exit=1 ")
     if kind == "multiworker":
         lines += [PORT_LINE, f"export {TF_CLUSTER_ENV}=slurm {TF_PORT_ENV}=$port",
                   f'export {HOSTS_ENV}=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd,)',
@@ -152,6 +154,14 @@ def batch_script(job: Job, workdir: Path, log: Path, launcher: Launcher, options
     else:
         lines.append(srun + shlex.join(worker_command(launcher, workdir, c)))
     return "\n".join(lines) + "\n"
+
+
+def _sbatch_quote(value: str) -> str:
+    """A value for an #SBATCH line, in double quotes: sbatch splits the line at blanks outside them."""
+    if '"' in value or "\\" in value:
+        raise InputError(f"--launcher slurm: {value}: a path with a double quote or a backslash cannot be given to "
+                         "sbatch; choose another --out")
+    return f'"{value}"'
 
 
 def slurm_ranks(environ: dict[str, str]) -> dict[str, str]:
@@ -170,16 +180,27 @@ def slurm_ranks(environ: dict[str, str]) -> dict[str, str]:
             "LOCAL_RANK": environ["SLURM_LOCALID"], "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(node)}
 
 
-def check_submission(job: Job, launcher: Launcher, options: SlurmOptions) -> None:
-    """``sbatch --test-only`` of the first job's script, before anything is written: a request
-    Slurm refuses (unknown partition or account, too many GPUs) is one line, exit 2."""
+def check_submissions(jobs: list[Job], launcher: Launcher, options: SlurmOptions) -> None:
+    """``sbatch --test-only`` of every different request the sweep's scripts make, before
+    anything is written: one Slurm refuses (unknown partition or account, too many GPUs) is
+    one line, exit 2."""
+    asked: set[tuple[str, ...]] = set()
     with tempfile.TemporaryDirectory(prefix="gpubench-slurm-") as tmp:
-        script = Path(tmp) / "test.sbatch"
-        script.write_text(batch_script(job, Path(tmp) / "work", Path(tmp) / "log", launcher, options))
-        proc = _slurm("sbatch", "--test-only", str(script))
-    if proc.returncode != 0:
-        lines = [x.removeprefix("sbatch: error: ").strip() for x in proc.stderr.splitlines() if x.strip()]
-        raise InputError(f"--launcher slurm: Slurm refused the job ({'; '.join(lines) or 'no reason given'})")
+        path = Path(tmp) / "test.sbatch"
+        for job in jobs:
+            if pre_resolve(job.config, {}) is not None:  # recorded without a job
+                continue
+            script = batch_script(job, Path(tmp) / "work", Path(tmp) / "log", launcher, options)
+            request = tuple(line for line in script.splitlines() if line.startswith("#SBATCH")
+                            and not line.startswith(("#SBATCH --job-name=", "#SBATCH --output=")))
+            if request in asked:
+                continue
+            asked.add(request)
+            path.write_text(script)
+            proc = _slurm("sbatch", "--test-only", str(path))
+            if proc.returncode != 0:
+                lines = [x.removeprefix("sbatch: error: ").strip() for x in proc.stderr.splitlines() if x.strip()]
+                raise InputError(f"--launcher slurm: Slurm refused the job ({'; '.join(lines) or 'no reason given'})")
 
 
 def _states(ids: list[str]) -> dict[str, tuple[str, str]] | None:
@@ -198,23 +219,52 @@ def _states(ids: list[str]) -> dict[str, tuple[str, str]] | None:
     return out
 
 
-def _end(job_id: str) -> tuple[str, str, str] | None:
-    """(state, reason, exit code) of an ended job: scontrol while slurmctld keeps it, else sacct;
-    None when scontrol failed for another reason than not knowing the job (ask again later)."""
+class Ended(NamedTuple):
+    """An ended job as Slurm saw it: its end state and reason, its exit code, when it started
+    (UTC, ISO 8601; "" if it never did) and how long it ran (whole seconds)."""
+
+    state: str
+    reason: str = ""
+    exit_code: str = ""
+    started_at: str = ""
+    ran_s: float = 0.0
+
+
+def _utc(stamp: str) -> str:
+    """Slurm's local time stamp (``2026-11-26T04:10:00``; ``Unknown``, ``None`` if unset) in UTC."""
+    try:
+        return datetime.fromisoformat(stamp).astimezone(timezone.utc).isoformat(timespec="seconds")
+    except ValueError:
+        return ""
+
+
+def _seconds(elapsed: str) -> float:
+    """Slurm's ``[D-]HH:MM:SS`` (or plain seconds) in seconds; 0 when it cannot be read."""
+    days, _, clock = elapsed.rpartition("-")
+    try:
+        return sum(float(x) * 60 ** i for i, x in enumerate(reversed(clock.split(":")))) + 86400 * int(days or 0)
+    except ValueError:
+        return 0.0
+
+
+def _end(job_id: str) -> Ended | None:
+    """How an ended job ended: scontrol while slurmctld keeps it, else sacct; None when
+    scontrol failed for another reason than not knowing the job (ask again later)."""
     proc = _slurm("scontrol", "show", "job", "-o", job_id)
     if proc.returncode == 0 and "JobState=" in proc.stdout:
-        fields = dict(f.split("=", 1) for f in proc.stdout.split() if "=" in f)
-        return fields.get("JobState", "UNKNOWN"), fields.get("Reason", ""), fields.get("ExitCode", "")
+        f = dict(x.split("=", 1) for x in proc.stdout.split() if "=" in x)
+        return Ended(f.get("JobState", "UNKNOWN"), f.get("Reason", ""), f.get("ExitCode", ""),
+                     _utc(f.get("StartTime", "")), _seconds(f.get("RunTime", "")))
     if "Invalid job id" not in proc.stderr:
         return None
     try:
-        proc = _slurm("sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State,Reason,ExitCode")
+        proc = _slurm("sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State,Reason,ExitCode,Start,ElapsedRaw")
     except InputError:  # no sacct on this host
         proc = subprocess.CompletedProcess([], 1, "", "")
     parts = (proc.stdout.strip().splitlines() or [""])[0].split("|")
-    if proc.returncode == 0 and len(parts) == 3:
-        return (parts[0].split() or ["UNKNOWN"])[0], parts[1], parts[2]  # "CANCELLED by 0" -> CANCELLED
-    return "UNKNOWN", "Slurm no longer knows the job (no scontrol record, no sacct)", ""
+    if proc.returncode == 0 and len(parts) == 5:  # "CANCELLED by 0" -> CANCELLED
+        return Ended((parts[0].split() or ["UNKNOWN"])[0], parts[1], parts[2], _utc(parts[3]), _seconds(parts[4]))
+    return Ended("UNKNOWN", "Slurm no longer knows the job (no scontrol record, no sacct)")
 
 
 # what srun and slurmstepd write into the job's output when the kernel killed a step's process
@@ -222,12 +272,13 @@ def _end(job_id: str) -> tuple[str, str, str] | None:
 OOM_LINE = re.compile(r"oom-kill event|task \d+: Out Of Memory")
 
 
-def slurm_outcome(state: str, reason: str, exit_code: str, job_id: str, run_dir: Path, log_rel: Path) -> Outcome:
+def slurm_outcome(ended: Ended, job_id: str, run_dir: Path, log_rel: Path) -> Outcome:
     """The outcome of a job that ended without the worker's: Slurm's end state as a status
     (a step killed for the job's memory limit is ``oom``, whatever state the job ended in)."""
-    status = END_STATUS.get(state, "error")
-    what = f"Slurm job {job_id} ended {state}" + (f" ({reason})" if reason and reason != "None" else "") + (
-        f", exit code {exit_code}" if exit_code else "")
+    status = END_STATUS.get(ended.state, "error")
+    what = f"Slurm job {job_id} ended {ended.state}" + (
+        f" ({ended.reason})" if ended.reason and ended.reason != "None" else "") + (
+        f", exit code {ended.exit_code}" if ended.exit_code else "")
     oom = next((line.strip() for line in tail_lines(run_dir / log_rel) if OOM_LINE.search(line)), None)
     if status == "timeout":
         what += ": past its time limit"
@@ -244,13 +295,15 @@ class _Submitted:
     job: Job
     workdir: Path
     log_rel: Path
-    started_at: str
-    t0: float
     running: bool = False
 
 
 Callback = Callable[[int, Job], None]
 FinishCallback = Callable[[int, Job, Result], None]
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def run_slurm_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], options: SlurmOptions,
@@ -259,10 +312,12 @@ def run_slurm_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, A
                    on_counts: Callable[[int, int, int, str], None] | None = None,
                    on_note: Callable[[str], None] | None = None) -> tuple[list[Result], int]:
     """Submit the jobs, follow them, and append each result as its job ends: (the results, the
-    number of jobs cancelled without a result). ``on_counts`` hears the pending, running and
-    finished counts, with why the pending jobs wait (Slurm's reasons). A submission Slurm
-    refuses while jobs of the sweep are in flight (a limit on queued jobs) waits for one of
-    them to end. Ctrl-C cancels every job still queued or running (the finished results stay)."""
+    number of jobs cancelled without a result). A result's fingerprint is that of the node its
+    job ran on (``env`` only where no worker ran), its start and duration Slurm's (time in the
+    queue left out). ``on_counts`` hears the pending, running and finished counts, with why the
+    pending jobs wait (Slurm's reasons). A submission Slurm refuses while jobs of the sweep are
+    in flight (a limit on queued jobs) waits for one of them to end. Ctrl-C cancels every job
+    still queued or running (the finished results stay)."""
     (run_dir / "slurm").mkdir(exist_ok=True)
     queue = list(enumerate(jobs))
     live: dict[str, _Submitted] = {}
@@ -270,6 +325,18 @@ def run_slurm_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, A
     cancelled = 0
     counts: tuple[int, int, int, str] = (-1, -1, -1, "")
     refused = ""
+
+    def record(k: int, job: Job, outcome: Outcome, started_at: str, duration_s: float) -> None:
+        c = job.config
+        node_env = (outcome.runtime or {}).pop(NODE_ENV, None)
+        result = Result.of(outcome, run_id=run_id, config_id=c.config_id, config_hash=c.config_hash,
+                           repeat=job.repeat, config=c.to_dict(), env=node_env or env, started_at=started_at,
+                           duration_s=duration_s)
+        append_result(run_dir, result, RESULTS_FILE)
+        results.append(result)
+        if on_finish:
+            on_finish(k, job, result)
+
     try:
         while queue or live:
             while queue and (options.max_parallel <= 0 or len(live) < options.max_parallel) and not refused:
@@ -278,17 +345,10 @@ def run_slurm_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, A
                 if pre is not None:  # a config that cannot run anywhere (unsupported) costs no job
                     if on_start:
                         on_start(k, job)
-                    c = job.config
-                    result = Result.of(Outcome(status=pre[0], reason=pre[1]), run_id=run_id, config_id=c.config_id,
-                                       config_hash=c.config_hash, repeat=job.repeat, config=c.to_dict(), env=env,
-                                       started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                                       duration_s=0.0)
-                    append_result(run_dir, result, RESULTS_FILE)
-                    results.append(result)
-                    if on_finish:
-                        on_finish(k, job, result)
+                    record(k, job, Outcome(status=pre[0], reason=pre[1]), _now(), 0.0)
                     continue
-                workdir, log_rel = prepare_workdir(job, run_dir)
+                workdir, log_rel = prepare_workdir(replace(job, options={**(job.options or {}), "slurm": True}),
+                                                   run_dir)
                 script = run_dir / "slurm" / f"{job.name}.sbatch"
                 script.write_text(batch_script(job, workdir, run_dir / log_rel, launcher, options))
                 proc = _slurm("sbatch", "--parsable", str(script))
@@ -302,43 +362,36 @@ def run_slurm_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, A
                         on_note(f"slurm: sbatch refused the next job ({message}); it is submitted again when one of "
                                 f"the {len(live)} in flight ends")
                     break
-                job_id = proc.stdout.strip().split(";")[0]
-                live[job_id] = _Submitted(k, job, workdir, log_rel,
-                                          datetime.now(timezone.utc).isoformat(timespec="seconds"), time.monotonic())
+                live[proc.stdout.strip().split(";")[0]] = _Submitted(k, job, workdir, log_rel)
                 if on_start:
                     on_start(k, job)
             known = _states(list(live))
+            if known is None:  # squeue failed: ask again at the next poll
+                time.sleep(options.poll_s)
+                continue
             waiting: set[str] = set()
-            for job_id, sub in list(live.items()) if known is not None else []:
-                state, why = known.get(job_id, ("", "")) if known is not None else ("", "")
+            for job_id, sub in list(live.items()):
+                state, why = known.get(job_id, ("", ""))
                 if state in ACTIVE:
                     sub.running = state in ("RUNNING", "COMPLETING")  # a requeued job is pending again
                     if not sub.running and why and why != "None":
                         waiting.add(why)
                     continue
                 ended = _end(job_id)
-                if ended is None or ended[0] in ACTIVE:
+                if ended is None or ended.state in ACTIVE:
                     continue
-                state, reason, exit_code = ended
                 del live[job_id]
                 refused = ""
                 found = collect_outcome(sub.job, run_dir, sub.workdir, sub.log_rel)
-                if found is None and state == CANCELLED:
+                if found is None and ended.state == CANCELLED:
                     cancelled += 1  # no result: --resume submits it again
                     continue
-                outcome = found or slurm_outcome(state, reason, exit_code, job_id, run_dir, sub.log_rel)
-                outcome.runtime = {**(outcome.runtime or {}), "slurm": {"job_id": job_id, "state": state}}
-                c = sub.job.config
-                result = Result.of(outcome, run_id=run_id, config_id=c.config_id, config_hash=c.config_hash,
-                                   repeat=sub.job.repeat, config=c.to_dict(), env=env, started_at=sub.started_at,
-                                   duration_s=time.monotonic() - sub.t0)
-                append_result(run_dir, result, RESULTS_FILE)
-                results.append(result)
-                if on_finish:
-                    on_finish(sub.k, sub.job, result)
+                outcome = found or slurm_outcome(ended, job_id, run_dir, sub.log_rel)
+                outcome.runtime = {**(outcome.runtime or {}), "slurm": {"job_id": job_id, "state": ended.state}}
+                record(sub.k, sub.job, outcome, ended.started_at or _now(), ended.ran_s)
             now = (sum(not s.running for s in live.values()) + len(queue), sum(s.running for s in live.values()),
                    len(results), ", ".join(sorted(waiting)))
-            if on_counts and now != counts and known is not None:
+            if on_counts and now != counts:
                 on_counts(*now)
                 counts = now
             if queue or live:

@@ -331,16 +331,26 @@ def _check_ranks(out: Outcome, ranks: list[dict[str, Any]], config: Config) -> N
 
 def main(argv: list[str]) -> int:
     workdir = Path(argv[0])
-    if os.environ.get("GPUBENCH_TF_CLUSTER") == "slurm":  # a multiworker task started by srun (--launcher slurm)
-        from gpubench.runner.slurm import slurm_ranks
-
-        os.environ.update(slurm_ranks(dict(os.environ)))
     job = json.loads((workdir / "job.json").read_text())
+    options = job.get("options") or {}
+    if options.get("slurm"):  # started by srun (gpubench run --launcher slurm)
+        from gpubench.runner.slurm import TF_CLUSTER_ENV, slurm_ranks
+
+        if os.environ.get(TF_CLUSTER_ENV) == "slurm":  # a multiworker task: its ranks from Slurm's variables
+            os.environ.update(slurm_ranks(dict(os.environ)))
     from gpubench.plugins import load_plugins
 
     load_plugins()
     config = Config.from_dict(job["config"])
-    code = _write_outcome(workdir, config, *run_config(config, (job.get("options") or {}).get("profile")))
+    outcome, timeline = run_config(config, options.get("profile"))
+    if options.get("slurm"):  # the result's fingerprint is the node's it ran on, not the submit host's
+        from gpubench.env import fingerprint
+        from gpubench.runner.probe import probe_here
+        from gpubench.runner.slurm import NODE_ENV
+
+        outcome.runtime = {**(outcome.runtime or {}),
+                           NODE_ENV: fingerprint({config.framework: probe_here(config.framework).to_dict()})}
+    code = _write_outcome(workdir, config, outcome, timeline)
     if config.distributed:
         leave_now(code)
     return code
