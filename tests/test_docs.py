@@ -45,7 +45,7 @@ def test_each_suite_keys_help_names_every_value_it_allows():
     from gpubench.suite import SETTINGS
 
     allowed = {name: values for name, *values in (line.split() for line in out.splitlines())}
-    assert {"workload", "precision", "compile", "pipeline_schedule"} <= set(allowed)
+    assert all(len(allowed.get(k, [])) >= 2 for k in ("workload", "precision", "compile", "pipeline_schedule"))
     missing = [f"{name}: {v}" for name, values in allowed.items() for v in values
                if f"`{v}`" not in SETTINGS[name].help]
     assert missing == []

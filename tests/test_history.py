@@ -417,7 +417,7 @@ def test_without_the_history_extra_the_commands_say_what_to_install(tmp_path, wr
         proc = run_cli(args, cwd=tmp_path, env=env)
         assert proc.returncode == 2, proc.stdout + proc.stderr
         (line,) = proc.stderr.strip().splitlines()
-        assert "needs SQLAlchemy and Alembic" in line and "pip install sqlalchemy alembic orjson" in line
+        assert "needs SQLAlchemy and Alembic" in line and "pip install 'sqlalchemy>=2.0' 'alembic>=1.12'" in line
     assert not (tmp_path / "runs").exists() and not (tmp_path / "h.db").exists()
 
 

@@ -203,6 +203,7 @@ def test_ctrl_c_cancels_the_sweeps_jobs_and_keeps_the_finished_results(cluster, 
      "--launcher slurm: Slurm refused the job (allocation failure: Requested node configuration is not available"),
     (["--launcher", "slurm", "--set", "batch_size=max"], '--launcher slurm: batch_size "max" is searched on'),
     (["--launcher", "slurm", "--set", "device=cuda:1"], "--launcher slurm: device: a numbered GPU (fault_mode0-"),
+    (["--launcher", "slurm", "--out", 'a"b'], '--launcher slurm: a"b: a path with a double quote or a backslash'),
 ])
 def test_a_refused_submission_is_one_line_before_anything_runs(cluster, tmp_path, write_suite, args, message):
     proc = gpubench(cluster, tmp_path, "run", str(write_suite(SWEEP)), "--out", "runs", *args)
@@ -244,6 +245,19 @@ def test_a_ddp_config_runs_its_ranks_in_one_slurm_job(cluster, tmp_path, write_s
     assert on_node.returncode == 0 and run_dir.name in on_node.stdout, on_node.stdout  # the node's machine
     script = (run_dir / "slurm" / f"{r['config_id']}-r0.sbatch").read_text()
     assert "-m torch.distributed.run" in script and "--gpus-per-node" not in script  # a CPU config asks for no GPU
+
+
+def test_a_run_with_no_job_is_still_recorded_into_the_history(cluster, tmp_path, write_suite):
+    # a single-process config cannot span nodes: recorded unsupported without a job, so no node's
+    # worker tells the run's fingerprint; the history gets the run at its end all the same
+    db = str(tmp_path / "history.db")
+    proc = gpubench(cluster, tmp_path, "run", str(write_suite(TINY_MLP)), "--launcher", "slurm", "--nnodes", "2",
+                    "--out", "runs", "--no-report", "--db", db)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert [r["status"] for r in result_lines(run_dir)] == ["unsupported"]
+    listed = gpubench(cluster, tmp_path, "history", "list", "--db", db)
+    assert listed.returncode == 0 and run_dir.name in listed.stdout and "0/1" in listed.stdout, listed.stdout
 
 
 def test_distributed_configs_span_two_nodes_in_one_slurm_job_each(cluster, tmp_path, write_suite):
@@ -348,3 +362,21 @@ def test_tensorflows_slurm_resolver_puts_each_worker_at_its_own_address(monkeypa
         monkeypatch.setenv(key, value)
     resolver = _SlurmResolver(port_base=20000, gpus_per_node=1, gpus_per_task=1, auto_set_gpu=False)
     assert resolver.cluster_spec().task_address("worker", resolver.task_id) == "gpu9:20000"
+
+
+def test_a_node_whose_fingerprint_fails_keeps_its_outcome(monkeypatch):
+    import socket
+
+    from gpubench.runner import probe, worker
+
+    pytest.importorskip("torch")
+    env = worker._node_env("torch")  # the fingerprint, with the framework's probe
+    assert env["hostname"] == socket.gethostname() and env["frameworks"]["torch"]["available"]
+
+    def broken(name):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(probe, "probe_here", broken)
+    assert worker._node_env("torch") == {"hostname": socket.gethostname(),
+                                         "fingerprint_error": "RuntimeError: CUDA error: an illegal memory access was "
+                                                              "encountered"}

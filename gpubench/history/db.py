@@ -28,8 +28,8 @@ CONNECT_TIMEOUT_S = 10  # PostgreSQL: how long to wait for the server to answer
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 # the packages of the history and postgresql extras, named so that the hint works wherever
 # gpubench was installed from
-INSTALL_HINT = "pip install sqlalchemy alembic orjson"
-POSTGRESQL_HINT = "pip install 'psycopg[binary]'"
+INSTALL_HINT = "pip install 'sqlalchemy>=2.0' 'alembic>=1.12' 'orjson>=3.9'"
+POSTGRESQL_HINT = "pip install 'psycopg[binary]>=3.1'"
 
 
 class HistoryError(InputError):
@@ -165,7 +165,7 @@ def translated_errors(url: str) -> Iterator[None]:
 
     try:
         yield
-    except sa.exc.DatabaseError as e:  # OperationalError (unreachable, locked, unopenable) among them
+    except sa.exc.DBAPIError as e:  # the driver's: unreachable, locked, unopenable, a lost connection...
         raise HistoryError(f"history database {display_url(url)}: {_first_line(e)}") from None
 
 

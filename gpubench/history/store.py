@@ -235,7 +235,7 @@ def parsed_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     except ResultError as e:
         raise HistoryError(str(e)) from None
     if not meta.get("env") and found:
-        meta = {**meta, "env": run_env(meta, [found[0][1]])}
+        meta = {**meta, "env": run_env(meta, [r for _, r in found])}
     return meta, [_result_row(0, r, line) for line, r in found]
 
 

@@ -131,8 +131,9 @@ def load_run(run_dir: Path) -> dict[str, Any]:
 
 
 def run_env(meta: dict[str, Any], results: list[Result]) -> dict[str, Any]:
-    """A run's environment fingerprint: from run.json, else from its first result."""
-    env: dict[str, Any] = meta.get("env") or (results[0].env or {} if results else {})
+    """A run's environment fingerprint: from run.json, else from its first result that has one
+    (a result recorded without a worker, under Slurm, has none)."""
+    env: dict[str, Any] = meta.get("env") or next((r.env for r in results if r.env), {})
     return env
 
 

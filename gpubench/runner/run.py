@@ -29,7 +29,7 @@ from gpubench.runner.mfu import load_peaks, peak_devices
 from gpubench.runner.nodes import Nodes
 from gpubench.runner.probe import probe
 from gpubench.runner.progress import SweepDisplay, summary_table, unmeasured_lines
-from gpubench.runner.slurm import SlurmOptions, check_submissions, run_slurm_jobs
+from gpubench.runner.slurm import SlurmOptions, check_path, check_submissions, run_slurm_jobs
 from gpubench.runner.sweep import plan, pre_resolve, run_jobs
 from gpubench.suite import Config, Suite, load_suite
 
@@ -90,9 +90,10 @@ def finish_run_dir(run_dir: Path, meta: dict[str, Any]) -> None:
     write_json_atomic(run_dir / RUN_FILE, meta)
 
 
-def _check_slurm(req: RunRequest, configs: list[Config]) -> None:
+def _check_slurm(req: RunRequest, configs: list[Config], run_dir: Path | None) -> None:
     if req.slurm is None:
         return
+    check_path(run_dir or req.out)
     if req.nodes.multi:
         raise InputError("--launcher slurm: --node-rank and --master-addr are for runs started by hand on every "
                          "node; under Slurm give the nodes each distributed config spans (SlurmOptions.nodes)")
@@ -168,7 +169,7 @@ def execute(req: RunRequest, console: Console) -> int:
     nnodes = req.slurm.nodes if req.slurm is not None else nodes.nnodes
     configs = [replace(c, nnodes=nnodes) for c in suite.expand()]
     check_data(configs, suite.source)
-    _check_slurm(req, configs)
+    _check_slurm(req, configs, run_dir)
     if run_dir is None:
         check_output_dir(req.out, "--out")
     history = RunHistory(req.db) if req.db is not None and nodes.node_rank == 0 else None
@@ -207,22 +208,27 @@ def execute(req: RunRequest, console: Console) -> int:
     where = f" (node {nodes.node_rank} of {nodes.nnodes})" if nodes.multi else ""
     console.print(f"run {run_id}{where}: {len(configs)} configs x {repeats} repeat(s), {len(jobs)} to run "
                   f"-> {run_dir}", highlight=False)
-    # a new Slurm run is recorded from its first result on, once its fingerprint is known
+    # a new Slurm run is recorded once its fingerprint is known (its first job's node's), or at
+    # its end if no job's worker told it
     recorder = (history.begin(meta, existing, req.tags, str(run_dir))
                 if history is not None and (meta.get("env") or req.slurm is None) else None)
     so_far: list[Result] = []
+
+    def record_late() -> None:
+        nonlocal recorder
+        if history is not None and recorder is None and (existing or so_far):
+            recorder = history.begin(meta, existing + so_far, req.tags, str(run_dir), started=True)
+
     cancelled = 0
     try:
         with SweepDisplay(console, len(jobs)) as display:
             def finished(k: int, job: Any, result: Result) -> None:
-                nonlocal recorder
                 display.finished(k, job, result)
                 so_far.append(result)
-                if not meta.get("env") and result.env:  # under Slurm: the node the first job ran on
+                if req.slurm is not None and not meta.get("env") and result.env:  # the first job's node's
                     meta["env"] = result.env
                     write_json_atomic(run_dir / RUN_FILE, meta)
-                    if history is not None:
-                        recorder = history.begin(meta, existing + so_far, req.tags, str(run_dir), started=True)
+                    record_late()  # this result with the earlier ones
                 elif recorder is not None:
                     recorder.record(result)
             if req.slurm is not None:
@@ -234,10 +240,12 @@ def execute(req: RunRequest, console: Console) -> int:
                 new = run_jobs(jobs, run_dir, run_id, env, probes, display.started, finished, existing,
                                peaks=peaks, nodes=nodes)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (errors.Stopped)
+        record_late()
         stop_message(e, f"finished configs are in {run_dir}/results.jsonl"
                         f"{' and the history (the run marked incomplete)' if recorder is not None else ''}; "
                         f"continue with: gpubench run --resume {run_dir}")
         return stop_exit_code(e)
+    record_late()
     if cancelled:
         console.print(f"[yellow]{cancelled} Slurm job(s) cancelled[/yellow] (scancel) without a result; finished "
                       f"configs are in {run_dir}/results.jsonl; continue with: gpubench run --resume {run_dir}",

@@ -32,7 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -156,12 +156,17 @@ def batch_script(job: Job, workdir: Path, log: Path, launcher: Launcher, options
     return "\n".join(lines) + "\n"
 
 
-def _sbatch_quote(value: str) -> str:
-    """A value for an #SBATCH line, in double quotes: sbatch splits the line at blanks outside them."""
-    if '"' in value or "\\" in value:
-        raise InputError(f"--launcher slurm: {value}: a path with a double quote or a backslash cannot be given to "
+def check_path(path: Path) -> None:
+    """A run directory whose path sbatch can be given (in double quotes, with no escapes)."""
+    if '"' in str(path.absolute()) or "\\" in str(path.absolute()):
+        raise InputError(f"--launcher slurm: {path}: a path with a double quote or a backslash cannot be given to "
                          "sbatch; choose another --out")
-    return f'"{value}"'
+
+
+def _sbatch_quote(path: str) -> str:
+    """A path for an #SBATCH line, in double quotes: sbatch splits the line at blanks outside them."""
+    check_path(Path(path))
+    return f'"{path}"'
 
 
 def slurm_ranks(environ: dict[str, str]) -> dict[str, str]:
@@ -302,8 +307,8 @@ Callback = Callable[[int, Job], None]
 FinishCallback = Callable[[int, Job, Result], None]
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+def _now(seconds_ago: float = 0.0) -> str:
+    return (datetime.now(timezone.utc) - timedelta(seconds=seconds_ago)).isoformat(timespec="seconds")
 
 
 def run_slurm_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], options: SlurmOptions,
@@ -388,7 +393,7 @@ def run_slurm_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, A
                     continue
                 outcome = found or slurm_outcome(ended, job_id, run_dir, sub.log_rel)
                 outcome.runtime = {**(outcome.runtime or {}), "slurm": {"job_id": job_id, "state": ended.state}}
-                record(sub.k, sub.job, outcome, ended.started_at or _now(), ended.ran_s)
+                record(sub.k, sub.job, outcome, ended.started_at or _now(ended.ran_s), ended.ran_s)
             now = (sum(not s.running for s in live.values()) + len(queue), sum(s.running for s in live.values()),
                    len(results), ", ".join(sorted(waiting)))
             if on_counts and now != counts:

@@ -343,17 +343,26 @@ def main(argv: list[str]) -> int:
     load_plugins()
     config = Config.from_dict(job["config"])
     outcome, timeline = run_config(config, options.get("profile"))
-    if options.get("slurm"):  # the result's fingerprint is the node's it ran on, not the submit host's
-        from gpubench.env import fingerprint
-        from gpubench.runner.probe import probe_here
+    if options.get("slurm") and rank_of(config)[0] == 0:  # the result's fingerprint: the node's, not the submit host's
         from gpubench.runner.slurm import NODE_ENV
 
-        outcome.runtime = {**(outcome.runtime or {}),
-                           NODE_ENV: fingerprint({config.framework: probe_here(config.framework).to_dict()})}
+        outcome.runtime = {**(outcome.runtime or {}), NODE_ENV: _node_env(config.framework)}
     code = _write_outcome(workdir, config, outcome, timeline)
     if config.distributed:
         leave_now(code)
     return code
+
+
+def _node_env(framework: str) -> dict[str, Any]:
+    """This node's fingerprint with the framework's probe; where that fails, the host name and
+    why (the outcome matters more than its fingerprint)."""
+    from gpubench.env import fingerprint
+    from gpubench.runner.probe import probe_here
+
+    try:
+        return fingerprint({framework: probe_here(framework).to_dict()})
+    except Exception as e:  # noqa: BLE001 - any failure of a probe must not cost the outcome
+        return {"hostname": socket.gethostname(), "fingerprint_error": _first_line(e)}
 
 
 def _write_outcome(workdir: Path, config: Config, outcome: Outcome, timeline: dict[str, Any] | None) -> int:
