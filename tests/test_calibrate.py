@@ -48,6 +48,18 @@ def cache_dir(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
+def test_the_cache_is_gpubench_cache_dir_else_the_xdg_cache_home(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.delenv("GPUBENCH_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert cache.cache_dir() == Path.home() / ".cache" / "gpubench"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache.cache_dir() == tmp_path / "xdg" / "gpubench"
+    monkeypatch.setenv("GPUBENCH_CACHE_DIR", str(tmp_path / "mine"))
+    assert cache.cache_dir() == tmp_path / "mine"
+
+
 def test_cache_miss_hit_corrupt_and_force(cache_dir):
     measure, warnings = FakeMeasure(), []
     first = cache.get_calibration("cpu", measure=measure, warn=warnings.append)  # miss: measured and written

@@ -1,8 +1,9 @@
 """Calibrations cached per device and environment fingerprint, measured on demand.
 
 One JSON file per device and key, ``calibration-<cpu|cuda>-<hash>.json``, in
-``$GPUBENCH_CACHE_DIR``, else ``~/.cache/gpubench/``. The key holds what decides the peaks and
-is read in the parent without importing a framework or touching CUDA:
+``$GPUBENCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/gpubench/``, else ``~/.cache/gpubench/``. The
+key holds what decides the peaks and is read in the parent without importing a framework or
+touching CUDA:
 
 - both: host name, CPU model, the torch version, its CUDA build and git revision (read from
   torch's ``version.py``: cuBLAS / oneDNN ship with torch), and the TensorFlow version and
@@ -73,7 +74,9 @@ class Calibration:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "gpubench")
+    """``$GPUBENCH_CACHE_DIR``, else the XDG cache directory's ``gpubench``."""
+    return Path(os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                / "gpubench")
 
 
 def calibration_device(device: str) -> str:
