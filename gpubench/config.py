@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 from gpubench.options import DISTRIBUTED_KINDS, REPLICA_KINDS, STAGE_KINDS, device_index, device_kind, parse_parallelism
@@ -55,6 +56,9 @@ class Config:
     # its N processes on every node
     nnodes: int = 1
     workload_params: tuple[tuple[str, int], ...] = ()
+    # settings named in the id because another point of this config's sweep differs from it in
+    # them (set by the suite's expansion: see gpubench.suite.name_differences); not a setting
+    id_keys: tuple[str, ...] = ()
 
     @property
     def accum_steps(self) -> int:
@@ -135,44 +139,66 @@ class Config:
 
     @property
     def variant(self) -> str:
-        """The training settings that differ from their built-in default, ``key=value`` joined
-        by ``-`` (``""`` when none do); data_workers only counts in pipeline mode."""
-        return "-".join(f"{name}={getattr(self, name)}" for name in _ID_EXTRAS
-                        if getattr(self, name) != DEFAULTS[name] and _ID_ONLY_WHEN.get(name, _ALWAYS)(self))
+        """The settings named after the identity axes, ``key=value`` joined by ``-`` (``""`` when
+        none are): each training setting that differs from its built-in default (data_workers
+        only in pipeline mode...), then the settings in ``id_keys`` (those that tell this config
+        from another point of its sweep)."""
+        named = [name for name in _ID_EXTRAS
+                 if getattr(self, name) != DEFAULTS[name] and _ID_ONLY_WHEN.get(name, _ALWAYS)(self)]
+        named += [name for name in self.id_keys if name not in named]
+        return "-".join(f"{name}={_id_value(name, getattr(self, name))}" for name in named)
 
     @property
     def config_id(self) -> str:
         """Stable, readable id: the identity axes, plus any other training setting that
-        differs from its built-in default (measurement settings are left out)."""
+        differs from its built-in default, plus the settings that tell this config from the
+        other points of its sweep (``id_keys``, set by the suite's expansion), so that no two
+        points of a sweep share an id."""
         parts = [self.workload_label, self.framework, self.device, f"bs{self.batch_size}", self.precision,
                  self.parallelism.replace(":", "")]  # grad-accum:4 -> grad-accum4 (no ':' in file names)
         return "-".join(parts + ([self.variant] if self.variant else []))
 
     @property
     def config_hash(self) -> str:
-        """Short hash of every setting, so that configs with equal ids but different
-        measurement settings can be told apart."""
-        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        """Short hash of every setting (``id_keys`` is how the id is written, not a setting),
+        so that results of the same settings are one series wherever they ran."""
+        d = self.to_dict()
+        del d["id_keys"]
+        blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha1(blob).hexdigest()[:12]
+
+    def normalised(self) -> Config:
+        """This config with every setting it does not use at its default (data_workers outside
+        pipeline mode, the pipeline settings outside ``pipeline:N``, the batch search's bounds
+        without ``batch_size = "max"``, data_dir without MNIST), so that a sweep over a setting
+        where it does nothing makes one point, not several that train alike."""
+        unused: dict[str, Any] = {name: DEFAULTS[name] for name, used in _USED_ONLY_WHEN.items() if not used(self)}
+        return replace(self, **unused) if unused else self
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["workload_params"] = dict(self.workload_params)
+        d["id_keys"] = list(self.id_keys)
         return d
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Config:
         d = dict(d)
         d["workload_params"] = tuple(sorted(d.get("workload_params", {}).items()))
+        d["id_keys"] = tuple(d.get("id_keys") or ())
         names = {f.name for f in fields(Config)}
         return Config(**{k: v for k, v in d.items() if k in names})
 
 
 DEFAULTS = {f.name: f.default for f in fields(Config)}
 # training settings named in config_id when they differ from their default (some only where
-# they matter: _ID_ONLY_WHEN); data_dir is a path and stays out of the id
+# they matter: _ID_ONLY_WHEN); the others (measurement settings, data_dir) are named only where
+# a sweep varies them (id_keys)
 _ID_EXTRAS = ("optimizer", "lr", "loss", "compile", "memory_format", "data", "data_workers", "threads", "huge_pages",
-              "dataset", "checkpointing", "pipeline_microbatches", "pipeline_schedule", "nnodes")
+              "dataset", "checkpointing", "pipeline_microbatches", "pipeline_schedule", "nnodes", "seed")
+# every setting outside the identity axes and the workload's parameters: what id_keys may name
+ID_AXES = ("workload", "framework", "device", "batch_size", "precision", "parallelism")
+NAMEABLE = tuple(f.name for f in fields(Config) if f.name not in (*ID_AXES, "workload_params", "id_keys"))
 def _ALWAYS(c: Config) -> bool:
     return True
 
@@ -182,3 +208,20 @@ _ID_ONLY_WHEN: dict[str, Callable[[Config], bool]] = {
     "pipeline_microbatches": lambda c: c.pipelined,
     "pipeline_schedule": lambda c: c.pipelined,
 }
+# settings a config uses only where this holds (Config.normalised sets them to their default
+# elsewhere)
+_USED_ONLY_WHEN: dict[str, Callable[[Config], bool]] = {
+    **_ID_ONLY_WHEN,
+    "max_batch_start": lambda c: c.batch_size == MAX_BATCH,
+    "max_batch_limit": lambda c: c.batch_size == MAX_BATCH,
+    "data_dir": lambda c: c.dataset == "mnist",
+}
+
+
+def _id_value(name: str, value: Any) -> str:
+    """A setting's value as the id writes it: a path as its last part and a short hash of the
+    whole (readable, and two directories with the same last part stay apart)."""
+    if name == "data_dir":
+        digest = hashlib.sha1(str(value).encode()).hexdigest()[:6]
+        return f"{Path(str(value)).name or 'none'}.{digest}"
+    return str(value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import signal
 import sys
 
@@ -12,6 +13,19 @@ class InputError(Exception):
     The message should name the file, the key and the allowed values, so that the user can
     fix it without reading the source.
     """
+
+
+class StorageError(InputError):
+    """The run directory cannot be written (a full disk, a quota, a read-only file system):
+    not a config's failure, so nothing is recorded for the config and the sweep stops (every
+    next config would fail the same way); ``--resume`` runs it once there is room. One line
+    naming the path, exit 2."""
+
+
+# what a write that fails for want of room or permission to write reads as (ENOSPC, EDQUOT,
+# EROFS, EFBIG): the machine's problem, not the config's
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+EXIT_STORAGE = 75  # a worker that could not hand over its outcome (EX_TEMPFAIL: try again later)
 
 
 def choices_message(kind: str, value: object, allowed: list[str] | tuple[str, ...]) -> str:

@@ -5,7 +5,9 @@ report's charts, the run directory) writes the same way."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,3 +44,17 @@ def write_text_atomic(path: Path, text: str) -> None:
             f.write(text)
 
     write_atomic(path, write)
+
+
+FILE_STEM_CHARS = 160  # room for "-r<repeat>.log" and the like within a file system's 255 bytes
+
+
+def file_stem(name: str) -> str:
+    """A file-name-safe stem for a config id: characters other than letters, digits and
+    ``._=-`` become ``_``; a stem longer than FILE_STEM_CHARS is cut and ends in a short hash of
+    the whole name. (A sweep's expansion checks that no two of its configs share a stem.)"""
+    safe = re.sub(r"[^A-Za-z0-9._=-]+", "_", name)
+    if len(safe) <= FILE_STEM_CHARS:
+        return safe
+    digest = hashlib.sha1(name.encode()).hexdigest()[:10]
+    return f"{safe[:FILE_STEM_CHARS - 11]}-{digest}"

@@ -36,15 +36,29 @@ CHECKPOINTINGS = ("none", "activations")  # activations: recomputed in the backw
 DEVICE_KINDS = ("cpu", "cuda")
 
 
+# the largest N of "<kind>:N": devices or processes on one node (the largest machines have 8-16
+# GPUs, and a CPU run one process per core), and micro-batches per step; beyond these the
+# launcher would start more processes than any machine holds, or a step would never end
+MAX_DEVICES = 256
+MAX_MICROBATCHES = 65536
+
+
+def max_parallel(kind: str) -> int:
+    return MAX_MICROBATCHES if kind == "grad-accum" else MAX_DEVICES
+
+
 def parse_parallelism(value: object) -> tuple[str, int]:
     """``"single"`` -> ("single", 1); ``"grad-accum:4"`` -> ("grad-accum", 4). Raises
-    ValueError naming the allowed forms."""
+    ValueError naming the allowed forms and bounds."""
     kind, sep, n = value.partition(":") if isinstance(value, str) else ("", "", "")
     if value == "single":
         return "single", 1
-    if kind in PARALLEL_KINDS and sep and n.isdigit() and int(n) >= 1:
+    if kind in PARALLEL_KINDS and sep and n.isascii() and n.isdigit() and 1 <= int(n) <= max_parallel(kind):
         return kind, int(n)
-    raise ValueError(f"unknown parallelism {value!r}; expected one of: {', '.join(PARALLELISMS)} (N >= 1)")
+    if kind in PARALLEL_KINDS and sep and n.isascii() and n.isdigit() and int(n) > max_parallel(kind):
+        raise ValueError(f"parallelism {value!r}: N must be 1..{max_parallel(kind)} for {kind}")
+    raise ValueError(f"unknown parallelism {value!r}; expected one of: {', '.join(PARALLELISMS)} (N >= 1; at most "
+                     f"{MAX_DEVICES} devices or processes, {MAX_MICROBATCHES} grad-accum micro-batches)")
 
 
 def device_kind(device: str) -> str:

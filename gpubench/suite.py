@@ -34,10 +34,11 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from gpubench.backends import BACKENDS, declared_values
-from gpubench.config import MAX_BATCH, Config
+from gpubench.config import MAX_BATCH, NAMEABLE, Config
 from gpubench.errors import InputError, choices_message
+from gpubench.files import file_stem
 from gpubench.hugepages import HUGE_PAGES
-from gpubench.options import PIPELINE_SCHEDULES, parse_parallelism
+from gpubench.options import MAX_DEVICES, MAX_MICROBATCHES, PIPELINE_SCHEDULES, parse_parallelism
 from gpubench.workloads import WORKLOADS
 
 _DEVICE_RE = re.compile(r"^(cpu|cuda|gpu)(:(\d+))?$")
@@ -174,7 +175,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "`dp:N` (PyTorch DataParallel over N GPUs in one process); `pipeline:N` (PyTorch "
             "`torch.distributed.pipelining`: N stages, one process each; `batch_size` is the batch every stage "
             "processes per step); `mirrored:N` (TensorFlow MirroredStrategy over N GPUs, or N logical CPU "
-            "devices); `multiworker:N` (TensorFlow MultiWorkerMirroredStrategy, N worker processes)"),
+            "devices); `multiworker:N` (TensorFlow MultiWorkerMirroredStrategy, N worker processes). N is at most "
+            f"{MAX_DEVICES} (devices or processes), {MAX_MICROBATCHES} for `grad-accum`"),
     Setting("optimizer", Choice("optimizer", _declared("optimizer")), str, "`adam`, `adamw`, `sgd` (momentum 0.9)"),
     Setting("lr", _positive_float, _parse_number, "learning rate, a number > 0"),
     Setting("loss", Choice("loss", _declared("loss")), str, "loss function: `cross_entropy`"),
@@ -248,6 +250,11 @@ def _check_value(key: str, value: Any) -> Any:
 
 # --- the suite ------------------------------------------------------------------------------
 
+# the most config repeats one sweep may have unless --max-jobs raises it: each is a fresh process
+# of seconds to minutes, so this is a day or more of training, and a matrix far above it is a
+# mistake (10^10 points would take the machine's memory before the first config ran)
+MAX_JOBS = 10_000
+
 _TOP_KEYS = ("name", "description", "defaults", "matrix", "telemetry")
 _TELEMETRY_KEYS = {"interval_ms": "telemetry_interval_ms"}  # [telemetry] key -> setting
 
@@ -262,6 +269,7 @@ class Suite:
     include: tuple[dict[str, list[Any]], ...] = ()
     exclude: tuple[dict[str, list[Any]], ...] = ()
     overrides: dict[str, list[Any]] = field(default_factory=dict)  # from --set, for narrowing includes
+    max_jobs: int = MAX_JOBS  # the most config repeats a sweep of it may have (run --max-jobs)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -273,6 +281,7 @@ class Suite:
             "include": list(self.include),
             "exclude": list(self.exclude),
             "overrides": self.overrides,
+            "max_jobs": self.max_jobs,
         }
 
     @staticmethod
@@ -285,7 +294,10 @@ class Suite:
         matrix = _table(d, "matrix", where)
         data = {"name": d.get("name"), "description": d.get("description", ""), "defaults": d.get("defaults", {}),
                 "matrix": {**matrix, "include": d.get("include", []), "exclude": d.get("exclude", [])}}
-        suite = parse_suite(data, where)
+        max_jobs = d.get("max_jobs", MAX_JOBS)
+        if isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or max_jobs < 1:
+            raise InputError(f"{where}.max_jobs: expected an integer >= 1, got {max_jobs!r}")
+        suite = parse_suite(data, where, max_jobs=max_jobs)
         overrides = {k: _values(f"{where}.overrides.{k}", k, v) for k, v in _table(d, "overrides", where).items()}
         source = d.get("source")
         return replace(suite, source=source if isinstance(source, str) else src, overrides=overrides)
@@ -319,8 +331,35 @@ class Suite:
 
     # --- expansion -------------------------------------------------------------------------
 
+    def size(self) -> int:
+        """Points of the matrix before ``exclude`` and de-duplication: what expansion would
+        build, computed without building it."""
+        axes = _ordered_axes(self.matrix)
+        total = math.prod(len(self.matrix[a]) for a in axes)
+        for included in self.include:
+            entry = self._narrow(included)
+            if entry is not None:
+                total += math.prod(len(v) for v in entry.values()) * math.prod(
+                    len(self.matrix[a]) for a in axes if a not in entry)
+        return total
+
+    def check_size(self, repeats: int = 1) -> None:
+        """Refuse a sweep of more than ``max_jobs`` config repeats before anything is built (a
+        matrix of 10^10 points would otherwise take the machine's memory), naming the axes."""
+        points = self.size()
+        if points * repeats <= self.max_jobs:
+            return
+        axes = ", ".join(f"{a} {len(self.matrix[a])}" for a in _ordered_axes(self.matrix)) or "none"
+        extra = f", {len(self.include)} include entries" if self.include else ""
+        times = f" x {repeats} repeats = {points * repeats:,} jobs" if repeats > 1 else " configs"
+        raise InputError(f"{self.source}: the sweep has {points:,}{' points' if repeats > 1 else ''}{times} "
+                         f"(matrix axes and their lengths: {axes}{extra}), above the cap of {self.max_jobs:,} "
+                         f"config repeats; narrow it with --set, or raise the cap with --max-jobs N")
+
     def expand(self) -> list[Config]:
-        """All configs of the sweep, in a stable order, without duplicates."""
+        """All configs of the sweep, in a stable order, without duplicates, each with an id no
+        other config of the sweep has."""
+        self.check_size()
         axes = _ordered_axes(self.matrix)
         base = [dict(zip(axes, combo)) for combo in itertools.product(*(self.matrix[a] for a in axes))]
         points = [p for p in base if not any(_matches(p, e) for e in self.exclude)]
@@ -337,11 +376,11 @@ class Suite:
         configs: list[Config] = []
         seen: set[Config] = set()
         for point in points:
-            config = self._config(point)
+            config = self._config(point).normalised()
             if config not in seen:
                 seen.add(config)
                 configs.append(config)
-        return configs
+        return name_differences(configs, self.source)
 
     def _narrow(self, entry: dict[str, list[Any]]) -> dict[str, list[Any]] | None:
         out = {}
@@ -387,6 +426,31 @@ class Suite:
             raise InputError(f"{prefix}: no workload in this suite takes '{key}' ({offered})")
 
 
+def name_differences(configs: list[Config], source: str) -> list[Config]:
+    """The configs, each with the settings that tell it from the other points of the sweep
+    with the same base id (``Config.id_keys``: a seed, steps, timeout_s... that the sweep
+    varies), so that every config has an id of its own while a setting the whole sweep shares
+    stays out of the ids. Raises InputError where two configs would still share an id or a file
+    name (cannot happen for configs that differ: every setting is named where it differs)."""
+    groups: dict[str, list[Config]] = {}
+    for c in configs:
+        groups.setdefault(replace(c, id_keys=()).config_id, []).append(c)
+    named: dict[Config, Config] = {}
+    for members in groups.values():
+        keys = tuple(k for k in NAMEABLE if len({getattr(c, k) for c in members}) > 1)
+        named.update({c: replace(c, id_keys=keys) for c in members})
+    out = [named[c] for c in configs]
+    ids: dict[str, Config] = {}
+    files: dict[str, Config] = {}
+    for c in out:
+        other = ids.get(c.config_id) or files.get(file_stem(c.config_id).lower())
+        if other is not None:
+            raise InputError(f"{source}: two configs of the sweep would share the id or file name {c.config_id!r} "
+                             f"({other.to_dict()} and {c.to_dict()}); please report this")
+        ids[c.config_id] = files[file_stem(c.config_id).lower()] = c
+    return out
+
+
 _AXIS_ORDER = ("workload", "framework", "device", "precision", "batch_size", "parallelism")
 
 
@@ -415,7 +479,9 @@ def resolve_suite_path(name_or_path: str) -> Path:
     return Path("suites") / f"{name_or_path}.toml"
 
 
-def load_suite(name_or_path: str) -> Suite:
+def load_suite(name_or_path: str, max_jobs: int = MAX_JOBS) -> Suite:
+    """A suite file, validated and expanded once (so that a bad one fails here); ``max_jobs``
+    bounds the sweep (--max-jobs)."""
     path = resolve_suite_path(name_or_path)
     src = str(path)
     if not path.is_file():
@@ -426,7 +492,7 @@ def load_suite(name_or_path: str) -> Suite:
         raise InputError(f"{src}: cannot read suite file: {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"{src}: invalid TOML: {e}") from None
-    suite = parse_suite(data, src, default_name=path.stem)
+    suite = parse_suite(data, src, default_name=path.stem, max_jobs=max_jobs)
     # a typo check for a hand-written file; a stored suite (run.json) may hold a parameter that a
     # --set narrowing left without its workload
     suite.check_params_used()
@@ -436,7 +502,7 @@ def load_suite(name_or_path: str) -> Suite:
 MAX_NAME_CHARS = 100
 
 
-def parse_suite(data: dict[str, Any], src: str, default_name: str = "suite") -> Suite:
+def parse_suite(data: dict[str, Any], src: str, default_name: str = "suite", max_jobs: int = MAX_JOBS) -> Suite:
     for key in data:
         if key not in _TOP_KEYS:
             raise InputError(f"{src}: {choices_message('top-level key', key, list(_TOP_KEYS))}")
@@ -481,7 +547,7 @@ def parse_suite(data: dict[str, Any], src: str, default_name: str = "suite") -> 
         matrix[key] = _values(f"{src}: matrix.{key}", key, value)
 
     suite = Suite(name=name, description=description, source=src, defaults=defaults, matrix=matrix,
-                  include=tuple(include), exclude=tuple(exclude))
+                  include=tuple(include), exclude=tuple(exclude), max_jobs=max_jobs)
     suite.expand()
     return suite
 

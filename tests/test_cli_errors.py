@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+from contextlib import ExitStack
 
 import pytest
 from rich.console import Console
@@ -72,7 +73,7 @@ def test_resume_warns_on_stderr(tmp_path, capsys):
     (run / "run.json").write_text(json.dumps({"run_id": "run", "suite": suite.to_dict(), "args": {"repeats": 1}}))
     (run / "results.jsonl").write_text("")
     _truncate_last_line(run)
-    _, _, resumed, existing = _prepare(RunRequest(suite=None, out=tmp_path, resume=run))
+    _, _, resumed, existing = _prepare(RunRequest(suite=None, out=tmp_path, resume=run), ExitStack())
     out, err = capsys.readouterr()
     assert resumed == run and existing == [] and out == ""
     assert err.startswith("gpubench: warning:") and "truncated last line" in err

@@ -3,17 +3,21 @@ config repeat, appended as each finishes, so a crash or Ctrl-C loses nothing fin
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import json
 import os
-import re
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from gpubench.errors import InputError
 from gpubench.errors import warn as warn_user
-from gpubench.files import write_text_atomic
+from gpubench.files import file_stem, write_text_atomic
 from gpubench.results.result import Result, ResultError
 from gpubench.results.schema import SUPPORTED_SCHEMA_VERSIONS, clean
 
@@ -28,17 +32,45 @@ except ImportError:  # pragma: no cover - depends on the environment
     _fast_loads = None
 
 
+MAX_DEPTH = 32  # a result line nests 4-5 levels; deeper is a damaged or hostile file
+
+
 def decode_line(line: bytes) -> Any:
     """One line of JSON. orjson where installed (faster on result lines: an ingest decodes
     every line it records), else, and for what orjson refuses (NaN, integers
     beyond 64 bits), the standard library, so both read the same lines the same way and a bad
-    line is the standard library's ValueError."""
+    line is the standard library's ValueError. A value nested deeper than MAX_DEPTH is a
+    ValueError too (every later reader walks it recursively)."""
+    obj: Any = None
     if _fast_loads is not None:
         try:
-            return _fast_loads(line)
+            obj = _fast_loads(line)
         except ValueError:
-            pass
-    return json.loads(line)
+            obj = None
+    if obj is None:
+        try:
+            obj = json.loads(line)
+        except RecursionError:
+            raise ValueError(f"nested deeper than {MAX_DEPTH} levels") from None
+    check_depth(obj)
+    return obj
+
+
+def check_depth(obj: Any, limit: int = MAX_DEPTH) -> None:
+    """ValueError when ``obj`` nests lists and objects deeper than ``limit`` (walked without
+    recursion, so a hostile file cannot exhaust the stack here either)."""
+    stack = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children = list(value.values())
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > limit:
+            raise ValueError(f"nested deeper than {limit} levels")
+        stack.extend((child, depth + 1) for child in children)
 
 
 def json_text(obj: Any) -> str:
@@ -116,7 +148,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     if not run_dir.is_dir():
         raise InputError(f"{run_dir}: no such run directory")
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
+        meta = decode_line(path.read_bytes())
     except FileNotFoundError:
         raise InputError(f"{path}: missing; is {run_dir} a gpubench run directory?") from None
     except (OSError, ValueError) as e:
@@ -161,6 +193,7 @@ def read_results(run_dir: Path, repair: bool = False, strict: bool = True,
         raise InputError(f"{path}: unreadable results file: {e.strerror or e}") from None
     lines = raw.split(b"\n")
     results: list[tuple[str, Result]] = []
+    first_line: dict[tuple[str, int], int] = {}  # (config id, repeat) -> the line that has it
     offset = 0
     for i, line in enumerate(lines, start=1):
         start = offset
@@ -187,9 +220,18 @@ def read_results(run_dir: Path, repair: bool = False, strict: bool = True,
                      f"{', '.join(map(str, SUPPORTED_SCHEMA_VERSIONS))}", strict, warn)
             continue
         try:
-            results.append((line.decode(), Result.from_json(obj)))
+            result = Result.from_json(obj)
         except ResultError as e:
             _problem(f"{path}:{i}: {e}", strict, warn)
+            continue
+        key = (result.config_id, result.repeat)
+        if key in first_line:  # counted twice it would be an extra repeat of every figure
+            _problem(f"{path}:{i}: config {result.config_id} repeat {result.repeat} is already on line "
+                     f"{first_line[key]}: a results file holds each config repeat once (two runs wrote into one "
+                     "directory?)", strict, warn)
+            continue
+        first_line[key] = i
+        results.append((line.decode(), result))
     return results
 
 
@@ -200,5 +242,63 @@ def _problem(message: str, strict: bool, warn: Callable[[str], None]) -> None:
 
 
 def slug(text: str) -> str:
-    """A file-name-safe version of a config id."""
-    return re.sub(r"[^A-Za-z0-9._=-]+", "_", text)
+    """A file-name-safe version of a config id (files.file_stem)."""
+    return file_stem(text)
+
+
+LOCK_FILE = ".lock"
+
+
+@contextmanager
+def locked_run_dir(run_dir: Path) -> Iterator[None]:
+    """Hold the run directory's lock while a run or a resume writes it: a second writer gets
+    one line naming the holder (two resumes of one directory would otherwise both run every
+    missing config, and write each result twice). An advisory ``flock`` on RUN_DIR/.lock, which
+    the kernel releases when the holder dies, however it dies."""
+    path = run_dir / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise InputError(f"{path}: cannot open the run directory's lock: {e.strerror or e}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InputError(f"{run_dir}: another gpubench is writing this run directory ({_holder(fd)}); wait for it "
+                             "to end, or stop it, then resume") from None
+        holder = {"pid": os.getpid(), "host": socket.gethostname(),
+                  "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        with contextlib.suppress(OSError):  # who holds it is for the message only
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(holder).encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _holder(fd: int) -> str:
+    try:
+        h = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        return f"pid {int(h['pid'])} on {h['host']}, since {h['since']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its pid unknown"
+
+
+SUPERSEDED_FILE = "superseded.jsonl"
+RETRIED_STATUSES = ("error", "timeout")  # what ``run --resume --retry-failed`` runs again (and supersedes)
+
+
+def supersede(run_dir: Path, drop: Callable[[Result], bool]) -> int:
+    """Move the results ``drop`` picks out of results.jsonl, into superseded.jsonl (kept, never
+    read as results), so that a resume runs those config repeats again without a result being
+    counted twice; results.jsonl is rewritten whole (atomically). Returns how many moved."""
+    found = read_results(run_dir)
+    moved = [line for line, r in found if drop(r)]
+    if not moved:
+        return 0
+    with open(run_dir / SUPERSEDED_FILE, "a", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in moved))
+        f.flush()
+        os.fsync(f.fileno())
+    write_text_atomic(run_dir / RESULTS_FILE, "".join(line + "\n" for line, r in found if not drop(r)))
+    return len(moved)

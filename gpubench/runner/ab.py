@@ -14,6 +14,7 @@ gate sequential: more rounds for the undecided configs, look k at alpha / 2^k.
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -145,6 +146,7 @@ def execute_ab(req: ABRequest, console: Console) -> int:
     if req.best_of > 1 and not req.lockstep:
         raise InputError(f"--best-of {req.best_of}: needs --lockstep (the best of consecutive paired rounds)")
     suite = load_suite(req.suite).with_overrides(req.sets)
+    suite.check_size(req.repeats)
     configs = suite.expand()
     check_data(configs, suite.source)
     searched = [c.config_id for c in configs if c.batch_size == MAX_BATCH]
@@ -174,14 +176,16 @@ def execute_ab(req: ABRequest, console: Console) -> int:
     for d in fingerprint_differences(envs["baseline"], envs["candidate"], {c.framework for c in configs}):
         warn(f"environments differ (this may be the change under test): {d}")
 
-    stamp = f"{suite.name}-ab-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+    # unique, as a run's id is (two A/Bs started in the same second never share a directory or id)
+    stamp = f"{suite.name}-ab-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
     root = req.out / stamp
     dirs, metas = {}, {}
     for side in SIDES:
         args = {"suite": req.suite, "set": req.sets, "repeats": req.repeats, "out": str(req.out), "ab_side": side,
                 "python": launchers[side].python, "pythonpath": launchers[side].pythonpath,
                 "lockstep": req.lockstep, "budget_s": req.budget_s, "ab_id": stamp}
-        dirs[side], metas[side] = new_run_dir(root, side, suite, args, configs, envs[side])
+        dirs[side], metas[side] = new_run_dir(root, f"{stamp}-{side}", suite, args, configs, envs[side],
+                                              dir_name=side)
     console.print(f"A/B {stamp}: {len(configs)} configs x {req.repeats} {'rounds' if req.lockstep else 'repeats'} x 2 "
                   f"sides{f', then more while undecided, within {req.budget_s:g} s' if req.budget_s else ''} -> {root}",
                   highlight=False)

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.config import Config
+from gpubench.errors import EXIT_STORAGE, StorageError
 from gpubench.hugepages import worker_env
 from gpubench.launch import Launcher
 from gpubench.results.result import Outcome
 from gpubench.results.store import slug
 from gpubench.runner.nodes import Nodes
-from gpubench.runner.process import kill_group, oom_kill_count, worker_command
+from gpubench.runner.process import dying_with_parent, kill_group, oom_kill_count, storage_problem, worker_command
 
 LOG_TAIL_LINES = 40
 
@@ -46,15 +47,24 @@ def tail_lines(path: Path, n: int = LOG_TAIL_LINES) -> list[str]:
 
 def prepare_workdir(job: Job, run_dir: Path, train: Config | None = None) -> tuple[Path, Path]:
     """A fresh work directory holding the worker's job.json, and the run-relative path of its
-    log: (workdir, log_rel)."""
+    log: (workdir, log_rel). A run directory that cannot take them is a StorageError."""
     train = train or job.config
     workdir = run_dir / ".work" / job.name
     shutil.rmtree(workdir, ignore_errors=True)
-    workdir.mkdir(parents=True)
-    (workdir / "job.json").write_text(json.dumps({"config": train.to_dict(), "repeat": job.repeat,
-                                                  "options": job.options}))
-    (run_dir / "logs").mkdir(exist_ok=True)
+    try:
+        workdir.mkdir(parents=True)
+        (workdir / "job.json").write_text(json.dumps({"config": train.to_dict(), "repeat": job.repeat,
+                                                      "options": job.options}))
+        (run_dir / "logs").mkdir(exist_ok=True)
+    except OSError as e:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise storage_error(job, run_dir, f"{e.filename or workdir}: {e.strerror or e}") from None
     return workdir, Path("logs") / f"{job.name}.log"
+
+
+def storage_error(job: Job, run_dir: Path, problem: str) -> StorageError:
+    return StorageError(f"{problem}: the run directory cannot take {job.name}'s outcome (nothing is recorded for it: "
+                        f"not the config's failure); make room, then continue with: gpubench run --resume {run_dir}")
 
 
 def collect_outcome(job: Job, run_dir: Path, workdir: Path, log_rel: Path) -> Outcome | None:
@@ -71,9 +81,13 @@ def collect_outcome(job: Job, run_dir: Path, workdir: Path, log_rel: Path) -> Ou
     found.log = str(log_rel)
     timeline = workdir / "timeline.json"
     if timeline.exists() and found.telemetry is not None:
-        (run_dir / "telemetry").mkdir(exist_ok=True)
         rel = Path("telemetry") / f"{job.name}.json"
-        shutil.move(str(timeline), run_dir / rel)
+        try:
+            (run_dir / "telemetry").mkdir(exist_ok=True)
+            shutil.move(str(timeline), run_dir / rel)
+        except OSError as e:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise storage_error(job, run_dir, f"{run_dir / rel}: {e.strerror or e}") from None
         found.telemetry["timeline"] = str(rel)
     shutil.rmtree(workdir, ignore_errors=True)
     return found
@@ -99,7 +113,7 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: 
     env = launcher.env()
     env.update(worker_env(train.huge_pages, env))  # read as the worker starts
     with open(run_dir / log_rel, "wb") as log:
-        proc = subprocess.Popen(worker_command(launcher, workdir, train, nodes),
+        proc = subprocess.Popen(dying_with_parent(worker_command(launcher, workdir, train, nodes)),
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=env, pass_fds=launcher.pass_fds)
         if launcher.turns is not None:
@@ -118,6 +132,12 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: 
     if found is not None:
         return found
     rc = proc.returncode
+    # a worker that could not write its outcome (it says so with EXIT_STORAGE; an older one, or a
+    # launcher in between, only fails): the machine's failure when the run directory is full
+    problem = storage_problem(run_dir)
+    if problem is not None or rc == EXIT_STORAGE:
+        raise storage_error(job, run_dir, problem or f"{workdir / 'result.json'}: the worker could not write it "
+                                                     f"(see {run_dir / log_rel})")
     if rc == 0 and nodes.node_rank > 0:
         per_node = job.config.devices // nodes.nnodes
         first = nodes.node_rank * per_node

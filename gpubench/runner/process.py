@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from gpubench.config import Config
+from gpubench.errors import STORAGE_ERRNOS
 from gpubench.launch import Launcher
 from gpubench.options import parse_parallelism
 from gpubench.runner.nodes import Nodes
@@ -26,6 +30,67 @@ def worker_command(launcher: Launcher, workdir: Path, config: Config, nodes: Nod
                                 str(workdir))
     return launcher.command("torch.distributed.run", *nodes.torchrun_args(nproc), "-m", "gpubench.runner.worker",
                             str(workdir))
+
+
+# PR_SET_PDEATHSIG (prctl option 1) with SIGKILL (9): the kernel kills this process when the
+# thread that started it ends, whatever ends it (kill -9 included). Run by the child's own Python
+# (an A/B's other checkout may have a gpubench without this module), then exec'd into the
+# command, which keeps the setting; a parent already gone by then ends it at once.
+_GUARD = ("import ctypes,os,sys\n"
+          "ctypes.CDLL(None).prctl(1,9,0,0,0)\n"
+          "os.getppid()==int(sys.argv[1]) or os._exit(125)\n"
+          "os.execvp(sys.argv[2],sys.argv[2:])")
+
+
+def dying_with_parent(command: list[str]) -> list[str]:
+    """``command`` started so that it is killed when this process dies, also by SIGKILL: a
+    worker left running would hold its device and falsify the next measurement, and a resume
+    would run the same config beside it. Linux only (elsewhere the command as it is)."""
+    if not sys.platform.startswith("linux"):
+        return command
+    return [command[0], "-S", "-c", _GUARD, str(os.getpid()), *command]
+
+
+def die_with_parent() -> None:
+    """For a process started by another launcher (a rank under torchrun, a TensorFlow worker
+    under tf_launch): be killed when that parent dies, and end now if it already has (adopted by
+    init). Best effort: nothing where prctl is missing."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:
+        os._exit(125)
+
+
+PROBE_BYTES = 1 << 20  # about what a worker's outcome with its raw step times and timeline takes
+
+
+def storage_problem(directory: Path) -> str | None:
+    """Why ``directory`` cannot take a worker's outcome (no space, a quota, read-only), or None:
+    asked when a worker ended without one, to tell the machine's failure from the config's."""
+    probe = directory / f".space-probe-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            data = bytes(PROBE_BYTES)
+            while data:
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        if e.errno in (*STORAGE_ERRNOS, errno.EACCES):
+            return f"{directory}: {e.strerror or e}"
+        return None
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
+    return None
 
 
 def kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:

@@ -6,7 +6,9 @@ bad input never leaves a run directory behind.
 
 from __future__ import annotations
 
+import uuid
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -17,13 +19,24 @@ from rich.console import Console
 from gpubench.backends.base import ProbeInfo
 from gpubench.config import MAX_BATCH
 from gpubench.env import emulation_note, fingerprint
-from gpubench.errors import InputError, note, stop_exit_code, stop_message, warn
+from gpubench.errors import InputError, StorageError, note, stop_exit_code, stop_message, warn
 from gpubench.launch import Launcher
 from gpubench.provenance import provenance
 from gpubench.results.outputs import check_output_dir
 from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES, SCHEMA_VERSION
-from gpubench.results.store import NODE_FILE, RUN_FILE, create_run_dir, load_results, load_run, write_json_atomic
+from gpubench.results.store import (
+    NODE_FILE,
+    RETRIED_STATUSES,
+    RUN_FILE,
+    SUPERSEDED_FILE,
+    create_run_dir,
+    load_results,
+    load_run,
+    locked_run_dir,
+    supersede,
+    write_json_atomic,
+)
 from gpubench.runner.history import RunHistory
 from gpubench.runner.mfu import load_peaks, peak_devices
 from gpubench.runner.nodes import Nodes
@@ -31,9 +44,10 @@ from gpubench.runner.probe import probe
 from gpubench.runner.progress import SweepDisplay, summary_table, unmeasured_lines
 from gpubench.runner.slurm import SlurmOptions, check_path, check_submissions, run_slurm_jobs
 from gpubench.runner.sweep import plan, pre_resolve, run_jobs
-from gpubench.suite import Config, Suite, load_suite
+from gpubench.suite import MAX_JOBS, Config, Suite, load_suite
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+RUN_SUFFIX_CHARS = 6  # hex digits of the run's uuid in its id: 16.7 million ids a second
 
 
 @dataclass
@@ -49,6 +63,8 @@ class RunRequest:
     db: str | None = None  # record into this results history as results finish (None: no history)
     tags: dict[str, str] = field(default_factory=dict)  # --tag KEY=VALUE, kept in run.json and the history
     slurm: SlurmOptions | None = None  # --launcher slurm: every job a Slurm batch job
+    max_jobs: int | None = None  # --max-jobs: the most config repeats the sweep may have (None: the suite's cap)
+    retry_failed: bool = False  # --resume --retry-failed: run the error and timeout repeats again
 
 
 def probe_frameworks(configs: list[Config], console: Console, launcher: Launcher = Launcher(),
@@ -64,13 +80,26 @@ def probe_frameworks(configs: list[Config], console: Console, launcher: Launcher
 
 
 def new_run_dir(out: Path, run_id: str, suite: Suite, args: dict[str, Any], configs: list[Config],
-                env: dict[str, Any], tags: dict[str, str] | None = None) -> tuple[Path, dict[str, Any]]:
-    """Make a run directory and its run.json (only once all input has been validated)."""
+                env: dict[str, Any], tags: dict[str, str] | None = None,
+                dir_name: str | None = None, tail: str = "") -> tuple[Path, dict[str, Any]]:
+    """Make a run directory and its run.json (only once all input has been validated).
+
+    Every run is unique from its creation: run.json carries a random ``run_uuid`` (the key the
+    history records it by), and the run id is ``run_id`` with the first characters of that uuid
+    appended (then ``tail``: a node's ``-node<r>``), so that runs of one suite started in the same
+    second (CI jobs on one runner) never share an id. The directory is named after the run id,
+    or ``dir_name`` (an A/B's sides)."""
     now = datetime.now(timezone.utc)
-    run_dir = create_run_dir(out, run_id)
+    run_uuid = uuid.uuid4().hex
+    if dir_name is None:
+        run_dir = create_run_dir(out, f"{run_id}-{run_uuid[:RUN_SUFFIX_CHARS]}{tail}")
+        run_id = run_dir.name
+    else:
+        run_dir = create_run_dir(out, dir_name)
     meta = {
         "schema_version": SCHEMA_VERSION,
-        "run_id": run_dir.name,
+        "run_id": run_id,
+        "run_uuid": run_uuid,
         "created_at": now.isoformat(timespec="seconds"),
         "suite": suite.to_dict(),
         "args": args,
@@ -107,13 +136,18 @@ def _check_slurm(req: RunRequest, configs: list[Config], run_dir: Path | None) -
                          "on; under Slurm use device = \"cuda\": Slurm picks each job's GPUs")
 
 
-def _prepare(req: RunRequest) -> tuple[Suite, int, Path | None, list[Result]]:
-    """(suite, repeats, run dir when resuming, results already there). Raises InputError."""
+def _prepare(req: RunRequest, held: ExitStack) -> tuple[Suite, int, Path | None, list[Result]]:
+    """(suite, repeats, run dir when resuming, results already there). Raises InputError. A
+    resumed run directory is locked (``held``) before anything of it is read for writing."""
+    cap = req.max_jobs or MAX_JOBS
     if req.resume is None:
+        if req.retry_failed:
+            raise InputError("--retry-failed: only with --resume RUN_DIR (it runs that run's failed configs again)")
         if req.suite is None:
             raise InputError("run: give a suite file (e.g. suites/quick.toml), or --resume RUN_DIR")
-        suite = load_suite(req.suite).with_overrides(req.sets)
+        suite = load_suite(req.suite, cap).with_overrides(req.sets)
         repeats = req.repeats or 1
+        suite.check_size(repeats)
         return suite, repeats, None, []
     if req.nodes.multi:
         raise InputError(f"--resume {req.resume}: --nnodes cannot be combined with --resume; start the multi-node "
@@ -126,16 +160,31 @@ def _prepare(req: RunRequest) -> tuple[Suite, int, Path | None, list[Result]]:
                          "the run keeps the settings it started with")
     try:
         suite = Suite.from_dict(meta["suite"], str(req.resume / RUN_FILE))
+        if req.max_jobs is not None:
+            suite = replace(suite, max_jobs=req.max_jobs)
         stored_repeats = meta["args"]["repeats"]
     except (KeyError, TypeError) as e:
         raise InputError(f"{req.resume / RUN_FILE}: missing or bad field {e}") from None
     if isinstance(stored_repeats, bool) or not isinstance(stored_repeats, int) or stored_repeats < 1:
         raise InputError(f"{req.resume / RUN_FILE}: args.repeats: expected an integer >= 1, got {stored_repeats!r}")
-    if req.suite is not None and load_suite(req.suite).name != suite.name:
+    if req.suite is not None and load_suite(req.suite, suite.max_jobs).name != suite.name:
         raise InputError(f"--resume {req.resume}: that run is of suite {suite.name!r}, not {req.suite!r}")
     if req.repeats is not None and req.repeats != stored_repeats:
         raise InputError(f"--resume {req.resume}: the run was started with --repeats {stored_repeats}")
+    suite.check_size(stored_repeats)
+    held.enter_context(locked_run_dir(req.resume))
     existing = load_results(req.resume, repair=True)
+    ids = {c.config_id for c in suite.expand()}
+    strangers = sorted({r.config_id for r in existing} - ids)
+    if strangers:  # an older gpubench named configs differently: a resume would run them again under new ids
+        raise InputError(f"--resume {req.resume}: its results name configs this suite does not have "
+                         f"({strangers[0]}{f' and {len(strangers) - 1} more' if len(strangers) > 1 else ''}): "
+                         "written by another gpubench version?; start a new run")
+    if req.retry_failed:
+        moved = supersede(req.resume, lambda r: r.status in RETRIED_STATUSES)
+        note(f"--retry-failed: {moved} {' or '.join(RETRIED_STATUSES)} result(s) moved to "
+             f"{req.resume / SUPERSEDED_FILE}, to run again")
+        existing = [r for r in existing if r.status not in RETRIED_STATUSES]
     return suite, stored_repeats, req.resume, existing
 
 
@@ -154,8 +203,14 @@ def check_data(configs: list[Config], source: str) -> None:
 
 
 def execute(req: RunRequest, console: Console) -> int:
+    """Run (or resume) a sweep; the exit code. The run directory is locked while it is written."""
+    with ExitStack() as held:
+        return _execute(req, console, held)
+
+
+def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
     nodes = req.nodes.check()
-    suite, repeats, run_dir, existing = _prepare(req)
+    suite, repeats, run_dir, existing = _prepare(req, held)
     stored = (load_run(run_dir).get("args") or {}).get("slurm") if run_dir is not None else None
     if isinstance(stored, dict) and req.slurm is None:  # a Slurm run resumes under Slurm, with its options
         req = replace(req, slurm=SlurmOptions.from_dict(stored))
@@ -198,8 +253,9 @@ def execute(req: RunRequest, console: Console) -> int:
         if req.slurm is not None:
             args["slurm"] = req.slurm.to_dict()
         node = f"-node{nodes.node_rank}" if nodes.node_rank else ""
-        run_dir, meta = new_run_dir(req.out, f"{suite.name}-{now:%Y%m%d-%H%M%S}{node}", suite, args, configs, env,
-                                    req.tags)
+        run_dir, meta = new_run_dir(req.out, f"{suite.name}-{now:%Y%m%d-%H%M%S}", suite, args, configs, env,
+                                    req.tags, tail=node)
+        held.enter_context(locked_run_dir(run_dir))
     else:
         meta = load_run(run_dir)
         meta.setdefault("resumed_at", []).append(now.isoformat(timespec="seconds"))
@@ -239,6 +295,9 @@ def execute(req: RunRequest, console: Console) -> int:
             else:
                 new = run_jobs(jobs, run_dir, run_id, env, probes, display.started, finished, existing,
                                peaks=peaks, nodes=nodes)
+    except StorageError:  # the machine's failure, not a config's: stop, nothing recorded for that job
+        record_late()
+        raise
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (errors.Stopped)
         record_late()
         stop_message(e, f"finished configs are in {run_dir}/results.jsonl"

@@ -26,13 +26,14 @@ import gpubench
 from gpubench import hugepages
 from gpubench.backends import get_backend
 from gpubench.config import Config
-from gpubench.errors import warn
+from gpubench.errors import EXIT_STORAGE, STORAGE_ERRNOS, warn
 from gpubench.measure.loop import RawMeasurement, run_loop
 from gpubench.measure.stats import is_noisy, step_stats, throughput
 from gpubench.measure.turns import Turns
 from gpubench.options import REPLICA_KINDS, parse_parallelism
 from gpubench.results.result import Outcome
 from gpubench.results.store import write_json_atomic
+from gpubench.runner.process import die_with_parent
 from gpubench.workloads import get_workload
 from gpubench.workloads.data import make_batches
 
@@ -330,6 +331,7 @@ def _check_ranks(out: Outcome, ranks: list[dict[str, Any]], config: Config) -> N
 
 
 def main(argv: list[str]) -> int:
+    die_with_parent()  # a rank or TensorFlow worker under a launcher: gone with it
     workdir = Path(argv[0])
     job = json.loads((workdir / "job.json").read_text())
     options = job.get("options") or {}
@@ -374,9 +376,16 @@ def _write_outcome(workdir: Path, config: Config, outcome: Outcome, timeline: di
             write_json_atomic(workdir / f"result-rank{rank}.json", outcome.outcome_json())
             return 1  # torchrun then stops the other ranks
         return 0
-    if timeline is not None:
-        write_json_atomic(workdir / "timeline.json", timeline)
-    write_json_atomic(workdir / "result.json", outcome.outcome_json())
+    try:
+        if timeline is not None:
+            write_json_atomic(workdir / "timeline.json", timeline)
+        write_json_atomic(workdir / "result.json", outcome.outcome_json())
+    except OSError as e:
+        if e.errno not in STORAGE_ERRNOS:
+            raise
+        # not the config's failure: the runner records nothing and says so (EXIT_STORAGE)
+        print(f"gpubench worker: cannot write its outcome in {workdir}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_STORAGE
     return 1 if config.distributed and outcome.status not in ("ok", "diverged") else 0
 
 

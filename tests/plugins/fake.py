@@ -21,14 +21,15 @@ from gpubench.measure.timers import HostStepTimer
 from gpubench.workloads import register_workload
 from gpubench.workloads.base import Flatten, Linear, Param, Workload, WorkloadSpec
 
-MODES = {0: "ok", 1: "raise", 2: "hang", 3: "oom", 4: "kill", 5: "nan", 6: "hog"}
+MODES = {0: "ok", 1: "raise", 2: "hang", 3: "oom", 4: "kill", 5: "nan", 6: "hog", 7: "nospace"}
 
 
 def build_fault(mode: int) -> WorkloadSpec:
     return WorkloadSpec("fault", (1, 4, 4), 3, (Flatten(), Linear(3)))
 
 
-register_workload(Workload("fault", "test workload: mode 0 ok, 1 raise, 2 hang, 3 oom, 4 kill, 5 nan, 6 hog",
+register_workload(Workload("fault", "test workload: mode 0 ok, 1 raise, 2 hang, 3 oom, 4 kill, 5 nan, 6 hog, "
+                                   "7 nospace",
                            build_fault, params=(Param("mode", 0, 0, "what goes wrong"),)))
 register_backend("fake", "tests.plugins.fake:FakeBackend")
 
@@ -121,6 +122,8 @@ class FakeBackend(Backend):
         # a simulated device memory: batches above FAKE_MAX_BATCH do not fit (find-batch tests)
         if int(os.environ.get("FAKE_MAX_BATCH", "0")) and config.batch_size > int(os.environ["FAKE_MAX_BATCH"]):
             raise MemoryError(f"fake device: batch {config.batch_size} > FAKE_MAX_BATCH")
+        if mode == "nospace":  # every file this worker writes stops at 256 bytes (EFBIG): no room for its outcome
+            resource.setrlimit(resource.RLIMIT_FSIZE, (256, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
         if mode == "hog":  # 2 GiB really written (past a Slurm job's --mem, the kernel kills the worker)
             hog = np.ones(1 << 28)
             del hog
