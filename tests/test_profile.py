@@ -167,9 +167,51 @@ def test_profile_writes_traces_and_operator_tables(profiled):
         assert {"name", "calls", "self_cpu_ms", "self_device_ms"} <= set(rows[0])
         assert f"{run_dir.name}/{p['files']['trace']}" in proc.stdout  # paths printed at the end
     assert "aten::addmm" in proc.stdout
+    # TensorBoard's profile plugin: <logdir>/plugins/profile/<session>/<host>.xplane.pb
     logdir = run_dir / results["tensorflow"]["profile"]["files"]["logdir"]
-    assert list(logdir.glob("plugins/profile/*/*.xplane.pb"))
+    assert logdir.name == "tf" and list(logdir.glob("plugins/profile/*/*.xplane.pb"))
     assert "torch.profiler" in results["torch"]["profile"]["profiler"]
+
+
+def test_the_torch_trace_carries_steps_and_rank_where_hta_and_tensorboard_look(profiled):
+    """A directory holding the trace alone (HTA reads every .json in trace_dir), named
+    ``*.pt.trace.json`` (TensorBoard's PyTorch profiler plugin), with a ``ProfilerStep#<i>`` range
+    per profiled step and a ``distributedInfo`` block (HTA takes the rank from it)."""
+    _, run_dir, _, results = profiled
+    p = results["torch"]["profile"]
+    assert p["files"]["trace"] == f"{p['dir']}/torch/rank0.pt.trace.json"
+    trace_path = run_dir / p["files"]["trace"]
+    assert [f.name for f in trace_path.parent.iterdir()] == ["rank0.pt.trace.json"]
+    trace = json.loads(trace_path.read_text())
+    assert trace["distributedInfo"] == {"rank": 0, "world_size": 1}
+    steps = [e for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")]
+    assert sorted(e["name"] for e in steps) == [f"ProfilerStep#{i}" for i in range(p["steps"])]
+    assert all(e["dur"] > 0 for e in steps)
+    # every training step is inside its range: one optimizer step each
+    optimizer = [e for e in trace["traceEvents"] if e.get("name", "").startswith("Optimizer.step#")]
+    assert len(optimizer) == p["steps"]
+    assert all(any(s["ts"] <= o["ts"] < s["ts"] + s["dur"] for s in steps) for o in optimizer)
+    # the operator tables leave the step ranges out
+    assert not any(o["name"].startswith("ProfilerStep") for o in p["top_cpu"])
+
+
+# HTA 0.5 calls pandas methods with inplace=True, which pandas 3.1 deprecates (its warning, not ours)
+@pytest.mark.filterwarnings("ignore:The inplace keyword")
+def test_hta_finds_the_profiled_iterations_and_rank_0(profiled):
+    """Holistic Trace Analysis, the real client, on the trace directory gpubench wrote."""
+    pytest.importorskip("hta")
+    from hta.trace_analysis import TraceAnalysis
+
+    _, run_dir, _, results = profiled
+    p = results["torch"]["profile"]
+    trace_dir = str((run_dir / p["files"]["trace"]).parent)
+    analysis = TraceAnalysis(trace_dir=trace_dir, include_last_profiler_step=True)
+    assert list(analysis.t.traces) == [0]
+    assert analysis.t.meta_data[0]["distributedInfo"]["world_size"] == 1
+    assert [int(s) for s in analysis.get_profiler_steps()] == list(range(p["steps"]))
+    # by default HTA leaves the last step out (its GPU kernels may run past the trace's end)
+    default = TraceAnalysis(trace_dir=trace_dir)
+    assert [int(s) for s in default.get_profiler_steps()] == list(range(p["steps"] - 1))
 
 
 def test_profile_breakdown_sums_sensibly(profiled):
@@ -253,6 +295,12 @@ def test_profile_of_a_pipeline_config_profiles_rank_0_and_ends(tmp_path):
     (result,) = result_lines(run_dir)
     assert result["status"] == "ok", result["reason"]
     assert result["profile"]["steps"] == 2 and (run_dir / result["profile"]["files"]["trace"]).is_file()
+    trace = json.loads((run_dir / result["profile"]["files"]["trace"]).read_text())
+    # torch.profiler's own block where torch.distributed is initialised
+    assert {k: trace["distributedInfo"][k] for k in ("backend", "rank", "world_size")} == {
+        "backend": "gloo", "rank": 0, "world_size": 2}
+    assert result["profile"]["files"]["trace"].endswith("/torch/rank0.pt.trace.json")
+    assert sum(e.get("name") in ("ProfilerStep#0", "ProfilerStep#1") for e in trace["traceEvents"]) == 2
     assert result["metrics"]["breakdown"] is None and result["metrics"]["breakdown_reason"]
 
 
@@ -291,6 +339,10 @@ def test_profile_on_cuda_has_device_ops_and_event_timing(tmp_path, write_suite):
     for r in (eager, graph):
         assert r["status"] == "ok" and r["profile"]["top_device"], r["config_id"]
         assert all(o["self_ms"] > 0 for o in r["profile"]["top_device"])
+        trace = json.loads((run_dir / r["profile"]["files"]["trace"]).read_text())
+        assert trace["distributedInfo"] == {"rank": 0, "world_size": 1}
+        steps = {e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")}
+        assert steps == {f"ProfilerStep#{i}" for i in range(5)}
     b = eager["metrics"]["breakdown"]
     assert b["timing"] == "cuda_events" and b["forward_ms"] > 0 and b["backward_ms"] > 0 and b["optimizer_ms"] > 0
     assert graph["metrics"]["breakdown"] is None and "one CUDA graph" in graph["metrics"]["breakdown_reason"]
@@ -303,7 +355,7 @@ def test_gpu_time_is_counted_once_per_kernel():
 
     from torch.autograd import DeviceType
 
-    from gpubench.backends.pytorch.profiling import STEP_RANGE, op_rows
+    from gpubench.backends.pytorch.profiling import op_rows
     from gpubench.measure.ops import tables
 
     def event(key, device_type, self_cpu, self_dev, annotation=False):
@@ -313,7 +365,7 @@ def test_gpu_time_is_counted_once_per_kernel():
 
     events = [event("aten::addmm", DeviceType.CPU, 500.0, 3000.0), event("sm90_gemm_bf16", DeviceType.CUDA, 0.0, 3000.0),
               event("aten::relu", DeviceType.CPU, 80.0, 200.0), event("vectorized_relu", DeviceType.CUDA, 0.0, 200.0),
-              event(f"{STEP_RANGE} 0", DeviceType.CUDA, 0.0, 3300.0, annotation=True),
+              event("ProfilerStep#0", DeviceType.CUDA, 0.0, 3300.0, annotation=True),
               event("annotated", DeviceType.CUDA, 0.0, 3200.0, annotation=True)]
     rows = op_rows(events, cuda=True)
     assert sum(r.self_device_ms or 0.0 for r in rows) == pytest.approx(3.2)  # the two kernels' 3.2 ms

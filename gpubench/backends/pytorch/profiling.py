@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.profiler import ProfilerAction
 
 from gpubench.files import write_atomic
 from gpubench.measure.ops import OpRow
 
 if TYPE_CHECKING:
     from gpubench.backends.pytorch.trainer import TorchTrainerBase
-
-STEP_RANGE = "gpubench step"
 
 
 class NvtxRanges:
@@ -63,8 +65,8 @@ def op_rows(events: Any, cuda: bool) -> list[OpRow]:
     """torch.profiler's averaged events as rows. Device time is a kernel's own (rows whose
     device type is not the CPU's): a host operator's device figure is the time of the kernels
     it launched, which are rows of their own, so counting both would count the GPU's time
-    twice (PyTorch's own table totals the kernel rows only). gpubench's step ranges are left
-    out."""
+    twice (PyTorch's own table totals the kernel rows only). The ``ProfilerStep#<i>`` ranges are
+    left out."""
     from torch.autograd import DeviceType
 
     def kernel(e: Any) -> bool:
@@ -73,23 +75,70 @@ def op_rows(events: Any, cuda: bool) -> list[OpRow]:
     return [OpRow(name=e.key, calls=int(e.count), self_cpu_ms=e.self_cpu_time_total / 1000.0,
                   total_cpu_ms=e.cpu_time_total / 1000.0,
                   self_device_ms=_device_us(e) / 1000.0 if cuda and kernel(e) else None)
-            for e in events if not e.key.startswith(STEP_RANGE) and not e.key.startswith("ProfilerStep")]
+            for e in events if not e.key.startswith("ProfilerStep")]
+
+
+TRACE_DIR = "torch"  # profile/<config_id>/torch/: the trace alone, as HTA's trace_dir wants
+
+
+def trace_name(rank: int) -> str:
+    """``rank<r>.pt.trace.json``: TensorBoard's PyTorch profiler plugin takes a directory holding
+    ``*.pt.trace.json`` files for a run (the part before the suffix names the worker), and HTA
+    reads one file per rank from a directory holding traces only (every ``.json`` in it)."""
+    return f"rank{rank}.pt.trace.json"
+
+
+def step_schedule(steps: int) -> Callable[[int], ProfilerAction]:
+    """Record steps 0..steps-1 and save at the last. A schedule is what makes torch.profiler
+    wrap each step in a ``ProfilerStep#<n>`` range (HTA's and TensorBoard's iterations); no
+    warm-up step, so the ranks that are not profiled take the same number of steps (their
+    collectives) and the profiler starts as it did without a schedule."""
+    def action(step: int) -> ProfilerAction:
+        if step < steps - 1:
+            return ProfilerAction.RECORD
+        return ProfilerAction.RECORD_AND_SAVE if step == steps - 1 else ProfilerAction.NONE
+    return action
+
+
+def distributed_info(trainer: TorchTrainerBase) -> dict[str, Any] | None:
+    """The trace's ``distributedInfo`` where torch.profiler writes none: it writes its own
+    (backend, rank, world size, process groups) only when torch.distributed is initialised,
+    while HTA reads every trace's rank from this block (a single process: rank 0 of 1)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return None
+    return {"rank": trainer.rank, "world_size": trainer.world_size}
 
 
 def profile_steps(trainer: TorchTrainerBase, steps: int, out_dir: Path) -> dict[str, Any]:
-    """``steps`` steps under torch.profiler (CPU, and CUDA on a GPU), each in a
-    ``gpubench step`` range; a Chrome/Perfetto trace and the per-operator self times."""
-    from torch.profiler import ProfilerActivity, profile, record_function
+    """``steps`` steps under torch.profiler (CPU, and CUDA on a GPU), each a ``ProfilerStep#<i>``
+    (``prof.step()`` between steps: no host sync, the device is synchronised once, at the end
+    of the last step); the trace (``torch/rank<r>.pt.trace.json``, with ``distributedInfo``)
+    and the per-operator self times."""
+    from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.cuda else [])
+    prof = profile(activities=activities, schedule=step_schedule(steps))
+    info = distributed_info(trainer)
+    if info is not None:
+        prof.preset_metadata_json("distributedInfo", json.dumps(info))
     trainer.sync()
-    with profile(activities=activities) as prof:
+    with prof:
         for i in range(steps):
-            with record_function(f"{STEP_RANGE} {i}"):
-                trainer.step()
-        trainer.sync()
-    trace = out_dir / "trace.json"
-    write_atomic(trace, lambda tmp: prof.export_chrome_trace(str(tmp)))
+            trainer.step()
+            if i == steps - 1:
+                trainer.sync()  # the last step's kernels, before the profiler stops
+            prof.step()
+    trace_dir = out_dir / TRACE_DIR
+    trace_dir.mkdir(exist_ok=True)
+    trace = trace_dir / trace_name(trainer.rank)
+    try:
+        write_atomic(trace, lambda tmp: prof.export_chrome_trace(str(tmp)))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            trace_dir.rmdir()  # only if empty: a failed export leaves nothing behind
+        raise
     ops = op_rows(prof.key_averages(), trainer.cuda)
     return {"profiler": f"torch.profiler ({', '.join(a.name for a in activities)})", "trace": trace, "ops": ops,
             "steps": steps}
