@@ -145,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="telemetry sampling interval (default: the suite's [telemetry] interval_ms, else 100; "
                           "0 = off); the same as --set telemetry_interval_ms=MS")
     run.add_argument("--resume", type=Path, metavar="RUN_DIR", help="complete an interrupted run")
+    run.add_argument("--retry-failed", action="store_true",
+                     help="with --resume: run the config repeats that ended error or timeout again (their results "
+                          "move to RUN_DIR/superseded.jsonl)")
+    run.add_argument("--max-jobs", type=_positive_int, metavar="N",
+                     help="refuse a sweep of more than N config repeats (configs x repeats), checked before anything "
+                          "is expanded (default 10000)")
     run.add_argument("--no-report", action="store_true", help="do not write the HTML/CSV/markdown report")
     run.add_argument("--no-calibrate", action="store_true",
                      help="no device peaks (results get achieved_tflops but no mfu); by default they come from the "
@@ -416,7 +422,8 @@ def _main(argv: list[str] | None) -> int:
                                       resume=args.resume, report=not args.no_report,
                                       calibrate=not args.no_calibrate, nodes=nodes,
                                       db=args.db or os.environ.get(ENV_VAR) or None,
-                                      tags=parse_tags(args.tags), slurm=slurm), console)
+                                      tags=parse_tags(args.tags), slurm=slurm, max_jobs=args.max_jobs,
+                                      retry_failed=args.retry_failed), console)
         if args.command == "history":
             from gpubench.history.db import require_history
             from gpubench.provenance import parse_tags
@@ -466,14 +473,16 @@ def _main(argv: list[str] | None) -> int:
                                               args.correction, args.junit, args.best_of),
                                console)
         if args.command == "ab":
+            from gpubench.gate.command import junit_on_bad_input
             from gpubench.launch import Launcher
             from gpubench.runner.ab import ABRequest, execute_ab
 
-            return execute_ab(ABRequest(args.suite, Launcher(args.baseline_python, args.baseline_path),
-                                        Launcher(args.candidate_python, args.candidate_path), args.out, args.sets,
-                                        args.repeats, args.threshold, args.noise_floor, args.alpha, args.metric,
-                                        args.markdown, args.json, not args.no_report, args.correction,
-                                        args.lockstep, args.budget, args.junit, args.best_of), console)
+            with junit_on_bad_input(args.junit, "ab"):  # bad input (exit 2) still writes --junit
+                return execute_ab(ABRequest(args.suite, Launcher(args.baseline_python, args.baseline_path),
+                                            Launcher(args.candidate_python, args.candidate_path), args.out, args.sets,
+                                            args.repeats, args.threshold, args.noise_floor, args.alpha, args.metric,
+                                            args.markdown, args.json, not args.no_report, args.correction,
+                                            args.lockstep, args.budget, args.junit, args.best_of), console)
         if args.command == "find-batch":
             from gpubench.runner.find_batch_command import run_find_batch
 

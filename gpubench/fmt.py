@@ -4,6 +4,7 @@ gate: one writer per metric kind (gpubench.results.metrics)."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 
@@ -98,3 +99,18 @@ BY_KIND = {"rate": rate, "ms": ms, "s": seconds, "bytes": nbytes, "pct": pct, "r
 def metric(kind: str, v: Any) -> str:
     """A value of a metric of this kind, with its unit."""
     return BY_KIND[kind](v)
+
+
+_MD_ESCAPES = {"\\": "\\\\", "|": "\\|", "`": "\\`", "&": "&amp;", "<": "&lt;", ">": "&gt;"}
+_MD_SPECIAL = re.compile(r"[\\|`&<>]|\](?=[(\[])|[\x00-\x1f\x7f\x85\u2028\u2029]")
+
+
+def md_cell(v: Any) -> str:
+    """Any text made safe for one cell of a GitHub-flavoured markdown table, or for a line of
+    markdown: config ids, paths and error messages come from users and exceptions, and in a CI
+    job summary a ``|`` would split the row, a newline end it, ``<img onerror=...>`` render as
+    HTML and ``[x](url)`` as a link. HTML's ``& < >`` become entities, ``\\ | ` `` are
+    backslash-escaped (no code span can form, so the entities show as the characters), a ``]``
+    that would close a link or image is escaped, and line breaks and other control characters
+    become spaces. Everything else is kept, so ids stay readable in the raw file."""
+    return _MD_SPECIAL.sub(lambda m: _MD_ESCAPES.get(m.group(), "\\]" if m.group() == "]" else " "), str(v))

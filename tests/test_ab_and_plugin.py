@@ -225,21 +225,23 @@ def test_export_formats(tmp_path):
     assert proc.returncode == 0, proc.stderr
     pb = json.loads((tmp_path / "pb.json").read_text())
     by_name = {b["name"]: b for b in pb["benchmarks"]}
-    assert by_name["cnn-torch-cpu-bs32-fp32-single"]["stats"]["median"] == pytest.approx(0.040)
-    assert by_name["cnn-torch-cpu-bs32-fp32-single"]["stats"]["rounds"] == 10
+    # one repeat: one round, its time per sample 1 / 800 samples/s; OPS is gpubench's throughput
+    assert by_name["cnn-torch-cpu-bs32-fp32-single"]["stats"]["median"] == pytest.approx(1 / 800.0)
+    assert by_name["cnn-torch-cpu-bs32-fp32-single"]["stats"]["ops"] == pytest.approx(800.0)
+    assert by_name["cnn-torch-cpu-bs32-fp32-single"]["stats"]["rounds"] == 1
     cli = shutil.which("pytest-benchmark", path=os.path.dirname(sys.executable)) or shutil.which("pytest-benchmark")
     compare = subprocess.run([cli, "compare", str(tmp_path / "pb.json")], capture_output=True, text=True)
     assert compare.returncode == 0 and "cnn-torch-cpu-bs32-fp32-single" in compare.stdout
 
 
 def test_export_takes_only_what_the_result_shape_guarantees(tmp_path):
-    # an ok line whose step times are all null has nothing to export; one without
+    # only ok repeats are exported (the store guarantees each has a throughput); a line without
     # samples_per_step is refused on load (the store's shape check), never a traceback
     from tests.test_gate import write_run
 
     run = write_run(tmp_path / "run", {"cnn": [1000.0] * 2, "mlp": [500.0]})
     lines = [json.loads(l) for l in (run / "results.jsonl").read_text().splitlines()]
-    lines[2]["metrics"]["step_times_ms"] = [None]
+    lines[2]["status"], lines[2]["reason"] = "oom", "out of memory"
     (run / "results.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
     proc = run_cli(["export", str(run), "--format", "pytest-benchmark"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

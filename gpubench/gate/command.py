@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +56,13 @@ def lockstep_pair(base: Side, cur: Side) -> bool:
 
 
 def run_compare(req: CompareRequest, console: Console) -> int:
+    """0: no regression, 1: a regression; bad input raises InputError (exit 2), with
+    ``--junit`` still written (junit_on_bad_input)."""
+    with junit_on_bad_input(req.junit, "compare"):
+        return _compare(req, console)
+
+
+def _compare(req: CompareRequest, console: Console) -> int:
     options = gate_options(req.threshold, req.noise_floor, req.alpha, req.metric, req.correction, req.best_of)
     check_output_file(req.markdown, "--markdown")
     check_output_file(req.json, "--json")
@@ -74,6 +83,33 @@ def run_compare(req: CompareRequest, console: Console) -> int:
     if req.junit:
         write_output(req.junit, render.junit(result, labels, power, triaged), "--junit")
     return EXIT_REGRESSED if result.regressed else EXIT_OK
+
+
+def bad_input_line(e: InputError | OSError) -> str:
+    """The line the CLI prints for bad input (after ``gpubench: error: ``): an OSError as its
+    file and reason, without the errno."""
+    if isinstance(e, InputError):
+        return str(e)
+    where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+    return f"{where}: {e.strerror}" if where and e.strerror else str(e)
+
+
+@contextmanager
+def junit_on_bad_input(junit: Path | None, command: str) -> Iterator[None]:
+    """``compare`` / ``ab`` with ``--junit FILE``: when the command ends as bad input (exit 2),
+    FILE still gets a report, one failed test case holding the error line (render.junit_error),
+    written atomically; the error itself goes on to the CLI's one line and exit 2. Where FILE
+    itself cannot be written, there is only that line."""
+    try:
+        yield
+    except (InputError, OSError) as e:
+        if junit is not None:
+            try:
+                check_output_file(junit, "--junit")
+                write_output(junit, render.junit_error(command, bad_input_line(e)), "--junit")
+            except InputError:
+                pass  # FILE cannot be written: the error raised (about FILE, or the first problem) is all
+        raise
 
 
 def run_baseline(action: str, run_dir: Path | None, name: str | None, baselines_dir: Path, force: bool,

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -290,8 +291,9 @@ def compare(baseline: list[Result], current: list[Result], metric_name: str = "t
     verdicts = []
     for config_id in list(dict.fromkeys([*base, *cur])):
         b, c = base.get(config_id, []), cur.get(config_id, [])
-        b_med = float(sorted(b)[len(b) // 2]) if b else None
-        c_med = float(sorted(c)[len(c) // 2]) if c else None
+        # each side's figure as the report and the exports give it: the median of its repeats
+        b_med = float(statistics.median(b)) if b else None
+        c_med = float(statistics.median(c)) if c else None
         if not c:
             note = "not in current" if config_id not in cur else _reason(current, config_id)
             verdicts.append(ConfigVerdict(config_id, "missing", None, None, None, b_med, None, len(b), 0, note))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import statistics
 import xml.etree.ElementTree as ET
 
@@ -103,20 +104,23 @@ def show(console: Console, c: Comparison, labels: tuple[str, str], base: list[Re
 
 def markdown(c: Comparison, labels: tuple[str, str], power: str = "",
              triaged: dict[str, list[str]] | None = None) -> str:
+    """The comparison for a CI job summary or a PR comment. Labels (paths), config ids, notes
+    (a failed repeat's reason) and triage lines are data: each goes through fmt.md_cell."""
     counts = ", ".join(f"{n} {k}" for k, n in c.counts().items())
     status = "**regression**" if c.regressed else "no regression"
-    lines = [f"## gpubench compare: {status}", "", header(c, labels), "", counts, "",
-             *([power, ""] if power else []),
+    lines = [f"## gpubench compare: {status}", "", fmt.md_cell(header(c, labels)), "", counts, "",
+             *([fmt.md_cell(power), ""] if power else []),
              "| config | verdict | baseline | current | change [CI] | repeats | note |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     order = {k: i for i, k in enumerate(("regressed", "inconclusive", "missing", "improved", "new", "unchanged"))}
     for v in sorted(c.verdicts, key=lambda v: order[v.verdict]):
         verdict = f"**{v.verdict}**" if v.verdict == "regressed" else v.verdict
-        lines.append(f"| {v.config_id} | {verdict} | {_value(v.baseline_median, c.metric)} | "
-                     f"{_value(v.current_median, c.metric)} | {_change(v)} | {v.n_baseline}/{v.n_current} | "
-                     f"{v.note.replace('|', '/')} |")
+        cells = (fmt.md_cell(x) for x in (v.config_id, verdict, _value(v.baseline_median, c.metric),
+                                          _value(v.current_median, c.metric), _change(v),
+                                          f"{v.n_baseline}/{v.n_current}", v.note))
+        lines.append("| " + " | ".join(cells) + " |")
     for config_id, found in (triaged or {}).items():
-        lines += ["", f"### Triage: {config_id}", "", *(f"- {x}" for x in found)]
+        lines += ["", f"### Triage: {fmt.md_cell(config_id)}", "", *(f"- {fmt.md_cell(x)}" for x in found)]
     return "\n".join(lines) + "\n"
 
 
@@ -139,6 +143,17 @@ def power_line(c: Comparison) -> str:
                   ("noise between processes", "repeats a side"))
     return (f"{what} in this comparison: {100 * (math.exp(sigma) - 1):.1f}% (median over "
             f"{len(measured)} config(s)); with {repeats} {unit} at this gate's settings, {seen}")
+
+
+# characters XML 1.0 cannot hold, even escaped; ElementTree writes them as they are, and the
+# report would not parse (an id or a failed repeat's reason is data)
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _xml(suite: ET.Element) -> str:
+    ET.indent(suite)
+    text = _NOT_XML.sub("\ufffd", ET.tostring(suite, encoding="unicode"))
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + text + "\n"
 
 
 def junit(c: Comparison, labels: tuple[str, str], power: str = "",
@@ -173,5 +188,15 @@ def junit(c: Comparison, labels: tuple[str, str], power: str = "",
             ET.SubElement(case, "skipped", message=line)
         else:
             ET.SubElement(case, "system-out").text = line
-    ET.indent(suite)
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
+    return _xml(suite)
+
+
+def junit_error(command: str, message: str) -> str:
+    """The JUnit report of a ``compare`` or ``ab`` refused as bad input (exit 2): one suite with
+    one failed test case whose message is the error line, so that a CI step that always
+    publishes the report shows why there are no verdicts instead of finding no file."""
+    suite = ET.Element("testsuite", name=f"gpubench {command}", tests="1", failures="1", errors="0", skipped="0")
+    case = ET.SubElement(suite, "testcase", classname=f"gpubench.{command}", name="input")
+    ET.SubElement(case, "failure", message=message, type="bad input").text = (
+        f"gpubench {command} refused its input (exit 2), so nothing was compared: {message}")
+    return _xml(suite)

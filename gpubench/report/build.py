@@ -23,7 +23,7 @@ from gpubench.report.load import ReportData, load_report_data
 from gpubench.results import twins
 from gpubench.results.metrics import METRICS
 from gpubench.results.outputs import check_output_dir
-from gpubench.results.store import run_env
+from gpubench.results.store import RESULTS_FILE, run_env
 
 TEMPLATES = Path(__file__).parent / "templates"
 # one row per config: its identity and how its repeats went, then every metric of the registry
@@ -69,9 +69,31 @@ def _step_times(data: ReportData) -> dict[str, list[float]]:
     return out
 
 
+def _timeline_path(run_dir: Path, rel: object) -> tuple[Path | None, str]:
+    """Where a result's ``telemetry.timeline`` is, or None and why not. The runner writes it as
+    ``telemetry/<job>.json`` relative to the run directory, and the report opens nothing else: a
+    results file is data (copied, downloaded from CI), and an absolute path, a ``..``, a
+    symlink leading out of the run directory or a device or FIFO would have the report read
+    (and chart) any file on the machine, or hang on it."""
+    if not isinstance(rel, str) or not rel:
+        return None, f"not a path ({type(rel).__name__})"
+    given = Path(rel)
+    if given.is_absolute() or given.drive:
+        return None, "an absolute path; expected one relative to the run directory, such as telemetry/<job>.json"
+    if ".." in given.parts:
+        return None, "a path with '..'; expected one inside the run directory, such as telemetry/<job>.json"
+    root = run_dir.resolve()
+    path = (root / given).resolve()
+    if not path.is_relative_to(root):
+        return None, "leads outside the run directory (a symlink)"
+    if path.exists() and not path.is_file():
+        return None, "not a regular file"
+    return path, ""
+
+
 def _timelines(data: ReportData) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
     """(label, timeline) for the first repeat of each config that saved one, and warnings for
-    timeline files that are referenced but missing or unreadable."""
+    timeline files that are referenced but missing, unreadable or outside their run directory."""
     out: list[tuple[str, dict[str, Any]]] = []
     notes: list[str] = []
     seen: set[tuple[str, str]] = set()
@@ -81,11 +103,17 @@ def _timelines(data: ReportData) -> tuple[list[tuple[str, dict[str, Any]]], list
             key = (run.run_id, r.config_id)
             if not rel or key in seen:
                 continue
-            path = run.path / rel
+            where = f"{run.path / RESULTS_FILE}: config {r.config_id} repeat {r.repeat}: telemetry.timeline {rel!r}"
+            path, why = _timeline_path(run.path, rel)
+            if path is None:
+                notes.append(f"{where}: {why}; not opened, left out of the charts")
+                continue
             try:
                 timeline = json.loads(path.read_text())
+                if not isinstance(timeline, dict):
+                    raise ValueError("not a JSON object")
             except (OSError, ValueError) as e:
-                notes.append(f"{path}: telemetry timeline unreadable ({type(e).__name__}); left out of the charts")
+                notes.append(f"{where}: unreadable ({type(e).__name__}); left out of the charts")
                 continue
             seen.add(key)
             out.append((f"{key[1]} ({run.run_id})" if data.multi_run else key[1], timeline))
@@ -181,11 +209,12 @@ SUMMARY_COLUMNS = (("step", "step_ms"), ("cv", "step_cv"), ("peak memory", "peak
 
 
 def write_markdown(data: ReportData, path: Path) -> None:
-    """A compact summary fit for a CI job summary or a PR comment."""
+    """A compact summary fit for a CI job summary or a PR comment. Run ids, warnings and notes
+    are data (a results file's lines, an exception's message): each goes through fmt.md_cell."""
     c = data.configs
-    lines = [f"## gpubench: {', '.join(r.run_id for r in data.runs)}", "", _counts(c), ""]
+    lines = [f"## gpubench: {fmt.md_cell(', '.join(r.run_id for r in data.runs))}", "", fmt.md_cell(_counts(c)), ""]
     for w in data.warnings:
-        lines.append(f"> warning: {w}")
+        lines.append(f"> warning: {fmt.md_cell(w)}")
     if data.warnings:
         lines.append("")
     ok = c[c["status"] == "ok"]
@@ -201,8 +230,8 @@ def write_markdown(data: ReportData, path: Path) -> None:
     lines += [tables.to_markdown(table), "`*` noisy (cv of step times > 10%); TFLOP/s: model training FLOPs x "
               "samples/s; MFU: of the measured peak at the config's precision (`gpubench calibrate`)", ""]
     if (above := tables.above_peak_note(ok)) is not None:
-        lines += [f"> MFU above peak: {above}", ""]
-    lines += [line for note in precision_notes(data) for line in (f"> note: {note}", "")]
+        lines += [f"> MFU above peak: {fmt.md_cell(above)}", ""]
+    lines += [line for note in precision_notes(data) for line in (f"> note: {fmt.md_cell(note)}", "")]
     if data.multi_run:
         side_by_side = tables.run_comparison(c, [r.run_id for r in data.runs])
         lines += ["### Runs side by side", "", tables.to_markdown(side_by_side)]

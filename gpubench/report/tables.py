@@ -183,12 +183,11 @@ def noisy(configs: pd.DataFrame, multi_run: bool = False) -> pd.DataFrame:
 
 
 def to_markdown(df: pd.DataFrame) -> str:
-    """A GitHub-flavoured markdown table (no tabulate dependency)."""
+    """A GitHub-flavoured markdown table (no tabulate dependency); every cell through
+    fmt.md_cell, since ids, reasons and run names are data."""
     if df.empty:
         return "_none_\n"
-    def esc(v: object) -> str:
-        return str(v).replace("|", "\\|").replace("\n", " ")
-    header = "| " + " | ".join(esc(c) for c in df.columns) + " |"
+    header = "| " + " | ".join(fmt.md_cell(c) for c in df.columns) + " |"
     sep = "| " + " | ".join("---" for _ in df.columns) + " |"
-    body = ["| " + " | ".join(esc(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    body = ["| " + " | ".join(fmt.md_cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join([header, sep, *body]) + "\n"
