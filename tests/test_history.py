@@ -69,8 +69,8 @@ def stored(db: str) -> list[dict]:
     engine, _ = engine_of(db)
     with engine.connect() as conn:
         rows = conn.execute(sa.select(runs.c.run_id, results.c.config_id, results.c.repeat, results.c.status,
-                                      results.c.doc).join(runs, results.c.run_id == runs.c.id)
-                            .order_by(runs.c.run_id, results.c.id)).mappings().all()
+                                      results.c.doc).join(runs, results.c.run_pk == runs.c.run_pk)
+                            .order_by(runs.c.run_id, results.c.result_pk)).mappings().all()
     engine.dispose()
     return [{**r, "doc": json.loads(r["doc"])} for r in rows]
 
@@ -160,7 +160,7 @@ def test_run_with_db_records_each_result_its_provenance_and_tags(tmp_path, write
         throughput = [f["throughput"] for f in figures if "throughput" in f]
     engine.dispose()
     assert run["complete"] is True and run["branch"] == "main" and run["tags"] == {"runner": "ci-1"}
-    assert run["commit"] == meta["provenance"]["commit"] and run["ci_url"] == meta["provenance"]["ci_url"]
+    assert run["git_commit"] == meta["provenance"]["commit"] and run["ci_url"] == meta["provenance"]["ci_url"]
     (ok,) = [x for x in lines if x["status"] == "ok"]
     assert throughput == [pytest.approx(ok["metrics"]["throughput"]["median"])]
     # ingesting the same run directory afterwards adds nothing

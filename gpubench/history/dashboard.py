@@ -56,10 +56,10 @@ class Dashboard:
 def trend_frame(engine: sa.Engine, url: str, f: Filters, metrics: list[str]) -> pd.DataFrame:
     """One row per ok result: suite, machine, commit, its order key, config and the metrics'
     figures (with their CI bounds where the registry has them)."""
-    q = (sa.select(runs.c.suite, machines.c.hostname.label("machine"), runs.c.commit, runs.c.commit_time,
-                   runs.c.created_at, results.c.config_id, results.c.figures)
-         .join(machines, runs.c.machine_id == machines.c.id)
-         .join(results, results.c.run_id == runs.c.id)
+    q = (sa.select(runs.c.suite, machines.c.hostname.label("machine"), runs.c.git_commit.label("commit"),
+                   runs.c.commit_time, runs.c.created_at, results.c.config_id, results.c.figures)
+         .join(machines, runs.c.machine_pk == machines.c.machine_pk)
+         .join(results, results.c.run_pk == runs.c.run_pk)
          .where(results.c.status == "ok", *f.where()))
     if f.config:
         q = q.where(results.c.config_id.contains(f.config))

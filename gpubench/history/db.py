@@ -10,6 +10,7 @@ training starts.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,14 +53,36 @@ def resolve_url(db: str | None, environ: dict[str, str] | None = None) -> str:
     return f"sqlite:///{Path(text).expanduser()}"
 
 
+# USER:PASSWORD@ after the scheme, as SQLAlchemy's URL pattern reads it (a password runs to the @)
+_PASSWORD = re.compile(r"^([\w+]+://[^:/@]*):[^@]*@")
+
+
 def display_url(url: str) -> str:
     """The URL without its password, for messages."""
     try:
         from sqlalchemy.engine import make_url
 
         return make_url(url).render_as_string(hide_password=True).replace("postgresql+psycopg://", "postgresql://")
-    except Exception:  # a URL SQLAlchemy cannot parse is shown as given
-        return url
+    except Exception:  # a URL SQLAlchemy cannot parse: shown as given, but for the password
+        return _PASSWORD.sub(r"\1:***@", url).replace("postgresql+psycopg://", "postgresql://")
+
+
+def _check_server_url(url: str) -> None:
+    """A PostgreSQL URL SQLAlchemy can read, with a port from 1 to 65535: else a HistoryError
+    naming it (a port that is not a number would otherwise be a traceback from deep inside
+    SQLAlchemy, when it first connects)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    usage = "give postgresql://USER[:PASSWORD]@HOST[:PORT]/NAME"
+    try:
+        port = make_url(url).port
+    except (ValueError, ArgumentError) as e:
+        found = re.search(r"@(?:\[[^\]]*\]|[^/:?]*):([^/?]*)", url)
+        what = f"port {found.group(1)!r} is not a number" if found else f"not a URL SQLAlchemy can read ({e})"
+        raise HistoryError(f"--db {display_url(url)}: {what}; {usage}") from None
+    if port is not None and not 0 < port < 65536:
+        raise HistoryError(f"--db {display_url(url)}: port {port} is not between 1 and 65535; {usage}")
 
 
 def _first_line(e: BaseException) -> str:
@@ -124,6 +147,7 @@ def make_engine(url: str) -> sa.Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
         return engine
     if url.startswith("postgresql"):
+        _check_server_url(url)
         try:
             import psycopg  # noqa: F401
         except ImportError:

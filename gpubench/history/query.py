@@ -41,16 +41,16 @@ def list_runs(engine: sa.Engine, url: str, f: Filters) -> pd.DataFrame:
     """One row per run, newest first: run, suite, machine, commit, branch, created, complete,
     results (ok of all)."""
     n_ok = sa.func.sum(sa.case((results.c.status == "ok", 1), else_=0))
-    q = (sa.select(runs.c.run_id, runs.c.suite, machines.c.hostname, runs.c.commit, runs.c.branch,
-                   runs.c.created_at, runs.c.complete, sa.func.count(results.c.id).label("results"),
-                   n_ok.label("ok"))
-         .join(machines, runs.c.machine_id == machines.c.id)
-         .outerjoin(results, results.c.run_id == runs.c.id)
+    q = (sa.select(runs.c.run_id, runs.c.suite, machines.c.hostname, runs.c.git_commit.label("commit"),
+                   runs.c.branch, runs.c.created_at, runs.c.complete,
+                   sa.func.count(results.c.result_pk).label("results"), n_ok.label("ok"))
+         .join(machines, runs.c.machine_pk == machines.c.machine_pk)
+         .outerjoin(results, results.c.run_pk == runs.c.run_pk)
          .where(*f.where())
-         .group_by(runs.c.id, machines.c.hostname)
-         .order_by(runs.c.created_at.desc(), runs.c.id.desc()))
+         .group_by(runs.c.run_pk, machines.c.hostname)
+         .order_by(runs.c.created_at.desc(), runs.c.run_pk.desc()))
     if f.config:
-        q = q.where(runs.c.id.in_(sa.select(results.c.run_id).where(results.c.config_id.contains(f.config))))
+        q = q.where(runs.c.run_pk.in_(sa.select(results.c.run_pk).where(results.c.config_id.contains(f.config))))
     with translated_errors(url), engine.connect() as conn:
         return pd.DataFrame(conn.execute(q).mappings().all(),
                             columns=["run_id", "suite", "hostname", "commit", "branch", "created_at", "complete",
@@ -62,12 +62,12 @@ def load_history(engine: sa.Engine, url: str, f: Filters) -> pd.DataFrame:
     with the run's provenance in front: run_id, suite, machine, machine_key, commit, branch,
     commit_time, created_at, complete, ci_url."""
     q = (sa.select(runs.c.run_id.label("h_run"), runs.c.suite, machines.c.hostname.label("machine"),
-                   machines.c.machine_key, runs.c.commit, runs.c.branch, runs.c.commit_time, runs.c.created_at,
-                   runs.c.complete, runs.c.ci_url, results.c.doc)
-         .join(machines, runs.c.machine_id == machines.c.id)
-         .join(results, results.c.run_id == runs.c.id)
+                   machines.c.machine_key, runs.c.git_commit.label("commit"), runs.c.branch, runs.c.commit_time,
+                   runs.c.created_at, runs.c.complete, runs.c.ci_url, results.c.doc)
+         .join(machines, runs.c.machine_pk == machines.c.machine_pk)
+         .join(results, results.c.run_pk == runs.c.run_pk)
          .where(*f.where())
-         .order_by(runs.c.created_at, runs.c.id, results.c.id))
+         .order_by(runs.c.created_at, runs.c.run_pk, results.c.result_pk))
     if f.config:
         q = q.where(results.c.config_id.contains(f.config))
     with translated_errors(url), engine.connect() as conn:

@@ -3,9 +3,19 @@
 A run is written as it goes: ``Recorder.begin`` (the machine and the run, marked incomplete),
 ``record`` for each result as it finishes (one transaction each, so a killed run keeps what
 it finished), ``finish`` (complete). ``ingest`` does the same for a run directory already on
-disk. Both are idempotent: a run is identified by run_key (host, run id and creation time) and
-a result by (run, config id, repeat), so recording a run live and ingesting its directory
-later, or ingesting it twice, adds it once.
+disk. Both are idempotent: a run is identified by run_key (below) and a result by (run,
+config id, repeat), so recording a run live and ingesting its directory later, or ingesting
+it twice, adds it once.
+
+A run's key is run.json's ``run_uuid`` (random, made with the run); a run.json from before it
+has a hash of its host, run id and creation time instead, which two runs of one suite started
+in the same second on one host share. So a collision never drops rows silently: a result whose
+(run, config id, repeat) the history has with a different result line is refused (a
+HistoryError naming the run and the config, exit 2) and nothing of that run is written; only a
+result recorded again as it was is skipped. The one exception is a repeat the run itself ran
+again (``--resume --retry-failed``): its error or timeout row is replaced by the new result when
+the run is keyed by its run_uuid (no other run has it) or the run directory's superseded.jsonl
+holds the stored line.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ import json
 import math
 import multiprocessing
 import os
+import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -25,12 +36,24 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from gpubench.history.db import HistoryError, translated_errors
+from gpubench.history.db import HistoryError, display_url, translated_errors
 from gpubench.history.schema import machines, results, runs
 from gpubench.provenance import commit_time
 from gpubench.results.metrics import METRICS
 from gpubench.results.result import Result, ResultError
-from gpubench.results.store import RESULTS_FILE, load_run, read_results, result_line, run_env
+from gpubench.results.store import (
+    RESULTS_FILE,
+    RETRIED_STATUSES,
+    SUPERSEDED_FILE,
+    load_run,
+    read_results,
+    result_line,
+    run_env,
+)
+
+# the statuses ``gpubench run --resume --retry-failed`` runs again: the history replaces such a
+# row with the retried result, where it can tell that the run itself superseded it
+SUPERSEDABLE = RETRIED_STATUSES
 
 
 def _now() -> str:
@@ -60,8 +83,40 @@ def machine_row(env: dict[str, Any]) -> dict[str, Any]:
             "driver": ", ".join(drivers) or None}
 
 
-def run_key(env: dict[str, Any], run_id: str, created_at: str) -> str:
-    return hashlib.sha1(f"{env.get('hostname')}\n{run_id}\n{created_at}".encode()).hexdigest()
+def run_key(meta: dict[str, Any], env: dict[str, Any]) -> str:
+    """The run's identity in the history: run.json's ``run_uuid`` as 32 hex digits (unique from
+    the run's creation); a run.json from before run_uuid: the SHA-1 of its host, run id and
+    creation time (40 hex digits, so never equal to a uuid's key), which runs of one suite
+    started in the same second on one host share."""
+    value = meta.get("run_uuid")
+    if value is not None:
+        try:
+            return uuid.UUID(str(value)).hex
+        except ValueError:
+            raise HistoryError(f"run {meta.get('run_id')}: run.json's run_uuid {value!r} is not a UUID "
+                               "(32 hex digits)") from None
+    text = f"{env.get('hostname')}\n{meta.get('run_id')}\n{meta.get('created_at')}"
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def _normalised(doc: str) -> Any:
+    """A stored result line as the JSON object gpubench would write for it (a line written by
+    another version or re-encoded may differ in spacing, key order or defaults only)."""
+    obj = json.loads(doc)
+    try:
+        return json.loads(result_line(Result.from_json(obj)))
+    except ResultError:
+        return obj
+
+
+def same_result(stored: str, new: str) -> bool:
+    """Whether two result lines are the same result (the text first: the usual case)."""
+    if stored == new:
+        return True
+    try:
+        return bool(_normalised(stored) == _normalised(new))
+    except ValueError:  # not JSON: only the same text is the same
+        return False
 
 
 def _tree(paths: list[tuple[str, tuple[str, ...]]]) -> dict[str, Any]:
@@ -112,7 +167,7 @@ def _result_row(run_pk: int, r: Result, line: str | None = None) -> dict[str, An
     """A result as a row of the results table (``line``: as results.jsonl has it, else made)."""
     c = r.config
     batch = c.get("batch_size")
-    return {"run_id": run_pk, "config_id": r.config_id, "config_hash": r.config_hash, "repeat": r.repeat,
+    return {"run_pk": run_pk, "config_id": r.config_id, "config_hash": r.config_hash, "repeat": r.repeat,
             "status": r.status, "reason": r.reason, "workload": c.get("workload"), "framework": c.get("framework"),
             "device": c.get("device"), "precision": c.get("precision"),
             "batch_size": batch if isinstance(batch, int) and not isinstance(batch, bool) else None,
@@ -144,16 +199,21 @@ class Recorder:
     meta: dict[str, Any]  # the run.json object
     tags: dict[str, str] = field(default_factory=dict)
     run_pk: int | None = None
+    source: str | None = None  # where the run is read from (its directory), for messages
+    superseded: tuple[str, ...] = ()  # result lines the run replaced (its superseded.jsonl)
 
     def begin(self, results_so_far: Sequence[Result] = ()) -> bool:
         """Write the machine and the run (incomplete), and any results it already has (a resumed
-        run). True when the run was new to the history."""
+        run), in one transaction. True when the run was new to the history."""
         if not self.meta.get("env") and results_so_far:
             self.meta = {**self.meta, "env": run_env(self.meta, list(results_so_far))}
         with translated_errors(self.url), self.engine.begin() as conn:
             new = self.write_run(conn)
-        self.record_many(results_so_far)
+            self.insert_rows(conn, [_result_row(0, r) for r in results_so_far])
         return new
+
+    def _where(self) -> str:
+        return self.source or f"run {self.meta.get('run_id')}"
 
     def write_run(self, conn: sa.Connection, machine_ids: dict[str, int] | None = None) -> bool:
         """The machine and the run, in ``conn``'s transaction; sets run_pk. True when the run
@@ -165,28 +225,32 @@ class Recorder:
         if not prov and git.get("commit"):  # a run from before provenance: gpubench's own commit
             prov = {"commit": git["commit"], "commit_time": commit_time(git["commit"])}
         run_id, created = str(self.meta.get("run_id")), str(self.meta.get("created_at"))
-        key = run_key(env, run_id, created)
+        key = run_key(self.meta, env)
         machine = machine_row(env)
-        machine_id = (machine_ids or {}).get(machine["machine_key"])
-        if machine_id is None:
+        machine_pk = (machine_ids or {}).get(machine["machine_key"])
+        if machine_pk is None:
             conn.execute(_insert(conn, machines).values(**machine, first_seen=_now()))
-            machine_id = conn.execute(sa.select(machines.c.id).where(
+            machine_pk = conn.execute(sa.select(machines.c.machine_pk).where(
                 machines.c.machine_key == machine["machine_key"])).scalar_one()
             if machine_ids is not None:
-                machine_ids[machine["machine_key"]] = machine_id
+                machine_ids[machine["machine_key"]] = machine_pk
         pk = conn.execute(_insert(conn, runs).values(
-            run_key=key, run_id=run_id, suite=_suite_name(self.meta), machine_id=machine_id, created_at=created,
+            run_key=key, run_id=run_id, suite=_suite_name(self.meta), machine_pk=machine_pk, created_at=created,
             finished_at=self.meta.get("finished_at"), complete=bool(self.meta.get("completed")),
-            commit=prov.get("commit") or git.get("commit"), branch=prov.get("branch"),
+            git_commit=prov.get("commit") or git.get("commit"), branch=prov.get("branch"),
             commit_time=prov.get("commit_time"), ci_url=prov.get("ci_url"),
             tags={**(self.meta.get("tags") or {}), **self.tags}, env=env, recorded_at=_now(),
-        ).returning(runs.c.id)).scalar_one_or_none()  # no row: the history has the run
+        ).returning(runs.c.run_pk)).scalar_one_or_none()  # no row: the history has the run
         new = pk is not None
         if pk is None:
-            pk = conn.execute(sa.select(runs.c.id).where(runs.c.run_key == key)).scalar_one()
+            pk, had_id = conn.execute(sa.select(runs.c.run_pk, runs.c.run_id).where(runs.c.run_key == key)).one()
+            if had_id != run_id:  # a run directory copied and renamed, run.json and all
+                raise HistoryError(f"{self._where()}: its run_uuid is already in the history "
+                                   f"{display_url(self.url)} as run {had_id}: two runs with the same run key; "
+                                   "this run was not recorded")
         self.run_pk = pk
         if not new and self.meta.get("completed"):  # recorded while it ran, complete since
-            conn.execute(runs.update().where(runs.c.id == self.run_pk).values(
+            conn.execute(runs.update().where(runs.c.run_pk == self.run_pk).values(
                 complete=True, finished_at=self.meta.get("finished_at")))
         return new
 
@@ -204,31 +268,66 @@ class Recorder:
 
     def insert_rows(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> int:
         """Result rows (``_result_row``) into this run, in ``conn``'s transaction; returns how
-        many were new (a row the history has is skipped)."""
+        many were new. A row the history has with the same result line is skipped; with a
+        different one it is a HistoryError (the caller's transaction then rolls back, so none
+        of the run's rows is written)."""
         assert self.run_pk is not None, "write_run() first"
         if not rows:
             return 0
-        rows = [{**row, "run_id": self.run_pk} for row in rows]
+        rows = [{**row, "run_pk": self.run_pk} for row in rows]
         insert = _insert(conn, results)
         if conn.dialect.name == "sqlite":  # its driver sums the rows each insert added
-            return int(conn.execute(insert, rows).rowcount)
-        count = sa.select(sa.func.count()).select_from(results).where(results.c.run_id == self.run_pk)
-        before = conn.execute(count).scalar_one()
-        conn.execute(insert, rows)
-        return int(conn.execute(count).scalar_one() - before)
+            added = int(conn.execute(insert, rows).rowcount)
+        else:
+            count = sa.select(sa.func.count()).select_from(results).where(results.c.run_pk == self.run_pk)
+            before = conn.execute(count).scalar_one()
+            conn.execute(insert, rows)
+            added = int(conn.execute(count).scalar_one() - before)
+        if added < len(rows):
+            added += self._reconcile(conn, rows)
+        return added
+
+    def _reconcile(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> int:
+        """The rows ON CONFLICT DO NOTHING skipped, checked against what the history holds: the
+        same result is fine; an error or timeout row the run ran again is replaced (returns how
+        many); any other difference is another run with this run's key, whose rows would be
+        dropped without a word: a HistoryError naming the run, the config and the repeat."""
+        q = (sa.select(results.c.config_id, results.c.repeat, results.c.status, results.c.doc)
+             .where(results.c.run_pk == self.run_pk))
+        stored = {(c, r): (status, doc) for c, r, status, doc in conn.execute(q)}
+        replaced = 0
+        for row in rows:
+            key = (row["config_id"], row["repeat"])
+            if key not in stored or same_result(stored[key][1], row["doc"]):
+                continue
+            status, doc = stored[key]
+            if status in SUPERSEDABLE and (self.meta.get("run_uuid") is not None
+                                           or any(same_result(doc, line) for line in self.superseded)):
+                conn.execute(results.update().where(results.c.run_pk == self.run_pk, results.c.config_id == key[0],
+                                                    results.c.repeat == key[1])
+                             .values({k: v for k, v in row.items() if k not in ("run_pk", "config_id", "repeat")}))
+                stored[key] = (row["status"], row["doc"])
+                replaced += 1
+                continue
+            raise HistoryError(
+                f"{self._where()}: {key[0]} repeat {key[1]} is already in the history {display_url(self.url)} "
+                "with a different result: two runs with the same run key (a legacy run.json without run_uuid? "
+                "runs of one suite started in the same second on one host); this run was not recorded")
+        return replaced
 
     def finish(self, finished_at: str | None = None) -> None:
         assert self.run_pk is not None, "begin() first"
         with translated_errors(self.url), self.engine.begin() as conn:
-            conn.execute(runs.update().where(runs.c.id == self.run_pk).values(
+            conn.execute(runs.update().where(runs.c.run_pk == self.run_pk).values(
                 complete=True, finished_at=finished_at or _now()))
 
 
-def parsed_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def parsed_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]], tuple[str, ...]]:
     """A run directory read for the history: its run.json (with the fingerprint of its first
-    result where run.json has none) and its results as rows of the results table, each with
-    its line as written. The expensive half of an ingest (decoding, checking and taking the
-    figures out of every line): a parallel ingest runs it in worker processes."""
+    result where run.json has none), its results as rows of the results table, each with its
+    line as written, and the lines it superseded (``--retry-failed``). The expensive half of
+    an ingest (decoding, checking and taking the figures out of every line): a parallel ingest
+    runs it in worker processes."""
     meta = load_run(run_dir)
     try:
         found = read_results(run_dir)
@@ -236,29 +335,39 @@ def parsed_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         raise HistoryError(str(e)) from None
     if not meta.get("env") and found:
         meta = {**meta, "env": run_env(meta, [r for _, r in found])}
-    return meta, [_result_row(0, r, line) for line, r in found]
+    try:
+        superseded = tuple(x for x in (run_dir / SUPERSEDED_FILE).read_text(encoding="utf-8").splitlines() if x)
+    except FileNotFoundError:
+        superseded = ()
+    except (OSError, ValueError) as e:
+        raise HistoryError(f"{run_dir / SUPERSEDED_FILE}: unreadable: {e}") from None
+    return meta, [_result_row(0, r, line) for line, r in found], superseded
 
 
 def _write_parsed(conn: sa.Connection, engine: sa.Engine, url: str, meta: dict[str, Any], rows: list[dict[str, Any]],
-                  tags: dict[str, str] | None, machine_ids: dict[str, int] | None = None) -> tuple[int, int]:
+                  tags: dict[str, str] | None, machine_ids: dict[str, int] | None = None,
+                  source: str | None = None, superseded: tuple[str, ...] = ()) -> tuple[int, int]:
     """A parsed run, in ``conn``'s transaction: (results added, results the history had).
-    ``machine_ids``: as ``Recorder.write_run`` takes it."""
-    rec = Recorder(engine, url, meta, tags or {})
+    ``machine_ids``: as ``Recorder.write_run`` takes it; ``source`` and ``superseded``: the
+    run directory and the lines it superseded (``parsed_run``)."""
+    rec = Recorder(engine, url, meta, tags or {}, source=source, superseded=superseded)
     rec.write_run(conn, machine_ids)
     added = rec.insert_rows(conn, rows)
     return added, len(rows) - added
 
 
 def record_parsed(engine: sa.Engine, url: str, meta: dict[str, Any], rows: list[dict[str, Any]],
-                  tags: dict[str, str] | None = None) -> tuple[int, int]:
+                  tags: dict[str, str] | None = None, source: str | None = None,
+                  superseded: tuple[str, ...] = ()) -> tuple[int, int]:
     """A parsed run into the history, in one transaction: (results added, results it had)."""
     with translated_errors(url), engine.begin() as conn:
-        return _write_parsed(conn, engine, url, meta, rows, tags)
+        return _write_parsed(conn, engine, url, meta, rows, tags, source=source, superseded=superseded)
 
 
 def ingest(engine: sa.Engine, url: str, run_dir: Path, tags: dict[str, str] | None = None) -> tuple[int, int]:
     """Record a run directory: (results added, results the history had already)."""
-    return record_parsed(engine, url, *parsed_run(run_dir), tags)
+    meta, rows, superseded = parsed_run(run_dir)
+    return record_parsed(engine, url, meta, rows, tags, source=str(run_dir), superseded=superseded)
 
 
 PARALLEL_MIN_RUNS = 8  # fewer run directories are ingested in this process: starting workers costs more
@@ -313,4 +422,5 @@ def _ingest_share(url: str, run_dirs: list[Path], tags: dict[str, str] | None) -
     parsed = [(d, *parsed_run(d)) for d in run_dirs]
     machine_ids: dict[str, int] = {}
     with translated_errors(url), engine.begin() as conn:
-        return [(d, *_write_parsed(conn, engine, url, meta, rows, tags, machine_ids)) for d, meta, rows in parsed]
+        return [(d, *_write_parsed(conn, engine, url, meta, rows, tags, machine_ids, str(d), superseded))
+                for d, meta, rows, superseded in parsed]

@@ -8,7 +8,9 @@ from alembic import context
 from gpubench.history.schema import metadata
 
 connection = context.config.attributes["connection"]
-# batch mode: SQLite alters a table by copying it, which later migrations may need
-context.configure(connection=connection, target_metadata=metadata, render_as_batch=True)
+# no batch mode: on SQLite it alters a table by copying it and dropping the original, and with
+# foreign keys on, dropping runs would delete every result (ON DELETE CASCADE). A migration uses
+# statements both databases run in place (ALTER TABLE ... RENAME COLUMN, ADD COLUMN: 0003)
+context.configure(connection=connection, target_metadata=metadata, render_as_batch=False)
 with context.begin_transaction():
     context.run_migrations()
