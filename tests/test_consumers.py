@@ -392,3 +392,15 @@ def test_report_opens_only_timelines_inside_the_run_directory(tmp_path):
         assert warning.startswith(f"{results_file}: config {x['config_id']} repeat {x['repeat']}: "), warning
         assert why in warning and "not opened" in warning, warning
     assert not [w for w in rep.warnings if "link-in.json" in w]
+
+
+def test_the_profilers_operator_table_escapes_operator_names():
+    """top_ops.md: an operator's name (a framework's or a user's text) cannot split a row or render."""
+    from gpubench.measure.ops import OpRow, markdown_table
+
+    rows = [OpRow(name="my|op`<img src=x onerror=alert(1)>\nnext", calls=2, self_cpu_ms=1.5, total_cpu_ms=2.0,
+                  self_device_ms=None)]
+    lines = markdown_table(rows, "self_cpu_ms", 3.0, "Top | ops")
+    row = lines[4]
+    assert len(re.findall(r"(?<!\\)\|", row)) == 5  # four cells
+    assert "<img" not in "\n".join(lines) and "\n" not in row and lines[0] == "### Top \\| ops"

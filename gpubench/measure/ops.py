@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpubench.fmt import md_cell
+
 TOP_N = 15
 
 
@@ -34,10 +36,9 @@ def _share(value: float, total: float) -> str:
 
 
 def markdown_table(rows: list[OpRow], key: str, total: float, title: str) -> list[str]:
-    lines = [f"### {title}", "", "| operator | calls | self ms | share |", "| --- | ---: | ---: | ---: |"]
-    for o in rows:
-        name = o.name.replace("|", "\\|")
-        lines.append(f"| `{name}` | {o.calls} | {getattr(o, key):.3f} | {_share(getattr(o, key), total)} |")
+    lines = [f"### {md_cell(title)}", "", "| operator | calls | self ms | share |", "| --- | ---: | ---: | ---: |"]
+    for o in rows:  # an operator's name is a framework's or a user's text: escaped (fmt.md_cell)
+        lines.append(f"| {md_cell(o.name)} | {o.calls} | {getattr(o, key):.3f} | {_share(getattr(o, key), total)} |")
     return lines + [""]
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpubench.files import write_text_atomic
+from gpubench.fmt import md_cell
 from gpubench.measure.breakdown import measure_breakdown
 from gpubench.measure.loop import NO_RANGES
 from gpubench.measure.ops import OpRow, markdown_table, summary, tables
@@ -30,7 +31,7 @@ def write_op_tables(ops: list[OpRow], out_dir: Path, heading: str) -> dict[str, 
     """``top_ops.md`` (the two tables) and ``top_ops.json`` (every row)."""
     md, js = out_dir / "top_ops.md", out_dir / "top_ops.json"
     t = tables(ops)
-    lines = [f"## {heading}", ""]
+    lines = [f"## {md_cell(heading)}", ""]
     lines += markdown_table(t["cpu"], "self_cpu_ms", sum(o.self_cpu_ms for o in ops),
                              "Top operators by self time on the CPU (host)")
     if t["device"]:
