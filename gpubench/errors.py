@@ -26,6 +26,7 @@ class StorageError(InputError):
 # EROFS, EFBIG): the machine's problem, not the config's
 STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 EXIT_STORAGE = 75  # a worker that could not hand over its outcome (EX_TEMPFAIL: try again later)
+STORAGE_LINE = "gpubench worker: cannot write its outcome"  # ... and the line it says so with, in its log
 
 
 def choices_message(kind: str, value: object, allowed: list[str] | tuple[str, ...]) -> str:

@@ -83,3 +83,22 @@ def turn_pipes() -> tuple[TurnEnds, TurnEnds]:
     """The ends for two lockstep workers: (the first's, the second's)."""
     to_second, to_first = os.pipe(), os.pipe()  # (read end, write end) each
     return TurnEnds(to_first[0], to_second[1], "first"), TurnEnds(to_second[0], to_first[1], "second")
+
+
+# PR_SET_PDEATHSIG (prctl option 1) with SIGKILL (9): the kernel kills this process when the
+# thread that started it ends, whatever ends it (kill -9 included). Run by the child's own Python
+# (an A/B's other checkout may have a gpubench without this module), then exec'd into the
+# command, which keeps the setting; a parent already gone by then ends it at once.
+_GUARD = ("import ctypes,os,sys\n"
+          "ctypes.CDLL(None).prctl(1,9,0,0,0)\n"
+          "os.getppid()==int(sys.argv[1]) or os._exit(125)\n"
+          "os.execvp(sys.argv[2],sys.argv[2:])")
+
+
+def dying_with_parent(command: list[str]) -> list[str]:
+    """``command`` started so that it is killed when this process dies, also by SIGKILL: a
+    worker left running would hold its device and falsify the next measurement, and a resume
+    would run the same config beside it. Linux only (elsewhere the command as it is)."""
+    if not sys.platform.startswith("linux"):
+        return command
+    return [command[0], "-S", "-c", _GUARD, str(os.getpid()), *command]

@@ -351,8 +351,8 @@ class Suite:
             return
         axes = ", ".join(f"{a} {len(self.matrix[a])}" for a in _ordered_axes(self.matrix)) or "none"
         extra = f", {len(self.include)} include entries" if self.include else ""
-        times = f" x {repeats} repeats = {points * repeats:,} jobs" if repeats > 1 else " configs"
-        raise InputError(f"{self.source}: the sweep has {points:,}{' points' if repeats > 1 else ''}{times} "
+        times = f" x {repeats} repeats = {points * repeats:,} jobs" if repeats > 1 else ""
+        raise InputError(f"{self.source}: the sweep has up to {points:,} points (before exclude){times} "
                          f"(matrix axes and their lengths: {axes}{extra}), above the cap of {self.max_jobs:,} "
                          f"config repeats; narrow it with --set, or raise the cap with --max-jobs N")
 
@@ -492,6 +492,8 @@ def load_suite(name_or_path: str, max_jobs: int = MAX_JOBS) -> Suite:
         raise InputError(f"{src}: cannot read suite file: {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"{src}: invalid TOML: {e}") from None
+    except RecursionError:
+        raise InputError(f"{src}: invalid TOML: nested too deeply") from None
     suite = parse_suite(data, src, default_name=path.stem, max_jobs=max_jobs)
     # a typo check for a hand-written file; a stored suite (run.json) may hold a parameter that a
     # --set narrowing left without its workload

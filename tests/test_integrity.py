@@ -156,7 +156,7 @@ def test_a_huge_matrix_is_refused_before_it_is_built(tmp_path, write_suite):
     assert time.monotonic() - t0 < 30
     assert proc.returncode == 2, proc.stdout + proc.stderr
     line = proc.stderr.strip()
-    assert len(line.splitlines()) == 1 and "10,000,000,000 configs" in line and "seed 100, steps 100" in line
+    assert len(line.splitlines()) == 1 and "up to 10,000,000,000 points" in line and "seed 100, steps 100" in line
     assert "--max-jobs N" in line and not (tmp_path / "runs").exists()
 
 
@@ -164,7 +164,8 @@ def test_repeats_and_parallelism_are_bounded_and_the_cap_can_be_raised(tmp_path,
     suite = write_suite(FAKE + "[matrix]\nseed = [0, 1, 2]\n")
     proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--repeats", "1000000000"], cwd=tmp_path,
                    timeout=60)
-    assert proc.returncode == 2 and "3 points x 1000000000 repeats = 3,000,000,000 jobs" in proc.stderr, proc.stderr
+    said = "up to 3 points (before exclude) x 1000000000 repeats = 3,000,000,000 jobs"
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr
     proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--max-jobs", "2"], cwd=tmp_path)
     assert proc.returncode == 2 and "above the cap of 2 config repeats" in proc.stderr, proc.stderr
     proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--set", "parallelism=multiworker:100000"],
@@ -220,15 +221,14 @@ def test_two_resumes_of_one_directory_run_each_config_once(tmp_path, write_suite
     (run_dir,) = out.iterdir()
     lines = (run_dir / "results.jsonl").read_text().splitlines(keepends=True)
     (run_dir / "results.jsonl").write_text(lines[0])  # as if interrupted after the first config
+    # each step 0.3 s: the three configs left take 6 s or more, so the two resumes overlap
     procs = [subprocess.Popen([sys.executable, "-m", "gpubench", "run", "--resume", str(run_dir), "--no-report"],
-                              cwd=tmp_path, env=plugin_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+                              cwd=tmp_path, env=plugin_env(FAKE_STEP_SLEEP_MS="300"), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=180) for p in procs]
-    codes = sorted(p.returncode for p in procs)
-    assert codes in ([0, 2], [0, 0]), outs  # [0, 0]: the second started after the first had finished
-    if codes == [0, 2]:
-        refused = next(err for (_, err), p in zip(outs, procs) if p.returncode == 2)
-        assert "another gpubench is writing this run directory" in refused
+    assert sorted(p.returncode for p in procs) == [0, 2], outs
+    refused = next(err for (_, err), p in zip(outs, procs) if p.returncode == 2)
+    assert "another gpubench is writing this run directory" in refused
     results = result_lines(run_dir)
     assert sorted(r["config"]["seed"] for r in results) == [0, 1, 2, 3]
     assert all(r["status"] == "ok" for r in results)
@@ -396,3 +396,50 @@ def test_a_deep_value_inside_an_object_is_refused_too():
     with pytest.raises(ValueError, match="nested deeper than 32"):
         decode_line(json.dumps({"schema_version": 1, "metrics": deep}).encode())
     assert decode_line(b'{"a": [1, {"b": 2}]}') == {"a": [1, {"b": 2}]}
+
+
+def test_a_run_directory_written_by_ab_or_profile_is_not_resumed(tmp_path, finished_run):
+    for key, value, command in (("ab_side", "baseline", "gpubench ab"), ("profile_steps", 5, "gpubench profile")):
+        run_dir = tmp_path / key
+        shutil.copytree(finished_run, run_dir)
+        meta = json.loads((run_dir / "run.json").read_text())
+        meta["args"][key] = value
+        (run_dir / "run.json").write_text(json.dumps(meta))
+        proc = run_cli(["run", "--resume", str(run_dir), "--no-report"], cwd=tmp_path)
+        assert proc.returncode == 2 and f"written by {command}, which cannot be resumed" in proc.stderr, proc.stderr
+
+
+def test_a_deeply_nested_telemetry_timeline_is_left_out_of_the_report_with_a_warning(tmp_path, finished_run):
+    run_dir = tmp_path / "deep-timeline"
+    shutil.copytree(finished_run, run_dir)
+    timelines = sorted((run_dir / "telemetry").iterdir())
+    assert timelines, "the fake backend's runs keep a telemetry timeline"
+    timelines[0].write_text('{"a": ' + "[" * 100000 + "]" * 100000 + "}")
+    proc = run_cli(["report", str(run_dir), "--out", str(tmp_path / "rep")], cwd=tmp_path)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"telemetry.timeline 'telemetry/{timelines[0].name}'" in proc.stderr and "unreadable" in proc.stderr
+
+
+def test_compare_says_where_one_id_names_configs_of_different_settings():
+    """An id is unique within its sweep; two runs with other --set values may give one id to
+    configs that measure differently, and the verdict says so."""
+    from gpubench.gate.compare import compare
+    from tests.conftest import make_result
+
+    a, b = Config("cnn", steps=20), Config("cnn", steps=50)
+    assert a.config_id == b.config_id and a.config_hash != b.config_hash
+    base = [make_result(a, rate=100.0 + i, repeat=i) for i in range(6)]
+    cur = [make_result(b, rate=100.0 + i, repeat=i) for i in range(6)]
+    (verdict,) = compare(base, cur).verdicts
+    assert "settings differ: steps 20 vs 50" in verdict.note
+    (same,) = compare(base, base).verdicts
+    assert "settings differ" not in same.note
+
+
+def test_a_password_never_shows_in_a_message_about_its_database():
+    from gpubench.history.db import display_url
+
+    for url in ("postgresql://u:se:cr@et@h:5432/db", "postgresql://u:p/w@d@h/db", "postgresql://u:x@h/db?password=pw"):
+        shown = display_url(url)
+        assert "se:cr" not in shown and "et@h" not in shown and "p/w" not in shown and "pw" not in shown, shown
+        assert shown.startswith("postgresql://u:***@")

@@ -39,7 +39,7 @@ from gpubench.calibrate.datasheet import Datasheet, datasheet_for
 from gpubench.calibrate.measure import PRECISIONS
 from gpubench.env import cpu_model
 from gpubench.errors import warn
-from gpubench.launch import Launcher
+from gpubench.launch import Launcher, dying_with_parent
 from gpubench.options import device_index, device_kind
 from gpubench.results.store import write_json_atomic
 
@@ -195,6 +195,8 @@ def read_cached(path: Path, key: dict[str, Any]) -> tuple[dict[str, Any] | None,
         return None, ""
     try:
         entry = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        return None, "nested too deeply to read"
     except (OSError, UnicodeDecodeError, ValueError) as e:
         return None, f"{type(e).__name__}: {str(e)[:200]}"
     problem = entry_problem(entry, key)
@@ -206,7 +208,7 @@ def run_child(module: str, device: str, launcher: Launcher) -> dict[str, Any]:
     CalibrationError."""
     timeout_s = TIMEOUT_S[device_kind(device)]
     try:
-        proc = subprocess.run(launcher.command(module, device), capture_output=True, text=True,
+        proc = subprocess.run(dying_with_parent(launcher.command(module, device)), capture_output=True, text=True,
                               timeout=timeout_s, env=launcher.env(), stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise CalibrationError(f"calibrating {device} ({module}) took longer than {timeout_s} s") from None

@@ -308,11 +308,26 @@ def compare(baseline: list[Result], current: list[Result], metric_name: str = "t
                                     if paired else
                                     f"too few repeats for a CI (needs {min_repeats(2 * alpha_config)} per side)")
         flag = None if flags is None else flags.get(config_id, "")
+        note = "; ".join(filter(None, [note, setting_differences(baseline, current, config_id)]))
         verdicts.append(ConfigVerdict(config_id, judge(s, metric, threshold, noise_floor, flag), s.ratio,
                                       None if math.isnan(s.ci_low) else s.ci_low,
                                       None if math.isnan(s.ci_high) else s.ci_high, b_med, c_med, len(b), len(c), note,
                                       noise))
     return Comparison(metric, threshold, noise_floor, alpha, alpha_config, verdicts, correction, paired, best_of)
+
+
+def setting_differences(baseline: list[Result], current: list[Result], config_id: str) -> str:
+    """The settings in which the two sides' configs of one id differ ("" when none do): an id
+    names what tells the points of one sweep apart, so two runs of different suites or
+    ``--set`` values can give one id to configs that measure differently (20 steps a window
+    against 50); the verdict then says so beside it."""
+    def settings(results: list[Result]) -> dict[str, Any]:
+        found = next((r.config for r in results if r.config_id == config_id), {})
+        return {k: v for k, v in found.items() if k != "id_keys"}
+
+    a, b = settings(baseline), settings(current)
+    diffs = [f"{k} {a[k]!r} vs {b[k]!r}" for k in sorted(a.keys() & b.keys()) if a[k] != b[k]]
+    return f"settings differ: {', '.join(diffs)}" if diffs else ""
 
 
 FINGERPRINT_KEYS = ("cpu_model",)

@@ -53,18 +53,20 @@ def resolve_url(db: str | None, environ: dict[str, str] | None = None) -> str:
     return f"sqlite:///{Path(text).expanduser()}"
 
 
-# USER:PASSWORD@ after the scheme, as SQLAlchemy's URL pattern reads it (a password runs to the @)
-_PASSWORD = re.compile(r"^([\w+]+://[^:/@]*):[^@]*@")
-
-
 def display_url(url: str) -> str:
-    """The URL without its password, for messages."""
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True).replace("postgresql+psycopg://", "postgresql://")
-    except Exception:  # a URL SQLAlchemy cannot parse: shown as given, but for the password
-        return _PASSWORD.sub(r"\1:***@", url).replace("postgresql+psycopg://", "postgresql://")
+    """The URL without its password, for messages: everything between ``USER:`` and the last
+    ``@`` before the query is hidden (a password may hold ``@``, ``:`` or ``/``, which a URL
+    parser would split elsewhere), and so is a ``password=`` parameter."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    main, q, query = rest.partition("?")
+    cred, at, tail = main.rpartition("@")
+    if at:
+        user, colon, _ = cred.partition(":")
+        main = f"{user}{':***' if colon else ''}@{tail}"
+    query = re.sub(r"(?i)(password=)[^&]*", r"\1***", query)
+    return f"{scheme}://{main}{q}{query}".replace("postgresql+psycopg://", "postgresql://")
 
 
 def _check_server_url(url: str) -> None:

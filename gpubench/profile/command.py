@@ -21,7 +21,7 @@ from gpubench.errors import stop_exit_code, stop_message
 from gpubench.results.outputs import check_output_dir
 from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES
-from gpubench.results.store import slug
+from gpubench.results.store import locked_run_dir, slug
 from gpubench.runner.job import Job
 from gpubench.runner.progress import SweepDisplay
 from gpubench.runner.run import (
@@ -34,7 +34,7 @@ from gpubench.runner.run import (
     write_report,
 )
 from gpubench.runner.sweep import run_jobs
-from gpubench.suite import load_suite
+from gpubench.suite import Config, load_suite
 
 PRINTED_OPS = 10
 
@@ -65,6 +65,12 @@ def execute_profile(req: ProfileRequest, console: Console) -> int:
     run_dir, meta = new_run_dir(req.out, f"{suite.name}-profile-{now:%Y%m%d-%H%M%S}", suite,
                                 {"suite": req.suite, "set": req.sets, "repeats": 1, "out": str(req.out),
                                  "profile_steps": req.steps}, configs, env)
+    with locked_run_dir(run_dir):  # one writer while it is written
+        return _profile_run(req, console, configs, run_dir, meta, env, probes)
+
+
+def _profile_run(req: ProfileRequest, console: Console, configs: list[Config], run_dir: Path, meta: dict[str, Any],
+                 env: dict[str, Any], probes: dict[str, Any]) -> int:
     console.print(f"profile {meta['run_id']}: {len(configs)} configs, {req.steps} profiled steps each -> {run_dir}",
                   highlight=False)
     jobs = _jobs(configs, run_dir, req.steps)

@@ -23,7 +23,7 @@ from gpubench.report.load import ReportData, load_report_data
 from gpubench.results import twins
 from gpubench.results.metrics import METRICS
 from gpubench.results.outputs import check_output_dir
-from gpubench.results.store import RESULTS_FILE, run_env
+from gpubench.results.store import RESULTS_FILE, decode_line, run_env
 
 TEMPLATES = Path(__file__).parent / "templates"
 # one row per config: its identity and how its repeats went, then every metric of the registry
@@ -109,7 +109,7 @@ def _timelines(data: ReportData) -> tuple[list[tuple[str, dict[str, Any]]], list
                 notes.append(f"{where}: {why}; not opened, left out of the charts")
                 continue
             try:
-                timeline = json.loads(path.read_text())
+                timeline = decode_line(path.read_bytes())  # no deeper than results.store.MAX_DEPTH
                 if not isinstance(timeline, dict):
                     raise ValueError("not a JSON object")
             except (OSError, ValueError) as e:

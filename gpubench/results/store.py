@@ -266,6 +266,13 @@ def locked_run_dir(run_dir: Path) -> Iterator[None]:
         except BlockingIOError:
             raise InputError(f"{run_dir}: another gpubench is writing this run directory ({_holder(fd)}); wait for it "
                              "to end, or stop it, then resume") from None
+        except OSError as e:  # a file system without flock (Lustre mounted noflock, some NFS): go on, unguarded
+            if e.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            warn_user(f"{path}: this file system cannot lock files ({e.strerror or e}); nothing stops a second "
+                      "gpubench from writing this run directory at the same time")
+            yield
+            return
         holder = {"pid": os.getpid(), "host": socket.gethostname(),
                   "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         with contextlib.suppress(OSError):  # who holds it is for the message only

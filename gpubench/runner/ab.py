@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -31,7 +32,7 @@ from gpubench.launch import Launcher, turn_pipes
 from gpubench.results.outputs import check_output_dir, check_output_file, write_output
 from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES
-from gpubench.results.store import json_text
+from gpubench.results.store import json_text, locked_run_dir
 from gpubench.runner.job import Job
 from gpubench.runner.progress import SweepDisplay
 from gpubench.runner.run import check_data, finish_run_dir, new_run_dir, probe_frameworks, write_report
@@ -141,6 +142,12 @@ class _Rounds:
 
 
 def execute_ab(req: ABRequest, console: Console) -> int:
+    """The A/B; its exit code. Both sides' run directories are locked while it writes them."""
+    with ExitStack() as held:
+        return _execute_ab(req, console, held)
+
+
+def _execute_ab(req: ABRequest, console: Console, held: ExitStack) -> int:
     options = gate_options(req.threshold, req.noise_floor, req.alpha, req.metric, req.correction,
                            req.best_of)  # before any run
     if req.best_of > 1 and not req.lockstep:
@@ -186,6 +193,7 @@ def execute_ab(req: ABRequest, console: Console) -> int:
                 "lockstep": req.lockstep, "budget_s": req.budget_s, "ab_id": stamp}
         dirs[side], metas[side] = new_run_dir(root, f"{stamp}-{side}", suite, args, configs, envs[side],
                                               dir_name=side)
+        held.enter_context(locked_run_dir(dirs[side]))  # one writer of each side, for the whole A/B
     console.print(f"A/B {stamp}: {len(configs)} configs x {req.repeats} {'rounds' if req.lockstep else 'repeats'} x 2 "
                   f"sides{f', then more while undecided, within {req.budget_s:g} s' if req.budget_s else ''} -> {root}",
                   highlight=False)

@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.config import Config
-from gpubench.errors import EXIT_STORAGE, StorageError
+from gpubench.errors import EXIT_STORAGE, STORAGE_LINE, StorageError
 from gpubench.hugepages import worker_env
-from gpubench.launch import Launcher
+from gpubench.launch import Launcher, dying_with_parent
 from gpubench.results.result import Outcome
 from gpubench.results.store import slug
 from gpubench.runner.nodes import Nodes
-from gpubench.runner.process import dying_with_parent, kill_group, oom_kill_count, storage_problem, worker_command
+from gpubench.runner.process import kill_group, oom_kill_count, storage_problem, worker_command
 
 LOG_TAIL_LINES = 40
 
@@ -135,7 +135,8 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: 
     # a worker that could not write its outcome (it says so with EXIT_STORAGE; an older one, or a
     # launcher in between, only fails): the machine's failure when the run directory is full
     problem = storage_problem(run_dir)
-    if problem is not None or rc == EXIT_STORAGE:
+    said = any(line.startswith(STORAGE_LINE) for line in tail_lines(run_dir / log_rel))  # torchrun hides rc 75
+    if problem is not None or rc == EXIT_STORAGE or said:
         raise storage_error(job, run_dir, problem or f"{workdir / 'result.json'}: the worker could not write it "
                                                      f"(see {run_dir / log_rel})")
     if rc == 0 and nodes.node_rank > 0:

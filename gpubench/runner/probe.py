@@ -13,7 +13,7 @@ import sys
 
 from gpubench.backends import get_backend
 from gpubench.backends.base import ProbeInfo
-from gpubench.launch import Launcher
+from gpubench.launch import Launcher, dying_with_parent
 
 PROBE_TIMEOUT_S = 180
 
@@ -29,7 +29,7 @@ def probe_here(name: str) -> ProbeInfo:
 def probe(name: str, launcher: Launcher = Launcher()) -> ProbeInfo:
     """Probe a framework in a child process (never raises)."""
     try:
-        proc = subprocess.run(launcher.command("gpubench.runner.probe", name), capture_output=True,
+        proc = subprocess.run(dying_with_parent(launcher.command("gpubench.runner.probe", name)), capture_output=True,
                               text=True, timeout=PROBE_TIMEOUT_S, env=launcher.env())
     except OSError as e:
         return ProbeInfo(name, False, reason=f"cannot start {launcher.python}: {e}")

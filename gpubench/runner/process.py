@@ -32,25 +32,6 @@ def worker_command(launcher: Launcher, workdir: Path, config: Config, nodes: Nod
                             str(workdir))
 
 
-# PR_SET_PDEATHSIG (prctl option 1) with SIGKILL (9): the kernel kills this process when the
-# thread that started it ends, whatever ends it (kill -9 included). Run by the child's own Python
-# (an A/B's other checkout may have a gpubench without this module), then exec'd into the
-# command, which keeps the setting; a parent already gone by then ends it at once.
-_GUARD = ("import ctypes,os,sys\n"
-          "ctypes.CDLL(None).prctl(1,9,0,0,0)\n"
-          "os.getppid()==int(sys.argv[1]) or os._exit(125)\n"
-          "os.execvp(sys.argv[2],sys.argv[2:])")
-
-
-def dying_with_parent(command: list[str]) -> list[str]:
-    """``command`` started so that it is killed when this process dies, also by SIGKILL: a
-    worker left running would hold its device and falsify the next measurement, and a resume
-    would run the same config beside it. Linux only (elsewhere the command as it is)."""
-    if not sys.platform.startswith("linux"):
-        return command
-    return [command[0], "-S", "-c", _GUARD, str(os.getpid()), *command]
-
-
 def die_with_parent() -> None:
     """For a process started by another launcher (a rank under torchrun, a TensorFlow worker
     under tf_launch): be killed when that parent dies, and end now if it already has (adopted by

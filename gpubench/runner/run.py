@@ -155,6 +155,11 @@ def _prepare(req: RunRequest, held: ExitStack) -> tuple[Suite, int, Path | None,
     meta = load_run(req.resume)
     if isinstance(meta.get("args"), dict) and meta["args"].get("nodes"):  # a bad args fails below, with its file
         raise InputError(f"--resume {req.resume}: that is a multi-node run; start it again on every node")
+    made_by = next((what for key, what in (("ab_side", "gpubench ab"), ("profile_steps", "gpubench profile"))
+                    if isinstance(meta.get("args"), dict) and meta["args"].get(key) is not None), None)
+    if made_by is not None:  # its own command writes it, with its own rules (rounds, profiled steps)
+        raise InputError(f"--resume {req.resume}: that run directory was written by {made_by}, which cannot be "
+                         "resumed; run it again")
     if req.sets:
         raise InputError(f"--resume {req.resume}: --set cannot be combined with --resume; "
                          "the run keeps the settings it started with")

@@ -26,7 +26,7 @@ import gpubench
 from gpubench import hugepages
 from gpubench.backends import get_backend
 from gpubench.config import Config
-from gpubench.errors import EXIT_STORAGE, STORAGE_ERRNOS, warn
+from gpubench.errors import EXIT_STORAGE, STORAGE_ERRNOS, STORAGE_LINE, warn
 from gpubench.measure.loop import RawMeasurement, run_loop
 from gpubench.measure.stats import is_noisy, step_stats, throughput
 from gpubench.measure.turns import Turns
@@ -384,7 +384,7 @@ def _write_outcome(workdir: Path, config: Config, outcome: Outcome, timeline: di
         if e.errno not in STORAGE_ERRNOS:
             raise
         # not the config's failure: the runner records nothing and says so (EXIT_STORAGE)
-        print(f"gpubench worker: cannot write its outcome in {workdir}: {e.strerror or e}", file=sys.stderr)
+        print(f"{STORAGE_LINE} in {workdir}: {e.strerror or e}", file=sys.stderr, flush=True)
         return EXIT_STORAGE
     return 1 if config.distributed and outcome.status not in ("ok", "diverged") else 0
 
