@@ -94,8 +94,8 @@ def _receive(conn: socket.socket) -> dict[str, Any] | None:
     another program)."""
     try:
         with conn.makefile("r", encoding="utf-8") as f:
-            obj = json.loads(f.readline())
-    except (OSError, ValueError):
+            obj = json.loads(f.readline(65536))  # a barrier line is short; another program's may not be
+    except (OSError, ValueError, RecursionError):
         return None
     return obj if isinstance(obj, dict) else None
 
