@@ -101,8 +101,8 @@ def metric(kind: str, v: Any) -> str:
     return BY_KIND[kind](v)
 
 
-_MD_ESCAPES = {"\\": "\\\\", "|": "\\|", "`": "\\`", "&": "&amp;", "<": "&lt;", ">": "&gt;"}
-_MD_SPECIAL = re.compile(r"[\\|`&<>]|\](?=[(\[])|[\x00-\x1f\x7f\x85\u2028\u2029]")
+_MD_ESCAPES = {"\\": "\\\\", "|": "\\|", "`": "\\`", "&": "&amp;", "<": "&lt;", ">": "&gt;", "[": "\\["}
+_MD_SPECIAL = re.compile(r"[\\|`&<>\[]|\](?=[(\[:])|[\x00-\x1f\x7f\x85\u2028\u2029]")
 
 
 def md_cell(v: Any) -> str:
@@ -110,7 +110,7 @@ def md_cell(v: Any) -> str:
     markdown: config ids, paths and error messages come from users and exceptions, and in a CI
     job summary a ``|`` would split the row, a newline end it, ``<img onerror=...>`` render as
     HTML and ``[x](url)`` as a link. HTML's ``& < >`` become entities, ``\\ | ` `` are
-    backslash-escaped (no code span can form, so the entities show as the characters), a ``]``
-    that would close a link or image is escaped, and line breaks and other control characters
-    become spaces. Everything else is kept, so ids stay readable in the raw file."""
+    backslash-escaped (no code span can form, so the entities show as the characters), every
+    ``[`` and a ``]`` that would close a link, image or link definition is escaped, and line
+    breaks and other control characters become spaces. Everything else is kept, so ids stay readable in the raw file."""
     return _MD_SPECIAL.sub(lambda m: _MD_ESCAPES.get(m.group(), "\\]" if m.group() == "]" else " "), str(v))

@@ -326,7 +326,7 @@ def test_compare_markdown_escapes_ids_and_reasons(tmp_path):
     assert [len(row) for row in table] == [7, 7, 7]
     rows = {row[0].strip(): row for row in table[1:]}
     assert set(rows) == {"gone\\|&lt;b&gt;", "cnn\\|x &lt;img src=x onerror=alert(1)&gt; next \\`code\\` "
-                                             "![i\\](http://e/x.png) \\\\\\|"}  # the escape character a space, trimmed
+                                             "!\\[i\\](http://e/x.png) \\\\\\|"}  # the escape character a space, trimmed
     assert rows["gone\\|&lt;b&gt;"][6].strip() == (
         "error: RuntimeError: a\\|b &lt;script&gt;alert(1)&lt;/script&gt; \\`x\\`")
 
@@ -404,3 +404,18 @@ def test_the_profilers_operator_table_escapes_operator_names():
     row = lines[4]
     assert len(re.findall(r"(?<!\\)\|", row)) == 5  # four cells
     assert "<img" not in "\n".join(lines) and "\n" not in row and lines[0] == "### Top \\| ops"
+
+
+def test_a_timeline_path_that_cannot_be_resolved_is_left_out_not_a_traceback(tmp_path):
+    from gpubench.report.build import _timeline_path
+
+    (tmp_path / "telemetry").mkdir()
+    (tmp_path / "telemetry" / "loop").symlink_to(tmp_path / "telemetry" / "loop")
+    path, why = _timeline_path(tmp_path, "telemetry/a\0b.json")
+    assert path is None and why
+    path, why = _timeline_path(tmp_path, "telemetry/loop")  # Python 3.11 raises on the loop; later ones resolve it
+    if path is None:
+        assert why.startswith("cannot be resolved")
+    else:
+        with pytest.raises(OSError):  # ... and the report's read fails, which it reports as unreadable
+            path.read_bytes()

@@ -390,3 +390,19 @@ def test_a_postgresql_url_with_a_bad_port_is_one_line(tmp_path, write_suite):
                                    "postgresql://USER[:PASSWORD]@HOST[:PORT]/NAME"), line
             assert "secret" not in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_two_legacy_runs_with_one_key_and_no_differing_line_are_not_merged(tmp_path, history_db, gb):
+    """Two run.json files from before run_uuid, of one suite, host and second (CI matrix jobs),
+    whose results do not collide line by line (here: the same lines, other tags): the second is
+    refused by what its run.json says of it (runs.run_digest), not merged into the first."""
+    first = legacy_copy(tmp_path / "a" / "run", tags={"job": "a"})
+    second = legacy_copy(tmp_path / "b" / "run", tags={"job": "b"})
+    assert gb(["history", "ingest", first, "--db", history_db]).returncode == 0
+    again = gb(["history", "ingest", first, "--db", history_db])  # the same run again: nothing new, no error
+    assert again.returncode == 0, again.stderr
+    proc = gb(["history", "ingest", second, "--db", history_db])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "another run with the same key" in line and "this run was not recorded" in line
+    assert count(history_db, "runs") == 1 and len(stored(history_db)) == len(result_lines(first))

@@ -69,7 +69,7 @@ def test_markdown_speedups_and_failures(report_a):
     assert "| cnn-torch-cpu-bs64-amp-bf16-single | cnn-torch-cpu-bs64-fp32-single | 1.60x |" in md
     assert "| cnn-torch-cpu-bs32-fp32-single | cnn-tensorflow-cpu-bs32-fp32-single | 0.50x |" in md
     assert "| cnn-tensorflow-cpu-bs32-amp-bf16-single | error | ValueError: injected |" in md
-    assert "| cnn-torch-cpu-bs64-amp-bf16-single | 1.60k/s [1.58k, 1.62k] * |" in md
+    assert "| cnn-torch-cpu-bs64-amp-bf16-single | 1.60k/s \\[1.58k, 1.62k] * |" in md  # [ escaped (md_cell)
 
 
 def test_several_runs_side_by_side(tmp_path):

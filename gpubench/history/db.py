@@ -55,18 +55,19 @@ def resolve_url(db: str | None, environ: dict[str, str] | None = None) -> str:
 
 def display_url(url: str) -> str:
     """The URL without its password, for messages: everything between ``USER:`` and the last
-    ``@`` before the query is hidden (a password may hold ``@``, ``:`` or ``/``, which a URL
-    parser would split elsewhere), and so is a ``password=`` parameter."""
+    ``@`` is hidden (a password may hold ``@``, ``:``, ``/`` or ``?``, which a URL parser would
+    split elsewhere), and so is a ``password=`` parameter; a text without ``://`` shows its
+    scheme only."""
     scheme, sep, rest = url.partition("://")
     if not sep:
-        return url
-    main, q, query = rest.partition("?")
-    cred, at, tail = main.rpartition("@")
+        head, colon, _ = url.partition(":")
+        return f"{head}:***" if colon and head.startswith(("postgres", "sqlite")) else url
+    cred, at, tail = rest.rpartition("@")
     if at:
         user, colon, _ = cred.partition(":")
-        main = f"{user}{':***' if colon else ''}@{tail}"
-    query = re.sub(r"(?i)(password=)[^&]*", r"\1***", query)
-    return f"{scheme}://{main}{q}{query}".replace("postgresql+psycopg://", "postgresql://")
+        rest = f"{user}{':***' if colon else ''}@{tail}"
+    rest = re.sub(r"(?i)(password=)[^&]*", r"\1***", rest)
+    return f"{scheme}://{rest}".replace("postgresql+psycopg://", "postgresql://")
 
 
 def _check_server_url(url: str) -> None:
@@ -80,7 +81,8 @@ def _check_server_url(url: str) -> None:
     try:
         port = make_url(url).port
     except (ValueError, ArgumentError) as e:
-        found = re.search(r"@(?:\[[^\]]*\]|[^/:?]*):([^/?]*)", url)
+        host = url.rpartition("@")[2] if "@" in url else url.partition("://")[2]  # after any password
+        found = re.search(r"^(?:\[[^\]]*\]|[^/:?]*):([^/?]*)", host)
         what = f"port {found.group(1)!r} is not a number" if found else f"not a URL SQLAlchemy can read ({e})"
         raise HistoryError(f"--db {display_url(url)}: {what}; {usage}") from None
     if port is not None and not 0 < port < 65536:

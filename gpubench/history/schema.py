@@ -48,6 +48,9 @@ runs = sa.Table(
     sa.Column("tags", sa.JSON, nullable=False),
     sa.Column("env", sa.JSON, nullable=False),
     sa.Column("recorded_at", sa.String(32), nullable=False),
+    # a hash of what run.json says of the run when it is made (store.run_digest): two runs with
+    # one run_key (run.json files from before run_uuid) are refused, not merged
+    sa.Column("run_digest", sa.String(40)),
     sa.Index("ix_runs_suite_created", "suite", "created_at"),
     sa.Index("ix_runs_machine", "machine_pk"),
 )

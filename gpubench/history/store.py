@@ -99,6 +99,14 @@ def run_key(meta: dict[str, Any], env: dict[str, Any]) -> str:
     return hashlib.sha1(text.encode()).hexdigest()
 
 
+def run_digest(meta: dict[str, Any]) -> str:
+    """A hash of what run.json says of the run when it is made (its suite, args, creation time
+    and tags; not what changes as it goes: completion, resumes, a Slurm run's fingerprint), the
+    same whether the run is recorded live or ingested later."""
+    fixed = {k: meta.get(k) for k in ("suite", "args", "created_at", "tags")}
+    return hashlib.sha1(json.dumps(fixed, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def _normalised(doc: str) -> Any:
     """A stored result line as the JSON object gpubench would write for it (a line written by
     another version or re-encoded may differ in spacing, key order or defaults only)."""
@@ -225,7 +233,7 @@ class Recorder:
         if not prov and git.get("commit"):  # a run from before provenance: gpubench's own commit
             prov = {"commit": git["commit"], "commit_time": commit_time(git["commit"])}
         run_id, created = str(self.meta.get("run_id")), str(self.meta.get("created_at"))
-        key = run_key(self.meta, env)
+        key, digest = run_key(self.meta, env), run_digest(self.meta)
         machine = machine_row(env)
         machine_pk = (machine_ids or {}).get(machine["machine_key"])
         if machine_pk is None:
@@ -239,15 +247,23 @@ class Recorder:
             finished_at=self.meta.get("finished_at"), complete=bool(self.meta.get("completed")),
             git_commit=prov.get("commit") or git.get("commit"), branch=prov.get("branch"),
             commit_time=prov.get("commit_time"), ci_url=prov.get("ci_url"),
-            tags={**(self.meta.get("tags") or {}), **self.tags}, env=env, recorded_at=_now(),
+            tags={**(self.meta.get("tags") or {}), **self.tags}, env=env, recorded_at=_now(), run_digest=digest,
         ).returning(runs.c.run_pk)).scalar_one_or_none()  # no row: the history has the run
         new = pk is not None
         if pk is None:
-            pk, had_id = conn.execute(sa.select(runs.c.run_pk, runs.c.run_id).where(runs.c.run_key == key)).one()
+            pk, had_id, had_digest = conn.execute(sa.select(runs.c.run_pk, runs.c.run_id, runs.c.run_digest).where(
+                runs.c.run_key == key)).one()
             if had_id != run_id:  # a run directory copied and renamed, run.json and all
                 raise HistoryError(f"{self._where()}: its run_uuid is already in the history "
                                    f"{display_url(self.url)} as run {had_id}: two runs with the same run key; "
                                    "this run was not recorded")
+            if had_digest is not None and had_digest != digest:  # another run of the same name, host and second
+                raise HistoryError(f"{self._where()}: another run with the same key (run {had_id}: the same host, "
+                                   "suite and second, and no run_uuid in run.json, which gpubench writes since "
+                                   f"0.1) is in the history {display_url(self.url)} with other settings or tags; "
+                                   "this run was not recorded")
+            if had_digest is None:  # recorded before run_digest: from now on it has one
+                conn.execute(runs.update().where(runs.c.run_pk == pk).values(run_digest=digest))
         self.run_pk = pk
         if not new and self.meta.get("completed"):  # recorded while it ran, complete since
             conn.execute(runs.update().where(runs.c.run_pk == self.run_pk).values(
@@ -279,6 +295,9 @@ class Recorder:
         if conn.dialect.name == "sqlite":  # its driver sums the rows each insert added
             added = int(conn.execute(insert, rows).rowcount)
         else:
+            # writers of one run take turns (a live recorder and an ingest of its directory), so that
+            # the count below sees only this transaction's rows
+            conn.execute(sa.select(runs.c.run_pk).where(runs.c.run_pk == self.run_pk).with_for_update())
             count = sa.select(sa.func.count()).select_from(results).where(results.c.run_pk == self.run_pk)
             before = conn.execute(count).scalar_one()
             conn.execute(insert, rows)

@@ -82,12 +82,15 @@ def _timeline_path(run_dir: Path, rel: object) -> tuple[Path | None, str]:
         return None, "an absolute path; expected one relative to the run directory, such as telemetry/<job>.json"
     if ".." in given.parts:
         return None, "a path with '..'; expected one inside the run directory, such as telemetry/<job>.json"
-    root = run_dir.resolve()
-    path = (root / given).resolve()
-    if not path.is_relative_to(root):
-        return None, "leads outside the run directory (a symlink)"
-    if path.exists() and not path.is_file():
-        return None, "not a regular file"
+    try:  # a NUL in the name, a symlink loop: not a path to open
+        root = run_dir.resolve()
+        path = (root / given).resolve()
+        if not path.is_relative_to(root):
+            return None, "leads outside the run directory (a symlink)"
+        if path.exists() and not path.is_file():
+            return None, "not a regular file"
+    except (OSError, ValueError, RuntimeError) as e:
+        return None, f"cannot be resolved ({type(e).__name__})"
     return path, ""
 
 

@@ -10,6 +10,7 @@ directory still has every result (``gpubench history ingest`` adds them later).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gpubench.errors import warn
@@ -56,8 +57,15 @@ class RunHistory:
         recorded from its first result, whose node's fingerprint is the run's) a warning, as a
         failure during the run is."""
         from gpubench.history.store import Recorder
+        from gpubench.results.store import SUPERSEDED_FILE
 
-        live = LiveRecorder(Recorder(self.engine, self.url, meta, tags), run_dir)
+        try:  # the lines a --retry-failed resume moved out: the history may replace their rows
+            superseded = tuple(x for x in (Path(run_dir) / SUPERSEDED_FILE).read_text(encoding="utf-8").splitlines()
+                               if x)
+        except OSError:
+            superseded = ()
+        live = LiveRecorder(Recorder(self.engine, self.url, meta, tags, source=run_dir, superseded=superseded),
+                            run_dir)
         if started:
             live._guard("the run", live.recorder.begin, existing)
         else:

@@ -12,6 +12,11 @@ on SQLite it copies a table and drops the original, and with foreign keys on, dr
 would delete every result (ON DELETE CASCADE). PostgreSQL's constraint and sequence names,
 which spell the old column names, are renamed too.
 
+And ``runs.run_digest``: a hash of what run.json says of the run when it is made (suite, args,
+creation time, tags), so that two runs with one key (run.json files from before ``run_uuid``,
+of one suite, started in the same second on one host) are told apart even where they share no
+config repeat, instead of being merged into one run.
+
 Revision ID: 0003
 Revises: 0002
 """
@@ -86,9 +91,11 @@ def upgrade() -> None:
     for table, old, new in RENAMES:
         _rename_column(table, old, new)
     _pg_names(forward=True)
+    op.add_column("runs", sa.Column("run_digest", sa.String(40)))
 
 
 def downgrade() -> None:
+    op.drop_column("runs", "run_digest")  # SQLite 3.35 and later
     _pg_names(forward=False)
     for table, old, new in reversed(RENAMES):
         _rename_column(table, new, old)
