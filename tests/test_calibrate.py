@@ -332,7 +332,7 @@ def test_the_report_and_summary_md_say_recalibrate_instead_of_an_mfu_above_100(t
     (run / "results.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in results))
     report = build_report([run], tmp_path / "out")
     md = report.markdown.read_text()
-    mfu_cells = [line.rstrip("|").split("|")[-1].strip() for line in md.splitlines() if line.startswith("| mlp") and "k/s [" in line]
+    mfu_cells = [line.rstrip("|").split("|")[-1].strip() for line in md.splitlines() if line.startswith("| mlp") and "k/s \\[" in line]
     assert mfu_cells == ["33.3%", "above peak", "above peak"]
     assert "2 config(s) achieved more TFLOP/s than the calibrated peak" in md and f"recalibrate with {RECALIBRATE}" in md
     page = report.index.read_text()
