@@ -286,6 +286,11 @@ def test_an_upgrade_from_0002_keeps_rows_and_keys_and_downgrades(tmp_path, histo
         assert conn.execute(sa.text("SELECT git_commit FROM runs")).scalar_one() == "c" * 40
         if engine.dialect.name == "sqlite":
             assert conn.execute(sa.text("PRAGMA foreign_key_check")).all() == []
+        else:  # the constraint and sequence names follow the columns
+            assert set(conn.execute(sa.text("SELECT conname FROM pg_constraint WHERE contype = 'f'")).scalars()) == {
+                "runs_machine_pk_fkey", "results_run_pk_fkey"}
+            for seq in ("machines_machine_pk_seq", "runs_run_pk_seq", "results_result_pk_seq"):
+                assert conn.execute(sa.text("SELECT to_regclass(:s)::text"), {"s": seq}).scalar() == seq
     engine.dispose()
     assert [r["doc"] for r in stored(history_db)] == result_lines(QUICK)
     listed = gb(["history", "list", "--db", history_db])
@@ -302,6 +307,10 @@ def test_an_upgrade_from_0002_keeps_rows_and_keys_and_downgrades(tmp_path, histo
         names = {t: {c["name"] for c in sa.inspect(conn).get_columns(t)} for t in ("machines", "runs", "results")}
         assert {"id", "machine_id", "commit", "run_id"} <= names["runs"] and {"id", "run_id"} <= names["results"]
         assert "id" in names["machines"] and conn.execute(sa.text("SELECT COUNT(*) FROM results")).scalar_one() == n
+        if conn.dialect.name == "postgresql":  # and back
+            assert set(conn.execute(sa.text("SELECT conname FROM pg_constraint WHERE contype = 'f'")).scalars()) == {
+                "runs_machine_id_fkey", "results_run_id_fkey"}
+            assert conn.execute(sa.text("SELECT to_regclass('runs_id_seq')::text")).scalar() == "runs_id_seq"
     engine.dispose()
     engine, _ = engine_of(history_db)  # and up again
     with pytest.raises(sa.exc.IntegrityError):  # the foreign key is enforced

@@ -408,8 +408,12 @@ def ingest_runs(engine: sa.Engine, url: str, run_dirs: Sequence[Path], tags: dic
         return
     # spawn: the workers start clean, without this process's database connections
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for done in pool.map(_ingest_share, itertools.repeat(url), _shares(run_dirs), itertools.repeat(tags)):
-            yield from done
+        try:
+            for done in pool.map(_ingest_share, itertools.repeat(url), _shares(run_dirs), itertools.repeat(tags)):
+                yield from done
+        except BaseException:  # the shares not started yet are cancelled (those already running still finish)
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
 
 
 def _shares(run_dirs: Sequence[Path]) -> Iterator[list[Path]]:
