@@ -291,6 +291,9 @@ parallelism = "multiworker:1"
     script = (run_dir / "slurm" / f"{found['torch']['config_id']}-r0.sbatch").read_text()
     assert "#SBATCH --nodes=2\n" in script and "--rdzv-backend=c10d" in script
     assert json.loads((run_dir / "run.json").read_text())["args"]["slurm"]["nodes"] == 2
+    # a resume of it keeps --nnodes, so its configs have the ids its results carry: nothing to run
+    again = gpubench(cluster, tmp_path, "run", "--resume", str(run_dir), "--no-report")
+    assert again.returncode == 0 and "0 to run" in again.stdout, again.stdout + again.stderr
 
 
 def test_the_batch_script_asks_for_what_the_config_needs(tmp_path):

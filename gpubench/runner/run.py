@@ -179,18 +179,26 @@ def _prepare(req: RunRequest, held: ExitStack) -> tuple[Suite, int, Path | None,
     suite.check_size(stored_repeats)
     held.enter_context(locked_run_dir(req.resume))
     existing = load_results(req.resume, repair=True)
-    ids = {c.config_id for c in suite.expand()}
+    return suite, stored_repeats, req.resume, existing
+
+
+def _resumed(run_dir: Path, configs: list[Config], existing: list[Result], retry_failed: bool) -> list[Result]:
+    """The results a resume keeps, checked against the configs it will plan (their ids as this
+    run names them, ``--nnodes`` included): results under other ids (an older gpubench named
+    its configs otherwise) are refused, since the resume would run those configs again under
+    new ids; with ``retry_failed`` the error and timeout results move to superseded.jsonl."""
+    ids = {c.config_id for c in configs}
     strangers = sorted({r.config_id for r in existing} - ids)
-    if strangers:  # an older gpubench named configs differently: a resume would run them again under new ids
-        raise InputError(f"--resume {req.resume}: its results name configs this suite does not have "
+    if strangers:
+        raise InputError(f"--resume {run_dir}: its results name configs this suite does not have "
                          f"({strangers[0]}{f' and {len(strangers) - 1} more' if len(strangers) > 1 else ''}): "
                          "written by another gpubench version?; start a new run")
-    if req.retry_failed:
-        moved = supersede(req.resume, lambda r: r.status in RETRIED_STATUSES)
-        note(f"--retry-failed: {moved} {' or '.join(RETRIED_STATUSES)} result(s) moved to "
-             f"{req.resume / SUPERSEDED_FILE}, to run again")
-        existing = [r for r in existing if r.status not in RETRIED_STATUSES]
-    return suite, stored_repeats, req.resume, existing
+    if not retry_failed:
+        return existing
+    moved = supersede(run_dir, lambda r: r.status in RETRIED_STATUSES)
+    note(f"--retry-failed: {moved} {' or '.join(RETRIED_STATUSES)} result(s) moved to {run_dir / SUPERSEDED_FILE}, "
+         "to run again")
+    return [r for r in existing if r.status not in RETRIED_STATUSES]
 
 
 def check_data(configs: list[Config], source: str) -> None:
@@ -230,6 +238,8 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
     configs = [replace(c, nnodes=nnodes) for c in suite.expand()]
     check_data(configs, suite.source)
     _check_slurm(req, configs, run_dir)
+    if run_dir is not None:
+        existing = _resumed(run_dir, configs, existing, req.retry_failed)
     if run_dir is None:
         check_output_dir(req.out, "--out")
     history = RunHistory(req.db) if req.db is not None and nodes.node_rank == 0 else None
