@@ -6,6 +6,7 @@ for it.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 from dataclasses import dataclass
@@ -85,12 +86,13 @@ def turn_pipes() -> tuple[TurnEnds, TurnEnds]:
     return TurnEnds(to_first[0], to_second[1], "first"), TurnEnds(to_second[0], to_first[1], "second")
 
 
-# PR_SET_PDEATHSIG (prctl option 1) with SIGKILL (9): the kernel kills this process when the
-# thread that started it ends, whatever ends it (kill -9 included). Run by the child's own Python
-# (an A/B's other checkout may have a gpubench without this module), then exec'd into the
-# command, which keeps the setting; a parent already gone by then ends it at once.
+# prctl(PR_SET_PDEATHSIG, SIGKILL): the kernel kills this process when the thread that started it
+# ends, whatever ends it (kill -9 included)
+PR_SET_PDEATHSIG, SIGKILL = 1, 9
+# the same, run by the child's own Python (an A/B's other checkout may have a gpubench without
+# it), then exec'd into the command, which keeps the setting; a parent already gone ends it at once
 _GUARD = ("import ctypes,os,sys\n"
-          "ctypes.CDLL(None).prctl(1,9,0,0,0)\n"
+          f"ctypes.CDLL(None).prctl({PR_SET_PDEATHSIG},{SIGKILL},0,0,0)\n"
           "os.getppid()==int(sys.argv[1]) or os._exit(125)\n"
           "os.execvp(sys.argv[2],sys.argv[2:])")
 
@@ -102,3 +104,17 @@ def dying_with_parent(command: list[str]) -> list[str]:
     if not sys.platform.startswith("linux"):
         return command
     return [command[0], "-S", "-c", _GUARD, str(os.getpid()), *command]
+
+
+def die_with_parent() -> None:
+    """The guard's setting for a process started by another launcher (a rank under torchrun, a
+    TensorFlow worker under tf_launch): killed when that parent dies, and ended now if it already
+    has (adopted by init). Best effort: nothing where prctl is missing."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:
+        os._exit(125)

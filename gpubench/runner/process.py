@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 from gpubench.config import Config
@@ -30,20 +28,6 @@ def worker_command(launcher: Launcher, workdir: Path, config: Config, nodes: Nod
                                 str(workdir))
     return launcher.command("torch.distributed.run", *nodes.torchrun_args(nproc), "-m", "gpubench.runner.worker",
                             str(workdir))
-
-
-def die_with_parent() -> None:
-    """For a process started by another launcher (a rank under torchrun, a TensorFlow worker
-    under tf_launch): be killed when that parent dies, and end now if it already has (adopted by
-    init). Best effort: nothing where prctl is missing."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:
-        os._exit(125)
 
 
 PROBE_BYTES = 1 << 20  # about what a worker's outcome with its raw step times and timeline takes

@@ -27,13 +27,13 @@ from gpubench import hugepages
 from gpubench.backends import get_backend
 from gpubench.config import Config
 from gpubench.errors import EXIT_STORAGE, STORAGE_ERRNOS, STORAGE_LINE, warn
+from gpubench.launch import die_with_parent
 from gpubench.measure.loop import RawMeasurement, run_loop
 from gpubench.measure.stats import is_noisy, step_stats, throughput
 from gpubench.measure.turns import Turns
 from gpubench.options import REPLICA_KINDS, parse_parallelism
 from gpubench.results.result import Outcome
 from gpubench.results.store import write_json_atomic
-from gpubench.runner.process import die_with_parent
 from gpubench.workloads import get_workload
 from gpubench.workloads.data import make_batches
 
