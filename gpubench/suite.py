@@ -440,14 +440,13 @@ def name_differences(configs: list[Config], source: str) -> list[Config]:
         keys = tuple(k for k in NAMEABLE if len({getattr(c, k) for c in members}) > 1)
         named.update({c: replace(c, id_keys=keys) for c in members})
     out = [named[c] for c in configs]
-    ids: dict[str, Config] = {}
-    files: dict[str, Config] = {}
+    files: dict[str, Config] = {}  # one id, one stem: so two equal ids share a stem too
     for c in out:
-        other = ids.get(c.config_id) or files.get(file_stem(c.config_id).lower())
-        if other is not None:
+        stem = file_stem(c.config_id).lower()
+        if stem in files:
             raise InputError(f"{source}: two configs of the sweep would share the id or file name {c.config_id!r} "
-                             f"({other.to_dict()} and {c.to_dict()}); please report this")
-        ids[c.config_id] = files[file_stem(c.config_id).lower()] = c
+                             f"({files[stem].to_dict()} and {c.to_dict()}); please report this")
+        files[stem] = c
     return out
 
 

@@ -67,6 +67,19 @@ def storage_error(job: Job, run_dir: Path, problem: str) -> StorageError:
                         f"not the config's failure); make room, then continue with: gpubench run --resume {run_dir}")
 
 
+def storage_failure(job: Job, run_dir: Path, log_rel: Path, exit_code: int | None = None) -> StorageError | None:
+    """For a job whose worker left no outcome: the StorageError to stop the sweep with when the
+    cause is the run directory, not the config (None otherwise). The worker says so with
+    EXIT_STORAGE and STORAGE_LINE in its log (a launcher in between, torchrun or Slurm, may hide
+    the exit code, not the line); an older worker only fails, so the directory is also probed."""
+    problem = storage_problem(run_dir)
+    said = any(line.startswith(STORAGE_LINE) for line in tail_lines(run_dir / log_rel))
+    if problem is None and exit_code != EXIT_STORAGE and not said:
+        return None
+    return storage_error(job, run_dir, problem or f"{run_dir / '.work' / job.name / 'result.json'}: the worker could "
+                                                  f"not write it (see {run_dir / log_rel})")
+
+
 def collect_outcome(job: Job, run_dir: Path, workdir: Path, log_rel: Path) -> Outcome | None:
     """The outcome the worker wrote in ``workdir`` (its telemetry timeline moved into the run
     directory), or None when it wrote none; the work directory is removed either way."""
@@ -132,13 +145,9 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: 
     if found is not None:
         return found
     rc = proc.returncode
-    # a worker that could not write its outcome (it says so with EXIT_STORAGE; an older one, or a
-    # launcher in between, only fails): the machine's failure when the run directory is full
-    problem = storage_problem(run_dir)
-    said = any(line.startswith(STORAGE_LINE) for line in tail_lines(run_dir / log_rel))  # torchrun hides rc 75
-    if problem is not None or rc == EXIT_STORAGE or said:
-        raise storage_error(job, run_dir, problem or f"{workdir / 'result.json'}: the worker could not write it "
-                                                     f"(see {run_dir / log_rel})")
+    failure = storage_failure(job, run_dir, log_rel, rc)
+    if failure is not None:
+        raise failure
     if rc == 0 and nodes.node_rank > 0:
         per_node = job.config.devices // nodes.nnodes
         first = nodes.node_rank * per_node

@@ -43,8 +43,8 @@ from gpubench.launch import Launcher
 from gpubench.options import parse_parallelism
 from gpubench.results.result import Outcome, Result
 from gpubench.results.store import RESULTS_FILE, append_result
-from gpubench.runner.job import Job, collect_outcome, log_tail_reason, prepare_workdir, storage_error, tail_lines
-from gpubench.runner.process import storage_problem, worker_command
+from gpubench.runner.job import Job, collect_outcome, log_tail_reason, prepare_workdir, storage_failure, tail_lines
+from gpubench.runner.process import worker_command
 from gpubench.runner.sweep import pre_resolve
 
 # Slurm job states in which the job may still run (the rest are ends)
@@ -391,8 +391,8 @@ def run_slurm_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, A
                 if found is None and ended.state == CANCELLED:
                     cancelled += 1  # no result: --resume submits it again
                     continue
-                if found is None and (problem := storage_problem(run_dir)) is not None:
-                    raise storage_error(sub.job, run_dir, problem)  # the shared file system, not the config
+                if found is None and (failure := storage_failure(sub.job, run_dir, sub.log_rel)) is not None:
+                    raise failure  # the shared file system, not the config
                 outcome = found or slurm_outcome(ended, job_id, run_dir, sub.log_rel)
                 outcome.runtime = {**(outcome.runtime or {}), "slurm": {"job_id": job_id, "state": ended.state}}
                 record(sub.k, sub.job, outcome, ended.started_at or _now(ended.ran_s), ended.ran_s)
