@@ -58,6 +58,23 @@ def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeo
                           capture_output=True, text=True, timeout=timeout)
 
 
+def fake_suite(name: str, timeout_s: int = 20, matrix: str = "") -> str:
+    """A suite of the fake test backend's ``fault`` workload (tests/plugins/fake.py), small and
+    fast, with ``matrix`` (TOML lines) as its [matrix] table."""
+    text = f"""
+name = "{name}"
+[defaults]
+framework = "fake"
+workload = "fault"
+batch_size = 8
+warmup_steps = 1
+steps = 3
+windows = 2
+timeout_s = {timeout_s}
+"""
+    return text + (f"[matrix]\n{matrix}\n" if matrix else "")
+
+
 @pytest.fixture
 def write_suite(tmp_path):
     def write(text: str, name: str = "s.toml") -> Path:

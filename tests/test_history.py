@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, plugin_env, result_lines, run_cli
+from tests.conftest import REPO, fake_suite, plugin_env, result_lines, run_cli
 
 pytest.importorskip("sqlalchemy")
 pytest.importorskip("alembic")
@@ -24,19 +24,7 @@ pytest.importorskip("alembic")
 SAMPLES = REPO / "reports" / "samples"
 QUICK, FRAMEWORKS = SAMPLES / "cpu-quick-2vcpu" / "run", SAMPLES / "cpu-frameworks-2vcpu" / "run"
 
-FAKE = """
-name = "hist"
-[defaults]
-framework = "fake"
-workload = "fault"
-batch_size = 8
-warmup_steps = 1
-steps = 3
-windows = 2
-timeout_s = 20
-[matrix]
-mode = [0, 1]
-"""
+FAKE = fake_suite("hist", matrix="mode = [0, 1]")
 
 
 @pytest.fixture

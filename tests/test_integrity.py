@@ -20,19 +20,9 @@ import pytest
 
 from gpubench.config import DEFAULTS, NAMEABLE, Config
 from gpubench.suite import parse_suite
-from tests.conftest import plugin_env, result_lines, run_cli
+from tests.conftest import fake_suite, plugin_env, result_lines, run_cli
 
-FAKE = """
-name = "integrity"
-[defaults]
-framework = "fake"
-workload = "fault"
-batch_size = 8
-warmup_steps = 1
-steps = 3
-windows = 2
-timeout_s = 30
-"""
+FAKE = fake_suite("integrity", timeout_s=30)
 
 # a second value of every setting an id may name (the first is the default)
 OTHER = {"optimizer": "sgd", "lr": 0.01, "loss": None, "compile": "xla", "memory_format": "channels-last",

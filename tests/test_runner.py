@@ -13,22 +13,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import plugin_env, result_lines, run_cli
+from tests.conftest import fake_suite, plugin_env, result_lines, run_cli
 
 FIXTURES = Path(__file__).parent / "fixtures"
-FAULTS = """
-name = "faults"
-[defaults]
-framework = "fake"
-workload = "fault"
-batch_size = 8
-warmup_steps = 1
-steps = 3
-windows = 2
-timeout_s = 20
-[matrix]
-mode = [0, 1, 2, 3, 4, 5]
-"""
+FAULTS = fake_suite("faults", matrix="mode = [0, 1, 2, 3, 4, 5]")
 
 
 def results_of(out):
