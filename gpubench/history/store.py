@@ -36,6 +36,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from gpubench.errors import InputError
 from gpubench.history.db import HistoryError, display_url, translated_errors
 from gpubench.history.schema import machines, results, runs
 from gpubench.provenance import commit_time
@@ -44,11 +45,11 @@ from gpubench.results.result import Result, ResultError
 from gpubench.results.store import (
     RESULTS_FILE,
     RETRIED_STATUSES,
-    SUPERSEDED_FILE,
     load_run,
     read_results,
     result_line,
     run_env,
+    superseded_lines,
 )
 
 # the statuses ``gpubench run --resume --retry-failed`` runs again: the history replaces such a
@@ -355,11 +356,9 @@ def parsed_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]], tup
     if not meta.get("env") and found:
         meta = {**meta, "env": run_env(meta, [r for _, r in found])}
     try:
-        superseded = tuple(x for x in (run_dir / SUPERSEDED_FILE).read_text(encoding="utf-8").splitlines() if x)
-    except FileNotFoundError:
-        superseded = ()
-    except (OSError, ValueError) as e:
-        raise HistoryError(f"{run_dir / SUPERSEDED_FILE}: unreadable: {e}") from None
+        superseded = superseded_lines(run_dir)
+    except InputError as e:
+        raise HistoryError(str(e)) from None
     return meta, [_result_row(0, r, line) for line, r in found], superseded
 
 

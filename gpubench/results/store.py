@@ -295,6 +295,18 @@ SUPERSEDED_FILE = "superseded.jsonl"
 RETRIED_STATUSES = ("error", "timeout")  # what ``run --resume --retry-failed`` runs again (and supersedes)
 
 
+def superseded_lines(run_dir: Path) -> tuple[str, ...]:
+    """The result lines a run moved out (``supersede``), as written; none where it moved none.
+    An unreadable file is an InputError naming it."""
+    try:
+        text = (run_dir / SUPERSEDED_FILE).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return ()
+    except (OSError, ValueError) as e:
+        raise InputError(f"{run_dir / SUPERSEDED_FILE}: unreadable: {e}") from None
+    return tuple(line for line in text.splitlines() if line)
+
+
 def supersede(run_dir: Path, drop: Callable[[Result], bool]) -> int:
     """Move the results ``drop`` picks out of results.jsonl, into superseded.jsonl (kept, never
     read as results), so that a resume runs those config repeats again without a result being

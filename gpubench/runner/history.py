@@ -56,13 +56,13 @@ class RunHistory:
         a HistoryError (exit 2) before any training, or once the run is ``started`` (a Slurm run
         recorded from its first result, whose node's fingerprint is the run's) a warning, as a
         failure during the run is."""
+        from gpubench.errors import InputError
         from gpubench.history.store import Recorder
-        from gpubench.results.store import SUPERSEDED_FILE
+        from gpubench.results.store import superseded_lines
 
         try:  # the lines a --retry-failed resume moved out: the history may replace their rows
-            superseded = tuple(x for x in (Path(run_dir) / SUPERSEDED_FILE).read_text(encoding="utf-8").splitlines()
-                               if x)
-        except OSError:
+            superseded = superseded_lines(Path(run_dir))
+        except InputError:
             superseded = ()
         live = LiveRecorder(Recorder(self.engine, self.url, meta, tags, source=run_dir, superseded=superseded),
                             run_dir)
