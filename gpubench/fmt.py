@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -114,3 +115,8 @@ def md_cell(v: Any) -> str:
     ``[`` and a ``]`` that would close a link, image or link definition is escaped, and line
     breaks and other control characters become spaces. Everything else is kept, so ids stay readable in the raw file."""
     return _MD_SPECIAL.sub(lambda m: _MD_ESCAPES.get(m.group(), "\\]" if m.group() == "]" else " "), str(v))
+
+
+def md_row(cells: Iterable[Any]) -> str:
+    """One row of a markdown table, every cell through md_cell."""
+    return "| " + " | ".join(md_cell(c) for c in cells) + " |"

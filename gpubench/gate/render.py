@@ -115,10 +115,9 @@ def markdown(c: Comparison, labels: tuple[str, str], power: str = "",
     order = {k: i for i, k in enumerate(("regressed", "inconclusive", "missing", "improved", "new", "unchanged"))}
     for v in sorted(c.verdicts, key=lambda v: order[v.verdict]):
         verdict = f"**{v.verdict}**" if v.verdict == "regressed" else v.verdict
-        cells = (fmt.md_cell(x) for x in (v.config_id, verdict, _value(v.baseline_median, c.metric),
-                                          _value(v.current_median, c.metric), _change(v),
-                                          f"{v.n_baseline}/{v.n_current}", v.note))
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(fmt.md_row((v.config_id, verdict, _value(v.baseline_median, c.metric),
+                                 _value(v.current_median, c.metric), _change(v), f"{v.n_baseline}/{v.n_current}",
+                                 v.note)))
     for config_id, found in (triaged or {}).items():
         lines += ["", f"### Triage: {fmt.md_cell(config_id)}", "", *(f"- {fmt.md_cell(x)}" for x in found)]
     return "\n".join(lines) + "\n"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpubench.fmt import md_cell
+from gpubench.fmt import md_cell, md_row
 
 TOP_N = 15
 
@@ -38,7 +38,7 @@ def _share(value: float, total: float) -> str:
 def markdown_table(rows: list[OpRow], key: str, total: float, title: str) -> list[str]:
     lines = [f"### {md_cell(title)}", "", "| operator | calls | self ms | share |", "| --- | ---: | ---: | ---: |"]
     for o in rows:  # an operator's name is a framework's or a user's text: escaped (fmt.md_cell)
-        lines.append(f"| {md_cell(o.name)} | {o.calls} | {getattr(o, key):.3f} | {_share(getattr(o, key), total)} |")
+        lines.append(md_row((o.name, o.calls, f"{getattr(o, key):.3f}", _share(getattr(o, key), total))))
     return lines + [""]
 
 

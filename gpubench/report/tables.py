@@ -187,7 +187,7 @@ def to_markdown(df: pd.DataFrame) -> str:
     fmt.md_cell, since ids, reasons and run names are data."""
     if df.empty:
         return "_none_\n"
-    header = "| " + " | ".join(fmt.md_cell(c) for c in df.columns) + " |"
+    header = fmt.md_row(df.columns)
     sep = "| " + " | ".join("---" for _ in df.columns) + " |"
-    body = ["| " + " | ".join(fmt.md_cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    body = [fmt.md_row(row) for row in df.itertuples(index=False)]
     return "\n".join([header, sep, *body]) + "\n"
