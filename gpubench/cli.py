@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NoReturn
 from rich.console import Console
 
 from gpubench import __version__
-from gpubench.errors import InputError, Stopped, stop_exit_code, stop_message, warn
+from gpubench.errors import InputError, Stopped, os_error_line, stop_exit_code, stop_message, warn
 from gpubench.results.metrics import gate_metric_names
 from gpubench.runner.nodes import DEFAULT_MASTER_PORT, Nodes
 from gpubench.runner.run import EXIT_BAD_INPUT, RunRequest
@@ -42,12 +42,6 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
-
-
-def _os_error_line(e: OSError) -> str:
-    """``/proc/x: No such file or directory``: the file and the reason, without the errno."""
-    where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
-    return f"{where}: {e.strerror}" if where and e.strerror else str(e)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -519,7 +513,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"gpubench: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except OSError as e:  # a path that cannot be read or written and was not checked first: one line
-        print(f"gpubench: error: {_os_error_line(e)}", file=sys.stderr)
+        print(f"gpubench: error: {os_error_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Stopped)
         stop_message(e)

@@ -29,6 +29,12 @@ EXIT_STORAGE = 75  # a worker that could not hand over its outcome (EX_TEMPFAIL:
 STORAGE_LINE = "gpubench worker: cannot write its outcome"  # ... and the line it says so with, in its log
 
 
+def os_error_line(e: OSError) -> str:
+    """``/proc/x: No such file or directory``: the file and the reason, without the errno."""
+    where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+    return f"{where}: {e.strerror}" if where and e.strerror else str(e)
+
+
 def choices_message(kind: str, value: object, allowed: list[str] | tuple[str, ...]) -> str:
     """``unknown precision 'fp17'; expected one of: fp32, tf32, ...``"""
     return f"unknown {kind} {value!r}; expected one of: {', '.join(allowed)}"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gpubench.errors import InputError, warn
+from gpubench.errors import InputError, os_error_line, warn
 from gpubench.gate import render
 from gpubench.gate.compare import compare, fingerprint_differences, gate_options
 from gpubench.gate.sides import Side, list_baselines, resolve, save_baseline
@@ -88,10 +88,7 @@ def _compare(req: CompareRequest, console: Console) -> int:
 def bad_input_line(e: InputError | OSError) -> str:
     """The line the CLI prints for bad input (after ``gpubench: error: ``): an OSError as its
     file and reason, without the errno."""
-    if isinstance(e, InputError):
-        return str(e)
-    where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
-    return f"{where}: {e.strerror}" if where and e.strerror else str(e)
+    return str(e) if isinstance(e, InputError) else os_error_line(e)
 
 
 @contextmanager
