@@ -206,10 +206,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     ab = sub.add_parser("ab", help="same-job A/B: each config alternately under two environments, then compare")
     ab.add_argument("suite", help="suite file, or a name in suites/")
-    ab.add_argument("--baseline-python", required=True, metavar="PY", help="interpreter of the baseline environment")
-    ab.add_argument("--candidate-python", required=True, metavar="PY", help="interpreter of the candidate environment")
-    ab.add_argument("--baseline-path", metavar="DIR", help="checkout whose gpubench the baseline side imports")
-    ab.add_argument("--candidate-path", metavar="DIR", help="checkout whose gpubench the candidate side imports")
+    ab.add_argument("--baseline-python", default=sys.executable, metavar="PY",
+                    help="interpreter of the baseline environment (default: this one)")
+    ab.add_argument("--candidate-python", default=sys.executable, metavar="PY",
+                    help="interpreter of the candidate environment (default: this one)")
+    ab.add_argument("--baseline-path", metavar="DIR",
+                    help="the baseline's checkout: of gpubench (the side imports that gpubench), or of your project "
+                         "(the side imports your model code from it, and the suite's factories from its copy of the "
+                         "suite's directory)")
+    ab.add_argument("--candidate-path", metavar="DIR",
+                    help="the candidate's checkout, as --baseline-path (default: the working directory's code)")
     ab.add_argument("--repeats", type=_positive_int, default=10, metavar="N", help="repeats per side (default 10)")
     ab.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=V1[,V2...]")
     ab.add_argument("--out", type=Path, default=Path("runs"))

@@ -55,7 +55,14 @@ class Config:
     # nodes of a multi-node run (``run --nnodes``; not a suite key): a distributed config runs
     # its N processes on every node
     nnodes: int = 1
-    workload_params: tuple[tuple[str, int], ...] = ()
+    # a model that is not a built-in workload (a factory, a zoo's): one sample's shape as the
+    # model takes it, the classes of the synthetic task (or a language model's vocabulary),
+    # and the user's batch function ("module:function"; none: gpubench's synthetic data)
+    input_shape: tuple[int, ...] = ()
+    num_classes: int = 0
+    batches: str = ""
+    # a built-in workload's parameters (depth=2), or a factory's keyword arguments (args.width)
+    workload_params: tuple[tuple[str, Any], ...] = ()
     # settings named in the id because another point of this config's sweep differs from it in
     # them (set by the suite's expansion: see gpubench.suite.name_differences); not a setting
     id_keys: tuple[str, ...] = ()
@@ -134,8 +141,9 @@ class Config:
 
     @property
     def workload_label(self) -> str:
-        """``cnn``, ``mlp_depth2_width512``: the workload with its parameters."""
-        return self.workload + "".join(f"_{k}{v}" for k, v in self.workload_params)
+        """``cnn``, ``mlp_depth2_width512``, ``mymodels.small_convnet_width16``: the workload
+        with its parameters (a factory's or zoo's ``:`` written as ``.``)."""
+        return self.workload.replace(":", ".") + "".join(f"_{k}{v}" for k, v in self.workload_params)
 
     @property
     def variant(self) -> str:
@@ -164,6 +172,9 @@ class Config:
         so that results of the same settings are one series wherever they ran."""
         d = self.to_dict()
         del d["id_keys"]
+        for name in _HASHED_WHEN_SET:  # settings added later: a config without them keeps its hash
+            if d[name] == _HASH_DEFAULTS[name]:
+                del d[name]
         blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha1(blob).hexdigest()[:12]
 
@@ -179,6 +190,7 @@ class Config:
         d = asdict(self)
         d["workload_params"] = dict(self.workload_params)
         d["id_keys"] = list(self.id_keys)
+        d["input_shape"] = list(self.input_shape)
         return d
 
     @staticmethod
@@ -186,16 +198,20 @@ class Config:
         d = dict(d)
         d["workload_params"] = tuple(sorted(d.get("workload_params", {}).items()))
         d["id_keys"] = tuple(d.get("id_keys") or ())
+        d["input_shape"] = tuple(d.get("input_shape") or ())
         names = {f.name for f in fields(Config)}
         return Config(**{k: v for k, v in d.items() if k in names})
 
 
 DEFAULTS = {f.name: f.default for f in fields(Config)}
+# settings hashed only where set (added after results were recorded under hashes without them)
+_HASHED_WHEN_SET = ("input_shape", "num_classes", "batches")
+_HASH_DEFAULTS = {"input_shape": [], "num_classes": 0, "batches": ""}
 # training settings named in config_id when they differ from their default (some only where
 # they matter: _ID_ONLY_WHEN); the others (measurement settings, data_dir) are named only where
 # a sweep varies them (id_keys)
 _ID_EXTRAS = ("optimizer", "lr", "loss", "compile", "memory_format", "data", "data_workers", "threads", "huge_pages",
-              "dataset", "checkpointing", "pipeline_microbatches", "pipeline_schedule", "nnodes", "seed")
+              "dataset", "checkpointing", "pipeline_microbatches", "pipeline_schedule", "nnodes", "seed", "batches")
 # every setting outside the identity axes and the workload's parameters: what id_keys may name
 ID_AXES = ("workload", "framework", "device", "batch_size", "precision", "parallelism")
 NAMEABLE = tuple(f.name for f in fields(Config) if f.name not in (*ID_AXES, "workload_params", "id_keys"))
@@ -215,12 +231,20 @@ _USED_ONLY_WHEN: dict[str, Callable[[Config], bool]] = {
     "max_batch_start": lambda c: c.batch_size == MAX_BATCH,
     "max_batch_limit": lambda c: c.batch_size == MAX_BATCH,
     "data_dir": lambda c: c.dataset == "mnist",
+    # a built-in workload declares its input and classes, and trains on gpubench's data
+    "input_shape": lambda c: ":" in c.workload,
+    "num_classes": lambda c: ":" in c.workload,
+    "batches": lambda c: ":" in c.workload,
 }
 
 
 def _id_value(name: str, value: Any) -> str:
     """A setting's value as the id writes it: a path as its last part and a short hash of the
     whole (readable, and two directories with the same last part stay apart)."""
+    if name == "input_shape":
+        return "x".join(map(str, value))
+    if name in ("batches", "loss"):
+        return str(value).replace(":", ".")
     if name == "data_dir":
         digest = hashlib.sha1(str(value).encode()).hexdigest()[:6]
         return f"{Path(str(value)).name or 'none'}.{digest}"

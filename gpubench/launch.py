@@ -36,6 +36,12 @@ class Launcher:
     pythonpath: str | None = None  # a checkout whose gpubench the child imports instead of this one
     # lockstep (``gpubench ab --lockstep``): the child's ends of the two turn pipes and its role
     turns: TurnEnds | None = None
+    # where the child imports the user's own code from (a suite's directory: its factories),
+    # after gpubench's own path and before the inherited PYTHONPATH
+    code_path: tuple[str, ...] = ()
+    # the child imports nothing from its working directory (gpubench ab: each side the user's
+    # code from its own checkout only, never the one the command was started in)
+    isolated: bool = False
 
     def env(self) -> dict[str, str]:
         if self.pythonpath is None:
@@ -47,6 +53,11 @@ class Launcher:
             # ``python -m`` puts the working directory first on sys.path, ahead of PYTHONPATH: run
             # from inside another checkout, the child would import that checkout's gpubench, not
             # this one's (Python 3.11+ honours this; older ones ignore it)
+            env["PYTHONSAFEPATH"] = "1"
+        if self.code_path:
+            first, *rest = env["PYTHONPATH"].split(os.pathsep)
+            env["PYTHONPATH"] = os.pathsep.join([first, *self.code_path, *(p for p in rest if p not in self.code_path)])
+        if self.isolated:
             env["PYTHONSAFEPATH"] = "1"
         env.pop("GPUBENCH_TURNS", None)
         if self.turns is not None:

@@ -40,9 +40,11 @@ class TrainingRound:
 
     def __init__(self, config: Any, steps_per_round: int) -> None:
         from gpubench.backends import get_backend
-        from gpubench.workloads import get_workload
-        from gpubench.workloads.data import make_batches
+        from gpubench.runner.models import zoo_unavailable
 
+        missing = zoo_unavailable(config)
+        if missing:
+            pytest.skip(f"{config.config_id}: unavailable: {missing}")
         backend = get_backend(config.framework)
         try:
             verdict = backend.check(config)
@@ -53,10 +55,10 @@ class TrainingRound:
         reason = backend.set_threads(config.threads) if config.threads else None
         if reason:
             pytest.skip(f"{config.config_id}: unsupported: {reason}")
-        spec = get_workload(config.workload).spec(**dict(config.workload_params))
-        batches = make_batches(spec, config.dataset, config.data_dir, config.batch_size, config.seed)
+        native = backend.native(config)  # the user's factory or a zoo's model: built here, in pytest's process
+        self.model = native.facts  # params, flops_per_sample (or why none), source
         self.config = config
-        self.trainer = backend.build(spec, config, batches)
+        self.trainer = backend.build(native, config, native.make_batches(config.batch, 1))
         self.steps_per_round = steps_per_round
         self.samples_per_round = config.samples_per_step * steps_per_round
         self.throughput: float | None = None
@@ -75,25 +77,26 @@ class TrainingRound:
 def gpubench_benchmark(benchmark: Any) -> Callable[..., TrainingRound]:
     """Benchmark a gpubench config: ``gpubench_benchmark(steps_per_round=10, rounds=10,
     warmup_rounds=2, **config_settings)``; the settings are a suite's keys (workload,
-    framework, device, batch_size, precision, ...; workload parameters such as depth too)."""
+    framework, device, batch_size, precision, ...; a built-in workload's parameters such as
+    depth; for your own model ``workload="mymodels:small_convnet"``, ``input_shape=(3, 32, 32)``
+    and its keyword arguments as ``args={"width": 16}``)."""
     from gpubench.errors import InputError
     from gpubench.plugins import load_plugins
-    from gpubench.suite import Config, checked_settings
-    from gpubench.workloads import get_workload
+    from gpubench.suite import checked_settings, config_from
 
     load_plugins()
 
     def run(steps_per_round: int = 10, rounds: int = 10, warmup_rounds: int = 2, **settings: Any) -> TrainingRound:
         try:
+            if isinstance(settings.get("args"), dict):
+                settings.update({f"args.{k}": v for k, v in settings.pop("args").items()})
             settings = checked_settings("gpubench_benchmark", settings)
-            workload = get_workload(settings.get("workload", ""))
+            config = config_from(settings, "gpubench_benchmark")
         except (InputError, KeyError) as e:
             pytest.fail(str(e.args[0]), pytrace=False)
         if settings.get("batch_size") == "max":
             pytest.fail("gpubench_benchmark: batch_size: 'max' is searched by gpubench run and find-batch; "
                         "give a number (gpubench find-batch prints the largest that fits)", pytrace=False)
-        params = {p.name: settings.pop(p.name, p.default) for p in workload.params}
-        config = Config(**settings, workload_params=tuple(sorted(params.items())))
         if config.huge_pages != "off":
             pytest.fail(f"gpubench_benchmark: huge_pages = {config.huge_pages} is set as a worker starts; the fixture "
                         "trains in pytest's own process: use gpubench_ab or gpubench run", pytrace=False)
@@ -101,7 +104,16 @@ def gpubench_benchmark(benchmark: Any) -> Callable[..., TrainingRound]:
             pytest.fail(f"gpubench_benchmark: parallelism: {config.parallelism} needs one process per rank; "
                         "the fixture benchmarks one process (single, grad-accum:N, dp:N, mirrored:N); "
                         "use gpubench run", pytrace=False)
-        round_ = TrainingRound(config, steps_per_round)
+        try:
+            round_ = TrainingRound(config, steps_per_round)
+        except pytest.skip.Exception:
+            raise
+        except Exception as e:  # a factory that cannot be imported or returns no model: one line
+            from gpubench.workloads.source import SourceError
+
+            if isinstance(e, SourceError):
+                pytest.fail(f"gpubench_benchmark: {e}", pytrace=False)
+            raise
         round_()  # cold start (allocation, autotuning, compilation) outside pytest-benchmark's rounds
         benchmark.extra_info.update({"config_id": config.config_id, "samples_per_round": round_.samples_per_round,
                                      "steps_per_round": steps_per_round})
@@ -134,12 +146,6 @@ class ABGate:
         return [c for c, v in self.verdicts.items() if v == "regressed"]
 
 
-def _toml_value(key: str, value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        pytest.fail(f"gpubench_ab: {key}: expected a string or a number, got {value!r}", pytrace=False)
-    return json.dumps(value)  # a JSON string or number is a TOML one
-
-
 @pytest.fixture
 def gpubench_ab(request: Any, tmp_path: Path) -> Callable[..., ABGate]:
     """Gate configs between two checkouts with ``gpubench ab``: ``gpubench_ab(baseline_path=None,
@@ -155,13 +161,21 @@ def gpubench_ab(request: Any, tmp_path: Path) -> Callable[..., ABGate]:
         baseline_path = baseline_path or request.config.getoption("gpubench_baseline_path")
         if not baseline_path:
             pytest.skip("gpubench_ab: no baseline checkout (give --gpubench-baseline-path DIR or baseline_path=)")
-        lines = ['name = "pytest-ab"', "[defaults]"]
-        lines += [f"{k} = {_toml_value(k, v)}" for k, v in settings.items() if not isinstance(v, list)]
-        lines += ["[matrix]"] + [f"{k} = [{', '.join(_toml_value(k, x) for x in v)}]"
-                                 for k, v in settings.items() if isinstance(v, list)]
+        from gpubench.errors import InputError
+        from gpubench.suite import suite_text
+
+        try:
+            text = suite_text("pytest-ab", settings)
+        except InputError as e:
+            pytest.fail(f"gpubench_ab: {e}", pytrace=False)
+        workloads = settings.get("workload")
+        own = any(":" in str(w) and str(w).split(":")[0] not in ("torchvision", "timm", "hf", "keras")
+                  for w in (workloads if isinstance(workloads, list) else [workloads]))
+        if own and candidate_path is None:  # the user's factory: the candidate is this project's checkout
+            candidate_path = str(request.config.rootpath)
         n = len(list(tmp_path.glob("gpubench-ab-*.toml")))
         suite, verdicts = tmp_path / f"gpubench-ab-{n}.toml", tmp_path / f"gpubench-ab-{n}.json"
-        suite.write_text("\n".join(lines) + "\n")
+        suite.write_text(text)
         cmd = [sys.executable, "-m", "gpubench", "ab", str(suite), "--baseline-python", sys.executable,
                "--candidate-python", sys.executable, "--baseline-path", str(baseline_path),
                *(["--candidate-path", str(candidate_path)] if candidate_path else []),

@@ -20,6 +20,7 @@ Expansion rules (also in the README):
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import re
 import sys
@@ -40,6 +41,7 @@ from gpubench.files import file_stem
 from gpubench.hugepages import HUGE_PAGES
 from gpubench.options import MAX_DEVICES, MAX_MICROBATCHES, PIPELINE_SCHEDULES, parse_parallelism
 from gpubench.workloads import WORKLOADS
+from gpubench.workloads.source import is_function_ref, parse_workload
 
 _DEVICE_RE = re.compile(r"^(cpu|cuda|gpu)(:(\d+))?$")
 
@@ -140,6 +142,65 @@ def _string(v: Any) -> str:
     return v
 
 
+def _workload(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"expected a workload name, got {v!r}")
+    parse_workload(v, sorted(WORKLOADS))  # raises ValueError naming the three forms
+    return v
+
+
+def _input_shape(v: Any) -> tuple[int, ...]:
+    """One sample's shape: a list of integers >= 1 (``[3, 32, 32]``), or ``"3x32x32"`` (--set)."""
+    if isinstance(v, str):
+        try:
+            v = [int(p) for p in v.lower().split("x")]
+        except ValueError:
+            raise ValueError(f'expected a list of integers such as [3, 32, 32] (or "3x32x32"), got {v!r}') from None
+    if not isinstance(v, (list, tuple)) or not v or len(v) > 8 or any(
+            isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= INT_MAX for d in v):
+        raise ValueError(f"expected a list of 1 to 8 integers >= 1 (one sample's shape, e.g. [3, 32, 32]), got {v!r}")
+    return tuple(v)
+
+
+def _function_ref(key: str) -> Check:
+    def check(v: Any) -> str:
+        if not isinstance(v, str) or (v and not is_function_ref(v)):
+            raise ValueError(f'{key}: expected "module:function" (a function in the suite\'s directory or on '
+                             f"PYTHONPATH), got {v!r}")
+        return v
+    return check
+
+
+def _loss(v: Any) -> str:
+    if isinstance(v, str) and is_function_ref(v):
+        return v
+    try:
+        return Choice("loss", _declared("loss"))(v)
+    except ValueError as e:
+        raise ValueError(f'{e}, or a function "module:function" (outputs, targets) -> loss') from None
+
+
+ARGS_PREFIX = "args."  # args.<name>: a factory's keyword argument
+_ARG_RE = re.compile(r"^args\.[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _factory_arg(v: Any) -> Any:
+    if isinstance(v, (bool, int, float, str)):
+        return v
+    raise ValueError(f"a factory's argument is a string, number or boolean, got {v!r}")
+
+
+def _flatten_args(table: dict[str, Any]) -> dict[str, Any]:
+    """``args = {width = 16}`` (TOML's ``args.width = 16``) as the key ``args.width``."""
+    out = {}
+    for key, value in table.items():
+        if key == "args" and isinstance(value, dict):
+            out.update({f"{ARGS_PREFIX}{k}": v for k, v in value.items()})
+        else:
+            out[key] = value
+    return out
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str
@@ -159,8 +220,11 @@ def _parse_number(s: str) -> Any:
 
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
-    Setting("workload", Choice("workload", lambda: sorted(WORKLOADS)), str,
-            "the model: `cnn`, `mlp`, `resnet18`, `resnet50` (and plugins' workloads)"),
+    Setting("workload", _workload, str,
+            "the model: a built-in workload (`cnn`, `mlp`, `resnet18`, `resnet50`, and plugins' workloads), your "
+            'factory `"module:function"` returning a `torch.nn.Module` or `keras.Model` (its keyword arguments '
+            'from `args.<name>` keys), or a zoo\'s model: `"torchvision:<name>"`, `"timm:<name>"`, '
+            '`"hf:<model type>"` (Transformers, default config), `"keras:<application>"` (random weights)'),
     Setting("framework", Choice("framework", lambda: sorted(BACKENDS)), str,
             "the training framework: `torch`, `tensorflow` (and plugins' backends)"),
     Setting("device", parse_device, str, "`cpu`, `cuda`, `cuda:N` (`gpu`, `gpu:N` are aliases)"),
@@ -179,7 +243,18 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             f"{MAX_DEVICES} (devices or processes), {MAX_MICROBATCHES} for `grad-accum`"),
     Setting("optimizer", Choice("optimizer", _declared("optimizer")), str, "`adam`, `adamw`, `sgd` (momentum 0.9)"),
     Setting("lr", _positive_float, _parse_number, "learning rate, a number > 0"),
-    Setting("loss", Choice("loss", _declared("loss")), str, "loss function: `cross_entropy`"),
+    Setting("loss", _loss, str,
+            'loss function: `cross_entropy`, or your function `"module:function"` taking (outputs, targets)'),
+    Setting("input_shape", _input_shape, _input_shape,
+            "a model that is not a built-in workload: one sample's shape as the model takes it (`[3, 32, 32]` "
+            "for a PyTorch image model, `[32, 32, 3]` for a Keras one, `[128]` tokens for a language model); "
+            "not needed where the model declares it (a built Keras model, a zoo's default)"),
+    Setting("num_classes", _int(0), _parse_number,
+            "a model that is not a built-in workload: the classes of the synthetic task its outputs score "
+            "(0: the model's own, where it declares them)"),
+    Setting("batches", _function_ref("batches"), str,
+            'your batch function `"module:function"`: called with a batch size, returns (inputs, targets), '
+            "inputs any structure the model takes (an array, a tuple, a dict); none: gpubench's synthetic data"),
     Setting("compile", Choice("compile", _declared("compile")), str,
             "`none` (PyTorch eager; TensorFlow `tf.function`), `xla` (TensorFlow `jit_compile`), `torch-compile`, "
             "`torch-compile-reduce-overhead`, `torch-compile-max-autotune` (`torch.compile` with that mode; "
@@ -244,6 +319,8 @@ def _check_value(key: str, value: Any) -> Any:
     """Validate one value of a setting or workload parameter; raise ValueError(message)."""
     if key in SETTINGS:
         return SETTINGS[key].check(value)
+    if _ARG_RE.match(key):
+        return _factory_arg(value)
     minimum = min(p.minimum for w in WORKLOADS.values() for p in w.params if p.name == key)
     return _int(minimum)(value)
 
@@ -313,11 +390,12 @@ class Suite:
             where = f"--set {item}"
             if not sep or not key or not raw.strip():
                 raise InputError(f"{where}: expected KEY=VALUE[,VALUE...]")
-            if key not in known_keys():
-                raise InputError(f"{where}: {choices_message('key', key, known_keys())}")
+            _known(where, key)
             parse = SETTINGS[key].parse if key in SETTINGS else _parse_number
             values = [_validated(where, key, parse(v.strip())) for v in raw.split(",")]
             overrides[key] = values
+            if key == "input_shape" and len(values) > 1 and "x" not in raw:  # --set input_shape=3,32,32
+                values = [_validated(where, key, [v for shape in values for v in shape])]
             if key in matrix or len(values) > 1:
                 matrix[key] = values
                 defaults.pop(key, None)
@@ -393,18 +471,7 @@ class Suite:
         return out
 
     def _config(self, point: dict[str, Any]) -> Config:
-        values = {**self.defaults, **point}
-        if "workload" not in values:
-            raise InputError(f"{self.source}: missing key 'workload' (set it in [matrix] or [defaults]); "
-                             f"expected one of: {', '.join(sorted(WORKLOADS))}")
-        workload = WORKLOADS[values["workload"]]
-        params = tuple(sorted((p.name, values.get(p.name, p.default)) for p in workload.params))
-        settings = {k: v for k, v in values.items() if k in SETTINGS}
-        config = Config(**settings, workload_params=params)
-        if config.batch_size == MAX_BATCH and config.max_batch_limit < config.max_batch_start:
-            raise InputError(f"{self.source}: max_batch_limit ({config.max_batch_limit}) is below max_batch_start "
-                             f"({config.max_batch_start}); the batch_size = \"max\" search needs start <= limit")
-        return config
+        return config_from({**self.defaults, **point}, self.source)
 
     def check_params_used(self, keys: set[str] | None = None, where: str | None = None) -> None:
         """A workload parameter no workload of the suite takes is a mistake (a typo, or the
@@ -416,14 +483,68 @@ class Suite:
         used_workloads: set[str] = {w for w in named if isinstance(w, str)}
         if not used_workloads:
             return
-        takes = {p.name for w in used_workloads for p in WORKLOADS[w].params}
+        takes = {p.name for w in used_workloads if w in WORKLOADS for p in WORKLOADS[w].params}
         if keys is None:
             keys = set(self.defaults) | set(self.matrix) | {k for e in self.include for k in e}
-        for key in sorted(keys & set(workload_param_names()) - takes):
+        if any(w not in WORKLOADS for w in used_workloads):  # a factory or a zoo's model takes args.*
+            takes |= {k for k in keys if k.startswith(ARGS_PREFIX)}
+        for key in sorted(keys & ({*workload_param_names()} | {k for k in keys if k.startswith(ARGS_PREFIX)})
+                          - takes):
             offered = "; ".join(f"{w} takes: {', '.join(WORKLOADS[w].param_names()) or 'none'}"
-                                for w in sorted(used_workloads))
+                                if w in WORKLOADS else f"{w} takes: args.<name>" for w in sorted(used_workloads))
             prefix = where or f"{self.source}: {key}"
             raise InputError(f"{prefix}: no workload in this suite takes '{key}' ({offered})")
+
+
+def config_from(values: dict[str, Any], source: str) -> Config:
+    """One config from validated settings (suite keys, a built-in workload's parameters, a
+    factory's ``args.<name>``)."""
+    if "workload" not in values:
+        raise InputError(f"{source}: missing key 'workload' (set it in [matrix] or [defaults]); "
+                         f"expected one of: {', '.join(sorted(WORKLOADS))}, \"module:function\" or \"zoo:name\"")
+    if values["workload"] in WORKLOADS:
+        workload = WORKLOADS[values["workload"]]
+        params = tuple(sorted((p.name, values.get(p.name, p.default)) for p in workload.params))
+    else:  # a factory's or a zoo's model: its keyword arguments
+        params = tuple(sorted((k[len(ARGS_PREFIX):], v) for k, v in values.items() if k.startswith(ARGS_PREFIX)))
+    settings = {k: v for k, v in values.items() if k in SETTINGS}
+    config = Config(**settings, workload_params=params)
+    if config.batch_size == MAX_BATCH and config.max_batch_limit < config.max_batch_start:
+        raise InputError(f"{source}: max_batch_limit ({config.max_batch_limit}) is below max_batch_start "
+                         f"({config.max_batch_start}); the batch_size = \"max\" search needs start <= limit")
+    return config
+
+
+def suite_text(name: str, settings: dict[str, Any]) -> str:
+    """A suite file's text for keyword settings (the pytest fixtures, the Python API): a list
+    sweeps its key (``[matrix]``), except one ``input_shape``; ``args={"width": 16}`` gives a
+    factory's arguments. Raises InputError for a value TOML cannot hold here."""
+    flat: dict[str, Any] = {}
+    for key, value in settings.items():
+        if key == "args":
+            if not isinstance(value, dict):
+                raise InputError(f"{name}: args: expected a dict of a factory's keyword arguments, got {value!r}")
+            flat.update({f"{ARGS_PREFIX}{k}": v for k, v in value.items()})
+        elif key == "input_shape" and isinstance(value, (tuple, list)) and _flat_list(list(value)):
+            flat[key] = _input_shape(list(value))
+        else:
+            flat[key] = value
+
+    def toml(key: str, v: Any) -> str:
+        if isinstance(v, tuple):  # one input_shape
+            return f"[{', '.join(map(str, v))}]"
+        if not isinstance(v, (str, int, float, bool)):
+            raise InputError(f"{name}: {key}: expected a string, number or boolean, got {v!r}")
+        return json.dumps(v)  # a JSON string, number or boolean is a TOML one
+
+    def line(k: str, v: Any) -> str:
+        return f"{json.dumps(k)} = {toml(k, v)}"
+
+    lines = [f"name = {json.dumps(name)}", "[defaults]"]
+    lines += [line(k, v) for k, v in flat.items() if not isinstance(v, list)]
+    lines += ["[matrix]"] + [f"{json.dumps(k)} = [{', '.join(toml(k, x) for x in v)}]"
+                             for k, v in flat.items() if isinstance(v, list)]
+    return "\n".join(lines) + "\n"
 
 
 def name_differences(configs: list[Config], source: str) -> list[Config]:
@@ -524,10 +645,10 @@ def parse_suite(data: dict[str, Any], src: str, default_name: str = "suite", max
             raise InputError(f"{src}: telemetry.{key}: {choices_message('key', key, list(_TELEMETRY_KEYS))}")
         defaults_raw[_TELEMETRY_KEYS[key]] = value
     defaults = {}
-    for key, value in defaults_raw.items():
+    for key, value in _flatten_args(defaults_raw).items():
         where = f"{src}: defaults.{key}"
         _known(where, key)
-        if isinstance(value, (list, dict)):
+        if isinstance(value, (list, dict)) and not (key == "input_shape" and _flat_list(value)):
             raise InputError(f"{where}: expected a single value (sweep lists belong in [matrix])")
         defaults[key] = _validated(where, key, value)
 
@@ -535,7 +656,7 @@ def parse_suite(data: dict[str, Any], src: str, default_name: str = "suite", max
     matrix: dict[str, list[Any]] = {}
     include: list[dict[str, list[Any]]] = []
     exclude: list[dict[str, list[Any]]] = []
-    for key, value in matrix_raw.items():
+    for key, value in _flatten_args(matrix_raw).items():
         if key in ("include", "exclude"):
             target = include if key == "include" else exclude
             if not isinstance(value, list) or not all(isinstance(e, dict) for e in value):
@@ -543,7 +664,8 @@ def parse_suite(data: dict[str, Any], src: str, default_name: str = "suite", max
             for i, entry in enumerate(value):
                 if not entry:
                     raise InputError(f"{src}: matrix.{key}[{i}]: empty entry")
-                target.append({k: _values(f"{src}: matrix.{key}[{i}].{k}", k, v) for k, v in entry.items()})
+                target.append({k: _values(f"{src}: matrix.{key}[{i}].{k}", k, v)
+                               for k, v in _flatten_args(entry).items()})
             continue
         matrix[key] = _values(f"{src}: matrix.{key}", key, value)
 
@@ -561,7 +683,7 @@ def _table(data: dict[str, Any], key: str, src: str) -> dict[str, Any]:
 
 
 def _known(where: str, key: str) -> None:
-    if key not in known_keys():
+    if key not in known_keys() and not _ARG_RE.match(key):
         raise InputError(f"{where}: {choices_message('key', key, known_keys())}")
 
 
@@ -575,8 +697,14 @@ def checked_settings(where: str, settings: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _flat_list(value: Any) -> bool:
+    return isinstance(value, list) and not any(isinstance(v, (list, dict)) for v in value)
+
+
 def _values(where: str, key: str, value: Any) -> list[Any]:
     _known(where, key)
+    if key == "input_shape" and _flat_list(value):  # one shape; a list of shapes sweeps
+        value = [value]
     values = value if isinstance(value, list) else [value]
     if not values:
         raise InputError(f"{where}: empty list")

@@ -7,6 +7,12 @@ from pathlib import Path
 
 import pytest
 
+try:  # before any test imports TensorFlow: a CUDA build of torch brings Triton, whose import
+    # crashes the process (SIGSEGV) once TensorFlow's libraries are loaded, not the other way round
+    import triton  # noqa: F401
+except ImportError:
+    pass
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -9,6 +9,7 @@ one ``register_backend`` line.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -21,7 +22,40 @@ if TYPE_CHECKING:
     from gpubench.workloads.base import WorkloadSpec
     from gpubench.workloads.data import Batches
 
-__all__ = ["Backend", "Capabilities", "DeviceInfo", "Lap", "ProbeInfo", "ProfilingUnavailable", "Trainer", "no_lap"]
+__all__ = ["Backend", "Capabilities", "DeviceInfo", "Lap", "NativeModel", "ProbeInfo", "ProfilingUnavailable",
+           "Trainer", "Unsupported", "no_lap"]
+
+
+class Unsupported(Exception):
+    """Raised while a trainer is built: this setting cannot apply to this model (a user's model
+    that is not a plain chain of layers, with ``checkpointing = "activations"``, say). The
+    config's status is ``unsupported`` with the message as its reason."""
+
+
+@dataclass
+class NativeModel:
+    """A config's model as its framework's own, whatever its source (a built-in spec, the
+    user's factory, a zoo), and what training it needs: everything after this (precision,
+    compile, parallelism, the loop, results) is written once and does not know the source.
+
+    ``build`` makes the model with its initial weights (called where the trainer needs it: on
+    the host, or under a distribution strategy's scope); ``make_batches(batch, group)`` the
+    data pool (``group`` micro-batches per optimizer step, as gpubench.workloads.data's
+    make_batches); ``loss`` a user's loss function, or None for the built-in cross-entropy;
+    ``facts`` the result's ``model`` block (params, flops_per_sample or why none, source,
+    identical); ``spec`` a built-in workload's spec (``pipeline:N`` splits its layers);
+    ``sequential``: whether the model is a plain chain of top-level layers (activation
+    checkpointing cuts it into runs)."""
+
+    build: Callable[[], Any]
+    make_batches: Callable[[int, int], Batches]
+    facts: dict[str, Any]
+    loss: Callable[[Any, Any], Any] | None = None
+    spec: WorkloadSpec | None = None
+    sequential: bool = False
+    # tensorflow: whether the data is in gpubench's channels-first layout (a built-in spec's),
+    # to be made channels-last for Keras, or already in the model's own layout
+    channels_first_data: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,7 +118,14 @@ class Backend(ABC):
 
     def unsupported(self, config: Config) -> str | None:
         """Why this framework can never run this config, or None: first what it declares it
-        supports (``capabilities``), then its own rules for combinations (``static_unsupported``)."""
+        supports (``capabilities``), then a zoo that makes another framework's models, then its
+        own rules for combinations (``static_unsupported``)."""
+        from gpubench.workloads.source import framework_problem, parse_workload
+
+        if ":" in config.workload:
+            problem = framework_problem(parse_workload(config.workload, []), self.name)
+            if problem:
+                return problem
         return self.capabilities.problem(self.name, config) or self.static_unsupported(config)
 
     @abstractmethod
@@ -101,9 +142,26 @@ class Backend(ABC):
         """(status, reason) when the config cannot run here ('unavailable' or 'unsupported');
         starts with ``unsupported``."""
 
+    def native(self, config: Config) -> NativeModel:
+        """The config's model source as this framework's model (imports the user's factory or
+        the zoo; raises for a factory that returns no model of this framework). By default a
+        backend trains the built-in workloads only, translating their spec in ``build``
+        (``NativeModel.spec``; ``build()`` gives the spec back)."""
+        from gpubench.workloads import get_workload
+        from gpubench.workloads.data import make_batches
+
+        if ":" in config.workload:
+            raise Unsupported(f"the {self.name} backend trains the built-in workloads only, not {config.workload}")
+        spec = get_workload(config.workload).spec(**dict(config.workload_params))
+        facts = {"params": spec.params, "flops_per_sample": spec.train_flops_per_sample,
+                 "forward_flops_per_sample": spec.forward_flops_per_sample, "source": "builtin", "identical": True}
+        return NativeModel(build=lambda: spec, facts=facts, spec=spec, sequential=True,
+                           make_batches=lambda batch, group: make_batches(spec, config.dataset, config.data_dir, batch,
+                                                                          config.seed, group))
+
     @abstractmethod
-    def build(self, spec: WorkloadSpec, config: Config, batches: Batches) -> Trainer:
-        """Translate the spec, load the canonical initial weights, put data on the device."""
+    def build(self, model: NativeModel, config: Config, batches: Batches) -> Trainer:
+        """The trainer: the model built, on the device, with the data."""
 
     def set_threads(self, n: int) -> str | None:
         """``threads = n``: make this process train with ``n`` CPU threads (called before the

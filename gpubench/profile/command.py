@@ -18,11 +18,13 @@ from rich.table import Table
 
 from gpubench.env import fingerprint
 from gpubench.errors import stop_exit_code, stop_message
+from gpubench.launch import Launcher
 from gpubench.results.outputs import check_output_dir
 from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES
 from gpubench.results.store import locked_run_dir, slug
 from gpubench.runner.job import Job
+from gpubench.runner.models import check_models, user_code_path
 from gpubench.runner.progress import SweepDisplay
 from gpubench.runner.run import (
     EXIT_FAILED,
@@ -59,24 +61,28 @@ def execute_profile(req: ProfileRequest, console: Console) -> int:
     configs = suite.expand()
     check_data(configs, suite.source)
     check_output_dir(req.out, "--out")
-    probes = probe_frameworks(configs, console)
+    launcher = Launcher(code_path=user_code_path(configs, suite.source))
+    probes = probe_frameworks(configs, console, launcher)
+    check_models(configs, suite.source, launcher, skip_frameworks={n for n, p in probes.items() if not p.available})
     env = fingerprint({k: p.to_dict() for k, p in probes.items()})
     now = datetime.now(timezone.utc)
-    run_dir, meta = new_run_dir(req.out, f"{suite.name}-profile-{now:%Y%m%d-%H%M%S}", suite,
-                                {"suite": req.suite, "set": req.sets, "repeats": 1, "out": str(req.out),
-                                 "profile_steps": req.steps}, configs, env)
+    args = {"suite": req.suite, "set": req.sets, "repeats": 1, "out": str(req.out), "profile_steps": req.steps}
+    if launcher.code_path:
+        args["code_path"] = list(launcher.code_path)
+    run_dir, meta = new_run_dir(req.out, f"{suite.name}-profile-{now:%Y%m%d-%H%M%S}", suite, args, configs, env)
     with locked_run_dir(run_dir):  # one writer while it is written
-        return _profile_run(req, console, configs, run_dir, meta, env, probes)
+        return _profile_run(req, console, configs, run_dir, meta, env, probes, launcher)
 
 
 def _profile_run(req: ProfileRequest, console: Console, configs: list[Config], run_dir: Path, meta: dict[str, Any],
-                 env: dict[str, Any], probes: dict[str, Any]) -> int:
+                 env: dict[str, Any], probes: dict[str, Any], launcher: Launcher) -> int:
     console.print(f"profile {meta['run_id']}: {len(configs)} configs, {req.steps} profiled steps each -> {run_dir}",
                   highlight=False)
     jobs = _jobs(configs, run_dir, req.steps)
     try:
         with SweepDisplay(console, len(jobs)) as display:
-            results = run_jobs(jobs, run_dir, meta["run_id"], env, probes, display.started, display.finished)
+            results = run_jobs(jobs, run_dir, meta["run_id"], env, probes, display.started, display.finished,
+                               launcher=launcher)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (errors.Stopped)
         stop_message(e, f"finished configs are in {run_dir}")
         return stop_exit_code(e)

@@ -24,6 +24,7 @@ from typing import Any
 
 from rich.console import Console
 
+from gpubench.config import Config
 from gpubench.env import fingerprint
 from gpubench.errors import InputError, warn
 from gpubench.gate import render
@@ -34,6 +35,7 @@ from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES
 from gpubench.results.store import json_text, locked_run_dir
 from gpubench.runner.job import Job
+from gpubench.runner.models import check_models, user_code_path
 from gpubench.runner.progress import SweepDisplay
 from gpubench.runner.run import check_data, finish_run_dir, new_run_dir, probe_frameworks, write_report
 from gpubench.runner.sweep import plan, run_jobs
@@ -74,6 +76,39 @@ def _check_python(launcher: Launcher, side: str) -> None:
     for part in (launcher.pythonpath or "").split(os.pathsep) if launcher.pythonpath else []:
         if not Path(part).is_dir():
             raise InputError(f"--{side}-path {launcher.pythonpath}: no such directory: {part}")
+
+
+def side_code_paths(launchers: dict[str, Launcher], configs: list[Config], suite_source: str) -> dict[str, Launcher]:
+    """Each side imports the user's own code (a suite's factories) from its own checkout.
+
+    ``--baseline-path`` / ``--candidate-path`` name checkouts: of gpubench itself (a ``gpubench``
+    package inside: the side imports that gpubench), or of the user's project (the side keeps
+    this gpubench and imports the project's code from its checkout). The suite file lies in one
+    of the checkouts (a side without a path is the working directory's): its directory, relative
+    to that checkout, is where each side finds the factories in its own checkout. A suite outside
+    every checkout gives both sides its own directory."""
+    import os
+
+    code = user_code_path(configs, suite_source)
+    roots = {side: Path(launcher.pythonpath or os.getcwd()).resolve() for side, launcher in launchers.items()}
+    suite_dir = Path(suite_source).resolve().parent
+    holder = next((root for side, root in roots.items() if suite_dir.is_relative_to(root)
+                   and launchers[side].pythonpath), None) or next(
+                       (root for root in roots.values() if suite_dir.is_relative_to(root)), None)
+    out = {}
+    for side, launcher in launchers.items():
+        project = launcher.pythonpath is not None and not (Path(launcher.pythonpath) / "gpubench" / "__init__.py"
+                                                            ).is_file()
+        path: tuple[str, ...] = ()
+        if code:
+            path = (str(roots[side] / suite_dir.relative_to(holder)),) if holder is not None else code
+        if project:  # the user's project: this gpubench, the project's code from its checkout
+            assert launcher.pythonpath is not None
+            out[side] = replace(launcher, pythonpath=None, isolated=True,
+                                code_path=tuple(dict.fromkeys((*path, str(Path(launcher.pythonpath).resolve())))))
+        else:
+            out[side] = replace(launcher, code_path=path, isolated=bool(path))
+    return out
 
 
 def _lockstep_round(job: Job, order: tuple[str, ...], dirs: dict[str, Path], metas: dict[str, Any],
@@ -174,11 +209,16 @@ def _execute_ab(req: ABRequest, console: Console, held: ExitStack) -> int:
     launchers = {"baseline": req.baseline, "candidate": req.candidate}
     for side, launcher in launchers.items():
         _check_python(launcher, side)
+    launchers = side_code_paths(launchers, configs, suite.source)
     check_output_dir(req.out, "--out")
     check_output_file(req.markdown, "--markdown")
     check_output_file(req.json, "--json")
     check_output_file(req.junit, "--junit")
     probes = {side: probe_frameworks(configs, console, launchers[side], label=f"{side} ") for side in SIDES}
+    for side in SIDES:  # each side's own models, built with its own code
+        check_models(configs, f"{suite.source} ({side}: {', '.join(launchers[side].code_path)})"
+                     if launchers[side].code_path else suite.source, launchers[side],
+                     skip_frameworks={name for name, p in probes[side].items() if not p.available})
     envs = {side: fingerprint({k: p.to_dict() for k, p in probes[side].items()}) for side in SIDES}
     for d in fingerprint_differences(envs["baseline"], envs["candidate"], {c.framework for c in configs}):
         warn(f"environments differ (this may be the change under test): {d}")
@@ -190,6 +230,7 @@ def _execute_ab(req: ABRequest, console: Console, held: ExitStack) -> int:
     for side in SIDES:
         args = {"suite": req.suite, "set": req.sets, "repeats": req.repeats, "out": str(req.out), "ab_side": side,
                 "python": launchers[side].python, "pythonpath": launchers[side].pythonpath,
+                "code_path": list(launchers[side].code_path),
                 "lockstep": req.lockstep, "budget_s": req.budget_s, "ab_id": stamp}
         dirs[side], metas[side] = new_run_dir(root, f"{stamp}-{side}", suite, args, configs, envs[side],
                                               dir_name=side)

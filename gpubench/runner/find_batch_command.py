@@ -9,9 +9,11 @@ from rich.console import Console
 from rich.table import Table
 
 from gpubench.errors import InputError
+from gpubench.launch import Launcher
 from gpubench.results.outputs import check_output_file, write_output
 from gpubench.results.store import json_text
 from gpubench.runner.find_batch import find_max_batch
+from gpubench.runner.models import check_models, user_code_path
 from gpubench.suite import MAX_BATCH, Config, load_suite
 
 
@@ -29,11 +31,13 @@ def run_find_batch(suite_name: str, sets: list[str], limit: int, json_path: Path
     if too_big:
         raise InputError(f"--limit {limit}: below the batch the search starts from ({too_big[0].batch_size}, "
                          f"{too_big[0].config_id}); give a larger --limit or a smaller batch_size")
+    launcher = Launcher(code_path=user_code_path(list(starts.values()), suite.source))
+    check_models(list(starts.values()), suite.source, launcher, skip_frameworks=set())
     searches = []
     for config in starts.values():
         console.print(f"searching {config.config_id} from batch {config.batch_size} (limit {limit})",
                       highlight=False)
-        s = find_max_batch(config, limit, on_probe=lambda c: console.print(f"  probe batch {c.batch_size}",
+        s = find_max_batch(config, limit, launcher, on_probe=lambda c: console.print(f"  probe batch {c.batch_size}",
                                                                           highlight=False))
         searches.append(s)
         console.print(f"  max batch {s.max_batch or '-'}, first oom {s.first_oom or '-'}"

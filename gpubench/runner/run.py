@@ -39,6 +39,7 @@ from gpubench.results.store import (
 )
 from gpubench.runner.history import RunHistory
 from gpubench.runner.mfu import load_peaks, peak_devices
+from gpubench.runner.models import check_models, user_code_path
 from gpubench.runner.nodes import Nodes
 from gpubench.runner.probe import probe
 from gpubench.runner.progress import SweepDisplay, summary_table, unmeasured_lines
@@ -65,6 +66,9 @@ class RunRequest:
     slurm: SlurmOptions | None = None  # --launcher slurm: every job a Slurm batch job
     max_jobs: int | None = None  # --max-jobs: the most config repeats the sweep may have (None: the suite's cap)
     retry_failed: bool = False  # --resume --retry-failed: run the error and timeout repeats again
+    # where the workers import the user's code from (the Python API: the caller's directories);
+    # None: the suite file's directory, where the suite names such code
+    code_path: tuple[str, ...] | None = None
 
 
 def probe_frameworks(configs: list[Config], console: Console, launcher: Launcher = Launcher(),
@@ -247,9 +251,18 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
     jobs = plan(configs, repeats, done)
     # under Slurm the frameworks and devices are the nodes', not this submit host's: each job's
     # worker checks them where it runs
-    probes = probe_frameworks(configs, console) if jobs and req.slurm is None else {}
+    # the user's own code (factories, batch and loss functions) is imported from the suite's
+    # directory; a resumed run keeps the directory it started with
+    stored_path = (load_run(run_dir).get("args") or {}).get("code_path") if run_dir is not None else None
+    code_path = (tuple(str(p) for p in stored_path) if isinstance(stored_path, list)
+                 else req.code_path if req.code_path is not None else user_code_path(configs, suite.source))
+    launcher = Launcher(code_path=code_path)
+    probes = probe_frameworks(configs, console, launcher) if jobs and req.slurm is None else {}
+    if jobs and req.slurm is None:  # under Slurm each worker builds its model where it runs
+        check_models([job.config for job in jobs], suite.source, launcher,
+                     skip_frameworks={name for name, p in probes.items() if not p.available})
     if req.slurm is not None:
-        check_submissions(jobs, Launcher(), req.slurm)
+        check_submissions(jobs, launcher, req.slurm)
     # under Slurm the run's fingerprint is that of the node its first job ran on (each result
     # has its own node's), written into run.json as that job ends
     env = fingerprint({k: p.to_dict() for k, p in probes.items()}) if req.slurm is None else {}
@@ -263,6 +276,8 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
     now = datetime.now(timezone.utc)
     if run_dir is None:
         args: dict[str, Any] = {"suite": req.suite, "set": req.sets, "repeats": repeats, "out": str(req.out)}
+        if code_path:
+            args["code_path"] = list(code_path)
         if nodes.multi:
             args["nodes"] = nodes.to_dict()
         if req.slurm is not None:
@@ -304,12 +319,12 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
                     recorder.record(result)
             if req.slurm is not None:
                 new, cancelled = run_slurm_jobs(
-                    jobs, run_dir, run_id, env, req.slurm, Launcher(), display.started, finished,
+                    jobs, run_dir, run_id, env, req.slurm, launcher, display.started, finished,
                     lambda p, r, f, why: display.note(f"slurm: {p} pending, {r} running, {f} finished of {len(jobs)}"
                                                       + (f" (pending: {why})" if why else "")), display.note)
             else:
                 new = run_jobs(jobs, run_dir, run_id, env, probes, display.started, finished, existing,
-                               peaks=peaks, nodes=nodes)
+                               launcher=launcher, peaks=peaks, nodes=nodes)
     except StorageError:  # the machine's failure, not a config's: stop, nothing recorded for that job
         record_late()
         raise

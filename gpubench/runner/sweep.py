@@ -19,6 +19,7 @@ from gpubench.results.store import NODE_FILE, RESULTS_FILE, append_result
 from gpubench.runner.find_batch import batch_search, run_at_max_batch
 from gpubench.runner.job import Job, run_worker
 from gpubench.runner.mfu import mfu_metrics
+from gpubench.runner.models import zoo_unavailable
 from gpubench.runner.nodes import Nodes, barrier
 
 
@@ -44,6 +45,9 @@ def pre_resolve(config: Config, probes: dict[str, ProbeInfo]) -> tuple[str, str]
     reason = config.topology_unsupported() or get_backend(config.framework).unsupported(config)
     if reason:
         return ("unsupported", reason)
+    missing = zoo_unavailable(config)
+    if missing:
+        return ("unavailable", missing)
     if probe is not None and not device_present(config.device, probe):
         return ("unavailable", f"no {config.device} device here; {config.framework} sees: "
                                f"{', '.join(probe.device_names()) or 'nothing'}")

@@ -25,6 +25,7 @@ import psutil
 import gpubench
 from gpubench import hugepages
 from gpubench.backends import get_backend
+from gpubench.backends.base import Unsupported
 from gpubench.config import Config
 from gpubench.errors import EXIT_STORAGE, STORAGE_ERRNOS, STORAGE_LINE, warn
 from gpubench.launch import die_with_parent
@@ -34,8 +35,7 @@ from gpubench.measure.turns import Turns
 from gpubench.options import REPLICA_KINDS, parse_parallelism
 from gpubench.results.result import Outcome
 from gpubench.results.store import write_json_atomic
-from gpubench.workloads import get_workload
-from gpubench.workloads.data import make_batches
+from gpubench.runner.models import zoo_unavailable
 
 
 def _peak_rss_bytes() -> int:
@@ -206,7 +206,7 @@ def admit(config: Config) -> tuple[Any, Outcome | None]:
     return backend, None
 
 
-def build_trainer(backend: Any, spec: Any, config: Config, rank: int, world: int, profiling: bool
+def build_trainer(backend: Any, native: Any, config: Config, rank: int, world: int, profiling: bool
                   ) -> tuple[Any, int]:
     """The trainer with its share of the data: each rank keeps its own share of a global batch
     (ddp, multiworker), or one process takes them all at once (dp, mirrored); every pipeline
@@ -215,15 +215,14 @@ def build_trainer(backend: Any, spec: Any, config: Config, rank: int, world: int
     if config.distributed and os.environ.get("WORLD_SIZE") != str(world):
         raise RuntimeError(f"{config.parallelism} needs {world} processes started by its launcher; this worker has "
                            f"WORLD_SIZE={os.environ.get('WORLD_SIZE')}")
-    batches = make_batches(spec, config.dataset, config.data_dir, config.batch, config.seed,
-                           config.accum_steps * config.replicas)
+    batches = native.make_batches(config.batch, config.accum_steps * config.replicas)
     if config.distributed and config.replicas > 1:
         batches = batches.shard(rank, world)
     elif config.replicas > 1:
         batches = batches.merge(config.replicas)
     if profiling:
         backend.before_profiled_build(config)
-    return backend.build(spec, config, batches), batches.nbytes
+    return backend.build(native, config, batches), batches.nbytes
 
 
 def run_config(config: Config, profile: dict[str, Any] | None = None) -> tuple[Outcome, dict[str, Any] | None]:
@@ -234,13 +233,20 @@ def run_config(config: Config, profile: dict[str, Any] | None = None) -> tuple[O
     backend, refused = admit(config)
     if refused is not None:
         return refused, None
-    spec = get_workload(config.workload).spec(**dict(config.workload_params))
-    if config.dataset == "mnist" and (spec.input_shape != (1, 28, 28) or spec.num_classes != 10):
-        return Outcome(status="unsupported", reason=f"dataset mnist needs a 1x28x28 input and 10 classes; {spec.name} "
-                                                    f"takes {'x'.join(map(str, spec.input_shape))} and "
-                                                    f"{spec.num_classes}"), None
-    model = {"params": spec.params, "flops_per_sample": spec.train_flops_per_sample,
-             "forward_flops_per_sample": spec.forward_flops_per_sample}
+    try:
+        native = backend.native(config)
+    except Exception as e:  # noqa: BLE001 - a factory or zoo model that cannot be built: the config's error
+        missing = zoo_unavailable(config)
+        if missing:
+            return Outcome(status="unavailable", reason=missing), None
+        return _failure(e, backend, None, {}, PeakRss(), {"source": config.workload}), None
+    spec = native.spec
+    if config.dataset == "mnist" and (spec is None or spec.input_shape != (1, 28, 28) or spec.num_classes != 10):
+        takes = (f"{'x'.join(map(str, spec.input_shape))} and {spec.num_classes}" if spec is not None
+                 else "the input its source defines")
+        return Outcome(status="unsupported", reason=f"dataset mnist needs a 1x28x28 input and 10 classes; "
+                                                    f"{config.workload} takes {takes}"), None
+    model = dict(native.facts)
     memory: dict[str, int] = {"baseline_rss_bytes": psutil.Process().memory_info().rss}
     rss = PeakRss()
     rank, world = rank_of(config)
@@ -249,7 +255,7 @@ def run_config(config: Config, profile: dict[str, Any] | None = None) -> tuple[O
     trainer = None
     try:
         t0 = time.perf_counter()
-        trainer, memory["data_bytes"] = build_trainer(backend, spec, config, rank, world, profile is not None)
+        trainer, memory["data_bytes"] = build_trainer(backend, native, config, rank, world, profile is not None)
         setup_ms = (time.perf_counter() - t0) * 1000.0
         with telemetry, rss.training():
             telemetry.raw = raw = run_loop(trainer, config.warmup_steps, config.steps, config.windows,
@@ -291,6 +297,8 @@ def _failure(e: BaseException, backend: Any, trainer: Any, memory: dict[str, int
     """The outcome of a config whose build, training or profiling raised: ``oom`` with the
     memory figures known so far, else ``error`` with the traceback."""
     memory["peak_rss_bytes"] = rss.lifetime()
+    if isinstance(e, Unsupported):
+        return Outcome(status="unsupported", reason=str(e), model=model)
     if backend.is_oom(e):
         if trainer is not None:
             try:

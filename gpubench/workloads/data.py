@@ -13,55 +13,171 @@ seed, so every framework sees the same bytes.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
-from gpubench.workloads.base import WorkloadSpec
+from gpubench.workloads.base import Shape
 
 TEMPLATE_SCALE = 0.7
 LABEL_NOISE = 0.1
 MAX_SAMPLES = 65536
+MAX_TOKEN_SEQUENCES = 8192  # a token task's pool: 8192 sequences (a million tokens at length 128)
 DATA_BYTES_BUDGET = 256 << 20  # the pool stays under this, but always holds at least 2 batches
+
+
+Tree = Any  # an array, or a tuple, list or dict of trees: a batch as the model takes it
+
+
+def tree_map(fn: Callable[[Any], Any], tree: Tree) -> Tree:
+    """``fn`` applied to every array of ``tree``, the structure kept."""
+    if isinstance(tree, dict):
+        return {k: tree_map(fn, v) for k, v in tree.items()}
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(tree_map(fn, v) for v in tree)
+    return fn(tree)
+
+
+def tree_leaves(tree: Tree) -> list[Any]:
+    if isinstance(tree, dict):
+        return [leaf for v in tree.values() for leaf in tree_leaves(v)]
+    if isinstance(tree, (tuple, list)):
+        return [leaf for v in tree for leaf in tree_leaves(v)]
+    return [tree]
 
 
 @dataclass(frozen=True)
 class Batches:
-    """``x``: float32 (n_batches, batch, *input_shape); ``y``: int64 (n_batches, batch)."""
+    """A pool of batches, every array (n_batches, batch, ...). For a built-in workload ``x`` is
+    float32 (n_batches, batch, *input_shape) and ``y`` int64 (n_batches, batch); a user's batch
+    function or a token task may make ``x`` (and ``y``) a tuple or dict of such arrays."""
 
-    x: np.ndarray
-    y: np.ndarray
+    x: Tree
+    y: Tree
 
     def shard(self, rank: int, world_size: int) -> Batches:
         """Rank ``rank``'s share when every ``world_size`` consecutive batches form one global
         batch (built with ``group=world_size``): batches rank, rank + world_size, ..."""
-        return Batches(x=np.ascontiguousarray(self.x[rank::world_size]),
-                       y=np.ascontiguousarray(self.y[rank::world_size]))
+        def take(a: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(a[rank::world_size])
+
+        return Batches(x=tree_map(take, self.x), y=tree_map(take, self.y))
 
     def merge(self, group: int) -> Batches:
         """Every ``group`` consecutive batches as one (built with ``group``): the global
         batches that DataParallel splits over its devices."""
-        n, b = self.y.shape
-        return Batches(x=self.x.reshape(n // group, group * b, *self.x.shape[2:]),
-                       y=self.y.reshape(n // group, group * b))
+        def join(a: np.ndarray) -> np.ndarray:
+            n, b = a.shape[:2]
+            return a.reshape(n // group, group * b, *a.shape[2:])
+
+        return Batches(x=tree_map(join, self.x), y=tree_map(join, self.y))
 
     @property
     def n_batches(self) -> int:
-        return int(self.x.shape[0])
+        return int(tree_leaves(self.x)[0].shape[0])
+
+    @property
+    def batch_size(self) -> int:
+        return int(tree_leaves(self.x)[0].shape[1])
+
+    @property
+    def structured(self) -> bool:
+        """Whether the inputs or targets are more than one array each."""
+        return not (isinstance(self.x, np.ndarray) and isinstance(self.y, np.ndarray))
 
     @property
     def nbytes(self) -> int:
-        return int(self.x.nbytes + self.y.nbytes)
+        return int(sum(a.nbytes for a in tree_leaves(self.x) + tree_leaves(self.y)))
+
+    def sample(self, n: int) -> tuple[Tree, Tree]:
+        """The first ``n`` samples of the first batch (for counting FLOPs)."""
+        return tree_map(lambda a: a[0, :n], self.x), tree_map(lambda a: a[0, :n], self.y)
 
 
-def pool_batches(spec: WorkloadSpec, batch_size: int) -> int:
+class Task(Protocol):
+    """What the synthetic data is made for (a WorkloadSpec is one): ``input_shape`` per sample and
+    ``num_classes``; with ``kind = "tokens"``, sequences of ``input_shape[0]`` tokens over a
+    vocabulary of ``num_classes``."""
+
+    @property
+    def input_shape(self) -> Shape: ...
+
+    @property
+    def num_classes(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class SyntheticTask:
+    """A Task for a model that is not a built-in workload."""
+
+    input_shape: Shape
+    num_classes: int
+    kind: str = "classes"  # or "tokens": next-token prediction
+
+
+def pool_batches(spec: Task, batch_size: int) -> int:
     """How many distinct batches the device-resident pool holds for this batch size."""
-    sample_bytes = 4 * math.prod(spec.input_shape) + 8
-    samples = min(MAX_SAMPLES, DATA_BYTES_BUDGET // sample_bytes)
+    tokens = getattr(spec, "kind", "classes") == "tokens"
+    sample_bytes = 16 * math.prod(spec.input_shape) if tokens else 4 * math.prod(spec.input_shape) + 8
+    samples = min(MAX_TOKEN_SEQUENCES if tokens else MAX_SAMPLES, DATA_BYTES_BUDGET // sample_bytes)
     return max(2, samples // batch_size)
 
 
-def synthetic_batches(spec: WorkloadSpec, batch_size: int, n_batches: int, seed: int) -> Batches:
+def synthetic_tokens(vocab: int, seq_len: int, batch_size: int, n_batches: int, seed: int) -> Batches:
+    """A learnable next-token task: each sequence follows a fixed random permutation of the
+    vocabulary (token t+1 = perm[token t]) from a random start, 10% of its tokens replaced by
+    random ones; ``x`` is the sequence, ``y`` the same shifted by one (int64, (n, batch, seq_len))."""
+    rng = np.random.default_rng([seed, 2])
+    perm = rng.permutation(vocab)
+    seq = np.empty((n_batches, batch_size, seq_len + 1), dtype=np.int64)
+    seq[..., 0] = rng.integers(0, vocab, size=(n_batches, batch_size))
+    for t in range(seq_len):
+        seq[..., t + 1] = perm[seq[..., t]]
+    noise = rng.random(seq.shape) < LABEL_NOISE
+    seq = np.where(noise, rng.integers(0, vocab, size=seq.shape, dtype=np.int64), seq)
+    return Batches(x=np.ascontiguousarray(seq[..., :-1]), y=np.ascontiguousarray(seq[..., 1:]))
+
+
+def function_batches(fn: Callable[[int], Any], batch_size: int, n_batches: int, where: str) -> Batches:
+    """``n_batches`` calls of the user's batch function ``fn(batch_size) -> (inputs, targets)``
+    (arrays or framework tensors, inputs possibly a tuple or dict), stacked into a pool."""
+    calls = []
+    for _ in range(n_batches):
+        out = fn(batch_size)
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise ValueError(f"{where}: returned {type(out).__name__}; expected (inputs, targets)")
+        calls.append(tree_map(_to_numpy, tuple(out)))
+    for leaf in tree_leaves(calls[0]):
+        if leaf.ndim == 0 or leaf.shape[0] != batch_size:
+            raise ValueError(f"{where}: an array of shape {leaf.shape} for batch size {batch_size}; every input and "
+                             "target needs the batch as its first dimension")
+
+    def stack(*leaves: np.ndarray) -> np.ndarray:
+        return np.stack(leaves)
+
+    x = _stack_trees([c[0] for c in calls], stack)
+    y = _stack_trees([c[1] for c in calls], stack)
+    return Batches(x=x, y=y)
+
+
+def _to_numpy(a: Any) -> np.ndarray:
+    if hasattr(a, "detach"):  # a torch tensor (possibly on a device)
+        a = a.detach().cpu()
+    return np.asarray(a)
+
+
+def _stack_trees(trees: list[Tree], stack: Callable[..., np.ndarray]) -> Tree:
+    first = trees[0]
+    if isinstance(first, dict):
+        return {k: _stack_trees([t[k] for t in trees], stack) for k in first}
+    if isinstance(first, (tuple, list)):
+        return type(first)(_stack_trees([t[i] for t in trees], stack) for i in range(len(first)))
+    return stack(*trees)
+
+
+def synthetic_batches(spec: Task, batch_size: int, n_batches: int, seed: int) -> Batches:
     rng = np.random.default_rng([seed, 1])
     templates = rng.standard_normal((spec.num_classes, *spec.input_shape), dtype=np.float32)
     templates *= np.float32(TEMPLATE_SCALE)
@@ -85,7 +201,7 @@ def batches_from_arrays(x: np.ndarray, y: np.ndarray, batch_size: int, group: in
     return Batches(x=x[:keep].reshape(n, batch_size, *x.shape[1:]), y=y[:keep].reshape(n, batch_size))
 
 
-def make_batches(spec: WorkloadSpec, dataset: str, data_dir: str, batch_size: int, seed: int,
+def make_batches(spec: Task, dataset: str, data_dir: str, batch_size: int, seed: int,
                  group: int = 1) -> Batches:
     """The batches a config trains on: the synthetic pool, or MNIST from ``data_dir``.
 
@@ -97,4 +213,7 @@ def make_batches(spec: WorkloadSpec, dataset: str, data_dir: str, batch_size: in
 
         x, y = load_mnist(data_dir)
         return batches_from_arrays(x, y, batch_size, group)
+    if getattr(spec, "kind", "classes") == "tokens":
+        n = pool_batches(spec, batch_size * group) * group
+        return synthetic_tokens(spec.num_classes, spec.input_shape[0], batch_size, n, seed)
     return synthetic_batches(spec, batch_size, pool_batches(spec, batch_size * group) * group, seed)

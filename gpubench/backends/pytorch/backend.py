@@ -10,7 +10,7 @@ from gpubench.options import PRECISIONS, Capabilities, device_index, device_kind
 from gpubench.workloads import get_workload
 
 if TYPE_CHECKING:
-    from gpubench.backends.base import Trainer
+    from gpubench.backends.base import NativeModel, Trainer
     from gpubench.config import Config
     from gpubench.workloads.base import WorkloadSpec
     from gpubench.workloads.data import Batches
@@ -86,6 +86,9 @@ def pipeline_unsupported(config: Config) -> str | None:
     if config.pipeline_schedule == "1f1b" and m < n * config.nnodes:
         return (f"the 1f1b schedule needs at least as many micro-batches as stages; pipeline_microbatches = {m} < "
                 f"{n * config.nnodes}")
+    if ":" in config.workload:
+        return (f"pipeline:N splits a built-in workload's layers into stages; {config.workload} is not one (use "
+                "ddp:N, dp:N or grad-accum:N)")
     layers = len(get_workload(config.workload).spec(**dict(config.workload_params)).layers)
     if layers < n * config.nnodes:
         return f"{config.workload_label} has {layers} top-level layers, fewer than the {n * config.nnodes} stages"
@@ -124,6 +127,8 @@ class TorchBackend(Backend):
             return "dp:N (DataParallel) splits each batch over N GPUs; on CPU use ddp:N"
         if parallel == "dp" and ":" in config.device:
             return f"dp:N uses cuda:0..cuda:N-1; use device = cuda, not {config.device}"
+        if ":" in config.workload:  # a factory's or zoo's model: its input is known once it is built
+            return compile_unsupported(config, len(config.input_shape) or 3, config.workload)
         spec = get_workload(config.workload).spec(**dict(config.workload_params))
         return compile_unsupported(config, len(spec.input_shape), spec.name)
 
@@ -193,14 +198,23 @@ class TorchBackend(Backend):
         torch.set_num_threads(n)  # intra-op: the threads one operator's work is split over
         return None
 
-    def build(self, spec: WorkloadSpec, config: Config, batches: Batches) -> Trainer:
+    def native(self, config: Config) -> NativeModel:
+        from gpubench.backends.pytorch.native import native_model
+
+        return native_model(config)
+
+    def build(self, model: NativeModel | WorkloadSpec, config: Config, batches: Batches) -> Trainer:
+        from gpubench.backends.pytorch.native import as_native
+
+        model = as_native(model, config)
         if config.pipelined:
             from gpubench.backends.pytorch.pipeline import PipelineTrainer
 
-            return PipelineTrainer(spec, config, batches)
+            assert model.spec is not None  # pipeline:N is refused for other models (pipeline_unsupported)
+            return PipelineTrainer(model.spec, config, batches)
         from gpubench.backends.pytorch.trainer import TorchTrainer
 
-        return TorchTrainer(spec, config, batches)
+        return TorchTrainer(model, config, batches)
 
     def device_uuids(self, config: Config) -> list[str | None]:
         if not config.local_cuda_ordinals:

@@ -20,6 +20,7 @@ import torch
 
 from gpubench.backends.base import Lap, ProfilingUnavailable, no_lap
 from gpubench.backends.pytorch.modes import CUDAGRAPH_MODES, TORCH_COMPILE_MODES
+from gpubench.workloads.data import tree_map
 
 if TYPE_CHECKING:
     from gpubench.backends.pytorch.trainer import TorchTrainer
@@ -113,11 +114,11 @@ class CudaGraphStep:
         graph.replay()
         return loss
 
-    def _gather(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _gather(self) -> tuple[Any, Any]:
         t, index = self.t, self.index
         assert index is not None  # _capture sets it before the step that gathers is traced
-        x = t.x.index_select(0, index)[0]
-        y = t.y.index_select(0, index)[0]
+        x = tree_map(lambda a: a.index_select(0, index)[0], t.x)
+        y = tree_map(lambda a: a.index_select(0, index)[0], t.y)
         index.add_(1).remainder_(t.n_batches)
         if t.memory_format is not None:  # a copy only if the gather did not keep the pool's channels-last layout
             x = x.contiguous(memory_format=t.memory_format)

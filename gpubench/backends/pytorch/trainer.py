@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from gpubench.backends.base import Lap, Trainer, no_lap
+from gpubench.backends.base import Lap, NativeModel, Trainer, Unsupported, no_lap
 from gpubench.backends.pytorch.checkpointing import checkpointed
 from gpubench.backends.pytorch.compile import (
     TORCH_COMPILE_MODES,
@@ -23,12 +23,12 @@ from gpubench.backends.pytorch.compile import (
     channels_last_pool,
     compile_model,
 )
-from gpubench.backends.pytorch.model import build_model
+from gpubench.backends.pytorch.native import as_native, call_model, cross_entropy
 from gpubench.config import Config
 from gpubench.measure.timers import HostStepTimer, StepTimer
 from gpubench.options import device_index, device_kind, parse_parallelism
 from gpubench.workloads.base import WorkloadSpec
-from gpubench.workloads.data import Batches
+from gpubench.workloads.data import Batches, Tree, tree_leaves, tree_map
 
 AUTOCAST_DTYPES = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
 
@@ -78,9 +78,9 @@ class AutocastModule(nn.Module):
         super().__init__()
         self.inner, self.device_type, self.dtype, self.float_output = inner, device_type, dtype, float_output
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         with torch.autocast(device_type=self.device_type, dtype=self.dtype):
-            out = self.inner(x)
+            out = self.inner(*args, **kwargs)
         return out.float() if self.float_output else out
 
 
@@ -197,19 +197,29 @@ class TorchTrainerBase(Trainer):
 
 
 class TorchTrainer(TorchTrainerBase):
-    def __init__(self, spec: WorkloadSpec, config: Config, batches: Batches) -> None:
+    def __init__(self, native: NativeModel | WorkloadSpec, config: Config, batches: Batches) -> None:
+        native = as_native(native, config)
         parallel = parse_parallelism(config.parallelism)[0]
         self.ddp, self.dp = parallel == "ddp", parallel == "dp"
-        self._setup(config)
+        if config.checkpointing == "activations" and not native.sequential:
+            raise Unsupported("checkpointing = activations cuts a plain chain of layers (torch.nn.Sequential) into "
+                              f"runs; {config.workload} is not one (use checkpointing = none)")
         # channels-last: conv weights and every input batch in NHWC memory order
+        if config.memory_format == "channels-last" and (batches.structured or batches.x.ndim != 5):
+            raise Unsupported("memory_format = channels-last is a layout of 4-D (N, C, H, W) tensors; "
+                              f"{config.workload} takes other inputs")
+        if self.dp and batches.structured:
+            raise Unsupported("dp:N scatters one input tensor over the GPUs; this model takes several (use ddp:N)")
+        self._setup(config)
         self.memory_format = torch.channels_last if config.memory_format == "channels-last" else None
-        model = build_model(spec, spec.init_weights(config.seed))
+        model = native.build()
         # Module.to takes memory_format at run time (it forwards to Tensor.to); torch's stubs omit it
-        self.model = (model.to(self.device, memory_format=self.memory_format)  # type: ignore[call-overload]
+        self.model = (model.to(self.device, memory_format=self.memory_format)
                       if self.memory_format is not None else model.to(self.device))
         self.model.train()
         checkpointing = "none"
         if config.checkpointing == "activations":  # before DDP/DP wrap it: their replicas checkpoint too
+            assert isinstance(self.model, nn.Sequential)  # native.sequential, checked above
             self.model = checkpointed(self.model)
             checkpointing = self.model.describe()
         if self.ddp:  # every rank starts from the same weights (and DDP broadcasts rank 0's)
@@ -223,26 +233,28 @@ class TorchTrainer(TorchTrainerBase):
         graphed = config.compile == "cuda-graph"
         self.optimizer = make_optimizer(config.optimizer, self.model.parameters(), config.lr, fused=self.cuda,
                                         capturable=graphed)
-        self.loss_fn = nn.CrossEntropyLoss()
+        self.loss_fn = native.loss or cross_entropy
         self.n_batches = batches.n_batches
         self.accum = config.accum_steps
         self._i = 0
         self.loader: DataLoader[tuple[torch.Tensor, ...]] | None = None
         self._iter: Iterator[list[torch.Tensor]] | None = None
+        self._tree = (batches.x, batches.y)  # the structure a batch is rebuilt into
         if config.data == "pipeline":
-            # the framework's real input pipeline over the same samples, in the same order
-            flat = TensorDataset(torch.from_numpy(batches.x.reshape(-1, *batches.x.shape[2:])),
-                                 torch.from_numpy(batches.y.reshape(-1)))
+            # the framework's real input pipeline over the same samples, in the same order (every
+            # array of a structured batch one tensor of the dataset)
+            leaves = tree_leaves(self._tree)
+            flat = TensorDataset(*(torch.from_numpy(a.reshape(-1, *a.shape[2:])) for a in leaves))
             # the batch of one step as the data holds it: dp:N's global batch is N x batch_size
-            self.loader = DataLoader(flat, batch_size=batches.y.shape[1], shuffle=False, drop_last=True,
+            self.loader = DataLoader(flat, batch_size=batches.batch_size, shuffle=False, drop_last=True,
                                      num_workers=config.data_workers, pin_memory=self.cuda,
                                      persistent_workers=config.data_workers > 0)
             self._iter = iter(self.loader)
         else:
-            self.x = torch.from_numpy(batches.x).to(self.device)
+            self.x = tree_map(lambda a: torch.from_numpy(a).to(self.device), batches.x)
             if self.memory_format is not None:
                 self.x = channels_last_pool(self.x)
-            self.y = torch.from_numpy(batches.y).to(self.device)
+            self.y = tree_map(lambda a: torch.from_numpy(a).to(self.device), batches.y)
         self.scaler = torch.amp.GradScaler(self.device.type) if config.precision == "amp-fp16" else None
         self._loss: torch.Tensor | None = None
         self._compiles = CompileCounter() if config.compile in TORCH_COMPILE_MODES else None
@@ -269,27 +281,29 @@ class TorchTrainer(TorchTrainerBase):
         self._iter = self.loader = None
         super().close()
 
-    def _next_pipeline_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _next_pipeline_batch(self) -> tuple[Tree, Tree]:
         assert self._iter is not None and self.loader is not None  # pipeline mode, not closed
         try:
-            x, y = next(self._iter)
+            leaves = next(self._iter)
         except StopIteration:  # a new epoch: its start-up cost is part of pipeline mode
             self._iter = iter(self.loader)
-            x, y = next(self._iter)
+            leaves = next(self._iter)
         if self.memory_format is not None:
+            x, y = leaves
             return (x.to(self.device, non_blocking=True, memory_format=self.memory_format),
                     y.to(self.device, non_blocking=True))
-        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        moved = iter([a.to(self.device, non_blocking=True) for a in leaves])
+        x, y = tree_map(lambda _: next(moved), self._tree)
+        return x, y
 
-    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _next_batch(self) -> tuple[Tree, Tree]:
         if self.loader is not None:
             return self._next_pipeline_batch()
         i = self._i
         self._i = (i + 1) % self.n_batches
-        return self.x[i], self.y[i]
+        return tree_map(lambda a: a[i], self.x), tree_map(lambda a: a[i], self.y)
 
-    def train_step(self, next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]], lap: Lap = no_lap
-                   ) -> torch.Tensor:
+    def train_step(self, next_batch: Callable[[], tuple[Tree, Tree]], lap: Lap = no_lap) -> torch.Tensor:
         """One optimizer update on the next batch, or (gradient accumulation) on the mean loss
         over ``accum`` micro-batches; returns the detached loss. ``lap(phase)`` ends each phase
         (the breakdown pass; a no-op otherwise). Built into a step by compile.build_step."""
@@ -299,7 +313,7 @@ class TorchTrainer(TorchTrainerBase):
             x, y = next_batch()
             lap("data")
             with self.autocast:
-                part = self.loss_fn(self.forward(x), y)
+                part = self.loss_fn(call_model(self.forward, x), y)
             if self.accum > 1:
                 part = part / self.accum
             lap("forward")

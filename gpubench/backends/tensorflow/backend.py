@@ -9,7 +9,7 @@ from gpubench.backends.tensorflow.runtime import import_tf
 from gpubench.options import PRECISIONS, Capabilities, device_index, device_kind, parse_parallelism
 
 if TYPE_CHECKING:
-    from gpubench.backends.base import Trainer
+    from gpubench.backends.base import NativeModel, Trainer
     from gpubench.config import Config
     from gpubench.workloads.base import WorkloadSpec
     from gpubench.workloads.data import Batches
@@ -112,10 +112,16 @@ class TensorFlowBackend(Backend):
                 return "TensorFlow's runtime had started before its thread pools could be set"
         return None
 
-    def build(self, spec: WorkloadSpec, config: Config, batches: Batches) -> Trainer:
+    def native(self, config: Config) -> NativeModel:
+        import_tf()
+        from gpubench.backends.tensorflow.native import native_model
+
+        return native_model(config)
+
+    def build(self, model: NativeModel | WorkloadSpec, config: Config, batches: Batches) -> Trainer:
         from gpubench.backends.tensorflow.trainer import TFTrainer
 
-        return TFTrainer(spec, config, batches)
+        return TFTrainer(model, config, batches)
 
     def is_oom(self, exc: BaseException) -> bool:
         tf = import_tf()

@@ -12,20 +12,18 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from gpubench.backends.base import Lap, ProfilingUnavailable, Trainer
+from gpubench.backends.base import Lap, NativeModel, ProfilingUnavailable, Trainer, Unsupported
 from gpubench.backends.tensorflow.layout import nhwc_data
-from gpubench.backends.tensorflow.model import build_model
+from gpubench.backends.tensorflow.native import POLICIES, as_native, builtin_loss
 from gpubench.backends.tensorflow.runtime import import_tf, tf_device
 from gpubench.config import Config
 from gpubench.measure.clocks import clock_ns
 from gpubench.measure.timers import HostStepTimer, StepTimer
 from gpubench.options import device_kind, parse_parallelism
 from gpubench.workloads.base import WorkloadSpec
-from gpubench.workloads.data import Batches
+from gpubench.workloads.data import Batches, tree_map
 
 import_tf()  # GPU memory growth on before anything touches a GPU, however the trainer is built
-
-POLICIES = {"amp-fp16": "mixed_float16", "amp-bf16": "mixed_bfloat16"}
 
 
 class WindowTimer:
@@ -112,8 +110,17 @@ def _multiworker_strategy(gpu: bool) -> tf.distribute.Strategy:
 _GATHER_BYTES = 1 << 14  # room for one rank's summary in all_gather
 
 
+def _micro(tree: Any, k: int) -> Any:
+    """Micro-batch ``k`` of a pipeline element holding the micro-batches of one step."""
+    return tree_map(lambda a: a[k], tree)
+
+
 class TFTrainer(Trainer):
-    def __init__(self, spec: WorkloadSpec, config: Config, batches: Batches) -> None:
+    def __init__(self, native: NativeModel | WorkloadSpec, config: Config, batches: Batches) -> None:
+        native = as_native(native, config)
+        if config.checkpointing != "none":
+            raise Unsupported("checkpointing is a PyTorch setting here")
+        self.native = native
         self.gpu = device_kind(config.device) == "cuda"
         self.device = tf_device(config.device)
         self.xla = config.compile == "xla"
@@ -132,19 +139,25 @@ class TFTrainer(Trainer):
         keras.utils.set_random_seed(config.seed)
         policy = POLICIES.get(config.precision)
         self.accum = config.accum_steps
-        n_batches, batch = batches.y.shape
-        sample_ndim = batches.x.ndim - 2
-        x = nhwc_data(batches.x, sample_ndim)
+        n_batches, batch = batches.n_batches, batches.batch_size
+        # a built-in spec's data is channels first (C, H, W); Keras takes channels last
+        x = nhwc_data(batches.x, batches.x.ndim - 2) if native.channels_first_data else batches.x
+        self.loss_fn = native.loss or builtin_loss()
         if self.strategy is not None:
-            self._init_mirrored(spec, config, x, batches.y, policy)
+            if batches.structured:
+                raise Unsupported(f"{config.parallelism} distributes one input array per batch; this model takes "
+                                  "several")
+            self._init_mirrored(native, config, x, batches.y, policy)
             return
         with tf.device(self.device):
-            self._build_model(spec, config, policy)
-            self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+            self._build_model(native, config, policy)
             xla = config.compile == "xla"
             self.pipeline = config.data == "pipeline"
             if self.pipeline:
-                ds = tf.data.Dataset.from_tensor_slices((x.reshape(-1, *x.shape[2:]), batches.y.reshape(-1)))
+                def flat(a: np.ndarray) -> np.ndarray:
+                    return a.reshape(-1, *a.shape[2:])
+
+                ds = tf.data.Dataset.from_tensor_slices((tree_map(flat, x), tree_map(flat, batches.y)))
                 ds = ds.batch(batch, drop_remainder=True)
                 if self.accum > 1:  # one element = the micro-batches of one optimizer step
                     ds = ds.batch(self.accum, drop_remainder=True)
@@ -156,8 +169,8 @@ class TFTrainer(Trainer):
                 self._iter = iter(ds)
                 self._step = tf.function(self._train_step, jit_compile=xla)
             else:
-                self.x = tf.constant(x)
-                self.y = tf.constant(batches.y)
+                self.x = tree_map(tf.constant, x)
+                self.y = tree_map(tf.constant, batches.y)
                 self.n_batches = n_batches
                 self.counter = tf.Variable(0, dtype=tf.int64, trainable=False)
                 self._step = tf.function(self._device_step, jit_compile=xla)
@@ -187,10 +200,10 @@ class TFTrainer(Trainer):
             self.sync()
             tf.config.experimental.reset_memory_stats(self._memory_device)
 
-    def _build_model(self, spec: WorkloadSpec, config: Config, policy: str | None) -> None:
+    def _build_model(self, native: NativeModel, config: Config, policy: str | None) -> None:
         """Model and optimizer (loss-scaled for amp-fp16), built under the caller's device or
         strategy scope so that their variables are placed there."""
-        self.model = build_model(spec, spec.init_weights(config.seed), policy, config.seed)
+        self.model = native.build()
         optimizer = make_optimizer(config.optimizer, config.lr)
         self.scaled = config.precision == "amp-fp16"
         if self.scaled:
@@ -198,7 +211,7 @@ class TFTrainer(Trainer):
         optimizer.build(self.model.trainable_variables)
         self.optimizer = optimizer
 
-    def _init_mirrored(self, spec: WorkloadSpec, config: Config, x: np.ndarray, y: np.ndarray,
+    def _init_mirrored(self, native: NativeModel, config: Config, x: np.ndarray, y: np.ndarray,
                        policy: str | None) -> None:
         """MirroredStrategy (this process's replicas are all of them; ``x``, ``y`` the global
         batches) and MultiWorkerMirroredStrategy (``x``, ``y`` this worker's shard of every
@@ -206,7 +219,7 @@ class TFTrainer(Trainer):
         strategy = self.strategy
         assert strategy is not None  # only mirrored and multiworker configs come here
         with strategy.scope():  # variables mirrored on every replica
-            self._build_model(spec, config, policy)
+            self._build_model(native, config, policy)
         self.pipeline = config.data == "pipeline"
         local = len(strategy.extended.worker_devices)  # replicas in this process
         first = self.rank * local  # the global replica id of the first of them
@@ -215,7 +228,13 @@ class TFTrainer(Trainer):
         global_batch = b * strategy.num_replicas_in_sync
         # per example; each replica's mean is over the global batch, so the replicas' gradients
         # sum (the optimizer all-reduces them) to the gradient of the global batch's mean loss
-        per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+        if native.loss is not None:
+            raise Unsupported(f"{config.parallelism} averages a per-example loss over the global batch; a loss "
+                              "function of your own gives one number per replica")
+        sparse = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+        def per_example(yb: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+            return sparse(yb, tf.cast(logits, tf.float32))
 
         def replica_step(xb: tf.Tensor, yb: tf.Tensor) -> tf.Tensor:
             variables = self.model.trainable_variables
@@ -273,7 +292,7 @@ class TFTrainer(Trainer):
         with tf.device(self.device):
             if self.accum == 1:
                 return self._train_step_body([(x, y)])
-            return self._train_step_body([(x[k], y[k]) for k in range(self.accum)])
+            return self._train_step_body([(_micro(x, k), _micro(y, k)) for k in range(self.accum)])
 
     def _forward_loss(self, x: tf.Tensor, y: tf.Tensor, n_micro: int) -> tf.Tensor:
         """Forward and loss of one micro-batch (its share of the mean over ``n_micro``)."""
@@ -305,7 +324,7 @@ class TFTrainer(Trainer):
     def _next_device_batch(self) -> tuple[tf.Tensor, tf.Tensor]:
         i = self.counter % self.n_batches
         self.counter.assign_add(1)
-        return tf.gather(self.x, i), tf.gather(self.y, i)
+        return tree_map(lambda a: tf.gather(a, i), self.x), tree_map(lambda a: tf.gather(a, i), self.y)
 
     def _device_step(self) -> tf.Tensor:
         with tf.device(self.device):

@@ -1,0 +1,335 @@
+"""A config's model as a ``torch.nn.Module``, whatever its source: a built-in spec, the user's
+factory (``module:function``), or a zoo's model by name (torchvision, timm, Hugging Face).
+
+For a model that is not a built-in, the model is built once on the host here, before the
+trainer: its output tells the classes of the synthetic task where the suite gives none, and
+``torch.utils.flop_counter.FlopCounterMode`` counts one training step's FLOPs (forward, loss,
+backward) at batch 2, halved: PyTorch's own count, from the operators the model really runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from gpubench.backends.base import NativeModel
+from gpubench.config import Config
+from gpubench.workloads import WORKLOADS, get_workload
+from gpubench.workloads.base import WorkloadSpec
+from gpubench.workloads.data import (
+    Batches,
+    SyntheticTask,
+    Tree,
+    function_batches,
+    make_batches,
+    synthetic_batches,
+    synthetic_tokens,
+    tree_leaves,
+    tree_map,
+)
+from gpubench.workloads.source import (
+    ModelRef,
+    SourceError,
+    check_arguments,
+    code_origin,
+    import_function,
+    nearest,
+    parse_workload,
+)
+
+FLOP_COUNT_BATCH = 2
+DEFAULT_IMAGE = (3, 224, 224)
+DEFAULT_TOKENS = 128  # a language model's sequence length where the suite gives none (at most its context)
+
+
+def call_model(model: Callable[..., Any], x: Tree) -> Any:
+    """The model on a batch as it takes it: one tensor, several (a tuple), or keywords (a dict)."""
+    if isinstance(x, dict):
+        return model(**x)
+    if isinstance(x, (tuple, list)):
+        return model(*x)
+    return model(x)
+
+
+def logits_of(out: Any) -> torch.Tensor:
+    """The scores in a model's output: a tensor, a Hugging Face output's ``logits``, a dict's
+    ``"logits"``, or the first element of a tuple (torchvision's auxiliary outputs)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(out, dict) and isinstance(out.get("logits"), torch.Tensor):
+        return out["logits"]
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    raise TypeError(f"the model returned {type(out).__name__}, which holds no logits tensor; name a loss function "
+                    "(loss = \"module:function\") that takes this output")
+
+
+def cross_entropy(out: Any, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the logits against class targets: (N, C) vs (N,), or a sequence's
+    (N, T, V) vs (N, T), its positions flattened. In float32 (autocast's rule for the loss)."""
+    logits = logits_of(out)
+    if logits.dim() == y.dim() + 1 and logits.dim() > 2:
+        logits = logits.reshape(-1, logits.shape[-1])
+        y = y.reshape(-1)
+    return nn.functional.cross_entropy(logits.float(), y)
+
+
+def native_model(config: Config) -> NativeModel:
+    ref = parse_workload(config.workload, sorted(WORKLOADS))
+    if ref.kind == "builtin":
+        return _builtin(get_workload(config.workload).spec(**dict(config.workload_params)), config)
+    build, task, facts = _source(ref, config)
+    loss = import_function(config.loss, "loss") if config.loss != "cross_entropy" else None
+    batch_fn = import_function(config.batches, "batches") if config.batches else None
+    probe = build()
+    if not isinstance(probe, nn.Module):
+        raise SourceError(f"workload {config.workload!r}: the factory returned {type(probe).__name__}, not a "
+                          "torch.nn.Module (framework = torch)")
+    facts["params"] = sum(p.numel() for p in probe.parameters())
+    if batch_fn is not None:
+        sample = function_batches(batch_fn, FLOP_COUNT_BATCH, 1, f"batches {config.batches!r}")
+    else:
+        task = _with_classes(task, probe, config)
+        facts["input_shape"], facts["num_classes"] = list(task.input_shape), task.num_classes
+        facts["task"] = task.kind
+        sample = one_batch(task, FLOP_COUNT_BATCH, config.seed)
+    facts.update(count_train_flops(probe, sample, loss or cross_entropy))
+    sequential = isinstance(probe, nn.Sequential)
+    del probe
+
+    def batches(batch: int, group: int) -> Batches:
+        if batch_fn is not None:
+            return function_batches(batch_fn, batch, 4 * group, f"batches {config.batches!r}")
+        assert task is not None  # no batch function: the synthetic task
+        return make_batches(task, "synthetic", "", batch, config.seed, group)
+
+    return NativeModel(build=build, make_batches=batches, facts=facts, loss=loss, sequential=sequential)
+
+
+def one_batch(task: SyntheticTask, batch: int, seed: int) -> Batches:
+    """One batch of the task's synthetic data (to count FLOPs with)."""
+    if task.kind == "tokens":
+        return synthetic_tokens(task.num_classes, task.input_shape[0], batch, 1, seed)
+    return synthetic_batches(task, batch, 1, seed)
+
+
+def as_native(model: NativeModel | WorkloadSpec, config: Config) -> NativeModel:
+    """A built-in spec handed over directly (tests, the overhead benchmark) as its NativeModel."""
+    return _builtin(model, config) if isinstance(model, WorkloadSpec) else model
+
+
+def _builtin(spec: WorkloadSpec, config: Config) -> NativeModel:
+    from gpubench.backends.pytorch.model import build_model
+
+    facts = {"params": spec.params, "flops_per_sample": spec.train_flops_per_sample,
+             "forward_flops_per_sample": spec.forward_flops_per_sample,
+             "source": "builtin", "identical": True,
+             "flops_counted_by": "gpubench, from the spec (convolutions and matrix multiplies)"}
+    return NativeModel(build=lambda: build_model(spec, spec.init_weights(config.seed)),
+                       make_batches=lambda batch, group: make_batches(spec, config.dataset, config.data_dir, batch,
+                                                                      config.seed, group),
+                       facts=facts, spec=spec, sequential=True)
+
+
+def _seeded(make: Callable[[], nn.Module], seed: int) -> Callable[[], nn.Module]:
+    """``make`` with the torch generator seeded first: every build gives the same weights."""
+    def build() -> nn.Module:
+        torch.manual_seed(seed)
+        return make()
+    return build
+
+
+def _source(ref: ModelRef, config: Config) -> tuple[Callable[[], nn.Module], SyntheticTask | None, dict[str, Any]]:
+    """(a builder of the model, the synthetic task it trains on (classes unknown: 0), facts)."""
+    kwargs = dict(config.workload_params)
+    shape = config.input_shape
+    if ref.kind == "factory":
+        fn = import_function(config.workload, "workload")
+        check_arguments(fn, kwargs, config.workload)
+        facts = {"source": "factory", "identical": False, "origin": code_origin(fn)}
+        task = SyntheticTask(shape, config.num_classes) if shape else None
+        if task is None and not config.batches:
+            raise SourceError(f"workload {config.workload!r}: set input_shape (one sample's shape, e.g. [3, 32, 32]) "
+                              "or a batch function (batches = \"module:function\")")
+        return _seeded(lambda: fn(**kwargs), config.seed), task, facts
+    facts = {"source": ref.module, "identical": False, "model_name": ref.name}
+    if ref.module == "torchvision":
+        return _torchvision(ref, config, kwargs, facts)
+    if ref.module == "timm":
+        return _timm(ref, config, kwargs, facts)
+    if ref.module == "hf":
+        return _hf(ref, config, kwargs, facts)
+    raise SourceError(f"workload {config.workload!r}: {ref.module} models train with another framework")
+
+
+def _classes_kw(config: Config) -> dict[str, Any]:
+    return {"num_classes": config.num_classes} if config.num_classes else {}
+
+
+def _torchvision(ref: ModelRef, config: Config, kwargs: dict[str, Any], facts: dict[str, Any]) -> Any:
+    import torchvision
+
+    facts["version"] = torchvision.__version__
+    names = torchvision.models.list_models()
+    if ref.name not in names:
+        raise SourceError(f"workload {ref.text!r}: torchvision has no model {ref.name!r}{nearest(ref.name, names)}")
+    kw = {**_classes_kw(config), **kwargs}
+    make = lambda: torchvision.models.get_model(ref.name, weights=None, **kw)  # noqa: E731
+    return _seeded(make, config.seed), SyntheticTask(config.input_shape or DEFAULT_IMAGE, config.num_classes), facts
+
+
+def _timm(ref: ModelRef, config: Config, kwargs: dict[str, Any], facts: dict[str, Any]) -> Any:
+    import timm
+
+    facts["version"] = timm.__version__
+    names = timm.list_models()
+    if ref.name not in names:
+        raise SourceError(f"workload {ref.text!r}: timm has no model {ref.name!r}{nearest(ref.name, names)}")
+    kw = {**_classes_kw(config), **kwargs}
+    make = lambda: timm.create_model(ref.name, pretrained=False, **kw)  # noqa: E731
+    shape = config.input_shape
+    if not shape:
+        cfg = timm.get_pretrained_cfg(ref.name)
+        shape = tuple(getattr(cfg, "input_size", None) or DEFAULT_IMAGE) if cfg is not None else DEFAULT_IMAGE
+    return _seeded(make, config.seed), SyntheticTask(tuple(shape), config.num_classes), facts
+
+
+def _hf(ref: ModelRef, config: Config, kwargs: dict[str, Any], facts: dict[str, Any]) -> Any:
+    import transformers
+    from transformers import AutoConfig
+    from transformers.models.auto import modeling_auto as auto
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    facts["version"] = transformers.__version__
+    names = list(CONFIG_MAPPING.keys())
+    if ref.name not in names:
+        raise SourceError(f"workload {ref.text!r}: Transformers has no model type {ref.name!r}"
+                          f"{nearest(ref.name, names)}")
+    try:
+        cfg = AutoConfig.for_model(ref.name, **kwargs)
+    except Exception as e:  # noqa: BLE001 - a bad config argument: say which
+        raise SourceError(f"workload {ref.text!r}: its config does not take these args: {e}") from None
+    if hasattr(cfg, "use_cache"):
+        cfg.use_cache = False  # training: no key/value cache
+    kind = type(cfg)
+    if kind in auto.MODEL_FOR_CAUSAL_LM_MAPPING or kind in auto.MODEL_FOR_MASKED_LM_MAPPING:
+        head = (transformers.AutoModelForCausalLM if kind in auto.MODEL_FOR_CAUSAL_LM_MAPPING
+                else transformers.AutoModelForMaskedLM)
+        context: int = next((int(getattr(cfg, a)) for a in ("n_positions", "max_position_embeddings")
+                             if getattr(cfg, a, None)), DEFAULT_TOKENS)
+        seq = config.input_shape[0] if config.input_shape else min(DEFAULT_TOKENS, int(context))
+        facts["head"] = head.__name__
+        task = SyntheticTask((seq,), int(cfg.vocab_size), kind="tokens")
+        return _seeded(lambda: head.from_config(cfg), config.seed), task, facts
+    if kind in auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING:
+        if config.num_classes:
+            cfg.num_labels = config.num_classes
+        size = getattr(cfg, "image_size", 224)
+        size = size if isinstance(size, int) else int(size[0])
+        shape = config.input_shape or (int(getattr(cfg, "num_channels", 3)), size, size)
+        facts["head"] = "AutoModelForImageClassification"
+        make = lambda: transformers.AutoModelForImageClassification.from_config(cfg)  # noqa: E731
+        return _seeded(make, config.seed), SyntheticTask(tuple(shape), int(cfg.num_labels or 2)), facts
+    raise SourceError(f"workload {ref.text!r}: gpubench trains Transformers models with a causal or masked language "
+                      f"modelling head or an image classification head; {ref.name} has none of them")
+
+
+def _with_classes(task: SyntheticTask | None, model: nn.Module, config: Config) -> SyntheticTask:
+    """The task with its classes: the suite's, else the size of the model's last output
+    dimension (a forward pass on two samples)."""
+    assert task is not None  # no batch function: the task is known
+    if task.num_classes:
+        return task
+    x = torch.from_numpy(np.zeros((FLOP_COUNT_BATCH, *task.input_shape), np.float32))
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = logits_of(call_model(model, x))
+    except Exception as e:  # noqa: BLE001 - the model rejects the input: say which shape
+        raise SourceError(f"workload {config.workload!r}: the model does not take input_shape "
+                          f"{list(task.input_shape)} (batch first): {type(e).__name__}: {e}") from None
+    finally:
+        model.train()
+    if out.dim() != 2:
+        raise SourceError(f"workload {config.workload!r}: output of shape {list(out.shape)} for a batch of "
+                          f"{FLOP_COUNT_BATCH}; the synthetic task needs (batch, classes): set num_classes, or name "
+                          "a batch function and a loss")
+    return SyntheticTask(task.input_shape, int(out.shape[1]), task.kind)
+
+
+def _conv_backward_flops(grad_out_shape: Any, x_shape: Any, w_shape: Any, _bias: Any, _stride: Any, _padding: Any,
+                         _dilation: Any, transposed: bool, _output_padding: Any, _groups: Any, output_mask: Any,
+                         out_shape: Any = None) -> int:
+    """A convolution's backward FLOPs: each gradient it computes (input, weight) costs what the
+    forward convolution does, 2 x output elements x the weight's elements per output channel.
+    FlopCounterMode's own formula (torch 2.14) leaves the groups out and so counts a depthwise
+    convolution's backward ``channels`` times over (17x its forward in a 16-channel test)."""
+    per_output = math.prod(w_shape[1:])
+    outputs = math.prod(x_shape) if transposed else math.prod(grad_out_shape)
+    forward = 2 * outputs * per_output
+    return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
+
+
+def count_train_flops(model: nn.Module, sample: Batches, loss_fn: Callable[[Any, Any], Any]) -> dict[str, Any]:
+    """``flops_per_sample`` of one training step (forward, loss, backward; not the optimizer)
+    counted by FlopCounterMode at batch 2, halved; or ``flops_per_sample`` None and why. The
+    model's buffers (batch norm statistics) and gradients are put back as they were."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x, y = sample.sample(FLOP_COUNT_BATCH)
+    x, y = tree_map(torch.from_numpy, x), tree_map(torch.from_numpy, y)
+    n = int(tree_leaves(x)[0].shape[0])
+    saved = [b.detach().clone() for b in model.buffers()]
+    counter = FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: _conv_backward_flops})
+    try:
+        with torch.random.fork_rng(), counter:
+            loss = loss_fn(call_model(model, x), y)
+            loss.backward()
+    except Exception as e:  # noqa: BLE001 - the count is a measurement aid; the training will say more
+        return {"flops_per_sample": None, "flops_note": f"no count: a step on the host failed ({type(e).__name__}: "
+                                                        f"{str(e).splitlines()[0] if str(e) else ''})"}
+    finally:
+        model.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for b, s in zip(model.buffers(), saved):
+                b.copy_(s)
+    total = int(counter.get_total_flops())
+    if total <= 0:
+        return {"flops_per_sample": None, "flops_note": "no count: FlopCounterMode saw no matrix multiply or "
+                                                        "convolution"}
+    fwd = _forward_flops(model, x)
+    out: dict[str, Any] = {"flops_per_sample": total // n if total % n == 0 else math.ceil(total / n),
+                           "flops_counted_by": "torch.utils.flop_counter.FlopCounterMode over one training step "
+                                               f"(forward, loss, backward) at batch {n}, divided by {n}; convolution "
+                                               "backward counted with its groups"}
+    if fwd is not None:
+        out["forward_flops_per_sample"] = fwd // n
+    return out
+
+
+def _forward_flops(model: nn.Module, x: Tree) -> int | None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    saved = [b.detach().clone() for b in model.buffers()]
+    try:
+        with torch.no_grad(), torch.random.fork_rng(), counter:
+            call_model(model, x)
+    except Exception:  # noqa: BLE001 - the training count stands without it
+        return None
+    finally:
+        with torch.no_grad():
+            for b, s in zip(model.buffers(), saved):
+                b.copy_(s)
+    return int(counter.get_total_flops())
+
+
+__all__ = ["as_native", "call_model", "count_train_flops", "cross_entropy", "logits_of", "native_model", "one_batch"]

@@ -1,0 +1,182 @@
+"""A config's model as a ``keras.Model``, whatever its source: a built-in spec, the user's
+factory (``module:function``), or keras.applications by name (``keras:ResNet50``).
+
+A user's model takes its data in its own layout (channels last, as Keras builds images), so
+``input_shape`` is one sample's shape as the model takes it. Mixed precision is Keras' own:
+the dtype policy is set globally while the factory builds the model, so its layers compute in
+float16 or bfloat16 with float32 variables; the loss is computed in float32.
+
+For a model that is not a built-in, the model is built once here, before the trainer: its
+output tells the classes of the synthetic task where the suite gives none, and
+gpubench.backends.tensorflow.flops counts one training step's FLOPs at batch 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from gpubench.backends.base import NativeModel
+from gpubench.config import Config
+from gpubench.workloads import WORKLOADS, get_workload
+from gpubench.workloads.base import WorkloadSpec
+from gpubench.workloads.data import (
+    Batches,
+    SyntheticTask,
+    function_batches,
+    make_batches,
+    synthetic_batches,
+    synthetic_tokens,
+)
+from gpubench.workloads.source import (
+    ModelRef,
+    SourceError,
+    check_arguments,
+    code_origin,
+    import_function,
+    nearest,
+    parse_workload,
+)
+
+POLICIES = {"amp-fp16": "mixed_float16", "amp-bf16": "mixed_bfloat16"}
+FLOP_COUNT_BATCH = 2
+DEFAULT_IMAGE = (224, 224, 3)
+
+
+def builtin_loss() -> Callable[[Any, Any], Any]:
+    """Sparse cross-entropy from the logits, in float32 (Keras' argument order: targets first)."""
+    sparse = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def loss(y: Any, out: Any) -> Any:
+        return sparse(y, tf.cast(out, tf.float32))
+    return loss
+
+
+def as_native(model: NativeModel | WorkloadSpec, config: Config) -> NativeModel:
+    """A built-in spec handed over directly (tests, the overhead benchmark) as its NativeModel."""
+    return _builtin(model, config) if isinstance(model, WorkloadSpec) else model
+
+
+def _builtin(spec: WorkloadSpec, config: Config) -> NativeModel:
+    from gpubench.backends.tensorflow.model import build_model
+
+    facts = {"params": spec.params, "flops_per_sample": spec.train_flops_per_sample,
+             "forward_flops_per_sample": spec.forward_flops_per_sample, "source": "builtin", "identical": True,
+             "flops_counted_by": "gpubench, from the spec (convolutions and matrix multiplies)"}
+    policy = POLICIES.get(config.precision)
+    return NativeModel(build=lambda: build_model(spec, spec.init_weights(config.seed), policy, config.seed),
+                       make_batches=lambda batch, group: make_batches(spec, config.dataset, config.data_dir, batch,
+                                                                      config.seed, group),
+                       facts=facts, spec=spec, sequential=True, channels_first_data=True)
+
+
+def native_model(config: Config) -> NativeModel:
+    ref = parse_workload(config.workload, sorted(WORKLOADS))
+    if ref.kind == "builtin":
+        return _builtin(get_workload(config.workload).spec(**dict(config.workload_params)), config)
+    make, facts = _source(ref, config)
+    user_loss = import_function(config.loss, "loss") if config.loss != "cross_entropy" else None
+    batch_fn = import_function(config.batches, "batches") if config.batches else None
+    probe = _built(make, None, config.seed)
+    if not isinstance(probe, keras.Model):
+        raise SourceError(f"workload {config.workload!r}: the factory returned {type(probe).__name__}, not a "
+                          "keras.Model (framework = tensorflow)")
+    task = None
+    if batch_fn is None:
+        task = _task(probe, config)
+        facts.update(input_shape=list(task.input_shape), num_classes=task.num_classes, task=task.kind)
+        sample = (synthetic_tokens(task.num_classes, task.input_shape[0], FLOP_COUNT_BATCH, 1, config.seed)
+                  if task.kind == "tokens" else synthetic_batches(task, FLOP_COUNT_BATCH, 1, config.seed))
+    else:
+        sample = function_batches(batch_fn, FLOP_COUNT_BATCH, 1, f"batches {config.batches!r}")
+    facts["params"] = int(sum(np.prod(v.shape) for v in probe.trainable_variables + probe.non_trainable_variables))
+    loss = _keras_order(user_loss) if user_loss is not None else builtin_loss()
+    from gpubench.backends.tensorflow.flops import keras_train_flops
+
+    x, y = sample.sample(FLOP_COUNT_BATCH)
+    flops, how = keras_train_flops(probe, x, y, loss)
+    facts.update({"flops_per_sample": flops, "flops_counted_by" if flops is not None else "flops_note": how})
+    del probe
+    keras.backend.clear_session()
+    policy = POLICIES.get(config.precision)
+
+    def batches(batch: int, group: int) -> Batches:
+        if batch_fn is not None:
+            return function_batches(batch_fn, batch, 4 * group, f"batches {config.batches!r}")
+        assert task is not None
+        return make_batches(task, "synthetic", "", batch, config.seed, group)
+
+    return NativeModel(build=lambda: _built(make, policy, config.seed), make_batches=batches, facts=facts,
+                       loss=loss)
+
+
+def _keras_order(fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """A user's ``loss(outputs, targets)`` (gpubench's order in every framework) as Keras'
+    ``loss(targets, outputs)``."""
+    def loss(y: Any, out: Any) -> Any:
+        return fn(out, y)
+    return loss
+
+
+def _built(make: Callable[[], Any], policy: str | None, seed: int) -> Any:
+    """The model, built with the dtype policy set globally (then put back) and Keras seeded:
+    every build gives the same weights."""
+    keras.utils.set_random_seed(seed)
+    before = keras.mixed_precision.dtype_policy()
+    keras.mixed_precision.set_dtype_policy(policy or "float32")
+    try:
+        return make()
+    finally:
+        keras.mixed_precision.set_dtype_policy(before)
+
+
+def _source(ref: ModelRef, config: Config) -> tuple[Callable[[], Any], dict[str, Any]]:
+    kwargs = dict(config.workload_params)
+    if ref.kind == "factory":
+        fn = import_function(config.workload, "workload")
+        check_arguments(fn, kwargs, config.workload)
+        return (lambda: fn(**kwargs)), {"source": "factory", "identical": False, "origin": code_origin(fn)}
+    if ref.module != "keras":
+        raise SourceError(f"workload {config.workload!r}: {ref.module} models train with another framework")
+    names = [n for n in dir(keras.applications) if n[:1].isupper() and callable(getattr(keras.applications, n))]
+    if ref.name not in names:
+        raise SourceError(f"workload {ref.text!r}: keras.applications has no model {ref.name!r}"
+                          f"{nearest(ref.name, names)}")
+    app = getattr(keras.applications, ref.name)
+    kw = {"weights": None, "input_shape": tuple(config.input_shape or DEFAULT_IMAGE),
+          "classes": config.num_classes or 1000, "classifier_activation": None, **kwargs}
+    return (lambda: app(**kw)), {"source": "keras", "identical": False, "model_name": ref.name,
+                                 "version": keras.__version__}
+
+
+def _task(model: Any, config: Config) -> SyntheticTask:
+    """The synthetic task: one sample's shape (the suite's, else the model's declared input) and
+    the classes (the suite's, else the model's last output dimension)."""
+    shape = tuple(config.input_shape)
+    if not shape:
+        declared = getattr(model, "input_shape", None) if model.built else None
+        if not isinstance(declared, tuple) or any(d is None for d in declared[1:]):
+            raise SourceError(f"workload {config.workload!r}: the model declares no fixed input shape; set "
+                              "input_shape (one sample, channels last, e.g. [32, 32, 3])")
+        shape = tuple(int(d) for d in declared[1:])
+    classes = config.num_classes
+    try:
+        out = model(np.zeros((FLOP_COUNT_BATCH, *shape), np.float32), training=False)
+    except Exception as e:  # noqa: BLE001 - the model rejects the input: say which shape
+        raise SourceError(f"workload {config.workload!r}: the model does not take input_shape {list(shape)} "
+                          f"(batch first): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    if len(out.shape) != 2:
+        raise SourceError(f"workload {config.workload!r}: output of shape {list(out.shape)} for a batch of "
+                          f"{FLOP_COUNT_BATCH}; the synthetic task needs (batch, classes): name a batch function "
+                          "and a loss")
+    if classes and int(out.shape[1]) != classes:
+        raise SourceError(f"workload {config.workload!r}: the model gives {int(out.shape[1])} outputs per sample; "
+                          f"num_classes = {classes}")
+    return SyntheticTask(shape, classes or int(out.shape[1]))
+
+
+__all__ = ["POLICIES", "as_native", "builtin_loss", "native_model"]
