@@ -53,6 +53,8 @@ def _default(name: str) -> str:
     from gpubench.config import DEFAULTS
 
     value = DEFAULTS[name]
+    if value == () or value == "":
+        return "none"
     return "required" if value is dataclasses.MISSING else _code(value)
 
 
@@ -73,6 +75,10 @@ def suite_keys_reference() -> str:
             "| key | workload | default | minimum | meaning |", "| --- | --- | --- | --- | --- |"]
     for wname, workload in sorted(WORKLOADS.items()):
         out += [f"| `{p.name}` | `{wname}` | {_code(p.default)} | `{p.minimum}` | {p.help} |" for p in workload.params]
+    out += ["| `args.<name>` | a factory `\"module:function\"` or a zoo's model | none | | a keyword argument: "
+            "`args.width = 16` calls `factory(width=16)`; for `hf:` a field of the model's config "
+            "(`args.n_layer = 2`), for `torchvision:`, `timm:` and `keras:` a keyword of the model's constructor. A "
+            "string, number or boolean; part of the config's id (`_width16`) |"]
     return "\n".join(out) + "\n"
 
 

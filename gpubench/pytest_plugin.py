@@ -104,16 +104,15 @@ def gpubench_benchmark(benchmark: Any) -> Callable[..., TrainingRound]:
             pytest.fail(f"gpubench_benchmark: parallelism: {config.parallelism} needs one process per rank; "
                         "the fixture benchmarks one process (single, grad-accum:N, dp:N, mirrored:N); "
                         "use gpubench run", pytrace=False)
+        from gpubench.workloads.source import SourceError
+
+        problem = None
         try:
             round_ = TrainingRound(config, steps_per_round)
-        except pytest.skip.Exception:
-            raise
-        except Exception as e:  # a factory that cannot be imported or returns no model: one line
-            from gpubench.workloads.source import SourceError
-
-            if isinstance(e, SourceError):
-                pytest.fail(f"gpubench_benchmark: {e}", pytrace=False)
-            raise
+        except SourceError as e:  # a factory that cannot be imported or returns no model: one line
+            problem = str(e)
+        if problem is not None:
+            pytest.fail(f"gpubench_benchmark: {problem}", pytrace=False)
         round_()  # cold start (allocation, autotuning, compilation) outside pytest-benchmark's rounds
         benchmark.extra_info.update({"config_id": config.config_id, "samples_per_round": round_.samples_per_round,
                                      "steps_per_round": steps_per_round})

@@ -413,7 +413,7 @@ class Suite:
         """Points of the matrix before ``exclude`` and de-duplication: what expansion would
         build, computed without building it."""
         axes = _ordered_axes(self.matrix)
-        total = math.prod(len(self.matrix[a]) for a in axes)
+        total = math.prod(len(self.matrix[a]) for a in axes) if axes or not self.include else 0
         for included in self.include:
             entry = self._narrow(included)
             if entry is not None:
@@ -439,7 +439,9 @@ class Suite:
         other config of the sweep has."""
         self.check_size()
         axes = _ordered_axes(self.matrix)
-        base = [dict(zip(axes, combo)) for combo in itertools.product(*(self.matrix[a] for a in axes))]
+        # a matrix of include entries alone is those entries (not also the defaults' one point)
+        base = ([dict(zip(axes, combo)) for combo in itertools.product(*(self.matrix[a] for a in axes))]
+                if axes or not self.include else [])
         points = [p for p in base if not any(_matches(p, e) for e in self.exclude)]
         for included in self.include:
             entry = self._narrow(included)

@@ -45,10 +45,15 @@ def test_each_suite_keys_help_names_every_value_it_allows():
     from gpubench.suite import SETTINGS
 
     allowed = {name: values for name, *values in (line.split() for line in out.splitlines())}
-    assert all(len(allowed.get(k, [])) >= 2 for k in ("workload", "precision", "compile", "pipeline_schedule"))
+    assert all(len(allowed.get(k, [])) >= 2 for k in ("optimizer", "precision", "compile", "pipeline_schedule"))
     missing = [f"{name}: {v}" for name, values in allowed.items() for v in values
                if f"`{v}`" not in SETTINGS[name].help]
     assert missing == []
+    # the workload is a built-in, a factory or a zoo's model: its help names each built-in and zoo
+    from gpubench.workloads.source import ZOOS
+
+    assert [w for w in ("cnn", "mlp", "resnet18", "resnet50") if f"`{w}`" not in SETTINGS["workload"].help] == []
+    assert [z for z in ZOOS if f'`"{z}:' not in SETTINGS["workload"].help] == []
 
 
 @pytest.mark.parametrize("words", sorted(EXAMPLES))
@@ -102,9 +107,9 @@ def test_the_commands_a_newcomer_copies_parse(page):
         build_parser().parse_args(argv)  # an unknown command, option or value exits 2 here
 
 
-def test_the_readme_is_short_and_shows_five_recipes():
+def test_the_readme_is_short_and_shows_six_recipes():
     readme = (REPO / "README.md").read_text()
-    assert len(readme.splitlines()) <= 160
+    assert len(readme.splitlines()) <= 170
     recipes = readme.split("## Recipes", 1)[1].split("\n## ", 1)[0]
-    assert len(re.findall(r"^\*\*[^*]+\*\*", recipes, re.M)) == 5
-    assert len(_gpubench_commands(recipes)) >= 5
+    assert len(re.findall(r"^\*\*[^*]+\*\*", recipes, re.M)) == 6
+    assert len(_gpubench_commands(recipes)) >= 6

@@ -81,14 +81,35 @@ def triage(base: list[Result], cur: list[Result], config_id: str, labels: tuple[
     if not b or not c:
         return []
     env = _env_lines(b, c, labels)
+    code = _code_lines(b, c, labels)
     telemetry, machine = _telemetry_lines(b, c, labels)
     hardware = [x for x in env if "GPUs/driver" in x or "cpu_model" in x or " cuda" in x or " cudnn" in x]
     if machine or hardware:
         reading = "the machine, not the code, is the likelier cause: compare again on a quiet, identical machine"
+    elif code:
+        reading = "the model's code differs (above) and the machine does not: that change is the likelier cause"
     elif env or telemetry:
         reading = "differences above, none of them a slower machine: the code or the setup is the likelier cause"
     else:
         reading = "no difference in the recorded environment or telemetry: the code is the likelier cause"
     profile = (f"phases: not in run results; `python -m gpubench profile SUITE --set ...` on each side breaks "
                f"a step of {config_id} into data, forward, backward and optimizer")
-    return [*env, *telemetry, reading, profile, f"reproduce: {reproduce}"]
+    return [*code, *env, *telemetry, reading, profile, f"reproduce: {reproduce}"]
+
+
+def _code_lines(base: list[Result], cur: list[Result], labels: tuple[str, str]) -> list[str]:
+    """The user's model code each side trained (``model.origin``: a factory's file, its SHA-1
+    and git commit), where the two differ."""
+    def origin(results: list[Result]) -> dict[str, Any]:
+        found = results[0].get("model", "origin")
+        return found if isinstance(found, dict) else {}
+
+    a, b = origin(base), origin(cur)
+    if not a or not b or a.get("file_sha1") == b.get("file_sha1"):
+        return []
+    commits = ""
+    if a.get("git_commit") and b.get("git_commit"):
+        commits = f"; commit {str(a['git_commit'])[:10]} ({labels[0]}) vs {str(b['git_commit'])[:10]} ({labels[1]})"
+    return [f"model code: {a.get('module')}.{a.get('function')} differs: {a.get('file')} (sha1 "
+            f"{str(a.get('file_sha1'))[:10]}, {labels[0]}) vs {b.get('file')} (sha1 {str(b.get('file_sha1'))[:10]}, "
+            f"{labels[1]}){commits}"]

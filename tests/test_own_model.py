@@ -1,0 +1,391 @@
+"""The user's own model: factories ("module:function"), zoo models by name, batch and loss
+functions, through run, the fixture, ab, profile and the Python API; and every bad input's line."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, plugin_env, run_cli
+
+torch = pytest.importorskip("torch")
+
+EXAMPLE = REPO / "examples" / "own-model"
+FAST = {"batch_size": 4, "warmup_steps": 1, "steps": 3, "windows": 2, "threads": 1}
+
+
+def fast_lines() -> str:
+    return "\n".join(f"{k} = {v}" for k, v in FAST.items())
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A copy of the example project (its model code and suite)."""
+    dest = tmp_path / "project"
+    shutil.copytree(EXAMPLE, dest)
+    return dest
+
+
+# --- names and settings -------------------------------------------------------------------------
+
+def test_workload_names_parse_into_their_source():
+    from gpubench.workloads.source import parse_workload
+
+    builtins = ["cnn", "mlp"]
+    assert parse_workload("cnn", builtins).kind == "builtin"
+    ref = parse_workload("pkg.models:make_net", builtins)
+    assert (ref.kind, ref.module, ref.name, ref.label) == ("factory", "pkg.models", "make_net", "pkg.models.make_net")
+    ref = parse_workload("timm:vit_tiny_patch16_224", builtins)
+    assert (ref.kind, ref.module, ref.name, ref.zoo.framework) == ("zoo", "timm", "vit_tiny_patch16_224", "torch")
+    assert parse_workload("keras:ResNet50", builtins).zoo.framework == "tensorflow"
+    with pytest.raises(ValueError, match=r"unknown workload 'resnet9'; expected one of: cnn, mlp; or a factory"):
+        parse_workload("resnet9", builtins)
+    with pytest.raises(ValueError, match="is not \"module:function\""):
+        parse_workload("my-models:f()", builtins)
+
+
+def test_suite_keys_of_a_factory_make_its_configs(tmp_path):
+    from gpubench.suite import load_suite
+
+    path = tmp_path / "s.toml"
+    path.write_text('[matrix]\nworkload = ["mymodels:small_convnet", "cnn"]\nargs.width = [8, 16]\n'
+                    '[defaults]\ninput_shape = [3, 32, 32]\nnum_classes = 10\n')
+    configs = load_suite(str(path)).expand()
+    ids = [c.config_id for c in configs]
+    assert ids == ["mymodels.small_convnet_width8-torch-cpu-bs64-fp32-single",
+                   "mymodels.small_convnet_width16-torch-cpu-bs64-fp32-single",
+                   "cnn-torch-cpu-bs64-fp32-single"]  # the built-in ignores the factory's settings: one point
+    assert configs[0].workload_params == (("width", 8),) and configs[0].input_shape == (3, 32, 32)
+    assert configs[2].input_shape == () and configs[2].workload_params == ()
+    # a built-in's hash is what it was before these settings existed
+    from gpubench.config import Config
+
+    assert Config(workload="cnn").config_hash == "a737ac528d48"
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[defaults]\nworkload = "mymodels:f"\ninput_shape = [3, 0]\n', "defaults.input_shape: expected a list of 1 to 8"),
+    ('[defaults]\nworkload = "mymodels:f"\nbatches = "nocolon"\n', 'batches: expected "module:function"'),
+    ('[defaults]\nworkload = "mymodels:f"\nloss = "mse"\n', "unknown loss 'mse'; expected one of: cross_entropy, or"),
+    ('[defaults]\nworkload = "cnn"\nargs.width = 3\n', "no workload in this suite takes 'args.width'"),
+    ('[defaults]\nworkload = "mymodels:f"\nargs.width = [1, 2]\n', "sweep lists belong in [matrix]"),
+])
+def test_bad_settings_of_a_factory_name_file_and_key(tmp_path, text, message):
+    from gpubench.errors import InputError
+    from gpubench.suite import load_suite
+
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    with pytest.raises(InputError) as err:
+        load_suite(str(path))
+    assert str(err.value).startswith(f"{path}: ") and message in str(err.value), str(err.value)
+
+
+# --- what gpubench counts ------------------------------------------------------------------------
+
+def _small_convnet(width: int):
+    from torch import nn
+
+    return nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.GroupNorm(4, width), nn.SiLU(),
+                         nn.Conv2d(width, width, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(width, 10))
+
+
+def test_flops_of_a_user_model_are_pytorchs_count_of_the_training_step():
+    from gpubench.backends.pytorch.native import count_train_flops, cross_entropy, one_batch
+    from gpubench.workloads.data import SyntheticTask
+
+    facts = count_train_flops(_small_convnet(8), one_batch(SyntheticTask((3, 8, 8), 10), 2, 0), cross_entropy)
+    conv1, conv2, linear = 2 * 3 * 9 * 8 * 64, 2 * 8 * 9 * 8 * 64, 2 * 8 * 10
+    # the first convolution has no input gradient (its input is the data); the others have both
+    assert facts["forward_flops_per_sample"] == conv1 + conv2 + linear
+    assert facts["flops_per_sample"] == 2 * conv1 + 3 * conv2 + 3 * linear
+
+
+def test_grouped_convolution_backward_is_counted_with_its_groups():
+    from torch import nn
+
+    from gpubench.backends.pytorch.native import count_train_flops, one_batch
+    from gpubench.workloads.data import SyntheticTask
+
+    depthwise = nn.Sequential(nn.Conv2d(16, 16, 3, groups=16, padding=1), nn.Flatten())
+    facts = count_train_flops(depthwise, one_batch(SyntheticTask((16, 8, 8), 10), 2, 0), lambda out, y: out.sum())
+    forward = 2 * 16 * 64 * 9  # per sample: each output element is 9 MACs of its own channel
+    assert facts["forward_flops_per_sample"] == forward
+    assert facts["flops_per_sample"] == 2 * forward  # + the weight gradient; FlopCounterMode alone says 17x
+
+
+@pytest.mark.parametrize("workload", ["mlp", "cnn"])
+def test_the_count_of_a_builtin_equals_its_spec(workload):
+    from gpubench.backends.pytorch.model import build_model
+    from gpubench.backends.pytorch.native import count_train_flops, cross_entropy, one_batch
+    from gpubench.workloads import get_workload
+    from gpubench.workloads.data import SyntheticTask
+
+    spec = get_workload(workload).spec()
+    facts = count_train_flops(build_model(spec), one_batch(SyntheticTask(spec.input_shape, spec.num_classes), 2, 0),
+                              cross_entropy)
+    assert facts["flops_per_sample"] == spec.train_flops_per_sample
+    assert facts["forward_flops_per_sample"] == spec.forward_flops_per_sample
+
+
+def test_structured_batches_keep_their_structure():
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        from mymodels import tagger_batches
+    finally:
+        sys.path.remove(str(EXAMPLE))
+    from gpubench.workloads.data import function_batches
+
+    pool = function_batches(tagger_batches, 4, 6, "batches")
+    assert set(pool.x) == {"tokens", "extra"} and pool.x["tokens"].shape == (6, 4, 12)
+    assert pool.n_batches == 6 and pool.batch_size == 4 and pool.structured
+    shard = pool.shard(1, 2)
+    assert np.array_equal(shard.x["extra"], pool.x["extra"][1::2]) and np.array_equal(shard.y, pool.y[1::2])
+    merged = pool.merge(2)
+    assert merged.x["tokens"].shape == (3, 8, 12) and merged.y.shape == (3, 8)
+    with pytest.raises(ValueError, match="expected \\(inputs, targets\\)"):
+        function_batches(lambda b: np.zeros(b), 4, 1, "batches 'm:f'")
+
+
+# --- the whole tool, on real models ------------------------------------------------------------------
+
+OWN_SUITE = f"""
+name = "own"
+[defaults]
+{fast_lines()}
+[matrix]
+workload = ["mymodels:small_convnet"]
+precision = ["fp32", "amp-bf16"]
+input_shape = [[3, 16, 16]]
+[[matrix.include]]
+workload = ["mymodels:tagger"]
+batches = ["mymodels:tagger_batches"]
+checkpointing = ["none", "activations"]
+precision = ["fp32"]
+input_shape = [[12]]
+[[matrix.include]]
+workload = ["mymodels:small_convnet"]
+parallelism = ["pipeline:2"]
+precision = ["fp32"]
+input_shape = [[3, 16, 16]]
+[[matrix.include]]
+workload = ["mymodels:keras_convnet"]
+framework = ["tensorflow"]
+precision = ["fp32"]
+input_shape = [[32, 32, 3]]
+"""
+
+
+def test_run_trains_the_users_own_models(project):
+    pytest.importorskip("tensorflow")
+    (project / "own.toml").write_text(OWN_SUITE)
+    proc = run_cli(["run", "own.toml", "--out", "runs", "--no-calibrate"], cwd=project, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = (project / "runs").iterdir()
+    results = {r["config_id"]: r for r in map(json.loads, (run_dir / "results.jsonl").read_text().splitlines())}
+    by = {(r["config"]["workload"], r["config"]["precision"], r["config"]["parallelism"], r["config"]["checkpointing"],
+           r["config"]["framework"]): r for r in results.values()}
+    conv = by[("mymodels:small_convnet", "fp32", "single", "none", "torch")]
+    assert conv["status"] == "ok" and conv["metrics"]["throughput"]["median"] > 0
+    model = conv["model"]
+    # small_convnet(width=16) at 16x16: PyTorch's own count of the training step
+    convs = 2 * 3 * 9 * 16 * 256 * 2 + 2 * 16 * 9 * 16 * 256 * 3
+    assert model["source"] == "factory" and model["identical"] is False
+    assert model["flops_per_sample"] == convs + 3 * 2 * 16 * 10 and model["params"] == 3002
+    assert model["origin"]["file"] == str((project / "mymodels.py").resolve())
+    assert len(model["origin"]["file_sha1"]) == 40
+    assert by[("mymodels:small_convnet", "amp-bf16", "single", "none", "torch")]["status"] == "ok"
+    tagger = by[("mymodels:tagger", "fp32", "single", "none", "torch")]
+    assert tagger["status"] == "ok" and tagger["model"]["flops_per_sample"] > 0
+    # settings that cannot apply to a user's model are unsupported, with the reason
+    checkpointed = by[("mymodels:tagger", "fp32", "single", "activations", "torch")]
+    assert checkpointed["status"] == "unsupported" and "torch.nn.Sequential" in checkpointed["reason"]
+    piped = by[("mymodels:small_convnet", "fp32", "pipeline:2", "none", "torch")]
+    assert piped["status"] == "unsupported" and "built-in workload's layers" in piped["reason"]
+    keras_model = by[("mymodels:keras_convnet", "fp32", "single", "none", "tensorflow")]
+    assert keras_model["status"] == "ok", keras_model.get("reason")
+    assert keras_model["model"]["input_shape"] == [32, 32, 3] and keras_model["model"]["num_classes"] == 10
+    assert keras_model["model"]["flops_per_sample"] > 0 and "TensorFlow" in keras_model["model"]["flops_counted_by"]
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["args"]["code_path"] == [str(project.resolve())]
+    report = project / "reports" / run_dir.name / "index.html"
+    assert report.is_file() and "mymodels.small_convnet" in report.read_text()
+
+
+ZOO_SUITE = f"""
+name = "zoo"
+[defaults]
+{fast_lines()}
+num_classes = 10
+[[matrix.include]]
+workload = ["torchvision:mobilenet_v3_small"]
+input_shape = [[3, 32, 32]]
+[[matrix.include]]
+workload = ["timm:test_vit"]
+[[matrix.include]]
+workload = ["hf:gpt2"]
+"args.n_layer" = [1]
+"args.n_embd" = [32]
+"args.n_head" = [2]
+input_shape = [[16]]
+[[matrix.include]]
+workload = ["keras:MobileNetV3Small"]
+framework = ["tensorflow"]
+input_shape = [[32, 32, 3]]
+"""
+
+
+def test_run_trains_zoo_models_by_name(tmp_path):
+    for package in ("torchvision", "timm", "transformers", "tensorflow"):
+        pytest.importorskip(package)
+    (tmp_path / "zoo.toml").write_text(ZOO_SUITE)
+    proc = run_cli(["run", "zoo.toml", "--out", "runs", "--no-calibrate", "--no-report"], cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    results = {r["config"]["workload"]: r for r in map(json.loads, (run_dir / "results.jsonl").read_text().splitlines())}
+    assert sorted(results) == ["hf:gpt2", "keras:MobileNetV3Small", "timm:test_vit", "torchvision:mobilenet_v3_small"]
+    for workload, r in results.items():
+        assert r["status"] == "ok", (workload, r.get("reason"))
+        assert r["model"]["flops_per_sample"] > 0 and r["model"]["params"] > 0
+        assert r["model"]["source"] == workload.split(":")[0] and r["model"]["model_name"] == workload.split(":")[1]
+    gpt = results["hf:gpt2"]["model"]
+    assert gpt["task"] == "tokens" and gpt["input_shape"] == [16] and gpt["num_classes"] == 50257
+    assert results["timm:test_vit"]["model"]["input_shape"] == [3, 160, 160]  # the model's own default
+    mobilenet = results["torchvision:mobilenet_v3_small"]["model"]
+    # a depthwise network trains at about 3x its forward FLOPs (2x for the first layer), not 35x
+    assert 2 * mobilenet["forward_flops_per_sample"] < mobilenet["flops_per_sample"] < 3 * mobilenet[
+        "forward_flops_per_sample"]
+
+
+@pytest.mark.parametrize("workload, extra, message", [
+    ("nosuch:make", "", "workload 'nosuch:make': no module named 'nosuch' (looked in the suite's directory"),
+    ("mymodels:small_convnett", "", "module mymodels has no 'small_convnett'; did you mean: small_convnet"),
+    ("badmodels:not_a_model", "", "the factory returned int, not a torch.nn.Module (framework = torch)"),
+    ("badmodels:broken", "", "importing badmodels failed: ZeroDivisionError: division by zero"),
+    ("mymodels:small_convnet", "args.depth = 2", "cannot be called with args.depth: got an unexpected keyword"),
+    ("mymodels:small_convnet", "num_classes = 0\ninput_shape = [16, 16, 3]",
+     "the model does not take input_shape [16, 16, 3]"),
+    ("torchvision:resnet5", "", "torchvision has no model 'resnet5'; nearest: resnet50"),
+    ("hf:gtp2", "", "Transformers has no model type 'gtp2'; nearest: gpt2"),
+])
+def test_a_model_that_cannot_be_built_is_one_line_before_anything_runs(project, workload, extra, message):
+    if workload.startswith("hf:"):
+        pytest.importorskip("transformers")
+    if workload.startswith("torchvision:"):
+        pytest.importorskip("torchvision")
+    (project / "badmodels.py").write_text("def not_a_model():\n    return 42\n" if "broken" not in workload
+                                          else "1 / 0\n")
+    shape = "" if "input_shape" in extra else "input_shape = [3, 16, 16]"
+    (project / "bad.toml").write_text(f'[defaults]\nworkload = "{workload}"\n{shape}\n{extra}\n')
+    proc = run_cli(["run", "bad.toml", "--out", "runs"], cwd=project, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("gpubench: error: bad.toml: ") and message in line, line
+    assert "Traceback" not in proc.stderr and not (project / "runs").exists()
+
+
+def test_a_zoo_whose_package_is_missing_is_unavailable_with_its_pip_line(monkeypatch):
+    from gpubench.config import Config
+    from gpubench.runner.sweep import pre_resolve
+    from gpubench.workloads.source import ZOOS, Zoo
+
+    # a zoo registered as plugins register one, whose package this machine lacks
+    monkeypatch.setitem(ZOOS, "absent", Zoo("absent", "torch", "gpubench_absent_zoo", "pip install absent-zoo"))
+    status, reason = pre_resolve(Config(workload="absent:net", input_shape=(3, 8, 8)), {})
+    assert status == "unavailable"
+    assert reason == "absent: models need the gpubench_absent_zoo package; install with: pip install absent-zoo"
+    assert pre_resolve(Config(workload="mymodels:net", input_shape=(3, 8, 8)), {}) is None  # a factory: imported
+
+
+def test_pytest_fixture_times_the_users_model(project):
+    (project / "test_fixture.py").write_text(
+        "def test_step(gpubench_benchmark):\n"
+        "    step = gpubench_benchmark(workload='mymodels:small_convnet', input_shape=(3, 16, 16), num_classes=10,\n"
+        "                              args={'width': 8}, batch_size=4, threads=1, steps_per_round=2, rounds=3)\n"
+        "    assert step.throughput > 0 and step.model['flops_per_sample'] > 0\n"
+        "    assert step.config.config_id == 'mymodels.small_convnet_width8-torch-cpu-bs4-fp32-single-threads=1'\n"
+        "def test_bad(gpubench_benchmark):\n"
+        "    gpubench_benchmark(workload='mymodels:nope', input_shape=(3, 16, 16))\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_fixture.py",
+                           "--rootdir", str(project)], cwd=project, env=plugin_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert "1 failed, 1 passed" in proc.stdout, proc.stdout + proc.stderr
+    assert "During handling" not in proc.stdout
+    assert "gpubench_benchmark: workload 'mymodels:nope': module mymodels has no 'nope'" in proc.stdout
+
+
+def test_python_api_returns_the_reports_table(project, monkeypatch):
+    from gpubench.api import benchmark
+
+    monkeypatch.chdir(project)
+    table = benchmark("mymodels:small_convnet", input_shape=(3, 16, 16), num_classes=10, args={"width": [8, 16]},
+                      out=project / "api-runs", **FAST)
+    assert list(table["config_id"]) == ["mymodels.small_convnet_width8-torch-cpu-bs4-fp32-single-threads=1",
+                                        "mymodels.small_convnet_width16-torch-cpu-bs4-fp32-single-threads=1"]
+    assert list(table["status"]) == ["ok", "ok"] and (table["throughput"] > 0).all()
+    assert table["flops_per_sample"].iloc[1] > table["flops_per_sample"].iloc[0]
+
+
+def test_profile_traces_the_users_model(project):
+    (project / "p.toml").write_text(f'[defaults]\nworkload = "mymodels:small_convnet"\ninput_shape = [3, 16, 16]\n'
+                                    f"{fast_lines()}\n")
+    proc = run_cli(["profile", "p.toml", "--out", "prof", "--steps", "2"], cwd=project, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    traces = list((project / "prof").rglob("rank0.pt.trace.json"))
+    assert traces and "ProfilerStep#" in traces[0].read_text()
+
+
+# --- the gate on the user's code -----------------------------------------------------------------------
+
+def _ab(tmp_path, slower: bool) -> subprocess.CompletedProcess:
+    base, head = tmp_path / "base", tmp_path / "head"
+    shutil.copytree(EXAMPLE, base)
+    shutil.copytree(EXAMPLE, head)
+    if slower:  # the pull request's change: the features computed three times over
+        code = (head / "mymodels.py").read_text()
+        slow = code.replace("            x = self.features(x)\n",
+                            "            x = self.features(x) + 0.0 * self.features(x) + 0.0 * self.features(x)\n")
+        assert slow != code
+        (head / "mymodels.py").write_text(slow)
+    return run_cli(["ab", "head/suite.toml", "--baseline-path", "base", "--candidate-path", "head", "--repeats", "6",
+                    "--set", "precision=fp32", "--set", "steps=4", "--set", "windows=2", "--set", "warmup_steps=1",
+                    "--out", "runs", "--no-report", "--json", "gate.json"], cwd=tmp_path, timeout=900)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slower", [True, False])
+def test_ab_gates_a_change_of_the_users_model_code(tmp_path, slower):
+    proc = _ab(tmp_path, slower)
+    assert proc.returncode == (1 if slower else 0), proc.stdout + proc.stderr
+    verdicts = {v["config_id"]: v["verdict"] for v in json.loads((tmp_path / "gate.json").read_text())["verdicts"]}
+    (verdict,) = verdicts.values()
+    if slower:
+        assert verdict == "regressed"
+        # the triage names the change: the model file differs between the checkouts
+        assert re.search(r"model code: mymodels\.small_convnet differs: \S+/base/mymodels\.py", proc.stdout)
+    else:
+        assert verdict in ("unchanged", "inconclusive") and "model code:" not in proc.stdout
+    # each side imported the model from its own checkout, and says which file it was
+    (root,) = (tmp_path / "runs").iterdir()
+    for side, checkout in (("baseline", "base"), ("candidate", "head")):
+        first = json.loads((root / side / "results.jsonl").read_text().splitlines()[0])
+        assert first["model"]["origin"]["file"] == str((tmp_path / checkout / "mymodels.py").resolve())
+        meta = json.loads((root / side / "run.json").read_text())
+        assert meta["args"]["code_path"][0] == str((tmp_path / checkout).resolve())
+
+
+def test_the_example_suite_is_valid():
+    from gpubench.suite import load_suite
+
+    configs = load_suite(str(EXAMPLE / "suite.toml")).expand()
+    assert [c.workload for c in configs] == ["mymodels:small_convnet"] * 2
+    assert tomllib.loads((EXAMPLE / "suite.toml").read_text())["defaults"]["args"] == {"width": 16}
+    assert re.search(r"gpubench ab head/suite\.toml", (EXAMPLE / ".github" / "workflows" / "speed.yml").read_text())
