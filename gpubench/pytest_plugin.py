@@ -45,6 +45,8 @@ class TrainingRound:
         missing = zoo_unavailable(config)
         if missing:
             pytest.skip(f"{config.config_id}: unavailable: {missing}")
+        if config.framework == "tensorflow":
+            _triton_before_tensorflow()
         backend = get_backend(config.framework)
         try:
             verdict = backend.check(config)
@@ -71,6 +73,16 @@ class TrainingRound:
 
     def loss(self) -> float:
         return self.trainer.read_loss()
+
+
+def _triton_before_tensorflow() -> None:
+    """The fixture trains both frameworks in pytest's one process. A CUDA build of torch brings
+    Triton, whose import (PyTorch's FLOP counter, torch.compile) crashes a process that has
+    loaded TensorFlow's libraries first (SIGSEGV; the other order works): load it first."""
+    import importlib.util
+
+    if "tensorflow" not in sys.modules and importlib.util.find_spec("triton") is not None:
+        import triton  # noqa: F401
 
 
 @pytest.fixture
@@ -104,15 +116,20 @@ def gpubench_benchmark(benchmark: Any) -> Callable[..., TrainingRound]:
             pytest.fail(f"gpubench_benchmark: parallelism: {config.parallelism} needs one process per rank; "
                         "the fixture benchmarks one process (single, grad-accum:N, dp:N, mirrored:N); "
                         "use gpubench run", pytrace=False)
+        from gpubench.backends.base import Unsupported
         from gpubench.workloads.source import SourceError
 
-        problem = None
+        problem = unsupported = None
         try:
             round_ = TrainingRound(config, steps_per_round)
         except SourceError as e:  # a factory that cannot be imported or returns no model: one line
             problem = str(e)
+        except Unsupported as e:  # a setting that cannot apply to this model
+            unsupported = str(e)
         if problem is not None:
             pytest.fail(f"gpubench_benchmark: {problem}", pytrace=False)
+        if unsupported is not None:
+            pytest.skip(f"{config.config_id}: unsupported: {unsupported}")
         round_()  # cold start (allocation, autotuning, compilation) outside pytest-benchmark's rounds
         benchmark.extra_info.update({"config_id": config.config_id, "samples_per_round": round_.samples_per_round,
                                      "steps_per_round": steps_per_round})

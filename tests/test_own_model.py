@@ -88,6 +88,29 @@ def test_bad_settings_of_a_factory_name_file_and_key(tmp_path, text, message):
     assert str(err.value).startswith(f"{path}: ") and message in str(err.value), str(err.value)
 
 
+def test_set_sweeps_the_entries_of_an_include_only_matrix(tmp_path):
+    from gpubench.suite import load_suite
+
+    path = tmp_path / "s.toml"
+    path.write_text('[[matrix.include]]\nworkload = ["m:a"]\ninput_shape = [[3, 8, 8]]\n'
+                    '[[matrix.include]]\nworkload = ["m:b"]\ninput_shape = [[16]]\n')
+    suite = load_suite(str(path))
+    assert [c.workload for c in suite.expand()] == ["m:a", "m:b"]  # the entries, no extra base point
+    swept = suite.with_overrides(["batch_size=4,8"]).expand()
+    assert [(c.workload, c.batch_size) for c in swept] == [("m:a", 4), ("m:a", 8), ("m:b", 4), ("m:b", 8)]
+    narrowed = suite.with_overrides(["input_shape=3,8,8"]).expand()  # one shape, written with commas
+    assert [(c.workload, c.input_shape) for c in narrowed] == [("m:a", (3, 8, 8))]
+
+
+def test_a_loss_function_with_a_builtin_workload_is_unsupported():
+    from gpubench.backends import get_backend
+    from gpubench.config import Config
+
+    reason = get_backend("torch").unsupported(Config(workload="mlp", loss="lossm:my_loss"))
+    assert reason == ("loss = lossm:my_loss: a loss function of your own applies to your own model or a zoo's; "
+                      "mlp is a built-in workload, trained with cross_entropy")
+
+
 # --- what gpubench counts ------------------------------------------------------------------------
 
 def _small_convnet(width: int):
@@ -177,16 +200,43 @@ parallelism = ["pipeline:2"]
 precision = ["fp32"]
 input_shape = [[3, 16, 16]]
 [[matrix.include]]
+workload = ["mymodels:small_convnet"]
+parallelism = ["grad-accum:2", "ddp:2"]
+precision = ["fp32"]
+input_shape = [[3, 16, 16]]
+[[matrix.include]]
 workload = ["mymodels:keras_convnet"]
 framework = ["tensorflow"]
+precision = ["fp32", "amp-bf16"]
+input_shape = [[32, 32, 3]]
+[[matrix.include]]
+workload = ["mymodels:keras_convnet"]
+framework = ["tensorflow"]
+parallelism = ["mirrored:2"]
 precision = ["fp32"]
 input_shape = [[32, 32, 3]]
+[[matrix.include]]
+workload = ["more_models:keras_unbuilt"]
+framework = ["tensorflow"]
+precision = ["fp32"]
+input_shape = [[20]]
+num_classes = [10]
+"""
+
+MORE_MODELS = """
+import keras
+
+
+def keras_unbuilt():
+    # no Input: Keras makes the weights on the first call
+    return keras.Sequential([keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])
 """
 
 
 def test_run_trains_the_users_own_models(project):
     pytest.importorskip("tensorflow")
     (project / "own.toml").write_text(OWN_SUITE)
+    (project / "more_models.py").write_text(MORE_MODELS)
     proc = run_cli(["run", "own.toml", "--out", "runs", "--no-calibrate"], cwd=project, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = (project / "runs").iterdir()
@@ -210,6 +260,17 @@ def test_run_trains_the_users_own_models(project):
     assert checkpointed["status"] == "unsupported" and "torch.nn.Sequential" in checkpointed["reason"]
     piped = by[("mymodels:small_convnet", "fp32", "pipeline:2", "none", "torch")]
     assert piped["status"] == "unsupported" and "built-in workload's layers" in piped["reason"]
+    for parallel in ("grad-accum:2", "ddp:2"):  # the same model through gradient accumulation and DDP
+        r = by[("mymodels:small_convnet", "fp32", parallel, "none", "torch")]
+        assert r["status"] == "ok", (parallel, r.get("reason"))
+        assert r["model"]["flops_per_sample"] == conv["model"]["flops_per_sample"]
+    mixed = by[("mymodels:keras_convnet", "amp-bf16", "single", "none", "tensorflow")]
+    assert mixed["status"] == "ok" and mixed["runtime"]["mixed_precision_policy"] == "mixed_bfloat16"
+    mirrored = by[("mymodels:keras_convnet", "fp32", "mirrored:2", "none", "tensorflow")]
+    assert mirrored["status"] == "ok", mirrored.get("reason")
+    unbuilt = by[("more_models:keras_unbuilt", "fp32", "single", "none", "tensorflow")]
+    assert unbuilt["status"] == "ok", unbuilt.get("reason")
+    assert unbuilt["model"]["params"] == 20 * 32 + 32 + 32 * 10 + 10  # trainable weights, once built
     keras_model = by[("mymodels:keras_convnet", "fp32", "single", "none", "tensorflow")]
     assert keras_model["status"] == "ok", keras_model.get("reason")
     assert keras_model["model"]["input_shape"] == [32, 32, 3] and keras_model["model"]["num_classes"] == 10
@@ -265,31 +326,58 @@ def test_run_trains_zoo_models_by_name(tmp_path):
         "forward_flops_per_sample"]
 
 
-@pytest.mark.parametrize("workload, extra, message", [
+BAD_MODELS = [
     ("nosuch:make", "", "workload 'nosuch:make': no module named 'nosuch' (looked in the suite's directory"),
     ("mymodels:small_convnett", "", "module mymodels has no 'small_convnett'; did you mean: small_convnet"),
     ("badmodels:not_a_model", "", "the factory returned int, not a torch.nn.Module (framework = torch)"),
     ("badmodels:broken", "", "importing badmodels failed: ZeroDivisionError: division by zero"),
     ("mymodels:small_convnet", "args.depth = 2", "cannot be called with args.depth: got an unexpected keyword"),
-    ("mymodels:small_convnet", "num_classes = 0\ninput_shape = [16, 16, 3]",
-     "the model does not take input_shape [16, 16, 3]"),
+    ("mymodels:small_convnet", "num_classes = 10\ninput_shape = [16, 16, 3]",
+     "the model does not take input_shape [16, 16, 3] (batch first): RuntimeError: Given groups=1"),
+    ("mymodels:small_convnet", "num_classes = 7", "the model gives 10 outputs per sample; num_classes = 7"),
+    ("hf:gpt2", "args.n_layers = 2\ninput_shape = [8]", "args.n_layers: gpt2's config has no field 'n_layers'; "
+                                                           "nearest: n_layer"),
     ("torchvision:resnet5", "", "torchvision has no model 'resnet5'; nearest: resnet50"),
     ("hf:gtp2", "", "Transformers has no model type 'gtp2'; nearest: gpt2"),
-])
-def test_a_model_that_cannot_be_built_is_one_line_before_anything_runs(project, workload, extra, message):
-    if workload.startswith("hf:"):
-        pytest.importorskip("transformers")
-    if workload.startswith("torchvision:"):
-        pytest.importorskip("torchvision")
+]
+
+
+def _bad_suite(project, workload: str, extra: str):
     (project / "badmodels.py").write_text("def not_a_model():\n    return 42\n" if "broken" not in workload
                                           else "1 / 0\n")
     shape = "" if "input_shape" in extra else "input_shape = [3, 16, 16]"
+    if "num_classes" not in extra and workload.startswith("mymodels"):
+        extra += "\nnum_classes = 10"
     (project / "bad.toml").write_text(f'[defaults]\nworkload = "{workload}"\n{shape}\n{extra}\n')
+
+
+@pytest.mark.parametrize("workload, extra, message", [BAD_MODELS[0], BAD_MODELS[2]])
+def test_a_model_that_cannot_be_built_is_one_line_before_anything_runs(project, workload, extra, message):
+    _bad_suite(project, workload, extra)
     proc = run_cli(["run", "bad.toml", "--out", "runs"], cwd=project, timeout=300)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("gpubench: error: bad.toml: ") and message in line, line
     assert "Traceback" not in proc.stderr and not (project / "runs").exists()
+
+
+@pytest.mark.parametrize("workload, extra, message", BAD_MODELS)
+def test_each_model_problem_has_its_line(project, monkeypatch, workload, extra, message):
+    """What the check child says for each problem (the same code, in this process)."""
+    if workload.startswith("hf:"):
+        pytest.importorskip("transformers")
+    if workload.startswith("torchvision:"):
+        pytest.importorskip("torchvision")
+    from gpubench.runner.models import check_here
+    from gpubench.suite import load_suite
+
+    _bad_suite(project, workload, extra)
+    monkeypatch.syspath_prepend(str(project))
+    for name in ("mymodels", "badmodels"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    (config,) = load_suite(str(project / "bad.toml")).expand()
+    problem = check_here([config.to_dict()])
+    assert problem is not None and problem.startswith(f"workload {workload!r}: ") and message in problem, problem
 
 
 def test_a_zoo_whose_package_is_missing_is_unavailable_with_its_pip_line(monkeypatch):
@@ -305,20 +393,49 @@ def test_a_zoo_whose_package_is_missing_is_unavailable_with_its_pip_line(monkeyp
     assert pre_resolve(Config(workload="mymodels:net", input_shape=(3, 8, 8)), {}) is None  # a factory: imported
 
 
-def test_pytest_fixture_times_the_users_model(project):
-    (project / "test_fixture.py").write_text(
-        "def test_step(gpubench_benchmark):\n"
-        "    step = gpubench_benchmark(workload='mymodels:small_convnet', input_shape=(3, 16, 16), num_classes=10,\n"
-        "                              args={'width': 8}, batch_size=4, threads=1, steps_per_round=2, rounds=3)\n"
-        "    assert step.throughput > 0 and step.model['flops_per_sample'] > 0\n"
-        "    assert step.config.config_id == 'mymodels.small_convnet_width8-torch-cpu-bs4-fp32-single-threads=1'\n"
-        "def test_bad(gpubench_benchmark):\n"
-        "    gpubench_benchmark(workload='mymodels:nope', input_shape=(3, 16, 16))\n")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_fixture.py",
+FIXTURE_TEST = """
+import pytest
+
+SMALL = dict(batch_size=4, threads=1, steps_per_round=2, rounds=3, warmup_rounds=1)
+
+
+def test_step(gpubench_benchmark):
+    step = gpubench_benchmark(workload="mymodels:small_convnet", input_shape=(3, 16, 16), num_classes=10,
+                              args={"width": 8}, **SMALL)
+    assert step.throughput > 0 and step.model["flops_per_sample"] > 0
+    assert step.config.config_id == "mymodels.small_convnet_width8-torch-cpu-bs4-fp32-single-threads=1"
+
+
+@pytest.mark.parametrize("settings", [
+    dict(workload="mymodels:tagger", batches="mymodels:tagger_batches"),
+    dict(workload="torchvision:mobilenet_v3_small", input_shape=(3, 32, 32), num_classes=10),
+    dict(workload="timm:test_vit", num_classes=10),
+    dict(workload="hf:gpt2", args={"n_layer": 1, "n_embd": 32, "n_head": 2}, input_shape=(16,)),
+    dict(workload="mymodels:keras_convnet", framework="tensorflow"),
+    dict(workload="keras:MobileNetV3Small", framework="tensorflow", input_shape=(32, 32, 3), num_classes=10),
+], ids=lambda s: s["workload"])
+def test_zoo_and_own(gpubench_benchmark, settings):
+    step = gpubench_benchmark(**settings, **SMALL)
+    assert step.throughput > 0 and step.loss() == step.loss() and step.model["params"] > 0
+    print("FLOPS", settings["workload"], step.model["flops_per_sample"])
+
+
+def test_bad(gpubench_benchmark):
+    gpubench_benchmark(workload="mymodels:nope", input_shape=(3, 16, 16))
+"""
+
+
+def test_pytest_fixture_times_the_users_model_and_zoo_models(project):
+    for package in ("torchvision", "timm", "transformers", "tensorflow"):
+        pytest.importorskip(package)
+    (project / "test_fixture.py").write_text(FIXTURE_TEST)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "test_fixture.py",
                            "--rootdir", str(project)], cwd=project, env=plugin_env(), capture_output=True, text=True,
-                          timeout=300)
-    assert "1 failed, 1 passed" in proc.stdout, proc.stdout + proc.stderr
+                          timeout=600)
+    assert "1 failed, 7 passed" in proc.stdout, proc.stdout + proc.stderr
     assert "During handling" not in proc.stdout
+    counted = dict(re.findall(r"FLOPS (\S+) (\d+)", proc.stdout))
+    assert len(counted) == 6 and all(int(v) > 0 for v in counted.values()), counted
     assert "gpubench_benchmark: workload 'mymodels:nope': module mymodels has no 'nope'" in proc.stdout
 
 

@@ -126,6 +126,9 @@ class Backend(ABC):
             problem = framework_problem(parse_workload(config.workload, []), self.name)
             if problem:
                 return problem
+        elif ":" in config.loss:
+            return (f"loss = {config.loss}: a loss function of your own applies to your own model or a zoo's; "
+                    f"{config.workload} is a built-in workload, trained with cross_entropy")
         return self.capabilities.problem(self.name, config) or self.static_unsupported(config)
 
     @abstractmethod

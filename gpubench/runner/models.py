@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpubench.backends.base import Unsupported
 from gpubench.config import Config
 from gpubench.errors import InputError
 from gpubench.launch import Launcher, dying_with_parent
@@ -105,6 +106,8 @@ def check_here(keys: list[dict[str, Any]]) -> str | None:
         backend = get_backend(config.framework)
         try:
             backend.native(config)
+        except Unsupported:  # the config ends unsupported, with its reason, when it runs
+            continue
         except ImportError as e:  # the framework or a package the user's module needs
             return f"workload {config.workload!r}: importing it failed: {e}"
         except Exception as e:  # noqa: BLE001 - every failure is the user's model's: say which and why

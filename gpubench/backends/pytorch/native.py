@@ -101,7 +101,8 @@ def native_model(config: Config) -> NativeModel:
         facts["input_shape"], facts["num_classes"] = list(task.input_shape), task.num_classes
         facts["task"] = task.kind
         sample = one_batch(task, FLOP_COUNT_BATCH, config.seed)
-    facts.update(count_train_flops(probe, sample, loss or cross_entropy))
+    if _rank() == 0:  # the result's facts are rank 0's: the other ranks of a ddp:N config skip the count
+        facts.update(count_train_flops(probe, sample, loss or cross_entropy))
     sequential = isinstance(probe, nn.Sequential)
     del probe
 
@@ -112,6 +113,12 @@ def native_model(config: Config) -> NativeModel:
         return make_batches(task, "synthetic", "", batch, config.seed, group)
 
     return NativeModel(build=build, make_batches=batches, facts=facts, loss=loss, sequential=sequential)
+
+
+def _rank() -> int:
+    import os
+
+    return int(os.environ.get("RANK", "0"))
 
 
 def one_batch(task: SyntheticTask, batch: int, seed: int) -> Batches:
@@ -213,6 +220,12 @@ def _hf(ref: ModelRef, config: Config, kwargs: dict[str, Any], facts: dict[str, 
     if ref.name not in names:
         raise SourceError(f"workload {ref.text!r}: Transformers has no model type {ref.name!r}"
                           f"{nearest(ref.name, names)}")
+    defaults = CONFIG_MAPPING[ref.name]()
+    unknown = [k for k in kwargs if not hasattr(defaults, k)]
+    if unknown:  # Transformers would keep a misspelt field as a new attribute and build the default model
+        fields = [k for k in vars(defaults) if not k.startswith("_")]
+        raise SourceError(f"workload {ref.text!r}: args.{unknown[0]}: {ref.name}'s config has no field "
+                          f"{unknown[0]!r}{nearest(unknown[0], fields)}")
     try:
         cfg = AutoConfig.for_model(ref.name, **kwargs)
     except Exception as e:  # noqa: BLE001 - a bad config argument: say which
@@ -244,25 +257,31 @@ def _hf(ref: ModelRef, config: Config, kwargs: dict[str, Any], facts: dict[str, 
 
 def _with_classes(task: SyntheticTask | None, model: nn.Module, config: Config) -> SyntheticTask:
     """The task with its classes: the suite's, else the size of the model's last output
-    dimension (a forward pass on two samples)."""
+    dimension; either way the model is run forward on two samples, so that an input it does
+    not take, or outputs that are not the task's classes, are refused before any config runs."""
     assert task is not None  # no batch function: the task is known
-    if task.num_classes:
-        return task
-    x = torch.from_numpy(np.zeros((FLOP_COUNT_BATCH, *task.input_shape), np.float32))
+    x = (torch.from_numpy(one_batch(task, FLOP_COUNT_BATCH, config.seed).x[0]) if task.num_classes
+         else torch.from_numpy(np.zeros((FLOP_COUNT_BATCH, *task.input_shape), np.float32)))
     model.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch.random.fork_rng():
             out = logits_of(call_model(model, x))
     except Exception as e:  # noqa: BLE001 - the model rejects the input: say which shape
+        text = str(e).splitlines()[0] if str(e) else ""
         raise SourceError(f"workload {config.workload!r}: the model does not take input_shape "
-                          f"{list(task.input_shape)} (batch first): {type(e).__name__}: {e}") from None
+                          f"{list(task.input_shape)} (batch first): {type(e).__name__}: {text}") from None
     finally:
         model.train()
-    if out.dim() != 2:
+    want = 3 if task.kind == "tokens" else 2
+    if out.dim() != want:
+        what = "(batch, time, vocabulary)" if task.kind == "tokens" else "(batch, classes)"
         raise SourceError(f"workload {config.workload!r}: output of shape {list(out.shape)} for a batch of "
-                          f"{FLOP_COUNT_BATCH}; the synthetic task needs (batch, classes): set num_classes, or name "
-                          "a batch function and a loss")
-    return SyntheticTask(task.input_shape, int(out.shape[1]), task.kind)
+                          f"{FLOP_COUNT_BATCH}; the synthetic task needs {what}: set num_classes, or name a batch "
+                          "function and a loss")
+    if task.num_classes and int(out.shape[-1]) != task.num_classes:
+        raise SourceError(f"workload {config.workload!r}: the model gives {int(out.shape[-1])} outputs per sample; "
+                          f"num_classes = {task.num_classes}")
+    return SyntheticTask(task.input_shape, task.num_classes or int(out.shape[-1]), task.kind)
 
 
 def _conv_backward_flops(grad_out_shape: Any, x_shape: Any, w_shape: Any, _bias: Any, _stride: Any, _padding: Any,

@@ -93,11 +93,14 @@ def native_model(config: Config) -> NativeModel:
                   if task.kind == "tokens" else synthetic_batches(task, FLOP_COUNT_BATCH, 1, config.seed))
     else:
         sample = function_batches(batch_fn, FLOP_COUNT_BATCH, 1, f"batches {config.batches!r}")
-    facts["params"] = int(sum(np.prod(v.shape) for v in probe.trainable_variables + probe.non_trainable_variables))
+    x, y = sample.sample(FLOP_COUNT_BATCH)
+    if not probe.built:  # a model that declares no input builds its weights on its first call
+        probe(x, training=False)
+    # trainable parameters, as PyTorch and the specs count them (not batch norm's moving statistics)
+    facts["params"] = int(sum(np.prod(v.shape) for v in probe.trainable_variables))
     loss = _keras_order(user_loss) if user_loss is not None else builtin_loss()
     from gpubench.backends.tensorflow.flops import keras_train_flops
 
-    x, y = sample.sample(FLOP_COUNT_BATCH)
     flops, how = keras_train_flops(probe, x, y, loss)
     facts.update({"flops_per_sample": flops, "flops_counted_by" if flops is not None else "flops_note": how})
     del probe
@@ -111,7 +114,7 @@ def native_model(config: Config) -> NativeModel:
         return make_batches(task, "synthetic", "", batch, config.seed, group)
 
     return NativeModel(build=lambda: _built(make, policy, config.seed), make_batches=batches, facts=facts,
-                       loss=loss)
+                       loss=_keras_order(user_loss) if user_loss is not None else None)
 
 
 def _keras_order(fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:

@@ -143,6 +143,7 @@ class TFTrainer(Trainer):
         # a built-in spec's data is channels first (C, H, W); Keras takes channels last
         x = nhwc_data(batches.x, batches.x.ndim - 2) if native.channels_first_data else batches.x
         self.loss_fn = native.loss or builtin_loss()
+        self._first_x = tree_map(lambda a: a[0], x)  # one batch, to build a model that declares no input
         if self.strategy is not None:
             if batches.structured:
                 raise Unsupported(f"{config.parallelism} distributes one input array per batch; this model takes "
@@ -204,6 +205,8 @@ class TFTrainer(Trainer):
         """Model and optimizer (loss-scaled for amp-fp16), built under the caller's device or
         strategy scope so that their variables are placed there."""
         self.model = native.build()
+        if not self.model.built:  # a model that declares no input: its weights from a first call
+            self.model(self._first_x, training=False)
         optimizer = make_optimizer(config.optimizer, config.lr)
         self.scaled = config.precision == "amp-fp16"
         if self.scaled:
