@@ -10,8 +10,7 @@ Expansion rules (also in the README):
 - the matrix is the product of its axes; ``exclude`` entries remove the points that match
   every key they name (a list value matches any of its values);
 - ``include`` entries then add points: the keys an entry names take its values (lists expand),
-  the keys it leaves out range over the matrix's values; a matrix of include entries alone
-  (no axis of its own) is those entries, and ``--set KEY=V1,V2`` sweeps KEY in each;
+  the keys it leaves out range over the matrix's values;
 - workload parameters (``depth``, ``width``...) apply only to the workloads that take them;
   duplicate points are dropped, first one kept;
 - ``--set KEY=V1,V2`` replaces an axis (or a default) and narrows ``include`` entries to those
@@ -385,7 +384,6 @@ class Suite:
     def with_overrides(self, sets: list[str]) -> Suite:
         """Apply ``--set KEY=V1,V2`` strings (validated; InputError on a bad one)."""
         defaults, matrix, overrides = dict(self.defaults), dict(self.matrix), dict(self.overrides)
-        include = self.include
         for item in sets:
             key, sep, raw = item.partition("=")
             key = key.strip()
@@ -398,16 +396,12 @@ class Suite:
             if key == "input_shape" and len(values) > 1 and "x" not in raw:  # --set input_shape=3,32,32
                 values = [_validated(where, key, [v for shape in values for v in shape])]
             overrides[key] = values
-            if not self.matrix and self.include and len(values) > 1:
-                # a matrix of include entries alone: the values sweep each entry (not a new base point)
-                include = tuple(e if key in e else {**e, key: values} for e in include)
-                defaults.pop(key, None)
-            elif key in matrix or len(values) > 1:
+            if key in matrix or len(values) > 1:
                 matrix[key] = values
                 defaults.pop(key, None)
             else:
                 defaults[key] = values[0]
-        suite = replace(self, defaults=defaults, matrix=matrix, overrides=overrides, include=include)
+        suite = replace(self, defaults=defaults, matrix=matrix, overrides=overrides)
         for item in sets:  # a parameter set here that no workload of the suite takes is a typo
             suite.check_params_used(keys={item.partition("=")[0].strip()}, where=f"--set {item}")
         suite.expand()  # surface expansion errors now
@@ -419,7 +413,7 @@ class Suite:
         """Points of the matrix before ``exclude`` and de-duplication: what expansion would
         build, computed without building it."""
         axes = _ordered_axes(self.matrix)
-        total = math.prod(len(self.matrix[a]) for a in axes) if axes or not self.include else 0
+        total = math.prod(len(self.matrix[a]) for a in axes)
         for included in self.include:
             entry = self._narrow(included)
             if entry is not None:
@@ -445,9 +439,7 @@ class Suite:
         other config of the sweep has."""
         self.check_size()
         axes = _ordered_axes(self.matrix)
-        # a matrix of include entries alone is those entries (not also the defaults' one point)
-        base = ([dict(zip(axes, combo)) for combo in itertools.product(*(self.matrix[a] for a in axes))]
-                if axes or not self.include else [])
+        base = [dict(zip(axes, combo)) for combo in itertools.product(*(self.matrix[a] for a in axes))]
         points = [p for p in base if not any(_matches(p, e) for e in self.exclude)]
         for included in self.include:
             entry = self._narrow(included)

@@ -75,7 +75,9 @@ def test_run_writes_schema_complete_results(tiny_run):
     assert set(m["loss"]) >= {"first", "last"}
     assert m["memory"]["peak_rss_bytes"] >= m["memory"]["baseline_rss_bytes"] > 0
     assert r["model"] == {"params": 784 * 32 + 32 + 32 * 10 + 10, "flops_per_sample": 2 * 2 * 784 * 32 + 3 * 2 * 32 * 10,
-                          "forward_flops_per_sample": 2 * 784 * 32 + 2 * 32 * 10}
+                          "forward_flops_per_sample": 2 * 784 * 32 + 2 * 32 * 10, "source": "builtin",
+                          "identical": True,
+                          "flops_counted_by": "gpubench, from the spec (convolutions and matrix multiplies)"}
     assert r["env"]["frameworks"]["torch"]["available"] is True
     assert r["env"]["cpu_logical_cores"] >= 1
     assert [p["name"] for p in r["phases"]] == ["cold_start", "warmup", "window_0", "window_1"]

@@ -88,18 +88,18 @@ def test_bad_settings_of_a_factory_name_file_and_key(tmp_path, text, message):
     assert str(err.value).startswith(f"{path}: ") and message in str(err.value), str(err.value)
 
 
-def test_set_sweeps_the_entries_of_an_include_only_matrix(tmp_path):
+def test_set_input_shape_with_commas_narrows_the_includes(tmp_path):
     from gpubench.suite import load_suite
 
     path = tmp_path / "s.toml"
-    path.write_text('[[matrix.include]]\nworkload = ["m:a"]\ninput_shape = [[3, 8, 8]]\n'
+    path.write_text('[matrix]\nworkload = ["m:a"]\ninput_shape = [[3, 8, 8]]\n'
                     '[[matrix.include]]\nworkload = ["m:b"]\ninput_shape = [[16]]\n')
     suite = load_suite(str(path))
-    assert [c.workload for c in suite.expand()] == ["m:a", "m:b"]  # the entries, no extra base point
-    swept = suite.with_overrides(["batch_size=4,8"]).expand()
-    assert [(c.workload, c.batch_size) for c in swept] == [("m:a", 4), ("m:a", 8), ("m:b", 4), ("m:b", 8)]
+    assert [c.workload for c in suite.expand()] == ["m:a", "m:b"]
     narrowed = suite.with_overrides(["input_shape=3,8,8"]).expand()  # one shape, written with commas
     assert [(c.workload, c.input_shape) for c in narrowed] == [("m:a", (3, 8, 8))]
+    swept = suite.with_overrides(["input_shape=3x8x8,16"]).expand()  # two shapes
+    assert [(c.workload, c.input_shape) for c in swept] == [("m:a", (3, 8, 8)), ("m:a", (16,)), ("m:b", (16,))]
 
 
 def test_a_loss_function_with_a_builtin_workload_is_unsupported():
@@ -286,11 +286,11 @@ name = "zoo"
 [defaults]
 {fast_lines()}
 num_classes = 10
+[matrix]
+workload = ["timm:test_vit"]
 [[matrix.include]]
 workload = ["torchvision:mobilenet_v3_small"]
 input_shape = [[3, 32, 32]]
-[[matrix.include]]
-workload = ["timm:test_vit"]
 [[matrix.include]]
 workload = ["hf:gpt2"]
 "args.n_layer" = [1]

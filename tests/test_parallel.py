@@ -335,7 +335,7 @@ def test_find_batch_json_keeps_the_searches_done_when_stopped_midway(tmp_path, w
     suite = write_suite('[defaults]\nworkload = "mlp"\nbatch_size = 8\n[matrix]\nprecision = ["fp32", "amp-bf16"]\n')
     done = []
 
-    def fake_search(config, limit, on_probe=None):
+    def fake_search(config, limit, launcher=None, on_probe=None):
         if done:  # the second search: the command is stopped (a killed call, Ctrl-C)
             raise KeyboardInterrupt
         done.append(config.config_id)

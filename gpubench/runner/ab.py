@@ -81,31 +81,40 @@ def _check_python(launcher: Launcher, side: str) -> None:
 def side_code_paths(launchers: dict[str, Launcher], configs: list[Config], suite_source: str) -> dict[str, Launcher]:
     """Each side imports the user's own code (a suite's factories) from its own checkout.
 
-    ``--baseline-path`` / ``--candidate-path`` name checkouts: of gpubench itself (a ``gpubench``
-    package inside: the side imports that gpubench), or of the user's project (the side keeps
-    this gpubench and imports the project's code from its checkout). The suite file lies in one
-    of the checkouts (a side without a path is the working directory's): its directory, relative
-    to that checkout, is where each side finds the factories in its own checkout. A suite outside
-    every checkout gives both sides its own directory."""
+    ``--baseline-path`` / ``--candidate-path`` name checkouts (or several directories, joined as
+    PYTHONPATH is): of gpubench itself (a ``gpubench`` package inside one: the side imports that
+    gpubench), or of the user's project (the side keeps this gpubench and imports the project's
+    code from its checkout). The suite file lies in one of the checkouts (a side without a path
+    is the working directory's): its directory, relative to that checkout, is where each side
+    finds the factories in its own checkout. A suite outside every checkout gives both sides its
+    own directory. Without user code in the suite the launchers are unchanged."""
     import os
 
     code = user_code_path(configs, suite_source)
-    roots = {side: Path(launcher.pythonpath or os.getcwd()).resolve() for side, launcher in launchers.items()}
+
+    def parts(launcher: Launcher) -> list[str]:
+        return [p for p in (launcher.pythonpath or "").split(os.pathsep) if p]
+
+    def project(launcher: Launcher) -> bool:
+        return bool(parts(launcher)) and not any((Path(p) / "gpubench" / "__init__.py").is_file()
+                                                 for p in parts(launcher))
+
+    if not code and not any(project(launcher) for launcher in launchers.values()):
+        return launchers
+    roots = {side: Path((parts(launcher) or [os.getcwd()])[0]).resolve() for side, launcher in launchers.items()}
     suite_dir = Path(suite_source).resolve().parent
     holder = next((root for side, root in roots.items() if suite_dir.is_relative_to(root)
                    and launchers[side].pythonpath), None) or next(
                        (root for root in roots.values() if suite_dir.is_relative_to(root)), None)
     out = {}
     for side, launcher in launchers.items():
-        project = launcher.pythonpath is not None and not (Path(launcher.pythonpath) / "gpubench" / "__init__.py"
-                                                            ).is_file()
         path: tuple[str, ...] = ()
         if code:
             path = (str(roots[side] / suite_dir.relative_to(holder)),) if holder is not None else code
-        if project:  # the user's project: this gpubench, the project's code from its checkout
-            assert launcher.pythonpath is not None
+        if project(launcher):  # the user's project: this gpubench, the project's code from its checkout
             out[side] = replace(launcher, pythonpath=None, isolated=True,
-                                code_path=tuple(dict.fromkeys((*path, str(Path(launcher.pythonpath).resolve())))))
+                                code_path=tuple(dict.fromkeys((*path, *(str(Path(p).resolve())
+                                                                         for p in parts(launcher))))))
         else:
             out[side] = replace(launcher, code_path=path, isolated=bool(path))
     return out

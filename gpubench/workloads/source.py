@@ -41,9 +41,10 @@ class Zoo:
 
 
 ZOOS: dict[str, Zoo] = {z.name: z for z in (
-    Zoo("torchvision", "torch", "torchvision", "pip install 'gpubench[zoo]' (or: pip install torchvision)"),
-    Zoo("timm", "torch", "timm", "pip install 'gpubench[zoo]' (or: pip install timm)"),
-    Zoo("hf", "torch", "transformers", "pip install 'gpubench[zoo]' (or: pip install transformers)"),
+    Zoo("torchvision", "torch", "torchvision", "pip install 'gpubench[torchvision]' (a torchvision that matches your "
+                                               "torch)"),
+    Zoo("timm", "torch", "timm", "pip install 'gpubench[timm]'"),
+    Zoo("hf", "torch", "transformers", "pip install 'gpubench[hf]'"),
     Zoo("keras", "tensorflow", "keras", "pip install 'gpubench[tensorflow]' (keras.applications comes with Keras)"),
 )}
 
