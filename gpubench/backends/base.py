@@ -156,9 +156,7 @@ class Backend(ABC):
         if ":" in config.workload:
             raise Unsupported(f"the {self.name} backend trains the built-in workloads only, not {config.workload}")
         spec = get_workload(config.workload).spec(**dict(config.workload_params))
-        facts = {"params": spec.params, "flops_per_sample": spec.train_flops_per_sample,
-                 "forward_flops_per_sample": spec.forward_flops_per_sample, "source": "builtin", "identical": True}
-        return NativeModel(build=lambda: spec, facts=facts, spec=spec, sequential=True,
+        return NativeModel(build=lambda: spec, facts=spec.facts(), spec=spec, sequential=True,
                            make_batches=lambda batch, group: make_batches(spec, config.dataset, config.data_dir, batch,
                                                                           config.seed, group))
 

@@ -286,6 +286,12 @@ class WorkloadSpec:
         """Forward + backward FLOPs of one training sample (see the module docstring)."""
         return sum((3 if leaf.input_grad else 2) * leaf.forward_flops() for leaf in self.leaves())
 
+    def facts(self) -> dict[str, Any]:
+        """The result's ``model`` block for this spec (the same in every framework)."""
+        return {"params": self.params, "flops_per_sample": self.train_flops_per_sample,
+                "forward_flops_per_sample": self.forward_flops_per_sample, "source": "builtin", "identical": True,
+                "flops_counted_by": "gpubench, from the spec (convolutions and matrix multiplies)"}
+
     def without_dropout(self) -> WorkloadSpec:
         """The same model with dropout removed (for deterministic cross-framework checks)."""
         return WorkloadSpec(self.name, self.input_shape, self.num_classes, _without_dropout(self.layers), self.loss)

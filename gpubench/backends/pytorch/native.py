@@ -136,14 +136,10 @@ def as_native(model: NativeModel | WorkloadSpec, config: Config) -> NativeModel:
 def _builtin(spec: WorkloadSpec, config: Config) -> NativeModel:
     from gpubench.backends.pytorch.model import build_model
 
-    facts = {"params": spec.params, "flops_per_sample": spec.train_flops_per_sample,
-             "forward_flops_per_sample": spec.forward_flops_per_sample,
-             "source": "builtin", "identical": True,
-             "flops_counted_by": "gpubench, from the spec (convolutions and matrix multiplies)"}
     return NativeModel(build=lambda: build_model(spec, spec.init_weights(config.seed)),
                        make_batches=lambda batch, group: make_batches(spec, config.dataset, config.data_dir, batch,
                                                                       config.seed, group),
-                       facts=facts, spec=spec, sequential=True)
+                       facts=spec.facts(), spec=spec, sequential=True)
 
 
 def _seeded(make: Callable[[], nn.Module], seed: int) -> Callable[[], nn.Module]:

@@ -114,6 +114,11 @@ class TensorFlowBackend(Backend):
 
     def native(self, config: Config) -> NativeModel:
         import_tf()
+        kind, n = parse_parallelism(config.parallelism)
+        if kind == "mirrored" and device_kind(config.device) == "cpu":  # before the model touches TensorFlow
+            from gpubench.backends.tensorflow.trainer import logical_cpus
+
+            logical_cpus(n)
         from gpubench.backends.tensorflow.native import native_model
 
         return native_model(config)

@@ -61,14 +61,20 @@ def make_optimizer(name: str, lr: float) -> keras.optimizers.Optimizer:
     raise ValueError(f"unknown optimizer {name!r}")
 
 
-def _mirrored_strategy(n: int, gpu: bool) -> tf.distribute.Strategy:
-    if gpu:
-        return tf.distribute.MirroredStrategy(devices=[f"/GPU:{i}" for i in range(n)])
+def logical_cpus(n: int) -> None:
+    """Split the CPU into ``n`` logical devices (mirrored:N on a CPU), which must happen before
+    TensorFlow initialises its devices: the first thing a worker does with TensorFlow."""
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
     except RuntimeError:  # TensorFlow is already initialised in this process (a test's second trainer)
         pass
+
+
+def _mirrored_strategy(n: int, gpu: bool) -> tf.distribute.Strategy:
+    if gpu:
+        return tf.distribute.MirroredStrategy(devices=[f"/GPU:{i}" for i in range(n)])
+    logical_cpus(n)
     devices = [d.name for d in tf.config.list_logical_devices("CPU")]
     if len(devices) != n:
         raise RuntimeError(f"mirrored:{n} needs {n} logical CPU devices; TensorFlow was initialised with "
