@@ -1,8 +1,9 @@
 """The documentation's reference pages, generated from the code that defines what they describe:
 the command line from gpubench's argparse parsers, the suite keys from the suite's settings
-table (and each workload's parameters), the metrics from the metric registry.
+table (and each workload's parameters), the metrics from the metric registry, the frameworks from
+what each backend declares it supports.
 
-    python -m gpubench.docgen            # rewrite docs/reference/{cli,suite-keys,metrics}.md
+    python -m gpubench.docgen            # rewrite docs/reference/{cli,suite-keys,metrics,frameworks}.md
     python -m gpubench.docgen --check    # exit 1 naming each page that differs from the code
 
 A test runs the check, so a page that is out of date fails the tests instead of misleading a
@@ -94,8 +95,42 @@ def metrics_reference() -> str:
         reference_markdown()])
 
 
+def frameworks_reference() -> str:
+    """What each registered framework's backend declares it supports (its ``capabilities``),
+    and why it leaves a value out."""
+    from gpubench import options
+    from gpubench.backends import BACKENDS, backend_class
+
+    classes = {name: backend_class(name) for name in BACKENDS}
+    out = ["# Frameworks\n", GENERATED.format(source="each backend's declared capabilities (gpubench/backends/)"),
+           "The settings each framework runs. A config asking a framework for anything else ends `unsupported` "
+           "with the reason, before any process starts; the notes below give that reason.\n",
+           "| setting | " + " | ".join(f"`{n}`" for n in classes) + " |", "| --- |" + " --- |" * len(classes)]
+
+    def cell(values: tuple[str, ...]) -> str:
+        return ", ".join(f"`{v}`" for v in values) or "none"
+
+    kinds = sorted({k for c in classes.values() for k in c.capabilities.precisions})
+    for kind in kinds:
+        out.append(f"| precision on {kind} | " + " | ".join(cell(tuple(c.capabilities.precisions.get(kind, ())))
+                                                           for c in classes.values()) + " |")
+    out.append("| parallelism | " + " | ".join(
+        cell(tuple(v if v == "single" else f"{v}:N" for v in c.capabilities.parallelism)) for c in classes.values())
+        + " |")
+    for setting in options.CHECKED:
+        if setting not in ("precision", "parallelism"):
+            out.append(f"| {setting} | " + " | ".join(cell(c.capabilities.values(setting)) for c in classes.values())
+                       + " |")
+    out += ["", "## Installing\n"]
+    out += [f"- `{n}`: {c.install_hint}" for n, c in classes.items()]
+    out += ["", "## Why a value is left out\n"]
+    for n, c in classes.items():
+        out += [f"### `{n}`\n"] + [f"- `{k}`: {v}" for k, v in c.capabilities.notes.items()] + [""]
+    return "\n".join(out)
+
+
 PAGES: dict[str, Callable[[], str]] = {"cli.md": cli_reference, "suite-keys.md": suite_keys_reference,
-                                       "metrics.md": metrics_reference}
+                                       "metrics.md": metrics_reference, "frameworks.md": frameworks_reference}
 
 
 def _unwrapped(page: str) -> str:

@@ -226,7 +226,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             'from `args.<name>` keys), or a zoo\'s model: `"torchvision:<name>"`, `"timm:<name>"`, '
             '`"hf:<model type>"` (Transformers, default config), `"keras:<application>"` (random weights)'),
     Setting("framework", Choice("framework", lambda: sorted(BACKENDS)), str,
-            "the training framework: `torch`, `tensorflow` (and plugins' backends)"),
+            "the training framework: `torch`, `tensorflow`, `jax` (and plugins' backends); what each runs: the "
+            "Frameworks reference"),
     Setting("device", parse_device, str, "`cpu`, `cuda`, `cuda:N` (`gpu`, `gpu:N` are aliases)"),
     Setting("batch_size", _batch_size, _parse_number,
             'samples per step per device and micro-batch, an integer >= 1, or `"max"`: the largest batch that '
@@ -234,9 +235,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("precision", Choice("precision", _declared("precision")), str,
             "`fp32` (true fp32: TF32 off), `tf32`, `amp-fp16`, `amp-bf16` (automatic mixed precision)"),
     Setting("parallelism", _parallelism, str,
-            "`single`; `grad-accum:N` (N micro-batches of `batch_size` per optimizer step, both frameworks); "
+            "`single`; `grad-accum:N` (N micro-batches of `batch_size` per optimizer step, every framework); "
             "`ddp:N` (PyTorch DistributedDataParallel, N processes started by torchrun, gloo on CPU, NCCL on GPU); "
-            "`dp:N` (PyTorch DataParallel over N GPUs in one process); `pipeline:N` (PyTorch "
+            "`dp:N` (one process over N devices: PyTorch DataParallel over N GPUs; JAX `jax.jit` over a mesh of N GPUs "
+            "or N host devices); `pipeline:N` (PyTorch "
             "`torch.distributed.pipelining`: N stages, one process each; `batch_size` is the batch every stage "
             "processes per step); `mirrored:N` (TensorFlow MirroredStrategy over N GPUs, or N logical CPU "
             "devices); `multiworker:N` (TensorFlow MultiWorkerMirroredStrategy, N worker processes). N is at most "
@@ -256,7 +258,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             'your batch function `"module:function"`: called with a batch size, returns (inputs, targets), '
             "inputs any structure the model takes (an array, a tuple, a dict); none: gpubench's synthetic data"),
     Setting("compile", Choice("compile", _declared("compile")), str,
-            "`none` (PyTorch eager; TensorFlow `tf.function`), `xla` (TensorFlow `jit_compile`), `torch-compile`, "
+            "`none` (PyTorch eager; TensorFlow `tf.function`; JAX `jax.jit`, always XLA), `xla` (TensorFlow "
+            "`jit_compile`), `torch-compile`, "
             "`torch-compile-reduce-overhead`, `torch-compile-max-autotune` (`torch.compile` with that mode; "
             "reduce-overhead on CUDA only), `cuda-graph` (the whole PyTorch step as one CUDA graph; CUDA, device "
             "data, not with `amp-fp16`, `ddp`/`dp`)"),
@@ -265,12 +268,13 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "without a (C, H, W) input is `unsupported`; TensorFlow: `unsupported`, Keras is NHWC already)"),
     Setting("data", Choice("data mode", _declared("data")), str,
             "`device` (batches resident on the device) or `pipeline` (the framework's input pipeline: "
-            "PyTorch DataLoader, `tf.data`)"),
+            "PyTorch DataLoader, `tf.data`; JAX: host batches put on the device one step ahead)"),
     Setting("data_workers", _int(0), _parse_number,
             "DataLoader worker processes with `data = \"pipeline\"` (PyTorch), an integer >= 0"),
     Setting("threads", _int(0), _parse_number,
             "CPU threads a worker trains with: PyTorch's intra-op threads (`torch.set_num_threads`), TensorFlow's "
-            "intra- and inter-op thread pools; `0` leaves the framework's default. Part of the config id when set "
+            "intra- and inter-op thread pools, JAX: the worker pinned to n CPUs (XLA sizes its pools from them); "
+            "`0` leaves the framework's default. Part of the config id when set "
             "(`-threads=1`). Fewer threads can mean less noise on a small shared machine"),
     Setting("huge_pages", Choice("huge_pages", HUGE_PAGES), str,
             "`off`, `transparent`: the worker starts with PyTorch's CPU allocator (`THP_MEM_ALLOC_ENABLE=1`) and "
@@ -284,7 +288,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "\"mnist\"`)"),
     Setting("checkpointing", Choice("checkpointing", _declared("checkpointing")), str,
             "`none`, or `activations` (activation checkpointing: activations recomputed in the backward pass; "
-            "PyTorch only)"),
+            "PyTorch: per run of layers; JAX: `jax.checkpoint` per top-level layer; not TensorFlow)"),
     Setting("warmup_steps", _int(0), _parse_number, "steps after the cold-start step, not measured; an integer >= 0"),
     Setting("steps", _int(1), _parse_number, "measured steps per window, an integer >= 1"),
     Setting("windows", _int(1), _parse_number, "measured windows, an integer >= 1"),

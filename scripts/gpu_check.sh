@@ -46,6 +46,7 @@ STEPS=(
   "targets     6  (318 s): ResNet-50 / MNIST CNN target configs, checked by scripts/gpu_targets.py; sample report"
   "telemetry   2  (75 s): utilisation busy/idle, power above idle, counter vs integrated energy; NVML overhead"
   "quick       4  (216 s): the quick suite's CUDA configs at fp32, tf32, amp-fp16, amp-bf16"
+  "jax         5  JAX beside PyTorch on one GPU: the quick suite's CNN and MLP, and the targets' CNN and ResNet-50 (eager, contiguous)"
   "overhead    1  (30 s): harness overhead against a hand-written loop"
   "parallel    5  (237 s for 13 of 16 configs): grad-accum:4, ddp:1 and pipeline:1 over NCCL against single"
   "compile     6  eager, torch.compile, reduce-overhead, cuda-graph, channels-last on the MNIST CNN"
@@ -97,6 +98,17 @@ do_quick() {
   if cuda; then local p=fp32,tf32,amp-fp16,amp-bf16 s=50; else local p=fp32,amp-bf16 s=2; fi
   step quick run suites/quick.toml --set framework=torch --set device="$DEV" --set precision="$p" \
     --set batch_size=128,512 --set warmup_steps=10 --set steps="$s" --set windows=5
+}
+
+do_jax() {  # the first cross-framework table on a GPU: the GPU images carry JAX (with CUDA), not TensorFlow
+  if cuda; then local p=fp32,tf32,amp-bf16 s=50; else local p=fp32 s=2; fi
+  step jax-quick run suites/quick.toml --set framework=torch,jax --set device="$DEV" --set precision="$p" \
+    --set batch_size=256 --set warmup_steps=10 --set steps="$s" --set windows=5
+  local sets=()
+  cuda || sets=(--set device=cpu --set workload=cnn --set batch_size=16 --set steps=2 --set windows=2
+                --set precision=fp32)
+  step jax-targets run suites/gpu-targets.toml --set framework=torch,jax --set compile=none \
+    --set memory_format=contiguous "${sets[@]}"
 }
 
 do_overhead() {

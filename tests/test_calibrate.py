@@ -135,6 +135,7 @@ def _check_best_of(entry: dict) -> None:
         assert all(len(s["blocks_tflops"]) == entry["plan"]["blocks"] for s in k["sizes"])
 
 
+@pytest.mark.slow
 def test_calibrate_cpu_through_the_cli(tmp_path):
     """Measures (--force: whatever the test session's cache holds) into the session's cache,
     where the runs of later tests find the peaks instead of measuring them again."""
@@ -156,6 +157,9 @@ def test_calibrate_cpu_through_the_cli(tmp_path):
         expected |= {("tensorflow", op, p) for op in ("matmul", "conv2d") for p in ("fp32", "bf16")}
         assert entry["frameworks"]["tensorflow"]["version"] == entry["key"]["tensorflow"]
         assert "kernels timed in torch" in proc.stdout and "tensorflow" in proc.stdout
+    if cache.jax_build() is not None:
+        expected |= {("jax", op, p) for op in ("matmul", "conv2d") for p in ("fp32", "bf16")}
+        assert entry["frameworks"]["jax"]["version"] == entry["key"]["jax"]
     assert ran == expected
     _check_best_of(entry)
     again = run_cli(["calibrate", "--device", "cpu", "--json", str(out)], cwd=tmp_path, env=env)
@@ -166,9 +170,10 @@ def test_calibrate_cpu_through_the_cli(tmp_path):
 
 def test_a_framework_that_is_not_installed_is_skipped_with_the_reason(tmp_path):
     pytest.importorskip("torch")
-    blocked = tmp_path / "blocked" / "tensorflow"
-    blocked.mkdir(parents=True)
-    (blocked / "__init__.py").write_text("raise ImportError('No module named tensorflow (blocked for this test)')\n")
+    for name in ("tensorflow", "jax"):  # (JAX too: only PyTorch's kernels are left)
+        blocked = tmp_path / "blocked" / name
+        blocked.mkdir(parents=True)
+        (blocked / "__init__.py").write_text(f"raise ImportError('No module named {name} (blocked for this test)')\n")
     env = {**plugin_env(), "PYTHONPATH": os.pathsep.join([str(tmp_path / "blocked"), str(REPO)]),
            "GPUBENCH_CACHE_DIR": str(tmp_path / "cache"), "COLUMNS": "250"}
     proc = run_cli(["calibrate", "--device", "cpu", "--json", str(tmp_path / "c.json")], cwd=tmp_path, env=env)
@@ -404,6 +409,36 @@ def test_a_kernel_faster_than_the_datasheet_is_no_peak(capsys):
     assert any(line.startswith("cuda:0: torch conv2d 512x512x512 fp32 not taken as a peak: 98.09") for line in lines)
 
 
+def test_measure_in_child_asks_jax_where_it_is_installed_and_goes_on_when_it_fails(monkeypatch):
+    torch_out = {"device": "cpu", "framework": {"name": "torch"}, "kernels": [_kernel("torch", "linear", "fp32", 0.02)],
+                 "memory_bandwidth_gbs": 10.0}
+    jax_out = {"device": "cpu", "framework": {"name": "jax", "version": "0.10.2"},
+               "kernels": [_kernel("jax", "matmul", "fp32", 0.03)], "seconds": 1.0}
+    started = []
+
+    def child(module, device, launcher):
+        started.append(module)
+        if module.endswith("measure_jax"):
+            if len(started) > 2:
+                raise cache.CalibrationError("calibrating cpu (gpubench.calibrate.measure_jax) failed (exit code 1): ")
+            return jax_out
+        return torch_out
+    monkeypatch.setattr(cache, "run_child", child)
+    monkeypatch.setattr(cache, "tensorflow_build", lambda: None)
+    monkeypatch.setattr(cache, "jax_build", lambda: {"jax": "0.10.2", "jaxlib": "0.10.2"})
+    entry = cache.measure_in_child("cpu")
+    assert started == ["gpubench.calibrate.measure", "gpubench.calibrate.measure_jax"]
+    assert entry["peak_tflops"] == {"fp32": 0.03} and entry["peak_kernels"]["fp32"]["framework"] == "jax"
+    assert entry["frameworks"]["jax"] == {"name": "jax", "version": "0.10.2", "seconds": 1.0}
+    entry = cache.measure_in_child("cpu")  # its child failed: the peak is PyTorch's
+    assert entry["frameworks"]["jax"]["unavailable"].startswith("its measurement failed: calibrating cpu")
+    assert entry["peak_tflops"] == {"fp32": 0.02}
+    key = cache.calibration_key("cpu")
+    assert (key["jax"], key["jaxlib"]) == ("0.10.2", "0.10.2")  # another JAX: measured anew
+    monkeypatch.setattr(cache, "jax_build", lambda: None)
+    assert "jax" not in cache.calibration_key("cpu")  # without JAX, the key of a cache from before it
+
+
 def test_measure_in_child_skips_tensorflow_where_it_is_missing_or_fails(monkeypatch):
     torch_out = {"device": "cpu", "framework": {"name": "torch"}, "kernels": [_kernel("torch", "linear", "fp32", 0.02)],
                  "memory_bandwidth_gbs": 10.0}
@@ -416,6 +451,7 @@ def test_measure_in_child_skips_tensorflow_where_it_is_missing_or_fails(monkeypa
         return torch_out
     monkeypatch.setattr(cache, "run_child", child)
     monkeypatch.setattr(cache, "tensorflow_build", lambda: None)
+    monkeypatch.setattr(cache, "jax_build", lambda: None)
     entry = cache.measure_in_child("cpu")
     assert started == ["gpubench.calibrate.measure"]  # no TensorFlow child without TensorFlow
     assert entry["frameworks"]["tensorflow"] == {"unavailable": "tensorflow is not installed"}

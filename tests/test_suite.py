@@ -156,7 +156,7 @@ def test_repo_quick_suite_is_valid():
     assert {c.device for c in configs} == {"cpu", "cuda"}
     assert {c.precision for c in configs} == {"fp32", "amp-bf16"}
     assert len({c.batch_size for c in configs}) == 2
-    assert {c.framework for c in configs} == {"torch", "tensorflow"}
+    assert {c.framework for c in configs} == {"torch", "tensorflow", "jax"}
 
 
 SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
@@ -196,7 +196,7 @@ def test_the_gpu_suites_sweep_what_issue_8_names():
     ("name = 'x'\n[matrix]\nworkload = ['cnn']\nprecision = ['fp17']",
      "matrix.precision: unknown precision 'fp17'; expected one of: fp32, tf32, amp-fp16, amp-bf16"),
     ("[matrix]\nworkload = ['resnet9']", "matrix.workload: unknown workload 'resnet9'; expected one of: cnn, mlp"),
-    ("[matrix]\nworkload = 'cnn'\nframework = 'jax'", "matrix.framework: unknown framework 'jax'; expected one of:"),
+    ("[matrix]\nworkload = 'cnn'\nframework = 'mxnet'", "matrix.framework: unknown framework 'mxnet'; expected one of:"),
     ("[matrix]\nworkload = 'cnn'\ndevice = 'tpu'", "matrix.device: unknown device 'tpu'; expected one of: cpu, cuda, cuda:N"),
     ("[matrix]\nworkload = 'cnn'\ndevice = 'cpu:1'", "matrix.device: unknown device 'cpu:1'"),
     ("[matrix]\nworkload = 'cnn'\nbatch_size = [0]", "matrix.batch_size: must be 1..2147483647 or \"max\", got 0"),

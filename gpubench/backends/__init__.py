@@ -12,6 +12,7 @@ from gpubench.errors import choices_message
 BACKENDS: dict[str, str] = {
     "torch": "gpubench.backends.pytorch.backend:TorchBackend",
     "tensorflow": "gpubench.backends.tensorflow.backend:TensorFlowBackend",
+    "jax": "gpubench.backends.jax.backend:JaxBackend",
 }
 
 

@@ -7,8 +7,8 @@ touching CUDA:
 
 - both: host name, CPU model, the torch version, its CUDA build and git revision (read from
   torch's ``version.py``: cuBLAS / oneDNN ship with torch), and the TensorFlow version and
-  distribution (read from its package metadata; ``None`` when it is not installed), whose
-  kernels take part in the peaks;
+  distribution (read from its package metadata; ``None`` when it is not installed), and the
+  JAX and jaxlib versions (the same way), whose kernels take part in the peaks;
 - cpu: the number of cores this process may run on, and OMP_NUM_THREADS / MKL_NUM_THREADS
   when set (torch's thread count follows them);
 - cuda:N: the GPU's name and UUID and the driver version, from NVML (the CUDA ordinal mapped
@@ -132,6 +132,22 @@ def tensorflow_build() -> dict[str, Any] | None:
     return {"version": None, "dist": None}
 
 
+def jax_build() -> dict[str, Any] | None:
+    """JAX's and jaxlib's versions from their package metadata, without importing them; None
+    when JAX is not installed."""
+    if importlib.util.find_spec("jax") is None:
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, Any] = {}
+    for dist in ("jax", "jaxlib"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
 def calibration_key(device: str) -> dict[str, Any]:
     """The environment fields that decide a device's peaks (module docstring)."""
     build = torch_build()
@@ -142,6 +158,9 @@ def calibration_key(device: str) -> dict[str, Any]:
     key: dict[str, Any] = {"device": kind, "hostname": socket.gethostname(), "cpu_model": cpu_model(),
                            "torch": build["version"], "torch_cuda": build["cuda"], "torch_git": build["git_version"],
                            "tensorflow": tf.get("version"), "tensorflow_dist": tf.get("dist")}
+    jax = jax_build()
+    if jax is not None:  # (absent, not None, without JAX: the keys of earlier caches stay valid)
+        key.update(jax=jax["jax"], jaxlib=jax["jaxlib"])
     if kind == "cpu":
         key["cpu_affinity"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         key["thread_env"] = {k: os.environ[k] for k in _THREAD_VARS if k in os.environ}
@@ -237,6 +256,17 @@ def tensorflow_child(device: str, launcher: Launcher) -> dict[str, Any]:
         return {"unavailable": f"its measurement failed: {e}"}
 
 
+def jax_child(device: str, launcher: Launcher) -> dict[str, Any]:
+    """JAX's kernels, measured in a process of their own; ``unavailable`` (with the reason) as
+    for TensorFlow."""
+    if jax_build() is None:
+        return {"unavailable": "jax is not installed"}
+    try:
+        return run_child("gpubench.calibrate.measure_jax", device, launcher)
+    except CalibrationError as e:
+        return {"unavailable": f"its measurement failed: {e}"}
+
+
 # a measured rate may sit a little above a datasheet figure (boost clocks, rounding); further
 # above it, the kernel did fewer operations than its nominal count
 DATASHEET_SLACK = 1.05
@@ -256,14 +286,19 @@ def _beyond_datasheet(kernel: dict[str, Any], sheet: Datasheet | None) -> str | 
             f"the kernel did fewer operations than counted (an FFT or Winograd algorithm), so it is no peak")
 
 
-def combine(torch_out: dict[str, Any], tf_out: dict[str, Any]) -> dict[str, Any]:
+def combine(torch_out: dict[str, Any], tf_out: dict[str, Any], jax_out: dict[str, Any] | None = None
+            ) -> dict[str, Any]:
     """The calibration entry from the children's figures: per precision, the best kernel of
     every framework that ran (``peak_tflops``) and which one it was (``peak_kernels``); every
-    kernel's figures in ``details``; frameworks that did not run, with the reason."""
+    kernel's figures in ``details``; frameworks that did not run, with the reason. (``jax_out``
+    None: JAX was not asked, as in a cache entry from before the JAX backend.)"""
+    others = {"tensorflow": tf_out, **({"jax": jax_out} if jax_out is not None else {})}
     frameworks = {"torch": {**torch_out.get("framework", {}), "seconds": torch_out.get("seconds")},
-                  "tensorflow": ({"unavailable": tf_out["unavailable"]} if tf_out.get("unavailable")
-                                 else {**tf_out.get("framework", {}), "seconds": tf_out.get("seconds")})}
-    kernels = [*torch_out.get("kernels", []), *([] if tf_out.get("unavailable") else tf_out.get("kernels", []))]
+                  **{name: ({"unavailable": out["unavailable"]} if out.get("unavailable")
+                            else {**out.get("framework", {}), "seconds": out.get("seconds")})
+                     for name, out in others.items()}}
+    kernels = [*torch_out.get("kernels", []),
+               *(k for out in others.values() if not out.get("unavailable") for k in out.get("kernels", []))]
     sheet = datasheet_for(torch_out.get("device_name"))
     best: dict[str, dict[str, Any]] = {}
     for k in kernels:
@@ -295,14 +330,14 @@ def combine(torch_out: dict[str, Any], tf_out: dict[str, Any]) -> dict[str, Any]
 
 def measure_in_child(device: str, launcher: Launcher = Launcher()) -> dict[str, Any]:
     """Measure in fresh processes: PyTorch's kernels and the copy bandwidth, then TensorFlow's
-    (where installed); the combined figures, or CalibrationError."""
+    and JAX's (where installed); the combined figures, or CalibrationError."""
     t0 = time.perf_counter()
     out = run_child("gpubench.calibrate.measure", device, launcher)
     if out.get("missing_torch"):
         raise CalibrationError(missing_torch_message(), unavailable=True)
     if out.get("error"):
         raise CalibrationError(out["error"], unavailable=True)
-    entry = combine(out, tensorflow_child(device, launcher))
+    entry = combine(out, tensorflow_child(device, launcher), jax_child(device, launcher))
     if not entry["peak_tflops"]:
         raise CalibrationError(f"calibrating {device}: no kernel ran at any precision ({entry['skipped']})")
     return {**entry, "seconds": time.perf_counter() - t0}  # both children, their imports included

@@ -29,3 +29,26 @@ class HostStepTimer:
     def elapsed_ms(self) -> list[float]:
         m = self._marks
         return [(b - a) / 1e6 for a, b in zip(m, m[1:])]
+
+
+class WindowTimer:
+    """For a framework whose steps run asynchronously and that has no device events to record
+    between them (TensorFlow on a GPU; JAX everywhere): the window is timed on the host clock,
+    synchronised at its end, and yields one value, the window's mean step time
+    (``runtime.step_timing = window_mean``)."""
+
+    def __init__(self, n_steps: int) -> None:
+        self.n_steps = n_steps
+        self._start: int | None = None
+        self._marks = 0
+
+    def mark(self) -> None:
+        if self._start is None:
+            self._start = time.perf_counter_ns()
+        self._marks += 1
+
+    def elapsed_ms(self) -> list[float]:  # called after the loop synchronised the device
+        steps = self._marks - 1
+        if self._start is None or steps < 1:
+            return []
+        return [(time.perf_counter_ns() - self._start) / 1e6 / steps]

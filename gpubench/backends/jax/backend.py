@@ -1,0 +1,161 @@
+"""The JAX backend: device and precision rules, probing, building trainers."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo, Unsupported
+from gpubench.options import PRECISIONS, Capabilities, device_index, device_kind, parse_parallelism
+
+if TYPE_CHECKING:
+    from gpubench.backends.base import NativeModel, Trainer
+    from gpubench.config import Config
+    from gpubench.workloads.base import WorkloadSpec
+    from gpubench.workloads.data import Batches
+
+_OOM_TEXT = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
+
+
+def host_devices(n: int) -> None:
+    """``dp:N`` on a CPU: N host devices, which must be asked for before JAX starts its CPU
+    backend (the first thing a worker does with JAX). A second trainer in one process (a
+    test's) finds the backend started: it then has the devices it was started with."""
+    import jax
+
+    try:
+        if getattr(jax.config, "jax_num_cpu_devices", 1) < n:
+            jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError:  # the backend has started
+        pass
+
+
+class JaxBackend(Backend):
+    name = "jax"
+    install_hint = "pip install 'gpubench[jax]' (the CPU jax, with optax), or pip install 'jax[cuda12]' optax (GPU)"
+
+    capabilities = Capabilities(
+        precisions={"cpu": ("fp32", "amp-bf16"), "cuda": PRECISIONS},
+        parallelism=("single", "grad-accum", "dp"),
+        compile=("none",),
+        data=("device", "pipeline"),
+        checkpointing=("none", "activations"),
+        dataset=("synthetic", "mnist"),
+        notes={
+            "precision=tf32": "tf32 is a CUDA (Ampere or newer) math mode; on CPU use fp32 or amp-bf16",
+            "precision=amp-fp16": "float16 with loss scaling is for GPUs; on CPU use amp-bf16",
+            **{f"compile={c}": f"JAX always compiles its whole training step with XLA (jax.jit): that is "
+                               f"compile = none here, and {c} does not apply"
+               for c in ("xla", "torch-compile", "torch-compile-reduce-overhead", "torch-compile-max-autotune",
+                         "cuda-graph")},
+            "memory_format=channels-last": "JAX's convolutions take gpubench's NCHW layout and XLA picks each op's "
+                                           "physical layout for the device",
+            **{f"parallelism={k}": f"{k}:N is {engine}; JAX's data parallelism in gpubench is dp:N (one process, "
+                                   "jax.jit over a mesh of N devices)"
+               for k, engine in (("ddp", "PyTorch's DistributedDataParallel"),
+                                 ("mirrored", "TensorFlow's MirroredStrategy"),
+                                 ("multiworker", "TensorFlow's MultiWorkerMirroredStrategy"),
+                                 ("pipeline", "PyTorch's pipeline parallelism"))},
+        })
+
+    def static_unsupported(self, config: Config) -> str | None:
+        if parse_parallelism(config.parallelism)[0] == "dp" and ":" in config.device:
+            return f"dp:N uses the first N devices of its kind; use device = cuda or cpu, not {config.device}"
+        return None
+
+    def probe(self) -> ProbeInfo:
+        import jax
+        import jaxlib
+
+        from gpubench.env import cpu_model
+
+        devices = [DeviceInfo("cpu", cpu_model())]
+        try:
+            gpus = jax.devices("gpu")
+        except RuntimeError:
+            gpus = []
+        for i, gpu in enumerate(gpus):
+            stats = gpu.memory_stats() or {}
+            devices.append(DeviceInfo(f"cuda:{i}", gpu.device_kind, stats.get("bytes_limit")))
+        build = {"jaxlib": jaxlib.__version__, "default_backend": jax.default_backend(),
+                 "optax": _version("optax"), "flax": _version("flax")}
+        return ProbeInfo("jax", True, version=jax.__version__, devices=tuple(devices), build=build)
+
+    def check(self, config: Config) -> tuple[str, str] | None:
+        reason = self.unsupported(config)
+        if reason:
+            return ("unsupported", reason)
+        import jax
+        import optax  # noqa: F401 - the optimizers: part of what this backend needs installed
+
+        kind, n = parse_parallelism(config.parallelism)
+        if device_kind(config.device) != "cuda":
+            return None
+        try:
+            gpus = jax.devices("gpu")
+        except RuntimeError:
+            return ("unavailable", f"no GPU visible to JAX {jax.__version__} (jaxlib without CUDA, or no driver)")
+        if kind == "dp" and len(gpus) < n:
+            return ("unavailable", f"{config.parallelism} needs {n} GPUs; JAX sees {len(gpus)}")
+        index = device_index(config.device)
+        if index >= len(gpus):
+            return ("unavailable", f"{config.device} requested; JAX sees {len(gpus)} GPU(s)")
+        cc = getattr(gpus[index], "compute_capability", None)
+        if config.precision in ("tf32", "amp-bf16") and cc and float(cc) < 8.0:
+            return ("unsupported", f"{config.precision} needs compute capability 8.0 or newer; this GPU is {cc}")
+        return None
+
+    def set_threads(self, n: int) -> str | None:
+        """JAX sizes its CPU thread pools from the CPUs the process may run on: ``threads = n``
+        pins this process to n of them, before JAX starts."""
+        if "jax" in sys.modules and _started():
+            return "JAX's runtime had started before its thread pools could be sized"
+        allowed = sorted(os.sched_getaffinity(0))
+        if n > len(allowed):
+            return f"threads = {n}, but this process may run on {len(allowed)} CPUs"
+        os.sched_setaffinity(0, allowed[:n])
+        return None
+
+    def native(self, config: Config) -> NativeModel:
+        kind, n = parse_parallelism(config.parallelism)
+        if kind == "dp" and device_kind(config.device) == "cpu":
+            host_devices(n)
+        return super().native(config)
+
+    def build(self, model: NativeModel | WorkloadSpec, config: Config, batches: Batches) -> Trainer:
+        from gpubench.backends.base import NativeModel as Native
+
+        kind, n = parse_parallelism(config.parallelism)
+        if kind == "dp" and device_kind(config.device) == "cpu":
+            host_devices(n)
+        from gpubench.backends.jax.trainer import JaxTrainer
+
+        if isinstance(model, Native):
+            if model.spec is None:
+                raise Unsupported("the jax backend trains the built-in workloads only")
+            model = model.spec
+        return JaxTrainer(model, config, batches)
+
+    def is_oom(self, exc: BaseException) -> bool:
+        if isinstance(exc, MemoryError):
+            return True
+        return type(exc).__name__ in ("XlaRuntimeError", "JaxRuntimeError") and any(t in str(exc) for t in _OOM_TEXT)
+
+
+def _started() -> bool:
+    try:
+        from jax._src import xla_bridge
+
+        return bool(xla_bridge._backends)
+    except (ImportError, AttributeError):
+        return False
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None

@@ -1,0 +1,162 @@
+"""Translate a framework-neutral WorkloadSpec into a pure JAX function over the canonical weights.
+
+No layout conversion is needed: JAX's convolution takes any dimension order, so the model runs
+on gpubench's own layout (NCHW activations, OIHW and (out, in) weights) and XLA chooses the
+physical layout of each op for the device. The parameters are the spec's canonical weights,
+one list of arrays per top-level layer (``WorkloadSpec.init_weights``); the state is the batch
+norms' running statistics, one ``(mean, var)`` pair per batch-norm leaf of each top-level layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from gpubench.workloads.base import (
+    BatchNorm2d,
+    Conv2d,
+    Dropout,
+    Flatten,
+    GlobalAvgPool,
+    Layer,
+    Linear,
+    MaxPool2d,
+    ReLU,
+    Residual,
+    WorkloadSpec,
+)
+
+Params = list[list[jax.Array]]
+State = list[list[tuple[jax.Array, jax.Array]]]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How a step computes: ``compute`` the dtype of activations and of the operands of
+    convolutions and matrix multiplies (the parameters stay float32, cast where used, as
+    PyTorch's autocast does); ``precision`` the precision of float32 convolutions and matrix
+    multiplies (HIGHEST: true fp32; DEFAULT: lets the GPU use TF32)."""
+
+    compute: Any = jnp.float32
+    precision: Any = lax.Precision.HIGHEST
+
+
+def policy_for(precision: str) -> Policy:
+    if precision == "amp-bf16":
+        return Policy(jnp.bfloat16, lax.Precision.DEFAULT)
+    if precision == "amp-fp16":
+        return Policy(jnp.float16, lax.Precision.DEFAULT)
+    if precision == "tf32":
+        return Policy(jnp.float32, lax.Precision.DEFAULT)
+    return Policy()
+
+
+def init_state(spec: WorkloadSpec) -> State:
+    """The batch norms' running statistics as PyTorch starts them: mean 0, variance 1."""
+    return [[(jnp.zeros(leaf.in_shape[0], jnp.float32), jnp.ones(leaf.in_shape[0], jnp.float32))
+             for leaf in leaves if isinstance(leaf.layer, BatchNorm2d)] for leaves in spec.leaves_by_layer()]
+
+
+def to_params(weights: list[list[np.ndarray]]) -> Params:
+    return [[jnp.asarray(a, jnp.float32) for a in arrays] for arrays in weights]
+
+
+class _Apply:
+    """One forward pass: walks the spec, taking each leaf's parameters and running statistics
+    in order (a residual block's main branch, then its shortcut), and collects the new
+    running statistics."""
+
+    def __init__(self, policy: Policy, train: bool, key: jax.Array | None) -> None:
+        self.policy, self.train, self.key = policy, train, key
+        self.leaf = 0  # the leaf's position in the whole model, for its dropout key
+
+    def chain(self, layers: tuple[Layer, ...], x: jax.Array, params: Iterator[jax.Array],
+              stats: Iterator[tuple[jax.Array, jax.Array]], new: list[tuple[jax.Array, jax.Array]]) -> jax.Array:
+        for layer in layers:
+            x = self.apply(layer, x, params, stats, new)
+        return x
+
+    def apply(self, layer: Layer, x: jax.Array, params: Iterator[jax.Array],
+              stats: Iterator[tuple[jax.Array, jax.Array]], new: list[tuple[jax.Array, jax.Array]]) -> jax.Array:
+        cd, prec = self.policy.compute, self.policy.precision
+        if isinstance(layer, Residual):
+            main = self.chain(layer.main, x, params, stats, new)
+            shortcut = self.chain(layer.shortcut, x, params, stats, new)
+            return jax.nn.relu(main + shortcut)
+        index, self.leaf = self.leaf, self.leaf + 1
+        if isinstance(layer, Conv2d):
+            w = next(params).astype(cd)
+            p = layer.padding
+            y = lax.conv_general_dilated(x.astype(cd), w, (layer.stride, layer.stride), [(p, p), (p, p)],
+                                         dimension_numbers=("NCHW", "OIHW", "NCHW"), precision=prec)
+            return y + next(params).astype(cd)[None, :, None, None] if layer.bias else y
+        if isinstance(layer, Linear):
+            w, b = next(params), next(params)
+            return jnp.matmul(x.astype(cd), w.astype(cd).T, precision=prec) + b.astype(cd)
+        if isinstance(layer, BatchNorm2d):
+            gamma, beta = next(params), next(params)
+            mean_r, var_r = next(stats)
+            xf = x.astype(jnp.float32)  # statistics in float32 whatever the compute dtype
+            if self.train:
+                mean = xf.mean(axis=(0, 2, 3))
+                var = xf.var(axis=(0, 2, 3))
+                n = x.shape[0] * x.shape[2] * x.shape[3]
+                m = layer.momentum  # PyTorch's: the running variance is the unbiased one
+                new.append(((1 - m) * mean_r + m * mean, (1 - m) * var_r + m * var * n / max(n - 1, 1)))
+            else:
+                mean, var = mean_r, var_r
+                new.append((mean_r, var_r))
+            y = (xf - mean[None, :, None, None]) * lax.rsqrt(var[None, :, None, None] + layer.eps)
+            return (y * gamma[None, :, None, None] + beta[None, :, None, None]).astype(x.dtype)
+        if isinstance(layer, ReLU):
+            return jax.nn.relu(x)
+        if isinstance(layer, MaxPool2d):
+            k, s, p = layer.kernel_size, layer.step, layer.padding  # padded positions never win
+            return lax.reduce_window(x, -jnp.inf, lax.max, (1, 1, k, k), (1, 1, s, s),
+                                     [(0, 0), (0, 0), (p, p), (p, p)])
+        if isinstance(layer, GlobalAvgPool):
+            return x.mean(axis=(2, 3))
+        if isinstance(layer, Dropout):
+            if not self.train or layer.p == 0:
+                return x
+            assert self.key is not None  # a training step always passes its key
+            keep = jax.random.bernoulli(jax.random.fold_in(self.key, index), 1.0 - layer.p, x.shape)
+            return jnp.where(keep, x / (1.0 - layer.p), jnp.zeros((), x.dtype)).astype(x.dtype)
+        if isinstance(layer, Flatten):
+            return x.reshape(x.shape[0], -1)  # (C, H, W) order: the canonical one
+        raise TypeError(f"the jax backend cannot translate layer {layer!r}")
+
+
+def forward(spec: WorkloadSpec, params: Params, state: State, x: jax.Array, *, train: bool,
+            policy: Policy | None = None, key: jax.Array | None = None, remat: bool = False
+            ) -> tuple[jax.Array, State]:
+    """The logits (float32) of a batch in gpubench's layout, and the new running statistics.
+    ``remat``: each top-level layer's activations are recomputed in the backward pass
+    (``jax.checkpoint``), as activation checkpointing does in PyTorch."""
+    run = _Apply(policy or Policy(), train, key)
+    new_state: State = []
+    for layer, arrays, stats in zip(spec.layers, params, state, strict=True):
+        def one(x: jax.Array, arrays: list[jax.Array], stats: list[tuple[jax.Array, jax.Array]],
+                layer: Layer = layer) -> tuple[jax.Array, list[tuple[jax.Array, jax.Array]]]:
+            new: list[tuple[jax.Array, jax.Array]] = []
+            out = run.apply(layer, x, iter(arrays), iter(stats), new)
+            return out, new
+
+        start = run.leaf
+        if remat and arrays:
+            def again(x: jax.Array, arrays: list[jax.Array], stats: list[tuple[jax.Array, jax.Array]],
+                      one: Any = one, start: int = start) -> Any:
+                run.leaf = start  # the same dropout keys when the layer is recomputed
+                return one(x, arrays, stats)
+
+            x, new = jax.checkpoint(again)(x, arrays, stats)
+        else:
+            x, new = one(x, arrays, stats)
+        new_state.append(new)
+    return x.astype(jnp.float32), new_state

@@ -1,0 +1,231 @@
+"""The JAX trainer: the spec as a pure function, Optax's optimizers, and the whole training step
+(data indexing, forward, loss, backward, accumulation, loss scaling, update) as one ``jax.jit``
+program with its state donated, so a step is one dispatch and never waits for the device."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from gpubench.backends.base import ProfilingUnavailable, Trainer, Unsupported
+from gpubench.backends.jax.model import forward, init_state, policy_for, to_params
+from gpubench.config import Config
+from gpubench.measure.timers import StepTimer, WindowTimer
+from gpubench.options import device_index, device_kind, parse_parallelism
+from gpubench.workloads.base import WorkloadSpec
+from gpubench.workloads.data import Batches
+
+# PyTorch's GradScaler defaults: amp-fp16 scales the loss the same way in every framework
+_SCALE_INIT, _SCALE_GROWTH, _SCALE_BACKOFF, _SCALE_INTERVAL = 2.0**16, 2.0, 0.5, 2000
+
+
+def make_optimizer(name: str, lr: float) -> optax.GradientTransformation:
+    """The same optimizers and hyper-parameters as the PyTorch backend (Optax's Adam adds
+    epsilon after the bias correction, as PyTorch does; its AdamW decays the weights by
+    ``lr * weight_decay``, as PyTorch's does; its SGD momentum is PyTorch's, without dampening)."""
+    if name == "adam":
+        return optax.adam(lr, b1=0.9, b2=0.999, eps=1e-8)
+    if name == "adamw":
+        return optax.adamw(lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01)
+    if name == "sgd":
+        return optax.sgd(lr, momentum=0.9)
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+def devices_for(config: Config) -> list[Any]:
+    """The JAX devices a config trains on: ``dp:N`` the first N of its kind, else one."""
+    kind, n = parse_parallelism(config.parallelism)
+    platform = "gpu" if device_kind(config.device) == "cuda" else "cpu"
+    found = jax.devices(platform)
+    if kind == "dp":
+        if len(found) < n:
+            raise RuntimeError(f"{config.parallelism} needs {n} {platform} devices; JAX sees {len(found)}")
+        return list(found[:n])
+    index = device_index(config.device)
+    if index >= len(found):
+        raise RuntimeError(f"{config.device} requested; JAX sees {len(found)} {platform} device(s)")
+    return [found[index]]
+
+
+def _finite(tree: Any) -> jax.Array:
+    return jnp.all(jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree_util.tree_leaves(tree)]))
+
+
+class JaxTrainer(Trainer):
+    def __init__(self, spec: WorkloadSpec, config: Config, batches: Batches) -> None:
+        if batches.structured:
+            raise Unsupported("the jax backend trains the built-in workloads, whose inputs are one array")
+        self.spec, self.config = spec, config
+        self.gpu = device_kind(config.device) == "cuda"
+        self.devices = devices_for(config)
+        self.policy = policy_for(config.precision)
+        self.scaled = config.precision == "amp-fp16"
+        self.accum = config.accum_steps
+        self.pipeline = config.data == "pipeline"
+        remat = config.checkpointing == "activations"
+        self.optimizer = make_optimizer(config.optimizer, config.lr)
+
+        # placement: one device, or a mesh whose "data" axis splits every global batch
+        replicated: jax.sharding.Sharding
+        by_batch: jax.sharding.Sharding
+        if len(self.devices) > 1:
+            mesh = Mesh(np.array(self.devices), ("data",))
+            replicated = NamedSharding(mesh, P())
+            by_batch = NamedSharding(mesh, P(None, "data"))  # (batches, samples, ...): split the samples
+        else:
+            replicated = by_batch = jax.sharding.SingleDeviceSharding(self.devices[0])
+        self._replicated, self._by_batch = replicated, by_batch
+
+        params = to_params(spec.init_weights(config.seed))
+        state = init_state(spec)
+        carry = {"params": params, "opt": self.optimizer.init(params), "bn": state,
+                 "count": jnp.zeros((), jnp.int32), "key": jax.random.key(config.seed),
+                 "scale": jnp.asarray(_SCALE_INIT if self.scaled else 1.0, jnp.float32),
+                 "good": jnp.zeros((), jnp.int32)}
+        self._carry = jax.device_put(carry, replicated)
+        self.n_batches = batches.n_batches
+        if self.pipeline:  # host batches, each step's put on the device one step ahead
+            self._host_x, self._host_y = batches.x, batches.y
+            self._next_index = 0
+            self._ahead = self._put_next()
+        else:
+            self.x = jax.device_put(jnp.asarray(batches.x), by_batch)
+            self.y = jax.device_put(jnp.asarray(batches.y), by_batch)
+
+        policy, accum, scaled, optimizer, n = self.policy, self.accum, self.scaled, self.optimizer, self.n_batches
+
+        def loss_of(params: Any, bn: Any, x: jax.Array, y: jax.Array, key: jax.Array) -> tuple[jax.Array, Any]:
+            logits, new_bn = forward(spec, params, bn, x, train=True, policy=policy, key=key, remat=remat)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), new_bn
+
+        def update(carry: dict[str, Any], micro: list[tuple[jax.Array, jax.Array]]) -> tuple[dict[str, Any],
+                                                                                           jax.Array]:
+            """One optimizer update from the mean loss over ``micro`` (gradients summed)."""
+            params, bn, count, scale = carry["params"], carry["bn"], carry["count"], carry["scale"]
+            total, grads = jnp.zeros((), jnp.float32), None
+            for k, (x, y) in enumerate(micro):  # unrolled: accum is small and fixed
+                key = jax.random.fold_in(carry["key"], count + k)
+
+                def scaled_loss(p: Any, bn: Any = bn, x: jax.Array = x, y: jax.Array = y, key: jax.Array = key
+                                ) -> tuple[jax.Array, Any]:
+                    loss, new_bn = loss_of(p, bn, x, y, key)
+                    return loss * scale / len(micro), (loss, new_bn)
+
+                (_, (loss, bn)), g = jax.value_and_grad(scaled_loss, has_aux=True)(params)
+                grads = g if grads is None else jax.tree_util.tree_map(jnp.add, grads, g)
+                total = total + loss / len(micro)
+            grads = jax.tree_util.tree_map(lambda g: g / scale, grads)
+            updates, opt = optimizer.update(grads, carry["opt"], params)
+            new_params = optax.apply_updates(params, updates)
+            out = {**carry, "params": new_params, "opt": opt, "bn": bn, "count": count + len(micro)}
+            if scaled:  # GradScaler's rule: skip a step with non-finite gradients and halve the scale
+                ok = _finite(grads)
+                keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa: E731
+                good = jnp.where(ok, carry["good"] + 1, 0)
+                grow = good >= _SCALE_INTERVAL
+                out.update(params=keep(new_params, params), opt=keep(opt, carry["opt"]), bn=keep(bn, carry["bn"]),
+                           scale=jnp.where(ok, jnp.where(grow, scale * _SCALE_GROWTH, scale), scale * _SCALE_BACKOFF),
+                           good=jnp.where(grow, 0, good))
+            return out, total
+
+        def device_step(carry: dict[str, Any], xs: jax.Array, ys: jax.Array) -> tuple[dict[str, Any], jax.Array]:
+            micro = []
+            for k in range(accum):
+                i = (carry["count"] + k) % n
+                micro.append((jax.lax.dynamic_index_in_dim(xs, i, keepdims=False),
+                              jax.lax.dynamic_index_in_dim(ys, i, keepdims=False)))
+            return update(carry, micro)
+
+        def fed_step(carry: dict[str, Any], xs: jax.Array, ys: jax.Array) -> tuple[dict[str, Any], jax.Array]:
+            return update(carry, [(xs[k], ys[k]) for k in range(accum)])
+
+        carry_sharding = jax.tree_util.tree_map(lambda _: replicated, self._carry)
+        self._step = jax.jit(fed_step if self.pipeline else device_step, donate_argnums=0,
+                             in_shardings=(carry_sharding, by_batch, by_batch),
+                             out_shardings=(carry_sharding, replicated))
+        self._eval = jax.jit(lambda params, bn, x: forward(spec, params, bn, x, train=False, policy=policy)[0])
+        self._loss: jax.Array | None = None
+        distributed = (f"jax.jit over a Mesh of {len(self.devices)} devices: each global batch split on its "
+                       "'data' axis, the parameters replicated; XLA inserts the gradient all-reduce (batch-norm "
+                       "statistics are over the global batch)") if len(self.devices) > 1 else None
+        self._info = {
+            "optimizer_impl": "optax",
+            "compute_dtype": jnp.dtype(self.policy.compute).name,
+            "matmul_precision": str(self.policy.precision).rsplit(".", 1)[-1],
+            "loss_scale": "dynamic (GradScaler's rule)" if self.scaled else None,
+            "tf32": config.precision == "tf32",
+            "compile": {"setting": config.compile,
+                        "how": "jax.jit: the whole step one XLA program; its compilation is in the cold start"},
+            "step_timing": "window_mean",
+            "grad_accum": self.accum,
+            "checkpointing": "jax.checkpoint per top-level layer" if remat else "none",
+            "distributed": distributed,
+            "data": "host arrays, device_put one step ahead" if self.pipeline else "device-resident",
+            "devices": [str(d) for d in self.devices],
+        }
+
+    # --- data ------------------------------------------------------------------------------
+
+    def _put_next(self) -> tuple[jax.Array, jax.Array]:
+        """The micro-batches of the next step, put on the device(s) (asynchronously)."""
+        idx = [(self._next_index + k) % self.n_batches for k in range(self.accum)]
+        self._next_index = (self._next_index + self.accum) % self.n_batches
+        x, y = np.stack([self._host_x[i] for i in idx]), np.stack([self._host_y[i] for i in idx])
+        return jax.device_put(x, self._by_batch), jax.device_put(y, self._by_batch)
+
+    # --- the Trainer interface -------------------------------------------------------------
+
+    def step(self) -> None:
+        if self.pipeline:
+            xs, ys = self._ahead
+            self._carry, self._loss = self._step(self._carry, xs, ys)
+            self._ahead = self._put_next()
+        else:
+            self._carry, self._loss = self._step(self._carry, self.x, self.y)
+
+    def sync(self) -> None:
+        jax.block_until_ready(self._carry)
+
+    def read_loss(self) -> float:
+        return float("nan") if self._loss is None else float(np.asarray(self._loss, dtype=np.float64))
+
+    def step_timer(self, n_steps: int) -> StepTimer:
+        # JAX dispatches asynchronously on every device (the CPU too) and has no device events:
+        # a window is timed on the host clock up to its synchronisation, one mean per window
+        return WindowTimer(n_steps)
+
+    def memory(self) -> dict[str, int]:
+        if not self.gpu:
+            return {}
+        stats = self.devices[0].memory_stats() or {}
+        return {"peak_allocated_bytes": int(stats["peak_bytes_in_use"])} if "peak_bytes_in_use" in stats else {}
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self._info)
+
+    def compile_events(self) -> int | None:
+        # the jitted step's cache: one entry per compilation (a retrace would add one)
+        size: Any = getattr(self._step, "_cache_size", None)
+        return int(size()) if callable(size) else None
+
+    def weights_digest(self) -> str | None:
+        h = hashlib.sha1()
+        for a in jax.tree_util.tree_leaves(self._carry["params"]):
+            h.update(np.asarray(a, dtype=np.float32).tobytes())
+        return h.hexdigest()
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """The model's output for ``x`` in evaluation mode (the identity tests)."""
+        return np.asarray(self._eval(self._carry["params"], self._carry["bn"], jnp.asarray(x)))
+
+    def profile(self, steps: int, out_dir: Path) -> dict[str, Any]:
+        raise ProfilingUnavailable("the jax backend has no profiler reading yet (jax.profiler's trace is not reduced "
+                                   "to an op table)")

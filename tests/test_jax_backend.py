@@ -1,0 +1,155 @@
+"""The JAX backend: the same models as PyTorch's from the same weights (parameters, FLOPs by
+JAX's own cost analysis, logits, first losses), and each of its settings changing how a step
+runs but not what it computes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+pytest.importorskip("optax")
+torch = pytest.importorskip("torch")
+
+from gpubench.backends import get_backend  # noqa: E402
+from gpubench.backends.jax.model import forward, init_state, to_params  # noqa: E402
+from gpubench.backends.pytorch.model import build_model as torch_model  # noqa: E402
+from gpubench.suite import Config  # noqa: E402
+from gpubench.workloads import get_workload  # noqa: E402
+from gpubench.workloads.data import synthetic_batches  # noqa: E402
+
+WORKLOADS = [("mlp", {}), ("cnn", {}), ("resnet18", {})]
+
+
+def spec_of(name, params=None):
+    return get_workload(name).spec(**(params or {}))
+
+
+def losses(framework, spec, config, batches, steps=6):
+    trainer = get_backend(framework).build(spec, config, batches)
+    out = []
+    for _ in range(steps):
+        trainer.step()
+        out.append(trainer.read_loss())
+    return np.array(out)
+
+
+@pytest.mark.parametrize("name, params", WORKLOADS)
+def test_same_parameters_and_logits_as_pytorch(name, params):
+    spec = spec_of(name, params)
+    weights = spec.init_weights(3)
+    assert sum(a.size for arrays in to_params(weights) for a in arrays) == spec.params
+    x = synthetic_batches(spec, 4, 1, seed=3).x[0]
+    expected = torch_model(spec, weights).eval()(torch.from_numpy(x)).detach().numpy()
+    got, _ = forward(spec, to_params(weights), init_state(spec), jax.numpy.asarray(x), train=False)
+    assert got.shape == expected.shape
+    assert np.abs(np.asarray(got) - expected).max() <= 1e-4 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_forward_flops_are_jaxs_own_cost_analysis(name):
+    """XLA's cost analysis counts every op: convolutions and matrix multiplies as the spec does
+    (a multiply-add is 2), and also the bias adds, activations and pooling the spec leaves out.
+    So it is at least the spec's count, and above it by those elementwise ops only."""
+    spec = spec_of(name).without_dropout()
+    params, state = to_params(spec.init_weights(0)), init_state(spec)
+    x = jax.numpy.zeros((1, *spec.input_shape), jax.numpy.float32)
+    cost = jax.jit(lambda p, x: forward(spec, p, state, x, train=False)[0]).lower(params, x).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    flops = cost["flops"]
+    assert spec.forward_flops_per_sample <= flops <= 1.01 * spec.forward_flops_per_sample, (flops, spec.name)
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+@pytest.mark.parametrize("optimizer, lr, rtol", [("sgd", 0.01, 1e-4), ("adam", 1e-3, 1e-3), ("adamw", 1e-3, 1e-3)])
+def test_first_optimizer_steps_give_pytorchs_losses(name, optimizer, lr, rtol):
+    spec = spec_of(name).without_dropout()
+    config = Config(workload=name, batch_size=16, optimizer=optimizer, lr=lr)
+    batches = synthetic_batches(spec, 16, 3, seed=0)
+    a = losses("torch", spec, config, batches)
+    b = losses("jax", spec, config, batches)
+    np.testing.assert_allclose(b, a, rtol=rtol)
+    assert b[-1] < b[0]  # and it trains
+
+
+def test_batch_norm_and_residuals_train_as_in_pytorch():
+    """resnet18, step by step: batch statistics and the shortcut's gradients. (Its losses then
+    drift apart as float32 rounding is amplified by 18 layers of small-batch normalisation:
+    1e-5 at the third step, 4e-4 at the fourth, with lr 0.001; so three steps are compared.)"""
+    spec = spec_of("resnet18")
+    config = Config(workload="resnet18", batch_size=4, optimizer="sgd", lr=0.001)
+    batches = synthetic_batches(spec, 4, 2, seed=0)
+    np.testing.assert_allclose(losses("jax", spec, config, batches, 3), losses("torch", spec, config, batches, 3),
+                               rtol=1e-4)
+
+
+def test_settings_change_how_a_step_runs_not_what_it_computes():
+    """Gradient accumulation over 2 micro-batches of 8 is one step of 16 (no batch norm); the
+    input pipeline and activation checkpointing give the device-resident step's losses."""
+    spec = spec_of("mlp")
+    base = Config(workload="mlp", batch_size=16, optimizer="sgd", lr=0.05)
+    whole = synthetic_batches(spec, 16, 2, seed=0)
+    reference = losses("jax", spec, base, whole, 4)
+    halves = synthetic_batches(spec, 8, 4, seed=0)  # the same samples, micro-batches of 8
+    assert np.array_equal(halves.x.reshape(whole.x.shape), whole.x)
+    accum = losses("jax", spec, Config(workload="mlp", batch_size=8, optimizer="sgd", lr=0.05,
+                                       parallelism="grad-accum:2"), halves, 4)
+    np.testing.assert_allclose(accum, reference, rtol=1e-5)
+    for setting in (dict(data="pipeline"), dict(checkpointing="activations")):
+        got = losses("jax", spec, Config(workload="mlp", batch_size=16, optimizer="sgd", lr=0.05, **setting), whole, 4)
+        np.testing.assert_allclose(got, reference, rtol=1e-5, err_msg=str(setting))
+
+
+def test_bf16_trains_and_says_how():
+    spec = spec_of("cnn")
+    trainer = get_backend("jax").build(spec, Config(workload="cnn", batch_size=16, precision="amp-bf16"),
+                                       synthetic_batches(spec, 16, 2, seed=0))
+    first = None
+    for _ in range(8):
+        trainer.step()
+        first = trainer.read_loss() if first is None else first
+    assert trainer.read_loss() < first
+    info = trainer.describe()
+    assert info["compute_dtype"] == "bfloat16" and info["step_timing"] == "window_mean"
+    assert trainer.compile_events() == 1  # one XLA program, compiled once
+
+
+def test_unsupported_settings_say_why():
+    backend = get_backend("jax")
+    reason = backend.unsupported(Config(workload="cnn", framework="jax", compile="xla"))
+    assert "JAX always compiles its whole training step with XLA" in reason
+    assert "dp:N" in backend.unsupported(Config(workload="cnn", framework="jax", parallelism="mirrored:2"))
+    assert backend.unsupported(Config(workload="cnn", framework="jax", parallelism="dp:2")) is None
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_jax_beside_pytorch_with_data_parallelism_on_host_devices(tmp_path):
+    """Through the CLI, each config in its own worker: JAX and PyTorch train the same MLP at the
+    same settings, JAX also over 2 host devices (dp:2), and each result says how it ran."""
+    import json
+
+    from tests.conftest import plain_env, result_lines, run_cli
+
+    (tmp_path / "s.toml").write_text(
+        '[defaults]\nworkload = "mlp"\nwarmup_steps = 1\nsteps = 3\nwindows = 2\nthreads = 1\nbatch_size = 32\n'
+        'telemetry_interval_ms = 0\n[matrix]\nframework = ["torch", "jax"]\n'
+        '[[matrix.include]]\nframework = "jax"\nparallelism = "dp:2"\n'
+        '[[matrix.include]]\nframework = "jax"\ncompile = "xla"\n')
+    proc = run_cli(["run", "s.toml", "--out", "runs", "--no-report", "--no-calibrate"], cwd=tmp_path, env=plain_env(),
+                   timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    by_id = {r["config_id"]: r for r in result_lines(run_dir)}
+    torch_run = by_id["mlp_depth2_width512-torch-cpu-bs32-fp32-single-threads=1"]
+    jax_run = by_id["mlp_depth2_width512-jax-cpu-bs32-fp32-single-threads=1"]
+    dp = by_id["mlp_depth2_width512-jax-cpu-bs32-fp32-dp2-threads=1"]
+    assert [torch_run["status"], jax_run["status"], dp["status"]] == ["ok", "ok", "ok"]
+    assert jax_run["model"] == torch_run["model"]  # the same spec: the same parameters and FLOPs
+    assert jax_run["metrics"]["loss"]["fell"] and dp["metrics"]["loss"]["fell"]
+    assert jax_run["runtime"]["step_timing"] == "window_mean" and jax_run["runtime"]["optimizer_impl"] == "optax"
+    assert len(dp["runtime"]["devices"]) == 2 and "Mesh of 2 devices" in dp["runtime"]["distributed"]
+    assert dp["metrics"]["throughput"]["median"] > 0 and dp["config"]["batch_size"] == 32
+    refused = by_id["mlp_depth2_width512-jax-cpu-bs32-fp32-single-compile=xla-threads=1"]
+    assert refused["status"] == "unsupported" and "JAX always compiles" in refused["reason"]
+    env = json.loads((run_dir / "run.json").read_text())["env"]["frameworks"]
+    assert env["jax"]["version"] == jax.__version__
