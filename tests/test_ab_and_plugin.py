@@ -34,6 +34,7 @@ def side_path(tmp_path, name: str, sleep_ms: float) -> str:
     return os.pathsep.join([str(d), str(REPO)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("candidate_ms, expected_rc, verdict", [(2.0, 0, None), (4.0, 1, "regressed")])
 def test_ab_interleaves_two_environments_and_gates(tmp_path, write_suite, candidate_ms, expected_rc, verdict):
     suite = write_suite(SUITE)
@@ -188,6 +189,7 @@ def test_bad_key(gpubench_ab):
 """
 
 
+@pytest.mark.slow
 def test_gpubench_ab_fixture_gates_a_test_on_two_checkouts(tmp_path):
     (tmp_path / "test_ab.py").write_text(AB_TEST)
     env = plugin_env(SAME=side_path(tmp_path, "same", 2.0), SLOWER=side_path(tmp_path, "slower", 4.0))

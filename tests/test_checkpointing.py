@@ -145,6 +145,7 @@ def test_comparison_with_the_same_config_without_checkpointing():
         "peak": "600 B", "peak without": "1000 B", "memory saving": "40.0%", "slowdown": "2.00x"}]
 
 
+@pytest.mark.slow
 def test_resnet18_runs_through_the_cli_with_and_without_checkpointing(tmp_path):
     """CPU, a few steps: both ok with a falling loss, and the checkpointed result compares its
     peak memory and speed with the config without checkpointing; the report shows it."""

@@ -113,6 +113,7 @@ def test_pipeline_mode_is_compared_with_its_device_twin():
     assert pipeline_speedups([make_result(pipe)]) == []
 
 
+@pytest.mark.slow
 def test_run_records_how_much_slower_pipeline_mode_is(tmp_path, write_suite):
     pytest.importorskip("torch")
     tiny_mnist(tmp_path / "mnist", n=96)

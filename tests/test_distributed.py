@@ -161,6 +161,7 @@ def tf_strategies(tmp_path_factory):
     return run_dir, {(r["config"]["parallelism"], r["config"]["data"]): r for r in result_lines(run_dir)}
 
 
+@pytest.mark.slow
 def test_mirrored_2_on_two_logical_cpus_trains_like_single_at_the_global_batch(tf_strategies):
     run_dir, results = tf_strategies
     single = results[("single", "device")]
@@ -179,6 +180,7 @@ def test_mirrored_2_on_two_logical_cpus_trains_like_single_at_the_global_batch(t
     assert piped["runtime"]["data"] == "tf.data(distributed)"
 
 
+@pytest.mark.slow
 def test_multiworker_2_trains_like_single_at_twice_the_batch(tf_strategies):
     run_dir, results = tf_strategies
     single, multi = results[("single", "device")], results[("multiworker:2", "device")]
@@ -294,6 +296,7 @@ def free_port() -> int:
     raise RuntimeError("no free port in 20000-32000")
 
 
+@pytest.mark.slow
 def test_two_nodes_on_localhost_run_ddp_across_both(tmp_path, write_suite):
     pytest.importorskip("torch")
     suite = write_suite(TINY.format(defaults="", matrix='batch_size = [8]\nparallelism = ["single", "ddp:1"]'))

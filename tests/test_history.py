@@ -312,6 +312,7 @@ def commit_runs(root: Path, factors: list[float], machine: str = "vm", name: str
     return dirs
 
 
+@pytest.mark.slow
 def test_the_dashboard_charts_each_config_over_the_commits_per_machine(tmp_path, gb, history_db):
     factors_a, factors_b = [1.0, 1.10, 0.90, 0.95], [0.5, 0.5, 0.55]
     dirs = commit_runs(tmp_path / "a", factors_a, "host-a") + commit_runs(tmp_path / "b", factors_b, "host-b")

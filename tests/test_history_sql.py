@@ -69,6 +69,7 @@ if time.time() < at:
 """
 
 
+@pytest.mark.slow
 def test_four_runs_started_at_once_keep_every_row(tmp_path, history_db, gb):
     """Four `gpubench run` processes of one suite, each into its own --out (CI matrix jobs on
     one runner) and all into one database, released at the same moment (a plugin that waits

@@ -90,6 +90,7 @@ def ab_lockstep(tmp_path, write_suite, candidate_ms, *extra, candidate_checkout=
                     str(tmp_path / "gate.json"), "--no-report", *extra], cwd=tmp_path, timeout=600)
 
 
+@pytest.mark.slow
 def test_ab_lockstep_pairs_the_rounds_and_gates(tmp_path, write_suite):
     # a gpubench in the working directory (as when ab runs inside a checkout) and another as the
     # candidate's checkout: each side's workers import their own, never the working directory's
@@ -153,6 +154,7 @@ def test_signed_rank_critical_values_match_the_tables(n, alpha, k):
     assert _walsh_k(n, alpha) == k
 
 
+@pytest.mark.slow
 def test_ab_budget_looks_again_while_undecided_and_stops_at_the_budget(tmp_path, write_suite):
     """Threshold 0%: no config can be called unchanged, so an A/A comparison stays undecided
     and the sequential gate looks again (at alpha / 4 after alpha / 2) until the budget is

@@ -233,6 +233,7 @@ def keras_unbuilt():
 """
 
 
+@pytest.mark.slow
 def test_run_trains_the_users_own_models(project):
     pytest.importorskip("tensorflow")
     (project / "own.toml").write_text(OWN_SUITE)
@@ -304,6 +305,7 @@ input_shape = [[32, 32, 3]]
 """
 
 
+@pytest.mark.slow
 def test_run_trains_zoo_models_by_name(tmp_path):
     for package in ("torchvision", "timm", "transformers", "tensorflow"):
         pytest.importorskip(package)
@@ -425,6 +427,7 @@ def test_bad(gpubench_benchmark):
 """
 
 
+@pytest.mark.slow
 def test_pytest_fixture_times_the_users_model_and_zoo_models(project):
     for package in ("torchvision", "timm", "transformers", "tensorflow"):
         pytest.importorskip(package)
@@ -439,6 +442,7 @@ def test_pytest_fixture_times_the_users_model_and_zoo_models(project):
     assert "gpubench_benchmark: workload 'mymodels:nope': module mymodels has no 'nope'" in proc.stdout
 
 
+@pytest.mark.slow
 def test_python_api_returns_the_reports_table(project, monkeypatch):
     from gpubench.api import benchmark
 
@@ -451,6 +455,7 @@ def test_python_api_returns_the_reports_table(project, monkeypatch):
     assert table["flops_per_sample"].iloc[1] > table["flops_per_sample"].iloc[0]
 
 
+@pytest.mark.slow
 def test_profile_traces_the_users_model(project):
     (project / "p.toml").write_text(f'[defaults]\nworkload = "mymodels:small_convnet"\ninput_shape = [3, 16, 16]\n'
                                     f"{fast_lines()}\n")

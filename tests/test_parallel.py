@@ -134,6 +134,7 @@ def parallel_run(tmp_path_factory):
     return run_dir, {r["config"]["parallelism"]: r for r in results}
 
 
+@pytest.mark.slow
 def test_run_records_batch_sizes_and_scaling_efficiency(parallel_run):
     run_dir, by_parallelism = parallel_run
     single, accum = by_parallelism["single"], by_parallelism["grad-accum:2"]
@@ -153,6 +154,7 @@ def test_run_records_batch_sizes_and_scaling_efficiency(parallel_run):
         "single", "grad-accum:2", "ddp:1", "ddp:2", "pipeline:2"]
 
 
+@pytest.mark.slow
 def test_ddp_2_on_cpu_trains_two_ranks_with_identical_weights(parallel_run):
     run_dir, by_parallelism = parallel_run
     one, ddp = by_parallelism["ddp:1"], by_parallelism["ddp:2"]
@@ -175,6 +177,7 @@ def test_ddp_2_on_cpu_trains_two_ranks_with_identical_weights(parallel_run):
     assert "torch.distributed" in (run_dir / ddp["log"]).read_text() or ddp["runtime"]["num_threads"] == 1
 
 
+@pytest.mark.slow
 def test_pipeline_2_trains_like_single_at_the_same_batch(parallel_run):
     run_dir, by_parallelism = parallel_run
     single, pipe = by_parallelism["single"], by_parallelism["pipeline:2"]
@@ -198,6 +201,7 @@ def test_pipeline_2_trains_like_single_at_the_same_batch(parallel_run):
     assert sum(s["forward_flops_per_sample"] for s in stages) == pipe["model"]["forward_flops_per_sample"]
 
 
+@pytest.mark.slow
 def test_a_failing_rank_fails_the_config_and_leaves_no_process(tmp_path):
     """ddp:2, and pipeline:2, where stage 1 fails while stage 0 waits for it in the schedule's
     first step (one run for both: each run probes PyTorch)."""

@@ -146,6 +146,7 @@ def profiled(tmp_path_factory):
     return tmp, run_dir, proc, {r["config"]["framework"]: r for r in result_lines(run_dir)}
 
 
+@pytest.mark.slow
 def test_profile_writes_traces_and_operator_tables(profiled):
     _, run_dir, proc, results = profiled
     assert "Traceback" not in proc.stdout + proc.stderr
@@ -173,6 +174,7 @@ def test_profile_writes_traces_and_operator_tables(profiled):
     assert "torch.profiler" in results["torch"]["profile"]["profiler"]
 
 
+@pytest.mark.slow
 def test_the_torch_trace_carries_steps_and_rank_where_hta_and_tensorboard_look(profiled):
     """A directory holding the trace alone (HTA reads every .json in trace_dir), named
     ``*.pt.trace.json`` (TensorBoard's PyTorch profiler plugin), with a ``ProfilerStep#<i>`` range
@@ -196,6 +198,7 @@ def test_the_torch_trace_carries_steps_and_rank_where_hta_and_tensorboard_look(p
 
 
 # HTA 0.5 calls pandas methods with inplace=True, which pandas 3.1 deprecates (its warning, not ours)
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:The inplace keyword")
 def test_hta_finds_the_profiled_iterations_and_rank_0(profiled):
     """Holistic Trace Analysis, the real client, on the trace directory gpubench wrote."""
@@ -214,6 +217,7 @@ def test_hta_finds_the_profiled_iterations_and_rank_0(profiled):
     assert [int(s) for s in default.get_profiler_steps()] == list(range(p["steps"] - 1))
 
 
+@pytest.mark.slow
 def test_profile_breakdown_sums_sensibly(profiled):
     _, _, _, results = profiled
     for framework, r in results.items():
@@ -234,6 +238,7 @@ def test_profile_breakdown_sums_sensibly(profiled):
     assert "forward-only" in results["tensorflow"]["metrics"]["breakdown"]["method"]
 
 
+@pytest.mark.slow
 def test_profile_report_shows_the_breakdown(profiled):
     tmp, run_dir, proc, results = profiled
     report = tmp / "reports" / run_dir.name

@@ -230,6 +230,7 @@ framework = ["torch", "tensorflow", "fake"]
 """
 
 
+@pytest.mark.slow
 def test_threads_sets_each_frameworks_thread_pools_and_names_the_config(tmp_path, write_suite):
     pytest.importorskip("torch")
     pytest.importorskip("tensorflow")
@@ -287,6 +288,7 @@ def test_huge_pages_go_into_the_workers_environment_and_are_refused_where_thp_is
     assert hugepages.unavailable("transparent") is None and hugepages.kernel_mode() == "madvise"
 
 
+@pytest.mark.slow
 def test_a_worker_with_huge_pages_holds_its_memory_in_them(tmp_path, write_suite):
     pytest.importorskip("torch")
     from gpubench import hugepages

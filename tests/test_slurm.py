@@ -92,6 +92,7 @@ def gpubench(cluster, tmp_path, *args: str, timeout: float = 300, **env: str) ->
     return run_cli(list(args), cwd=tmp_path, env=plugin_env(**cluster.env, **env), timeout=timeout)
 
 
+@pytest.mark.slow
 def test_a_sweep_under_slurm_gives_results_and_slurms_outcomes(cluster, tmp_path, write_suite):
     # mode 0 trains, 1 raises as it is built, 2 hangs until Slurm's time limit (1 minute), 6 writes
     # 2 GiB, past the job's --mem (where the cluster enforces it: cgroups)
@@ -126,6 +127,7 @@ def test_a_sweep_under_slurm_gives_results_and_slurms_outcomes(cluster, tmp_path
     assert json.loads((run_dir / "run.json").read_text())["args"]["slurm"]["max_parallel"] == 2
 
 
+@pytest.mark.slow
 def test_a_cancelled_job_keeps_the_finished_results_and_resume_submits_only_it(cluster, tmp_path, write_suite):
     suite = write_suite(SWEEP.replace("mode = [0, 1, 2]", "batch_size = [4, 8]")
                         .replace("warmup_steps = 1", "warmup_steps = 0").replace("steps = 3", "steps = 1")
@@ -227,6 +229,7 @@ telemetry_interval_ms = 0
 """
 
 
+@pytest.mark.slow
 def test_a_ddp_config_runs_its_ranks_in_one_slurm_job(cluster, tmp_path, write_suite):
     pytest.importorskip("torch")
     suite = write_suite(TINY_MLP.replace("tiny", "slurmddp") + 'parallelism = "ddp:2"\n')
@@ -260,6 +263,7 @@ def test_a_run_with_no_job_is_still_recorded_into_the_history(cluster, tmp_path,
     assert listed.returncode == 0 and run_dir.name in listed.stdout and "0/1" in listed.stdout, listed.stdout
 
 
+@pytest.mark.slow
 def test_distributed_configs_span_two_nodes_in_one_slurm_job_each(cluster, tmp_path, write_suite):
     pytest.importorskip("torch")
     pytest.importorskip("tensorflow")
