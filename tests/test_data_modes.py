@@ -159,3 +159,17 @@ def test_bad_data_settings_exit_2_before_anything_is_written(tmp_path, write_sui
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert message.format(missing=missing) in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_every_framework_is_compared_with_the_reference_one():
+    """The report's framework comparison: each framework's twin config over PyTorch's, TensorFlow
+    and JAX alike, and never PyTorch over itself."""
+    framework = next(c for c in COMPARISONS if c.axis == "framework")
+    assert framework.title == "Framework over PyTorch" and framework.baseline == "torch"
+    configs = {f: Config(workload="mlp", framework=f, batch_size=256) for f in ("torch", "tensorflow", "jax")}
+    results = [make_result(configs["torch"], 100.0), make_result(configs["tensorflow"], 50.0),
+               make_result(configs["jax"], 150.0), make_result(Config(workload="mlp", framework="jax"), 80.0)]
+    rows = speedups(aggregate(results_frame(results)), framework).to_dict("records")
+    assert sorted((r["config_id"], r["baseline_id"], r["speedup"]) for r in rows) == sorted([
+        (configs["tensorflow"].config_id, configs["torch"].config_id, 0.5),
+        (configs["jax"].config_id, configs["torch"].config_id, 1.5)])

@@ -16,6 +16,10 @@ BACKENDS: dict[str, str] = {
 }
 
 
+# the framework every other one is compared against in reports ("JAX over PyTorch")
+REFERENCE_FRAMEWORK = "torch"
+
+
 def register_backend(name: str, target: str) -> None:
     BACKENDS[name] = target
 
@@ -46,3 +50,20 @@ def declared_values(setting: str) -> list[str]:
 
 def get_backend(name: str) -> Backend:
     return backend_class(name)()
+
+
+def display_name(name: str) -> str:
+    """The framework's name as reports print it (its backend's ``display_name``; the registry
+    name where it sets none, or for a framework no longer registered)."""
+    try:
+        return backend_class(name).display_name or name
+    except (KeyError, ImportError, AttributeError):
+        return name
+
+
+def colour(name: str, precision: str) -> str:
+    """The chart colour of a framework at a precision (grey where its backend sets none)."""
+    try:
+        return backend_class(name).colours.get(precision, "#7f7f7f")
+    except (KeyError, ImportError, AttributeError):
+        return "#7f7f7f"

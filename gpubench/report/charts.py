@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from gpubench.backends import colour, display_name  # noqa: E402
 from gpubench.files import write_atomic  # noqa: E402
 from gpubench.results.twins import COMPARISONS, speedups  # noqa: E402
 
@@ -30,29 +31,21 @@ STYLE: dict[Any, Any] = {  # matplotlib rc settings
 }
 RUN_LINESTYLES = ["-", "--", ":", "-."]
 _MPL = tuple(int(x) for x in matplotlib.__version__.split(".")[:2])
-FRAMEWORK_NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow"}
 
 
 def _series_label(framework: str, precision: str, variant: str = "", run: str | None = None) -> str:
-    label = f"{FRAMEWORK_NAMES.get(framework, framework)} {precision}"
+    label = f"{display_name(framework)} {precision}"
     if variant:
         label += f" {variant}"
     return f"{label} ({run})" if run else label
 
 
-# the same framework x precision has the same colour in every chart: blues for PyTorch,
-# reds and oranges for TensorFlow
-COLORS = {
-    ("torch", "fp32"): "#1f77b4", ("torch", "tf32"): "#6baed6", ("torch", "amp-fp16"): "#08306b",
-    ("torch", "amp-bf16"): "#17becf",
-    ("tensorflow", "fp32"): "#d62728", ("tensorflow", "tf32"): "#ff9896", ("tensorflow", "amp-fp16"): "#7f0000",
-    ("tensorflow", "amp-bf16"): "#ff7f0e",
-}
 VARIANT_MARKERS = ["o", "s", "^", "D", "v", "P", "X"]
 
 
 def _color(framework: str, precision: str) -> Any:
-    return COLORS.get((framework, precision), "#7f7f7f")
+    """The same framework x precision has the same colour in every chart (its backend's)."""
+    return colour(framework, precision)
 
 
 def _grid(workloads: list[str], devices: list[str]):

@@ -5,7 +5,8 @@ repeats combined), computed in one place for the report's tables and charts and 
 summary.md. They never depend on the order in which the sweep ran its configs.
 
 - ``speedups``: throughput of each config over its twin with the baseline value of one axis
-  (GPU over CPU, each precision over fp32, PyTorch over TensorFlow, a parallel strategy over
+  (GPU over CPU, each precision over fp32, each framework over the reference one, PyTorch:
+  ``backends.REFERENCE_FRAMEWORK``; a parallel strategy over
   single, the input pipeline over device-resident data, a compile setting over none,
   channels-last over contiguous). For parallel strategies also ``scaling_efficiency``: the
   speed-up over (devices x single), where both trained at the same per-device batch.
@@ -18,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pandas as pd
+
+from gpubench.backends import REFERENCE_FRAMEWORK, display_name
 
 # what makes two configs "the same config" apart from the axis being compared
 IDENTITY = ["run", "workload_label", "framework", "device", "batch_size", "precision", "parallelism", "variant"]
@@ -40,9 +43,9 @@ COMPARISONS = (
           "above 1: the GPU is faster"),
     Twins("Precision over fp32", "precision", "fp32", "throughput at this precision / at fp32, same config",
           "above 1: faster than fp32"),
-    Twins("PyTorch over TensorFlow", "framework", "tensorflow",
-          "PyTorch throughput / TensorFlow throughput, same config (above 1: PyTorch faster)",
-          "above 1: PyTorch is faster"),
+    Twins(f"Framework over {display_name(REFERENCE_FRAMEWORK)}", "framework", REFERENCE_FRAMEWORK,
+          f"each framework's throughput / {display_name(REFERENCE_FRAMEWORK)}'s, same config (above 1: that "
+          f"framework is faster)", f"above 1: faster than {display_name(REFERENCE_FRAMEWORK)}"),
     Twins("Parallel strategy over single", "parallelism", "single",
           "throughput with this strategy / the single-device config at the same per-device batch "
           "(grad-accum:N: one optimizer update per N micro-batches); scaling efficiency = that / devices",
@@ -73,8 +76,6 @@ def _pairs(configs: pd.DataFrame, axis: str, baseline: str) -> pd.DataFrame:
     base = ok[ok[axis] == baseline]
     if axis == "device":  # any GPU against the CPU
         targets = ok[ok["device"].astype(str).str.startswith("cuda")]
-    elif axis == "framework":
-        targets = ok[ok["framework"] == "torch"]
     else:
         targets = ok[ok[axis] != baseline]
     return targets.merge(base, on=key, suffixes=("", "_base"))

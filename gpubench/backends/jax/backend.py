@@ -34,6 +34,8 @@ def host_devices(n: int) -> None:
 class JaxBackend(Backend):
     name = "jax"
     install_hint = "pip install 'gpubench[jax]' (the CPU jax, with optax), or pip install 'jax[cuda12]' optax (GPU)"
+    display_name = "JAX"
+    colours = {"fp32": "#2ca02c", "tf32": "#98df8a", "amp-fp16": "#00441b", "amp-bf16": "#bcbd22"}  # noqa: RUF012
 
     capabilities = Capabilities(
         precisions={"cpu": ("fp32", "amp-bf16"), "cuda": PRECISIONS},

@@ -99,6 +99,8 @@ class TorchBackend(Backend):
     name = "torch"
     install_hint = ("pip install torch (PyPI's CUDA build; for the CPU build add --index-url "
                     "https://download.pytorch.org/whl/cpu)")
+    display_name = "PyTorch"
+    colours = {"fp32": "#1f77b4", "tf32": "#6baed6", "amp-fp16": "#08306b", "amp-bf16": "#17becf"}  # noqa: RUF012
     capabilities = Capabilities(
         precisions={"cpu": ("fp32", "amp-bf16"), "cuda": PRECISIONS},
         parallelism=("single", "grad-accum", "ddp", "dp", "pipeline"),

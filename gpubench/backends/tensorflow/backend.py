@@ -26,6 +26,8 @@ def _capability(tf, index: int) -> tuple[int, int] | None:
 class TensorFlowBackend(Backend):
     name = "tensorflow"
     install_hint = "pip install tensorflow-cpu==2.21.0 (CPU) or pip install 'tensorflow[and-cuda]' (GPU)"
+    display_name = "TensorFlow"
+    colours = {"fp32": "#d62728", "tf32": "#ff9896", "amp-fp16": "#7f0000", "amp-bf16": "#ff7f0e"}  # noqa: RUF012
 
     capabilities = Capabilities(
         precisions={"cpu": ("fp32", "amp-bf16"), "cuda": PRECISIONS},
