@@ -1,40 +1,82 @@
-"""Proof of identity: PyTorch and TensorFlow train the same model on the same data from the
-same weights (issue #3). Dropout is removed for the step-by-step comparisons."""
+"""Proof of identity: every installed framework trains the same model on the same data from the
+same weights (issue #3; JAX joined in issue #30). Each check runs for every workload and every
+pair of installed frameworks. Dropout is removed for the step-by-step comparisons."""
 
 from __future__ import annotations
+
+import importlib.util
+import itertools
 
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-tf = pytest.importorskip("tensorflow")
+from gpubench.backends import get_backend
+from gpubench.suite import Config
+from gpubench.workloads import get_workload
+from gpubench.workloads.data import synthetic_batches
 
-from gpubench.backends import get_backend  # noqa: E402
-from gpubench.backends.pytorch.model import build_model as torch_model  # noqa: E402
-from gpubench.backends.tensorflow.layout import nhwc_data  # noqa: E402
-from gpubench.backends.tensorflow.model import build_model as keras_model  # noqa: E402
-from gpubench.suite import Config  # noqa: E402
-from gpubench.workloads import get_workload  # noqa: E402
-from gpubench.workloads.data import synthetic_batches  # noqa: E402
-
-WORKLOADS = [("cnn", {}), ("mlp", {}), ("mlp", {"depth": 10, "width": 64})]
+WORKLOADS = [("cnn", {}), ("mlp", {}), ("mlp", {"depth": 10, "width": 64}), ("resnet18", {})]
+# each framework and the packages it trains with
+NEEDS = {"torch": ("torch",), "tensorflow": ("tensorflow",), "jax": ("jax", "optax")}
+INSTALLED = [f for f, packages in NEEDS.items() if all(importlib.util.find_spec(p) for p in packages)]
+PAIRS = list(itertools.combinations(INSTALLED, 2))
 
 
 def spec_of(name, params):
     return get_workload(name).spec(**params)
 
 
+# --- each framework's own model, from the canonical weights ------------------------------------
+
+def params_of(framework, spec):
+    if framework == "torch":
+        from gpubench.backends.pytorch.model import build_model
+
+        return sum(p.numel() for p in build_model(spec).parameters())
+    if framework == "tensorflow":
+        from gpubench.backends.tensorflow.model import build_model
+
+        # trainable: batch norm's moving statistics are buffers, not parameters, in every framework
+        return sum(int(np.prod(w.shape)) for w in build_model(spec).trainable_weights)
+    from gpubench.backends.jax.model import to_params
+
+    return sum(a.size for arrays in to_params(spec.init_weights(0)) for a in arrays)
+
+
+def logits_of(framework, spec, weights, x):
+    """Evaluation-mode logits of a batch ``x`` in gpubench's layout (NCHW)."""
+    if framework == "torch":
+        import torch
+
+        from gpubench.backends.pytorch.model import build_model
+
+        return build_model(spec, weights).eval()(torch.from_numpy(x)).detach().numpy()
+    if framework == "tensorflow":
+        from gpubench.backends.tensorflow.layout import nhwc_data
+        from gpubench.backends.tensorflow.model import build_model
+
+        return build_model(spec, weights)(nhwc_data(x, 3) if x.ndim == 4 else x, training=False).numpy()
+    import jax.numpy as jnp
+
+    from gpubench.backends.jax.model import forward, init_state, to_params
+
+    return np.asarray(forward(spec, to_params(weights), init_state(spec), jnp.asarray(x), train=False)[0])
+
+
+@pytest.mark.parametrize("framework", INSTALLED)
 @pytest.mark.parametrize("name, params", WORKLOADS)
-def test_same_parameter_count_in_both_frameworks(name, params):
+def test_same_parameter_count_in_every_framework(name, params, framework):
     spec = spec_of(name, params)
-    assert sum(p.numel() for p in torch_model(spec).parameters()) == spec.params
-    assert keras_model(spec).count_params() == spec.params
+    assert params_of(framework, spec) == spec.params
 
 
 @pytest.mark.parametrize("name, params", WORKLOADS[:2])
 def test_forward_flops_match_tensorflows_own_counter(name, params):
+    tf = pytest.importorskip("tensorflow")
     from tensorflow.python.profiler.model_analyzer import profile
     from tensorflow.python.profiler.option_builder import ProfileOptionBuilder
+
+    from gpubench.backends.tensorflow.model import build_model as keras_model
 
     spec = spec_of(name, params)
     model = keras_model(spec)
@@ -50,13 +92,14 @@ def test_forward_flops_match_tensorflows_own_counter(name, params):
     assert by_type.get("Conv2D", 0) + by_type["MatMul"] == spec.forward_flops_per_sample
 
 
+@pytest.mark.parametrize("a, b", PAIRS)
 @pytest.mark.parametrize("name, params", WORKLOADS)
-def test_same_weights_same_input_same_logits(name, params):
+def test_same_weights_same_input_same_logits(name, params, a, b):
     spec = spec_of(name, params)
     weights = spec.init_weights(3)
-    x = synthetic_batches(spec, 32, 1, seed=3).x[0]
-    expected = torch_model(spec, weights).eval()(torch.from_numpy(x)).detach().numpy()
-    got = keras_model(spec, weights)(nhwc_data(x, 3), training=False).numpy()
+    x = synthetic_batches(spec, 32 if name != "resnet18" else 4, 1, seed=3).x[0]
+    expected = logits_of(a, spec, weights, x)
+    got = logits_of(b, spec, weights, x)
     assert got.shape == expected.shape
     assert np.abs(got - expected).max() <= 1e-4 * np.abs(expected).max()
 
@@ -70,26 +113,32 @@ def losses(framework, spec, config, batches, steps=8):
     return np.array(out)
 
 
+# Keras adds Adam's epsilon before the bias correction of the second moment, PyTorch and Optax
+# after it: with TensorFlow in the pair, the updates differ by O(epsilon / sqrt(1 - beta2^t))
+# in the first steps
+ADAM_RTOL = {True: 2e-3, False: 1e-3}  # TensorFlow in the pair, or not
+
+
+@pytest.mark.parametrize("a, b", PAIRS)
 @pytest.mark.parametrize("name, params", WORKLOADS[:2])
-@pytest.mark.parametrize("optimizer, lr, rtol", [
-    ("sgd", 0.01, 1e-5),
-    # Keras adds Adam's epsilon before the bias correction of the second moment, PyTorch
-    # after it: the updates differ by O(epsilon / sqrt(1 - beta2^t)) in the first steps
-    ("adam", 1e-3, 2e-3),
-    ("adamw", 1e-3, 2e-3),
-])
-def test_first_optimizer_steps_give_the_same_losses(name, params, optimizer, lr, rtol):
+@pytest.mark.parametrize("optimizer, lr", [("sgd", 0.01), ("adam", 1e-3), ("adamw", 1e-3)])
+def test_first_optimizer_steps_give_the_same_losses(name, params, optimizer, lr, a, b):
     spec = spec_of(name, params).without_dropout()
     config = Config(workload=name, batch_size=32, optimizer=optimizer, lr=lr,
                     workload_params=tuple(sorted(params.items())))
     batches = synthetic_batches(spec, 32, 4, seed=0)
-    a = losses("torch", spec, config, batches)
-    b = losses("tensorflow", spec, config, batches)
-    np.testing.assert_allclose(b, a, rtol=rtol)
-    assert a[-1] < a[0]  # and it trains
+    first = losses(a, spec, config, batches)
+    second = losses(b, spec, config, batches)
+    rtol = 1e-5 if optimizer == "sgd" else ADAM_RTOL["tensorflow" in (a, b)]
+    np.testing.assert_allclose(second, first, rtol=rtol)
+    assert first[-1] < first[0]  # and it trains
 
 
 def test_both_trainers_hold_the_same_data():
+    pytest.importorskip("torch")
+    pytest.importorskip("tensorflow")
+    from gpubench.backends.tensorflow.layout import nhwc_data
+
     spec = spec_of("cnn", {})
     batches = synthetic_batches(spec, 16, 3, seed=1)
     config = Config(workload="cnn", batch_size=16)
@@ -98,3 +147,6 @@ def test_both_trainers_hold_the_same_data():
     assert np.array_equal(tt.x.numpy(), batches.x)
     assert np.array_equal(kt.x.numpy(), nhwc_data(batches.x, 3))
     assert np.array_equal(tt.y.numpy(), kt.y.numpy())
+    if "jax" in INSTALLED:  # JAX keeps gpubench's layout
+        jt = get_backend("jax").build(spec, config, batches)
+        assert np.array_equal(np.asarray(jt.x), batches.x) and np.array_equal(np.asarray(jt.y), batches.y)

@@ -1,6 +1,6 @@
-"""The JAX backend: the same models as PyTorch's from the same weights (parameters, FLOPs by
-JAX's own cost analysis, logits, first losses), and each of its settings changing how a step
-runs but not what it computes."""
+"""The JAX backend: FLOPs by JAX's own cost analysis, batch norm and shortcuts trained step by
+step as in PyTorch, and each of its settings changing how a step runs but not what it computes.
+(Parameters, logits and first losses against the other frameworks: tests/test_identity.py.)"""
 
 from __future__ import annotations
 
@@ -13,12 +13,9 @@ torch = pytest.importorskip("torch")
 
 from gpubench.backends import get_backend  # noqa: E402
 from gpubench.backends.jax.model import forward, init_state, to_params  # noqa: E402
-from gpubench.backends.pytorch.model import build_model as torch_model  # noqa: E402
 from gpubench.suite import Config  # noqa: E402
 from gpubench.workloads import get_workload  # noqa: E402
 from gpubench.workloads.data import synthetic_batches  # noqa: E402
-
-WORKLOADS = [("mlp", {}), ("cnn", {}), ("resnet18", {})]
 
 
 def spec_of(name, params=None):
@@ -34,18 +31,6 @@ def losses(framework, spec, config, batches, steps=6):
     return np.array(out)
 
 
-@pytest.mark.parametrize("name, params", WORKLOADS)
-def test_same_parameters_and_logits_as_pytorch(name, params):
-    spec = spec_of(name, params)
-    weights = spec.init_weights(3)
-    assert sum(a.size for arrays in to_params(weights) for a in arrays) == spec.params
-    x = synthetic_batches(spec, 4, 1, seed=3).x[0]
-    expected = torch_model(spec, weights).eval()(torch.from_numpy(x)).detach().numpy()
-    got, _ = forward(spec, to_params(weights), init_state(spec), jax.numpy.asarray(x), train=False)
-    assert got.shape == expected.shape
-    assert np.abs(np.asarray(got) - expected).max() <= 1e-4 * np.abs(expected).max()
-
-
 @pytest.mark.parametrize("name", ["mlp", "cnn"])
 def test_forward_flops_are_jaxs_own_cost_analysis(name):
     """XLA's cost analysis counts every op: convolutions and matrix multiplies as the spec does
@@ -58,18 +43,6 @@ def test_forward_flops_are_jaxs_own_cost_analysis(name):
     cost = cost[0] if isinstance(cost, list) else cost
     flops = cost["flops"]
     assert spec.forward_flops_per_sample <= flops <= 1.01 * spec.forward_flops_per_sample, (flops, spec.name)
-
-
-@pytest.mark.parametrize("name", ["mlp", "cnn"])
-@pytest.mark.parametrize("optimizer, lr, rtol", [("sgd", 0.01, 1e-4), ("adam", 1e-3, 1e-3), ("adamw", 1e-3, 1e-3)])
-def test_first_optimizer_steps_give_pytorchs_losses(name, optimizer, lr, rtol):
-    spec = spec_of(name).without_dropout()
-    config = Config(workload=name, batch_size=16, optimizer=optimizer, lr=lr)
-    batches = synthetic_batches(spec, 16, 3, seed=0)
-    a = losses("torch", spec, config, batches)
-    b = losses("jax", spec, config, batches)
-    np.testing.assert_allclose(b, a, rtol=rtol)
-    assert b[-1] < b[0]  # and it trains
 
 
 def test_batch_norm_and_residuals_train_as_in_pytorch():
