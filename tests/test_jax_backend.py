@@ -126,3 +126,24 @@ def test_a_sweep_runs_jax_beside_pytorch_with_data_parallelism_on_host_devices(t
     assert refused["status"] == "unsupported" and "JAX always compiles" in refused["reason"]
     env = json.loads((run_dir / "run.json").read_text())["env"]["frameworks"]
     assert env["jax"]["version"] == jax.__version__
+
+
+@pytest.mark.slow
+def test_profile_traces_a_jax_config_and_tables_its_xla_instructions(tmp_path):
+    import json
+
+    from tests.conftest import plain_env, run_cli
+
+    (tmp_path / "p.toml").write_text('[defaults]\nworkload = "cnn"\nframework = "jax"\nbatch_size = 8\nthreads = 1\n'
+                                     'warmup_steps = 1\nsteps = 2\nwindows = 1\ntelemetry_interval_ms = 0\n')
+    proc = run_cli(["profile", "p.toml", "--out", "prof", "--steps", "2", "--no-report"], cwd=tmp_path,
+                   env=plain_env(), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (config_dir,) = (tmp_path / "prof").glob("*/profile/cnn-jax-cpu-bs8-fp32-single-threads=1")
+    trace = (config_dir / "trace.json").read_text()
+    assert trace.count('"gpubench step') >= 2  # each profiled step is a range in the Perfetto trace
+    assert list((config_dir / "jax").glob("plugins/profile/*/*.xplane.pb"))
+    rows = json.loads((config_dir / "top_ops.json").read_text())
+    assert rows and all(r["calls"] >= 2 and r["self_cpu_ms"] > 0 for r in rows)
+    assert not any(r["name"].startswith("ThunkExecutor::") for r in rows)
+    assert "its phases cannot be timed apart" in proc.stdout

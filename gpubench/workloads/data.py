@@ -217,3 +217,33 @@ def make_batches(spec: Task, dataset: str, data_dir: str, batch_size: int, seed:
         n = pool_batches(spec, batch_size * group) * group
         return synthetic_tokens(spec.num_classes, spec.input_shape[0], batch_size, n, seed)
     return synthetic_batches(spec, batch_size, pool_batches(spec, batch_size * group) * group, seed)
+
+
+def one_batch(task: SyntheticTask, batch: int, seed: int) -> Batches:
+    """One batch of the task's synthetic data (a model's FLOPs are counted on one)."""
+    if task.kind == "tokens":
+        return synthetic_tokens(task.num_classes, task.input_shape[0], batch, 1, seed)
+    return synthetic_batches(task, batch, 1, seed)
+
+
+def sample_batch(task: SyntheticTask | None, batch_fn: Callable[[int], Any] | None, name: str, batch: int,
+                 seed: int) -> Batches:
+    """One batch of what a model that is not a built-in trains on: the user's batch function's
+    (``name`` is its suite value, for errors), else the synthetic task's."""
+    if batch_fn is not None:
+        return function_batches(batch_fn, batch, 1, f"batches {name!r}")
+    assert task is not None  # no batch function: the synthetic task
+    return one_batch(task, batch, seed)
+
+
+def pool_maker(task: SyntheticTask | None, batch_fn: Callable[[int], Any] | None, name: str, seed: int
+               ) -> Callable[[int, int], Batches]:
+    """``make_batches(batch, group)`` of a model that is not a built-in: 4 x ``group`` calls of the
+    user's batch function, else the synthetic task's pool."""
+    def batches(batch: int, group: int) -> Batches:
+        if batch_fn is not None:
+            return function_batches(batch_fn, batch, 4 * group, f"batches {name!r}")
+        assert task is not None
+        return make_batches(task, "synthetic", "", batch, seed, group)
+
+    return batches

@@ -15,7 +15,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from gpubench.backends.base import ProfilingUnavailable, Trainer, Unsupported
+from gpubench.backends.base import Lap, ProfilingUnavailable, Trainer, Unsupported
 from gpubench.backends.jax.model import forward, init_state, policy_for, to_params
 from gpubench.config import Config
 from gpubench.measure.timers import StepTimer, WindowTimer
@@ -226,6 +226,11 @@ class JaxTrainer(Trainer):
         """The model's output for ``x`` in evaluation mode (the identity tests)."""
         return np.asarray(self._eval(self._carry["params"], self._carry["bn"], jnp.asarray(x)))
 
+    def phased_step(self, lap: Lap) -> None:
+        raise ProfilingUnavailable("JAX compiles the whole step (forward, backward, update) into one XLA program: "
+                                   "its phases cannot be timed apart; the operator tables say where its time goes")
+
     def profile(self, steps: int, out_dir: Path) -> dict[str, Any]:
-        raise ProfilingUnavailable("the jax backend has no profiler reading yet (jax.profiler's trace is not reduced "
-                                   "to an op table)")
+        from gpubench.backends.jax.profiling import profile_steps
+
+        return profile_steps(self, steps, out_dir)

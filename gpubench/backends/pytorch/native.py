@@ -25,10 +25,10 @@ from gpubench.workloads.data import (
     Batches,
     SyntheticTask,
     Tree,
-    function_batches,
     make_batches,
-    synthetic_batches,
-    synthetic_tokens,
+    one_batch,
+    pool_maker,
+    sample_batch,
     tree_leaves,
     tree_map,
 )
@@ -94,38 +94,23 @@ def native_model(config: Config) -> NativeModel:
         raise SourceError(f"workload {config.workload!r}: the factory returned {type(probe).__name__}, not a "
                           "torch.nn.Module (framework = torch)")
     facts["params"] = sum(p.numel() for p in probe.parameters())
-    if batch_fn is not None:
-        sample = function_batches(batch_fn, FLOP_COUNT_BATCH, 1, f"batches {config.batches!r}")
-    else:
+    if batch_fn is None:
         task = _with_classes(task, probe, config)
         facts["input_shape"], facts["num_classes"] = list(task.input_shape), task.num_classes
         facts["task"] = task.kind
-        sample = one_batch(task, FLOP_COUNT_BATCH, config.seed)
+    sample = sample_batch(task, batch_fn, config.batches, FLOP_COUNT_BATCH, config.seed)
     if _rank() == 0:  # the result's facts are rank 0's: the other ranks of a ddp:N config skip the count
         facts.update(count_train_flops(probe, sample, loss or cross_entropy))
     sequential = isinstance(probe, nn.Sequential)
     del probe
-
-    def batches(batch: int, group: int) -> Batches:
-        if batch_fn is not None:
-            return function_batches(batch_fn, batch, 4 * group, f"batches {config.batches!r}")
-        assert task is not None  # no batch function: the synthetic task
-        return make_batches(task, "synthetic", "", batch, config.seed, group)
-
-    return NativeModel(build=build, make_batches=batches, facts=facts, loss=loss, sequential=sequential)
+    return NativeModel(build=build, make_batches=pool_maker(task, batch_fn, config.batches, config.seed), facts=facts,
+                       loss=loss, sequential=sequential)
 
 
 def _rank() -> int:
     import os
 
     return int(os.environ.get("RANK", "0"))
-
-
-def one_batch(task: SyntheticTask, batch: int, seed: int) -> Batches:
-    """One batch of the task's synthetic data (to count FLOPs with)."""
-    if task.kind == "tokens":
-        return synthetic_tokens(task.num_classes, task.input_shape[0], batch, 1, seed)
-    return synthetic_batches(task, batch, 1, seed)
 
 
 def as_native(model: NativeModel | WorkloadSpec, config: Config) -> NativeModel:

@@ -24,14 +24,7 @@ from gpubench.backends.base import NativeModel
 from gpubench.config import Config
 from gpubench.workloads import WORKLOADS, get_workload
 from gpubench.workloads.base import WorkloadSpec
-from gpubench.workloads.data import (
-    Batches,
-    SyntheticTask,
-    function_batches,
-    make_batches,
-    synthetic_batches,
-    synthetic_tokens,
-)
+from gpubench.workloads.data import SyntheticTask, make_batches, pool_maker, sample_batch
 from gpubench.workloads.source import (
     ModelRef,
     SourceError,
@@ -86,11 +79,7 @@ def native_model(config: Config) -> NativeModel:
     if batch_fn is None:
         task = _task(probe, config)
         facts.update(input_shape=list(task.input_shape), num_classes=task.num_classes, task=task.kind)
-        sample = (synthetic_tokens(task.num_classes, task.input_shape[0], FLOP_COUNT_BATCH, 1, config.seed)
-                  if task.kind == "tokens" else synthetic_batches(task, FLOP_COUNT_BATCH, 1, config.seed))
-    else:
-        sample = function_batches(batch_fn, FLOP_COUNT_BATCH, 1, f"batches {config.batches!r}")
-    x, y = sample.sample(FLOP_COUNT_BATCH)
+    x, y = sample_batch(task, batch_fn, config.batches, FLOP_COUNT_BATCH, config.seed).sample(FLOP_COUNT_BATCH)
     if not probe.built:  # a model that declares no input builds its weights on its first call
         probe(x, training=False)
     # trainable parameters, as PyTorch and the specs count them (not batch norm's moving statistics)
@@ -103,14 +92,8 @@ def native_model(config: Config) -> NativeModel:
     del probe
     keras.backend.clear_session()
     policy = POLICIES.get(config.precision)
-
-    def batches(batch: int, group: int) -> Batches:
-        if batch_fn is not None:
-            return function_batches(batch_fn, batch, 4 * group, f"batches {config.batches!r}")
-        assert task is not None
-        return make_batches(task, "synthetic", "", batch, config.seed, group)
-
-    return NativeModel(build=lambda: _built(make, policy, config.seed), make_batches=batches, facts=facts,
+    return NativeModel(build=lambda: _built(make, policy, config.seed),
+                       make_batches=pool_maker(task, batch_fn, config.batches, config.seed), facts=facts,
                        loss=_keras_order(user_loss) if user_loss is not None else None)
 
 

@@ -17,35 +17,12 @@ from gpubench.backends.tensorflow.layout import nhwc_data
 from gpubench.backends.tensorflow.native import POLICIES, as_native, builtin_loss
 from gpubench.backends.tensorflow.runtime import import_tf, tf_device
 from gpubench.config import Config
-from gpubench.measure.clocks import clock_ns
-from gpubench.measure.timers import HostStepTimer, StepTimer
+from gpubench.measure.timers import HostStepTimer, StepTimer, WindowTimer
 from gpubench.options import device_kind, parse_parallelism
 from gpubench.workloads.base import WorkloadSpec
 from gpubench.workloads.data import Batches, tree_map
 
 import_tf()  # GPU memory growth on before anything touches a GPU, however the trainer is built
-
-
-class WindowTimer:
-    """For TensorFlow on a GPU, which has no device events to record between steps: the window
-    is timed on the host clock, synchronised at its end, and yields one value, the window's
-    mean step time (``runtime.step_timing = window_mean``)."""
-
-    def __init__(self, n_steps: int) -> None:
-        self.n_steps = n_steps
-        self._start: int | None = None
-        self._marks = 0
-
-    def mark(self) -> None:
-        if self._start is None:
-            self._start = clock_ns()
-        self._marks += 1
-
-    def elapsed_ms(self) -> list[float]:  # called after the loop synchronised the device
-        steps = self._marks - 1
-        if self._start is None or steps < 1:
-            return []
-        return [(clock_ns() - self._start) / 1e6 / steps]
 
 
 def make_optimizer(name: str, lr: float) -> keras.optimizers.Optimizer:
