@@ -60,7 +60,11 @@ class TrainingRound:
         native = backend.native(config)  # the user's factory or a zoo's model: built here, in pytest's process
         self.model = native.facts  # params, flops_per_sample (or why none), source
         self.config = config
-        self.trainer = backend.build(native, config, native.make_batches(config.batch, 1))
+        from gpubench.runner.worker import build_trainer
+
+        # the worker's pool: a global batch per step for dp:N / mirrored:N, the micro-batches of
+        # grad-accum:N (so that samples_per_round counts what the trainer really takes)
+        self.trainer, _ = build_trainer(backend, native, config, 0, 1, profiling=False)
         self.steps_per_round = steps_per_round
         self.samples_per_round = config.samples_per_step * steps_per_round
         self.throughput: float | None = None

@@ -116,7 +116,7 @@ def losses(framework, spec, config, batches, steps=8):
 # Keras adds Adam's epsilon before the bias correction of the second moment, PyTorch and Optax
 # after it: with TensorFlow in the pair, the updates differ by O(epsilon / sqrt(1 - beta2^t))
 # in the first steps
-ADAM_RTOL = {True: 2e-3, False: 1e-3}  # TensorFlow in the pair, or not
+ADAM_RTOL = {True: 2e-3, False: 1e-4}  # TensorFlow in the pair, or not (PyTorch-JAX: 1.3e-5 measured)
 
 
 @pytest.mark.parametrize("a, b", PAIRS)

@@ -93,6 +93,7 @@ def test_unsupported_settings_say_why():
     assert "JAX always compiles its whole training step with XLA" in reason
     assert "dp:N" in backend.unsupported(Config(workload="cnn", framework="jax", parallelism="mirrored:2"))
     assert backend.unsupported(Config(workload="cnn", framework="jax", parallelism="dp:2")) is None
+    assert "built-in workloads only" in backend.unsupported(Config(workload="mymodels:f", framework="jax"))
 
 
 @pytest.mark.slow
@@ -145,5 +146,97 @@ def test_profile_traces_a_jax_config_and_tables_its_xla_instructions(tmp_path):
     assert list((config_dir / "jax").glob("plugins/profile/*/*.xplane.pb"))
     rows = json.loads((config_dir / "top_ops.json").read_text())
     assert rows and all(r["calls"] >= 2 and r["self_cpu_ms"] > 0 for r in rows)
-    assert not any(r["name"].startswith("ThunkExecutor::") for r in rows)
+    assert not any(r["name"].startswith(("ThunkExecutor::", "ThreadpoolListener::", "end: ")) for r in rows)
     assert "its phases cannot be timed apart" in proc.stdout
+
+
+def test_fp16_loss_scaling_follows_gradscalers_rule():
+    """A step whose scaled gradients overflow is skipped (the weights and the optimizer state
+    stay; batch norm's running statistics keep the forward's update, as under GradScaler) and
+    halves the scale; finite steps update and count towards growing it."""
+    from gpubench.backends.jax.trainer import JaxTrainer
+
+    spec = spec_of("resnet18")
+    trainer = JaxTrainer(spec, Config(workload="resnet18", batch_size=4, precision="amp-fp16", optimizer="sgd"),
+                         synthetic_batches(spec, 4, 2, seed=0))
+    assert float(trainer._carry["scale"]) == 2.0**16
+    trainer._carry = {**trainer._carry, "scale": jax.numpy.asarray(1e38, jax.numpy.float32)}  # fp16 overflows
+    before = {k: jax.tree_util.tree_map(np.asarray, trainer._carry[k]) for k in ("params", "bn")}
+    trainer.step()
+    after = trainer._carry
+    assert float(after["scale"]) == pytest.approx(0.5e38, rel=1e-6) and int(after["good"]) == 0
+    for a, b in zip(jax.tree_util.tree_leaves(before["params"]), jax.tree_util.tree_leaves(after["params"])):
+        assert np.array_equal(a, np.asarray(b))
+    bn_before, bn_after = jax.tree_util.tree_leaves(before["bn"]), jax.tree_util.tree_leaves(after["bn"])
+    assert any(not np.array_equal(a, np.asarray(b)) for a, b in zip(bn_before, bn_after))
+    trainer._carry = {**trainer._carry, "scale": jax.numpy.asarray(1024.0, jax.numpy.float32)}
+    trainer.step()
+    assert float(trainer._carry["scale"]) == 1024.0 and int(trainer._carry["good"]) == 1
+    assert np.isfinite(trainer.read_loss())
+
+
+DP_SCRIPT = """
+import sys
+import numpy as np
+from gpubench.backends import get_backend
+from gpubench.suite import Config
+from gpubench.workloads import get_workload
+from gpubench.workloads.data import synthetic_batches
+
+spec = get_workload("cnn").spec().without_dropout()
+batches = synthetic_batches(spec, 16, 2, seed=0)
+backend = get_backend("jax")
+out = {}
+for parallelism in ("dp:2", "single"):
+    config = Config(workload="cnn", framework="jax", batch_size=16 if parallelism == "single" else 8,
+                    parallelism=parallelism, optimizer="sgd", lr=0.05)
+    trainer = backend.build(spec, config, batches)
+    losses = []
+    for _ in range(4):
+        trainer.step()
+        losses.append(trainer.read_loss())
+    out[parallelism] = np.array(losses)
+    print(parallelism, len(trainer.devices), trainer.x.sharding.shard_shape(trainer.x.shape), losses)
+np.testing.assert_allclose(out["dp:2"], out["single"], rtol=1e-5)
+"""
+
+
+def test_dp_over_two_host_devices_trains_as_one_device_on_the_global_batch(tmp_path):
+    """dp:2 splits each global batch of 16 over two host devices (8 each), the parameters
+    replicated: the same losses as one device taking the 16 at once (a fresh process: JAX's host
+    devices are set before it starts)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import plain_env
+
+    (tmp_path / "dp.py").write_text(DP_SCRIPT)
+    proc = subprocess.run([sys.executable, "dp.py"], cwd=tmp_path, env=plain_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "dp:2 2 (2, 8, 1, 28, 28)" in proc.stdout and "single 1 (2, 16, 1, 28, 28)" in proc.stdout
+
+
+FIXTURE_TEST = """
+def test_dp(gpubench_benchmark):
+    step = gpubench_benchmark(workload="mlp", framework="jax", parallelism="dp:2", batch_size=8, threads=1,
+                              steps_per_round=2, rounds=2, warmup_rounds=1)
+    assert step.trainer.x.shape[1] == 16  # a global batch: 8 on each of the 2 devices
+    assert step.samples_per_round == 2 * 16
+    print("THROUGHPUT", step.throughput)
+"""
+
+
+def test_the_fixture_feeds_dp_the_global_batch_it_counts(tmp_path):
+    """gpubench_benchmark with dp:N takes the worker's pool (N x batch_size per step), so the
+    samples it counts per round are the samples trained."""
+    import subprocess
+    import sys
+
+    from tests.conftest import plain_env
+
+    (tmp_path / "test_dp.py").write_text(FIXTURE_TEST)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "test_dp.py",
+                           "--rootdir", str(tmp_path)], cwd=tmp_path, env=plain_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert "1 passed" in proc.stdout, proc.stdout + proc.stderr

@@ -328,6 +328,34 @@ def test_run_trains_zoo_models_by_name(tmp_path):
         "forward_flops_per_sample"]
 
 
+@pytest.mark.slow
+def test_ab_and_profile_take_zoo_models_by_name(tmp_path):
+    """The gate and the profiler on a model of each zoo: both sides train every one (nothing of
+    the user's to import: the zoos' models come from the installed packages), and each profile
+    has its trace and operator table."""
+    for package in ("torchvision", "timm", "transformers", "tensorflow"):
+        pytest.importorskip(package)
+    (tmp_path / "zoo.toml").write_text(ZOO_SUITE)
+    proc = run_cli(["ab", "zoo.toml", "--repeats", "3", "--alpha", "0.5", "--set", "steps=2", "--out", "runs", "--no-report",
+                    "--json", "gate.json"], cwd=tmp_path, timeout=900)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr  # a verdict either way, never an error
+    verdicts = {v["config_id"]: v["verdict"] for v in json.loads((tmp_path / "gate.json").read_text())["verdicts"]}
+    assert len(verdicts) == 4 and all(v in ("unchanged", "inconclusive", "improved", "regressed")
+                                      for v in verdicts.values()), verdicts
+    (root,) = (tmp_path / "runs").iterdir()
+    for side in ("baseline", "candidate"):
+        lines = [json.loads(line) for line in (root / side / "results.jsonl").read_text().splitlines()]
+        assert sorted({r["config"]["workload"] for r in lines if r["status"] == "ok"}) == [
+            "hf:gpt2", "keras:MobileNetV3Small", "timm:test_vit", "torchvision:mobilenet_v3_small"], side
+    proc = run_cli(["profile", "zoo.toml", "--out", "prof", "--steps", "2", "--no-report"], cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    profiled = sorted(p.name for p in (tmp_path / "prof").glob("*/profile/*") if (p / "top_ops.json").is_file())
+    assert len(profiled) == 4 and any(p.startswith("hf.gpt2") for p in profiled), profiled
+    for config_dir in (tmp_path / "prof").glob("*/profile/*"):
+        assert json.loads((config_dir / "top_ops.json").read_text()), config_dir.name
+        assert (config_dir / "trace.json").is_file() or list((config_dir / "torch").glob("*.pt.trace.json"))
+
+
 BAD_MODELS = [
     ("nosuch:make", "", "workload 'nosuch:make': no module named 'nosuch' (looked in the suite's directory"),
     ("mymodels:small_convnett", "", "module mymodels has no 'small_convnett'; did you mean: small_convnet"),
@@ -514,3 +542,36 @@ def test_the_example_suite_is_valid():
     assert [c.workload for c in configs] == ["mymodels:small_convnet"] * 2
     assert tomllib.loads((EXAMPLE / "suite.toml").read_text())["defaults"]["args"] == {"width": 16}
     assert re.search(r"gpubench ab head/suite\.toml", (EXAMPLE / ".github" / "workflows" / "speed.yml").read_text())
+
+
+@pytest.mark.parametrize("framework, workload, compiled", [
+    ("torch", "mymodels:small_convnet", "torch-compile"),
+    ("tensorflow", "mymodels:keras_convnet", "xla"),
+])
+def test_a_users_model_compiles_as_a_builtin_does(monkeypatch, framework, workload, compiled):
+    """torch.compile (Inductor on the CPU) and XLA take the user's model through the same path as
+    a built-in: the same SGD steps give the uncompiled losses."""
+    pytest.importorskip(framework)
+    from gpubench.backends import get_backend
+    from gpubench.suite import Config
+
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    shape = (3, 16, 16) if framework == "torch" else (32, 32, 3)
+    base = Config(workload=workload, framework=framework, batch_size=8, optimizer="sgd", lr=0.05, input_shape=shape,
+                  num_classes=10)
+    backend = get_backend(framework)
+
+    def losses(config):
+        native = backend.native(config)
+        trainer = backend.build(native, config, native.make_batches(config.batch, 1))
+        out = []
+        for _ in range(5):
+            trainer.step()
+            out.append(trainer.read_loss())
+        return np.array(out), trainer
+
+    plain, _ = losses(base)
+    fast, trainer = losses(Config(**{**base.to_dict(), "compile": compiled}))
+    np.testing.assert_allclose(fast, plain, rtol=1e-4)
+    assert plain[-1] < plain[0]
+    assert trainer.describe()["compile"]["setting"] == compiled

@@ -67,8 +67,11 @@ def jax_kernels(jax: Any, device: Any, plan: Plan, precisions: list[str]) -> lis
                 precision=prec)), x, w)
         return prepare
 
+    def conv_shape(batch: int) -> str:  # the plan's label says NHWC (PyTorch's channels-last); this one is NCHW
+        return plan.conv.describe(batch).replace("NHWC", "NCHW")
+
     makers = {"matmul": (matmul, lambda n: 2.0 * n**3, lambda n: f"{n}x{n}x{n}", plan.matmul_sizes),
-              "conv2d": (conv2d, plan.conv.flops, plan.conv.describe, plan.conv_batches)}
+              "conv2d": (conv2d, plan.conv.flops, conv_shape, plan.conv_batches)}
     out = []
     for precision in precisions:
         for op in OPS:
@@ -79,6 +82,9 @@ def jax_kernels(jax: Any, device: Any, plan: Plan, precisions: list[str]) -> lis
 
 def measure(device: str) -> dict[str, Any]:
     """JAX's figures for one device, or ``unavailable`` with the reason."""
+    import os
+
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # as the trainer's (backends/jax)
     import jax
 
     kind = device_kind(device)

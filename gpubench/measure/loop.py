@@ -162,11 +162,13 @@ def _loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int, observe
             mark()
         trainer.sync()
         t1 = clock_ns()
+        # read now: a timer that reads its clock when asked (WindowTimer) must not count what
+        # follows the synchronisation (the range's pop, an observer's energy reading)
+        raw.step_times_ms.extend(timer.elapsed_ms())
         pop()
         if observer is not None:
             observer.on_phase(f"window_{w}", "end")
         raw.phases.append(Phase(f"window_{w}", t0, t1))
-        raw.step_times_ms.extend(timer.elapsed_ms())
         raw.window_wall_ms.append((t1 - t0) / 1e6)
         raw.window_steps.append(steps)
         loss = trainer.read_loss()

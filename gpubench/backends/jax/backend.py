@@ -18,11 +18,24 @@ if TYPE_CHECKING:
 _OOM_TEXT = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
 
 
+def import_jax():  # noqa: ANN201 - the module
+    """JAX, with its GPU allocator set to grow as needed (``XLA_PYTHON_CLIENT_PREALLOCATE =
+    false``, read when JAX starts its GPU client, so before any device is touched), as
+    TensorFlow's memory growth is turned on: by default JAX takes 75% of every visible GPU when
+    it starts, which would starve the other side of a lockstep A/B or any process sharing the
+    GPU, and make its peak memory meaningless. A value the user set is kept. Every method of
+    the backend that may touch a device imports JAX through this."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    import jax
+
+    return jax
+
+
 def host_devices(n: int) -> None:
     """``dp:N`` on a CPU: N host devices, which must be asked for before JAX starts its CPU
     backend (the first thing a worker does with JAX). A second trainer in one process (a
     test's) finds the backend started: it then has the devices it was started with."""
-    import jax
+    jax = import_jax()
 
     try:
         if getattr(jax.config, "jax_num_cpu_devices", 1) < n:
@@ -62,12 +75,15 @@ class JaxBackend(Backend):
         })
 
     def static_unsupported(self, config: Config) -> str | None:
+        if ":" in config.workload:
+            return (f"the jax backend trains gpubench's built-in workloads only; {config.workload} (a factory or a "
+                    "zoo's model) trains with framework = torch or tensorflow")
         if parse_parallelism(config.parallelism)[0] == "dp" and ":" in config.device:
             return f"dp:N uses the first N devices of its kind; use device = cuda or cpu, not {config.device}"
         return None
 
     def probe(self) -> ProbeInfo:
-        import jax
+        jax = import_jax()
         import jaxlib
 
         from gpubench.env import cpu_model
@@ -77,9 +93,8 @@ class JaxBackend(Backend):
             gpus = jax.devices("gpu")
         except RuntimeError:
             gpus = []
-        for i, gpu in enumerate(gpus):
-            stats = gpu.memory_stats() or {}
-            devices.append(DeviceInfo(f"cuda:{i}", gpu.device_kind, stats.get("bytes_limit")))
+        for i, gpu in enumerate(gpus):  # (the card's memory is NVML's to say: JAX knows its allocator's limit)
+            devices.append(DeviceInfo(f"cuda:{i}", gpu.device_kind))
         build = {"jaxlib": jaxlib.__version__, "default_backend": jax.default_backend(),
                  "optax": _version("optax"), "flax": _version("flax")}
         return ProbeInfo("jax", True, version=jax.__version__, devices=tuple(devices), build=build)
@@ -88,7 +103,11 @@ class JaxBackend(Backend):
         reason = self.unsupported(config)
         if reason:
             return ("unsupported", reason)
-        import jax
+        if config.threads:  # before anything starts JAX's runtime (looking for GPUs does)
+            refused = self.set_threads(config.threads)
+            if refused:
+                return ("unsupported", refused)
+        jax = import_jax()
         import optax  # noqa: F401 - the optimizers: part of what this backend needs installed
 
         kind, n = parse_parallelism(config.parallelism)
@@ -110,16 +129,21 @@ class JaxBackend(Backend):
 
     def set_threads(self, n: int) -> str | None:
         """JAX sizes its CPU thread pools from the CPUs the process may run on: ``threads = n``
-        pins this process to n of them, before JAX starts."""
+        pins this process to n of them, before JAX starts (the threads it starts later, Python's
+        included, inherit the pinning)."""
+        if getattr(self, "_pinned", None) == n:  # done by check(), before it looked for GPUs
+            return None
         if "jax" in sys.modules and _started():
             return "JAX's runtime had started before its thread pools could be sized"
         allowed = sorted(os.sched_getaffinity(0))
         if n > len(allowed):
             return f"threads = {n}, but this process may run on {len(allowed)} CPUs"
         os.sched_setaffinity(0, allowed[:n])
+        self._pinned = n
         return None
 
     def native(self, config: Config) -> NativeModel:
+        import_jax()
         kind, n = parse_parallelism(config.parallelism)
         if kind == "dp" and device_kind(config.device) == "cpu":
             host_devices(n)
@@ -129,6 +153,7 @@ class JaxBackend(Backend):
         from gpubench.backends.base import NativeModel as Native
 
         kind, n = parse_parallelism(config.parallelism)
+        import_jax()
         if kind == "dp" and device_kind(config.device) == "cpu":
             host_devices(n)
         from gpubench.backends.jax.trainer import JaxTrainer

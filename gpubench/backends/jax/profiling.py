@@ -5,7 +5,7 @@ plugins) and a Perfetto/Chrome trace (``perfetto_trace.json.gz``); both are kept
 read with ``jax.profiler.ProfileData``: on the host, the XLA instructions (``fusion.3``,
 ``wrapped_reduce-window``...) that ran on XLA's CPU threads, by self time (an instruction's span
 less the spans nested in it on the same thread; the executor's own bookkeeping spans,
-``ThunkExecutor::*`` and ``ThreadpoolListener::*``, are left out); on a GPU, the kernels on
+``ThunkExecutor::*``, ``ThreadpoolListener::*`` and the ``end: <op>`` markers, are left out); on a GPU, the kernels on
 the device's streams, by time.
 """
 
@@ -23,7 +23,9 @@ from gpubench.measure.ops import OpRow
 from gpubench.measure.trainer import Trainer
 
 STEP_TRACE = "gpubench step"
-_BOOKKEEPING = ("ThunkExecutor::", "ThreadpoolListener::")
+# the executor's spans and markers: its program span, thread-pool regions, and the "end: <op>"
+# marker each instruction leaves inside its own span
+_BOOKKEEPING = ("ThunkExecutor::", "ThreadpoolListener::", "end: ")
 
 
 def _self_times(spans: list[tuple[int, int]]) -> list[float]:

@@ -97,8 +97,8 @@ class JaxTrainer(Trainer):
             self._next_index = 0
             self._ahead = self._put_next()
         else:
-            self.x = jax.device_put(jnp.asarray(batches.x), by_batch)
-            self.y = jax.device_put(jnp.asarray(batches.y), by_batch)
+            self.x = jax.device_put(np.asarray(batches.x), by_batch)  # from the host straight to its shards
+            self.y = jax.device_put(np.asarray(batches.y), by_batch)
 
         policy, accum, scaled, optimizer, n = self.policy, self.accum, self.scaled, self.optimizer, self.n_batches
 
@@ -131,7 +131,9 @@ class JaxTrainer(Trainer):
                 keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa: E731
                 good = jnp.where(ok, carry["good"] + 1, 0)
                 grow = good >= _SCALE_INTERVAL
-                out.update(params=keep(new_params, params), opt=keep(opt, carry["opt"]), bn=keep(bn, carry["bn"]),
+                # (the running statistics keep the forward's update, as with GradScaler, which
+                # skips only optimizer.step())
+                out.update(params=keep(new_params, params), opt=keep(opt, carry["opt"]),
                            scale=jnp.where(ok, jnp.where(grow, scale * _SCALE_GROWTH, scale), scale * _SCALE_BACKOFF),
                            good=jnp.where(grow, 0, good))
             return out, total
@@ -166,10 +168,12 @@ class JaxTrainer(Trainer):
                         "how": "jax.jit: the whole step one XLA program; its compilation is in the cold start"},
             "step_timing": "window_mean",
             "grad_accum": self.accum,
-            "checkpointing": "jax.checkpoint per top-level layer" if remat else "none",
+            "checkpointing": "jax.checkpoint around each top-level layer with parameters" if remat else "none",
             "distributed": distributed,
             "data": "host arrays, device_put one step ahead" if self.pipeline else "device-resident",
             "devices": [str(d) for d in self.devices],
+            # JAX cannot reset its allocator's peak: it is the worker's, building included
+            "memory_peak": "since the worker started" if self.gpu else None,
         }
 
     # --- data ------------------------------------------------------------------------------
