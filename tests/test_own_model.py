@@ -310,9 +310,12 @@ def test_run_trains_zoo_models_by_name(tmp_path):
     for package in ("torchvision", "timm", "transformers", "tensorflow"):
         pytest.importorskip(package)
     (tmp_path / "zoo.toml").write_text(ZOO_SUITE)
-    proc = run_cli(["run", "zoo.toml", "--out", "runs", "--no-calibrate", "--no-report"], cwd=tmp_path, timeout=900)
+    proc = run_cli(["run", "zoo.toml", "--out", "runs", "--no-calibrate"], cwd=tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
+    report = (tmp_path / "reports" / run_dir.name / "index.html").read_text()
+    assert all(name in report for name in ("hf.gpt2", "timm.test_vit", "torchvision.mobilenet_v3_small",
+                                           "keras.MobileNetV3Small"))
     results = {r["config"]["workload"]: r for r in map(json.loads, (run_dir / "results.jsonl").read_text().splitlines())}
     assert sorted(results) == ["hf:gpt2", "keras:MobileNetV3Small", "timm:test_vit", "torchvision:mobilenet_v3_small"]
     for workload, r in results.items():
