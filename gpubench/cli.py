@@ -8,7 +8,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from rich.console import Console
 
@@ -123,6 +123,47 @@ def _add_examples(parser: argparse.ArgumentParser) -> None:
             command.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
+# the gate's options, declared once for every command that gates (compare, ab): the dest of each
+# is the field of the command's request it fills (gate_fields)
+GATE_FIELDS = ("threshold", "noise_floor", "alpha", "correction", "metric", "markdown", "json", "junit")
+
+
+def _add_gate_statistics(parser: argparse.ArgumentParser, figures_only: bool = False) -> None:
+    """--threshold, --noise-floor and --alpha; ``figures_only`` where a command computes with the
+    gate's figures rather than gating (history noise)."""
+    if figures_only:
+        parser.add_argument("--threshold", default="3%", help="the gate's threshold (default 3%%)")
+        parser.add_argument("--noise-floor", default="1%", help="the gate's noise floor (default 1%%)")
+        parser.add_argument("--alpha", type=float, default=0.01, help="the gate's alpha (default 0.01)")
+        return
+    parser.add_argument("--threshold", default="3%", help="slowdown that matters, from 0%% to below 100%%, e.g. 3%% "
+                                                          "(default 3%%)")
+    parser.add_argument("--noise-floor", default="1%", help="changes inside this are noise, from 0%% up to the "
+                                                            "threshold (default 1%%)")
+    parser.add_argument("--alpha", type=float, default=0.01,
+                        help="error rate over the configs compared, as --correction says (default 0.01)")
+
+
+def _add_gate_options(parser: argparse.ArgumentParser, json_help: str) -> None:
+    """The options of a command that gives verdicts: its statistics, the metric, and the reports
+    it writes (GATE_FIELDS)."""
+    _add_gate_statistics(parser)
+    parser.add_argument("--correction", choices=["bonferroni", "bh"], default="bonferroni",
+                        help="bonferroni: alpha bounds the chance of any false regressed verdict (default); bh: "
+                             "Benjamini-Hochberg, alpha bounds the expected share of false ones (more power on a "
+                             "sweep)")
+    parser.add_argument("--metric", default="throughput", help=METRIC_HELP)
+    parser.add_argument("--markdown", type=Path, metavar="FILE", help="write a markdown summary (CI job summary)")
+    parser.add_argument("--json", type=Path, metavar="FILE", help=json_help)
+    parser.add_argument("--junit", type=Path, metavar="FILE",
+                        help="write the verdicts as a JUnit XML test report (a config per test case; regressed fails)")
+
+
+def gate_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The gate's options as a request's keyword arguments."""
+    return {name: getattr(args, name) for name in GATE_FIELDS}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="gpubench", description="Benchmark deep-learning training.")
     parser.add_argument("--version", action="version", version=f"gpubench {__version__}")
@@ -184,20 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp = sub.add_parser("compare", help="regression gate: compare a run against a baseline, config by config")
     cmp.add_argument("baseline", help="run directory or saved baseline name")
     cmp.add_argument("current", help="run directory or saved baseline name")
-    cmp.add_argument("--threshold", default="3%", help="slowdown that matters, from 0%% to below 100%%, e.g. 3%% "
-                                                       "(default 3%%)")
-    cmp.add_argument("--noise-floor", default="1%", help="changes inside this are noise, from 0%% up to the threshold "
-                                                         "(default 1%%)")
-    cmp.add_argument("--alpha", type=float, default=0.01,
-                     help="error rate over the configs compared, as --correction says (default 0.01)")
-    cmp.add_argument("--correction", choices=["bonferroni", "bh"], default="bonferroni",
-                     help="bonferroni: alpha bounds the chance of any false regressed verdict (default); bh: "
-                          "Benjamini-Hochberg, alpha bounds the expected share of false ones (more power on a sweep)")
-    cmp.add_argument("--metric", default="throughput", help=METRIC_HELP)
-    cmp.add_argument("--markdown", type=Path, metavar="FILE", help="write a markdown summary (CI job summary)")
-    cmp.add_argument("--json", type=Path, metavar="FILE", help="write the verdicts as JSON")
-    cmp.add_argument("--junit", type=Path, metavar="FILE",
-                     help="write the verdicts as a JUnit XML test report (a config per test case; regressed fails)")
+    _add_gate_options(cmp, json_help="write the verdicts as JSON")
     cmp.add_argument("--best-of", type=_positive_int, default=1, metavar="K",
                      help="paired rounds (the two run directories of one ab --lockstep): each side's best of K "
                           "consecutive rounds makes one pair (default 1)")
@@ -219,11 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--repeats", type=_positive_int, default=10, metavar="N", help="repeats per side (default 10)")
     ab.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=V1[,V2...]")
     ab.add_argument("--out", type=Path, default=Path("runs"))
-    ab.add_argument("--threshold", default="3%")
-    ab.add_argument("--noise-floor", default="1%")
-    ab.add_argument("--alpha", type=float, default=0.01)
-    ab.add_argument("--correction", choices=["bonferroni", "bh"], default="bonferroni",
-                    help="as for compare (default bonferroni)")
+    _add_gate_options(ab, json_help="write the verdicts (and any failed repeats) as JSON")
     ab.add_argument("--lockstep", action="store_true",
                     help="run the two sides of each round at once, taking turns window by window, and compare the "
                          "rounds paired (the gate for a noisy machine; one process a side, not for distributed "
@@ -235,10 +259,6 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--best-of", type=_positive_int, default=1, metavar="K",
                     help="with --lockstep: each side's best of K consecutive rounds makes one pair, so that a worker "
                          "that was slow for its whole life does not decide a pair (default 1)")
-    ab.add_argument("--metric", default="throughput", help=METRIC_HELP)
-    ab.add_argument("--markdown", type=Path, metavar="FILE")
-    ab.add_argument("--json", type=Path, metavar="FILE", help="write the verdicts (and any failed repeats) as JSON")
-    ab.add_argument("--junit", type=Path, metavar="FILE", help="write the verdicts as a JUnit XML test report")
     ab.add_argument("--no-report", action="store_true")
 
     exp = sub.add_parser("export", help="a run's results as pytest-benchmark JSON or GitHub benchmark-action JSON")
@@ -327,11 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 "grows as the square of the commits)")
         if name == "noise":
             h.add_argument("--repeats", type=int, default=10, metavar="N", help="repeats a side (default 10)")
-            h.add_argument("--alpha", type=float, default=0.01, help="the gate's alpha (default 0.01)")
             h.add_argument("--configs", type=int, default=1, metavar="K",
                            help="configs compared at once: alpha / K per config (default 1)")
-            h.add_argument("--threshold", default="3%", help="the gate's threshold (default 3%%)")
-            h.add_argument("--noise-floor", default="1%", help="the gate's noise floor (default 1%%)")
+            _add_gate_statistics(h, figures_only=True)
             h.add_argument("--effect", default="5%", help="the slowdown whose repeats are asked for (default 5%%)")
         if name in ("check", "noise"):
             h.add_argument("--json", type=Path, metavar="FILE", help="write what is printed as JSON")
@@ -395,8 +413,9 @@ def slurm_options(args: argparse.Namespace) -> SlurmOptions | None:
                          "for distributed configs spanning N nodes)")
     if args.nnodes < 1:
         raise InputError(f"--nnodes: expected an integer >= 1, got {args.nnodes}")
-    return SlurmOptions(args.partition, args.account, args.time, args.gpus_per_node, args.max_parallel or 0,
-                        args.nnodes, tuple(args.sbatch_args))
+    return SlurmOptions(partition=args.partition, account=args.account, time=args.time,
+                        gpus_per_node=args.gpus_per_node, max_parallel=args.max_parallel or 0, nodes=args.nnodes,
+                        sbatch_args=tuple(args.sbatch_args))
 
 
 def _main(argv: list[str] | None) -> int:
@@ -450,11 +469,11 @@ def _main(argv: list[str] | None) -> int:
                 gate = gate_options(args.threshold, args.noise_floor, args.alpha, "throughput")
                 noise = noise_options(args.repeats, args.alpha, args.configs, gate.threshold, gate.noise_floor,
                                       args.effect)
-            return run_history(HistoryRequest(args.action, args.db, getattr(args, "run_dirs", []),
-                                              parse_tags(getattr(args, "tags", [])), filters,
-                                              getattr(args, "metrics", []), getattr(args, "out", None),
-                                              getattr(args, "pinned", []), check, getattr(args, "json", None),
-                                              not getattr(args, "no_changes", False), noise), console)
+            return run_history(HistoryRequest(
+                action=args.action, db=args.db, run_dirs=getattr(args, "run_dirs", []),
+                tags=parse_tags(getattr(args, "tags", [])), filters=filters, metrics=getattr(args, "metrics", []),
+                out=getattr(args, "out", None), pinned=getattr(args, "pinned", []), check=check,
+                json=getattr(args, "json", None), changes=not getattr(args, "no_changes", False), noise=noise), console)
         if args.command == "report":
             from gpubench.report.build import build_report
 
@@ -468,21 +487,20 @@ def _main(argv: list[str] | None) -> int:
         if args.command == "compare":
             from gpubench.gate.command import CompareRequest, run_compare
 
-            return run_compare(CompareRequest(args.baseline, args.current, args.threshold, args.noise_floor, args.alpha,
-                                              args.metric, args.markdown, args.json, args.force, args.baselines_dir,
-                                              args.correction, args.junit, args.best_of),
-                               console)
+            return run_compare(CompareRequest(baseline=args.baseline, current=args.current, **gate_fields(args),
+                                              force=args.force, baselines_dir=args.baselines_dir,
+                                              best_of=args.best_of), console)
         if args.command == "ab":
             from gpubench.gate.command import junit_on_bad_input
             from gpubench.launch import Launcher
             from gpubench.runner.ab import ABRequest, execute_ab
 
             with junit_on_bad_input(args.junit, "ab"):  # bad input (exit 2) still writes --junit
-                return execute_ab(ABRequest(args.suite, Launcher(args.baseline_python, args.baseline_path),
-                                            Launcher(args.candidate_python, args.candidate_path), args.out, args.sets,
-                                            args.repeats, args.threshold, args.noise_floor, args.alpha, args.metric,
-                                            args.markdown, args.json, not args.no_report, args.correction,
-                                            args.lockstep, args.budget, args.junit, args.best_of), console)
+                return execute_ab(ABRequest(
+                    suite=args.suite, baseline=Launcher(args.baseline_python, args.baseline_path),
+                    candidate=Launcher(args.candidate_python, args.candidate_path), out=args.out, sets=args.sets,
+                    repeats=args.repeats, **gate_fields(args), report=not args.no_report, lockstep=args.lockstep,
+                    budget_s=args.budget, best_of=args.best_of), console)
         if args.command == "find-batch":
             from gpubench.runner.find_batch_command import run_find_batch
 
@@ -490,8 +508,8 @@ def _main(argv: list[str] | None) -> int:
         if args.command == "profile":
             from gpubench.profile.command import ProfileRequest, execute_profile
 
-            return execute_profile(ProfileRequest(args.suite, args.out, args.sets, args.steps, not args.no_report),
-                                   console)
+            return execute_profile(ProfileRequest(suite=args.suite, out=args.out, sets=args.sets, steps=args.steps,
+                                                  report=not args.no_report), console)
         if args.command == "calibrate":
             from gpubench.calibrate.command import run_calibrate
 
