@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,8 +24,30 @@ from gpubench.backends.pytorch.modes import CUDAGRAPH_MODES, TORCH_COMPILE_MODES
 from gpubench.workloads.data import tree_map
 
 if TYPE_CHECKING:
-    from gpubench.backends.pytorch.trainer import TorchTrainer
     from gpubench.config import Config
+
+
+@dataclass(frozen=True)
+class StepSource:
+    """What a step needs of its trainer, as values and callables (the trainer builds it; nothing
+    here reads the trainer's own fields): ``train_step(next_batch, lap)`` runs one optimizer
+    update and returns the detached loss; ``next_batch`` gives the trainer's next batch. A CUDA
+    graph also needs the model, its optimizer and device, the device-resident pool (``x``,
+    ``y``, ``n_batches``, its memory format) and the trainer's position in it (``position()``,
+    ``seek(i)``), to gather batches inside the graph and to rewind the warm-up."""
+
+    train_step: Callable[..., torch.Tensor]
+    next_batch: Callable[[], tuple[Any, Any]]
+    cuda: bool
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    x: Any
+    y: Any
+    n_batches: int
+    memory_format: torch.memory_format | None
+    position: Callable[[], int]
+    seek: Callable[[int], None]
 
 CUDAGRAPH_WARMUP_STEPS = 3
 GRAPH_EAGER_WARMUP_STEPS = 3  # eager steps on a side stream before capture, as PyTorch's docs do
@@ -70,18 +93,19 @@ def compile_model(model: torch.nn.Module, config: Config) -> tuple[Callable[...,
     }
 
 
-def build_step(trainer: TorchTrainer, config: Config) -> Callable[..., torch.Tensor]:
+def build_step(source: StepSource, config: Config) -> Callable[..., torch.Tensor]:
     """The trainer's step: ``step(lap=no_lap) -> detached loss``."""
     if config.compile == "cuda-graph":
-        return CudaGraphStep(trainer)
-    if config.compile in CUDAGRAPH_MODES and trainer.cuda:
+        return CudaGraphStep(source)
+    train_step, next_batch = source.train_step, source.next_batch
+    if config.compile in CUDAGRAPH_MODES and source.cuda:
         mark = torch.compiler.cudagraph_mark_step_begin  # outputs of the last step may be overwritten now
 
         def step(lap: Lap = no_lap) -> torch.Tensor:
             mark()
-            return trainer.train_step(trainer._next_batch, lap)
+            return train_step(next_batch, lap)
         return step
-    return lambda lap=no_lap: trainer.train_step(trainer._next_batch, lap)
+    return lambda lap=no_lap: train_step(next_batch, lap)
 
 
 class CudaGraphStep:
@@ -97,8 +121,8 @@ class CudaGraphStep:
     call is exactly one training step, and the losses equal the eager trainer's.
     """
 
-    def __init__(self, trainer: TorchTrainer) -> None:
-        self.t = trainer
+    def __init__(self, source: StepSource) -> None:
+        self.t = source
         self.graph: torch.cuda.CUDAGraph | None = None
         self.loss: torch.Tensor | None = None
         self.index: torch.Tensor | None = None
@@ -126,7 +150,7 @@ class CudaGraphStep:
 
     def _capture(self) -> None:
         t = self.t
-        start = t._i
+        start = t.position()
         # on the host: a device copy would count in the config's peak allocated memory
         saved = [v.detach().to("cpu", copy=True) for v in (*t.model.parameters(), *t.model.buffers())]
         rng = torch.cuda.get_rng_state(t.device)
@@ -148,7 +172,7 @@ class CudaGraphStep:
                     if torch.is_tensor(value):
                         value.zero_()
         torch.cuda.set_rng_state(rng, t.device)
-        t._i = start
+        t.seek(start)
         self.index.fill_(start)
         del saved
         t.optimizer.zero_grad(set_to_none=True)  # backward allocates the grads from the graph's pool

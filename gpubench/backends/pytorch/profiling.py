@@ -6,16 +6,14 @@ import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerAction
 
 from gpubench.files import write_atomic
 from gpubench.measure.ops import OpRow
-
-if TYPE_CHECKING:
-    from gpubench.backends.pytorch.trainer import TorchTrainerBase
+from gpubench.measure.trainer import Trainer
 
 
 class NvtxRanges:
@@ -100,7 +98,7 @@ def step_schedule(steps: int) -> Callable[[int], ProfilerAction]:
     return action
 
 
-def distributed_info(trainer: TorchTrainerBase) -> dict[str, Any] | None:
+def distributed_info(trainer: Trainer) -> dict[str, Any] | None:
     """The trace's ``distributedInfo`` where torch.profiler writes none: it writes its own
     (backend, rank, world size, process groups) only when torch.distributed is initialised,
     while HTA reads every trace's rank from this block (a single process: rank 0 of 1)."""
@@ -111,14 +109,14 @@ def distributed_info(trainer: TorchTrainerBase) -> dict[str, Any] | None:
     return {"rank": trainer.rank, "world_size": trainer.world_size}
 
 
-def profile_steps(trainer: TorchTrainerBase, steps: int, out_dir: Path) -> dict[str, Any]:
+def profile_steps(trainer: Trainer, cuda: bool, steps: int, out_dir: Path) -> dict[str, Any]:
     """``steps`` steps under torch.profiler (CPU, and CUDA on a GPU), each a ``ProfilerStep#<i>``
     (``prof.step()`` between steps: no host sync, the device is synchronised once, at the end
     of the last step); the trace (``torch/rank<r>.pt.trace.json``, with ``distributedInfo``)
     and the per-operator self times."""
     from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.cuda else [])
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     prof = profile(activities=activities, schedule=step_schedule(steps))
     info = distributed_info(trainer)
     if info is not None:
@@ -139,6 +137,6 @@ def profile_steps(trainer: TorchTrainerBase, steps: int, out_dir: Path) -> dict[
         with contextlib.suppress(OSError):
             trace_dir.rmdir()  # only if empty: a failed export leaves nothing behind
         raise
-    ops = op_rows(prof.key_averages(), trainer.cuda)
+    ops = op_rows(prof.key_averages(), cuda)
     return {"profiler": f"torch.profiler ({', '.join(a.name for a in activities)})", "trace": trace, "ops": ops,
             "steps": steps}

@@ -19,6 +19,7 @@ from gpubench.backends.pytorch.compile import (
     TORCH_COMPILE_MODES,
     CompileCounter,
     CudaGraphStep,
+    StepSource,
     build_step,
     channels_last_pool,
     compile_model,
@@ -182,7 +183,7 @@ class TorchTrainerBase(Trainer):
         """Every PyTorch trainer (the pipeline's too: its other ranks take the same steps)."""
         from gpubench.backends.pytorch.profiling import profile_steps
 
-        return profile_steps(self, steps, out_dir)
+        return profile_steps(self, self.cuda, steps, out_dir)
 
     def memory(self) -> dict[str, int]:
         if not self.cuda:
@@ -260,7 +261,11 @@ class TorchTrainer(TorchTrainerBase):
         self._compiles = CompileCounter() if config.compile in TORCH_COMPILE_MODES else None
         self.forward, compile_info = compile_model(self.model, config)
         self.min_warmup_steps = compile_info.pop("min_warmup_steps", 0)
-        self._step = build_step(self, config)
+        self._step = build_step(StepSource(
+            train_step=self.train_step, next_batch=self._next_batch, cuda=self.cuda, model=self.model,
+            optimizer=self.optimizer, device=self.device, x=getattr(self, "x", None), y=getattr(self, "y", None),
+            n_batches=self.n_batches, memory_format=self.memory_format, position=lambda: self._i, seek=self._seek),
+            config)
         self._info.update({
             "grad_scaler": self.scaler is not None,
             "grad_accum": self.accum,
@@ -295,6 +300,9 @@ class TorchTrainer(TorchTrainerBase):
         moved = iter([a.to(self.device, non_blocking=True) for a in leaves])
         x, y = tree_map(lambda _: next(moved), self._tree)
         return x, y
+
+    def _seek(self, i: int) -> None:
+        self._i = i
 
     def _next_batch(self) -> tuple[Tree, Tree]:
         if self.loader is not None:

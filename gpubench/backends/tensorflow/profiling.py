@@ -4,18 +4,34 @@ the tf.profiler pass (its trace directory, a Chrome trace and operator table fro
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import tensorflow as tf
 
-from gpubench.backends.base import Lap
+from gpubench.backends.base import Lap, Trainer
 from gpubench.backends.tensorflow.xplane import chrome_trace, op_rows, read_xspace
 
-if TYPE_CHECKING:
-    from gpubench.backends.tensorflow.trainer import TFTrainer
-
 STEP_TRACE = "gpubench step"
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """What the breakdown pass needs of a trainer's step, as callables (the trainer builds it;
+    nothing here reads the trainer's own fields): the forward and loss of one micro-batch (its
+    share of the mean over ``accum``), the same with the gradients, the optimizer's update, and
+    where the next batch comes from: the device-resident pool (``next_device_batch``) or the
+    input pipeline (``next_element``: every micro-batch of one step)."""
+
+    forward_loss: Callable[[Any, Any], Any]
+    gradients: Callable[[Any, Any], Any]
+    apply: Callable[[Any], Any]
+    next_device_batch: Callable[[], Any] | None
+    next_element: Callable[[], Any] | None
+    accum: int
+    device: str
+    xla: bool
 
 
 class PhaseFunctions:
@@ -26,30 +42,29 @@ class PhaseFunctions:
     With compile = xla each function is XLA-compiled on its own, which fuses less than the
     single step function does."""
 
-    def __init__(self, trainer: TFTrainer) -> None:
-        t = self.t = trainer
-        n = t.accum
-        self.forward = self._function(lambda x, y: t._forward_loss(x, y, n))
-        self.gradients = self._function(lambda x, y: t._gradients(x, y, n))
-        self.apply = self._function(t._apply)
-        self.batch = None if t.pipeline else self._function(t._next_device_batch)
+    def __init__(self, parts: StepParts) -> None:
+        self.parts = parts
+        self.forward = self._function(parts.forward_loss)
+        self.gradients = self._function(parts.gradients)
+        self.apply = self._function(parts.apply)
+        self.batch = None if parts.next_device_batch is None else self._function(parts.next_device_batch)
 
     def _function(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        device = self.t.device
+        device = self.parts.device
 
         def placed(*args: Any) -> Any:
             with tf.device(device):
                 return fn(*args)
-        return tf.function(placed, jit_compile=self.t.xla)
+        return tf.function(placed, jit_compile=self.parts.xla)
 
     def step(self, lap: Lap) -> tf.Tensor:
-        t = self.t
-        if t.pipeline:  # one element holds every micro-batch of the step
-            x, y = next(t._iter)
-            micro = [(x, y)] if t.accum == 1 else [(x[k], y[k]) for k in range(t.accum)]
+        parts = self.parts
+        if parts.next_element is not None:  # one element holds every micro-batch of the step
+            x, y = parts.next_element()
+            micro = [(x, y)] if parts.accum == 1 else [(x[k], y[k]) for k in range(parts.accum)]
             lap("data")
         total = grads = None
-        for k in range(t.accum):
+        for k in range(parts.accum):
             if self.batch is not None:
                 xb, yb = self.batch()
                 lap("data")
@@ -66,7 +81,7 @@ class PhaseFunctions:
         return total
 
 
-def profile_steps(trainer: TFTrainer, steps: int, out_dir: Path) -> dict[str, Any]:
+def profile_steps(trainer: Trainer, gpu: bool, steps: int, out_dir: Path) -> dict[str, Any]:
     """``steps`` steps under tf.profiler.experimental (host tracer level 2, and the GPU
     tracer on a GPU), each in a ``gpubench step`` trace range. The profiler's own directory
     (``tf/plugins/profile/<time>/<host>.xplane.pb``, for TensorBoard's profile plugin) is
@@ -89,5 +104,5 @@ def profile_steps(trainer: TFTrainer, steps: int, out_dir: Path) -> dict[str, An
     space = read_xspace(found[-1])
     trace = out_dir / "trace.json"
     chrome_trace(space, trace)
-    return {"profiler": "tf.profiler.experimental (host tracer level 2" + (", GPU tracer)" if trainer.gpu else ")"),
+    return {"profiler": "tf.profiler.experimental (host tracer level 2" + (", GPU tracer)" if gpu else ")"),
             "trace": trace, "logdir": logdir, "ops": op_rows(space), "steps": steps}

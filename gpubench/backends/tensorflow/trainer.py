@@ -368,12 +368,17 @@ class TFTrainer(Trainer):
             raise ProfilingUnavailable(f"{self.parallelism} runs each step across replicas in one tf.function; "
                                        "its phases are not timed apart")
         if self._phases is None:
-            from gpubench.backends.tensorflow.profiling import PhaseFunctions
+            from gpubench.backends.tensorflow.profiling import PhaseFunctions, StepParts
 
-            self._phases = PhaseFunctions(self)
+            n = self.accum
+            self._phases = PhaseFunctions(StepParts(
+                forward_loss=lambda x, y: self._forward_loss(x, y, n), gradients=lambda x, y: self._gradients(x, y, n),
+                apply=self._apply, next_device_batch=None if self.pipeline else self._next_device_batch,
+                next_element=(lambda: next(self._iter)) if self.pipeline else None, accum=n, device=self.device,
+                xla=self.xla))
         self._loss = self._phases.step(lap)
 
     def profile(self, steps: int, out_dir: Path) -> dict[str, Any]:
         from gpubench.backends.tensorflow.profiling import profile_steps
 
-        return profile_steps(self, steps, out_dir)
+        return profile_steps(self, self.gpu, steps, out_dir)
