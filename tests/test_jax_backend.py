@@ -93,7 +93,10 @@ def test_unsupported_settings_say_why():
     assert "JAX always compiles its whole training step with XLA" in reason
     assert "dp:N" in backend.unsupported(Config(workload="cnn", framework="jax", parallelism="mirrored:2"))
     assert backend.unsupported(Config(workload="cnn", framework="jax", parallelism="dp:2")) is None
-    assert "built-in workloads only" in backend.unsupported(Config(workload="mymodels:f", framework="jax"))
+    assert backend.unsupported(Config(workload="mymodels:f", framework="jax")) is None  # a Flax factory
+    assert "computes in its own dtype" in backend.unsupported(Config(workload="mymodels:f", framework="jax",
+                                                                     precision="amp-bf16"))
+    assert "is a torch model" in backend.unsupported(Config(workload="timm:test_vit", framework="jax"))
 
 
 @pytest.mark.slow
@@ -108,7 +111,10 @@ def test_a_sweep_runs_jax_beside_pytorch_with_data_parallelism_on_host_devices(t
         '[defaults]\nworkload = "mlp"\nwarmup_steps = 1\nsteps = 3\nwindows = 2\nthreads = 1\nbatch_size = 32\n'
         'telemetry_interval_ms = 0\n[matrix]\nframework = ["torch", "jax"]\n'
         '[[matrix.include]]\nframework = "jax"\nparallelism = "dp:2"\n'
-        '[[matrix.include]]\nframework = "jax"\ncompile = "xla"\n')
+        '[[matrix.include]]\nframework = "jax"\ncompile = "xla"\n'
+        '[[matrix.include]]\nframework = "jax"\nworkload = "flaxmodels:mlp"\ninput_shape = [64]\nnum_classes = 10\n'
+        'parallelism = ["single", "dp:2"]\n')
+    (tmp_path / "flaxmodels.py").write_text(FLAX_MLP)
     proc = run_cli(["run", "s.toml", "--out", "runs", "--no-report", "--no-calibrate"], cwd=tmp_path, env=plain_env(),
                    timeout=400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -125,6 +131,11 @@ def test_a_sweep_runs_jax_beside_pytorch_with_data_parallelism_on_host_devices(t
     assert dp["metrics"]["throughput"]["median"] > 0 and dp["config"]["batch_size"] == 32
     refused = by_id["mlp_depth2_width512-jax-cpu-bs32-fp32-single-compile=xla-threads=1"]
     assert refused["status"] == "unsupported" and "JAX always compiles" in refused["reason"]
+    for parallel in ("single", "dp2"):  # a Flax factory from the suite's directory, on one device and on two
+        own = by_id[f"flaxmodels.mlp-jax-cpu-bs32-fp32-{parallel}-threads=1"]
+        assert own["status"] == "ok", own.get("reason")
+        assert own["model"]["source"] == "factory" and own["model"]["flops_per_sample"] > 0
+        assert own["model"]["origin"]["file"] == str((tmp_path / "flaxmodels.py").resolve())
     env = json.loads((run_dir / "run.json").read_text())["env"]["frameworks"]
     assert env["jax"]["version"] == jax.__version__
 
@@ -240,3 +251,73 @@ def test_the_fixture_feeds_dp_the_global_batch_it_counts(tmp_path):
                            "--rootdir", str(tmp_path)], cwd=tmp_path, env=plain_env(), capture_output=True, text=True,
                           timeout=300)
     assert "1 passed" in proc.stdout, proc.stdout + proc.stderr
+
+
+FLAX_MLP = """
+import flax.linen as nn
+
+
+def mlp(width=64, classes=10):
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool = False):
+            x = nn.relu(nn.Dense(width)(x.reshape(x.shape[0], -1)))
+            x = nn.Dropout(0.1, deterministic=not train)(x)
+            return nn.Dense(classes)(x)
+
+    return MLP()
+"""
+
+
+def test_a_flax_factory_trains_with_its_own_state_and_counted_flops(monkeypatch, tmp_path):
+    """The example project's Flax module: built from the suite's settings, its parameters and
+    FLOPs counted (XLA's cost analysis of the training step), its batch statistics carried as
+    state and updated in training. A Flax MLP with dropout learns the synthetic task."""
+    pytest.importorskip("flax")
+    from tests.conftest import REPO
+
+    monkeypatch.syspath_prepend(str(REPO / "examples" / "own-model"))
+    config = Config(workload="mymodels:flax_convnet", framework="jax", batch_size=8, optimizer="sgd", lr=0.05,
+                    input_shape=(16, 16, 3), num_classes=10, workload_params=(("width", 8),))
+    backend = get_backend("jax")
+    assert backend.unsupported(config) is None
+    native = backend.native(config)
+    facts = native.facts
+    assert facts["params"] == 3 * 3 * 3 * 8 + 8 + 2 * 8 + 8 * 10 + 10  # conv, batch norm's scale and bias, dense
+    assert facts["flops_per_sample"] > 2 * 16 * 16 * 3 * 3 * 3 * 8  # at least the convolution's forward
+    assert facts["num_classes"] == 10 and facts["input_shape"] == [16, 16, 3]
+    assert facts["origin"]["file"].endswith("mymodels.py") and "XLA's cost analysis" in facts["flops_counted_by"]
+    trainer = backend.build(native, config, native.make_batches(8, 1))
+    stats_before = [np.asarray(a) for a in jax.tree_util.tree_leaves(trainer._carry["bn"])]
+    for _ in range(2):
+        trainer.step()
+    stats_after = [np.asarray(a) for a in jax.tree_util.tree_leaves(trainer._carry["bn"])]
+    assert stats_before and any(not np.array_equal(a, b) for a, b in zip(stats_before, stats_after))
+    assert np.isfinite(trainer.read_loss())
+
+    (tmp_path / "flaxmodels.py").write_text(FLAX_MLP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = Config(workload="flaxmodels:mlp", framework="jax", batch_size=32, optimizer="adam", lr=1e-2,
+                    input_shape=(64,), num_classes=10)
+    native = backend.native(config)
+    assert native.facts["params"] == 64 * 64 + 64 + 64 * 10 + 10
+    trainer = backend.build(native, config, native.make_batches(32, 1))
+    losses = []
+    for _ in range(10):
+        trainer.step()
+        losses.append(trainer.read_loss())
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_a_factory_that_returns_no_flax_module_is_one_line(monkeypatch):
+    pytest.importorskip("flax")
+    from gpubench.workloads.source import SourceError
+    from tests.conftest import REPO
+
+    monkeypatch.syspath_prepend(str(REPO / "examples" / "own-model"))
+    config = Config(workload="mymodels:small_convnet", framework="jax", input_shape=(3, 16, 16), num_classes=10)
+    with pytest.raises(SourceError, match="the factory returned SmallConvNet, not a flax.linen.Module"):
+        get_backend("jax").native(config)
+    no_shape = Config(workload="mymodels:flax_convnet", framework="jax")
+    with pytest.raises(SourceError, match="a Flax module declares no input; give input_shape"):
+        get_backend("jax").native(no_shape)

@@ -67,3 +67,19 @@ def keras_convnet(width: int = 16, classes: int = 10):
     x = keras.layers.Activation("silu")(x)
     x = keras.layers.GlobalAveragePooling2D()(x)
     return keras.Model(inputs, keras.layers.Dense(classes)(x))
+
+
+def flax_convnet(width: int = 16, classes: int = 10):
+    """The same idea in JAX: a Flax module (channels last), with batch norm, whose running
+    statistics gpubench carries as the module's batch_stats; ``train`` tells it which pass."""
+    import flax.linen as nn
+
+    class ConvNet(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool = False):
+            x = nn.Conv(width, (3, 3))(x)
+            x = nn.BatchNorm(use_running_average=not train)(x)
+            x = nn.silu(x)
+            return nn.Dense(classes)(x.mean(axis=(1, 2)))
+
+    return ConvNet()

@@ -6,7 +6,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo, Unsupported
+from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo
 from gpubench.options import PRECISIONS, Capabilities, device_index, device_kind, parse_parallelism
 
 if TYPE_CHECKING:
@@ -46,7 +46,8 @@ def host_devices(n: int) -> None:
 
 class JaxBackend(Backend):
     name = "jax"
-    install_hint = "pip install 'gpubench[jax]' (the CPU jax, with optax), or pip install 'jax[cuda12]' optax (GPU)"
+    install_hint = ("pip install 'gpubench[jax]' (the CPU jax, with Optax and Flax), or pip install 'jax[cuda12]' "
+                    "optax flax (GPU)")
     display_name = "JAX"
     colours = {"fp32": "#2ca02c", "tf32": "#98df8a", "amp-fp16": "#00441b", "amp-bf16": "#bcbd22"}  # noqa: RUF012
 
@@ -75,9 +76,13 @@ class JaxBackend(Backend):
         })
 
     def static_unsupported(self, config: Config) -> str | None:
-        if ":" in config.workload:
-            return (f"the jax backend trains gpubench's built-in workloads only; {config.workload} (a factory or a "
-                    "zoo's model) trains with framework = torch or tensorflow")
+        if ":" in config.workload and config.precision.startswith("amp"):
+            return (f"precision = {config.precision}: a Flax module computes in its own dtype (its dtype attribute); "
+                    "gpubench casts only its built-in workloads. Use fp32 or tf32, and set the module's dtype to "
+                    "measure a lower precision")
+        if ":" in config.workload and config.checkpointing == "activations":
+            return ("checkpointing = activations cuts a built-in workload at its layers; wrap your Flax module's "
+                    "blocks in nn.remat instead")
         if parse_parallelism(config.parallelism)[0] == "dp" and ":" in config.device:
             return f"dp:N uses the first N devices of its kind; use device = cuda or cpu, not {config.device}"
         return None
@@ -147,21 +152,17 @@ class JaxBackend(Backend):
         kind, n = parse_parallelism(config.parallelism)
         if kind == "dp" and device_kind(config.device) == "cpu":
             host_devices(n)
-        return super().native(config)
+        from gpubench.backends.jax.native import native_model
+
+        return native_model(config)
 
     def build(self, model: NativeModel | WorkloadSpec, config: Config, batches: Batches) -> Trainer:
-        from gpubench.backends.base import NativeModel as Native
-
         kind, n = parse_parallelism(config.parallelism)
         import_jax()
         if kind == "dp" and device_kind(config.device) == "cpu":
             host_devices(n)
         from gpubench.backends.jax.trainer import JaxTrainer
 
-        if isinstance(model, Native):
-            if model.spec is None:
-                raise Unsupported("the jax backend trains the built-in workloads only")
-            model = model.spec
         return JaxTrainer(model, config, batches)
 
     def is_oom(self, exc: BaseException) -> bool:

@@ -160,3 +160,47 @@ def forward(spec: WorkloadSpec, params: Params, state: State, x: jax.Array, *, t
             x, new = one(x, arrays, stats)
         new_state.append(new)
     return x.astype(jnp.float32), new_state
+
+
+@dataclass(frozen=True)
+class JaxModel:
+    """A model as the JAX trainer takes it, whatever its source: its initial ``params`` and
+    ``state`` (pytrees: batch norm's running statistics, or a Flax module's non-parameter
+    collections; ``{}`` or ``[]`` where none), and ``apply(params, state, x, train, policy, key,
+    remat) -> (output, new state)``."""
+
+    params: Any
+    state: Any
+    apply: Any
+
+
+def spec_model(spec: WorkloadSpec, seed: int) -> JaxModel:
+    """A built-in workload: the canonical weights and the spec's forward."""
+    def apply(params: Params, state: State, x: jax.Array, train: bool, policy: Policy | None, key: jax.Array | None,
+              remat: bool) -> tuple[jax.Array, State]:
+        return forward(spec, params, state, x, train=train, policy=policy, key=key, remat=remat)
+
+    return JaxModel(to_params(spec.init_weights(seed)), init_state(spec), apply)
+
+
+def logits_of(out: Any) -> jax.Array:
+    """The scores in a model's output: an array, a dict's ``"logits"``, an object's ``logits``,
+    or a tuple's first element."""
+    if isinstance(out, jax.Array):
+        return out
+    if isinstance(out, dict) and "logits" in out:
+        return out["logits"]
+    if getattr(out, "logits", None) is not None:
+        return out.logits
+    if isinstance(out, (tuple, list)) and out:
+        return out[0]
+    raise TypeError(f"the model returned {type(out).__name__}, which holds no logits array; name a loss function "
+                    "(loss = \"module:function\") that takes this output")
+
+
+def cross_entropy(out: Any, y: jax.Array) -> jax.Array:
+    """Mean cross-entropy of the logits against class targets, (N, C) vs (N,) or a sequence's
+    (N, T, V) vs (N, T), in float32."""
+    import optax
+
+    return optax.softmax_cross_entropy_with_integer_labels(logits_of(out).astype(jnp.float32), y).mean()

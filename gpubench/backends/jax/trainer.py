@@ -15,13 +15,13 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from gpubench.backends.base import Lap, ProfilingUnavailable, Trainer, Unsupported
-from gpubench.backends.jax.model import forward, init_state, policy_for, to_params
+from gpubench.backends.base import Lap, NativeModel, ProfilingUnavailable, Trainer, Unsupported
+from gpubench.backends.jax.model import JaxModel, cross_entropy, policy_for, spec_model
 from gpubench.config import Config
 from gpubench.measure.timers import StepTimer, WindowTimer
 from gpubench.options import device_index, device_kind, parse_parallelism
 from gpubench.workloads.base import WorkloadSpec
-from gpubench.workloads.data import Batches
+from gpubench.workloads.data import Batches, tree_map
 
 # PyTorch's GradScaler defaults: amp-fp16 scales the loss the same way in every framework
 _SCALE_INIT, _SCALE_GROWTH, _SCALE_BACKOFF, _SCALE_INTERVAL = 2.0**16, 2.0, 0.5, 2000
@@ -60,18 +60,25 @@ def _finite(tree: Any) -> jax.Array:
 
 
 class JaxTrainer(Trainer):
-    def __init__(self, spec: WorkloadSpec, config: Config, batches: Batches) -> None:
-        if batches.structured:
-            raise Unsupported("the jax backend trains the built-in workloads, whose inputs are one array")
-        self.spec, self.config = spec, config
+    def __init__(self, native: NativeModel | WorkloadSpec, config: Config, batches: Batches) -> None:
+        if isinstance(native, WorkloadSpec):  # a built-in's spec, as the identity tests build one
+            spec = native
+            native = NativeModel(build=lambda: spec_model(spec, config.seed), make_batches=lambda b, g: batches,
+                                 facts=spec.facts(), spec=spec, sequential=True)
+        remat = config.checkpointing == "activations"
+        if native.spec is None and (remat or config.precision.startswith("amp")):  # (refused before it runs)
+            raise Unsupported(f"{config.precision} / checkpointing = {config.checkpointing}: for the built-in "
+                              "workloads only")
+        self.config = config
         self.gpu = device_kind(config.device) == "cuda"
         self.devices = devices_for(config)
         self.policy = policy_for(config.precision)
         self.scaled = config.precision == "amp-fp16"
         self.accum = config.accum_steps
         self.pipeline = config.data == "pipeline"
-        remat = config.checkpointing == "activations"
         self.optimizer = make_optimizer(config.optimizer, config.lr)
+        model: JaxModel = native.build()
+        loss_fn = native.loss or cross_entropy
 
         # placement: one device, or a mesh whose "data" axis splits every global batch
         replicated: jax.sharding.Sharding
@@ -84,8 +91,7 @@ class JaxTrainer(Trainer):
             replicated = by_batch = jax.sharding.SingleDeviceSharding(self.devices[0])
         self._replicated, self._by_batch = replicated, by_batch
 
-        params = to_params(spec.init_weights(config.seed))
-        state = init_state(spec)
+        params, state = model.params, model.state
         carry = {"params": params, "opt": self.optimizer.init(params), "bn": state,
                  "count": jnp.zeros((), jnp.int32), "key": jax.random.key(config.seed),
                  "scale": jnp.asarray(_SCALE_INIT if self.scaled else 1.0, jnp.float32),
@@ -97,14 +103,15 @@ class JaxTrainer(Trainer):
             self._next_index = 0
             self._ahead = self._put_next()
         else:
-            self.x = jax.device_put(np.asarray(batches.x), by_batch)  # from the host straight to its shards
-            self.y = jax.device_put(np.asarray(batches.y), by_batch)
+            # from the host straight to its shards
+            self.x = jax.device_put(tree_map(np.asarray, batches.x), by_batch)
+            self.y = jax.device_put(tree_map(np.asarray, batches.y), by_batch)
 
         policy, accum, scaled, optimizer, n = self.policy, self.accum, self.scaled, self.optimizer, self.n_batches
 
-        def loss_of(params: Any, bn: Any, x: jax.Array, y: jax.Array, key: jax.Array) -> tuple[jax.Array, Any]:
-            logits, new_bn = forward(spec, params, bn, x, train=True, policy=policy, key=key, remat=remat)
-            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), new_bn
+        def loss_of(params: Any, bn: Any, x: Any, y: Any, key: jax.Array) -> tuple[jax.Array, Any]:
+            out, new_bn = model.apply(params, bn, x, True, policy, key, remat)
+            return loss_fn(out, y), new_bn
 
         def update(carry: dict[str, Any], micro: list[tuple[jax.Array, jax.Array]]) -> tuple[dict[str, Any],
                                                                                            jax.Array]:
@@ -142,18 +149,20 @@ class JaxTrainer(Trainer):
             micro = []
             for k in range(accum):
                 i = (carry["count"] + k) % n
-                micro.append((jax.lax.dynamic_index_in_dim(xs, i, keepdims=False),
-                              jax.lax.dynamic_index_in_dim(ys, i, keepdims=False)))
+                pick = lambda a, i=i: jax.lax.dynamic_index_in_dim(a, i, keepdims=False)  # noqa: E731
+                micro.append((tree_map(pick, xs), tree_map(pick, ys)))
             return update(carry, micro)
 
-        def fed_step(carry: dict[str, Any], xs: jax.Array, ys: jax.Array) -> tuple[dict[str, Any], jax.Array]:
-            return update(carry, [(xs[k], ys[k]) for k in range(accum)])
+        def fed_step(carry: dict[str, Any], xs: Any, ys: Any) -> tuple[dict[str, Any], jax.Array]:
+            def micro(k: int) -> tuple[Any, Any]:
+                return tree_map(lambda a: a[k], xs), tree_map(lambda a: a[k], ys)
+            return update(carry, [micro(k) for k in range(accum)])
 
         carry_sharding = jax.tree_util.tree_map(lambda _: replicated, self._carry)
         self._step = jax.jit(fed_step if self.pipeline else device_step, donate_argnums=0,
                              in_shardings=(carry_sharding, by_batch, by_batch),
                              out_shardings=(carry_sharding, replicated))
-        self._eval = jax.jit(lambda params, bn, x: forward(spec, params, bn, x, train=False, policy=policy)[0])
+        self._eval = jax.jit(lambda params, bn, x: model.apply(params, bn, x, False, policy, None, False)[0])
         self._loss: jax.Array | None = None
         distributed = (f"jax.jit over a Mesh of {len(self.devices)} devices: each global batch split on its "
                        "'data' axis, the parameters replicated; XLA inserts the gradient all-reduce (batch-norm "
@@ -182,7 +191,8 @@ class JaxTrainer(Trainer):
         """The micro-batches of the next step, put on the device(s) (asynchronously)."""
         idx = [(self._next_index + k) % self.n_batches for k in range(self.accum)]
         self._next_index = (self._next_index + self.accum) % self.n_batches
-        x, y = np.stack([self._host_x[i] for i in idx]), np.stack([self._host_y[i] for i in idx])
+        x = tree_map(lambda a: np.stack([a[i] for i in idx]), self._host_x)
+        y = tree_map(lambda a: np.stack([a[i] for i in idx]), self._host_y)
         return jax.device_put(x, self._by_batch), jax.device_put(y, self._by_batch)
 
     # --- the Trainer interface -------------------------------------------------------------
@@ -226,7 +236,7 @@ class JaxTrainer(Trainer):
             h.update(np.asarray(a, dtype=np.float32).tobytes())
         return h.hexdigest()
 
-    def logits(self, x: np.ndarray) -> np.ndarray:
+    def logits(self, x: Any) -> np.ndarray:
         """The model's output for ``x`` in evaluation mode (the identity tests)."""
         return np.asarray(self._eval(self._carry["params"], self._carry["bn"], jnp.asarray(x)))
 

@@ -1,0 +1,148 @@
+"""The JAX backend's models: a built-in workload's spec, or the user's factory of a Flax module.
+
+A factory (``workload = "mymodels:make"``) returns a ``flax.linen.Module``; gpubench initialises
+it on one batch of the config's data (``input_shape`` is required: a Flax module declares no
+input), trains its ``params`` collection and carries its other collections (``batch_stats``...)
+as state. A module whose ``__call__`` takes ``train``, ``training`` or ``deterministic`` is told
+which pass it is in. FLOPs are XLA's cost analysis of one compiled training step (every op:
+matrix multiplies and convolutions as 2 per multiply-add, and the elementwise ops as well).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gpubench.backends.base import NativeModel, Unsupported
+from gpubench.backends.jax.model import JaxModel, Policy, cross_entropy, spec_model
+from gpubench.config import Config
+from gpubench.workloads import WORKLOADS, get_workload
+from gpubench.workloads.data import SyntheticTask, make_batches, pool_maker, sample_batch, tree_map
+from gpubench.workloads.source import SourceError, check_arguments, code_origin, import_function, parse_workload
+
+FLOP_COUNT_BATCH = 2
+_TRAIN_FLAGS = {"train": True, "training": True, "deterministic": False}  # the value in a training pass
+
+
+def call_args(x: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A batch's inputs as a module takes them: one array, several (a tuple), keywords (a dict)."""
+    if isinstance(x, dict):
+        return (), dict(x)
+    if isinstance(x, (tuple, list)):
+        return tuple(x), {}
+    return (x,), {}
+
+
+def flax_model(module: Any, sample: Any, seed: int) -> JaxModel:
+    """A Flax linen module, initialised on ``sample`` (a batch of its inputs)."""
+    params_of = inspect.signature(type(module).__call__).parameters
+    flag = next((name for name in _TRAIN_FLAGS if name in params_of), None)
+
+    def flags(train: bool) -> dict[str, Any]:
+        if flag is None:
+            return {}
+        return {flag: train if flag != "deterministic" else not train}
+
+    args, kwargs = call_args(tree_map(jnp.asarray, sample))
+    key = jax.random.key(seed)
+    variables = module.init({"params": key, "dropout": jax.random.fold_in(key, 1)}, *args, **kwargs, **flags(False))
+    params = variables["params"]
+    state = {k: v for k, v in variables.items() if k != "params"}
+
+    def apply(params: Any, state: Any, x: Any, train: bool, policy: Policy | None, key: jax.Array | None,
+              remat: bool) -> tuple[Any, Any]:
+        args, kwargs = call_args(x)
+        rngs = {"dropout": key} if key is not None else {}
+        if train and state:
+            out, new_state = module.apply({"params": params, **state}, *args, **kwargs, **flags(True), rngs=rngs,
+                                          mutable=list(state))
+            return out, dict(new_state)
+        return module.apply({"params": params, **state}, *args, **kwargs, **flags(train), rngs=rngs), state
+
+    return JaxModel(params, state, apply)
+
+
+def native_model(config: Config) -> NativeModel:
+    ref = parse_workload(config.workload, sorted(WORKLOADS))
+    if ref.kind == "builtin":
+        spec = get_workload(config.workload).spec(**dict(config.workload_params))
+        return NativeModel(build=lambda: spec_model(spec, config.seed), facts=spec.facts(), spec=spec,
+                           sequential=True,
+                           make_batches=lambda batch, group: make_batches(spec, config.dataset, config.data_dir, batch,
+                                                                          config.seed, group))
+    if ref.kind != "factory":  # (the backend refuses a zoo's name before this)
+        raise Unsupported(f"the jax backend takes a factory of a Flax module, not {config.workload}")
+    import flax.linen as nn
+
+    fn = import_function(config.workload, "workload")
+    kwargs = dict(config.workload_params)
+    check_arguments(fn, kwargs, config.workload)
+    module = fn(**kwargs)
+    if not isinstance(module, nn.Module):
+        raise SourceError(f"workload {config.workload!r}: the factory returned {type(module).__name__}, not a "
+                          "flax.linen.Module (framework = jax)")
+    loss = import_function(config.loss, "loss") if config.loss != "cross_entropy" else None
+    batch_fn = import_function(config.batches, "batches") if config.batches else None
+    task = None
+    if batch_fn is None:
+        if not config.input_shape:
+            raise SourceError(f"workload {config.workload!r}: a Flax module declares no input; give input_shape "
+                              "(one sample, in the module's own layout: [32, 32, 3] for an NHWC image model)")
+        task = SyntheticTask(tuple(config.input_shape), config.num_classes or 0)
+    facts: dict[str, Any] = {"source": "factory", "identical": False, "origin": code_origin(fn)}
+    probe_x = sample_batch(task if task is None or task.num_classes else SyntheticTask(task.input_shape, 2),
+                           batch_fn, config.batches, FLOP_COUNT_BATCH, config.seed)
+    x, y = probe_x.sample(FLOP_COUNT_BATCH)
+    try:
+        model = flax_model(module, x, config.seed)
+        out, _ = model.apply(model.params, model.state, tree_map(jnp.asarray, x), False, None, None, False)
+    except Exception as e:  # noqa: BLE001 - the user's module and the data do not fit: say so in one line
+        raise SourceError(f"workload {config.workload!r}: the module does not take input_shape "
+                          f"{list(config.input_shape)} (batch first): {type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    facts["params"] = int(sum(np.prod(a.shape) for a in jax.tree_util.tree_leaves(model.params)))
+    if task is not None:
+        classes = int((np.shape(out) if loss is not None else _logits_shape(out))[-1])
+        if config.num_classes and classes != config.num_classes and loss is None:
+            raise SourceError(f"workload {config.workload!r}: the model gives {classes} outputs per sample; "
+                              f"num_classes = {config.num_classes}")
+        task = SyntheticTask(task.input_shape, config.num_classes or classes)
+        facts.update(input_shape=list(task.input_shape), num_classes=task.num_classes, task=task.kind)
+        x, y = sample_batch(task, None, "", FLOP_COUNT_BATCH, config.seed).sample(FLOP_COUNT_BATCH)
+    facts.update(train_flops(model, x, y, loss))
+    return NativeModel(build=lambda: flax_model(module, x, config.seed),
+                       make_batches=pool_maker(task, batch_fn, config.batches, config.seed), facts=facts, loss=loss)
+
+
+def _logits_shape(out: Any) -> tuple[int, ...]:
+    from gpubench.backends.jax.model import logits_of
+
+    return tuple(np.shape(logits_of(out)))
+
+
+def train_flops(model: JaxModel, x: Any, y: Any, loss: Any) -> dict[str, Any]:
+    """FLOPs per sample of one training step (forward, loss and backward), by XLA's cost analysis
+    of the compiled step at batch FLOP_COUNT_BATCH."""
+    loss_fn = loss or cross_entropy
+
+    def step(params: Any, x: Any, y: Any) -> Any:
+        def objective(p: Any) -> Any:
+            out, _ = model.apply(p, model.state, x, True, None, jax.random.key(0), False)
+            return loss_fn(out, y)
+        return jax.grad(objective)(params)
+
+    try:
+        cost: Any = jax.jit(step).lower(model.params, tree_map(jnp.asarray, x), jnp.asarray(y)).compile()
+        analysis = cost.cost_analysis()
+        analysis = analysis[0] if isinstance(analysis, list) else analysis
+        flops = float(analysis["flops"]) / FLOP_COUNT_BATCH
+    except Exception as e:  # noqa: BLE001 - no count: the result says why and shows no MFU
+        return {"flops_per_sample": None, "flops_note": f"XLA's cost analysis failed: {type(e).__name__}: {e}"}
+    if not flops > 0:
+        return {"flops_per_sample": None, "flops_note": "XLA's cost analysis gave no FLOPs for the step"}
+    return {"flops_per_sample": int(flops), "flops_counted_by": "XLA's cost analysis of the compiled training step "
+                                                                "(every op, elementwise ones included)"}
