@@ -244,27 +244,25 @@ def run_child(module: str, device: str, launcher: Launcher) -> dict[str, Any]:
     return out
 
 
-def tensorflow_child(device: str, launcher: Launcher) -> dict[str, Any]:
-    """TensorFlow's kernels, measured in a process of their own; ``unavailable`` (with the
-    reason) when it is not installed, cannot see the device, or its measurement failed: the
-    calibration then goes on without it."""
-    if tensorflow_build() is None:
-        return {"unavailable": "tensorflow is not installed"}
+def framework_child(name: str, installed: bool, module: str, device: str, launcher: Launcher) -> dict[str, Any]:
+    """A framework's kernels beside PyTorch's, measured in a process of their own (``module``);
+    ``unavailable`` (with the reason) when it is not installed, cannot see the device, or its
+    measurement failed: the calibration then goes on without it."""
+    if not installed:
+        return {"unavailable": f"{name} is not installed"}
     try:
-        return run_child("gpubench.calibrate.measure_tf", device, launcher)
+        return run_child(module, device, launcher)
     except CalibrationError as e:
         return {"unavailable": f"its measurement failed: {e}"}
+
+
+def tensorflow_child(device: str, launcher: Launcher) -> dict[str, Any]:
+    return framework_child("tensorflow", tensorflow_build() is not None, "gpubench.calibrate.measure_tf", device,
+                           launcher)
 
 
 def jax_child(device: str, launcher: Launcher) -> dict[str, Any]:
-    """JAX's kernels, measured in a process of their own; ``unavailable`` (with the reason) as
-    for TensorFlow."""
-    if jax_build() is None:
-        return {"unavailable": "jax is not installed"}
-    try:
-        return run_child("gpubench.calibrate.measure_jax", device, launcher)
-    except CalibrationError as e:
-        return {"unavailable": f"its measurement failed: {e}"}
+    return framework_child("jax", jax_build() is not None, "gpubench.calibrate.measure_jax", device, launcher)
 
 
 # a measured rate may sit a little above a datasheet figure (boost clocks, rounding); further

@@ -364,6 +364,18 @@ def measure(device: str) -> dict[str, Any]:
             "plan": asdict(plan), "seconds": time.perf_counter() - t0}
 
 
+def child_main(measure: Callable[[str], dict[str, Any]], framework: str, argv: list[str]) -> int:
+    """A framework's calibration child beside PyTorch's: its figures for ``argv[0]``, one JSON
+    object on stdout, ``unavailable`` where the framework cannot be imported."""
+    device = argv[0]
+    try:
+        result = measure(device)
+    except ImportError as e:
+        result = {"device": device, "unavailable": f"{framework} is not installed ({e})"}
+    print(json.dumps(result))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     device = argv[0]
     try:

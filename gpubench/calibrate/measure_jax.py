@@ -10,12 +10,20 @@ TF32), the convolution in gpubench's NCHW/OIHW layout.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from typing import Any
 
-from gpubench.calibrate.measure import DTYPES, PLANS, HostClock, Kernel, Plan, capability_gaps, run_kernel
+from gpubench.calibrate.measure import (
+    DTYPES,
+    PLANS,
+    HostClock,
+    Kernel,
+    Plan,
+    capability_gaps,
+    child_main,
+    run_kernel,
+)
 from gpubench.options import device_index, device_kind
 
 OPS = ("matmul", "conv2d")
@@ -119,13 +127,7 @@ def measure(device: str) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    device = argv[0]
-    try:
-        result = measure(device)
-    except ImportError as e:
-        result = {"device": device, "unavailable": f"jax is not installed ({e})"}
-    print(json.dumps(result))
-    return 0
+    return child_main(measure, "jax", argv)
 
 
 if __name__ == "__main__":

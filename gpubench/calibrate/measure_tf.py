@@ -10,12 +10,20 @@ turns it on by default on Ampere and newer GPUs), tf32 with it on.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from typing import Any
 
-from gpubench.calibrate.measure import DTYPES, PLANS, HostClock, Kernel, Plan, capability_gaps, run_kernel
+from gpubench.calibrate.measure import (
+    DTYPES,
+    PLANS,
+    HostClock,
+    Kernel,
+    Plan,
+    capability_gaps,
+    child_main,
+    run_kernel,
+)
 from gpubench.options import device_index, device_kind
 
 
@@ -98,13 +106,7 @@ def measure(device: str) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    device = argv[0]
-    try:
-        result = measure(device)
-    except ImportError as e:
-        result = {"device": device, "unavailable": f"tensorflow is not installed ({e})"}
-    print(json.dumps(result))
-    return 0
+    return child_main(measure, "tensorflow", argv)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,20 @@ class OpRow:
     self_device_ms: float | None = None
 
 
+def self_times(spans: list[tuple[int, int]]) -> list[float]:
+    """Each (start, duration) span's duration minus its direct children's: spans on one thread
+    nest, and ``spans`` is in start order, outer first (a profiler's host events)."""
+    selfs = [float(d) for _, d in spans]
+    stack: list[int] = []
+    for i, (start, dur) in enumerate(spans):
+        while stack and spans[stack[-1]][0] + spans[stack[-1]][1] <= start:
+            stack.pop()
+        if stack:
+            selfs[stack[-1]] -= dur
+        stack.append(i)
+    return selfs
+
+
 def top(ops: list[OpRow], key: str, n: int = TOP_N) -> list[OpRow]:
     """The n rows with the largest ``key`` (rows where it is 0 or missing left out)."""
     rows = [o for o in ops if (getattr(o, key) or 0.0) > 0.0]

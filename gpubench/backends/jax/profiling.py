@@ -19,27 +19,13 @@ from typing import Any
 
 import jax
 
-from gpubench.measure.ops import OpRow
+from gpubench.measure.ops import OpRow, self_times
 from gpubench.measure.trainer import Trainer
 
 STEP_TRACE = "gpubench step"
 # the executor's spans and markers: its program span, thread-pool regions, and the "end: <op>"
 # marker each instruction leaves inside its own span
 _BOOKKEEPING = ("ThunkExecutor::", "ThreadpoolListener::", "end: ")
-
-
-def _self_times(spans: list[tuple[int, int]]) -> list[float]:
-    """Each (start, duration) span's duration minus its direct children's (spans nest on one
-    thread); ``spans`` in start order, outer first."""
-    selfs = [float(d) for _, d in spans]
-    stack: list[int] = []
-    for i, (start, dur) in enumerate(spans):
-        while stack and spans[stack[-1]][0] + spans[stack[-1]][1] <= start:
-            stack.pop()
-        if stack:
-            selfs[stack[-1]] -= dur
-        stack.append(i)
-    return selfs
 
 
 def op_rows(data: Any) -> list[OpRow]:
@@ -53,7 +39,7 @@ def op_rows(data: Any) -> list[OpRow]:
                 if not line.name.startswith("tf_XLA"):
                     continue
                 events = sorted(((e.start_ns, e.duration_ns, e.name) for e in line.events), key=lambda s: (s[0], -s[1]))
-                for (_, dur, name), own in zip(events, _self_times([(s, d) for s, d, _ in events])):
+                for (_, dur, name), own in zip(events, self_times([(s, d) for s, d, _ in events])):
                     if name.startswith(_BOOKKEEPING):
                         continue
                     row = host[name]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.files import write_text_atomic
-from gpubench.measure.ops import OpRow
+from gpubench.measure.ops import OpRow, self_times
 
 _TF_OP = re.compile(r"^[A-Za-z0-9_.\-/>]+:([A-Za-z0-9_]+)$")  # "sequential/dense/MatMul:MatMul"
 
@@ -39,19 +39,6 @@ def _spans(line: Any) -> list[tuple[int, int, int]]:
                   key=lambda s: (s[0], -s[1]))
 
 
-def _self_times(spans: list[tuple[int, int, int]]) -> list[float]:
-    """Each span's duration minus its direct children's (spans nest on one thread)."""
-    selfs = [float(d) for _, d, _ in spans]
-    stack: list[int] = []
-    for i, (start, dur, _) in enumerate(spans):
-        while stack and spans[stack[-1]][0] + spans[stack[-1]][1] <= start:
-            stack.pop()
-        if stack:
-            selfs[stack[-1]] -= dur
-        stack.append(i)
-    return selfs
-
-
 def op_rows(space: Any) -> list[OpRow]:
     """Host: TensorFlow op types by self time; GPU: kernels by time (device planes' streams)."""
     host: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # calls, self ps, total ps
@@ -61,7 +48,7 @@ def op_rows(space: Any) -> list[OpRow]:
         if plane.name.startswith("/host:"):
             for line in plane.lines:
                 spans = _spans(line)
-                for (_, dur, mid), own in zip(spans, _self_times(spans)):
+                for (_, dur, mid), own in zip(spans, self_times([(start, dur) for start, dur, _ in spans])):
                     m = _TF_OP.match(names.get(mid, ""))
                     if m:
                         row = host[m.group(1)]
