@@ -109,8 +109,8 @@ def distributed_info(trainer: Trainer) -> dict[str, Any] | None:
     return {"rank": trainer.rank, "world_size": trainer.world_size}
 
 
-def profile_steps(trainer: Trainer, cuda: bool, steps: int, out_dir: Path) -> dict[str, Any]:
-    """``steps`` steps under torch.profiler (CPU, and CUDA on a GPU), each a ``ProfilerStep#<i>``
+def profile_steps(trainer: Trainer, steps: int, out_dir: Path, cuda: bool = False) -> dict[str, Any]:
+    """``steps`` steps under torch.profiler (CPU, and CUDA with ``cuda``), each a ``ProfilerStep#<i>``
     (``prof.step()`` between steps: no host sync, the device is synchronised once, at the end
     of the last step); the trace (``torch/rank<r>.pt.trace.json``, with ``distributedInfo``)
     and the per-operator self times."""

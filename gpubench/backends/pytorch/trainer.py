@@ -183,7 +183,7 @@ class TorchTrainerBase(Trainer):
         """Every PyTorch trainer (the pipeline's too: its other ranks take the same steps)."""
         from gpubench.backends.pytorch.profiling import profile_steps
 
-        return profile_steps(self, self.cuda, steps, out_dir)
+        return profile_steps(self, steps, out_dir, cuda=self.cuda)
 
     def memory(self) -> dict[str, int]:
         if not self.cuda:

@@ -81,7 +81,7 @@ class PhaseFunctions:
         return total
 
 
-def profile_steps(trainer: Trainer, gpu: bool, steps: int, out_dir: Path) -> dict[str, Any]:
+def profile_steps(trainer: Trainer, steps: int, out_dir: Path, gpu: bool = False) -> dict[str, Any]:
     """``steps`` steps under tf.profiler.experimental (host tracer level 2, and the GPU
     tracer on a GPU), each in a ``gpubench step`` trace range. The profiler's own directory
     (``tf/plugins/profile/<time>/<host>.xplane.pb``, for TensorBoard's profile plugin) is

@@ -381,4 +381,4 @@ class TFTrainer(Trainer):
     def profile(self, steps: int, out_dir: Path) -> dict[str, Any]:
         from gpubench.backends.tensorflow.profiling import profile_steps
 
-        return profile_steps(self, self.gpu, steps, out_dir)
+        return profile_steps(self, steps, out_dir, gpu=self.gpu)
