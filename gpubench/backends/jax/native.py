@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gpubench.backends.base import NativeModel, Unsupported
-from gpubench.backends.jax.model import JaxModel, Policy, cross_entropy, spec_model
+from gpubench.backends.jax.model import JaxModel, Policy, cross_entropy, logits_of, spec_model
 from gpubench.config import Config
 from gpubench.workloads import WORKLOADS, get_workload
 from gpubench.workloads.data import SyntheticTask, make_batches, pool_maker, sample_batch, tree_map
@@ -106,7 +106,7 @@ def native_model(config: Config) -> NativeModel:
                           f"{str(e).splitlines()[0] if str(e) else ''}") from None
     facts["params"] = int(sum(np.prod(a.shape) for a in jax.tree_util.tree_leaves(model.params)))
     if task is not None:
-        classes = int((np.shape(out) if loss is not None else _logits_shape(out))[-1])
+        classes = int(np.shape(out if loss is not None else logits_of(out))[-1])
         if config.num_classes and classes != config.num_classes and loss is None:
             raise SourceError(f"workload {config.workload!r}: the model gives {classes} outputs per sample; "
                               f"num_classes = {config.num_classes}")
@@ -114,14 +114,9 @@ def native_model(config: Config) -> NativeModel:
         facts.update(input_shape=list(task.input_shape), num_classes=task.num_classes, task=task.kind)
         x, y = sample_batch(task, None, "", FLOP_COUNT_BATCH, config.seed).sample(FLOP_COUNT_BATCH)
     facts.update(train_flops(model, x, y, loss))
+    # a fresh initialisation per build, not the probe's arrays: the trainer donates its parameters
     return NativeModel(build=lambda: flax_model(module, x, config.seed),
                        make_batches=pool_maker(task, batch_fn, config.batches, config.seed), facts=facts, loss=loss)
-
-
-def _logits_shape(out: Any) -> tuple[int, ...]:
-    from gpubench.backends.jax.model import logits_of
-
-    return tuple(np.shape(logits_of(out)))
 
 
 def train_flops(model: JaxModel, x: Any, y: Any, loss: Any) -> dict[str, Any]:

@@ -162,7 +162,6 @@ class JaxTrainer(Trainer):
         self._step = jax.jit(fed_step if self.pipeline else device_step, donate_argnums=0,
                              in_shardings=(carry_sharding, by_batch, by_batch),
                              out_shardings=(carry_sharding, replicated))
-        self._eval = jax.jit(lambda params, bn, x: model.apply(params, bn, x, False, policy, None, False)[0])
         self._loss: jax.Array | None = None
         distributed = (f"jax.jit over a Mesh of {len(self.devices)} devices: each global batch split on its "
                        "'data' axis, the parameters replicated; XLA inserts the gradient all-reduce (batch-norm "
@@ -235,10 +234,6 @@ class JaxTrainer(Trainer):
         for a in jax.tree_util.tree_leaves(self._carry["params"]):
             h.update(np.asarray(a, dtype=np.float32).tobytes())
         return h.hexdigest()
-
-    def logits(self, x: Any) -> np.ndarray:
-        """The model's output for ``x`` in evaluation mode (the identity tests)."""
-        return np.asarray(self._eval(self._carry["params"], self._carry["bn"], jnp.asarray(x)))
 
     def phased_step(self, lap: Lap) -> None:
         raise ProfilingUnavailable("JAX compiles the whole step (forward, backward, update) into one XLA program: "
