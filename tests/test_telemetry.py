@@ -82,13 +82,44 @@ def test_gpu_summary_over_windows_only():
     samples += [gs(100 + 10 * i, util_gpu_pct=90 + i % 5, power_w=300, mem_used_bytes=1000 + i, temp_c=60 + i % 3,
                    sm_clock_mhz=1900, clock_event_reasons=4 if i < 5 else 0) for i in range(20)]
     counters = [([1000], [31000]), ([31000], [61000])]  # 30 J per window
-    g = gpu_summary(samples, windows, counters, samples_measured=600, power_source="instant")
+    g = gpu_summary(samples, windows, counters, samples_measured=600, power_source="instant", averaging_s=0.05)
     assert g["samples"] == 20
     assert g["util_mean"] == pytest.approx(92.0) and g["util_p95"] == pytest.approx(94.0)
     assert g["power_mean_w"] == 300 and g["temp_max_c"] == 62 and g["mem_used_peak_bytes"] == 1019
     assert g["energy_j"] == pytest.approx(60.0) and g["energy_source"] == "counter"
     assert g["energy_per_sample_j"] == pytest.approx(0.1)
     assert g["throttled_fraction"] == pytest.approx(0.25)
+
+
+def test_short_windows_report_no_utilisation_or_energy():
+    # the quick suite's JAX MLP on an H200: five 12 ms windows; NVML printed 0.0% and 0 J for it
+    windows = [(int(1e9) + k * int(13e6), int(1e9) + k * int(13e6) + int(12e6)) for k in range(5)]
+    samples = [gs(1000 + 13 * k + 5, util_gpu_pct=0, power_w=130.0) for k in range(5)]
+    counters = [([5_000], [5_000])] * 5  # the counter did not move inside any window
+    g = gpu_summary(samples, windows, counters, samples_measured=5 * 50 * 256, power_source="instant")
+    assert g["util_mean"] is None and g["util_p95"] is None and g["mem_util_mean"] is None
+    assert g["energy_j"] is None and g["energy_per_sample_j"] is None
+    assert g["devices"][0]["util_mean"] is None and g["devices"][0]["energy_j"] is None
+    assert "span 0.064 s" in g["not_reported"]["utilisation"]
+    assert "last 0.06 s in all" in g["not_reported"]["energy"]
+    assert g["power_mean_w"] == 130.0 and g["samples"] == 5  # instant readings stay
+
+
+def test_utilisation_counts_only_readings_whose_period_is_inside_the_windows():
+    # 2 s of windows after an idle warm-up: the readings of the first second still see the warm-up
+    windows = [(0, int(1e9)), (int(1e9), int(2e9))]
+    samples = [gs(t, util_gpu_pct=u) for t, u in ((100, 5), (500, 40), (1000, 95), (1500, 97), (1900, 99))]
+    g = gpu_summary(samples, windows, [([0], [300_000]), ([300_000], [600_000])], 100, "instant")
+    assert g["util_mean"] == pytest.approx(97.0) and g["samples"] == 5
+    assert g["energy_j"] == pytest.approx(600.0) and g["not_reported"] == {}
+
+
+def test_a_counter_that_does_not_advance_in_a_window_gives_no_energy():
+    windows = [(0, int(1e9)), (int(1e9), int(2e9))]
+    g = gpu_summary([gs(1500, util_gpu_pct=90)], windows, [([0], [300_000]), ([300_000], [300_000])], 100,
+                    "instant")
+    assert g["energy_j"] is None and "did not advance" in g["not_reported"]["energy"]
+    assert g["util_mean"] == 90
 
 
 def test_energy_falls_back_to_integrated_power():
@@ -111,7 +142,9 @@ def test_host_summary():
 
 def session_run(nvml, device="cuda:0", uuid=None, ordinals=None, nodes=1):
     uuids = [uuid] if isinstance(uuid, str) else (uuid or [])
-    session = TelemetrySession(device, 10, uuids, nvml=nvml, ordinals=ordinals, nodes=nodes).start()
+    # 0.6 s of windows: the fakes average over 0.1 s (a real NVML over up to 1 s)
+    session = TelemetrySession(device, 10, uuids, nvml=nvml, ordinals=ordinals, nodes=nodes,
+                               averaging_s=0.1).start()
     t0 = time.perf_counter_ns()
     phases = [Phase("cold_start", t0, t0 + 1)]
     for w in range(2):

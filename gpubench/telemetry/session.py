@@ -16,7 +16,7 @@ from gpubench.options import device_index, device_kind
 from gpubench.telemetry.base import PeriodicSampler
 from gpubench.telemetry.host import HostReader
 from gpubench.telemetry.nvml import NvmlReader, as_text, load_nvml, nvml_index
-from gpubench.telemetry.summary import gpu_summary, host_summary, windows_of
+from gpubench.telemetry.summary import AVERAGING_S, gpu_summary, host_summary, windows_of
 
 # The host sampler runs at the telemetry interval but never more often than this: the kernel
 # counts process CPU time in 10 ms ticks, so a 100 ms CPU % is quantised to +-10 points, and a
@@ -30,11 +30,14 @@ class TelemetrySession:
     """``ordinals``: the CUDA ordinals the config trains on in this node (every rank's,
     replica's or stage's device), with the framework's UUID of each where it has one;
     ``nodes``: the run's nodes, each training the same share (only this node's GPUs are
-    sampled)."""
+    sampled); ``averaging_s``: the longest period over which NVML averages a reading (the
+    summary reports utilisation and energy only over windows that hold it)."""
 
     def __init__(self, device: str, interval_ms: int, uuids: Sequence[str | None] = (), nvml: Any = None,
-                 host_pid: int | None = None, ordinals: Sequence[int] | None = None, nodes: int = 1) -> None:
+                 host_pid: int | None = None, ordinals: Sequence[int] | None = None, nodes: int = 1,
+                 averaging_s: float = AVERAGING_S) -> None:
         self.interval_s = interval_ms / 1000.0
+        self.averaging_s = averaging_s
         self.host_interval_s = max(interval_ms, HOST_MIN_INTERVAL_MS) / 1000.0
         self.nodes = nodes
         self.errors: list[str] = []
@@ -114,7 +117,7 @@ class TelemetrySession:
         elif self.reader is not None and self.gpu is not None:
             # each node trains the same share of the samples, and only this node's GPUs are sampled
             gpu = gpu_summary(gpu_samples, windows, self.counters, samples_measured / self.nodes,
-                              self.reader.power_source, self.reader.indices)
+                              self.reader.power_source, self.reader.indices, self.averaging_s)
             gpu["index"] = self.reader.indices[0]
             gpu["scope"] = ("this config's GPU" if gpu["count"] == 1 and self.nodes == 1 else
                             f"this config's {gpu['count']} GPUs" if self.nodes == 1 else

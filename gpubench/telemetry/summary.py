@@ -18,6 +18,9 @@ from gpubench.telemetry.nvml import THROTTLE_MASK
 
 Window = tuple[int, int]  # start_ns, end_ns
 
+# the longest period over which NVML averages a reading (utilisation, the "average" power)
+AVERAGING_S = 1.0
+
 
 def windows_of(phases: Sequence[Any]) -> list[Window]:
     return [(p.start_ns, p.end_ns) for p in phases if p.name.startswith("window_")]
@@ -80,13 +83,25 @@ def _total(per_device: list[float | None]) -> float | None:
     return sum(known) if per_device and len(known) == len(per_device) else None
 
 
-def _device_summary(w: Sequence[GpuSample]) -> dict[str, Any]:
-    util = _values(w, "util_gpu_pct")
+def _settled(samples: Sequence[GpuSample], windows: list[Window], averaging_s: float) -> list[GpuSample]:
+    """The samples whose averaging period lies inside the measured part of the run: taken at
+    least ``averaging_s`` after the first window began (the gaps between windows are the
+    harness's few microseconds, so a period spanning them is still training)."""
+    if not windows:
+        return []
+    settle = windows[0][0] + int(averaging_s * 1e9)
+    return [s for s in samples if s.t_ns >= settle]
+
+
+def _device_summary(w: Sequence[GpuSample], settled: Sequence[GpuSample]) -> dict[str, Any]:
+    """``w``: the samples inside the windows; ``settled``: those of them whose averaged
+    readings (utilisation) cover only the windows."""
+    util = _values(settled, "util_gpu_pct")
     reasons = [s.clock_event_reasons for s in w if s.clock_event_reasons is not None]
     return {
         "util_mean": _mean(util),
         "util_p95": float(np.percentile(util, 95)) if len(util) else None,
-        "mem_util_mean": _mean(_values(w, "util_mem_pct")),
+        "mem_util_mean": _mean(_values(settled, "util_mem_pct")),
         "mem_used_peak_bytes": int(m) if (m := _max(_values(w, "mem_used_bytes"))) is not None else None,
         "power_mean_w": _mean(_values(w, "power_w")),
         "sm_clock_mean_mhz": _mean(_values(w, "sm_clock_mhz")),
@@ -97,23 +112,50 @@ def _device_summary(w: Sequence[GpuSample]) -> dict[str, Any]:
     }
 
 
+def _energy_problem(windows: list[Window], counters: list[tuple[list[int | None], list[int | None]]],
+                    source: str, averaging_s: float) -> str | None:
+    """Why the energy over these windows cannot be trusted, or None."""
+    total_s = sum(b - a for a, b in windows) / 1e9
+    if total_s < averaging_s:
+        return (f"the measured windows last {total_s:.3g} s in all, under the {averaging_s:g} s that NVML's energy "
+                f"counter and power averaging need (more steps or a larger window_s give the figure)")
+    if source == "counter" and any(e is not None and s is not None and e <= s
+                                   for start, end in counters for s, e in zip(start, end)):
+        return "the energy counter did not advance during a measured window (a window shorter than its step)"
+    return None
+
+
 def gpu_summary(samples: Sequence[GpuSample], windows: list[Window],
                 counters: list[tuple[list[int | None], list[int | None]]], samples_measured: float,
-                power_source: str, devices: Sequence[int] | None = None) -> dict[str, Any]:
+                power_source: str, devices: Sequence[int] | None = None,
+                averaging_s: float = AVERAGING_S) -> dict[str, Any]:
     """The config's GPU figures over the windows, for every sampled device together, and each
     device's own under ``devices``. Together: utilisation, clocks, temperature and throttling
     over every device's samples; memory peak of the fullest device; power and energy summed
     over the devices. ``samples_measured``: the samples these devices trained on (energy per
-    sample divides by it)."""
+    sample divides by it). Utilisation and energy are None, with the reason under
+    ``not_reported``, where the windows are too short for NVML's averaging (module docstring)."""
     devices = list(devices) if devices is not None else sorted({s.index for s in samples})
     w = inside(samples, windows)
+    settled = _settled(w, windows, averaging_s)
+    not_reported: dict[str, str] = {}
+    if not settled and w:
+        span = (windows[-1][1] - windows[0][0]) / 1e9
+        not_reported["utilisation"] = (
+            f"the measured windows span {span:.3g} s, under the up to {averaging_s:g} s over which NVML averages "
+            f"utilisation, so every reading would include the cold start and warm-up (more steps or a larger "
+            f"window_s give the figure)")
     per_energy, source = device_energy(samples, windows, counters, power_source, devices)
+    if (problem := _energy_problem(windows, counters, source, averaging_s)) is not None:
+        per_energy = [None] * len(devices)
+        not_reported["energy"] = problem
     energy = _total(per_energy)
-    per_device = [{"index": d, **_device_summary([s for s in w if s.index == d]), "energy_j": e}
+    per_device = [{"index": d, **_device_summary([s for s in w if s.index == d],
+                                                 [s for s in settled if s.index == d]), "energy_j": e}
                   for d, e in zip(devices, per_energy)]
     powers = [p["power_mean_w"] for p in per_device]
     return {
-        **_device_summary(w),
+        **_device_summary(w, settled),
         "power_mean_w": None if not powers or None in powers else sum(powers),
         "power_source": power_source,
         "energy_j": energy,
@@ -121,6 +163,7 @@ def gpu_summary(samples: Sequence[GpuSample], windows: list[Window],
         "energy_source": source,
         "count": len(devices),
         "devices": per_device,
+        "not_reported": not_reported,
     }
 
 
