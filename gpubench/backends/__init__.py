@@ -61,6 +61,20 @@ def display_name(name: str) -> str:
         return name
 
 
+def uncompiled_note() -> str:
+    """What ``compile = none`` means in each registered framework that says, in one clause
+    ("PyTorch's is eager; JAX's is already one XLA program (jax.jit)")."""
+    parts = []
+    for name in BACKENDS:
+        try:
+            how = backend_class(name).uncompiled
+        except (KeyError, ImportError, AttributeError):
+            continue
+        if how:
+            parts.append(f"{display_name(name)}'s is {how}")
+    return "; ".join(parts)
+
+
 def colour(name: str, precision: str) -> str:
     """The chart colour of a framework at a precision (grey where its backend sets none)."""
     try:

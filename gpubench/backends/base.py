@@ -104,13 +104,15 @@ class ProbeInfo:
 class Backend(ABC):
     """A framework. Subclasses must import their framework lazily, inside methods, and set
     ``name``, ``install_hint`` and ``capabilities`` (checked when one is made); ``display_name``
-    (the name reports print) and ``colours`` (a chart colour per precision) are optional."""
+    (the name reports print), ``colours`` (a chart colour per precision) and ``uncompiled``
+    (how the framework runs a step with ``compile = none``, for the reports' notes) are optional."""
 
     name: ClassVar[str]
     install_hint: ClassVar[str]
     capabilities: ClassVar[Capabilities]
     display_name: ClassVar[str] = ""  # "" : ``name``
     colours: ClassVar[dict[str, str]] = {}  # precision -> a matplotlib colour; grey where missing
+    uncompiled: ClassVar[str] = ""  # "eager", "one tf.function graph", ...; "" : not said
 
     def __init__(self) -> None:
         missing = [a for a in ("name", "install_hint", "capabilities") if not hasattr(type(self), a)]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from gpubench.backends import REFERENCE_FRAMEWORK, display_name
+from gpubench.backends import REFERENCE_FRAMEWORK, display_name, uncompiled_note
 
 # what makes two configs "the same config" apart from the axis being compared
 IDENTITY = ["run", "workload_label", "framework", "device", "batch_size", "precision", "parallelism", "variant"]
@@ -45,7 +45,9 @@ COMPARISONS = (
           "above 1: faster than fp32"),
     Twins(f"Framework over {display_name(REFERENCE_FRAMEWORK)}", "framework", REFERENCE_FRAMEWORK,
           f"each framework's throughput / {display_name(REFERENCE_FRAMEWORK)}'s, same config (above 1: that "
-          f"framework is faster)", f"above 1: faster than {display_name(REFERENCE_FRAMEWORK)}"),
+          f"framework is faster). The same compile setting is not the same execution: with compile = none, "
+          f"{uncompiled_note()}; compare compiled settings for like with like",
+          f"above 1: faster than {display_name(REFERENCE_FRAMEWORK)}"),
     Twins("Parallel strategy over single", "parallelism", "single",
           "throughput with this strategy / the single-device config at the same per-device batch "
           "(grad-accum:N: one optimizer update per N micro-batches); scaling efficiency = that / devices",
@@ -54,8 +56,8 @@ COMPARISONS = (
           "throughput through the framework's input pipeline / with batches already on the device",
           "below 1: the pipeline costs throughput"),
     Twins("Compile setting over none", "compile", "none",
-          "throughput with this compile setting / with compile = none, same config (PyTorch's none is eager; "
-          "TensorFlow's is already a tf.function graph)", "above 1: faster than none"),
+          f"throughput with this compile setting / with compile = none, same config ({uncompiled_note()})",
+          "above 1: faster than none"),
     Twins("Channels-last over contiguous", "memory_format", "contiguous",
           "throughput with channels-last (NHWC) convolutions / contiguous (NCHW), same config",
           "above 1: channels-last is faster"),

@@ -49,6 +49,7 @@ class JaxBackend(Backend):
     install_hint = ("pip install 'gpubench[jax]' (the CPU jax, with Optax and Flax), or pip install 'jax[cuda12]' "
                     "optax flax (GPU)")
     display_name = "JAX"
+    uncompiled = "already one XLA program (jax.jit)"
     colours = {"fp32": "#2ca02c", "tf32": "#98df8a", "amp-fp16": "#00441b", "amp-bf16": "#bcbd22"}  # noqa: RUF012
 
     capabilities = Capabilities(

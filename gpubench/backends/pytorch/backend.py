@@ -100,6 +100,7 @@ class TorchBackend(Backend):
     install_hint = ("pip install torch (PyPI's CUDA build; for the CPU build add --index-url "
                     "https://download.pytorch.org/whl/cpu)")
     display_name = "PyTorch"
+    uncompiled = "eager"
     colours = {"fp32": "#1f77b4", "tf32": "#6baed6", "amp-fp16": "#08306b", "amp-bf16": "#17becf"}  # noqa: RUF012
     capabilities = Capabilities(
         precisions={"cpu": ("fp32", "amp-bf16"), "cuda": PRECISIONS},

@@ -27,6 +27,7 @@ class TensorFlowBackend(Backend):
     name = "tensorflow"
     install_hint = "pip install tensorflow-cpu==2.21.0 (CPU) or pip install 'tensorflow[and-cuda]' (GPU)"
     display_name = "TensorFlow"
+    uncompiled = "already one tf.function graph"
     colours = {"fp32": "#d62728", "tf32": "#ff9896", "amp-fp16": "#7f0000", "amp-bf16": "#ff7f0e"}  # noqa: RUF012
 
     capabilities = Capabilities(
