@@ -46,7 +46,7 @@ STEPS=(
   "targets     6  (318 s): ResNet-50 / MNIST CNN target configs, checked by scripts/gpu_targets.py; sample report"
   "telemetry   2  (75 s): utilisation busy/idle, power above idle, counter vs integrated energy; NVML overhead"
   "quick       4  (216 s): the quick suite's CUDA configs at fp32, tf32, amp-fp16, amp-bf16"
-  "jax         5  JAX beside PyTorch on one GPU: the quick suite's CNN and MLP, and the targets' CNN and ResNet-50 (eager, contiguous)"
+  "jax         6  (138 s + 7 of 10 targets in 200 s on an H200): JAX beside PyTorch on one GPU: the quick suite's CNN and MLP, and the targets' CNN and ResNet-50 (eager, contiguous)"
   "overhead    1  (30 s): harness overhead against a hand-written loop"
   "parallel    5  (237 s for 13 of 16 configs): grad-accum:4, ddp:1 and pipeline:1 over NCCL against single"
   "compile     6  eager, torch.compile, reduce-overhead, cuda-graph, channels-last on the MNIST CNN"
