@@ -14,7 +14,16 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from gpubench.options import DISTRIBUTED_KINDS, REPLICA_KINDS, STAGE_KINDS, device_index, device_kind, parse_parallelism
+from gpubench.options import (
+    DISTRIBUTED_KINDS,
+    OPTIMIZER_KEYS,
+    OPTIMIZER_SETTINGS,
+    REPLICA_KINDS,
+    STAGE_KINDS,
+    device_index,
+    device_kind,
+    parse_parallelism,
+)
 
 MAX_BATCH = "max"  # batch_size = "max": the largest batch that fits, searched before the config runs
 
@@ -31,6 +40,12 @@ class Config:
     parallelism: str = "single"
     optimizer: str = "adam"
     lr: float = 1e-3
+    # the optimizer's settings (options.OPTIMIZER_SETTINGS): None is the optimizer's default
+    beta1: float | None = None
+    beta2: float | None = None
+    eps: float | None = None
+    weight_decay: float | None = None
+    momentum: float | None = None
     loss: str = "cross_entropy"
     compile: str = "none"
     memory_format: str = "contiguous"
@@ -72,6 +87,12 @@ class Config:
         """Micro-batches per optimizer step (``grad-accum:N``; 1 otherwise)."""
         kind, n = parse_parallelism(self.parallelism)
         return n if kind == "grad-accum" else 1
+
+    def optimizer_settings(self) -> dict[str, float]:
+        """Every setting of this config's optimizer, the suite's value where set, else the
+        default (``{"beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1}``)."""
+        defaults = OPTIMIZER_SETTINGS.get(self.optimizer, {})
+        return {k: float(v) if (v := getattr(self, k)) is not None else d for k, d in defaults.items()}
 
     @property
     def distributed(self) -> bool:
@@ -205,18 +226,24 @@ class Config:
 
 DEFAULTS = {f.name: f.default for f in fields(Config)}
 # settings hashed only where set (added after results were recorded under hashes without them)
-_HASHED_WHEN_SET = ("input_shape", "num_classes", "batches")
-_HASH_DEFAULTS = {"input_shape": [], "num_classes": 0, "batches": ""}
+_HASHED_WHEN_SET = ("input_shape", "num_classes", "batches", *OPTIMIZER_KEYS)
+_HASH_DEFAULTS: dict[str, Any] = {"input_shape": [], "num_classes": 0, "batches": "", **dict.fromkeys(OPTIMIZER_KEYS)}
 # training settings named in config_id when they differ from their default (some only where
 # they matter: _ID_ONLY_WHEN); the others (measurement settings, data_dir) are named only where
 # a sweep varies them (id_keys)
-_ID_EXTRAS = ("optimizer", "lr", "loss", "compile", "memory_format", "data", "data_workers", "threads", "huge_pages",
-              "dataset", "checkpointing", "pipeline_microbatches", "pipeline_schedule", "nnodes", "seed", "batches")
+_ID_EXTRAS = ("optimizer", "lr", *OPTIMIZER_KEYS, "loss", "compile", "memory_format", "data", "data_workers",
+              "threads", "huge_pages", "dataset", "checkpointing", "pipeline_microbatches", "pipeline_schedule",
+              "nnodes", "seed", "batches")
 # every setting outside the identity axes and the workload's parameters: what id_keys may name
 ID_AXES = ("workload", "framework", "device", "batch_size", "precision", "parallelism")
 NAMEABLE = tuple(f.name for f in fields(Config) if f.name not in (*ID_AXES, "workload_params", "id_keys"))
 def _ALWAYS(c: Config) -> bool:
     return True
+
+
+def _takes(setting: str) -> Callable[[Config], bool]:
+    """Whether a config's optimizer takes ``setting``."""
+    return lambda c: setting in OPTIMIZER_SETTINGS.get(c.optimizer, {})
 
 
 _ID_ONLY_WHEN: dict[str, Callable[[Config], bool]] = {
@@ -235,6 +262,8 @@ _USED_ONLY_WHEN: dict[str, Callable[[Config], bool]] = {
     "input_shape": lambda c: ":" in c.workload,
     "num_classes": lambda c: ":" in c.workload,
     "batches": lambda c: ":" in c.workload,
+    # an optimizer's settings, only with an optimizer that takes them
+    **{k: _takes(k) for k in OPTIMIZER_KEYS},
 }
 
 

@@ -23,6 +23,17 @@ REPLICA_KINDS = ("ddp", "dp", "mirrored", "multiworker")  # data parallel: N dev
 STAGE_KINDS = ("pipeline",)  # model parallel: N devices, each runs its stage on every sample
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 OPTIMIZERS = ("adam", "adamw", "sgd")
+# each optimizer's settings with their defaults (PyTorch's; every backend builds the same
+# optimizer from them): a suite may set any of them (`beta2 = 0.95`), and a config whose
+# optimizer does not take one keeps it unset. Adam's epsilon is added after the bias
+# correction (PyTorch, Optax; Keras adds it before: tests/test_identity.py); AdamW decays the
+# weights by lr x weight_decay, decoupled from the gradient; SGD's momentum has no dampening.
+OPTIMIZER_SETTINGS: dict[str, dict[str, float]] = {
+    "adam": {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8},
+    "adamw": {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01},
+    "sgd": {"momentum": 0.9},
+}
+OPTIMIZER_KEYS = ("beta1", "beta2", "eps", "weight_decay", "momentum")
 LOSSES = ("cross_entropy",)
 # none: eager PyTorch / a TensorFlow graph tf.function; xla: TensorFlow jit_compile; the
 # torch-compile values: torch.compile with that mode; cuda-graph: the whole PyTorch step

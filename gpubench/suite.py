@@ -88,6 +88,14 @@ def _positive_float(v: Any) -> float:
     return float(v)
 
 
+def _fraction(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"expected a number in [0, 1), got {v!r}")
+    if not 0 <= v < 1:
+        raise ValueError(f"must be >= 0 and < 1, got {v}")
+    return float(v)
+
+
 def _non_negative_float(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ValueError(f"expected a number >= 0, got {v!r}")
@@ -243,8 +251,18 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "processes per step); `mirrored:N` (TensorFlow MirroredStrategy over N GPUs, or N logical CPU "
             "devices); `multiworker:N` (TensorFlow MultiWorkerMirroredStrategy, N worker processes). N is at most "
             f"{MAX_DEVICES} (devices or processes), {MAX_MICROBATCHES} for `grad-accum`"),
-    Setting("optimizer", Choice("optimizer", _declared("optimizer")), str, "`adam`, `adamw`, `sgd` (momentum 0.9)"),
+    Setting("optimizer", Choice("optimizer", _declared("optimizer")), str,
+            "`adam`, `adamw`, `sgd`: PyTorch's, built alike in every framework, with the settings below"),
     Setting("lr", _positive_float, _parse_number, "learning rate, a number > 0"),
+    Setting("beta1", _fraction, _parse_number, "`adam`, `adamw`: the first moment's decay, in [0, 1) (default 0.9)"),
+    Setting("beta2", _fraction, _parse_number,
+            "`adam`, `adamw`: the second moment's decay, in [0, 1) (default 0.999; 0.95 is usual for transformers)"),
+    Setting("eps", _positive_float, _parse_number,
+            "`adam`, `adamw`: epsilon, added after the bias correction, a number > 0 (default 1e-8)"),
+    Setting("weight_decay", _non_negative_float, _parse_number,
+            "`adamw`: decoupled weight decay, the weights shrunk by lr x weight_decay each step, a number >= 0 "
+            "(default 0.01)"),
+    Setting("momentum", _fraction, _parse_number, "`sgd`: momentum without dampening, in [0, 1) (default 0.9)"),
     Setting("loss", _loss, str,
             'loss function: `cross_entropy`, or your function `"module:function"` taking (outputs, targets)'),
     Setting("input_shape", _input_shape, _input_shape,

@@ -134,6 +134,26 @@ def test_first_optimizer_steps_give_the_same_losses(name, params, optimizer, lr,
     assert first[-1] < first[0]  # and it trains
 
 
+@pytest.mark.parametrize("a, b", PAIRS)
+@pytest.mark.parametrize("optimizer, lr, settings", [
+    ("sgd", 0.01, {"momentum": 0.5}),
+    ("sgd", 0.05, {"momentum": 0.0}),
+    ("adam", 1e-3, {"beta1": 0.8, "beta2": 0.95, "eps": 1e-9}),
+    ("adamw", 1e-3, {"beta2": 0.95, "weight_decay": 0.5}),
+])
+def test_an_optimizers_settings_give_the_same_losses_in_every_framework(optimizer, lr, settings, a, b):
+    spec = spec_of("mlp", {}).without_dropout()
+    config = Config(workload="mlp", batch_size=32, optimizer=optimizer, lr=lr, **settings)
+    batches = synthetic_batches(spec, 32, 4, seed=0)
+    first = losses(a, spec, config, batches)
+    second = losses(b, spec, config, batches)
+    rtol = 1e-5 if optimizer == "sgd" else ADAM_RTOL["tensorflow" in (a, b)]
+    np.testing.assert_allclose(second, first, rtol=rtol)
+    # and the settings took effect: the defaults train to other losses
+    default = losses(a, spec, Config(workload="mlp", batch_size=32, optimizer=optimizer, lr=lr), batches)
+    assert not np.allclose(default[1:], first[1:], rtol=1e-4)
+
+
 def test_both_trainers_hold_the_same_data():
     pytest.importorskip("torch")
     pytest.importorskip("tensorflow")

@@ -349,3 +349,47 @@ def test_a_stored_suite_is_checked_again(write_suite, edit, expected):
     assert str(err.value).startswith(expected), str(err.value)
     with pytest.raises(InputError, match="run.json: suite: expected an object, got list"):
         Suite.from_dict([d])
+
+
+# --- an optimizer's settings --------------------------------------------------------------
+
+def test_an_optimizers_settings_apply_where_it_takes_them_and_name_the_config(write_suite):
+    text = """
+name = "t"
+[defaults]
+momentum = 0.5
+beta2 = 0.95
+[matrix]
+workload = "mlp"
+optimizer = ["adam", "adamw", "sgd"]
+weight_decay = [0.01, 0.1]
+"""
+    configs = load_suite(str(write_suite(text))).expand()
+    # weight_decay is adamw's only: adam and sgd make one point each, not two
+    assert ids(configs) == [
+        "mlp_depth2_width512-torch-cpu-bs64-fp32-single-beta2=0.95",
+        "mlp_depth2_width512-torch-cpu-bs64-fp32-single-optimizer=adamw-beta2=0.95-weight_decay=0.01",
+        "mlp_depth2_width512-torch-cpu-bs64-fp32-single-optimizer=adamw-beta2=0.95-weight_decay=0.1",
+        "mlp_depth2_width512-torch-cpu-bs64-fp32-single-optimizer=sgd-momentum=0.5",
+    ]
+    adam, adamw, _, sgd = configs
+    assert adam.optimizer_settings() == {"beta1": 0.9, "beta2": 0.95, "eps": 1e-8}
+    assert adamw.optimizer_settings() == {"beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.01}
+    assert sgd.optimizer_settings() == {"momentum": 0.5} and sgd.beta2 is None
+    # unset, every setting keeps the hash results were recorded under
+    assert Config(workload="cnn", optimizer="sgd", momentum=None).config_hash == \
+        Config(workload="cnn", optimizer="sgd").config_hash
+    assert Config(workload="cnn", optimizer="sgd", momentum=0.9).config_hash != \
+        Config(workload="cnn", optimizer="sgd").config_hash
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("beta2 = 1.0", "defaults.beta2: must be >= 0 and < 1, got 1.0"),
+    ("momentum = -0.1", "defaults.momentum: must be >= 0 and < 1, got -0.1"),
+    ("eps = 0", "defaults.eps: must be > 0, got 0"),
+    ("weight_decay = 'lots'", "defaults.weight_decay: expected a number >= 0, got 'lots'"),
+])
+def test_bad_optimizer_settings_name_the_key(write_suite, text, expected):
+    with pytest.raises(InputError) as err:
+        load_suite(str(write_suite(f'name = "t"\n[defaults]\nworkload = "mlp"\n{text}\n')))
+    assert expected in str(err.value)

@@ -123,3 +123,18 @@ def test_a_cuda_device_always_gets_an_index(monkeypatch, device, expected):
     trainer = TorchTrainer.__new__(TorchTrainer)  # only its device setup
     trainer._setup(Config(workload="mlp", device=device))
     assert str(trainer.device) == expected and chosen == [int(expected[-1])]
+
+
+def test_make_optimizer_takes_every_setting_of_the_config():
+    from gpubench.backends.pytorch.trainer import make_optimizer
+    from gpubench.config import Config
+
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    config = Config(workload="mlp", optimizer="adamw", beta1=0.8, beta2=0.95, eps=1e-6, weight_decay=0.1)
+    group = make_optimizer("adamw", p, 1e-3, fused=False, settings=config.optimizer_settings()).param_groups[0]
+    assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.8, 0.95), 1e-6, 0.1)
+    group = make_optimizer("sgd", p, 1e-2, fused=False, settings=Config(workload="mlp", optimizer="sgd",
+                                                                         momentum=0.0).optimizer_settings()).param_groups[0]
+    assert group["momentum"] == 0.0
+    group = make_optimizer("adam", p, 1e-3, fused=False).param_groups[0]  # no settings: the defaults
+    assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.9, 0.999), 1e-8, 0)

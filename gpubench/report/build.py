@@ -28,7 +28,8 @@ from gpubench.results.store import RESULTS_FILE, decode_line, run_env
 TEMPLATES = Path(__file__).parent / "templates"
 # one row per config: its identity and how its repeats went, then every metric of the registry
 IDENTITY_CSV_COLUMNS = ["run", "config_id", "config_hash", "workload", "workload_label", "variant", "framework",
-                        "device", "device_model", "batch_size", "precision", "parallelism", "optimizer", "lr", "loss",
+                        "device", "device_model", "batch_size", "precision", "parallelism", "optimizer", "lr",
+                        "beta1", "beta2", "eps", "weight_decay", "momentum", "loss",
                         "compile", "memory_format", "data", "data_workers", "threads", "huge_pages", "dataset",
                         "checkpointing",
                         "status", "reason", "repeats", "repeats_ok", "ci_kind"]

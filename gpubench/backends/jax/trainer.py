@@ -19,7 +19,7 @@ from gpubench.backends.base import Lap, NativeModel, ProfilingUnavailable, Train
 from gpubench.backends.jax.model import JaxModel, cross_entropy, policy_for, spec_model
 from gpubench.config import Config
 from gpubench.measure.timers import StepTimer, WindowTimer
-from gpubench.options import device_index, device_kind, parse_parallelism
+from gpubench.options import OPTIMIZER_SETTINGS, device_index, device_kind, parse_parallelism
 from gpubench.workloads.base import WorkloadSpec
 from gpubench.workloads.data import Batches, tree_map
 
@@ -27,16 +27,18 @@ from gpubench.workloads.data import Batches, tree_map
 _SCALE_INIT, _SCALE_GROWTH, _SCALE_BACKOFF, _SCALE_INTERVAL = 2.0**16, 2.0, 0.5, 2000
 
 
-def make_optimizer(name: str, lr: float) -> optax.GradientTransformation:
-    """The same optimizers and hyper-parameters as the PyTorch backend (Optax's Adam adds
-    epsilon after the bias correction, as PyTorch does; its AdamW decays the weights by
-    ``lr * weight_decay``, as PyTorch's does; its SGD momentum is PyTorch's, without dampening)."""
+def make_optimizer(name: str, lr: float, settings: dict[str, float] | None = None) -> optax.GradientTransformation:
+    """The same optimizers and settings as the PyTorch backend (``Config.optimizer_settings()``;
+    the defaults of ``options.OPTIMIZER_SETTINGS`` where None). Optax's Adam adds epsilon after
+    the bias correction, as PyTorch does; its AdamW decays the weights by ``lr * weight_decay``,
+    as PyTorch's does; its SGD momentum is PyTorch's, without dampening (momentum 0: plain SGD)."""
+    s = {**OPTIMIZER_SETTINGS.get(name, {}), **(settings or {})}
     if name == "adam":
-        return optax.adam(lr, b1=0.9, b2=0.999, eps=1e-8)
+        return optax.adam(lr, b1=s["beta1"], b2=s["beta2"], eps=s["eps"])
     if name == "adamw":
-        return optax.adamw(lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01)
+        return optax.adamw(lr, b1=s["beta1"], b2=s["beta2"], eps=s["eps"], weight_decay=s["weight_decay"])
     if name == "sgd":
-        return optax.sgd(lr, momentum=0.9)
+        return optax.sgd(lr, momentum=s["momentum"] or None)
     raise ValueError(f"unknown optimizer {name!r}")
 
 
@@ -76,7 +78,7 @@ class JaxTrainer(Trainer):
         self.scaled = config.precision == "amp-fp16"
         self.accum = config.accum_steps
         self.pipeline = config.data == "pipeline"
-        self.optimizer = make_optimizer(config.optimizer, config.lr)
+        self.optimizer = make_optimizer(config.optimizer, config.lr, config.optimizer_settings())
         model: JaxModel = native.build()
         loss_fn = native.loss or cross_entropy
 

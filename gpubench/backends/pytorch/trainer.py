@@ -27,7 +27,7 @@ from gpubench.backends.pytorch.compile import (
 from gpubench.backends.pytorch.native import as_native, call_model, cross_entropy
 from gpubench.config import Config
 from gpubench.measure.timers import HostStepTimer, StepTimer
-from gpubench.options import device_index, device_kind, parse_parallelism
+from gpubench.options import OPTIMIZER_SETTINGS, device_index, device_kind, parse_parallelism
 from gpubench.workloads.base import WorkloadSpec
 from gpubench.workloads.data import Batches, Tree, tree_leaves, tree_map
 
@@ -51,19 +51,23 @@ class CudaEventTimer:
         return [a.elapsed_time(b) for a, b in zip(ev, ev[1:])]
 
 
-def make_optimizer(name: str, params: Any, lr: float, fused: bool, capturable: bool = False) -> torch.optim.Optimizer:
-    """adam / adamw / sgd (momentum 0.9). ``fused`` selects the single-kernel implementations
-    (the fastest standard path on CUDA); ``capturable`` keeps Adam's step count on the device,
-    as CUDA-graph capture requires (SGD has no host state to keep)."""
+def make_optimizer(name: str, params: Any, lr: float, fused: bool, capturable: bool = False,
+                   settings: dict[str, float] | None = None) -> torch.optim.Optimizer:
+    """adam / adamw / sgd with ``settings`` (``Config.optimizer_settings()``; the defaults of
+    ``options.OPTIMIZER_SETTINGS`` where None). ``fused`` selects the single-kernel
+    implementations (the fastest standard path on CUDA); ``capturable`` keeps Adam's step count
+    on the device, as CUDA-graph capture requires (SGD has no host state to keep)."""
+    s = {**OPTIMIZER_SETTINGS.get(name, {}), **(settings or {})}
     kw: dict[str, Any] = {"fused": True} if fused else {}
     if capturable and name in ("adam", "adamw"):
         kw["capturable"] = True
     if name == "adam":
-        return torch.optim.Adam(params, lr=lr, **kw)
+        return torch.optim.Adam(params, lr=lr, betas=(s["beta1"], s["beta2"]), eps=s["eps"], **kw)
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, **kw)
+        return torch.optim.AdamW(params, lr=lr, betas=(s["beta1"], s["beta2"]), eps=s["eps"],
+                                 weight_decay=s["weight_decay"], **kw)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, **kw)
+        return torch.optim.SGD(params, lr=lr, momentum=s["momentum"], **kw)
     raise ValueError(f"unknown optimizer {name!r}")
 
 
@@ -233,6 +237,7 @@ class TorchTrainer(TorchTrainerBase):
             self.model = nn.DataParallel(self.model, device_ids=list(range(config.devices)))
         graphed = config.compile == "cuda-graph"
         self.optimizer = make_optimizer(config.optimizer, self.model.parameters(), config.lr, fused=self.cuda,
+                                        settings=config.optimizer_settings(),
                                         capturable=graphed)
         self.loss_fn = native.loss or cross_entropy
         self.n_batches = batches.n_batches

@@ -18,23 +18,26 @@ from gpubench.backends.tensorflow.native import POLICIES, as_native, builtin_los
 from gpubench.backends.tensorflow.runtime import import_tf, tf_device
 from gpubench.config import Config
 from gpubench.measure.timers import HostStepTimer, StepTimer, WindowTimer
-from gpubench.options import device_kind, parse_parallelism
+from gpubench.options import OPTIMIZER_SETTINGS, device_kind, parse_parallelism
 from gpubench.workloads.base import WorkloadSpec
 from gpubench.workloads.data import Batches, tree_map
 
 import_tf()  # GPU memory growth on before anything touches a GPU, however the trainer is built
 
 
-def make_optimizer(name: str, lr: float) -> keras.optimizers.Optimizer:
-    """The same optimizers and hyper-parameters as the PyTorch backend. Keras' Adam adds
-    epsilon before bias correction of the second moment ("epsilon hat"), PyTorch after it:
-    with epsilon 1e-8 both give the same updates unless gradients are near epsilon."""
+def make_optimizer(name: str, lr: float, settings: dict[str, float] | None = None) -> keras.optimizers.Optimizer:
+    """The same optimizers and settings as the PyTorch backend (``Config.optimizer_settings()``;
+    the defaults of ``options.OPTIMIZER_SETTINGS`` where None). Keras' Adam adds epsilon before
+    bias correction of the second moment ("epsilon hat"), PyTorch after it: with epsilon 1e-8
+    both give the same updates unless gradients are near epsilon."""
+    s = {**OPTIMIZER_SETTINGS.get(name, {}), **(settings or {})}
     if name == "adam":
-        return keras.optimizers.Adam(learning_rate=lr, beta_1=0.9, beta_2=0.999, epsilon=1e-8)
+        return keras.optimizers.Adam(learning_rate=lr, beta_1=s["beta1"], beta_2=s["beta2"], epsilon=s["eps"])
     if name == "adamw":
-        return keras.optimizers.AdamW(learning_rate=lr, weight_decay=0.01, beta_1=0.9, beta_2=0.999, epsilon=1e-8)
+        return keras.optimizers.AdamW(learning_rate=lr, weight_decay=s["weight_decay"], beta_1=s["beta1"],
+                                      beta_2=s["beta2"], epsilon=s["eps"])
     if name == "sgd":
-        return keras.optimizers.SGD(learning_rate=lr, momentum=0.9)
+        return keras.optimizers.SGD(learning_rate=lr, momentum=s["momentum"])
     raise ValueError(f"unknown optimizer {name!r}")
 
 
@@ -190,7 +193,7 @@ class TFTrainer(Trainer):
         self.model = native.build()
         if not self.model.built:  # a model that declares no input: its weights from a first call
             self.model(self._first_x, training=False)
-        optimizer = make_optimizer(config.optimizer, config.lr)
+        optimizer = make_optimizer(config.optimizer, config.lr, config.optimizer_settings())
         self.scaled = config.precision == "amp-fp16"
         if self.scaled:
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
