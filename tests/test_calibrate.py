@@ -15,16 +15,23 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
+from gpubench.backends import backend_class
 from gpubench.calibrate import RECALIBRATE, cache, kernel_label
 from gpubench.calibrate.command import figures_table
 from gpubench.calibrate.datasheet import datasheet_for
-from gpubench.calibrate.measure import PLANS, HostClock, Kernel, run_kernel
 from gpubench.errors import InputError
+from gpubench.measure.kernels import PLANS, HostClock, Kernel, run_kernel
 from gpubench.runner.find_batch import Search, batch_search, run_at_max_batch
-from gpubench.runner.mfu import mfu_metrics
 from gpubench.runner.job import Job
+from gpubench.runner.mfu import mfu_metrics
 from gpubench.suite import Config, load_suite
 from tests.conftest import REPO, make_result, plugin_env, result_lines, run_cli
+
+
+def fake_build(monkeypatch, framework, build):
+    """As if ``framework`` were installed at ``build`` (None: not installed)."""
+    monkeypatch.setattr(backend_class(framework), "package_build", classmethod(lambda cls: build))
+
 
 # --- the cache, with a stand-in for the measuring child ----------------------------------------
 
@@ -97,21 +104,20 @@ def test_cache_miss_hit_corrupt_and_force(cache_dir):
 
 def test_cache_key_fields(cache_dir, monkeypatch):
     torch = pytest.importorskip("torch")
-    build = cache.torch_build()  # read from torch/version.py without importing torch
+    build = backend_class("torch").package_build()  # read from torch/version.py without importing torch
     assert build["version"] == torch.__version__ and build["cuda"] == torch.version.cuda
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     key = cache.calibration_key("cpu")
     assert {"hostname", "cpu_model", "torch", "torch_cuda", "tensorflow", "tensorflow_dist", "cpu_affinity",
             "thread_env"} <= set(key)
-    tf_build = cache.tensorflow_build()  # from its package metadata, without importing it
+    tf_build = backend_class("tensorflow").package_build()  # from its package metadata, without importing it
     if tf_build is not None:
         assert key["tensorflow"] == importlib.metadata.version(tf_build["dist"])
     else:
         assert key["tensorflow"] is None
-    real = cache.tensorflow_build
-    monkeypatch.setattr(cache, "tensorflow_build", lambda: {"version": "9.9.9", "dist": "tensorflow"})
-    assert cache.cache_file(cache.calibration_key("cpu")) != cache.cache_file(key)  # another TensorFlow: measured anew
-    monkeypatch.setattr(cache, "tensorflow_build", real)
+    with monkeypatch.context() as m:
+        fake_build(m, "tensorflow", {"version": "9.9.9", "dist": "tensorflow"})
+        assert cache.cache_file(cache.calibration_key("cpu")) != cache.cache_file(key)  # another TensorFlow: anew
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # fewer threads, other peaks: another cache file
     assert cache.cache_file(cache.calibration_key("cpu")) != cache.cache_file(key)
     gpus = [{"name": "GPU A", "uuid": "GPU-aaaa", "driver": "550.1"}, {"name": "GPU B", "uuid": "GPU-bbbb",
@@ -153,11 +159,11 @@ def test_calibrate_cpu_through_the_cli(tmp_path):
         assert kernel_label(entry["peak_kernels"][p]) in proc.stdout
     ran = {(k["framework"], k["op"], k["precision"]) for k in entry["details"]["kernels"]}
     expected = {("torch", "linear", p) for p in ("fp32", "bf16")} | {("torch", "conv2d", p) for p in ("fp32", "bf16")}
-    if cache.tensorflow_build() is not None:
+    if backend_class("tensorflow").package_build() is not None:
         expected |= {("tensorflow", op, p) for op in ("matmul", "conv2d") for p in ("fp32", "bf16")}
         assert entry["frameworks"]["tensorflow"]["version"] == entry["key"]["tensorflow"]
         assert "kernels timed in torch" in proc.stdout and "tensorflow" in proc.stdout
-    if cache.jax_build() is not None:
+    if backend_class("jax").package_build() is not None:
         expected |= {("jax", op, p) for op in ("matmul", "conv2d") for p in ("fp32", "bf16")}
         assert entry["frameworks"]["jax"]["version"] == entry["key"]["jax"]
     assert ran == expected
@@ -363,7 +369,7 @@ def test_combine_keeps_the_best_kernel_per_precision_across_frameworks():
               "kernels": [_kernel("tensorflow", "matmul", "fp32", 0.0325), _kernel("tensorflow", "conv2d", "fp32", 0.029),
                           _kernel("tensorflow", "matmul", "bf16", 0.0315), _kernel("tensorflow", "conv2d", "bf16", None,
                                                                                    "size 1: InvalidArgumentError: x")]}
-    entry = cache.combine(torch_out, tf_out)
+    entry = cache.combine(torch_out, {"tensorflow": tf_out})
     assert entry["peak_tflops"] == {"fp32": 0.0325, "bf16": 0.0315}
     assert entry["peak_kernels"]["bf16"] == {"framework": "tensorflow", "op": "matmul", "shape": "512x512x512",
                                              "size": 512}
@@ -371,7 +377,7 @@ def test_combine_keeps_the_best_kernel_per_precision_across_frameworks():
     assert entry["frameworks"]["tensorflow"] == {"name": "tensorflow", "version": "2.21.0", "seconds": 2.5}
     assert entry["skipped"] == {}  # a failed kernel costs nothing while another ran at its precision
 
-    without = cache.combine(torch_out, {"unavailable": "tensorflow is not installed"})  # a framework skipped
+    without = cache.combine(torch_out, {"tensorflow": {"unavailable": "tensorflow is not installed"}})  # a framework skipped
     assert without["peak_tflops"] == {"fp32": 0.030, "bf16": 0.004}
     assert without["peak_kernels"]["fp32"]["op"] == "conv2d" and without["peak_kernels"]["bf16"]["op"] == "linear"
     assert without["frameworks"]["tensorflow"] == {"unavailable": "tensorflow is not installed"}
@@ -379,7 +385,7 @@ def test_combine_keeps_the_best_kernel_per_precision_across_frameworks():
 
     only_failed = {**torch_out, "kernels": [_kernel("torch", "linear", "fp32", 0.028),
                                             _kernel("torch", "linear", "bf16", None, "size 256: RuntimeError: no")]}
-    entry = cache.combine(only_failed, {"unavailable": "x"})
+    entry = cache.combine(only_failed, {"tensorflow": {"unavailable": "x"}})
     assert entry["peak_tflops"] == {"fp32": 0.028} and set(entry["peak_kernels"]) == {"fp32"}
     assert "no kernel ran (torch linear: size 256: RuntimeError: no)" in entry["skipped"]["bf16"]
 
@@ -393,7 +399,7 @@ def test_a_kernel_faster_than_the_datasheet_is_no_peak(capsys):
                              _kernel("torch", "mm", "bf16", 702.0), _kernel("torch", "conv2d", "tf32", 600.0),
                              _kernel("torch", "mm", "fp16", 69.0)],
                  "memory_bandwidth_gbs": 3004.0, "skipped": {}}
-    entry = cache.combine(torch_out, {"unavailable": "tensorflow is not installed"})
+    entry = cache.combine(torch_out, {"tensorflow": {"unavailable": "tensorflow is not installed"}})
     assert entry["peak_tflops"] == {"fp32": 51.0, "fp16": 69.0, "bf16": 702.0}  # tf32's only kernel was impossible
     assert entry["peak_kernels"]["fp32"]["op"] == "mm"
     conv = next(k for k in entry["details"]["kernels"] if k["op"] == "conv2d" and k["precision"] == "fp32")
@@ -401,9 +407,9 @@ def test_a_kernel_faster_than_the_datasheet_is_no_peak(capsys):
     assert "above the datasheet" in entry["skipped"]["tf32"]
     # 5% above the datasheet is clock noise, not an impossible figure; an unknown GPU has no limit
     near = {**torch_out, "kernels": [_kernel("torch", "mm", "fp32", 66.9 * 1.04)]}
-    assert cache.combine(near, {"unavailable": "x"})["peak_tflops"] == {"fp32": 66.9 * 1.04}
+    assert cache.combine(near, {"tensorflow": {"unavailable": "x"}})["peak_tflops"] == {"fp32": 66.9 * 1.04}
     unknown = {**torch_out, "device_name": "NVIDIA B300", "kernels": [_kernel("torch", "conv2d", "fp32", 98.09)]}
-    assert cache.combine(unknown, {"unavailable": "x"})["peak_tflops"] == {"fp32": 98.09}
+    assert cache.combine(unknown, {"tensorflow": {"unavailable": "x"}})["peak_tflops"] == {"fp32": 98.09}
     from gpubench.calibrate.command import framework_lines
     lines = framework_lines(cache.Calibration(entry, Path("x.json"), cached=True))
     assert any(line.startswith("cuda:0: torch conv2d 512x512x512 fp32 not taken as a peak: 98.09") for line in lines)
@@ -418,16 +424,16 @@ def test_measure_in_child_asks_jax_where_it_is_installed_and_goes_on_when_it_fai
 
     def child(module, device, launcher):
         started.append(module)
-        if module.endswith("measure_jax"):
+        if module.endswith("jax.calibration"):
             if len(started) > 2:
-                raise cache.CalibrationError("calibrating cpu (gpubench.calibrate.measure_jax) failed (exit code 1): ")
+                raise cache.CalibrationError("calibrating cpu (gpubench.backends.jax.calibration) failed (exit code 1): ")
             return jax_out
         return torch_out
     monkeypatch.setattr(cache, "run_child", child)
-    monkeypatch.setattr(cache, "tensorflow_build", lambda: None)
-    monkeypatch.setattr(cache, "jax_build", lambda: {"jax": "0.10.2", "jaxlib": "0.10.2"})
+    fake_build(monkeypatch, "tensorflow", None)
+    fake_build(monkeypatch, "jax", {"jax": "0.10.2", "jaxlib": "0.10.2"})
     entry = cache.measure_in_child("cpu")
-    assert started == ["gpubench.calibrate.measure", "gpubench.calibrate.measure_jax"]
+    assert started == ["gpubench.backends.pytorch.calibration", "gpubench.backends.jax.calibration"]
     assert entry["peak_tflops"] == {"fp32": 0.03} and entry["peak_kernels"]["fp32"]["framework"] == "jax"
     assert entry["frameworks"]["jax"] == {"name": "jax", "version": "0.10.2", "seconds": 1.0}
     entry = cache.measure_in_child("cpu")  # its child failed: the peak is PyTorch's
@@ -435,7 +441,7 @@ def test_measure_in_child_asks_jax_where_it_is_installed_and_goes_on_when_it_fai
     assert entry["peak_tflops"] == {"fp32": 0.02}
     key = cache.calibration_key("cpu")
     assert (key["jax"], key["jaxlib"]) == ("0.10.2", "0.10.2")  # another JAX: measured anew
-    monkeypatch.setattr(cache, "jax_build", lambda: None)
+    fake_build(monkeypatch, "jax", None)
     assert "jax" not in cache.calibration_key("cpu")  # without JAX, the key of a cache from before it
 
 
@@ -446,18 +452,18 @@ def test_measure_in_child_skips_tensorflow_where_it_is_missing_or_fails(monkeypa
 
     def child(module, device, launcher):
         started.append(module)
-        if module.endswith("measure_tf"):
-            raise cache.CalibrationError("calibrating cpu (gpubench.calibrate.measure_tf) failed (exit code -9): ")
+        if module.endswith("tensorflow.calibration"):
+            raise cache.CalibrationError("calibrating cpu (gpubench.backends.tensorflow.calibration) failed (exit code -9): ")
         return torch_out
     monkeypatch.setattr(cache, "run_child", child)
-    monkeypatch.setattr(cache, "tensorflow_build", lambda: None)
-    monkeypatch.setattr(cache, "jax_build", lambda: None)
+    fake_build(monkeypatch, "tensorflow", None)
+    fake_build(monkeypatch, "jax", None)
     entry = cache.measure_in_child("cpu")
-    assert started == ["gpubench.calibrate.measure"]  # no TensorFlow child without TensorFlow
+    assert started == ["gpubench.backends.pytorch.calibration"]  # no TensorFlow child without TensorFlow
     assert entry["frameworks"]["tensorflow"] == {"unavailable": "tensorflow is not installed"}
-    monkeypatch.setattr(cache, "tensorflow_build", lambda: {"version": "2.21.0", "dist": "tensorflow"})
+    fake_build(monkeypatch, "tensorflow", {"version": "2.21.0", "dist": "tensorflow"})
     entry = cache.measure_in_child("cpu")  # its child failed: the calibration goes on without it
-    assert started[1:] == ["gpubench.calibrate.measure", "gpubench.calibrate.measure_tf"]
+    assert started[1:] == ["gpubench.backends.pytorch.calibration", "gpubench.backends.tensorflow.calibration"]
     assert entry["frameworks"]["tensorflow"]["unavailable"].startswith("its measurement failed: calibrating cpu")
     assert entry["peak_tflops"] == {"fp32": 0.02} and entry["seconds"] >= 0
 
@@ -498,7 +504,8 @@ def test_a_kernel_stops_before_a_size_that_would_overrun_its_budget_and_keeps_si
 
 def test_the_torch_kernels_of_each_plan_and_a_tiny_real_run_of_the_cpu_ones():
     torch = pytest.importorskip("torch")
-    from gpubench.calibrate.measure import ConvShape, torch_kernels
+    from gpubench.backends.pytorch.calibration import torch_kernels
+    from gpubench.measure.kernels import ConvShape
 
     gpu = torch_kernels(torch, "cuda:0", PLANS["cuda"], ["fp32", "tf32", "fp16", "bf16"])  # built, not run
     assert [(k.op, k.precision) for k in gpu[:3]] == [("mm", "fp32"), ("linear", "fp32"), ("conv2d", "fp32")]

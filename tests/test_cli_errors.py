@@ -11,10 +11,11 @@ from contextlib import ExitStack
 import pytest
 from rich.console import Console
 
+from gpubench.backends import backend_class
 from gpubench.calibrate import cache
 from gpubench.calibrate.command import check_devices, run_calibrate
-from gpubench.calibrate.measure import available_devices
 from gpubench.errors import InputError
+from gpubench.measure.kernels import available_devices
 from gpubench.runner.run import RunRequest, _prepare, write_report
 from gpubench.suite import Suite, parse_suite
 from tests.conftest import REPO, plain_env, run_cli
@@ -114,7 +115,7 @@ def test_calibrate_never_says_cached_when_the_cache_could_not_be_written(tmp_pat
     assert len(warnings) == 1 and warnings[0].startswith("calibration not cached: cannot write")
 
     monkeypatch.setattr("gpubench.calibrate.command.get_calibration", lambda device, force: cal)
-    monkeypatch.setattr("gpubench.calibrate.command.torch_build", lambda: {"version": "x"})
+    monkeypatch.setattr(backend_class("torch"), "package_build", classmethod(lambda cls: {"version": "x"}))
     console = Console(record=True, width=200)
     out = tmp_path / "cal.json"
     assert run_calibrate(["cpu"], False, out, console) == 0

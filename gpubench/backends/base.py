@@ -113,6 +113,21 @@ class Backend(ABC):
     display_name: ClassVar[str] = ""  # "" : ``name``
     colours: ClassVar[dict[str, str]] = {}  # precision -> a matplotlib colour; grey where missing
     uncompiled: ClassVar[str] = ""  # "eager", "one tf.function graph", ...; "" : not said
+    # gpubench calibrate: the module that times this framework's training kernels (``python -m
+    # MODULE DEVICE`` prints one JSON object; gpubench.measure.kernels has the method); "" : none
+    calibration_module: ClassVar[str] = ""
+
+    @classmethod
+    def package_build(cls) -> dict[str, Any] | None:
+        """The framework's installed versions (and build), read without importing it; None
+        when it is not installed (or the backend does not say)."""
+        return None
+
+    @classmethod
+    def calibration_key(cls) -> dict[str, Any]:
+        """What of this framework's installation decides its kernels' speed: the fields it adds
+        to the calibration cache's key ({} : none)."""
+        return {}
 
     def __init__(self) -> None:
         missing = [a for a in ("name", "install_hint", "capabilities") if not hasattr(type(self), a)]

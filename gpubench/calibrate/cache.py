@@ -5,10 +5,10 @@ One JSON file per device and key, ``calibration-<cpu|cuda>-<hash>.json``, in
 key holds what decides the peaks and is read in the parent without importing a framework or
 touching CUDA:
 
-- both: host name, CPU model, the torch version, its CUDA build and git revision (read from
-  torch's ``version.py``: cuBLAS / oneDNN ship with torch), and the TensorFlow version and
-  distribution (read from its package metadata; ``None`` when it is not installed), and the
-  JAX and jaxlib versions (the same way), whose kernels take part in the peaks;
+- both: host name, CPU model, and what each registered framework says decides its kernels
+  (``Backend.calibration_key``: PyTorch's version, CUDA build and git revision from its
+  ``version.py``; TensorFlow's version and distribution and JAX's and jaxlib's versions from
+  their package metadata), since every framework's kernels take part in the peaks;
 - cpu: the number of cores this process may run on, and OMP_NUM_THREADS / MKL_NUM_THREADS
   when set (torch's thread count follows them);
 - cuda:N: the GPU's name and UUID and the driver version, from NVML (the CUDA ordinal mapped
@@ -20,9 +20,7 @@ again with a one-line warning.
 
 from __future__ import annotations
 
-import ast
 import hashlib
-import importlib.util
 import json
 import os
 import socket
@@ -35,11 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import gpubench
+from gpubench.backends import BACKENDS, REFERENCE_FRAMEWORK, backend_class
+from gpubench.backends.base import Backend
 from gpubench.calibrate.datasheet import Datasheet, datasheet_for
-from gpubench.calibrate.measure import PRECISIONS
 from gpubench.env import cpu_model
 from gpubench.errors import warn
 from gpubench.launch import Launcher, dying_with_parent
+from gpubench.measure.kernels import PRECISIONS
 from gpubench.options import device_index, device_kind
 from gpubench.results.store import write_json_atomic
 
@@ -53,7 +53,8 @@ _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 class CalibrationError(Exception):
-    """No calibration: ``unavailable`` when torch or the device is missing (bad input for
+    """No calibration: ``unavailable`` when the reference framework (PyTorch) or the device is
+    missing (bad input for
     ``gpubench calibrate``), else the measurement failed."""
 
     def __init__(self, message: str, unavailable: bool = False) -> None:
@@ -84,83 +85,40 @@ def calibration_device(device: str) -> str:
     return "cuda:0" if device == "cuda" else device
 
 
-def missing_torch_message() -> str:
-    from gpubench.backends import get_backend
-
-    return ("calibration needs torch (it measures the memory bandwidth, and its kernels are among those timed), "
-            f"which is not installed; install with: {get_backend('torch').install_hint}")
-
-
-def torch_build() -> dict[str, Any] | None:
-    """torch's version, CUDA build and git revision from its version.py, without importing it;
-    None when torch is not installed."""
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "version.py"
-    values: dict[str, Any] = {"version": None, "cuda": None, "git_version": None}
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, ValueError):
-        return values
-    names = {"__version__": "version", "cuda": "cuda", "git_version": "git_version"}
-    for node in tree.body:
-        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
-        value = getattr(node, "value", None)
-        if isinstance(target, ast.Name) and target.id in names and isinstance(value, ast.Constant):
-            values[names[target.id]] = value.value
-    return values
+def reference() -> type[Backend]:
+    """The backend whose calibration child cannot be missed: it also measures the memory
+    bandwidth (``backends.REFERENCE_FRAMEWORK``, PyTorch)."""
+    return backend_class(REFERENCE_FRAMEWORK)
 
 
-def tensorflow_build() -> dict[str, Any] | None:
-    """TensorFlow's version and distribution name (``tensorflow``, ``tensorflow-cpu``, ...: a CUDA
-    build or not) from the metadata of the package that installed it, without importing it;
-    None when it is not installed, ``None`` fields when no metadata names it."""
-    spec = importlib.util.find_spec("tensorflow")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    site = Path(list(spec.submodule_search_locations)[0]).parent
-    for info in sorted(site.glob("*.dist-info")):
+def missing_reference_message() -> str:
+    ref = reference()
+    return (f"calibration needs {ref.name} (it measures the memory bandwidth, and its kernels are among those "
+            f"timed), which is not installed; install with: {ref.install_hint}")
+
+
+def calibrating_backends() -> dict[str, type[Backend]]:
+    """Every registered backend that declares calibration kernels, the reference first (a
+    plugin's backend whose module cannot be imported is left out)."""
+    out: dict[str, type[Backend]] = {}
+    for name in (REFERENCE_FRAMEWORK, *(n for n in BACKENDS if n != REFERENCE_FRAMEWORK)):
         try:
-            if "tensorflow" not in (info / "top_level.txt").read_text(encoding="utf-8").split():
-                continue
-            fields = dict(line.split(": ", 1) for line in (info / "METADATA").read_text(encoding="utf-8").splitlines()
-                          if line.startswith(("Name: ", "Version: ")))
-        except (OSError, UnicodeDecodeError):
+            cls = backend_class(name)
+        except (KeyError, ImportError):
             continue
-        return {"version": fields.get("Version"), "dist": fields.get("Name")}
-    return {"version": None, "dist": None}
-
-
-def jax_build() -> dict[str, Any] | None:
-    """JAX's and jaxlib's versions from their package metadata, without importing them; None
-    when JAX is not installed."""
-    if importlib.util.find_spec("jax") is None:
-        return None
-    from importlib.metadata import PackageNotFoundError, version
-
-    out: dict[str, Any] = {}
-    for dist in ("jax", "jaxlib"):
-        try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:
-            out[dist] = None
+        if cls.calibration_module:
+            out[name] = cls
     return out
 
 
 def calibration_key(device: str) -> dict[str, Any]:
     """The environment fields that decide a device's peaks (module docstring)."""
-    build = torch_build()
-    if build is None:
-        raise CalibrationError(missing_torch_message(), unavailable=True)
+    if reference().package_build() is None:
+        raise CalibrationError(missing_reference_message(), unavailable=True)
     kind = device_kind(device)
-    tf = tensorflow_build() or {}
-    key: dict[str, Any] = {"device": kind, "hostname": socket.gethostname(), "cpu_model": cpu_model(),
-                           "torch": build["version"], "torch_cuda": build["cuda"], "torch_git": build["git_version"],
-                           "tensorflow": tf.get("version"), "tensorflow_dist": tf.get("dist")}
-    jax = jax_build()
-    if jax is not None:  # (absent, not None, without JAX: the keys of earlier caches stay valid)
-        key.update(jax=jax["jax"], jaxlib=jax["jaxlib"])
+    key: dict[str, Any] = {"device": kind, "hostname": socket.gethostname(), "cpu_model": cpu_model()}
+    for cls in calibrating_backends().values():
+        key.update(cls.calibration_key())
     if kind == "cpu":
         key["cpu_affinity"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         key["thread_env"] = {k: os.environ[k] for k in _THREAD_VARS if k in os.environ}
@@ -244,25 +202,17 @@ def run_child(module: str, device: str, launcher: Launcher) -> dict[str, Any]:
     return out
 
 
-def framework_child(name: str, installed: bool, module: str, device: str, launcher: Launcher) -> dict[str, Any]:
-    """A framework's kernels beside PyTorch's, measured in a process of their own (``module``);
-    ``unavailable`` (with the reason) when it is not installed, cannot see the device, or its
-    measurement failed: the calibration then goes on without it."""
-    if not installed:
+def framework_child(name: str, cls: type[Backend], device: str, launcher: Launcher) -> dict[str, Any]:
+    """A framework's kernels beside the reference framework's, measured in a process of their
+    own (its backend's ``calibration_module``); ``unavailable`` (with the reason) when it is not
+    installed, cannot see the device, or its measurement failed: the calibration then goes on
+    without it."""
+    if cls.package_build() is None:
         return {"unavailable": f"{name} is not installed"}
     try:
-        return run_child(module, device, launcher)
+        return run_child(cls.calibration_module, device, launcher)
     except CalibrationError as e:
         return {"unavailable": f"its measurement failed: {e}"}
-
-
-def tensorflow_child(device: str, launcher: Launcher) -> dict[str, Any]:
-    return framework_child("tensorflow", tensorflow_build() is not None, "gpubench.calibrate.measure_tf", device,
-                           launcher)
-
-
-def jax_child(device: str, launcher: Launcher) -> dict[str, Any]:
-    return framework_child("jax", jax_build() is not None, "gpubench.calibrate.measure_jax", device, launcher)
 
 
 # a measured rate may sit a little above a datasheet figure (boost clocks, rounding); further
@@ -284,14 +234,13 @@ def _beyond_datasheet(kernel: dict[str, Any], sheet: Datasheet | None) -> str | 
             f"the kernel did fewer operations than counted (an FFT or Winograd algorithm), so it is no peak")
 
 
-def combine(torch_out: dict[str, Any], tf_out: dict[str, Any], jax_out: dict[str, Any] | None = None
-            ) -> dict[str, Any]:
-    """The calibration entry from the children's figures: per precision, the best kernel of
-    every framework that ran (``peak_tflops``) and which one it was (``peak_kernels``); every
-    kernel's figures in ``details``; frameworks that did not run, with the reason. (``jax_out``
-    None: JAX was not asked, as in a cache entry from before the JAX backend.)"""
-    others = {"tensorflow": tf_out, **({"jax": jax_out} if jax_out is not None else {})}
-    frameworks = {"torch": {**torch_out.get("framework", {}), "seconds": torch_out.get("seconds")},
+def combine(torch_out: dict[str, Any], others: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The calibration entry from the children's figures: ``torch_out``, the reference
+    framework's (its kernels, the device and the copy bandwidth), and ``others``, each other
+    framework's by name. Per precision, the best kernel of every framework that ran
+    (``peak_tflops``) and which one it was (``peak_kernels``); every kernel's figures in
+    ``details``; frameworks that did not run, with the reason."""
+    frameworks = {REFERENCE_FRAMEWORK: {**torch_out.get("framework", {}), "seconds": torch_out.get("seconds")},
                   **{name: ({"unavailable": out["unavailable"]} if out.get("unavailable")
                             else {**out.get("framework", {}), "seconds": out.get("seconds")})
                      for name, out in others.items()}}
@@ -327,15 +276,17 @@ def combine(torch_out: dict[str, Any], tf_out: dict[str, Any], jax_out: dict[str
 
 
 def measure_in_child(device: str, launcher: Launcher = Launcher()) -> dict[str, Any]:
-    """Measure in fresh processes: PyTorch's kernels and the copy bandwidth, then TensorFlow's
-    and JAX's (where installed); the combined figures, or CalibrationError."""
+    """Measure in fresh processes: the reference framework's kernels and the copy bandwidth, then
+    every other framework's (where installed); the combined figures, or CalibrationError."""
     t0 = time.perf_counter()
-    out = run_child("gpubench.calibrate.measure", device, launcher)
-    if out.get("missing_torch"):
-        raise CalibrationError(missing_torch_message(), unavailable=True)
+    backends = calibrating_backends()
+    out = run_child(reference().calibration_module, device, launcher)
+    if out.get("missing_reference"):
+        raise CalibrationError(missing_reference_message(), unavailable=True)
     if out.get("error"):
         raise CalibrationError(out["error"], unavailable=True)
-    entry = combine(out, tensorflow_child(device, launcher), jax_child(device, launcher))
+    entry = combine(out, {name: framework_child(name, cls, device, launcher)
+                          for name, cls in backends.items() if name != REFERENCE_FRAMEWORK})
     if not entry["peak_tflops"]:
         raise CalibrationError(f"calibrating {device}: no kernel ran at any precision ({entry['skipped']})")
     return {**entry, "seconds": time.perf_counter() - t0}  # both children, their imports included

@@ -15,12 +15,12 @@ from gpubench.calibrate.cache import (
     CalibrationError,
     calibration_device,
     get_calibration,
-    missing_torch_message,
-    torch_build,
+    missing_reference_message,
+    reference,
 )
 from gpubench.calibrate.datasheet import datasheet_for
-from gpubench.calibrate.measure import PRECISIONS
 from gpubench.errors import InputError
+from gpubench.measure.kernels import PRECISIONS
 from gpubench.results.outputs import check_output_file, write_output
 from gpubench.results.store import json_text
 from gpubench.suite import parse_device
@@ -65,7 +65,8 @@ def figures_table(calibrations: list[Calibration]) -> Table:
             (f"peak {p} (TFLOP/s)", e["peak_tflops"].get(p), kernel_label(kernels.get(p)),
              sheet.tflops.get(p) if sheet else None)
             for p in PRECISIONS if p in e["peak_tflops"]]
-        rows.append(("memory bandwidth (GB/s)", e["memory_bandwidth_gbs"], "torch copy_",
+        copy = (e.get("details") or {}).get("copy") or {}
+        rows.append(("memory bandwidth (GB/s)", e["memory_bandwidth_gbs"], copy.get("kernel", "torch copy_"),
                      sheet.bandwidth_gbs if sheet else None))
         for i, (figure, measured, kernel, datasheet) in enumerate(rows):
             ratio = f"{measured / datasheet:.0%}" if measured and datasheet else "-"
@@ -97,12 +98,13 @@ def summary(cal: Calibration) -> dict[str, Any]:
 
 
 def run_calibrate(devices: list[str] | None, force: bool, json_path: Path | None, console: Console) -> int:
-    """0 when every device calibrated; 2 when torch or a device is missing; 1 when a
+    """0 when every device calibrated; 2 when the reference framework (PyTorch) or a device is
+    missing; 1 when a
     measurement failed."""
     wanted = check_devices(devices) if devices else default_devices()
     check_output_file(json_path, "--json")
-    if torch_build() is None:
-        raise InputError(missing_torch_message())
+    if reference().package_build() is None:
+        raise InputError(missing_reference_message())
     done: list[Calibration] = []
     code = 0
     for device in wanted:

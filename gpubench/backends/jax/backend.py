@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo
 from gpubench.options import PRECISIONS, Capabilities, device_index, device_kind, parse_parallelism
@@ -44,11 +45,40 @@ def host_devices(n: int) -> None:
         pass
 
 
+
+def jax_build() -> dict[str, Any] | None:
+    """JAX's and jaxlib's versions from their package metadata, without importing them; None
+    when JAX is not installed."""
+    if importlib.util.find_spec("jax") is None:
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, Any] = {}
+    for dist in ("jax", "jaxlib"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
 class JaxBackend(Backend):
     name = "jax"
     install_hint = ("pip install 'gpubench[jax]' (the CPU jax, with Optax and Flax), or pip install 'jax[cuda12]' "
                     "optax flax (GPU)")
     display_name = "JAX"
+    calibration_module = "gpubench.backends.jax.calibration"
+
+    @classmethod
+    def package_build(cls) -> dict[str, Any] | None:
+        return jax_build()
+
+    @classmethod
+    def calibration_key(cls) -> dict[str, Any]:
+        """JAX's and jaxlib's versions; absent (not None) without JAX, so that the keys of caches
+        from before the JAX backend stay valid."""
+        build = cls.package_build()
+        return {} if build is None else {"jax": build["jax"], "jaxlib": build["jaxlib"]}
     uncompiled = "already one XLA program (jax.jit)"
     colours = {"fp32": "#2ca02c", "tf32": "#98df8a", "amp-fp16": "#00441b", "amp-bf16": "#bcbd22"}  # noqa: RUF012
 

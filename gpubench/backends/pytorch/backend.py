@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import ast
+import importlib.util
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo
 from gpubench.backends.pytorch.modes import GRAPH_RESETTABLE_OPTIMIZERS, TORCH_COMPILE_MODES
@@ -95,11 +98,44 @@ def pipeline_unsupported(config: Config) -> str | None:
     return None
 
 
+
+def torch_build() -> dict[str, Any] | None:
+    """torch's version, CUDA build and git revision from its version.py, without importing it;
+    None when torch is not installed."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "version.py"
+    values: dict[str, Any] = {"version": None, "cuda": None, "git_version": None}
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return values
+    names = {"__version__": "version", "cuda": "cuda", "git_version": "git_version"}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        value = getattr(node, "value", None)
+        if isinstance(target, ast.Name) and target.id in names and isinstance(value, ast.Constant):
+            values[names[target.id]] = value.value
+    return values
+
+
 class TorchBackend(Backend):
     name = "torch"
     install_hint = ("pip install torch (PyPI's CUDA build; for the CPU build add --index-url "
                     "https://download.pytorch.org/whl/cpu)")
     display_name = "PyTorch"
+    calibration_module = "gpubench.backends.pytorch.calibration"
+
+    @classmethod
+    def package_build(cls) -> dict[str, Any] | None:
+        return torch_build()
+
+    @classmethod
+    def calibration_key(cls) -> dict[str, Any]:
+        """torch's version, CUDA build and git revision: cuBLAS and oneDNN ship with torch."""
+        build = cls.package_build() or {}
+        return {"torch": build.get("version"), "torch_cuda": build.get("cuda"), "torch_git": build.get("git_version")}
     uncompiled = "eager"
     colours = {"fp32": "#1f77b4", "tf32": "#6baed6", "amp-fp16": "#08306b", "amp-bf16": "#17becf"}  # noqa: RUF012
     capabilities = Capabilities(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import importlib.util
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo
 from gpubench.backends.tensorflow.runtime import import_tf
@@ -23,10 +25,42 @@ def _capability(tf, index: int) -> tuple[int, int] | None:
     return details.get("compute_capability")
 
 
+
+def tensorflow_build() -> dict[str, Any] | None:
+    """TensorFlow's version and distribution name (``tensorflow``, ``tensorflow-cpu``, ...: a CUDA
+    build or not) from the metadata of the package that installed it, without importing it;
+    None when it is not installed, ``None`` fields when no metadata names it."""
+    spec = importlib.util.find_spec("tensorflow")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    site = Path(list(spec.submodule_search_locations)[0]).parent
+    for info in sorted(site.glob("*.dist-info")):
+        try:
+            if "tensorflow" not in (info / "top_level.txt").read_text(encoding="utf-8").split():
+                continue
+            fields = dict(line.split(": ", 1) for line in (info / "METADATA").read_text(encoding="utf-8").splitlines()
+                          if line.startswith(("Name: ", "Version: ")))
+        except (OSError, UnicodeDecodeError):
+            continue
+        return {"version": fields.get("Version"), "dist": fields.get("Name")}
+    return {"version": None, "dist": None}
+
+
 class TensorFlowBackend(Backend):
     name = "tensorflow"
     install_hint = "pip install tensorflow-cpu==2.21.0 (CPU) or pip install 'tensorflow[and-cuda]' (GPU)"
     display_name = "TensorFlow"
+    calibration_module = "gpubench.backends.tensorflow.calibration"
+
+    @classmethod
+    def package_build(cls) -> dict[str, Any] | None:
+        return tensorflow_build()
+
+    @classmethod
+    def calibration_key(cls) -> dict[str, Any]:
+        """The version and distribution (a CUDA build or not); None for both without TensorFlow."""
+        build = cls.package_build() or {}
+        return {"tensorflow": build.get("version"), "tensorflow_dist": build.get("dist")}
     uncompiled = "already one tf.function graph"
     colours = {"fp32": "#d62728", "tf32": "#ff9896", "amp-fp16": "#7f0000", "amp-bf16": "#ff7f0e"}  # noqa: RUF012
 

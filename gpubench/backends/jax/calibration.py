@@ -1,6 +1,6 @@
-"""The JAX calibration child: ``python -m gpubench.calibrate.measure_jax DEVICE`` times JAX's
+"""The JAX calibration child: ``python -m gpubench.backends.jax.calibration DEVICE`` times JAX's
 training kernels (a matrix product and a convolution, each one ``jax.jit`` program) on one
-device with the method and plan of gpubench.calibrate.measure, and prints one JSON object. A
+device with the method and plan of gpubench.measure.kernels, and prints one JSON object. A
 process of its own, as for TensorFlow: one framework's thread pools per process.
 
 The calls are the JAX trainer's: inputs in the compute dtype, float32 weights cast to it inside
@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from gpubench.calibrate.measure import (
+from gpubench.measure.kernels import (
     DTYPES,
     PLANS,
     HostClock,

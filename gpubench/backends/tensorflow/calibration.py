@@ -1,6 +1,6 @@
-"""The TensorFlow calibration child: ``python -m gpubench.calibrate.measure_tf DEVICE`` times
+"""The TensorFlow calibration child: ``python -m gpubench.backends.tensorflow.calibration DEVICE`` times
 TensorFlow's training kernels (``tf.linalg.matmul``, ``tf.nn.conv2d``) on one device with the
-method and plan of gpubench.calibrate.measure, and prints one JSON object. A process of its own:
+method and plan of gpubench.measure.kernels, and prints one JSON object. A process of its own:
 importing PyTorch and TensorFlow into one process is slow and their thread pools fight.
 
 The calls are Keras' under a mixed-precision policy: inputs in the compute dtype, float32
@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from gpubench.calibrate.measure import (
+from gpubench.measure.kernels import (
     DTYPES,
     PLANS,
     HostClock,
@@ -25,6 +25,9 @@ from gpubench.calibrate.measure import (
     run_kernel,
 )
 from gpubench.options import device_index, device_kind
+
+# the operations timed (on every device kind)
+OPS = ("matmul", "conv2d")
 
 
 def tensorflow_kernels(tf: Any, plan: Plan, precisions: list[str]) -> list[Kernel]:
@@ -65,7 +68,7 @@ def tensorflow_kernels(tf: Any, plan: Plan, precisions: list[str]) -> list[Kerne
               "conv2d": (conv2d, plan.conv.flops, plan.conv.describe, plan.conv_batches)}
     out = []
     for precision in precisions:
-        for op in plan.tensorflow_ops:
+        for op in OPS:
             make, flops, shape, sizes = makers[op]
             out.append(Kernel("tensorflow", op, precision, sizes, flops, shape, make(precision), errors))
     return out
