@@ -45,9 +45,8 @@ class TrainingRound:
         missing = zoo_unavailable(config)
         if missing:
             pytest.skip(f"{config.config_id}: unavailable: {missing}")
-        if config.framework == "tensorflow":
-            _triton_before_tensorflow()
         backend = get_backend(config.framework)
+        backend.share_process()
         try:
             verdict = backend.check(config)
         except ImportError as e:
@@ -77,16 +76,6 @@ class TrainingRound:
 
     def loss(self) -> float:
         return self.trainer.read_loss()
-
-
-def _triton_before_tensorflow() -> None:
-    """The fixture trains both frameworks in pytest's one process. A CUDA build of torch brings
-    Triton, whose import (PyTorch's FLOP counter, torch.compile) crashes a process that has
-    loaded TensorFlow's libraries first (SIGSEGV; the other order works): load it first."""
-    import importlib.util
-
-    if "tensorflow" not in sys.modules and importlib.util.find_spec("triton") is not None:
-        import triton  # noqa: F401
 
 
 @pytest.fixture

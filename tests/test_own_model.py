@@ -8,10 +8,10 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 
 import numpy as np
 import pytest
+import tomllib
 
 from tests.conftest import REPO, plugin_env, run_cli
 
@@ -36,6 +36,7 @@ def project(tmp_path):
 # --- names and settings -------------------------------------------------------------------------
 
 def test_workload_names_parse_into_their_source():
+    from gpubench.backends import backend_class
     from gpubench.workloads.source import parse_workload
 
     builtins = ["cnn", "mlp"]
@@ -43,8 +44,9 @@ def test_workload_names_parse_into_their_source():
     ref = parse_workload("pkg.models:make_net", builtins)
     assert (ref.kind, ref.module, ref.name, ref.label) == ("factory", "pkg.models", "make_net", "pkg.models.make_net")
     ref = parse_workload("timm:vit_tiny_patch16_224", builtins)
-    assert (ref.kind, ref.module, ref.name, ref.zoo.framework) == ("zoo", "timm", "vit_tiny_patch16_224", "torch")
-    assert parse_workload("keras:ResNet50", builtins).zoo.framework == "tensorflow"
+    assert (ref.kind, ref.module, ref.name, ref.zoo.name) == ("zoo", "timm", "vit_tiny_patch16_224", "timm")
+    # each zoo's models train in the framework whose backend names it
+    assert ref.zoo.name in backend_class("torch").zoos and "keras" in backend_class("tensorflow").zoos
     with pytest.raises(ValueError, match=r"unknown workload 'resnet9'; expected one of: cnn, mlp; or a factory"):
         parse_workload("resnet9", builtins)
     with pytest.raises(ValueError, match="is not \"module:function\""):
@@ -414,12 +416,15 @@ def test_each_model_problem_has_its_line(project, monkeypatch, workload, extra, 
 
 
 def test_a_zoo_whose_package_is_missing_is_unavailable_with_its_pip_line(monkeypatch):
+    from gpubench.backends import backend_class
     from gpubench.config import Config
     from gpubench.runner.sweep import pre_resolve
     from gpubench.workloads.source import ZOOS, Zoo
 
     # a zoo registered as plugins register one, whose package this machine lacks
-    monkeypatch.setitem(ZOOS, "absent", Zoo("absent", "torch", "gpubench_absent_zoo", "pip install absent-zoo"))
+    monkeypatch.setitem(ZOOS, "absent", Zoo("absent", "gpubench_absent_zoo", "pip install absent-zoo"))
+    torch_backend = backend_class("torch")  # whose models it makes: a backend's zoos
+    monkeypatch.setattr(torch_backend, "zoos", (*torch_backend.zoos, "absent"))
     status, reason = pre_resolve(Config(workload="absent:net", input_shape=(3, 8, 8)), {})
     assert status == "unavailable"
     assert reason == "absent: models need the gpubench_absent_zoo package; install with: pip install absent-zoo"

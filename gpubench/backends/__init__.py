@@ -2,36 +2,17 @@
 
 from __future__ import annotations
 
-import importlib
-
 from gpubench import options
 from gpubench.backends.base import Backend
-from gpubench.errors import choices_message
-
-# name -> "module:Class"; plugins add to it with register_backend.
-BACKENDS: dict[str, str] = {
-    "torch": "gpubench.backends.pytorch.backend:TorchBackend",
-    "tensorflow": "gpubench.backends.tensorflow.backend:TensorFlowBackend",
-    "jax": "gpubench.backends.jax.backend:JaxBackend",
-}
-
+from gpubench.backends.registry import BACKENDS, load_class, register_backend, zoo_framework
 
 # the framework every other one is compared against in reports ("JAX over PyTorch")
 REFERENCE_FRAMEWORK = "torch"
 
 
-def register_backend(name: str, target: str) -> None:
-    BACKENDS[name] = target
-
-
 def backend_class(name: str) -> type[Backend]:
     """The Backend class registered as ``name`` (its module is imported; its framework is not)."""
-    try:
-        target = BACKENDS[name]
-    except KeyError:
-        raise KeyError(choices_message("framework", name, sorted(BACKENDS))) from None
-    module, _, cls = target.partition(":")
-    found: type[Backend] = getattr(importlib.import_module(module), cls)
+    found: type[Backend] = load_class(name)
     return found
 
 
@@ -81,3 +62,7 @@ def colour(name: str, precision: str) -> str:
         return backend_class(name).colours.get(precision, "#7f7f7f")
     except (KeyError, ImportError, AttributeError):
         return "#7f7f7f"
+
+
+__all__ = ["BACKENDS", "REFERENCE_FRAMEWORK", "Backend", "backend_class", "colour", "declared_values", "display_name",
+           "get_backend", "register_backend", "uncompiled_note", "zoo_framework"]

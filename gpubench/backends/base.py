@@ -116,6 +116,8 @@ class Backend(ABC):
     # gpubench calibrate: the module that times this framework's training kernels (``python -m
     # MODULE DEVICE`` prints one JSON object; gpubench.measure.kernels has the method); "" : none
     calibration_module: ClassVar[str] = ""
+    # the model zoos whose models this framework trains (``timm:<name>``: gpubench.workloads.source)
+    zoos: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def package_build(cls) -> dict[str, Any] | None:
@@ -140,16 +142,24 @@ class Backend(ABC):
         """Why this framework can never run this config, or None: first what it declares it
         supports (``capabilities``), then a zoo that makes another framework's models, then its
         own rules for combinations (``static_unsupported``)."""
-        from gpubench.workloads.source import framework_problem, parse_workload
+        from gpubench.backends.registry import zoo_framework
+        from gpubench.workloads.source import parse_workload
 
         if ":" in config.workload:
-            problem = framework_problem(parse_workload(config.workload, []), self.name)
-            if problem:
-                return problem
+            zoo = parse_workload(config.workload, []).zoo
+            if zoo is not None and zoo.name not in self.zoos:
+                owner = zoo_framework(zoo.name) or "another framework"
+                return f"{config.workload} is a {owner} model ({zoo.name}); it trains with framework = {owner}"
         elif ":" in config.loss:
             return (f"loss = {config.loss}: a loss function of your own applies to your own model or a zoo's; "
                     f"{config.workload} is a built-in workload, trained with cross_entropy")
         return self.capabilities.problem(self.name, config) or self.static_unsupported(config)
+
+    def share_process(self) -> None:
+        """Prepare to train in a process that other frameworks may share (the pytest fixture
+        trains every framework in pytest's one process; a worker holds one framework). Nothing
+        to do by default."""
+        return None
 
     @abstractmethod
     def static_unsupported(self, config: Config) -> str | None:

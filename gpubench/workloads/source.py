@@ -31,8 +31,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Zoo:
-    name: str
-    framework: str  # the framework whose models it makes
+    name: str  # (the framework whose models it makes says so: ``Backend.zoos``)
     package: str  # the import that must succeed
     install: str  # the pip line that installs it
 
@@ -41,11 +40,11 @@ class Zoo:
 
 
 ZOOS: dict[str, Zoo] = {z.name: z for z in (
-    Zoo("torchvision", "torch", "torchvision", "pip install 'gpubench[torchvision]' (a torchvision that matches your "
-                                               "torch)"),
-    Zoo("timm", "torch", "timm", "pip install 'gpubench[timm]'"),
-    Zoo("hf", "torch", "transformers", "pip install 'gpubench[hf]'"),
-    Zoo("keras", "tensorflow", "keras", "pip install 'gpubench[tensorflow]' (keras.applications comes with Keras)"),
+    Zoo("torchvision", "torchvision", "pip install 'gpubench[torchvision]' (a torchvision that matches your "
+                                      "PyTorch)"),
+    Zoo("timm", "timm", "pip install 'gpubench[timm]'"),
+    Zoo("hf", "transformers", "pip install 'gpubench[hf]'"),
+    Zoo("keras", "keras", "pip install 'gpubench[tensorflow]' (keras.applications comes with Keras)"),
 )}
 
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -180,13 +179,5 @@ def _git(file: Path) -> dict[str, Any]:
     return {"git_commit": commit, "git_dirty": bool(status)}
 
 
-def framework_problem(ref: ModelRef, framework: str) -> str | None:
-    """Why a zoo's model cannot train in ``framework`` (its zoo makes another framework's models)."""
-    zoo = ref.zoo
-    if zoo is not None and zoo.framework != framework:
-        return f"{ref.text} is a {zoo.framework} model ({zoo.name}); it trains with framework = {zoo.framework}"
-    return None
-
-
-__all__ = ["ZOOS", "ModelRef", "SourceError", "Zoo", "check_arguments", "code_origin", "framework_problem",
+__all__ = ["ZOOS", "ModelRef", "SourceError", "Zoo", "check_arguments", "code_origin",
            "import_function", "is_function_ref", "nearest", "parse_workload"]

@@ -126,6 +126,7 @@ class TorchBackend(Backend):
                     "https://download.pytorch.org/whl/cpu)")
     display_name = "PyTorch"
     calibration_module = "gpubench.backends.pytorch.calibration"
+    zoos = ("torchvision", "timm", "hf")
 
     @classmethod
     def package_build(cls) -> dict[str, Any] | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,10 +52,18 @@ class TensorFlowBackend(Backend):
     install_hint = "pip install tensorflow-cpu==2.21.0 (CPU) or pip install 'tensorflow[and-cuda]' (GPU)"
     display_name = "TensorFlow"
     calibration_module = "gpubench.backends.tensorflow.calibration"
+    zoos = ("keras",)
 
     @classmethod
     def package_build(cls) -> dict[str, Any] | None:
         return tensorflow_build()
+
+    def share_process(self) -> None:
+        """A CUDA build of torch brings Triton, whose import (PyTorch's FLOP counter,
+        torch.compile) crashes a process that has loaded TensorFlow's libraries first (SIGSEGV;
+        the other order works): load it before TensorFlow."""
+        if "tensorflow" not in sys.modules and importlib.util.find_spec("triton") is not None:
+            import triton  # noqa: F401
 
     @classmethod
     def calibration_key(cls) -> dict[str, Any]:
