@@ -10,14 +10,25 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from gpubench.hugepages import HUGE_PAGES
 from gpubench.options import (
+    CHECKPOINTINGS,
+    COMPILES,
+    DATA_MODES,
+    DATASETS,
     DISTRIBUTED_KINDS,
-    OPTIMIZER_KEYS,
+    LOSSES,
+    MAX_DEVICES,
+    MAX_MICROBATCHES,
+    MEMORY_FORMATS,
     OPTIMIZER_SETTINGS,
+    OPTIMIZERS,
+    PIPELINE_SCHEDULES,
+    PRECISIONS,
     REPLICA_KINDS,
     STAGE_KINDS,
     device_index,
@@ -26,56 +37,202 @@ from gpubench.options import (
 )
 
 MAX_BATCH = "max"  # batch_size = "max": the largest batch that fits, searched before the config runs
+SEED_MAX = 2**32 - 1  # the widest seed every generator takes (numpy's legacy seeding)
+NAMED = ("axis", "changed", "swept")
+
+
+def setting(default: Any = MISSING, *, check: tuple[Any, ...] | None, help: str, named: str = "swept",
+            used_when: Callable[[Any], bool] | None = None, named_when_used: bool = False,
+            hashed_when_set: bool = False, column: bool = False) -> Any:
+    """A suite key, declared once, as a field of Config: its default; ``check``, how a suite's
+    value is checked (gpubench.suite.CHECKS: ``("int", 1)``, ``("declared", kind, built-in
+    values)`` for a setting whose values each backend declares it supports, ...; None: not a
+    suite key); ``help`` (the Suite keys reference); ``named``, when the setting is in the
+    config id: ``axis`` (always, an identity axis), ``changed`` (where it differs from its
+    default, and with ``named_when_used`` only where the config uses it), ``swept`` (only where
+    another point of the sweep differs in it); ``used_when``: the configs that use it (elsewhere
+    it is reset to its default, so a sweep over it makes one point); ``hashed_when_set``: part
+    of the config hash only where set (a setting added after results were recorded: their
+    hashes stay); ``column``: a column of the results frame and ``results.csv`` (the identity
+    axes are)."""
+    if named not in NAMED:
+        raise ValueError(f"named={named!r}: expected one of {NAMED}")
+    meta = {"setting": True, "check": check, "help": help, "named": named, "used_when": used_when,
+            "named_when_used": named_when_used, "hashed_when_set": hashed_when_set,
+            "column": column or named == "axis"}
+    return field(metadata=meta) if default is MISSING else field(default=default, metadata=meta)
+
+
+def _takes(name: str) -> Callable[[Any], bool]:
+    """Whether a config's optimizer takes the setting ``name``."""
+    return lambda c: name in OPTIMIZER_SETTINGS.get(c.optimizer, {})
+
+
+def _own_model(c: Any) -> bool:
+    """A model that is not a built-in workload (a factory, a zoo's): a built-in declares its
+    input and classes and trains on gpubench's data."""
+    return ":" in c.workload
 
 
 @dataclass(frozen=True)
 class Config:
     """One point of a sweep: everything a worker needs to train and measure."""
 
-    workload: str
-    framework: str = "torch"
-    device: str = "cpu"
-    batch_size: int | str = 64  # or "max": the largest batch that fits, searched before the config runs
-    precision: str = "fp32"
-    parallelism: str = "single"
-    optimizer: str = "adam"
-    lr: float = 1e-3
-    # the optimizer's settings (options.OPTIMIZER_SETTINGS): None is the optimizer's default
-    beta1: float | None = None
-    beta2: float | None = None
-    eps: float | None = None
-    weight_decay: float | None = None
-    momentum: float | None = None
-    loss: str = "cross_entropy"
-    compile: str = "none"
-    memory_format: str = "contiguous"
-    data: str = "device"
-    data_workers: int = 2
-    threads: int = 0  # CPU threads the worker trains with; 0 = the framework's own default
-    huge_pages: str = "off"  # "transparent": the worker's memory in transparent huge pages
-    dataset: str = "synthetic"
-    data_dir: str = ""
-    checkpointing: str = "none"
-    warmup_steps: int = 5
-    steps: int = 20
-    windows: int = 5
-    window_s: float = 0.0  # > 0: a measured window takes only the steps that fit in this many seconds
-    timeout_s: float = 600.0
-    seed: int = 0
-    telemetry_interval_ms: int = 100
-    max_batch_start: int = 64  # batch_size = "max": the search starts here (doubling, then bisection)
-    max_batch_limit: int = 65536  # ... and tries no batch above this
-    pipeline_microbatches: int = 4
-    pipeline_schedule: str = "gpipe"
-    # nodes of a multi-node run (``run --nnodes``; not a suite key): a distributed config runs
-    # its N processes on every node
-    nnodes: int = 1
-    # a model that is not a built-in workload (a factory, a zoo's): one sample's shape as the
-    # model takes it, the classes of the synthetic task (or a language model's vocabulary),
-    # and the user's batch function ("module:function"; none: gpubench's synthetic data)
-    input_shape: tuple[int, ...] = ()
-    num_classes: int = 0
-    batches: str = ""
+    workload: str = setting(
+        check=("workload",), named="axis",
+        help=("the model: a built-in workload (`cnn`, `mlp`, `resnet18`, `resnet50`, and plugins' workloads), "
+              'your factory `"module:function"` returning a `torch.nn.Module` or `keras.Model` (its keyword '
+              'arguments from `args.<name>` keys), or a zoo\'s model: `"torchvision:<name>"`, `"timm:<name>"`, '
+              '`"hf:<model type>"` (Transformers, default config), `"keras:<application>"` (random weights)'))
+    framework: str = setting(
+        "torch", check=("registered",), named="axis",
+        help=("the training framework: `torch`, `tensorflow`, `jax` (and plugins' backends); what each runs: "
+              'the Frameworks reference'))
+    device: str = setting(
+        "cpu", check=("device",), named="axis",
+        help=('`cpu`, `cuda`, `cuda:N` (`gpu`, `gpu:N` are aliases)'))
+    batch_size: int | str = setting(
+        64, check=("batch_size",), named="axis",
+        help=('samples per step per device and micro-batch, an integer >= 1, or `"max"`: the largest batch that'
+              ' trains, searched before the config runs (see `max_batch_start`, `max_batch_limit`)'))
+    precision: str = setting(
+        "fp32", check=("declared", "precision", PRECISIONS), named="axis",
+        help=('`fp32` (true fp32: TF32 off), `tf32`, `amp-fp16`, `amp-bf16` (automatic mixed precision)'))
+    parallelism: str = setting(
+        "single", check=("parallelism",), named="axis",
+        help=('`single`; `grad-accum:N` (N micro-batches of `batch_size` per optimizer step, every framework); '
+              '`ddp:N` (PyTorch DistributedDataParallel, N processes started by torchrun, gloo on CPU, NCCL on '
+              'GPU); `dp:N` (one process over N devices: PyTorch DataParallel over N GPUs; JAX `jax.jit` over a'
+              ' mesh of N GPUs or N host devices); `pipeline:N` (PyTorch `torch.distributed.pipelining`: N '
+              'stages, one process each; `batch_size` is the batch every stage processes per step); '
+              '`mirrored:N` (TensorFlow MirroredStrategy over N GPUs, or N logical CPU devices); '
+              '`multiworker:N` (TensorFlow MultiWorkerMirroredStrategy, N worker processes). N is at most '
+              f'{MAX_DEVICES} (devices or processes), {MAX_MICROBATCHES} for `grad-accum`'))
+    optimizer: str = setting(
+        "adam", check=("declared", "optimizer", OPTIMIZERS), named="changed", column=True,
+        help=("`adam`, `adamw`, `sgd`: PyTorch's, built alike in every framework, with the settings below"))
+    lr: float = setting(
+        1e-3, check=("positive",), named="changed", column=True,
+        help=('learning rate, a number > 0'))
+    beta1: float | None = setting(
+        None, check=("fraction",), named="changed", column=True, hashed_when_set=True, used_when=_takes("beta1"),
+        help=("`adam`, `adamw`: the first moment's decay, in [0, 1) (default 0.9)"))
+    beta2: float | None = setting(
+        None, check=("fraction",), named="changed", column=True, hashed_when_set=True, used_when=_takes("beta2"),
+        help=("`adam`, `adamw`: the second moment's decay, in [0, 1) (default 0.999; 0.95 is usual for "
+              'transformers)'))
+    eps: float | None = setting(
+        None, check=("positive",), named="changed", column=True, hashed_when_set=True, used_when=_takes("eps"),
+        help=('`adam`, `adamw`: epsilon, added after the bias correction, a number > 0 (default 1e-8)'))
+    weight_decay: float | None = setting(
+        None, check=("non_negative",), named="changed", column=True, hashed_when_set=True,
+        used_when=_takes("weight_decay"),
+        help=('`adamw`: decoupled weight decay, the weights shrunk by lr x weight_decay each step, a number >= '
+              '0 (default 0.01)'))
+    momentum: float | None = setting(
+        None, check=("fraction",), named="changed", column=True, hashed_when_set=True, used_when=_takes("momentum"),
+        help=('`sgd`: momentum without dampening, in [0, 1) (default 0.9)'))
+    loss: str = setting(
+        "cross_entropy", check=("declared_or_function", "loss", LOSSES), named="changed", column=True,
+        help=('loss function: `cross_entropy`, or your function `"module:function"` taking (outputs, targets)'))
+    compile: str = setting(
+        "none", check=("declared", "compile", COMPILES), named="changed", column=True,
+        help=('`none` (PyTorch eager; TensorFlow `tf.function`; JAX `jax.jit`, always XLA), `xla` (TensorFlow '
+              '`jit_compile`), `torch-compile`, `torch-compile-reduce-overhead`, `torch-compile-max-autotune` '
+              '(`torch.compile` with that mode; reduce-overhead on CUDA only), `cuda-graph` (the whole PyTorch '
+              'step as one CUDA graph; CUDA, device data, not with `amp-fp16`, `ddp`/`dp`)'))
+    memory_format: str = setting(
+        "contiguous", check=("declared", "memory_format", MEMORY_FORMATS), named="changed", column=True,
+        help=('`contiguous`, `channels-last` (PyTorch: conv weights and 4-D inputs in NHWC memory order; a '
+              'workload without a (C, H, W) input is `unsupported`; TensorFlow: `unsupported`, Keras is NHWC '
+              'already)'))
+    data: str = setting(
+        "device", check=("declared", "data mode", DATA_MODES), named="changed", column=True,
+        help=("`device` (batches resident on the device) or `pipeline` (the framework's input pipeline: PyTorch"
+              ' DataLoader, `tf.data`; JAX: host batches put on the device one step ahead)'))
+    data_workers: int = setting(
+        2, check=("int", 0), named="changed", column=True, used_when=lambda c: c.data == "pipeline",
+        named_when_used=True,
+        help=('DataLoader worker processes with `data = "pipeline"` (PyTorch), an integer >= 0'))
+    threads: int = setting(
+        0, check=("int", 0), named="changed", column=True,
+        help=("CPU threads a worker trains with: PyTorch's intra-op threads (`torch.set_num_threads`), "
+              "TensorFlow's intra- and inter-op thread pools, JAX: the worker pinned to n CPUs (XLA sizes its "
+              "pools from them); `0` leaves the framework's default. Part of the config id when set "
+              '(`-threads=1`). Fewer threads can mean less noise on a small shared machine'))
+    huge_pages: str = setting(
+        "off", check=("values", "huge_pages", HUGE_PAGES), named="changed", column=True,
+        help=("`off`, `transparent`: the worker starts with PyTorch's CPU allocator (`THP_MEM_ALLOC_ENABLE=1`) "
+              "and glibc's malloc (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, glibc 2.35+) asking for transparent"
+              " huge pages; `unsupported` where the kernel's THP mode is `never`. Steadier speed from one "
+              'process to the next on a VM. Part of the config id when set'))
+    dataset: str = setting(
+        "synthetic", check=("declared", "dataset", DATASETS), named="changed", column=True,
+        help=('`synthetic` (a learnable task made from the seed), `mnist` (IDX files from `data_dir`)'))
+    data_dir: str = setting(
+        "", check=("string",), used_when=lambda c: c.dataset == "mnist",
+        help=('directory of `train-images-idx3-ubyte[.gz]` and `train-labels-idx1-ubyte[.gz]` (`dataset = '
+              '"mnist"`)'))
+    checkpointing: str = setting(
+        "none", check=("declared", "checkpointing", CHECKPOINTINGS), named="changed", column=True,
+        help=('`none`, or `activations` (activation checkpointing: activations recomputed in the backward pass;'
+              ' PyTorch: per run of layers; JAX: `jax.checkpoint` per top-level layer; not TensorFlow)'))
+    warmup_steps: int = setting(
+        5, check=("int", 0),
+        help=('steps after the cold-start step, not measured; an integer >= 0'))
+    steps: int = setting(
+        20, check=("int", 1),
+        help=('measured steps per window, an integer >= 1'))
+    windows: int = setting(
+        5, check=("int", 1),
+        help=('measured windows, an integer >= 1'))
+    window_s: float = setting(
+        0.0, check=("non_negative",),
+        help=('seconds a measured window may take, 0 for no bound: the warm-up stops once it has taken that '
+              "long, and every window takes the steps that fit at the warm-up's step time, at least 2 (never "
+              'more than `steps`), so a slow config takes fewer steps, never fewer windows'))
+    timeout_s: float = setting(
+        600.0, check=("positive",),
+        help=("seconds > 0 before a config's worker is killed (`timeout`)"))
+    telemetry_interval_ms: int = setting(
+        100, check=("int", 0),
+        help=('telemetry sampling period in ms, an integer >= 0; 0 turns sampling off (also '
+              '`--telemetry-interval-ms`, or `interval_ms` in a `[telemetry]` table)'))
+    max_batch_start: int = setting(
+        64, check=("int", 1), used_when=lambda c: c.batch_size == MAX_BATCH,
+        help=('`batch_size = "max"`: the first batch the search tries (an integer >= 1, at most '
+              '`max_batch_limit`)'))
+    max_batch_limit: int = setting(
+        65536, check=("int", 1), used_when=lambda c: c.batch_size == MAX_BATCH,
+        help=('`batch_size = "max"`: the largest batch the search tries'))
+    pipeline_microbatches: int = setting(
+        4, check=("int", 1), named="changed", used_when=lambda c: c.pipelined, named_when_used=True,
+        help=('`pipeline:N`: micro-batches each batch is split into (must divide `batch_size`)'))
+    pipeline_schedule: str = setting(
+        "gpipe", check=("values", "pipeline schedule", PIPELINE_SCHEDULES), named="changed",
+        used_when=lambda c: c.pipelined, named_when_used=True,
+        help=('`pipeline:N`: the `torch.distributed.pipelining` schedule, `gpipe` or `1f1b`'))
+    nnodes: int = setting(
+        1, check=None, named="changed",
+        help=('nodes of a multi-node run (`run --nnodes`; not a suite key): a distributed config runs its N '
+              'processes on every node'))
+    seed: int = setting(
+        0, check=("int", 0, SEED_MAX), named="changed",
+        help=('seed for weights, data and dropout, an integer >= 0'))
+    input_shape: tuple[int, ...] = setting(
+        (), check=("input_shape",), hashed_when_set=True, used_when=_own_model,
+        help=("a model that is not a built-in workload: one sample's shape as the model takes it (`[3, 32, 32]`"
+              ' for a PyTorch image model, `[32, 32, 3]` for a Keras one, `[128]` tokens for a language model);'
+              " not needed where the model declares it (a built Keras model, a zoo's default)"))
+    num_classes: int = setting(
+        0, check=("int", 0), hashed_when_set=True, used_when=_own_model,
+        help=('a model that is not a built-in workload: the classes of the synthetic task its outputs score (0:'
+              " the model's own, where it declares them)"))
+    batches: str = setting(
+        "", check=("function", "batches"), named="changed", hashed_when_set=True, used_when=_own_model,
+        help=('your batch function `"module:function"`: called with a batch size, returns (inputs, targets), '
+              "inputs any structure the model takes (an array, a tuple, a dict); none: gpubench's synthetic "
+              'data'))
     # a built-in workload's parameters (depth=2), or a factory's keyword arguments (args.width)
     workload_params: tuple[tuple[str, Any], ...] = ()
     # settings named in the id because another point of this config's sweep differs from it in
@@ -225,46 +382,38 @@ class Config:
 
 
 DEFAULTS = {f.name: f.default for f in fields(Config)}
-# settings hashed only where set (added after results were recorded under hashes without them)
-_HASHED_WHEN_SET = ("input_shape", "num_classes", "batches", *OPTIMIZER_KEYS)
-_HASH_DEFAULTS: dict[str, Any] = {"input_shape": [], "num_classes": 0, "batches": "", **dict.fromkeys(OPTIMIZER_KEYS)}
-# training settings named in config_id when they differ from their default (some only where
-# they matter: _ID_ONLY_WHEN); the others (measurement settings, data_dir) are named only where
-# a sweep varies them (id_keys)
-_ID_EXTRAS = ("optimizer", "lr", *OPTIMIZER_KEYS, "loss", "compile", "memory_format", "data", "data_workers",
-              "threads", "huge_pages", "dataset", "checkpointing", "pipeline_microbatches", "pipeline_schedule",
-              "nnodes", "seed", "batches")
-# every setting outside the identity axes and the workload's parameters: what id_keys may name
-ID_AXES = ("workload", "framework", "device", "batch_size", "precision", "parallelism")
-NAMEABLE = tuple(f.name for f in fields(Config) if f.name not in (*ID_AXES, "workload_params", "id_keys"))
+# every declared setting (nnodes included: a run's, not a suite's), in declaration order
+SETTING_FIELDS: tuple[Field[Any], ...] = tuple(f for f in fields(Config) if f.metadata.get("setting"))
+SUITE_KEYS = tuple(f.name for f in SETTING_FIELDS if f.metadata["check"] is not None)
+# the identity axes, always in the id; the training settings named in the id where they differ
+# from their default (some only where they matter); every other setting may be named where a
+# sweep varies it (id_keys)
+ID_AXES = tuple(f.name for f in SETTING_FIELDS if f.metadata["named"] == "axis")
+_ID_EXTRAS = tuple(f.name for f in SETTING_FIELDS if f.metadata["named"] == "changed")
+NAMEABLE = tuple(f.name for f in SETTING_FIELDS if f.name not in ID_AXES)
+# settings hashed only where set (added after results were recorded under hashes without them),
+# with their value as to_dict writes it
+_HASHED_WHEN_SET = tuple(f.name for f in SETTING_FIELDS if f.metadata["hashed_when_set"])
+_HASH_DEFAULTS: dict[str, Any] = {f.name: list(f.default) if isinstance(f.default, tuple) else f.default
+                                  for f in SETTING_FIELDS if f.metadata["hashed_when_set"]}
+# the results frame's and results.csv's setting columns
+COLUMNS = tuple(f.name for f in SETTING_FIELDS if f.metadata["column"])
+# the settings each backend declares the values of it supports (Backend.capabilities), in the
+# order a config's problems are reported
+BACKEND_CHECKED = tuple(f.name for f in SETTING_FIELDS if f.metadata["check"] is not None
+                        and f.metadata["check"][0] in ("declared", "declared_or_function", "parallelism"))
+
+
 def _ALWAYS(c: Config) -> bool:
     return True
 
 
-def _takes(setting: str) -> Callable[[Config], bool]:
-    """Whether a config's optimizer takes ``setting``."""
-    return lambda c: setting in OPTIMIZER_SETTINGS.get(c.optimizer, {})
-
-
 _ID_ONLY_WHEN: dict[str, Callable[[Config], bool]] = {
-    "data_workers": lambda c: c.data == "pipeline",
-    "pipeline_microbatches": lambda c: c.pipelined,
-    "pipeline_schedule": lambda c: c.pipelined,
-}
+    f.name: f.metadata["used_when"] for f in SETTING_FIELDS if f.metadata["named_when_used"]}
 # settings a config uses only where this holds (Config.normalised sets them to their default
 # elsewhere)
 _USED_ONLY_WHEN: dict[str, Callable[[Config], bool]] = {
-    **_ID_ONLY_WHEN,
-    "max_batch_start": lambda c: c.batch_size == MAX_BATCH,
-    "max_batch_limit": lambda c: c.batch_size == MAX_BATCH,
-    "data_dir": lambda c: c.dataset == "mnist",
-    # a built-in workload declares its input and classes, and trains on gpubench's data
-    "input_shape": lambda c: ":" in c.workload,
-    "num_classes": lambda c: ":" in c.workload,
-    "batches": lambda c: ":" in c.workload,
-    # an optimizer's settings, only with an optimizer that takes them
-    **{k: _takes(k) for k in OPTIMIZER_KEYS},
-}
+    f.name: f.metadata["used_when"] for f in SETTING_FIELDS if f.metadata["used_when"] is not None}
 
 
 def _id_value(name: str, value: Any) -> str:

@@ -8,7 +8,7 @@ any value some registered backend declares.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -33,7 +33,6 @@ OPTIMIZER_SETTINGS: dict[str, dict[str, float]] = {
     "adamw": {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01},
     "sgd": {"momentum": 0.9},
 }
-OPTIMIZER_KEYS = ("beta1", "beta2", "eps", "weight_decay", "momentum")
 LOSSES = ("cross_entropy",)
 # none: eager PyTorch / a TensorFlow graph tf.function; xla: TensorFlow jit_compile; the
 # torch-compile values: torch.compile with that mode; cuda-graph: the whole PyTorch step
@@ -106,7 +105,9 @@ class Settings(Protocol):
     def checkpointing(self) -> str: ...
 
 
-# setting -> the Capabilities field that lists its supported values (parallelism: by kind)
+# the settings whose values a backend declares it supports (parallelism: by kind), in the order
+# a config's problems are reported; gpubench.config derives the same from the settings'
+# declarations (config.BACKEND_CHECKED), and a test holds the two equal
 CHECKED = ("precision", "parallelism", "optimizer", "loss", "compile", "memory_format", "data", "dataset",
            "checkpointing")
 
@@ -129,18 +130,24 @@ class Capabilities:
     optimizer: tuple[str, ...] = OPTIMIZERS
     loss: tuple[str, ...] = LOSSES
     notes: Mapping[str, str] = field(default_factory=dict)
+    # a setting declared later, whose values the backends declare (gpubench.config.setting with a
+    # "declared" check), by name: the values this backend supports (none listed: none)
+    others: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def values(self, setting: str) -> tuple[str, ...]:
         """Every value of ``setting`` this backend supports on some device."""
         if setting == "precision":
             return tuple(dict.fromkeys(p for ps in self.precisions.values() for p in ps))
+        if setting in self.others or not hasattr(self, setting):
+            return tuple(self.others.get(setting, ()))
         values: tuple[str, ...] = getattr(self, setting)
         return values
 
-    def problem(self, framework: str, config: Settings) -> str | None:
-        """Why ``framework`` cannot run ``config`` by these declarations, or None."""
+    def problem(self, framework: str, config: Settings, checked: Sequence[str] = CHECKED) -> str | None:
+        """Why ``framework`` cannot run ``config`` by these declarations, or None (``checked``:
+        the settings to check, in order)."""
         kind = device_kind(config.device)
-        for setting in CHECKED:
+        for setting in checked:
             value = getattr(config, setting)
             if setting == "parallelism":
                 value = parse_parallelism(value)[0]
@@ -148,7 +155,7 @@ class Capabilities:
             elif setting == "precision":
                 allowed = self.precisions.get(kind, ())
             else:
-                allowed = getattr(self, setting)
+                allowed = self.values(setting)
             if value in allowed:
                 continue
             where = f" on {kind}" if setting == "precision" else ""

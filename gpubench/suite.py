@@ -25,7 +25,7 @@ import math
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import Field, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +35,10 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from gpubench.backends import BACKENDS, declared_values
-from gpubench.config import MAX_BATCH, NAMEABLE, Config
+from gpubench.config import MAX_BATCH, NAMEABLE, SETTING_FIELDS, Config
 from gpubench.errors import InputError, choices_message
 from gpubench.files import file_stem
-from gpubench.hugepages import HUGE_PAGES
-from gpubench.options import MAX_DEVICES, MAX_MICROBATCHES, PIPELINE_SCHEDULES, parse_parallelism
+from gpubench.options import parse_parallelism
 from gpubench.workloads import WORKLOADS
 from gpubench.workloads.source import is_function_ref, parse_workload
 
@@ -52,7 +51,6 @@ Check = Callable[[Any], Any]  # returns the normalised value or raises ValueErro
 
 
 INT_MAX = 2**31 - 1  # a tensor dimension, a step count: beyond it the frameworks fail mid-run
-SEED_MAX = 2**32 - 1  # the widest seed every generator takes (numpy's legacy seeding)
 
 
 def _int(minimum: int, maximum: int = INT_MAX) -> Check:
@@ -227,106 +225,41 @@ def _parse_number(s: str) -> Any:
             return s
 
 
-SETTINGS: dict[str, Setting] = {s.name: s for s in (
-    Setting("workload", _workload, str,
-            "the model: a built-in workload (`cnn`, `mlp`, `resnet18`, `resnet50`, and plugins' workloads), your "
-            'factory `"module:function"` returning a `torch.nn.Module` or `keras.Model` (its keyword arguments '
-            'from `args.<name>` keys), or a zoo\'s model: `"torchvision:<name>"`, `"timm:<name>"`, '
-            '`"hf:<model type>"` (Transformers, default config), `"keras:<application>"` (random weights)'),
-    Setting("framework", Choice("framework", lambda: sorted(BACKENDS)), str,
-            "the training framework: `torch`, `tensorflow`, `jax` (and plugins' backends); what each runs: the "
-            "Frameworks reference"),
-    Setting("device", parse_device, str, "`cpu`, `cuda`, `cuda:N` (`gpu`, `gpu:N` are aliases)"),
-    Setting("batch_size", _batch_size, _parse_number,
-            'samples per step per device and micro-batch, an integer >= 1, or `"max"`: the largest batch that '
-            "trains, searched before the config runs (see `max_batch_start`, `max_batch_limit`)"),
-    Setting("precision", Choice("precision", _declared("precision")), str,
-            "`fp32` (true fp32: TF32 off), `tf32`, `amp-fp16`, `amp-bf16` (automatic mixed precision)"),
-    Setting("parallelism", _parallelism, str,
-            "`single`; `grad-accum:N` (N micro-batches of `batch_size` per optimizer step, every framework); "
-            "`ddp:N` (PyTorch DistributedDataParallel, N processes started by torchrun, gloo on CPU, NCCL on GPU); "
-            "`dp:N` (one process over N devices: PyTorch DataParallel over N GPUs; JAX `jax.jit` over a mesh of N GPUs "
-            "or N host devices); `pipeline:N` (PyTorch "
-            "`torch.distributed.pipelining`: N stages, one process each; `batch_size` is the batch every stage "
-            "processes per step); `mirrored:N` (TensorFlow MirroredStrategy over N GPUs, or N logical CPU "
-            "devices); `multiworker:N` (TensorFlow MultiWorkerMirroredStrategy, N worker processes). N is at most "
-            f"{MAX_DEVICES} (devices or processes), {MAX_MICROBATCHES} for `grad-accum`"),
-    Setting("optimizer", Choice("optimizer", _declared("optimizer")), str,
-            "`adam`, `adamw`, `sgd`: PyTorch's, built alike in every framework, with the settings below"),
-    Setting("lr", _positive_float, _parse_number, "learning rate, a number > 0"),
-    Setting("beta1", _fraction, _parse_number, "`adam`, `adamw`: the first moment's decay, in [0, 1) (default 0.9)"),
-    Setting("beta2", _fraction, _parse_number,
-            "`adam`, `adamw`: the second moment's decay, in [0, 1) (default 0.999; 0.95 is usual for transformers)"),
-    Setting("eps", _positive_float, _parse_number,
-            "`adam`, `adamw`: epsilon, added after the bias correction, a number > 0 (default 1e-8)"),
-    Setting("weight_decay", _non_negative_float, _parse_number,
-            "`adamw`: decoupled weight decay, the weights shrunk by lr x weight_decay each step, a number >= 0 "
-            "(default 0.01)"),
-    Setting("momentum", _fraction, _parse_number, "`sgd`: momentum without dampening, in [0, 1) (default 0.9)"),
-    Setting("loss", _loss, str,
-            'loss function: `cross_entropy`, or your function `"module:function"` taking (outputs, targets)'),
-    Setting("input_shape", _input_shape, _input_shape,
-            "a model that is not a built-in workload: one sample's shape as the model takes it (`[3, 32, 32]` "
-            "for a PyTorch image model, `[32, 32, 3]` for a Keras one, `[128]` tokens for a language model); "
-            "not needed where the model declares it (a built Keras model, a zoo's default)"),
-    Setting("num_classes", _int(0), _parse_number,
-            "a model that is not a built-in workload: the classes of the synthetic task its outputs score "
-            "(0: the model's own, where it declares them)"),
-    Setting("batches", _function_ref("batches"), str,
-            'your batch function `"module:function"`: called with a batch size, returns (inputs, targets), '
-            "inputs any structure the model takes (an array, a tuple, a dict); none: gpubench's synthetic data"),
-    Setting("compile", Choice("compile", _declared("compile")), str,
-            "`none` (PyTorch eager; TensorFlow `tf.function`; JAX `jax.jit`, always XLA), `xla` (TensorFlow "
-            "`jit_compile`), `torch-compile`, "
-            "`torch-compile-reduce-overhead`, `torch-compile-max-autotune` (`torch.compile` with that mode; "
-            "reduce-overhead on CUDA only), `cuda-graph` (the whole PyTorch step as one CUDA graph; CUDA, device "
-            "data, not with `amp-fp16`, `ddp`/`dp`)"),
-    Setting("memory_format", Choice("memory_format", _declared("memory_format")), str,
-            "`contiguous`, `channels-last` (PyTorch: conv weights and 4-D inputs in NHWC memory order; a workload "
-            "without a (C, H, W) input is `unsupported`; TensorFlow: `unsupported`, Keras is NHWC already)"),
-    Setting("data", Choice("data mode", _declared("data")), str,
-            "`device` (batches resident on the device) or `pipeline` (the framework's input pipeline: "
-            "PyTorch DataLoader, `tf.data`; JAX: host batches put on the device one step ahead)"),
-    Setting("data_workers", _int(0), _parse_number,
-            "DataLoader worker processes with `data = \"pipeline\"` (PyTorch), an integer >= 0"),
-    Setting("threads", _int(0), _parse_number,
-            "CPU threads a worker trains with: PyTorch's intra-op threads (`torch.set_num_threads`), TensorFlow's "
-            "intra- and inter-op thread pools, JAX: the worker pinned to n CPUs (XLA sizes its pools from them); "
-            "`0` leaves the framework's default. Part of the config id when set "
-            "(`-threads=1`). Fewer threads can mean less noise on a small shared machine"),
-    Setting("huge_pages", Choice("huge_pages", HUGE_PAGES), str,
-            "`off`, `transparent`: the worker starts with PyTorch's CPU allocator (`THP_MEM_ALLOC_ENABLE=1`) and "
-            "glibc's malloc (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, glibc 2.35+) asking for transparent huge "
-            "pages; `unsupported` where the kernel's THP mode is `never`. Steadier speed from one process to the "
-            "next on a VM. Part of the config id when set"),
-    Setting("dataset", Choice("dataset", _declared("dataset")), str,
-            "`synthetic` (a learnable task made from the seed), `mnist` (IDX files from `data_dir`)"),
-    Setting("data_dir", _string, str,
-            "directory of `train-images-idx3-ubyte[.gz]` and `train-labels-idx1-ubyte[.gz]` (`dataset = "
-            "\"mnist\"`)"),
-    Setting("checkpointing", Choice("checkpointing", _declared("checkpointing")), str,
-            "`none`, or `activations` (activation checkpointing: activations recomputed in the backward pass; "
-            "PyTorch: per run of layers; JAX: `jax.checkpoint` per top-level layer; not TensorFlow)"),
-    Setting("warmup_steps", _int(0), _parse_number, "steps after the cold-start step, not measured; an integer >= 0"),
-    Setting("steps", _int(1), _parse_number, "measured steps per window, an integer >= 1"),
-    Setting("windows", _int(1), _parse_number, "measured windows, an integer >= 1"),
-    Setting("window_s", _non_negative_float, _parse_number,
-            "seconds a measured window may take, 0 for no bound: the warm-up stops once it has taken that long, "
-            "and every window takes the steps that fit at the warm-up's step time, at least 2 (never more than "
-            "`steps`), so a slow config takes fewer steps, never fewer windows"),
-    Setting("timeout_s", _positive_float, _parse_number, "seconds > 0 before a config's worker is killed (`timeout`)"),
-    Setting("seed", _int(0, SEED_MAX), _parse_number, "seed for weights, data and dropout, an integer >= 0"),
-    Setting("telemetry_interval_ms", _int(0), _parse_number,
-            "telemetry sampling period in ms, an integer >= 0; 0 turns sampling off (also "
-            "`--telemetry-interval-ms`, or `interval_ms` in a `[telemetry]` table)"),
-    Setting("max_batch_start", _int(1), _parse_number,
-            '`batch_size = "max"`: the first batch the search tries (an integer >= 1, at most `max_batch_limit`)'),
-    Setting("max_batch_limit", _int(1), _parse_number, '`batch_size = "max"`: the largest batch the search tries'),
-    Setting("pipeline_microbatches", _int(1), _parse_number,
-            "`pipeline:N`: micro-batches each batch is split into (must divide `batch_size`)"),
-    Setting("pipeline_schedule", Choice("pipeline schedule", PIPELINE_SCHEDULES), str,
-            "`pipeline:N`: the `torch.distributed.pipelining` schedule, `gpipe` or `1f1b`"),
-)}
+def _check_of(name: str, spec: tuple[Any, ...]) -> tuple[Check, Callable[[str], Any]]:
+    """A declared check (``setting(check=...)`` in gpubench.config) as (the check of a suite's
+    value, the parser of a ``--set`` string)."""
+    kind, *args = spec
+    if kind == "int":
+        return _int(*args), _parse_number
+    numbers: dict[str, Check] = {"positive": _positive_float, "fraction": _fraction,
+                                 "non_negative": _non_negative_float, "batch_size": _batch_size}
+    if kind in numbers:
+        return numbers[kind], _parse_number
+    if kind == "input_shape":
+        return _input_shape, _input_shape
+    checks: dict[str, Callable[[], Check]] = {
+        "workload": lambda: _workload,
+        "registered": lambda: Choice(name, lambda: sorted(BACKENDS)),
+        "device": lambda: parse_device,
+        "parallelism": lambda: _parallelism,
+        "string": lambda: _string,
+        "declared": lambda: Choice(args[0], _declared(name)),
+        "declared_or_function": lambda: _loss,
+        "values": lambda: Choice(args[0], tuple(args[1])),
+        "function": lambda: _function_ref(args[0]),
+    }
+    if kind not in checks:
+        raise ValueError(f"setting {name}: unknown check {kind!r}")
+    return checks[kind](), str
+
+
+def _declare(f: Field[Any]) -> Setting:
+    check, parse = _check_of(f.name, f.metadata["check"])
+    return Setting(f.name, check, parse, f.metadata["help"])
+
+
+# every suite key, from its one declaration (gpubench.config.setting)
+SETTINGS: dict[str, Setting] = {f.name: _declare(f) for f in SETTING_FIELDS if f.metadata["check"] is not None}
 
 
 def workload_param_names() -> list[str]:

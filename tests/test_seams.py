@@ -20,9 +20,10 @@ def literals_in(text: str, rel: str) -> list[str]:
     """The string constants in ``text`` (the module ``rel``) that equal a registered
     framework's name, as ``rel:line: 'name'``, other than the allowed default."""
     tree = ast.parse(text)
-    allowed = {id(node.value) for node in ast.walk(tree)
+    allowed = {id(inner) for node in ast.walk(tree)
                if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-               and (rel, node.target.id) in ALLOWED and node.value is not None}
+               and (rel, node.target.id) in ALLOWED and node.value is not None
+               for inner in ast.walk(node.value)}  # its default, also inside setting("torch", ...)
     return [f"{rel}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
             if isinstance(node, ast.Constant) and node.value in BACKENDS and id(node) not in allowed]
 
@@ -36,6 +37,7 @@ def framework_literals() -> list[str]:
 def test_the_detector_finds_a_framework_named_in_code():
     assert literals_in('if config.framework == "tensorflow":\n    pass\n', "x.py") == ["x.py:1: 'tensorflow'"]
     assert literals_in('framework: str = "torch"\n', "config.py") == []
+    assert literals_in('framework: str = setting("torch", help="")\n', "config.py") == []
     assert literals_in('framework: str = "torch"\n', "suite.py") == ["suite.py:1: 'torch'"]
     assert literals_in('"""torch, tensorflow and jax"""\n', "x.py") == []  # prose is not a name
 
@@ -46,3 +48,23 @@ def test_no_framework_is_named_outside_its_package():
 
 def test_a_configs_default_framework_is_the_reference_one():
     assert DEFAULTS["framework"] == REFERENCE_FRAMEWORK
+
+
+def test_every_suite_key_is_one_declaration():
+    """A setting is a field of Config declared with gpubench.config.setting: the suite's checks
+    and help, the id and hash rules, the frame's and CSV's columns and the settings a backend
+    declares support for are all read from those declarations."""
+    from gpubench import options
+    from gpubench.config import BACKEND_CHECKED, COLUMNS, SETTING_FIELDS, SUITE_KEYS
+    from gpubench.docgen import suite_keys_reference
+    from gpubench.report.build import IDENTITY_CSV_COLUMNS
+    from gpubench.results.frame import CONFIG_COLUMNS
+    from gpubench.suite import SETTINGS
+
+    assert list(SETTINGS) == list(SUITE_KEYS) and "nnodes" not in SETTINGS  # a run's, not a suite's
+    assert all(f.metadata["help"] for f in SETTING_FIELDS)
+    assert CONFIG_COLUMNS == list(COLUMNS) and set(COLUMNS) <= set(IDENTITY_CSV_COLUMNS)
+    assert {"beta2", "weight_decay", "momentum"} <= set(COLUMNS)  # the last settings added, by declaration alone
+    assert BACKEND_CHECKED == options.CHECKED
+    page = suite_keys_reference()
+    assert all(f"| `{key}` |" in page for key in SUITE_KEYS)

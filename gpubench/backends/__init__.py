@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gpubench import options
 from gpubench.backends.base import Backend
 from gpubench.backends.registry import BACKENDS, load_class, register_backend, zoo_framework
+from gpubench.config import SETTING_FIELDS
 
 # the framework every other one is compared against in reports ("JAX over PyTorch")
 REFERENCE_FRAMEWORK = "torch"
@@ -16,10 +16,11 @@ def backend_class(name: str) -> type[Backend]:
     return found
 
 
-# the built-in values of each checked setting, in the order the docs list them
-_BUILT_IN = {"precision": options.PRECISIONS, "optimizer": options.OPTIMIZERS, "loss": options.LOSSES,
-             "compile": options.COMPILES, "memory_format": options.MEMORY_FORMATS, "data": options.DATA_MODES,
-             "dataset": options.DATASETS, "checkpointing": options.CHECKPOINTINGS}
+# the built-in values of each setting whose values the backends declare (its declaration in
+# gpubench.config: check ("declared", kind, values)), in the order the docs list them
+_BUILT_IN: dict[str, tuple[str, ...]] = {
+    f.name: f.metadata["check"][2] for f in SETTING_FIELDS
+    if f.metadata["check"] and f.metadata["check"][0] in ("declared", "declared_or_function")}
 
 
 def declared_values(setting: str) -> list[str]:

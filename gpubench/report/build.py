@@ -21,6 +21,7 @@ from gpubench.files import write_text_atomic
 from gpubench.report import breakdown, charts, tables
 from gpubench.report.load import ReportData, load_report_data
 from gpubench.results import twins
+from gpubench.results.frame import CONFIG_COLUMNS
 from gpubench.results.metrics import METRICS
 from gpubench.results.outputs import check_output_dir
 from gpubench.results.store import RESULTS_FILE, decode_line, run_env
@@ -28,10 +29,8 @@ from gpubench.results.store import RESULTS_FILE, decode_line, run_env
 TEMPLATES = Path(__file__).parent / "templates"
 # one row per config: its identity and how its repeats went, then every metric of the registry
 IDENTITY_CSV_COLUMNS = ["run", "config_id", "config_hash", "workload", "workload_label", "variant", "framework",
-                        "device", "device_model", "batch_size", "precision", "parallelism", "optimizer", "lr",
-                        "beta1", "beta2", "eps", "weight_decay", "momentum", "loss",
-                        "compile", "memory_format", "data", "data_workers", "threads", "huge_pages", "dataset",
-                        "checkpointing",
+                        "device", "device_model",
+                        *(c for c in CONFIG_COLUMNS if c not in ("workload", "framework", "device")),
                         "status", "reason", "repeats", "repeats_ok", "ci_kind"]
 
 

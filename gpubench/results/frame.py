@@ -13,15 +13,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpubench.config import Config
+from gpubench.config import COLUMNS, Config
 from gpubench.measure.stats import median_ci
 from gpubench.results.metrics import METRICS
 from gpubench.results.result import Result
 from gpubench.results.twins import VARIANT_AXES
 
-CONFIG_COLUMNS = ["workload", "framework", "device", "batch_size", "precision", "parallelism", "optimizer", "lr",
-                  "beta1", "beta2", "eps", "weight_decay", "momentum", "loss", "compile", "memory_format", "data",
-                  "data_workers", "threads", "huge_pages", "dataset", "checkpointing"]
+# the settings declared as columns (gpubench.config.setting(column=True), and the identity axes)
+CONFIG_COLUMNS = list(COLUMNS)
 LABEL_COLUMNS = ["workload_label", "variant", *(f"variant_no_{axis}" for axis in VARIANT_AXES)]
 # identity columns first, in this order (results.csv), then the parameters, then the metrics
 IDENTITY_COLUMNS = ["run", "config_id", "config_hash", *CONFIG_COLUMNS, *LABEL_COLUMNS, "device_model"]
