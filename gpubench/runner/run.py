@@ -38,13 +38,15 @@ from gpubench.results.store import (
     write_json_atomic,
 )
 from gpubench.runner.history import RunHistory
+from gpubench.runner.launcher import JobLauncher
+from gpubench.runner.local import LocalLauncher
 from gpubench.runner.mfu import load_peaks, peak_devices
 from gpubench.runner.models import check_models, user_code_path
 from gpubench.runner.nodes import Nodes
 from gpubench.runner.probe import probe
 from gpubench.runner.progress import SweepDisplay, summary_table, unmeasured_lines
-from gpubench.runner.slurm import SlurmOptions, check_path, check_submissions, run_slurm_jobs
-from gpubench.runner.sweep import plan, pre_resolve, run_jobs
+from gpubench.runner.slurm import SlurmLauncher, SlurmOptions, check_path, check_submissions
+from gpubench.runner.sweep import plan, pre_resolve, run_sweep
 from gpubench.suite import MAX_JOBS, Config, Suite, load_suite
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -317,14 +319,18 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
                     record_late()  # this result with the earlier ones
                 elif recorder is not None:
                     recorder.record(result)
+            runner: JobLauncher
             if req.slurm is not None:
-                new, cancelled = run_slurm_jobs(
-                    jobs, run_dir, run_id, env, req.slurm, launcher, display.started, finished,
-                    lambda p, r, f, why: display.note(f"slurm: {p} pending, {r} running, {f} finished of {len(jobs)}"
-                                                      + (f" (pending: {why})" if why else "")), display.note)
+                runner = SlurmLauncher(
+                    run_dir=run_dir, options=req.slurm, launcher=launcher, on_note=display.note,
+                    on_counts=lambda p, r, f, why: display.note(
+                        f"slurm: {p} pending, {r} running, {f} finished of {len(jobs)}"
+                        + (f" (pending: {why})" if why else "")))
             else:
-                new = run_jobs(jobs, run_dir, run_id, env, probes, display.started, finished, existing,
-                               launcher=launcher, peaks=peaks, nodes=nodes)
+                runner = LocalLauncher(probes=probes, run_dir=run_dir, launcher=launcher, nodes=nodes,
+                                       earlier=list(existing))
+            new = run_sweep(jobs, runner, run_dir, run_id, env, display.started, finished, peaks, nodes.node_rank)
+            cancelled = runner.cancelled
     except StorageError:  # the machine's failure, not a config's: stop, nothing recorded for that job
         record_late()
         raise

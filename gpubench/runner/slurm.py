@@ -42,8 +42,8 @@ from gpubench.hugepages import worker_env
 from gpubench.launch import Launcher
 from gpubench.options import parse_parallelism
 from gpubench.results.result import Outcome, Result
-from gpubench.results.store import RESULTS_FILE, append_result
 from gpubench.runner.job import Job, collect_outcome, log_tail_reason, prepare_workdir, storage_failure, tail_lines
+from gpubench.runner.launcher import Done, JobLauncher
 from gpubench.runner.process import worker_command
 from gpubench.runner.sweep import pre_resolve
 
@@ -303,108 +303,94 @@ class _Submitted:
     running: bool = False
 
 
-Callback = Callable[[int, Job], None]
-FinishCallback = Callable[[int, Job, Result], None]
-
-
 def _now(seconds_ago: float = 0.0) -> str:
     return (datetime.now(timezone.utc) - timedelta(seconds=seconds_ago)).isoformat(timespec="seconds")
 
 
-def run_slurm_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], options: SlurmOptions,
-                   launcher: Launcher = Launcher(), on_start: Callback | None = None,
-                   on_finish: FinishCallback | None = None,
-                   on_counts: Callable[[int, int, int, str], None] | None = None,
-                   on_note: Callable[[str], None] | None = None) -> tuple[list[Result], int]:
-    """Submit the jobs, follow them, and append each result as its job ends: (the results, the
-    number of jobs cancelled without a result). A result's fingerprint is that of the node its
-    job ran on (``env`` only where no worker ran), its start and duration Slurm's (time in the
-    queue left out). ``on_counts`` hears the pending, running and finished counts, with why the
-    pending jobs wait (Slurm's reasons). A submission Slurm refuses while jobs of the sweep are
-    in flight (a limit on queued jobs) waits for one of them to end. Ctrl-C cancels every job
-    still queued or running (the finished results stay)."""
-    (run_dir / "slurm").mkdir(exist_ok=True)
-    queue = list(enumerate(jobs))
-    live: dict[str, _Submitted] = {}
-    results: list[Result] = []
-    cancelled = 0
-    counts: tuple[int, int, int, str] = (-1, -1, -1, "")
-    refused = ""
+@dataclass
+class SlurmLauncher(JobLauncher):
+    """Every job a Slurm batch job: submitted with ``sbatch`` (at most ``options.max_parallel``
+    queued or running at once), followed with ``squeue``, and, once ended, its outcome read from
+    its work directory (or Slurm's end state where the worker wrote none). ``on_counts`` hears
+    the pending, running and finished counts with why the pending jobs wait (Slurm's reasons);
+    ``on_note`` a line for the progress display. A submission Slurm refuses while jobs of the
+    sweep are in flight (a limit on queued jobs) is submitted again once one of them ends;
+    ``cancel`` (Ctrl-C, an error) cancels every job still queued or running."""
 
-    def record(k: int, job: Job, outcome: Outcome, started_at: str, duration_s: float) -> None:
-        c = job.config
-        node_env = (outcome.runtime or {}).pop(NODE_ENV, None)
-        result = Result.of(outcome, run_id=run_id, config_id=c.config_id, config_hash=c.config_hash,
-                           repeat=job.repeat, config=c.to_dict(), env=node_env or env, started_at=started_at,
-                           duration_s=duration_s)
-        append_result(run_dir, result, RESULTS_FILE)
-        results.append(result)
-        if on_finish:
-            on_finish(k, job, result)
+    run_dir: Path = Path(".")
+    options: SlurmOptions = field(default_factory=lambda: SlurmOptions())
+    launcher: Launcher = field(default_factory=Launcher)
+    on_counts: Callable[[int, int, int, str], None] | None = None
+    on_note: Callable[[str], None] | None = None
+    _live: dict[str, _Submitted] = field(default_factory=dict)
+    _recorded: int = 0
+    _counts: tuple[int, int, int, str] = (-1, -1, -1, "")
 
-    try:
-        while queue or live:
-            while queue and (options.max_parallel <= 0 or len(live) < options.max_parallel) and not refused:
-                k, job = queue.pop(0)
-                pre = pre_resolve(job.config, {})
-                if pre is not None:  # a config that cannot run anywhere (unsupported) costs no job
-                    if on_start:
-                        on_start(k, job)
-                    record(k, job, Outcome(status=pre[0], reason=pre[1]), _now(), 0.0)
-                    continue
-                workdir, log_rel = prepare_workdir(replace(job, options={**(job.options or {}), "slurm": True}),
-                                                   run_dir)
-                script = run_dir / "slurm" / f"{job.name}.sbatch"
-                script.write_text(batch_script(job, workdir, run_dir / log_rel, launcher, options))
-                proc = _slurm("sbatch", "--parsable", str(script))
-                if proc.returncode != 0:
-                    message = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no reason given"
-                    if not live:
-                        raise InputError(f"--launcher slurm: sbatch refused {script}: {message}")
-                    queue.insert(0, (k, job))  # submitted again once a job of the sweep has ended
-                    refused = message
-                    if on_note:
-                        on_note(f"slurm: sbatch refused the next job ({message}); it is submitted again when one of "
-                                f"the {len(live)} in flight ends")
-                    break
-                live[proc.stdout.strip().split(";")[0]] = _Submitted(k, job, workdir, log_rel)
-                if on_start:
-                    on_start(k, job)
-            known = _states(list(live))
-            if known is None:  # squeue failed: ask again at the next poll
-                time.sleep(options.poll_s)
+    def room(self) -> bool:
+        return self.options.max_parallel <= 0 or len(self._live) < self.options.max_parallel
+
+    def submit(self, k: int, job: Job, started: Callable[[], None] = lambda: None) -> bool:
+        (self.run_dir / "slurm").mkdir(exist_ok=True)
+        workdir, log_rel = prepare_workdir(replace(job, options={**(job.options or {}), "slurm": True}),
+                                           self.run_dir)
+        script = self.run_dir / "slurm" / f"{job.name}.sbatch"
+        script.write_text(batch_script(job, workdir, self.run_dir / log_rel, self.launcher, self.options))
+        proc = _slurm("sbatch", "--parsable", str(script))
+        if proc.returncode != 0:
+            message = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no reason given"
+            if not self._live:
+                raise InputError(f"--launcher slurm: sbatch refused {script}: {message}")
+            if self.on_note:
+                self.on_note(f"slurm: sbatch refused the next job ({message}); it is submitted again when one of "
+                             f"the {len(self._live)} in flight ends")
+            return False
+        self._live[proc.stdout.strip().split(";")[0]] = _Submitted(k, job, workdir, log_rel)
+        started()
+        return True
+
+    def in_flight(self) -> int:
+        return len(self._live)
+
+    def ended(self) -> list[Done]:
+        known = _states(list(self._live))
+        if known is None:  # squeue failed: ask again at the next poll
+            time.sleep(self.options.poll_s)
+            return []
+        done: list[Done] = []
+        waiting: set[str] = set()
+        for job_id, sub in list(self._live.items()):
+            state, why = known.get(job_id, ("", ""))
+            if state in ACTIVE:
+                sub.running = state in ("RUNNING", "COMPLETING")  # a requeued job is pending again
+                if not sub.running and why and why != "None":
+                    waiting.add(why)
                 continue
-            waiting: set[str] = set()
-            for job_id, sub in list(live.items()):
-                state, why = known.get(job_id, ("", ""))
-                if state in ACTIVE:
-                    sub.running = state in ("RUNNING", "COMPLETING")  # a requeued job is pending again
-                    if not sub.running and why and why != "None":
-                        waiting.add(why)
-                    continue
-                ended = _end(job_id)
-                if ended is None or ended.state in ACTIVE:
-                    continue
-                del live[job_id]
-                refused = ""
-                found = collect_outcome(sub.job, run_dir, sub.workdir, sub.log_rel)
-                if found is None and ended.state == CANCELLED:
-                    cancelled += 1  # no result: --resume submits it again
-                    continue
-                if found is None and (failure := storage_failure(sub.job, run_dir, sub.log_rel)) is not None:
-                    raise failure  # the shared file system, not the config
-                outcome = found or slurm_outcome(ended, job_id, run_dir, sub.log_rel)
-                outcome.runtime = {**(outcome.runtime or {}), "slurm": {"job_id": job_id, "state": ended.state}}
-                record(sub.k, sub.job, outcome, ended.started_at or _now(ended.ran_s), ended.ran_s)
-            now = (sum(not s.running for s in live.values()) + len(queue), sum(s.running for s in live.values()),
-                   len(results), ", ".join(sorted(waiting)))
-            if on_counts and now != counts:
-                on_counts(*now)
-                counts = now
-            if queue or live:
-                time.sleep(options.poll_s)
-    except BaseException:
-        if live:
-            _slurm("scancel", *live)
-        raise
-    return results, cancelled
+            end = _end(job_id)
+            if end is None or end.state in ACTIVE:
+                continue
+            del self._live[job_id]
+            found = collect_outcome(sub.job, self.run_dir, sub.workdir, sub.log_rel)
+            if found is None and end.state == CANCELLED:
+                self.cancelled += 1  # no result: --resume submits it again
+                continue
+            if found is None and (failure := storage_failure(sub.job, self.run_dir, sub.log_rel)) is not None:
+                raise failure  # the shared file system, not the config
+            outcome = found or slurm_outcome(end, job_id, self.run_dir, sub.log_rel)
+            outcome.runtime = {**(outcome.runtime or {}), "slurm": {"job_id": job_id, "state": end.state}}
+            node_env = outcome.runtime.pop(NODE_ENV, None)  # the fingerprint of the node it ran on
+            done.append(Done(sub.k, sub.job, outcome, end.started_at or _now(end.ran_s), end.ran_s, node_env))
+        running = sum(s.running for s in self._live.values())
+        now = (len(self._live) - running + self.queued, running, self._recorded + len(done), ", ".join(sorted(waiting)))
+        if self.on_counts and now != self._counts:
+            self.on_counts(*now)
+            self._counts = now
+        if not done and self._live:
+            time.sleep(self.options.poll_s)
+        return done
+
+    def seen(self, result: Result) -> None:
+        self._recorded += 1
+
+    def cancel(self) -> None:
+        if self._live:
+            _slurm("scancel", *self._live)

@@ -1,9 +1,9 @@
-"""Run a sweep: each config repeat in a fresh worker process (gpubench.runner.job), results
-appended as they finish; a job that fails costs only itself, and the sweep goes on."""
+"""Run a sweep: the jobs (config repeats) of a run, checked, launched (gpubench.runner.launcher:
+worker processes here, or Slurm batch jobs), and each made a result and appended as it
+finishes; a job that fails costs only itself, and the sweep goes on."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Collection
 from datetime import datetime, timezone
 from pathlib import Path
@@ -11,16 +11,17 @@ from typing import Any
 
 from gpubench.backends import get_backend
 from gpubench.backends.base import ProbeInfo
-from gpubench.config import MAX_BATCH, Config
+from gpubench.config import Config
 from gpubench.launch import Launcher
 from gpubench.options import device_kind
 from gpubench.results.result import Outcome, Result
 from gpubench.results.store import NODE_FILE, RESULTS_FILE, append_result
-from gpubench.runner.find_batch import batch_search, run_at_max_batch
-from gpubench.runner.job import Job, run_worker
+from gpubench.runner.job import Job
+from gpubench.runner.launcher import Done, JobLauncher
+from gpubench.runner.local import LocalLauncher
 from gpubench.runner.mfu import mfu_metrics
 from gpubench.runner.models import zoo_unavailable
-from gpubench.runner.nodes import Nodes, barrier
+from gpubench.runner.nodes import Nodes
 
 
 def plan(configs: list[Config], repeats: int, done: Collection[tuple[str, int]] = frozenset()) -> list[Job]:
@@ -58,39 +59,38 @@ Callback = Callable[[int, Job], None]
 FinishCallback = Callable[[int, Job, Result], None]
 
 
-def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], probes: dict[str, ProbeInfo],
-             on_start: Callback | None = None, on_finish: FinishCallback | None = None,
-             earlier: list[Result] | None = None, launcher: Launcher = Launcher(),
-             peaks: dict[str, dict[str, Any]] | None = None, nodes: Nodes = Nodes()) -> list[Result]:
-    """Run the jobs in order, appending each result as it finishes. ``earlier`` are results
-    already in the run (when resuming), to reuse a ``batch_size = "max"`` search; ``peaks`` are
-    device calibrations, for MFU. Node r > 0 of a multi-node run appends its own outcome of
-    each config to node.jsonl instead."""
-    results: list[Result] = []
-    earlier = list(earlier or [])
-    for k, job in enumerate(jobs):
-        if on_start:
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _starter(on_start: Callback | None, k: int, job: Job) -> Callable[[], None]:
+    """``on_start(k, job)`` as the launcher calls it once the job has started."""
+    def started() -> None:
+        if on_start is not None:
             on_start(k, job)
-        started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        t0 = time.perf_counter()
-        pre = pre_resolve(job.config, probes)
-        if pre is None and nodes.multi and job.config.batch_size == MAX_BATCH:
-            pre = ("unsupported", 'batch_size = "max" is searched on one node; in a multi-node run give the batch '
-                                  "(gpubench find-batch finds it)")
-        if pre is None and nodes.multi and job.config.distributed:
-            # every node at this config before any launcher starts its rendezvous
-            pre = barrier(nodes, job.name, k, job.config.timeout_s)
-        if pre:
-            outcome = Outcome(status=pre[0], reason=pre[1])
-        elif job.config.batch_size == MAX_BATCH:
-            outcome = run_at_max_batch(job, batch_search(job.config, launcher, earlier + results), run_dir, launcher)
-        else:
-            outcome = run_worker(job, run_dir, launcher, nodes)
-        result = Result.of(outcome, run_id=run_id, config_id=job.config.config_id,
-                           config_hash=job.config.config_hash, repeat=job.repeat, config=job.config.to_dict(),
-                           env=env, started_at=started_at, duration_s=time.perf_counter() - t0)
-        if nodes.node_rank > 0:
-            result.node_rank = nodes.node_rank
+    return started
+
+
+def run_sweep(jobs: list[Job], launcher: JobLauncher, run_dir: Path, run_id: str, env: dict[str, Any],
+              on_start: Callback | None = None, on_finish: FinishCallback | None = None,
+              peaks: dict[str, dict[str, Any]] | None = None, node_rank: int = 0) -> list[Result]:
+    """The one sweep loop, for every launcher: each job checked first (a config that cannot run
+    costs no worker: ``pre_resolve`` with what the launcher knows of its devices), submitted
+    while the launcher has room, and, as it ends, made a result (with the fingerprint of where
+    it ran), given its MFU against ``peaks`` and appended to the run's results (node r > 0 of a
+    multi-node run: its own outcome, to node.jsonl), then handed to ``on_finish`` (the history,
+    the progress line). An error or Ctrl-C cancels what is in flight and propagates."""
+    results: list[Result] = []
+    queue = list(enumerate(jobs))
+    refused = False
+
+    def finish(done: Done) -> None:
+        c = done.job.config
+        result = Result.of(done.outcome, run_id=run_id, config_id=c.config_id, config_hash=c.config_hash,
+                           repeat=done.job.repeat, config=c.to_dict(), env=done.env or env,
+                           started_at=done.started_at, duration_s=done.duration_s)
+        if node_rank > 0:
+            result.node_rank = node_rank
             append_result(run_dir, result, NODE_FILE)
         else:
             flops = mfu_metrics(result, peaks or {})
@@ -98,6 +98,40 @@ def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], p
                 result.with_metrics(**flops)
             append_result(run_dir, result, RESULTS_FILE)
         results.append(result)
+        launcher.seen(result)
         if on_finish:
-            on_finish(k, job, result)
+            on_finish(done.k, done.job, result)
+
+    try:
+        while queue or launcher.in_flight():
+            while queue and launcher.room() and not refused:
+                k, job = queue.pop(0)
+                started = _starter(on_start, k, job)
+                pre = pre_resolve(job.config, launcher.probes)
+                if pre is not None:
+                    started()
+                    finish(Done(k, job, Outcome(status=pre[0], reason=pre[1]), _now(), 0.0))
+                elif not launcher.submit(k, job, started):
+                    queue.insert(0, (k, job))  # submitted again once a job in flight has ended
+                    refused = True
+            launcher.queued = len(queue)
+            if launcher.in_flight():
+                ended = launcher.ended()
+                refused = refused and not ended
+                for done in ended:
+                    finish(done)
+    except BaseException:
+        launcher.cancel()
+        raise
     return results
+
+
+def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], probes: dict[str, ProbeInfo],
+             on_start: Callback | None = None, on_finish: FinishCallback | None = None,
+             earlier: list[Result] | None = None, launcher: Launcher = Launcher(),
+             peaks: dict[str, dict[str, Any]] | None = None, nodes: Nodes = Nodes()) -> list[Result]:
+    """Run the jobs in order on this machine (the local launcher), appending each result as it
+    finishes. ``earlier`` are results already in the run (when resuming), to reuse a
+    ``batch_size = "max"`` search; ``peaks`` are device calibrations, for MFU."""
+    local = LocalLauncher(probes=probes, run_dir=run_dir, launcher=launcher, nodes=nodes, earlier=list(earlier or []))
+    return run_sweep(jobs, local, run_dir, run_id, env, on_start, on_finish, peaks, nodes.node_rank)
