@@ -247,7 +247,8 @@ class Config:
 
     def optimizer_settings(self) -> dict[str, float]:
         """Every setting of this config's optimizer, the suite's value where set, else the
-        default (``{"beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1}``)."""
+        default (adamw with ``beta2 = 0.95`` and ``weight_decay = 0.1`` set: ``{"beta1": 0.9,
+        "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1}``)."""
         defaults = OPTIMIZER_SETTINGS.get(self.optimizer, {})
         return {k: float(v) if (v := getattr(self, k)) is not None else d for k, d in defaults.items()}
 

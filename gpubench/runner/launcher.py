@@ -10,7 +10,7 @@ node of a multi-node run) and gpubench.runner.slurm (every job a Slurm batch job
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,9 +57,10 @@ class JobLauncher(ABC):
         """Jobs submitted that have not been returned by ``ended`` yet."""
 
     @abstractmethod
-    def ended(self) -> list[Done]:
-        """The jobs that have ended since the last call, waiting a while (one poll) when none
-        has."""
+    def ended(self) -> Iterator[Done]:
+        """The jobs that have ended since the last call, one at a time (the loop records each
+        before the next is read: an error while reading a later one costs none of the earlier),
+        waiting a while (one poll) when none has."""
 
     def cancel(self) -> None:
         """Cancel every job in flight (Ctrl-C, an error): nothing is left running."""

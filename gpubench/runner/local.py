@@ -8,7 +8,7 @@ runs the same jobs in the same order and meets the others before each distribute
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -61,9 +61,9 @@ class LocalLauncher(JobLauncher):
     def in_flight(self) -> int:
         return len(self._done)
 
-    def ended(self) -> list[Done]:
+    def ended(self) -> Iterator[Done]:
         done, self._done = self._done, []
-        return done
+        yield from done
 
     def seen(self, result: Result) -> None:
         self.earlier.append(result)

@@ -30,7 +30,7 @@ import shlex
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -351,12 +351,12 @@ class SlurmLauncher(JobLauncher):
     def in_flight(self) -> int:
         return len(self._live)
 
-    def ended(self) -> list[Done]:
+    def ended(self) -> Iterator[Done]:
         known = _states(list(self._live))
         if known is None:  # squeue failed: ask again at the next poll
             time.sleep(self.options.poll_s)
-            return []
-        done: list[Done] = []
+            return
+        ended = 0
         waiting: set[str] = set()
         for job_id, sub in list(self._live.items()):
             state, why = known.get(job_id, ("", ""))
@@ -374,19 +374,19 @@ class SlurmLauncher(JobLauncher):
                 self.cancelled += 1  # no result: --resume submits it again
                 continue
             if found is None and (failure := storage_failure(sub.job, self.run_dir, sub.log_rel)) is not None:
-                raise failure  # the shared file system, not the config
+                raise failure  # the shared file system, not the config (the results before it are recorded)
             outcome = found or slurm_outcome(end, job_id, self.run_dir, sub.log_rel)
             outcome.runtime = {**(outcome.runtime or {}), "slurm": {"job_id": job_id, "state": end.state}}
             node_env = outcome.runtime.pop(NODE_ENV, None)  # the fingerprint of the node it ran on
-            done.append(Done(sub.k, sub.job, outcome, end.started_at or _now(end.ran_s), end.ran_s, node_env))
+            ended += 1
+            yield Done(sub.k, sub.job, outcome, end.started_at or _now(end.ran_s), end.ran_s, node_env)
         running = sum(s.running for s in self._live.values())
-        now = (len(self._live) - running + self.queued, running, self._recorded + len(done), ", ".join(sorted(waiting)))
+        now = (len(self._live) - running + self.queued, running, self._recorded, ", ".join(sorted(waiting)))
         if self.on_counts and now != self._counts:
             self.on_counts(*now)
             self._counts = now
-        if not done and self._live:
+        if not ended and self._live:
             time.sleep(self.options.poll_s)
-        return done
 
     def seen(self, result: Result) -> None:
         self._recorded += 1

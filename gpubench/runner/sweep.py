@@ -112,14 +112,18 @@ def run_sweep(jobs: list[Job], launcher: JobLauncher, run_dir: Path, run_id: str
                     started()
                     finish(Done(k, job, Outcome(status=pre[0], reason=pre[1]), _now(), 0.0))
                 elif not launcher.submit(k, job, started):
+                    if not launcher.in_flight():  # nothing to wait for: it would never be tried again
+                        raise RuntimeError(f"{type(launcher).__name__} refused {job.name} with no job in flight")
                     queue.insert(0, (k, job))  # submitted again once a job in flight has ended
                     refused = True
             launcher.queued = len(queue)
-            if launcher.in_flight():
-                ended = launcher.ended()
-                refused = refused and not ended
-                for done in ended:
+            before = launcher.in_flight()
+            if before:
+                for done in launcher.ended():
                     finish(done)
+                # a job left the launcher (ended, or cancelled without a result): a refused
+                # submission may be tried again
+                refused = refused and launcher.in_flight() >= before
     except BaseException:
         launcher.cancel()
         raise

@@ -144,7 +144,9 @@ def gpu_summary(samples: Sequence[GpuSample], windows: list[Window],
         not_reported["utilisation"] = (
             f"the measured windows span {span:.3g} s, under the up to {averaging_s:g} s over which NVML averages "
             f"utilisation, so every reading would include the cold start and warm-up (more steps or a larger "
-            f"window_s give the figure)")
+            f"window_s give the figure)" if span < averaging_s else
+            f"no reading was taken {averaging_s:g} s or more after the first measured window began (a shorter "
+            f"telemetry interval gives the figure)")
     per_energy, source = device_energy(samples, windows, counters, power_source, devices)
     if (problem := _energy_problem(windows, counters, source, averaging_s)) is not None:
         per_energy = [None] * len(devices)
