@@ -98,8 +98,8 @@ def metrics_reference() -> str:
 def frameworks_reference() -> str:
     """What each registered framework's backend declares it supports (its ``capabilities``),
     and why it leaves a value out."""
-    from gpubench import options
     from gpubench.backends import BACKENDS, backend_class
+    from gpubench.config import BACKEND_CHECKED
 
     classes = {name: backend_class(name) for name in BACKENDS}
     out = ["# Frameworks\n", GENERATED.format(source="each backend's declared capabilities (gpubench/backends/)"),
@@ -117,7 +117,7 @@ def frameworks_reference() -> str:
     out.append("| parallelism | " + " | ".join(
         cell(tuple(v if v == "single" else f"{v}:N" for v in c.capabilities.parallelism)) for c in classes.values())
         + " |")
-    for setting in options.CHECKED:
+    for setting in BACKEND_CHECKED:
         if setting not in ("precision", "parallelism"):
             out.append(f"| {setting} | " + " | ".join(cell(c.capabilities.values(setting)) for c in classes.values())
                        + " |")

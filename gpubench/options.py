@@ -105,13 +105,6 @@ class Settings(Protocol):
     def checkpointing(self) -> str: ...
 
 
-# the settings whose values a backend declares it supports (parallelism: by kind), in the order
-# a config's problems are reported; gpubench.config derives the same from the settings'
-# declarations (config.BACKEND_CHECKED), and a test holds the two equal
-CHECKED = ("precision", "parallelism", "optimizer", "loss", "compile", "memory_format", "data", "dataset",
-           "checkpointing")
-
-
 @dataclass(frozen=True)
 class Capabilities:
     """What a framework's backend can run: the values of each setting it supports (precisions
@@ -143,9 +136,10 @@ class Capabilities:
         values: tuple[str, ...] = getattr(self, setting)
         return values
 
-    def problem(self, framework: str, config: Settings, checked: Sequence[str] = CHECKED) -> str | None:
-        """Why ``framework`` cannot run ``config`` by these declarations, or None (``checked``:
-        the settings to check, in order)."""
+    def problem(self, framework: str, config: Settings, checked: Sequence[str]) -> str | None:
+        """Why ``framework`` cannot run ``config`` by these declarations, or None. ``checked``: the
+        settings whose values a backend declares, in the order problems are reported
+        (``gpubench.config.BACKEND_CHECKED``, derived from the settings' declarations)."""
         kind = device_kind(config.device)
         for setting in checked:
             value = getattr(config, setting)

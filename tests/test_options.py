@@ -6,7 +6,7 @@ import pytest
 
 from gpubench.backends import BACKENDS, backend_class, declared_values, get_backend
 from gpubench.backends.base import Backend
-from gpubench.config import Config
+from gpubench.config import BACKEND_CHECKED, Config
 from gpubench.errors import InputError
 from gpubench.options import Capabilities
 from gpubench.suite import parse_suite
@@ -26,7 +26,7 @@ CAPS = Capabilities(precisions={"cpu": ("fp32",), "cuda": ("fp32", "amp-bf16")},
     ({"memory_format": "channels-last"}, "x does not support memory_format = channels-last; it supports: contiguous"),
 ])
 def test_a_config_is_checked_against_what_its_backend_declares(settings, expected):
-    assert CAPS.problem("x", Config(workload="mlp", **settings)) == expected
+    assert CAPS.problem("x", Config(workload="mlp", **settings), BACKEND_CHECKED) == expected
 
 
 def test_declared_values_are_the_union_of_every_backend_in_the_built_in_order():
