@@ -15,6 +15,9 @@ from pathlib import Path
 import gpubench
 
 _PKG_ROOT = str(Path(gpubench.__file__).resolve().parent.parent)
+# set by gpubench.runner.ranks for a rank it starts: every rank's host:port, in rank order, as a
+# JSON list (a backend whose ranks are processes of their own makes its cluster from it)
+WORKERS_ENV = "GPUBENCH_WORKERS"
 
 
 def child_env() -> dict[str, str]:
@@ -118,8 +121,8 @@ def dying_with_parent(command: list[str]) -> list[str]:
 
 
 def die_with_parent() -> None:
-    """The guard's setting for a process started by another launcher (a rank under torchrun, a
-    TensorFlow worker under tf_launch): killed when that parent dies, and ended now if it already
+    """The guard's setting for a process started by another launcher (a rank under torchrun or
+    gpubench.runner.ranks): killed when that parent dies, and ended now if it already
     has (adopted by init). Best effort: nothing where prctl is missing."""
     if not sys.platform.startswith("linux"):
         return

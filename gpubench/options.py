@@ -16,8 +16,8 @@ PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16")
 # parallel strategies: "single", or "<kind>:N" for the kinds below (N >= 1)
 PARALLELISMS = ("single", "grad-accum:N", "ddp:N", "dp:N", "mirrored:N", "pipeline:N", "multiworker:N")
 PARALLEL_KINDS = ("grad-accum", "ddp", "dp", "mirrored", "pipeline", "multiworker")
-# one process per rank, started by a launcher (torchrun; gpubench.runner.tf_launch for
-# multiworker); N processes per node, N x nnodes in all
+# one process per rank, started as the backend declares (RankStart); N processes per node,
+# N x nnodes in all
 DISTRIBUTED_KINDS = ("ddp", "pipeline", "multiworker")
 REPLICA_KINDS = ("ddp", "dp", "mirrored", "multiworker")  # data parallel: N devices, batch_size samples on each
 STAGE_KINDS = ("pipeline",)  # model parallel: N devices, each runs its stage on every sample
@@ -106,6 +106,22 @@ class Settings(Protocol):
 
 
 @dataclass(frozen=True)
+class RankStart:
+    """How the processes of a distributed parallel kind start, as the backend that runs the kind
+    declares it (``Capabilities.rank_start``). ``node_module``: a launcher run with
+    ``python -m`` once per node that starts the node's ranks itself and takes torchrun's flags
+    (``--nproc-per-node``; one node: ``--standalone --nnodes=1``; across nodes the static
+    rendezvous ``--nnodes --node-rank --master-addr --master-port``, or under Slurm the c10d one,
+    ``--rdzv-backend --rdzv-id --rdzv-endpoint``), then ``-m gpubench.runner.worker WORKDIR``.
+    None: every rank is a process of its own that gpubench starts (on a node,
+    gpubench.runner.ranks, with the rank variables and every rank's address; under Slurm, one
+    srun task per rank, with ``slurm_env`` exported, where ``$port`` is the job's first port)."""
+
+    node_module: str | None = None
+    slurm_env: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Capabilities:
     """What a framework's backend can run: the values of each setting it supports (precisions
     per device kind, parallel strategies by kind). A config asking for anything else ends
@@ -126,6 +142,9 @@ class Capabilities:
     # a setting declared later, whose values the backends declare (gpubench.config.setting with a
     # "declared" check), by name: the values this backend supports (none listed: none)
     others: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # how the ranks of each distributed kind it runs start (a kind left out: every rank a
+    # process of its own, started by gpubench: RankStart())
+    rank_start: Mapping[str, RankStart] = field(default_factory=dict)
 
     def values(self, setting: str) -> tuple[str, ...]:
         """Every value of ``setting`` this backend supports on some device."""

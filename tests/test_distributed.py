@@ -230,7 +230,7 @@ def _as_nodes(work: dict, port: int, host: str = "127.0.0.1") -> dict:
 
 
 def test_multiworker_rendezvous_gives_every_node_the_same_cluster():
-    from gpubench.runner.tf_launch import cluster
+    from gpubench.runner.ranks import cluster
 
     out = _as_nodes({1: lambda n: cluster(n, "job-a", 2), 0: lambda n: cluster(n, "job-a", 2)}, free_port())
     assert out[0] == out[1] and len(out[0]) == 4  # 2 workers on each of 2 nodes, node 0's first
@@ -244,7 +244,7 @@ def test_multiworker_rendezvous_gives_every_node_the_same_cluster():
 @pytest.mark.skipif(not socket.has_dualstack_ipv6(), reason="no dual-stack IPv6 here")
 def test_the_rendezvous_works_over_ipv6_and_names_ipv4_nodes_plainly():
     from gpubench.runner.nodes import _peer_host
-    from gpubench.runner.tf_launch import cluster
+    from gpubench.runner.ranks import cluster
 
     try:
         with socket.create_server(("::1", 0), family=socket.AF_INET6):

@@ -5,10 +5,12 @@ describe what each framework does)."""
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 from pathlib import Path
 
 from gpubench.backends import BACKENDS, REFERENCE_FRAMEWORK
-from gpubench.config import DEFAULTS
+from gpubench.config import DEFAULTS, Config
+from gpubench.options import Capabilities, RankStart
 
 PACKAGE = Path(__file__).resolve().parent.parent / "gpubench"
 # the one literal outside backends/: a Config's default framework (config.py sits below the
@@ -68,3 +70,59 @@ def test_every_suite_key_is_one_declaration():
                                "dataset", "checkpointing")
     page = suite_keys_reference()
     assert all(f"| `{key}` |" in page for key in SUITE_KEYS)
+
+
+class _Declared:
+    """A backend's declarations as the registry returns them (tests below register it)."""
+
+    capabilities = Capabilities(precisions={"cpu": ("fp32",)}, parallelism=("single", "ddp", "multiworker"),
+                                rank_start={"ddp": RankStart(node_module="my_node_launcher")})
+
+
+def test_a_distributed_kinds_processes_start_as_its_backend_declares(tmp_path, monkeypatch):
+    """The runner starts a distributed config's ranks as its backend declares (RankStart): its
+    node launcher with torchrun's flags, or each rank a process of gpubench.runner.ranks; here
+    and under Slurm alike."""
+    from gpubench.launch import Launcher
+    from gpubench.runner.job import Job
+    from gpubench.runner.nodes import Nodes
+    from gpubench.runner.process import worker_command
+    from gpubench.runner.slurm import SlurmOptions, batch_script
+
+    monkeypatch.setitem(BACKENDS, "declared", "tests.test_seams:_Declared")
+    node = Config(workload="mlp", framework="declared", parallelism="ddp:2")
+    rank = Config(workload="mlp", framework="declared", parallelism="multiworker:2")
+    command = worker_command(Launcher(), tmp_path, node)
+    assert command[command.index("-m") + 1:] == ["my_node_launcher", "--standalone", "--nnodes=1",
+                                                 "--nproc-per-node=2", "-m", "gpubench.runner.worker", str(tmp_path)]
+    two = Nodes(nnodes=2, node_rank=1, master_addr="node0", master_port=29600)
+    assert worker_command(Launcher(), tmp_path, node, two)[-8:-4] == [
+        "--nnodes=2", "--node-rank=1", "--master-addr=node0", "--master-port=29600"]
+    command = worker_command(Launcher(), tmp_path, rank, two)
+    assert command[command.index("-m") + 1:] == ["gpubench.runner.ranks", "--nproc-per-node=2", "--nnodes=2",
+                                                 "--node-rank=1", "--master-addr=node0", "--master-port=29600",
+                                                 str(tmp_path)]
+
+    def script(config: Config) -> str:
+        return batch_script(Job(config, 0), tmp_path / "w", tmp_path / "l.log", Launcher(), SlurmOptions())
+
+    across = script(replace(node, nnodes=2))
+    assert "#SBATCH --ntasks-per-node=1" in across and "#SBATCH --cpus-per-task=2" in across
+    assert "my_node_launcher --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d" in across
+    per_rank = script(replace(rank, nnodes=2))
+    assert "#SBATCH --ntasks-per-node=2" in per_rank and "export GPUBENCH_RANKS=slurm" in per_rank
+    assert "my_node_launcher" not in per_rank and "gpubench.runner.ranks" not in per_rank
+
+
+def test_no_node_launcher_is_named_outside_its_backend():
+    """The modules that start a framework's ranks are named by its backend's declaration only."""
+    from gpubench.backends.registry import load_class
+
+    modules = {start.node_module for name in BACKENDS for start in load_class(name).capabilities.rank_start.values()
+               if start.node_module}
+    assert modules  # PyTorch declares torchrun
+    hits = [f"{path.relative_to(PACKAGE)}:{node.lineno}" for path in sorted(PACKAGE.rglob("*.py"))
+            if path.relative_to(PACKAGE).parts[0] != "backends"
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Constant) and node.value in modules]
+    assert hits == []

@@ -10,6 +10,7 @@ import importlib
 from typing import Any
 
 from gpubench.errors import choices_message
+from gpubench.options import RankStart, parse_parallelism
 
 # name -> "module:Class"; plugins add to it with register_backend.
 BACKENDS: dict[str, str] = {
@@ -42,3 +43,10 @@ def zoo_framework(zoo: str) -> str | None:
         except (KeyError, ImportError, AttributeError):
             continue
     return None
+
+
+def rank_start(framework: str, parallelism: str) -> RankStart:
+    """How the processes of a distributed config start, as its framework's backend declares it
+    (``Capabilities.rank_start``; a kind it does not name: every rank a process of its own)."""
+    kind = parse_parallelism(parallelism)[0]
+    return load_class(framework).capabilities.rank_start.get(kind, RankStart())

@@ -3,7 +3,7 @@
 One gpubench runs on every node, with the same suite and settings, so every node plans the
 same configs in the same order. A distributed config starts N processes on every node and
 meets the other nodes at a static rendezvous on ``master_addr:master_port``: torchrun's
-(``--nnodes --node-rank --master-addr --master-port``) for PyTorch, gpubench.runner.tf_launch's
+(``--nnodes --node-rank --master-addr --master-port``) for PyTorch, gpubench.runner.ranks's
 for TensorFlow's MultiWorkerMirroredStrategy. Ranks are numbered node by node: rank =
 node_rank x N + local rank.
 """
@@ -57,15 +57,15 @@ class Nodes:
             raise InputError(f"--master-addr: expected a host name or IP address, got {self.master_addr!r}")
         return self
 
-    def torchrun_args(self, nproc_per_node: int) -> list[str]:
-        """torchrun's arguments: one node with a local rendezvous on a free port, or the
-        static rendezvous on master_addr:master_port."""
+    def node_launcher_args(self, nproc_per_node: int) -> list[str]:
+        """A node launcher's arguments (torchrun's, gpubench.options.RankStart): one node with a
+        local rendezvous on a free port, or the static rendezvous on master_addr:master_port."""
         if not self.multi:
             return ["--standalone", "--nnodes=1", f"--nproc-per-node={nproc_per_node}"]
         return [*self.launch_args(), f"--nproc-per-node={nproc_per_node}"]
 
     def launch_args(self) -> list[str]:
-        """The node layout as flags, named alike by torchrun and gpubench.runner.tf_launch."""
+        """The node layout as flags, named alike by torchrun and gpubench.runner.ranks."""
         if not self.multi:
             return []
         return [f"--nnodes={self.nnodes}", f"--node-rank={self.node_rank}", f"--master-addr={self.master_addr}",

@@ -8,6 +8,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+from gpubench.backends.registry import rank_start
 from gpubench.config import Config
 from gpubench.errors import STORAGE_ERRNOS
 from gpubench.launch import Launcher
@@ -17,16 +18,17 @@ from gpubench.runner.nodes import Nodes
 
 def worker_command(launcher: Launcher, workdir: Path, config: Config, nodes: Nodes = Nodes()) -> list[str]:
     """The command line of the worker for one job. A distributed config's ranks (N on this node)
-    are started by a launcher: PyTorch's elastic launcher (torchrun: a local rendezvous on a free
-    port, or the static rendezvous of a multi-node run), or for TensorFlow's multiworker:N
-    gpubench.runner.tf_launch (one TF_CONFIG per worker)."""
+    are started as its backend declares (gpubench.options.RankStart): by the backend's node
+    launcher (a local rendezvous on a free port, or the static rendezvous of a multi-node run),
+    or each a process of its own started by gpubench.runner.ranks."""
     if not config.distributed:
         return launcher.command("gpubench.runner.worker", str(workdir))
-    kind, nproc = parse_parallelism(config.parallelism)
-    if kind == "multiworker":
-        return launcher.command("gpubench.runner.tf_launch", f"--nproc-per-node={nproc}", *nodes.launch_args(),
+    _, nproc = parse_parallelism(config.parallelism)
+    start = rank_start(config.framework, config.parallelism)
+    if start.node_module is None:
+        return launcher.command("gpubench.runner.ranks", f"--nproc-per-node={nproc}", *nodes.launch_args(),
                                 str(workdir))
-    return launcher.command("torch.distributed.run", *nodes.torchrun_args(nproc), "-m", "gpubench.runner.worker",
+    return launcher.command(start.node_module, *nodes.node_launcher_args(nproc), "-m", "gpubench.runner.worker",
                             str(workdir))
 
 

@@ -3,9 +3,9 @@
 Each job's batch script (``RUN_DIR/slurm/<job>.sbatch``, kept) asks for what the config needs
 (its nodes: one, or ``--nnodes`` for a distributed config; the GPUs its parallelism uses on a
 CUDA device; the config's ``timeout_s`` as the time limit unless ``--time`` says otherwise) and
-runs the worker under ``srun``: directly, through torchrun (one per node; across nodes, at
-torchrun's c10d rendezvous on the first node), or for TensorFlow's multiworker one task per
-worker, whose cluster TensorFlow's SlurmClusterResolver reads. The worker writes its outcome
+runs the worker under ``srun``: directly, through the node launcher its backend declares (one
+per node; across nodes, at its c10d rendezvous on the first node), or one task per rank for a
+kind whose ranks are processes of their own (gpubench.options.RankStart). The worker writes its outcome
 into its work directory in the run directory, which must be on a file system the nodes share.
 gpubench submits with ``sbatch`` (at most ``--max-parallel`` jobs queued or running at once),
 follows them with ``squeue`` and, for a job that has ended, ``scontrol`` or ``sacct``, and
@@ -36,6 +36,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from gpubench.backends.registry import rank_start
 from gpubench.config import Config
 from gpubench.errors import InputError
 from gpubench.hugepages import worker_env
@@ -87,12 +88,11 @@ def _slurm(*cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
         return subprocess.CompletedProcess(list(cmd), -1, "", f"{cmd[0]} did not answer within {timeout:g} s")
 
 
-# one port per job for its rendezvous (torchrun's c10d store, or the first of TensorFlow's
-# worker ports, one per task on a node), so that jobs sharing a node do not collide; below
+# one port per job for its rendezvous (a node launcher's c10d store, or the first of the
+# workers' ports, one per task on a node), so that jobs sharing a node do not collide; below
 # Linux's ephemeral range (32768-60999), where an outgoing connection could hold it
 PORT_LINE = "port=$((20000 + SLURM_JOB_ID % 700 * 16))"
-TF_CLUSTER_ENV = "GPUBENCH_TF_CLUSTER"  # "slurm": TensorFlow's SlurmClusterResolver makes the cluster
-TF_PORT_ENV = "GPUBENCH_TF_PORT_BASE"
+RANKS_ENV = "GPUBENCH_RANKS"  # "slurm": a task of a per-rank kind, its rank variables from Slurm's (slurm_ranks)
 HOSTS_ENV = "GPUBENCH_SLURM_HOSTS"  # the job's host names, comma-separated, in Slurm's order
 NODE_ENV = "node_env"  # in a worker's outcome (runtime): the fingerprint of the node it ran on
 
@@ -106,20 +106,23 @@ def job_nodes(config: Config) -> int:
 def batch_script(job: Job, workdir: Path, log: Path, launcher: Launcher, options: SlurmOptions) -> str:
     """The job's sbatch script: its resources as #SBATCH lines, then the worker under srun.
 
-    A PyTorch ddp/pipeline config: one torchrun per node (``--ntasks-per-node=1``), which
-    starts the node's ranks; on several nodes they meet at torchrun's c10d rendezvous on the
-    first node. A TensorFlow multiworker:N config: N tasks per node, each a worker, whose
-    cluster TensorFlow's SlurmClusterResolver reads from Slurm's variables."""
+    A distributed config whose backend declares a node launcher (gpubench.options.RankStart;
+    PyTorch's ddp/pipeline: torchrun): one per node (``--ntasks-per-node=1``), which starts the
+    node's ranks; on several nodes they meet at its c10d rendezvous on the first node. A kind
+    whose every rank is a process of its own (TensorFlow's multiworker:N): N tasks per node,
+    each a worker with its rank variables from Slurm's, and the backend's ``slurm_env``."""
     c = job.config
     nodes = job_nodes(c)
     workdir, log = workdir.absolute(), log.absolute()  # whatever directory the job starts in
-    kind, per_node = parse_parallelism(c.parallelism) if c.distributed else ("single", 1)
+    per_node = parse_parallelism(c.parallelism)[1] if c.distributed else 1
+    start = rank_start(c.framework, c.parallelism) if c.distributed else None
+    per_rank = start is not None and start.node_module is None
     gpus = options.gpus_per_node if options.gpus_per_node is not None else (
         c.devices // nodes if c.device.startswith("cuda") else 0)
-    # every rank a CPU of its own: N tasks of one CPU (multiworker), or one task of N CPUs
-    # (torchrun's N ranks); --sbatch-arg=--cpus-per-task=K, a later line, gives more (srun
+    # every rank a CPU of its own: N tasks of one CPU (a task per rank), or one task of N CPUs
+    # (a node launcher's N ranks); --sbatch-arg=--cpus-per-task=K, a later line, gives more (srun
     # takes the job's count from SLURM_CPUS_PER_TASK, as srun of Slurm 22.05 does not itself)
-    tasks, cpus = (per_node, 1) if kind == "multiworker" else (1, per_node)
+    tasks, cpus = (per_node, 1) if per_rank else (1, per_node)
     lines = ["#!/bin/bash", f"#SBATCH --job-name=gpubench-{job.name}",
              f"#SBATCH --output={_sbatch_quote(str(log).replace('%', '%%'))}",  # sbatch reads %j, %u...
              f"#SBATCH --nodes={nodes}", f"#SBATCH --ntasks-per-node={tasks}", f"#SBATCH --cpus-per-task={cpus}",
@@ -135,22 +138,23 @@ def batch_script(job: Job, workdir: Path, log: Path, launcher: Launcher, options
     lines += [f"export {k}={shlex.quote(v)}" for k, v in exports.items()]
     # a job Slurm requeued (its node failed) starts again without its first attempt's outcomes
     lines.append(f"rm -f {shlex.quote(str(workdir))}/result*.json {shlex.quote(str(workdir))}/timeline.json")
-    # block: ranks numbered node by node, as torchrun and the rank variables expect; a task
-    # that fails ends the others, as torchrun and gpubench's own launcher do
+    # block: ranks numbered node by node, as node launchers and the rank variables expect; a
+    # task that fails ends the others, as torchrun and gpubench's own launcher do
     srun = (f"srun --nodes={nodes} --ntasks-per-node={tasks} --cpus-per-task=$SLURM_CPUS_PER_TASK "
             "--distribution=block --kill-on-bad-exit=1 ")
-    if kind == "multiworker":
-        lines += [PORT_LINE, f"export {TF_CLUSTER_ENV}=slurm {TF_PORT_ENV}=$port",
+    if per_rank:
+        assert start is not None
+        lines += [PORT_LINE, f"export {' '.join((*start.slurm_env, f'{RANKS_ENV}=slurm'))}",
                   f'export {HOSTS_ENV}=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd,)',
                   srun + shlex.join(launcher.command("gpubench.runner.worker", str(workdir)))]
-    elif nodes > 1:
+    elif nodes > 1 and start is not None and start.node_module is not None:
         expanded = {"--rdzv-id=gpubench-$SLURM_JOB_ID", "--rdzv-endpoint=$head:$port"}  # the shell fills these in
-        torchrun = launcher.command("torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={per_node}",
-                                    "--rdzv-backend=c10d",
-                                    "--rdzv-id=gpubench-$SLURM_JOB_ID", "--rdzv-endpoint=$head:$port", "-m",
-                                    "gpubench.runner.worker", str(workdir))
+        command = launcher.command(start.node_module, f"--nnodes={nodes}", f"--nproc-per-node={per_node}",
+                                   "--rdzv-backend=c10d",
+                                   "--rdzv-id=gpubench-$SLURM_JOB_ID", "--rdzv-endpoint=$head:$port", "-m",
+                                   "gpubench.runner.worker", str(workdir))
         lines += ['head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', PORT_LINE,
-                  srun + " ".join(a if a in expanded else shlex.quote(a) for a in torchrun)]
+                  srun + " ".join(a if a in expanded else shlex.quote(a) for a in command)]
     else:
         lines.append(srun + shlex.join(worker_command(launcher, workdir, c)))
     return "\n".join(lines) + "\n"
@@ -170,8 +174,8 @@ def _sbatch_quote(path: str) -> str:
 
 
 def slurm_ranks(environ: dict[str, str]) -> dict[str, str]:
-    """The rank variables torchrun sets, from a Slurm task's own (a multiworker worker started
-    by srun, the same number of tasks on every node): RANK, WORLD_SIZE, LOCAL_RANK,
+    """The rank variables torchrun sets, from a Slurm task's own (a worker of a per-rank kind
+    started by srun, the same number of tasks on every node): RANK, WORLD_SIZE, LOCAL_RANK,
     LOCAL_WORLD_SIZE, GROUP_RANK. Nodes are numbered as TensorFlow's SlurmClusterResolver
     lists them, by host name sorted as text (``gpu10`` before ``gpu9``), which is not always
     Slurm's order: the job's host names, in Slurm's order, are in GPUBENCH_SLURM_HOSTS."""

@@ -339,14 +339,14 @@ def _check_ranks(out: Outcome, ranks: list[dict[str, Any]], config: Config) -> N
 
 
 def main(argv: list[str]) -> int:
-    die_with_parent()  # a rank or TensorFlow worker under a launcher: gone with it
+    die_with_parent()  # a rank under a launcher: gone with it
     workdir = Path(argv[0])
     job = json.loads((workdir / "job.json").read_text())
     options = job.get("options") or {}
     if options.get("slurm"):  # started by srun (gpubench run --launcher slurm)
-        from gpubench.runner.slurm import TF_CLUSTER_ENV, slurm_ranks
+        from gpubench.runner.slurm import RANKS_ENV, slurm_ranks
 
-        if os.environ.get(TF_CLUSTER_ENV) == "slurm":  # a multiworker task: its ranks from Slurm's variables
+        if os.environ.get(RANKS_ENV) == "slurm":  # a task per rank: its ranks from Slurm's variables
             os.environ.update(slurm_ranks(dict(os.environ)))
     from gpubench.plugins import load_plugins
 
@@ -382,7 +382,7 @@ def _write_outcome(workdir: Path, config: Config, outcome: Outcome, timeline: di
         if outcome.status not in ("ok", "diverged"):
             outcome.reason = f"rank {rank}: {outcome.reason}"
             write_json_atomic(workdir / f"result-rank{rank}.json", outcome.outcome_json())
-            return 1  # torchrun then stops the other ranks
+            return 1  # the launcher then stops the other ranks
         return 0
     try:
         if timeline is not None:

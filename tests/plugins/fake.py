@@ -89,7 +89,7 @@ class FakeBackend(Backend):
     name = "fake"
     install_hint = "it is a test plugin"
     # numpy in float64: one precision, eager steps, device-resident batches; multiworker:N goes
-    # through the real TensorFlow launcher (gpubench.runner.tf_launch) with numpy ranks
+    # through gpubench.runner.ranks (the per-rank launcher TensorFlow uses) with numpy ranks
     capabilities = Capabilities(precisions={"cpu": ("fp32",), "cuda": ("fp32",)},
                                 parallelism=("single", "multiworker"),
                                 notes={"precision=tf32": "the fake backend has no tf32"})

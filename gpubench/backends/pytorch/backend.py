@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo
 from gpubench.backends.pytorch.modes import GRAPH_RESETTABLE_OPTIMIZERS, TORCH_COMPILE_MODES
-from gpubench.options import PRECISIONS, Capabilities, device_index, device_kind, parse_parallelism
+from gpubench.options import PRECISIONS, Capabilities, RankStart, device_index, device_kind, parse_parallelism
 from gpubench.workloads import get_workload
 
 if TYPE_CHECKING:
@@ -154,7 +154,9 @@ class TorchBackend(Backend):
                                     "ddp:N (or dp:N)",
             "parallelism=multiworker": "multiworker:N is TensorFlow's MultiWorkerMirroredStrategy; PyTorch's data "
                                        "parallelism is ddp:N",
-        })
+        },
+        # ddp:N and pipeline:N: PyTorch's elastic launcher (torchrun) starts each node's N ranks
+        rank_start={k: RankStart(node_module="torch.distributed.run") for k in ("ddp", "pipeline")})
 
     def static_unsupported(self, config: Config) -> str | None:
         kind = device_kind(config.device)

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo
-from gpubench.backends.tensorflow.runtime import import_tf
-from gpubench.options import PRECISIONS, Capabilities, device_index, device_kind, parse_parallelism
+from gpubench.backends.tensorflow.runtime import PORT_BASE_ENV, SLURM_CLUSTER_ENV, import_tf
+from gpubench.options import PRECISIONS, Capabilities, RankStart, device_index, device_kind, parse_parallelism
 
 if TYPE_CHECKING:
     from gpubench.backends.base import NativeModel, Trainer
@@ -93,7 +93,10 @@ class TensorFlowBackend(Backend):
                                    "mirrored:N (MirroredStrategy) or multiworker:N (MultiWorkerMirroredStrategy)"
                for k, engine in (("ddp", "DistributedDataParallel"), ("dp", "DataParallel"),
                                  ("pipeline", "pipeline parallelism (torch.distributed.pipelining)"))},
-        })
+        },
+        # multiworker:N: every worker a process of its own (TensorFlow ships no launcher); under
+        # Slurm, TensorFlow's SlurmClusterResolver makes the cluster (trainer._multiworker_strategy)
+        rank_start={"multiworker": RankStart(slurm_env=(f"{SLURM_CLUSTER_ENV}=slurm", f"{PORT_BASE_ENV}=$port"))})
 
     def static_unsupported(self, config: Config) -> str | None:
         parallel = parse_parallelism(config.parallelism)[0]

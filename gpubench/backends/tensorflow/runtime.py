@@ -8,6 +8,11 @@ from typing import Any
 
 from gpubench.options import device_index, device_kind
 
+# a multiworker worker that srun started (gpubench run --launcher slurm): "slurm" in the first,
+# and the first of the job's worker ports (one per task on a node) in the second
+SLURM_CLUSTER_ENV = "GPUBENCH_TF_CLUSTER"
+PORT_BASE_ENV = "GPUBENCH_TF_PORT_BASE"
+
 
 def import_tf() -> Any:
     """Import TensorFlow quietly, with GPU memory growth on: TensorFlow would otherwise

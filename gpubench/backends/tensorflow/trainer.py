@@ -15,8 +15,9 @@ import tensorflow as tf
 from gpubench.backends.base import Lap, NativeModel, ProfilingUnavailable, Trainer, Unsupported
 from gpubench.backends.tensorflow.layout import nhwc_data
 from gpubench.backends.tensorflow.native import POLICIES, as_native, builtin_loss
-from gpubench.backends.tensorflow.runtime import import_tf, tf_device
+from gpubench.backends.tensorflow.runtime import PORT_BASE_ENV, SLURM_CLUSTER_ENV, import_tf, tf_device
 from gpubench.config import Config
+from gpubench.launch import WORKERS_ENV
 from gpubench.measure.timers import HostStepTimer, StepTimer, WindowTimer
 from gpubench.options import OPTIMIZER_SETTINGS, device_kind, parse_parallelism
 from gpubench.workloads.base import WorkloadSpec
@@ -74,21 +75,25 @@ class _SlurmResolver(tf.distribute.cluster_resolver.SlurmClusterResolver):
 
 def _multiworker_strategy(gpu: bool) -> tf.distribute.Strategy:
     """One replica per worker process (worker r of a node on its /GPU:r, or on the CPU), in
-    the cluster that TF_CONFIG describes (set by gpubench.runner.tf_launch) or, for a worker
-    that srun started (gpubench run --launcher slurm), the one TensorFlow's
-    SlurmClusterResolver reads from Slurm's variables (worker ports from GPUBENCH_TF_PORT_BASE
-    on every node). Collectives: NCCL between GPUs, ring all-reduce over gRPC between CPUs."""
+    the cluster that TF_CONFIG describes (made here from the worker list and RANK that
+    gpubench.runner.ranks gives every worker) or, for a
+    worker that srun started (gpubench run --launcher slurm), the one TensorFlow's
+    SlurmClusterResolver reads from Slurm's variables (worker ports from PORT_BASE_ENV on every
+    node). Collectives: NCCL between GPUs, ring all-reduce over gRPC between CPUs."""
     gpus = tf.config.list_physical_devices("GPU")
     local = int(os.environ.get("LOCAL_RANK", "0"))
     tf.config.set_visible_devices([gpus[local]] if gpu else [], "GPU")
     comm = tf.distribute.experimental.CommunicationImplementation
     options = tf.distribute.experimental.CommunicationOptions(implementation=comm.NCCL if gpu else comm.RING)
     resolver = None
-    if os.environ.get("GPUBENCH_TF_CLUSTER") == "slurm":
+    if WORKERS_ENV in os.environ:
+        os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": json.loads(os.environ[WORKERS_ENV])},
+                                              "task": {"type": "worker", "index": int(os.environ["RANK"])}})
+    if os.environ.get(SLURM_CLUSTER_ENV) == "slurm":
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         # one device per task, chosen above by LOCAL_RANK (auto_set_gpu would set CUDA_VISIBLE_DEVICES
         # after TensorFlow has seen the GPUs); on CPUs the "GPU" counts only shape the port layout
-        resolver = _SlurmResolver(port_base=int(os.environ["GPUBENCH_TF_PORT_BASE"]), gpus_per_node=per_node,
+        resolver = _SlurmResolver(port_base=int(os.environ[PORT_BASE_ENV]), gpus_per_node=per_node,
                                   gpus_per_task=1, auto_set_gpu=False)
     return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)
 
@@ -113,7 +118,7 @@ class TFTrainer(Trainer):
         self._phases: Any = None  # the breakdown pass's separate tf.functions, built on first use
         # mirrored:N: N replicas (GPUs, or logical CPU devices, which must be set up before
         # TensorFlow initialises its devices); data: every global batch split over them
-        # multiworker:N: one replica per worker process, N per node (the cluster from TF_CONFIG)
+        # multiworker:N: one replica per worker process, N per node (_multiworker_strategy)
         kind = parse_parallelism(config.parallelism)[0]
         self.parallelism = config.parallelism
         self.strategy = (_mirrored_strategy(config.devices, self.gpu) if kind == "mirrored" else
@@ -264,7 +269,7 @@ class TFTrainer(Trainer):
             self._step = tf.function(device_step, jit_compile=xla)
         data = "tf.data(distributed)" if self.pipeline else "device-resident (per replica)"
         if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-            cluster = ("SlurmClusterResolver" if os.environ.get("GPUBENCH_TF_CLUSTER") == "slurm" else "TF_CONFIG")
+            cluster = ("SlurmClusterResolver" if os.environ.get(SLURM_CLUSTER_ENV) == "slurm" else "TF_CONFIG")
             distributed = (f"MultiWorkerMirroredStrategy({'NCCL' if self.gpu else 'RING'}, "
                            f"workers={self.world_size}, cluster={cluster})")
         else:

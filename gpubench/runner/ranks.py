@@ -1,20 +1,21 @@
-"""The launcher TensorFlow's MultiWorkerMirroredStrategy expects, which TensorFlow itself
-does not ship: N worker processes on this node, each with its own ``TF_CONFIG`` (the
-cluster's worker addresses, and its task index).
+"""gpubench's launcher for a distributed kind whose every rank is a process of its own, for
+the backends that declare it (``RankStart()`` in their capabilities; TensorFlow's
+multiworker:N, whose MultiWorkerMirroredStrategy has no launcher of its own): N worker
+processes on this node, each with the variables torchrun sets and every worker's address.
 
-    python -m gpubench.runner.tf_launch --nproc-per-node N [--nnodes M --node-rank R
+    python -m gpubench.runner.ranks --nproc-per-node N [--nnodes M --node-rank R
         --master-addr HOST --master-port P] WORKDIR
 
-Each worker runs ``python -m gpubench.runner.worker WORKDIR`` with TF_CONFIG and the
-variables torchrun sets (RANK = node_rank x N + local rank, LOCAL_RANK, WORLD_SIZE,
-LOCAL_WORLD_SIZE, GROUP_RANK), so the worker handles ranks the same way for every
-launcher. Ports: each node picks N free ports of its own. On one node the cluster is
-``localhost:<port>``; across nodes, node 0 listens on master_addr:master_port, every other
-node connects and sends its ports (and the name of the job, WORKDIR's name, so that nodes at
-different configs fail instead of pairing wrong workers), node 0 answers with the whole
-worker list: node 0's workers at master_addr, node r's at the address its connection came
-from. Like torchrun, a worker that fails stops the others, and the launcher exits with the
-failed worker's code.
+Each worker runs ``python -m gpubench.runner.worker WORKDIR`` with RANK = node_rank x N +
+local rank, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (so the worker handles ranks
+the same way for every launcher) and GPUBENCH_WORKERS, every worker's host:port in rank order
+as a JSON list (from which the TensorFlow backend makes the worker's TF_CONFIG). Ports: each
+node picks N free ports of its own. On one node the cluster is ``localhost:<port>``; across
+nodes, node 0 listens on master_addr:master_port, every other node connects and sends its
+ports (and the name of the job, WORKDIR's name, so that nodes at different configs fail
+instead of pairing wrong workers), node 0 answers with the whole worker list: node 0's
+workers at master_addr, node r's at the address its connection came from. Like torchrun, a
+worker that fails stops the others, and the launcher exits with the failed worker's code.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from gpubench.launch import WORKERS_ENV
 from gpubench.runner.nodes import DEFAULT_MASTER_PORT, Nodes, meet
 
 POLL_S = 0.1
@@ -88,8 +90,7 @@ def launch(nodes: Nodes, nproc: int, workdir: Path) -> int:
     for local in range(nproc):
         rank = nodes.node_rank * nproc + local
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(local), WORLD_SIZE=str(len(workers)),
-                   LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK=str(nodes.node_rank),
-                   TF_CONFIG=json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}))
+                   LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK=str(nodes.node_rank), **{WORKERS_ENV: json.dumps(workers)})
         procs.append(subprocess.Popen([sys.executable, "-m", "gpubench.runner.worker", str(workdir)], env=env))
     while True:
         codes = [p.poll() for p in procs]
@@ -103,7 +104,7 @@ def launch(nodes: Nodes, nproc: int, workdir: Path) -> int:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpubench.runner.tf_launch")
+    parser = argparse.ArgumentParser(prog="python -m gpubench.runner.ranks")
     parser.add_argument("--nproc-per-node", type=int, required=True)
     parser.add_argument("--nnodes", type=int, default=1)
     parser.add_argument("--node-rank", type=int, default=0)
