@@ -441,7 +441,7 @@ def _main(argv: list[str] | None) -> int:
                                       resume=args.resume, report=not args.no_report,
                                       calibrate=not args.no_calibrate, nodes=nodes,
                                       db=args.db or os.environ.get(ENV_VAR) or None,
-                                      tags=parse_tags(args.tags), slurm=slurm, max_jobs=args.max_jobs,
+                                      tags=parse_tags(args.tags), launcher=slurm, max_jobs=args.max_jobs,
                                       retry_failed=args.retry_failed), console)
         if args.command == "history":
             from gpubench.history.db import require_history

@@ -18,6 +18,9 @@ _PKG_ROOT = str(Path(gpubench.__file__).resolve().parent.parent)
 # set by gpubench.runner.ranks for a rank it starts: every rank's host:port, in rank order, as a
 # JSON list (a backend whose ranks are processes of their own makes its cluster from it)
 WORKERS_ENV = "GPUBENCH_WORKERS"
+# "slurm" for a rank that srun started as a task of its own (gpubench run --launcher slurm): its
+# rank variables are made from Slurm's (gpubench.runner.slurm.slurm_ranks)
+RANKS_ENV = "GPUBENCH_RANKS"
 
 
 def child_env() -> dict[str, str]:

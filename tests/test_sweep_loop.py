@@ -3,8 +3,10 @@ for every launcher, whatever the launcher's jobs do."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import pytest
 
@@ -12,7 +14,7 @@ from gpubench.config import Config
 from gpubench.results.result import Outcome
 from gpubench.results.store import load_results
 from gpubench.runner.job import Job
-from gpubench.runner.launcher import Done, JobLauncher
+from gpubench.runner.launcher import Done, JobLauncher, LaunchContext, LauncherChoice
 from gpubench.runner.sweep import run_sweep
 
 OK = Outcome(status="error", reason="scripted")  # any outcome: the loop records what it is given
@@ -99,3 +101,55 @@ def test_a_config_that_cannot_run_costs_no_job(tmp_path):
     results = run_sweep([bad, *jobs(1)], launcher, tmp_path, "run", {"hostname": "here"})
     assert [r.status for r in results] == ["unsupported", "error"] and launcher.submissions == 1
     assert all(r.env == {"hostname": "here"} for r in results)
+
+
+STARTED: list[tuple[str, int]] = []
+
+
+@dataclass(frozen=True)
+class Elsewhere(LauncherChoice):
+    """A launcher whose jobs run on other machines, as gpubench run knows it: a choice with its
+    options, which starts a Scripted launcher (the first job of a new run is cancelled)."""
+
+    name: ClassVar[str] = "elsewhere"
+    remote: ClassVar[bool] = True
+    queue: str = "q"
+
+    def stored(self) -> dict[str, Any] | None:
+        return {"queue": self.queue}
+
+    @classmethod
+    def from_stored(cls, stored: dict[str, Any]) -> LauncherChoice:
+        return cls(stored["queue"])
+
+    def start(self, ctx: LaunchContext) -> JobLauncher:
+        STARTED.append((self.queue, ctx.total))
+        first = len(STARTED) == 1
+        return Scripted(limit=2, fate=lambda job: "cancel" if first and job.config.seed == 0 else "ok")
+
+
+def test_gpubench_run_knows_a_launcher_only_by_its_choice(tmp_path, write_suite, monkeypatch):
+    """A launcher registered by name runs a sweep through the one loop; run.json keeps its
+    options under its name, and --resume continues under it with the jobs left (no probe, model
+    check or calibration here: its jobs run elsewhere)."""
+    from rich.console import Console
+
+    from gpubench.runner import run
+
+    monkeypatch.setitem(run.LAUNCHERS, "elsewhere", Elsewhere)
+    STARTED.clear()
+    suite = write_suite('name = "s"\n[defaults]\nworkload = "mlp"\nsteps = 2\n[matrix]\nseed = [0, 1, 2]\n')
+    console = Console(file=open(tmp_path / "out.txt", "w"), width=200)  # noqa: SIM115 - closed with the test
+    code = run.execute(run.RunRequest(suite=str(suite), out=tmp_path / "runs", report=False, calibrate=False,
+                                      launcher=Elsewhere("gpu")), console)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert code == run.EXIT_INTERRUPTED and STARTED == [("gpu", 3)]
+    assert json.loads((run_dir / "run.json").read_text())["args"]["elsewhere"] == {"queue": "gpu"}
+    assert sorted(r.config["seed"] for r in load_results(run_dir)) == [1, 2]
+    code = run.execute(run.RunRequest(suite=None, out=tmp_path / "runs", resume=run_dir, report=False,
+                                      calibrate=False), console)
+    assert STARTED == [("gpu", 3), ("gpu", 1)]  # the stored choice, with the one job left
+    assert code == run.EXIT_FAILED  # the scripted outcomes are errors
+    assert sorted(r.config["seed"] for r in load_results(run_dir)) == [0, 1, 2]
+    console.file.close()
+    assert "1 job(s) cancelled without a result" in (tmp_path / "out.txt").read_text()

@@ -2,9 +2,12 @@
 repeat), says which jobs have ended and with what outcome, and cancels what is in flight; the
 one sweep loop (gpubench.runner.sweep.run_sweep) does everything else for every launcher: the
 checks that need no worker, the result with its fingerprint, MFU, the results file, the
-history and the progress line. Launchers: gpubench.runner.local (worker processes on this
-machine, one job at a time: plain, under torchrun, TensorFlow's multi-worker launcher, and a
-node of a multi-node run) and gpubench.runner.slurm (every job a Slurm batch job).
+history and the progress line. ``gpubench run`` knows a launcher only as a ``LauncherChoice``
+(its options as the user gave them: its checks of the sweep, what a resumed run keeps of it,
+the ``JobLauncher`` it starts). Launchers: gpubench.runner.local (worker processes on this
+machine, one job at a time, also as a node of a multi-node run) and gpubench.runner.slurm
+(every job a Slurm batch job). Within a job, a distributed config's ranks start as its backend
+declares (gpubench.options.RankStart), whichever launcher runs it.
 """
 
 from __future__ import annotations
@@ -12,11 +15,19 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 from gpubench.backends.base import ProbeInfo
+from gpubench.config import Config
+from gpubench.launch import Launcher
 from gpubench.results.result import Outcome, Result
 from gpubench.runner.job import Job
+from gpubench.runner.nodes import Nodes
+
+# a job option (job.json) of a launcher whose jobs run on other machines: the worker puts the
+# fingerprint of the node it ran on into its outcome's runtime under this key
+NODE_ENV = "node_env"
 
 
 @dataclass
@@ -69,3 +80,65 @@ class JobLauncher(ABC):
     def seen(self, result: Result) -> None:
         """A result of the sweep, as it is recorded (a launcher that reuses earlier results)."""
         return None
+
+
+@dataclass
+class LaunchContext:
+    """What a launcher is started with: the run directory, how children start, this machine's
+    probes (empty for a remote launcher), the node layout of a multi-node run, the results
+    already in the run (a resume), and where its progress lines go."""
+
+    run_dir: Path
+    launcher: Launcher
+    probes: dict[str, ProbeInfo]
+    nodes: Nodes
+    earlier: list[Result]
+    total: int  # jobs of the sweep, for progress lines
+    note: Callable[[str], None] = lambda line: None
+
+
+class LauncherChoice(ABC):
+    """A launcher as chosen for a run (``gpubench run --launcher NAME`` and its options), before
+    the run directory exists. ``name`` is its ``--launcher`` value and its key in run.json's
+    ``args`` (where ``stored`` is kept, so that a resumed run continues under it). A
+    ``remote`` launcher runs its jobs on other machines: their frameworks, models and device
+    peaks are checked where each job runs (none here), and the run's fingerprint is that of the
+    node its first job ran on (each result carries its own node's)."""
+
+    name: ClassVar[str]
+    remote: ClassVar[bool] = False
+
+    def nnodes(self, nodes: Nodes) -> int:
+        """The nodes each distributed config spans (part of its id)."""
+        return nodes.nnodes
+
+    def check(self, configs: list[Config], where: Path, nodes: Nodes) -> None:
+        """Refuse (InputError, one line) what this launcher cannot run, before anything is
+        written; ``where``: the run directory, or the directory runs go to."""
+        return None
+
+    def check_jobs(self, jobs: list[Job], launcher: Launcher) -> None:
+        """Check the jobs with whatever runs them (a scheduler's test submission), before
+        anything is written."""
+        return None
+
+    def stored(self) -> dict[str, Any] | None:
+        """What run.json keeps of this choice (None: nothing: a resume runs locally)."""
+        return None
+
+    @classmethod
+    def from_stored(cls, stored: dict[str, Any]) -> LauncherChoice:
+        """The choice ``stored`` kept."""
+        return cls()
+
+    def resumed(self, stored: LauncherChoice, where: Path) -> LauncherChoice:
+        """This choice, given to resume a run started under ``stored`` (the same launcher)."""
+        return self
+
+    def cancelled_line(self, n: int) -> str:
+        """What ``n`` jobs cancelled without a result were (Ctrl-C, an error)."""
+        return f"{n} job(s) cancelled"
+
+    @abstractmethod
+    def start(self, ctx: LaunchContext) -> JobLauncher:
+        """The launcher that runs the sweep's jobs."""

@@ -1,8 +1,8 @@
-"""The local launcher: each job a worker process on this machine, one at a time (the worker is
-started plainly, under torchrun for ``ddp:N`` / ``pipeline:N``, or by TensorFlow's multi-worker
-launcher for ``multiworker:N``: gpubench.runner.job). On a node of a multi-node run every node
-runs the same jobs in the same order and meets the others before each distributed one. A
-``batch_size = "max"`` config is searched first (reusing a search of an earlier result).
+"""The local launcher: each job a worker process on this machine, one at a time (a distributed
+config's ranks started as its backend declares: gpubench.runner.job). On a node of a
+multi-node run every node runs the same jobs in the same order and meets the others before
+each distributed one. A ``batch_size = "max"`` config is searched first (reusing a search of an
+earlier result). ``gpubench run --launcher local`` (the default) chooses it: ``Local``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from gpubench.launch import Launcher
 from gpubench.results.result import Outcome, Result
 from gpubench.runner.find_batch import batch_search, run_at_max_batch
 from gpubench.runner.job import Job, run_worker
-from gpubench.runner.launcher import Done, JobLauncher
+from gpubench.runner.launcher import Done, JobLauncher, LaunchContext, LauncherChoice
 from gpubench.runner.nodes import Nodes, barrier
 
 
@@ -67,3 +67,14 @@ class LocalLauncher(JobLauncher):
 
     def seen(self, result: Result) -> None:
         self.earlier.append(result)
+
+
+class Local(LauncherChoice):
+    """``--launcher local``: this machine's worker processes (nothing kept in run.json: a
+    resume runs here too)."""
+
+    name = "local"
+
+    def start(self, ctx: LaunchContext) -> JobLauncher:
+        return LocalLauncher(probes=ctx.probes, run_dir=ctx.run_dir, launcher=ctx.launcher, nodes=ctx.nodes,
+                             earlier=list(ctx.earlier))

@@ -17,7 +17,6 @@ from typing import Any
 from rich.console import Console
 
 from gpubench.backends.base import ProbeInfo
-from gpubench.config import MAX_BATCH
 from gpubench.env import emulation_note, fingerprint
 from gpubench.errors import InputError, StorageError, note, stop_exit_code, stop_message, warn
 from gpubench.launch import Launcher
@@ -38,18 +37,21 @@ from gpubench.results.store import (
     write_json_atomic,
 )
 from gpubench.runner.history import RunHistory
-from gpubench.runner.launcher import JobLauncher
-from gpubench.runner.local import LocalLauncher
+from gpubench.runner.launcher import LaunchContext, LauncherChoice
+from gpubench.runner.local import Local
 from gpubench.runner.mfu import load_peaks, peak_devices
 from gpubench.runner.models import check_models, user_code_path
 from gpubench.runner.nodes import Nodes
 from gpubench.runner.probe import probe
 from gpubench.runner.progress import SweepDisplay, summary_table, unmeasured_lines
-from gpubench.runner.slurm import SlurmLauncher, SlurmOptions, check_path, check_submissions
+from gpubench.runner.slurm import SlurmOptions
 from gpubench.runner.sweep import plan, pre_resolve, run_sweep
 from gpubench.suite import MAX_JOBS, Config, Suite, load_suite
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+# gpubench run --launcher NAME: the launchers, by name (a run.json's args keep a launcher's
+# options under its name, so that a resumed run continues under it)
+LAUNCHERS: dict[str, type[LauncherChoice]] = {"local": Local, "slurm": SlurmOptions}
 RUN_SUFFIX_CHARS = 6  # hex digits of the run's uuid in its id: 16.7 million ids a second
 
 
@@ -65,7 +67,8 @@ class RunRequest:
     nodes: Nodes = field(default_factory=Nodes)
     db: str | None = None  # record into this results history as results finish (None: no history)
     tags: dict[str, str] = field(default_factory=dict)  # --tag KEY=VALUE, kept in run.json and the history
-    slurm: SlurmOptions | None = None  # --launcher slurm: every job a Slurm batch job
+    # --launcher NAME with its options (LAUNCHERS); None: on --resume the run's own, else local
+    launcher: LauncherChoice | None = None
     max_jobs: int | None = None  # --max-jobs: the most config repeats the sweep may have (None: the suite's cap)
     retry_failed: bool = False  # --resume --retry-failed: run the error and timeout repeats again
     # where the workers import the user's code from (the Python API: the caller's directories);
@@ -125,21 +128,18 @@ def finish_run_dir(run_dir: Path, meta: dict[str, Any]) -> None:
     write_json_atomic(run_dir / RUN_FILE, meta)
 
 
-def _check_slurm(req: RunRequest, configs: list[Config], run_dir: Path | None) -> None:
-    if req.slurm is None:
-        return
-    check_path(run_dir or req.out)
-    if req.nodes.multi:
-        raise InputError("--launcher slurm: --node-rank and --master-addr are for runs started by hand on every "
-                         "node; under Slurm give the nodes each distributed config spans (SlurmOptions.nodes)")
-    searched = [c.config_id for c in configs if c.batch_size == MAX_BATCH]
-    if searched:
-        raise InputError(f"--launcher slurm: batch_size \"max\" is searched on the machine that runs gpubench "
-                         f"({searched[0]}); find it on a node with gpubench find-batch and give the number")
-    numbered = [c.config_id for c in configs if c.device.startswith("cuda:")]
-    if numbered:  # a job sees only the GPUs Slurm gave it, numbered from 0
-        raise InputError(f"--launcher slurm: device: a numbered GPU ({numbered[0]}) is for a machine gpubench runs "
-                         "on; under Slurm use device = \"cuda\": Slurm picks each job's GPUs")
+def _launcher_choice(req: RunRequest, run_dir: Path | None) -> LauncherChoice:
+    """The launcher of this run: the one asked for, or on --resume the one the run was started
+    under (kept in run.json's args under its name), given new options where asked."""
+    args = (load_run(run_dir).get("args") or {}) if run_dir is not None else {}
+    stored = next((cls.from_stored(args[name]) for name, cls in LAUNCHERS.items()
+                   if isinstance(args.get(name), dict)), None)
+    if stored is None:
+        return req.launcher or Local()
+    if req.launcher is None:
+        return stored
+    assert run_dir is not None
+    return req.launcher.resumed(stored, run_dir) if type(req.launcher) is type(stored) else req.launcher
 
 
 def _prepare(req: RunRequest, held: ExitStack) -> tuple[Suite, int, Path | None, list[Result]]:
@@ -230,20 +230,11 @@ def execute(req: RunRequest, console: Console) -> int:
 def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
     nodes = req.nodes.check()
     suite, repeats, run_dir, existing = _prepare(req, held)
-    stored = (load_run(run_dir).get("args") or {}).get("slurm") if run_dir is not None else None
-    if isinstance(stored, dict) and req.slurm is None:  # a Slurm run resumes under Slurm, with its options
-        req = replace(req, slurm=SlurmOptions.from_dict(stored))
-    elif isinstance(stored, dict) and req.slurm is not None:  # new Slurm options, the same nodes per config
-        spans = SlurmOptions.from_dict(stored).nodes
-        if req.slurm.nodes not in (1, spans):
-            raise InputError(f"--resume {run_dir}: --nnodes {req.slurm.nodes}: the run was started with --nnodes "
-                             f"{spans}, part of each config's id")
-        req = replace(req, slurm=replace(req.slurm, nodes=spans))
+    choice = _launcher_choice(req, run_dir)
     # every node expands the same suite: the same configs in the same order
-    nnodes = req.slurm.nodes if req.slurm is not None else nodes.nnodes
-    configs = [replace(c, nnodes=nnodes) for c in suite.expand()]
+    configs = [replace(c, nnodes=choice.nnodes(nodes)) for c in suite.expand()]
     check_data(configs, suite.source)
-    _check_slurm(req, configs, run_dir)
+    choice.check(configs, run_dir or req.out, nodes)
     if run_dir is not None:
         existing = _resumed(run_dir, configs, existing, req.retry_failed)
     if run_dir is None:
@@ -251,30 +242,30 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
     history = RunHistory(req.db) if req.db is not None and nodes.node_rank == 0 else None
     done = {(r.config_id, r.repeat) for r in existing}
     jobs = plan(configs, repeats, done)
-    # under Slurm the frameworks and devices are the nodes', not this submit host's: each job's
-    # worker checks them where it runs
     # the user's own code (factories, batch and loss functions) is imported from the suite's
     # directory; a resumed run keeps the directory it started with
     stored_path = (load_run(run_dir).get("args") or {}).get("code_path") if run_dir is not None else None
     code_path = (tuple(str(p) for p in stored_path) if isinstance(stored_path, list)
                  else req.code_path if req.code_path is not None else user_code_path(configs, suite.source))
     launcher = Launcher(code_path=code_path)
-    probes = probe_frameworks(configs, console, launcher) if jobs and req.slurm is None else {}
-    if jobs and req.slurm is None:  # under Slurm each worker builds its model where it runs
+    # a remote launcher's jobs run on other machines: the frameworks, devices and models are
+    # theirs, checked by each job's worker where it runs
+    local = not choice.remote
+    probes = probe_frameworks(configs, console, launcher) if jobs and local else {}
+    if jobs and local:
         check_models([job.config for job in jobs], suite.source, launcher,
                      skip_frameworks={name for name, p in probes.items() if not p.available})
-    if req.slurm is not None:
-        check_submissions(jobs, launcher, req.slurm)
-    # under Slurm the run's fingerprint is that of the node its first job ran on (each result
-    # has its own node's), written into run.json as that job ends
-    env = fingerprint({k: p.to_dict() for k, p in probes.items()}) if req.slurm is None else {}
+    choice.check_jobs(jobs, launcher)
+    # a remote run's fingerprint is that of the node its first job ran on (each result has its
+    # own node's), written into run.json as that job ends
+    env = fingerprint({k: p.to_dict() for k, p in probes.items()}) if local else {}
     runnable = [job.config for job in jobs if pre_resolve(job.config, probes) is None]
     if (emulated := emulation_note(runnable, env)) is not None:
         note(emulated)
     # only node 0 writes results, so only node 0 needs the peaks (a calibration on the others
     # would only delay their first rendezvous)
     peaks = (load_peaks(peak_devices(runnable), console)
-             if req.calibrate and nodes.node_rank == 0 and req.slurm is None else {})
+             if req.calibrate and nodes.node_rank == 0 and local else {})
     now = datetime.now(timezone.utc)
     if run_dir is None:
         args: dict[str, Any] = {"suite": req.suite, "set": req.sets, "repeats": repeats, "out": str(req.out)}
@@ -282,8 +273,8 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
             args["code_path"] = list(code_path)
         if nodes.multi:
             args["nodes"] = nodes.to_dict()
-        if req.slurm is not None:
-            args["slurm"] = req.slurm.to_dict()
+        if (kept := choice.stored()) is not None:
+            args[choice.name] = kept
         node = f"-node{nodes.node_rank}" if nodes.node_rank else ""
         run_dir, meta = new_run_dir(req.out, f"{suite.name}-{now:%Y%m%d-%H%M%S}", suite, args, configs, env,
                                     req.tags, tail=node)
@@ -296,10 +287,10 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
     where = f" (node {nodes.node_rank} of {nodes.nnodes})" if nodes.multi else ""
     console.print(f"run {run_id}{where}: {len(configs)} configs x {repeats} repeat(s), {len(jobs)} to run "
                   f"-> {run_dir}", highlight=False)
-    # a new Slurm run is recorded once its fingerprint is known (its first job's node's), or at
+    # a new remote run is recorded once its fingerprint is known (its first job's node's), or at
     # its end if no job's worker told it
     recorder = (history.begin(meta, existing, req.tags, str(run_dir))
-                if history is not None and (meta.get("env") or req.slurm is None) else None)
+                if history is not None and (meta.get("env") or local) else None)
     so_far: list[Result] = []
 
     def record_late() -> None:
@@ -313,22 +304,14 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
             def finished(k: int, job: Any, result: Result) -> None:
                 display.finished(k, job, result)
                 so_far.append(result)
-                if req.slurm is not None and not meta.get("env") and result.env:  # the first job's node's
+                if not local and not meta.get("env") and result.env:  # the first job's node's
                     meta["env"] = result.env
                     write_json_atomic(run_dir / RUN_FILE, meta)
                     record_late()  # this result with the earlier ones
                 elif recorder is not None:
                     recorder.record(result)
-            runner: JobLauncher
-            if req.slurm is not None:
-                runner = SlurmLauncher(
-                    run_dir=run_dir, options=req.slurm, launcher=launcher, on_note=display.note,
-                    on_counts=lambda p, r, f, why: display.note(
-                        f"slurm: {p} pending, {r} running, {f} finished of {len(jobs)}"
-                        + (f" (pending: {why})" if why else "")))
-            else:
-                runner = LocalLauncher(probes=probes, run_dir=run_dir, launcher=launcher, nodes=nodes,
-                                       earlier=list(existing))
+            runner = choice.start(LaunchContext(run_dir=run_dir, launcher=launcher, probes=probes, nodes=nodes,
+                                                earlier=list(existing), total=len(jobs), note=display.note))
             new = run_sweep(jobs, runner, run_dir, run_id, env, display.started, finished, peaks, nodes.node_rank)
             cancelled = runner.cancelled
     except StorageError:  # the machine's failure, not a config's: stop, nothing recorded for that job
@@ -342,7 +325,7 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
         return stop_exit_code(e)
     record_late()
     if cancelled:
-        console.print(f"[yellow]{cancelled} Slurm job(s) cancelled[/yellow] (scancel) without a result; finished "
+        console.print(f"[yellow]{choice.cancelled_line(cancelled)}[/yellow] without a result; finished "
                       f"configs are in {run_dir}/results.jsonl; continue with: gpubench run --resume {run_dir}",
                       highlight=False, soft_wrap=True)
         return EXIT_INTERRUPTED

@@ -34,17 +34,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from gpubench.backends.registry import rank_start
-from gpubench.config import Config
+from gpubench.config import MAX_BATCH, Config
 from gpubench.errors import InputError
 from gpubench.hugepages import worker_env
-from gpubench.launch import Launcher
+from gpubench.launch import RANKS_ENV, Launcher
 from gpubench.options import parse_parallelism
 from gpubench.results.result import Outcome, Result
 from gpubench.runner.job import Job, collect_outcome, log_tail_reason, prepare_workdir, storage_failure, tail_lines
-from gpubench.runner.launcher import Done, JobLauncher
+from gpubench.runner.launcher import NODE_ENV, Done, JobLauncher, LaunchContext, LauncherChoice
+from gpubench.runner.nodes import Nodes
 from gpubench.runner.process import worker_command
 from gpubench.runner.sweep import pre_resolve
 
@@ -58,7 +59,13 @@ CANCELLED = "CANCELLED"
 
 
 @dataclass(frozen=True)
-class SlurmOptions:
+class SlurmOptions(LauncherChoice):
+    """``--launcher slurm`` and its options: every job a Slurm batch job (SlurmLauncher), on
+    the cluster's nodes (a remote launcher)."""
+
+    name: ClassVar[str] = "slurm"
+    remote: ClassVar[bool] = True
+
     partition: str | None = None
     account: str | None = None
     time: str | None = None  # sbatch --time; default: each config's timeout_s, in whole minutes
@@ -74,6 +81,51 @@ class SlurmOptions:
     @staticmethod
     def from_dict(d: dict[str, Any]) -> SlurmOptions:
         return SlurmOptions(**{**d, "sbatch_args": tuple(d.get("sbatch_args") or ())})
+
+    def nnodes(self, nodes: Nodes) -> int:
+        return self.nodes
+
+    def check(self, configs: list[Config], where: Path, nodes: Nodes) -> None:
+        check_path(where)
+        if nodes.multi:
+            raise InputError("--launcher slurm: --node-rank and --master-addr are for runs started by hand on every "
+                             "node; under Slurm give the nodes each distributed config spans (SlurmOptions.nodes)")
+        searched = [c.config_id for c in configs if c.batch_size == MAX_BATCH]
+        if searched:
+            raise InputError(f"--launcher slurm: batch_size \"max\" is searched on the machine that runs gpubench "
+                             f"({searched[0]}); find it on a node with gpubench find-batch and give the number")
+        numbered = [c.config_id for c in configs if c.device.startswith("cuda:")]
+        if numbered:  # a job sees only the GPUs Slurm gave it, numbered from 0
+            raise InputError(f"--launcher slurm: device: a numbered GPU ({numbered[0]}) is for a machine gpubench "
+                             "runs on; under Slurm use device = \"cuda\": Slurm picks each job's GPUs")
+
+    def check_jobs(self, jobs: list[Job], launcher: Launcher) -> None:
+        check_submissions(jobs, launcher, self)
+
+    def stored(self) -> dict[str, Any] | None:
+        return self.to_dict()
+
+    @classmethod
+    def from_stored(cls, stored: dict[str, Any]) -> LauncherChoice:
+        return cls.from_dict(stored)
+
+    def resumed(self, stored: LauncherChoice, where: Path) -> LauncherChoice:
+        """New Slurm options for a Slurm run: the nodes each config spans stay (part of its id)."""
+        spans = stored.nodes if isinstance(stored, SlurmOptions) else 1
+        if self.nodes not in (1, spans):
+            raise InputError(f"--resume {where}: --nnodes {self.nodes}: the run was started with --nnodes {spans}, "
+                             "part of each config's id")
+        return replace(self, nodes=spans)
+
+    def cancelled_line(self, n: int) -> str:
+        return f"{n} Slurm job(s) cancelled (scancel)"
+
+    def start(self, ctx: LaunchContext) -> JobLauncher:
+        total = ctx.total
+        return SlurmLauncher(
+            run_dir=ctx.run_dir, options=self, launcher=ctx.launcher, on_note=ctx.note,
+            on_counts=lambda p, r, f, why: ctx.note(f"slurm: {p} pending, {r} running, {f} finished of {total}"
+                                                    + (f" (pending: {why})" if why else "")))
 
 
 def _slurm(*cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -92,9 +144,7 @@ def _slurm(*cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
 # workers' ports, one per task on a node), so that jobs sharing a node do not collide; below
 # Linux's ephemeral range (32768-60999), where an outgoing connection could hold it
 PORT_LINE = "port=$((20000 + SLURM_JOB_ID % 700 * 16))"
-RANKS_ENV = "GPUBENCH_RANKS"  # "slurm": a task of a per-rank kind, its rank variables from Slurm's (slurm_ranks)
 HOSTS_ENV = "GPUBENCH_SLURM_HOSTS"  # the job's host names, comma-separated, in Slurm's order
-NODE_ENV = "node_env"  # in a worker's outcome (runtime): the fingerprint of the node it ran on
 
 
 def job_nodes(config: Config) -> int:
@@ -335,7 +385,7 @@ class SlurmLauncher(JobLauncher):
 
     def submit(self, k: int, job: Job, started: Callable[[], None] = lambda: None) -> bool:
         (self.run_dir / "slurm").mkdir(exist_ok=True)
-        workdir, log_rel = prepare_workdir(replace(job, options={**(job.options or {}), "slurm": True}),
+        workdir, log_rel = prepare_workdir(replace(job, options={**(job.options or {}), NODE_ENV: True}),
                                            self.run_dir)
         script = self.run_dir / "slurm" / f"{job.name}.sbatch"
         script.write_text(batch_script(job, workdir, self.run_dir / log_rel, self.launcher, self.options))

@@ -28,13 +28,14 @@ from gpubench.backends import get_backend
 from gpubench.backends.base import Unsupported
 from gpubench.config import Config
 from gpubench.errors import EXIT_STORAGE, STORAGE_ERRNOS, STORAGE_LINE, warn
-from gpubench.launch import die_with_parent
+from gpubench.launch import RANKS_ENV, die_with_parent
 from gpubench.measure.loop import RawMeasurement, run_loop
 from gpubench.measure.stats import is_noisy, step_stats, throughput
 from gpubench.measure.turns import Turns
 from gpubench.options import REPLICA_KINDS, parse_parallelism
 from gpubench.results.result import Outcome
 from gpubench.results.store import write_json_atomic
+from gpubench.runner.launcher import NODE_ENV
 from gpubench.runner.models import zoo_unavailable
 
 
@@ -343,19 +344,16 @@ def main(argv: list[str]) -> int:
     workdir = Path(argv[0])
     job = json.loads((workdir / "job.json").read_text())
     options = job.get("options") or {}
-    if options.get("slurm"):  # started by srun (gpubench run --launcher slurm)
-        from gpubench.runner.slurm import RANKS_ENV, slurm_ranks
+    if os.environ.get(RANKS_ENV) == "slurm":  # a Slurm task per rank: its rank variables from Slurm's
+        from gpubench.runner.slurm import slurm_ranks
 
-        if os.environ.get(RANKS_ENV) == "slurm":  # a task per rank: its ranks from Slurm's variables
-            os.environ.update(slurm_ranks(dict(os.environ)))
+        os.environ.update(slurm_ranks(dict(os.environ)))
     from gpubench.plugins import load_plugins
 
     load_plugins()
     config = Config.from_dict(job["config"])
     outcome, timeline = run_config(config, options.get("profile"))
-    if options.get("slurm") and rank_of(config)[0] == 0:  # the result's fingerprint: the node's, not the submit host's
-        from gpubench.runner.slurm import NODE_ENV
-
+    if options.get(NODE_ENV) and rank_of(config)[0] == 0:  # run elsewhere: the fingerprint of the node it ran on
         outcome.runtime = {**(outcome.runtime or {}), NODE_ENV: _node_env(config.framework)}
     code = _write_outcome(workdir, config, outcome, timeline)
     if config.distributed:
