@@ -115,7 +115,10 @@ class RankStart:
     ``--rdzv-backend --rdzv-id --rdzv-endpoint``), then ``-m gpubench.runner.worker WORKDIR``.
     None: every rank is a process of its own that gpubench starts (on a node,
     gpubench.runner.ranks, with the rank variables and every rank's address; under Slurm, one
-    srun task per rank, with ``slurm_env`` exported, where ``$port`` is the job's first port)."""
+    srun task per rank, with ``slurm_env`` exported, where ``$port`` is the job's first port).
+    Under Slurm such a rank gets its rank variables (numbered node by node, the nodes by host name
+    sorted as text) but no ``GPUBENCH_WORKERS``: its backend makes its cluster from Slurm's
+    variables (``slurm_env`` says how)."""
 
     node_module: str | None = None
     slurm_env: tuple[str, ...] = ()

@@ -11,10 +11,12 @@ from typing import Any, ClassVar
 import pytest
 
 from gpubench.config import Config
+from gpubench.errors import InputError
 from gpubench.results.result import Outcome
 from gpubench.results.store import load_results
 from gpubench.runner.job import Job
 from gpubench.runner.launcher import Done, JobLauncher, LaunchContext, LauncherChoice
+from gpubench.runner.local import Local
 from gpubench.runner.sweep import run_sweep
 
 OK = Outcome(status="error", reason="scripted")  # any outcome: the loop records what it is given
@@ -151,5 +153,8 @@ def test_gpubench_run_knows_a_launcher_only_by_its_choice(tmp_path, write_suite,
     assert STARTED == [("gpu", 3), ("gpu", 1)]  # the stored choice, with the one job left
     assert code == run.EXIT_FAILED  # the scripted outcomes are errors
     assert sorted(r.config["seed"] for r in load_results(run_dir)) == [0, 1, 2]
+    with pytest.raises(InputError, match="started with --launcher elsewhere, not local; resume it under elsewhere"):
+        run.execute(run.RunRequest(suite=None, out=tmp_path / "runs", resume=run_dir, report=False, calibrate=False,
+                                   launcher=Local()), console)
     console.file.close()
     assert "1 job(s) cancelled without a result" in (tmp_path / "out.txt").read_text()

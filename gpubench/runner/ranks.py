@@ -1,5 +1,5 @@
 """gpubench's launcher for a distributed kind whose every rank is a process of its own, for
-the backends that declare it (``RankStart()`` in their capabilities; TensorFlow's
+the backends that declare it (a ``RankStart`` without a node launcher in their capabilities; TensorFlow's
 multiworker:N, whose MultiWorkerMirroredStrategy has no launcher of its own): N worker
 processes on this node, each with the variables torchrun sets and every worker's address.
 

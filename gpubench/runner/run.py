@@ -139,7 +139,10 @@ def _launcher_choice(req: RunRequest, run_dir: Path | None) -> LauncherChoice:
     if req.launcher is None:
         return stored
     assert run_dir is not None
-    return req.launcher.resumed(stored, run_dir) if type(req.launcher) is type(stored) else req.launcher
+    if type(req.launcher) is not type(stored):  # the configs' ids (nnodes) and jobs are the started launcher's
+        raise InputError(f"--resume {run_dir}: the run was started with --launcher {stored.name}, not "
+                         f"{req.launcher.name}; resume it under {stored.name}")
+    return req.launcher.resumed(stored, run_dir)
 
 
 def _prepare(req: RunRequest, held: ExitStack) -> tuple[Suite, int, Path | None, list[Result]]:
