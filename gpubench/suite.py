@@ -460,6 +460,10 @@ def config_from(values: dict[str, Any], source: str) -> Config:
     if values["workload"] in WORKLOADS:
         workload = WORKLOADS[values["workload"]]
         params = tuple(sorted((p.name, values.get(p.name, p.default)) for p in workload.params))
+        try:  # parameters that do not fit together (heads that do not divide the width)
+            workload.spec(**dict(params)).shapes()
+        except ValueError as e:
+            raise InputError(f"{source}: {e}") from None
     else:  # a factory's or a zoo's model: its keyword arguments
         params = tuple(sorted((k[len(ARGS_PREFIX):], v) for k, v in values.items() if k.startswith(ARGS_PREFIX)))
     settings = {k: v for k, v in values.items() if k in SETTINGS}

@@ -222,6 +222,8 @@ def test_the_gpu_suites_sweep_what_issue_8_names():
     ("[defaults]\nwarmup = 3\nworkload = 'cnn'", "defaults.warmup: unknown key 'warmup'"),
     ("[matrix]\nworkload = 'mlp'\ndepth = [0]", "matrix.depth: must be >= 1, got 0"),
     ("[matrix]\nworkload = 'cnn'\ndepth = [10]", "depth: no workload in this suite takes 'depth' (cnn takes: none)"),
+    ("[matrix]\nworkload = 'vit'\nheads = [3]", "vit: heads 3 do not divide d_model 128"),
+    ("[matrix]\nworkload = 'vit'\npatch = [5]", "vit: patch 5 does not divide image 32"),
     ("[matrix]\nbatch_size = [8]", "missing key 'workload' (set it in [matrix] or [defaults]); expected one of: cnn, mlp"),
     ("[matrix]\nworkload = 'cnn'\ninclude = {device = 'cpu'}", "matrix.include: expected a list of tables"),
     ("[matrix]\nworkload = 'cnn'\n[[matrix.exclude]]\n", "matrix.exclude[0]: empty entry"),

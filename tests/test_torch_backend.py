@@ -40,6 +40,38 @@ def test_analytic_flops_match_torch_flop_counter(name, params):
     assert counter.get_total_flops() == 3 * spec.train_flops_per_sample
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_transformers_flops_are_the_formula_and_torchs_count(causal):
+    """ViT's FLOPs from the spec: per block 2T(3d^2 + d^2 + 2rd^2) + 4T^2 d (attention over the
+    whole square, causal or not, as nanoGPT and PaLM count), plus the patch projection and the
+    head; FlopCounterMode counts the same, forward and training step, with attention run by the
+    math kernel (it registers no FLOPs for the fused CPU kernel, so it would count none)."""
+    from dataclasses import replace
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from gpubench.workloads.base import TransformerBlock
+
+    spec = get_workload("vit").spec(layers=2, d_model=64, heads=4)
+    if causal:  # the same model with a causal mask: the same count
+        spec = replace(spec, layers=tuple(replace(x, causal=True) if isinstance(x, TransformerBlock) else x
+                                          for x in spec.layers))
+    t, d, r, patches = 65, 64, 4, 64
+    block = 2 * t * (3 * d * d + d * d + 2 * r * d * d) + 4 * t * t * d
+    assert spec.forward_flops_per_sample == 2 * 3 * 16 * d * patches + 2 * block + 2 * d * 10
+    assert spec.train_flops_per_sample == 2 * (2 * 3 * 16 * d * patches) + 3 * (2 * block + 2 * d * 10)
+    model = build_model(spec, spec.init_weights(0))
+    x = torch.randn(3, *spec.input_shape)
+    y = torch.randint(0, spec.num_classes, (3,))
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as forward:
+        model(x)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as step:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    assert forward.get_total_flops() == 3 * spec.forward_flops_per_sample
+    assert step.get_total_flops() == 3 * spec.train_flops_per_sample
+
+
 def _trainer(workload: str, precision: str = "fp32", **params):
     config = Config(workload=workload, batch_size=32, precision=precision, lr=1e-3,
                     workload_params=tuple(sorted(params.items())))

@@ -7,8 +7,9 @@ from gpubench.workloads.base import Workload, WorkloadSpec
 from gpubench.workloads.cnn import CNN
 from gpubench.workloads.mlp import MLP
 from gpubench.workloads.resnet import RESNET18, RESNET50
+from gpubench.workloads.vit import VIT
 
-WORKLOADS: dict[str, Workload] = {w.name: w for w in (CNN, MLP, RESNET18, RESNET50)}
+WORKLOADS: dict[str, Workload] = {w.name: w for w in (CNN, MLP, RESNET18, RESNET50, VIT)}
 
 
 def register_workload(workload: Workload) -> None:

@@ -177,7 +177,134 @@ class Residual:
         return walk((self,), shape)[1]
 
 
-Layer = Union[Conv2d, Linear, ReLU, MaxPool2d, Dropout, Flatten, BatchNorm2d, GlobalAvgPool, Residual]  # noqa: UP007 - a runtime alias (3.10)
+def _normal(shape: Shape, rng: np.random.Generator, std: float = 0.02) -> np.ndarray:
+    return rng.normal(0.0, std, size=shape).astype(np.float32)
+
+
+def _expect_td(layer: object, shape: Shape) -> Shape:
+    if len(shape) != 2:
+        raise ValueError(f"{type(layer).__name__} needs a (tokens, width) input, got shape {shape}")
+    return shape
+
+
+@dataclass(frozen=True)
+class PatchEmbed:
+    """An image cut into ``patch`` x ``patch`` patches, each projected to ``d_model`` (a
+    convolution with stride = kernel = patch), a learned class token put first and learned
+    position embeddings added: (C, H, W) -> (1 + H/p x W/p, d_model), the patches in row-major
+    order. Parameters: the projection's weight (d_model, C, p, p) and bias (PyTorch's
+    initialisation), the class token (d_model,) and the positions (tokens, d_model), both
+    Normal(0, 0.02)."""
+
+    patch: int
+    d_model: int
+    kind: ClassVar[str] = "patch_embed"
+
+    def _grid(self, shape: Shape) -> tuple[int, int, int]:
+        c, h, w = _expect_chw(self, shape)
+        if h % self.patch or w % self.patch:
+            raise ValueError(f"patch {self.patch} does not divide the image ({h} x {w})")
+        return c, h // self.patch, w // self.patch
+
+    def out_shape(self, shape: Shape) -> Shape:
+        _, gh, gw = self._grid(shape)
+        return (1 + gh * gw, self.d_model)
+
+    def param_shapes(self, shape: Shape) -> list[Shape]:
+        c, gh, gw = self._grid(shape)
+        return [(self.d_model, c, self.patch, self.patch), (self.d_model,), (self.d_model,),
+                (1 + gh * gw, self.d_model)]
+
+    def init_params(self, shape: Shape, rng: np.random.Generator) -> list[np.ndarray]:
+        weight, bias, cls, pos = self.param_shapes(shape)
+        return [*_fan_in_uniform([weight, bias], rng), _normal(cls, rng), _normal(pos, rng)]
+
+    def forward_flops(self, shape: Shape) -> int:
+        c, gh, gw = self._grid(shape)
+        return 2 * c * self.patch * self.patch * self.d_model * gh * gw
+
+
+@dataclass(frozen=True)
+class LayerNorm:
+    """Layer normalisation over the last axis (the width), with a scale and a shift."""
+
+    eps: float = 1e-5
+    kind: ClassVar[str] = "layernorm"
+
+    def out_shape(self, shape: Shape) -> Shape:
+        return shape
+
+    def param_shapes(self, shape: Shape) -> list[Shape]:
+        return [(shape[-1],), (shape[-1],)]
+
+    def init_params(self, shape: Shape, rng: np.random.Generator) -> list[np.ndarray]:
+        return [np.ones(shape[-1], np.float32), np.zeros(shape[-1], np.float32)]
+
+
+@dataclass(frozen=True)
+class TransformerBlock:
+    """A pre-LN transformer block on (tokens, d_model): ``x + proj(attention(ln1(x)))``, then
+    ``x + fc2(gelu(fc1(ln2(x))))``. Attention: ``heads`` heads of d_model / heads, queries, keys
+    and values from one projection (rows: all the queries' then the keys' then the values', head
+    by head), softmax(q k^T / sqrt(d_head)) v, with a causal mask when ``causal``; GELU is the
+    exact (erf) one; layer norms' epsilon 1e-5. Parameters, in order: ln1 scale and shift, qkv
+    (3 d, d) and bias, proj (d, d) and bias, ln2 scale and shift, fc1 (mlp_ratio d, d) and bias,
+    fc2 (d, mlp_ratio d) and bias; weights Normal(0, 0.02) (GPT-2's and ViT's), biases 0.
+
+    FLOPs (multiply-accumulate = 2) per sample of T tokens: the four projections, 2 T (3d^2 +
+    d^2 + 2 r d^2) with r = mlp_ratio, and attention's two matrix products, q k^T and the
+    weights times v, 4 T^2 d, counted over the whole T x T square even when causal (as nanoGPT
+    and PaLM count them: a kernel that skips the masked half does less work than counted)."""
+
+    heads: int
+    mlp_ratio: int = 4
+    causal: bool = False
+    eps: float = 1e-5
+    kind: ClassVar[str] = "transformer_block"
+
+    def _width(self, shape: Shape) -> int:
+        d = _expect_td(self, shape)[1]
+        if d % self.heads:
+            raise ValueError(f"{self.heads} heads do not divide the width {d}")
+        return d
+
+    def out_shape(self, shape: Shape) -> Shape:
+        self._width(shape)
+        return shape
+
+    def param_shapes(self, shape: Shape) -> list[Shape]:
+        d = self._width(shape)
+        h = self.mlp_ratio * d
+        return [(d,), (d,), (3 * d, d), (3 * d,), (d, d), (d,), (d,), (d,), (h, d), (h,), (d, h), (d,)]
+
+    def init_params(self, shape: Shape, rng: np.random.Generator) -> list[np.ndarray]:
+        out = []
+        for i, s in enumerate(self.param_shapes(shape)):
+            if i in (0, 6):
+                out.append(np.ones(s, np.float32))  # a layer norm's scale
+            elif len(s) == 2:
+                out.append(_normal(s, rng))
+            else:
+                out.append(np.zeros(s, np.float32))
+        return out
+
+    def forward_flops(self, shape: Shape) -> int:
+        t, d = shape[0], self._width(shape)
+        return 2 * t * (3 * d * d + d * d + 2 * self.mlp_ratio * d * d) + 4 * t * t * d
+
+
+@dataclass(frozen=True)
+class ClassToken:
+    """The first token of a sequence (the class token PatchEmbed puts first): (T, d) -> (d,)."""
+
+    kind: ClassVar[str] = "class_token"
+
+    def out_shape(self, shape: Shape) -> Shape:
+        return (_expect_td(self, shape)[1],)
+
+
+Layer = Union[Conv2d, Linear, ReLU, MaxPool2d, Dropout, Flatten, BatchNorm2d, GlobalAvgPool, Residual,  # noqa: UP007 - a runtime alias (3.10)
+              PatchEmbed, LayerNorm, TransformerBlock, ClassToken]
 
 
 def _expect_chw(layer: object, shape: Shape) -> Shape:
@@ -186,8 +313,11 @@ def _expect_chw(layer: object, shape: Shape) -> Shape:
     return shape
 
 
-def has_params(layer: Layer) -> TypeGuard[Conv2d | Linear | BatchNorm2d]:
-    return isinstance(layer, (Conv2d, Linear, BatchNorm2d))
+PARAMETRIC = (Conv2d, Linear, BatchNorm2d, PatchEmbed, LayerNorm, TransformerBlock)
+
+
+def has_params(layer: Layer) -> TypeGuard[Conv2d | Linear | BatchNorm2d | PatchEmbed | LayerNorm | TransformerBlock]:
+    return isinstance(layer, PARAMETRIC)
 
 
 @dataclass(frozen=True)

@@ -20,15 +20,19 @@ from jax import lax
 
 from gpubench.workloads.base import (
     BatchNorm2d,
+    ClassToken,
     Conv2d,
     Dropout,
     Flatten,
     GlobalAvgPool,
     Layer,
+    LayerNorm,
     Linear,
     MaxPool2d,
+    PatchEmbed,
     ReLU,
     Residual,
+    TransformerBlock,
     WorkloadSpec,
 )
 
@@ -65,6 +69,37 @@ def init_state(spec: WorkloadSpec) -> State:
 
 def to_params(weights: list[list[np.ndarray]]) -> Params:
     return [[jnp.asarray(a, jnp.float32) for a in arrays] for arrays in weights]
+
+
+def _layer_norm(x: jax.Array, scale: jax.Array, shift: jax.Array, eps: float) -> jax.Array:
+    """Over the last axis, in float32 whatever the compute dtype (as PyTorch's autocast runs it)."""
+    xf = x.astype(jnp.float32)
+    mean = xf.mean(axis=-1, keepdims=True)
+    var = ((xf - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (((xf - mean) * lax.rsqrt(var + eps)) * scale + shift).astype(x.dtype)
+
+
+def _dense(x: jax.Array, w: jax.Array, b: jax.Array, policy: Policy) -> jax.Array:
+    cd = policy.compute
+    return jnp.matmul(x.astype(cd), w.astype(cd).T, precision=policy.precision) + b.astype(cd)
+
+
+def _block(layer: TransformerBlock, x: jax.Array, p: list[jax.Array], policy: Policy) -> jax.Array:
+    """A pre-LN transformer block (gpubench.workloads.base.TransformerBlock), attention as its
+    two matrix products (the softmax in float32)."""
+    ln1s, ln1b, wqkv, bqkv, wp, bp, ln2s, ln2b, w1, b1, w2, b2 = p
+    n, t, d = x.shape
+    hd = d // layer.heads
+    qkv = _dense(_layer_norm(x, ln1s, ln1b, layer.eps), wqkv, bqkv, policy)
+    q, k, v = qkv.reshape(n, t, 3, layer.heads, hd).transpose(2, 0, 3, 1, 4)  # each (n, heads, t, hd)
+    scores = jnp.einsum("nhqd,nhkd->nhqk", q, k, precision=policy.precision).astype(jnp.float32) / np.sqrt(hd)
+    if layer.causal:
+        scores = jnp.where(jnp.tril(jnp.ones((t, t), bool)), scores, -jnp.inf)
+    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    y = jnp.einsum("nhqk,nhkd->nhqd", weights, v, precision=policy.precision)
+    x = x + _dense(y.transpose(0, 2, 1, 3).reshape(n, t, d), wp, bp, policy)
+    hidden = jax.nn.gelu(_dense(_layer_norm(x, ln2s, ln2b, layer.eps), w1, b1, policy), approximate=False)
+    return x + _dense(hidden, w2, b2, policy)
 
 
 class _Apply:
@@ -114,6 +149,19 @@ class _Apply:
                 new.append((mean_r, var_r))
             y = (xf - mean[None, :, None, None]) * lax.rsqrt(var[None, :, None, None] + layer.eps)
             return (y * gamma[None, :, None, None] + beta[None, :, None, None]).astype(x.dtype)
+        if isinstance(layer, PatchEmbed):
+            w, b, cls, pos = (next(params) for _ in range(4))
+            y = lax.conv_general_dilated(x.astype(cd), w.astype(cd), (layer.patch, layer.patch), "VALID",
+                                         dimension_numbers=("NCHW", "OIHW", "NCHW"), precision=prec)
+            y = (y + b.astype(cd)[None, :, None, None]).reshape(y.shape[0], y.shape[1], -1).transpose(0, 2, 1)
+            first = jnp.broadcast_to(cls.astype(cd), (y.shape[0], 1, y.shape[2]))
+            return jnp.concatenate([first, y], axis=1) + pos.astype(cd)
+        if isinstance(layer, LayerNorm):
+            return _layer_norm(x, next(params), next(params), layer.eps)
+        if isinstance(layer, TransformerBlock):
+            return _block(layer, x, [next(params) for _ in range(12)], self.policy)
+        if isinstance(layer, ClassToken):
+            return x[:, 0]
         if isinstance(layer, ReLU):
             return jax.nn.relu(x)
         if isinstance(layer, MaxPool2d):

@@ -9,19 +9,24 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from gpubench.workloads.base import (
     BatchNorm2d,
+    ClassToken,
     Conv2d,
     Dropout,
     Flatten,
     GlobalAvgPool,
     Layer,
+    LayerNorm,
     Linear,
     MaxPool2d,
+    PatchEmbed,
     ReLU,
     Residual,
     Shape,
+    TransformerBlock,
     WorkloadSpec,
 )
 
@@ -45,6 +50,55 @@ class GlobalAvgPool2d(nn.Module):
         return x.mean(dim=(2, 3))
 
 
+class Patches(nn.Module):
+    """(N, C, H, W) -> (N, 1 + patches, d): the patches projected (a strided convolution), the
+    class token first, the positions added (gpubench.workloads.base.PatchEmbed)."""
+
+    def __init__(self, channels: int, patch: int, d_model: int, tokens: int) -> None:
+        super().__init__()
+        self.patch = patch
+        # registered in the canonical order: the projection's weight and bias, the class token, the positions
+        self.weight = nn.Parameter(torch.zeros(d_model, channels, patch, patch))
+        self.bias = nn.Parameter(torch.zeros(d_model))
+        self.cls = nn.Parameter(torch.zeros(d_model))
+        self.pos = nn.Parameter(torch.zeros(tokens, d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.conv2d(x, self.weight, self.bias, stride=self.patch)
+        x = x.flatten(2).transpose(1, 2)  # (N, patches, d), row-major
+        cls = self.cls.to(x.dtype).expand(x.shape[0], 1, -1)
+        return torch.cat([cls, x], dim=1) + self.pos.to(x.dtype)
+
+
+class Block(nn.Module):
+    """A pre-LN transformer block (gpubench.workloads.base.TransformerBlock); attention through
+    ``F.scaled_dot_product_attention``, PyTorch's choice of kernel."""
+
+    def __init__(self, d: int, spec: TransformerBlock) -> None:
+        super().__init__()
+        self.heads, self.causal = spec.heads, spec.causal
+        self.ln1 = nn.LayerNorm(d, eps=spec.eps)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d, eps=spec.eps)
+        self.fc1 = nn.Linear(d, spec.mlp_ratio * d)
+        self.fc2 = nn.Linear(spec.mlp_ratio * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(n, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        x = x + self.proj(y.transpose(1, 2).reshape(n, t, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class FirstToken(nn.Module):
+    """(N, T, d) -> (N, d): the class token's features."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, 0]
+
+
 def _branch(layers: tuple[Layer, ...], shape: Shape) -> nn.Sequential:
     modules = []
     for layer in layers:
@@ -61,6 +115,14 @@ def _module(layer: Layer, in_shape: Shape) -> nn.Module:
         return nn.Linear(in_shape[0], layer.out_features)
     if isinstance(layer, BatchNorm2d):
         return nn.BatchNorm2d(in_shape[0], eps=layer.eps, momentum=layer.momentum)
+    if isinstance(layer, PatchEmbed):
+        return Patches(in_shape[0], layer.patch, layer.d_model, layer.out_shape(in_shape)[0])
+    if isinstance(layer, TransformerBlock):
+        return Block(in_shape[-1], layer)
+    if isinstance(layer, LayerNorm):
+        return nn.LayerNorm(in_shape[-1], eps=layer.eps)
+    if isinstance(layer, ClassToken):
+        return FirstToken()
     if isinstance(layer, Residual):
         return ResidualBlock(_branch(layer.main, in_shape), _branch(layer.shortcut, in_shape))
     if isinstance(layer, ReLU):

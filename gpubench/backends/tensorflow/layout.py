@@ -7,14 +7,25 @@ Pure numpy, so that the conversion is tested without TensorFlow:
   order, the canonical flatten is (C, H, W), so the rows of its kernel are permuted to match;
 - batch norm (gamma, beta) -> Keras' (gamma, beta, moving_mean, moving_variance), with the
   running statistics at PyTorch's initial values (0 and 1);
-- data (..., C, H, W) -> (..., H, W, C).
+- data (..., C, H, W) -> (..., H, W, C);
+- a patch embedding, a transformer block and a layer norm take the canonical arrays as they
+  are (their Keras layers compute in that layout).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from gpubench.workloads.base import BatchNorm2d, Conv2d, Flatten, Linear, WorkloadSpec
+from gpubench.workloads.base import (
+    BatchNorm2d,
+    Conv2d,
+    Flatten,
+    LayerNorm,
+    Linear,
+    PatchEmbed,
+    TransformerBlock,
+    WorkloadSpec,
+)
 
 
 def nhwc_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -55,6 +66,8 @@ def keras_weights(spec: WorkloadSpec, weights: list[list[np.ndarray]]) -> list[l
                     kernel = w.T
                 out.append([np.ascontiguousarray(kernel), b])
                 flattened_from = None
+            elif isinstance(layer, (PatchEmbed, TransformerBlock, LayerNorm)):  # taken in the canonical layout
+                out.append(list(mine))
             elif isinstance(layer, BatchNorm2d):
                 gamma, beta = mine
                 out.append([gamma, beta, np.zeros_like(gamma), np.ones_like(gamma)])

@@ -8,15 +8,19 @@ import numpy as np
 from gpubench.backends.tensorflow.layout import keras_weights, nhwc_shape
 from gpubench.workloads.base import (
     BatchNorm2d,
+    ClassToken,
     Conv2d,
     Dropout,
     Flatten,
     GlobalAvgPool,
     Layer,
+    LayerNorm,
     Linear,
     MaxPool2d,
+    PatchEmbed,
     ReLU,
     Residual,
+    TransformerBlock,
     WorkloadSpec,
 )
 
@@ -40,6 +44,105 @@ class NegInfPadding2D(keras.layers.Layer):
 
     def get_config(self) -> dict:
         return {**super().get_config(), "padding": self.padding}
+
+
+class Patches(keras.layers.Layer):
+    """(N, H, W, C) -> (N, 1 + patches, d) (gpubench.workloads.base.PatchEmbed): the weights in
+    the canonical layout, the projection a strided convolution with the kernel moved to Keras'
+    (kh, kw, in, out) in the graph."""
+
+    def __init__(self, patch: int, d_model: int, tokens: int, channels: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.patch, self.d_model, self.tokens, self.channels = patch, d_model, tokens, channels
+
+    def build(self, shape) -> None:
+        d, p = self.d_model, self.patch
+        self.kernel = self.add_weight(shape=(d, self.channels, p, p), initializer="zeros", name="kernel")
+        self.bias = self.add_weight(shape=(d,), initializer="zeros", name="bias")
+        self.cls = self.add_weight(shape=(d,), initializer="zeros", name="cls")
+        self.pos = self.add_weight(shape=(self.tokens, d), initializer="zeros", name="pos")
+
+    def call(self, x):
+        ops = keras.ops
+        y = ops.conv(x, ops.transpose(self.kernel, (2, 3, 1, 0)), strides=self.patch, padding="valid") + self.bias
+        y = ops.reshape(y, (-1, self.tokens - 1, self.d_model))  # row-major patches, as the canonical order
+        first = ops.broadcast_to(ops.reshape(self.cls, (1, 1, self.d_model)), (ops.shape(y)[0], 1, self.d_model))
+        return ops.concatenate([ops.cast(first, y.dtype), y], axis=1) + self.pos
+
+    def compute_output_shape(self, shape):
+        return (shape[0], self.tokens, self.d_model)
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "patch": self.patch, "d_model": self.d_model, "tokens": self.tokens,
+                "channels": self.channels}
+
+
+def _norm(x, scale, shift, eps: float):
+    """Layer norm over the last axis, in float32 (as PyTorch's autocast runs it)."""
+    ops = keras.ops
+    xf = ops.cast(x, "float32")
+    mean = ops.mean(xf, axis=-1, keepdims=True)
+    var = ops.mean(ops.square(xf - mean), axis=-1, keepdims=True)
+    y = (xf - mean) * ops.rsqrt(var + eps) * ops.cast(scale, "float32") + ops.cast(shift, "float32")
+    return ops.cast(y, x.dtype)
+
+
+class Block(keras.layers.Layer):
+    """A pre-LN transformer block (gpubench.workloads.base.TransformerBlock), its twelve arrays
+    in the canonical layout and order; attention as its two matrix products, the softmax in
+    float32."""
+
+    def __init__(self, d: int, heads: int, mlp_ratio: int, causal: bool, eps: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.d, self.heads, self.mlp_ratio, self.causal, self.eps = d, heads, mlp_ratio, causal, eps
+
+    def build(self, shape) -> None:
+        d, h = self.d, self.mlp_ratio * self.d
+        shapes = [(d,), (d,), (3 * d, d), (3 * d,), (d, d), (d,), (d,), (d,), (h, d), (h,), (d, h), (d,)]
+        self.arrays = [self.add_weight(shape=s, initializer="zeros", name=f"w{i}") for i, s in enumerate(shapes)]
+
+    def call(self, x):
+        ops = keras.ops
+        ln1s, ln1b, wqkv, bqkv, wp, bp, ln2s, ln2b, w1, b1, w2, b2 = self.arrays
+        t, d, hd = ops.shape(x)[1], self.d, self.d // self.heads
+
+        def dense(v, w, b):
+            return ops.matmul(v, ops.transpose(w)) + b
+
+        qkv = ops.reshape(dense(_norm(x, ln1s, ln1b, self.eps), wqkv, bqkv), (-1, t, 3, self.heads, hd))
+        q, k, v = (ops.transpose(qkv[:, :, i], (0, 2, 1, 3)) for i in range(3))  # (n, heads, t, hd)
+        scores = ops.cast(ops.einsum("nhqd,nhkd->nhqk", q, k), "float32") / float(np.sqrt(hd))
+        if self.causal:
+            mask = ops.tril(ops.ones((t, t), "bool"))
+            scores = ops.where(mask, scores, ops.full_like(scores, float("-inf")))
+        weights = ops.cast(ops.softmax(scores, axis=-1), v.dtype)
+        y = ops.reshape(ops.transpose(ops.einsum("nhqk,nhkd->nhqd", weights, v), (0, 2, 1, 3)), (-1, t, d))
+        x = x + dense(y, wp, bp)
+        hidden = ops.gelu(dense(_norm(x, ln2s, ln2b, self.eps), w1, b1), approximate=False)
+        return x + dense(hidden, w2, b2)
+
+    def compute_output_shape(self, shape):
+        return shape
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "d": self.d, "heads": self.heads, "mlp_ratio": self.mlp_ratio,
+                "causal": self.causal, "eps": self.eps}
+
+
+class FirstToken(keras.layers.Layer):
+    """(N, T, d) -> (N, d): the class token's features."""
+
+    def call(self, x):
+        return x[:, 0]
+
+    def compute_output_shape(self, shape):
+        return (shape[0], shape[2])
+
+
+def leaf_shape(x) -> tuple[int, ...]:
+    """A Keras tensor's sample shape in gpubench's layout: (C, H, W) for an image."""
+    shape = tuple(x.shape[1:])
+    return (shape[2], shape[0], shape[1]) if len(shape) == 3 else shape
 
 
 class _Builder:
@@ -76,6 +179,14 @@ class _Builder:
             out = kl.Dense(layer.out_features, **kw)
         elif isinstance(layer, BatchNorm2d):  # Keras' momentum weighs the old value: 1 - PyTorch's
             out = kl.BatchNormalization(axis=-1, epsilon=layer.eps, momentum=1.0 - layer.momentum, **kw)
+        elif isinstance(layer, PatchEmbed):
+            out = Patches(layer.patch, layer.d_model, layer.out_shape(leaf_shape(x))[0], leaf_shape(x)[0], **kw)
+        elif isinstance(layer, TransformerBlock):
+            out = Block(x.shape[-1], layer.heads, layer.mlp_ratio, layer.causal, layer.eps, **kw)
+        elif isinstance(layer, LayerNorm):
+            out = kl.LayerNormalization(epsilon=layer.eps, **kw)
+        elif isinstance(layer, ClassToken):
+            out = FirstToken(**kw)
         elif isinstance(layer, ReLU):
             out = kl.ReLU(**kw)
         elif isinstance(layer, MaxPool2d):
