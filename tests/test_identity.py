@@ -14,17 +14,17 @@ from gpubench.backends import get_backend
 from gpubench.suite import Config
 from gpubench.workloads import WORKLOADS as REGISTERED
 from gpubench.workloads import get_workload
-from gpubench.workloads.data import synthetic_batches
+from gpubench.workloads.data import synthetic_batches, task_batches
 
 # every registered workload at a size for this CPU (its parameters, where the default is large),
 # and the deep MLP; ResNet-50 is ResNet-18's layer kinds at ImageNet size (too slow here: its
 # identity is resnet18's, its FLOPs are checked in tests/test_resnet.py)
-TEST_SIZE = {"vit": {"layers": 2, "d_model": 64}}
+TEST_SIZE = {"vit": {"layers": 2, "d_model": 64}, "gpt": {"layers": 2, "d_model": 64, "seq_len": 32, "vocab": 100}}
 TOO_BIG = {"resnet50"}
 WORKLOADS = [(name, TEST_SIZE.get(name, {})) for name in sorted(REGISTERED) if name not in TOO_BIG]
 WORKLOADS.insert(2, ("mlp", {"depth": 10, "width": 64}))
 # the slower checks on one small model of each kind: convolutions, dense layers, a transformer
-LIGHT = [("cnn", {}), ("mlp", {}), ("vit", TEST_SIZE["vit"])]
+LIGHT = [("cnn", {}), ("mlp", {}), ("vit", TEST_SIZE["vit"]), ("gpt", TEST_SIZE["gpt"])]
 # each framework and the packages it trains with
 NEEDS = {"torch": ("torch",), "tensorflow": ("tensorflow",), "jax": ("jax", "optax")}
 INSTALLED = [f for f, packages in NEEDS.items() if all(importlib.util.find_spec(p) for p in packages)]
@@ -94,7 +94,7 @@ def test_forward_flops_match_tensorflows_own_counter(name, params):
     model = keras_model(spec)
     shape = [1, *model.input_shape[1:]]
     graph = tf.function(lambda x: model(x, training=False)).get_concrete_function(
-        tf.TensorSpec(shape, tf.float32)).graph
+        tf.TensorSpec(shape, model.inputs[0].dtype)).graph
     options = ProfileOptionBuilder(ProfileOptionBuilder.float_operation()).with_empty_output().build()
     by_type = {}
     node = profile(graph, cmd="op", options=options)
@@ -110,7 +110,7 @@ def test_forward_flops_match_tensorflows_own_counter(name, params):
 def test_same_weights_same_input_same_logits(name, params, a, b):
     spec = spec_of(name, params)
     weights = spec.init_weights(3)
-    x = synthetic_batches(spec, 32 if name != "resnet18" else 4, 1, seed=3).x[0]
+    x = task_batches(spec, 32 if name != "resnet18" else 4, 1, seed=3).x[0]
     expected = logits_of(a, spec, weights, x)
     got = logits_of(b, spec, weights, x)
     assert got.shape == expected.shape
@@ -139,7 +139,7 @@ def test_first_optimizer_steps_give_the_same_losses(name, params, optimizer, lr,
     spec = spec_of(name, params).without_dropout()
     config = Config(workload=name, batch_size=32, optimizer=optimizer, lr=lr,
                     workload_params=tuple(sorted(params.items())))
-    batches = synthetic_batches(spec, 32, 4, seed=0)
+    batches = task_batches(spec, 32, 4, seed=0)
     first = losses(a, spec, config, batches)
     second = losses(b, spec, config, batches)
     rtol = 1e-5 if optimizer == "sgd" else ADAM_RTOL["tensorflow" in (a, b)]

@@ -63,13 +63,17 @@ def _matmul_flops(jaxpr) -> int:
     return total
 
 
-def test_a_transformers_flops_are_jaxs_own_matrix_products():
-    """ViT: the matrix products and the patch convolution JAX traces (attention's two products
-    included) are the spec's count exactly; XLA's cost analysis adds the softmax, layer norms,
-    GELU (its erf) and residual adds the spec leaves out, so it is above it."""
-    spec = spec_of("vit", {"layers": 2, "d_model": 64})
+@pytest.mark.parametrize("name, params", [("vit", {"layers": 2, "d_model": 64}),
+                                          ("gpt", {"layers": 2, "d_model": 64, "seq_len": 32, "vocab": 100})])
+def test_a_transformers_flops_are_jaxs_own_matrix_products(name, params):
+    """ViT and GPT: the matrix products and the patch convolution JAX traces (attention's two
+    products and the tied output head included; the token embedding is a lookup) are the spec's
+    count exactly; XLA's cost analysis adds the softmax, layer norms, GELU (its erf) and residual
+    adds the spec leaves out, so it is above it."""
+    spec = spec_of(name, params)
     params, state = to_params(spec.init_weights(0)), init_state(spec)
-    x = jax.numpy.zeros((1, *spec.input_shape), jax.numpy.float32)
+    dtype = jax.numpy.int32 if spec.kind == "tokens" else jax.numpy.float32
+    x = jax.numpy.zeros((1, *spec.input_shape), dtype)
     jaxpr = jax.make_jaxpr(lambda p, x: forward(spec, p, state, x, train=False)[0])(params, x).jaxpr
     assert _matmul_flops(jaxpr) == spec.forward_flops_per_sample
     cost = jax.jit(lambda p, x: forward(spec, p, state, x, train=False)[0]).lower(params, x).compile().cost_analysis()

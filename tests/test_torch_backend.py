@@ -72,6 +72,34 @@ def test_a_transformers_flops_are_the_formula_and_torchs_count(causal):
     assert step.get_total_flops() == 3 * spec.train_flops_per_sample
 
 
+def test_a_language_models_flops_are_the_formula_and_torchs_count():
+    """GPT: the causal blocks as ViT's, the tied head 2 T d V (its weight gradient and its input
+    gradient in training), the token embedding a lookup (no FLOPs); GPT-2 small's count per
+    token is within 0.1% of nanoGPT's 6N + 12 L T d (N: the parameters but the positions; the
+    spec leaves out the layer norms' and biases' share of 6N)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from gpubench.workloads.data import task_batches
+
+    spec = get_workload("gpt").spec(layers=2, d_model=64, heads=4, seq_len=32, vocab=100)
+    t, d, r, v = 32, 64, 4, 100
+    block = 2 * t * (3 * d * d + d * d + 2 * r * d * d) + 4 * t * t * d
+    assert spec.forward_flops_per_sample == 2 * block + 2 * t * d * v
+    assert spec.train_flops_per_sample == 3 * spec.forward_flops_per_sample
+    model = build_model(spec, spec.init_weights(0))
+    assert sum(p.numel() for p in model.parameters()) == spec.params == v * d + t * d + 2 * (12 * d * d + 13 * d) + 2 * d
+    batch = task_batches(spec, 3, 1, seed=0)
+    x, y = torch.from_numpy(batch.x[0]), torch.from_numpy(batch.y[0])
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as step:
+        torch.nn.functional.cross_entropy(model(x).reshape(-1, v), y.reshape(-1)).backward()
+    assert step.get_total_flops() == 3 * spec.train_flops_per_sample
+    small = get_workload("gpt").spec(layers=12, d_model=768, heads=12, seq_len=1024, vocab=50257)
+    assert small.params == 124_439_808  # GPT-2 small, tied
+    nanogpt = 6 * (small.params - 1024 * 768) + 12 * 12 * 1024 * 768
+    assert 0.999 * nanogpt < small.train_flops_per_sample / 1024 < nanogpt
+
+
 def _trainer(workload: str, precision: str = "fp32", **params):
     config = Config(workload=workload, batch_size=32, precision=precision, lr=1e-3,
                     workload_params=tuple(sorted(params.items())))

@@ -226,6 +226,8 @@ def write_markdown(data: ReportData, path: Path) -> None:
         "config": ok["config_id"],
         "samples/s (95% CI)": [fmt.rate_ci(r.throughput, r.throughput_ci_low, r.throughput_ci_high)
                                + (" *" if r.noisy else "") for r in ok.itertuples()],
+        **({"tokens/s": ok["tokens_per_s"].map(lambda v: tables.cell("tokens_per_s", v))}
+           if "tokens_per_s" in ok and ok["tokens_per_s"].notna().any() else {}),  # a language model's
         **{header: ok[name].map(lambda v, name=name: tables.cell(name, v).removesuffix(" TFLOP/s"))
            for header, name in SUMMARY_COLUMNS if name != "mfu"},
         "MFU": ["above peak" if tables.above_peak(r) else tables.cell("mfu", r["mfu"]) for _, r in ok.iterrows()],

@@ -62,7 +62,9 @@ def _throughput_cell(r: pd.Series) -> str:
     if r["status"] != "ok":
         return r["status"]
     text = fmt.rate_ci(r["throughput"], r["throughput_ci_low"], r["throughput_ci_high"])
-    return text + (" *" if r.get("noisy") else "") + _trained(r)
+    tokens = r.get("tokens_per_s")
+    return (text + (" *" if r.get("noisy") else "") + (f" ({cell('tokens_per_s', tokens)} tokens/s)"
+                                                      if _known(tokens) else "") + _trained(r))
 
 
 def throughput_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[str, pd.DataFrame]:

@@ -83,6 +83,23 @@ def _trained_batch(r: Result) -> Any:
     return r.trained_batch()
 
 
+def _tokens_per_sample(r: Result) -> int | None:
+    """A language model's tokens a sample (its sequence length): the built-in spec's figure, or
+    the length of a token task's input (a Hugging Face model by name); None for other models."""
+    n = r.get("model", "tokens_per_sample")
+    if n is None and r.get("model", "task") == "tokens":
+        shape = r.get("model", "input_shape")
+        n = shape[0] if isinstance(shape, list) and shape else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def _per_token(name: str) -> Callable[[Result], Any]:
+    def derive(r: Result) -> Any:
+        n, value = _tokens_per_sample(r), BY_NAME[name].value(r)
+        return value * n if n is not None and isinstance(value, (int, float)) else None
+    return derive
+
+
 M = Metric
 METRICS: list[Metric] = [
     M("throughput", ("metrics", "throughput", "median"), "samples/s", "higher", "rate",
@@ -98,6 +115,13 @@ METRICS: list[Metric] = [
       "samples of all measured windows / their summed wall time (includes anything between steps)"),
     M("throughput_per_device", ("metrics", "throughput_per_device"), "samples/s", "higher", "rate",
       "throughput / devices"),
+    M("tokens_per_s", (), "tokens/s", "higher", "rate",
+      "a language model's global tokens per second: throughput x tokens a sample (its sequence length)",
+      gate=True, derive=_per_token("throughput")),
+    M("tokens_per_s_per_device", (), "tokens/s", "higher", "rate", "tokens_per_s / devices",
+      derive=_per_token("throughput_per_device")),
+    M("tokens_per_sample", (), "tokens", "", "count", "a language model's tokens a sample (sequence length)",
+      combine="first", derive=_tokens_per_sample),
     M("step_ms", ("metrics", "step_time_ms", "median"), "ms", "lower", "ms",
       "median step time of the measured windows", gate=True, alias="step_time"),
     M("step_ms_p5", ("metrics", "step_time_ms", "p5"), "ms", "lower", "ms", "5th percentile step time"),

@@ -29,7 +29,9 @@ def one_line(result: Result) -> str:
     """``ok  12.3k samples/s [12.1k, 12.5k], step 5.21 ms, cv 2.1%`` or the status and reason."""
     if result.status == "ok" and result.get("metrics", "throughput"):
         text = (f"{_show('throughput', result)} samples/s [{_show('throughput_ci_low', result)}, "
-                f"{_show('throughput_ci_high', result)}], step {_show('step_ms', result)}, "
+                f"{_show('throughput_ci_high', result)}], "
+                + (f"{_show('tokens_per_s', result)} tokens/s, " if BY_NAME["tokens_per_s"].value(result) else "")
+                + f"step {_show('step_ms', result)}, "
                 f"cv {_show('step_cv', result)}")
         return text + (" (noisy)" if BY_NAME["noisy"].value(result) else "")
     return result.reason
@@ -82,8 +84,8 @@ class SweepDisplay:
 
 
 # the summary table's metric columns: (header, metric)
-SUMMARY_COLUMNS = (("samples/s", "throughput"), ("step", "step_ms"), ("cv", "step_cv"), ("cold", "cold_start_ms"),
-                   ("peak mem", "peak_memory_bytes"), ("MFU", "mfu"))
+SUMMARY_COLUMNS = (("samples/s", "throughput"), ("tokens/s", "tokens_per_s"), ("step", "step_ms"), ("cv", "step_cv"),
+                   ("cold", "cold_start_ms"), ("peak mem", "peak_memory_bytes"), ("MFU", "mfu"))
 
 
 def summary_table(results: list[Result]) -> Table:
@@ -99,7 +101,10 @@ def summary_table(results: list[Result]) -> Table:
     if repeats:
         table.add_column("rep", justify="right")
     table.add_column("status", no_wrap=True)
-    for header, _ in SUMMARY_COLUMNS:
+    # a language model's tokens/s beside samples/s, where the sweep has one
+    columns = [c for c in SUMMARY_COLUMNS
+               if c[1] != "tokens_per_s" or any(BY_NAME["tokens_per_s"].value(r) is not None for r in results)]
+    for header, _ in columns:
         table.add_column(header, justify="right", no_wrap=True)
         if header == "samples/s":
             table.add_column("95% CI", justify="right", no_wrap=True)
@@ -112,7 +117,7 @@ def summary_table(results: list[Result]) -> Table:
         if repeats:
             row.append(str(r.repeat))
         row.append(f"[{style}]{r.status}[/{style}]" + (" [yellow]noisy[/yellow]" if BY_NAME["noisy"].value(r) else ""))
-        for header, name in SUMMARY_COLUMNS:
+        for header, name in columns:
             flagged = name == "mfu" and BY_NAME["above_peak"].value(r)
             row.append("[yellow]above peak[/yellow]" if flagged else _show(name, r))
             if header == "samples/s":

@@ -5,11 +5,12 @@ from __future__ import annotations
 from gpubench.errors import choices_message
 from gpubench.workloads.base import Workload, WorkloadSpec
 from gpubench.workloads.cnn import CNN
+from gpubench.workloads.gpt import GPT
 from gpubench.workloads.mlp import MLP
 from gpubench.workloads.resnet import RESNET18, RESNET50
 from gpubench.workloads.vit import VIT
 
-WORKLOADS: dict[str, Workload] = {w.name: w for w in (CNN, MLP, RESNET18, RESNET50, VIT)}
+WORKLOADS: dict[str, Workload] = {w.name: w for w in (CNN, MLP, RESNET18, RESNET50, VIT, GPT)}
 
 
 def register_workload(workload: Workload) -> None:

@@ -294,6 +294,44 @@ class TransformerBlock:
 
 
 @dataclass(frozen=True)
+class TokenEmbedding:
+    """Token ids (T,) -> (T, d_model): a learned embedding of each of ``vocab`` tokens plus a
+    learned embedding of each position. Parameters: the token embedding (vocab, d_model) and the
+    positions (T, d_model), both Normal(0, 0.02) (GPT-2's)."""
+
+    vocab: int
+    d_model: int
+    kind: ClassVar[str] = "token_embedding"
+
+    def out_shape(self, shape: Shape) -> Shape:
+        if len(shape) != 1:
+            raise ValueError(f"TokenEmbedding needs a (tokens,) input, got shape {shape}")
+        return (shape[0], self.d_model)
+
+    def param_shapes(self, shape: Shape) -> list[Shape]:
+        return [(self.vocab, self.d_model), (shape[0], self.d_model)]
+
+    def init_params(self, shape: Shape, rng: np.random.Generator) -> list[np.ndarray]:
+        return [_normal(s, rng) for s in self.param_shapes(shape)]
+
+
+@dataclass(frozen=True)
+class TiedLMHead:
+    """(T, d) -> (T, vocab): each position's scores over the vocabulary, x @ E^T with E the
+    model's TokenEmbedding (weight tying: no parameters of its own, as GPT-2)."""
+
+    vocab: int
+    kind: ClassVar[str] = "tied_lm_head"
+
+    def out_shape(self, shape: Shape) -> Shape:
+        return (_expect_td(self, shape)[0], self.vocab)
+
+    def forward_flops(self, shape: Shape) -> int:
+        t, d = _expect_td(self, shape)
+        return 2 * t * d * self.vocab
+
+
+@dataclass(frozen=True)
 class ClassToken:
     """The first token of a sequence (the class token PatchEmbed puts first): (T, d) -> (d,)."""
 
@@ -304,7 +342,7 @@ class ClassToken:
 
 
 Layer = Union[Conv2d, Linear, ReLU, MaxPool2d, Dropout, Flatten, BatchNorm2d, GlobalAvgPool, Residual,  # noqa: UP007 - a runtime alias (3.10)
-              PatchEmbed, LayerNorm, TransformerBlock, ClassToken]
+              PatchEmbed, LayerNorm, TransformerBlock, ClassToken, TokenEmbedding, TiedLMHead]
 
 
 def _expect_chw(layer: object, shape: Shape) -> Shape:
@@ -313,10 +351,11 @@ def _expect_chw(layer: object, shape: Shape) -> Shape:
     return shape
 
 
-PARAMETRIC = (Conv2d, Linear, BatchNorm2d, PatchEmbed, LayerNorm, TransformerBlock)
+PARAMETRIC = (Conv2d, Linear, BatchNorm2d, PatchEmbed, LayerNorm, TransformerBlock, TokenEmbedding)
 
 
-def has_params(layer: Layer) -> TypeGuard[Conv2d | Linear | BatchNorm2d | PatchEmbed | LayerNorm | TransformerBlock]:
+def has_params(layer: Layer) -> TypeGuard[Conv2d | Linear | BatchNorm2d | PatchEmbed | LayerNorm | TransformerBlock
+                                          | TokenEmbedding]:
     return isinstance(layer, PARAMETRIC)
 
 
@@ -368,6 +407,10 @@ class WorkloadSpec:
     num_classes: int
     layers: tuple[Layer, ...]
     loss: str = "cross_entropy"
+    # "classes": a float sample -> scores over num_classes; "tokens": a sequence of token ids
+    # (input_shape = (T,)) -> each position's scores over a vocabulary of num_classes, trained
+    # to predict the next token (gpubench.workloads.data.synthetic_tokens)
+    kind: str = "classes"
 
     def shapes(self) -> list[tuple[Shape, Shape]]:
         """(input shape, output shape) of every top-level layer, per sample."""
@@ -380,9 +423,13 @@ class WorkloadSpec:
         self._check_output(shape)
         return out
 
+    @property
+    def output_shape(self) -> Shape:
+        return (self.input_shape[0], self.num_classes) if self.kind == "tokens" else (self.num_classes,)
+
     def _check_output(self, shape: Shape) -> None:
-        if shape != (self.num_classes,):
-            raise ValueError(f"workload {self.name}: output shape {shape} != ({self.num_classes},)")
+        if shape != self.output_shape:
+            raise ValueError(f"workload {self.name}: output shape {shape} != {self.output_shape}")
 
     def leaves_by_layer(self) -> list[list[Leaf]]:
         """Per top-level layer, its leaves (one for a plain layer); checks the output shape."""
@@ -418,13 +465,18 @@ class WorkloadSpec:
 
     def facts(self) -> dict[str, Any]:
         """The result's ``model`` block for this spec (the same in every framework)."""
-        return {"params": self.params, "flops_per_sample": self.train_flops_per_sample,
-                "forward_flops_per_sample": self.forward_flops_per_sample, "source": "builtin", "identical": True,
-                "flops_counted_by": "gpubench, from the spec (convolutions and matrix multiplies)"}
+        facts = {"params": self.params, "flops_per_sample": self.train_flops_per_sample,
+                 "forward_flops_per_sample": self.forward_flops_per_sample, "source": "builtin", "identical": True,
+                 "flops_counted_by": "gpubench, from the spec (convolutions and matrix multiplies, attention's "
+                                     "included)"}
+        if self.kind == "tokens":  # a sample is a sequence: tokens/s is throughput x its length
+            facts.update(task="tokens", tokens_per_sample=self.input_shape[0])
+        return facts
 
     def without_dropout(self) -> WorkloadSpec:
         """The same model with dropout removed (for deterministic cross-framework checks)."""
-        return WorkloadSpec(self.name, self.input_shape, self.num_classes, _without_dropout(self.layers), self.loss)
+        return WorkloadSpec(self.name, self.input_shape, self.num_classes, _without_dropout(self.layers), self.loss,
+                            self.kind)
 
     def init_weights(self, seed: int) -> list[list[np.ndarray]]:
         """Initial weights in canonical layout, per top-level layer, from a seeded numpy

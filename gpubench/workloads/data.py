@@ -201,6 +201,14 @@ def batches_from_arrays(x: np.ndarray, y: np.ndarray, batch_size: int, group: in
     return Batches(x=x[:keep].reshape(n, batch_size, *x.shape[1:]), y=y[:keep].reshape(n, batch_size))
 
 
+def task_batches(spec: Task, batch_size: int, n_batches: int, seed: int) -> Batches:
+    """``n_batches`` batches of the synthetic data of the task: token sequences for a ``tokens``
+    task, the class templates otherwise."""
+    if getattr(spec, "kind", "classes") == "tokens":
+        return synthetic_tokens(spec.num_classes, spec.input_shape[0], batch_size, n_batches, seed)
+    return synthetic_batches(spec, batch_size, n_batches, seed)
+
+
 def make_batches(spec: Task, dataset: str, data_dir: str, batch_size: int, seed: int,
                  group: int = 1) -> Batches:
     """The batches a config trains on: the synthetic pool, or MNIST from ``data_dir``.
@@ -213,17 +221,12 @@ def make_batches(spec: Task, dataset: str, data_dir: str, batch_size: int, seed:
 
         x, y = load_mnist(data_dir)
         return batches_from_arrays(x, y, batch_size, group)
-    if getattr(spec, "kind", "classes") == "tokens":
-        n = pool_batches(spec, batch_size * group) * group
-        return synthetic_tokens(spec.num_classes, spec.input_shape[0], batch_size, n, seed)
-    return synthetic_batches(spec, batch_size, pool_batches(spec, batch_size * group) * group, seed)
+    return task_batches(spec, batch_size, pool_batches(spec, batch_size * group) * group, seed)
 
 
 def one_batch(task: SyntheticTask, batch: int, seed: int) -> Batches:
     """One batch of the task's synthetic data (a model's FLOPs are counted on one)."""
-    if task.kind == "tokens":
-        return synthetic_tokens(task.num_classes, task.input_shape[0], batch, 1, seed)
-    return synthetic_batches(task, batch, 1, seed)
+    return task_batches(task, batch, 1, seed)
 
 
 def sample_batch(task: SyntheticTask | None, batch_fn: Callable[[int], Any] | None, name: str, batch: int,

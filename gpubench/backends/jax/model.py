@@ -32,6 +32,8 @@ from gpubench.workloads.base import (
     PatchEmbed,
     ReLU,
     Residual,
+    TiedLMHead,
+    TokenEmbedding,
     TransformerBlock,
     WorkloadSpec,
 )
@@ -107,9 +109,10 @@ class _Apply:
     in order (a residual block's main branch, then its shortcut), and collects the new
     running statistics."""
 
-    def __init__(self, policy: Policy, train: bool, key: jax.Array | None) -> None:
+    def __init__(self, policy: Policy, train: bool, key: jax.Array | None, tied: jax.Array | None = None) -> None:
         self.policy, self.train, self.key = policy, train, key
         self.leaf = 0  # the leaf's position in the whole model, for its dropout key
+        self.tied = tied  # the token embedding, the weight of a tied output head
 
     def chain(self, layers: tuple[Layer, ...], x: jax.Array, params: Iterator[jax.Array],
               stats: Iterator[tuple[jax.Array, jax.Array]], new: list[tuple[jax.Array, jax.Array]]) -> jax.Array:
@@ -162,6 +165,12 @@ class _Apply:
             return _block(layer, x, [next(params) for _ in range(12)], self.policy)
         if isinstance(layer, ClassToken):
             return x[:, 0]
+        if isinstance(layer, TokenEmbedding):
+            table, pos = next(params), next(params)
+            return (table[x] + pos).astype(cd)
+        if isinstance(layer, TiedLMHead):
+            assert self.tied is not None  # forward() finds the model's token embedding
+            return jnp.matmul(x.astype(cd), self.tied.astype(cd).T, precision=prec)
         if isinstance(layer, ReLU):
             return jax.nn.relu(x)
         if isinstance(layer, MaxPool2d):
@@ -187,7 +196,8 @@ def forward(spec: WorkloadSpec, params: Params, state: State, x: jax.Array, *, t
     """The logits (float32) of a batch in gpubench's layout, and the new running statistics.
     ``remat``: each top-level layer's activations are recomputed in the backward pass
     (``jax.checkpoint``), as activation checkpointing does in PyTorch."""
-    run = _Apply(policy or Policy(), train, key)
+    tied = next((arrays[0] for layer, arrays in zip(spec.layers, params) if isinstance(layer, TokenEmbedding)), None)
+    run = _Apply(policy or Policy(), train, key, tied)
     new_state: State = []
     for layer, arrays, stats in zip(spec.layers, params, state, strict=True):
         def one(x: jax.Array, arrays: list[jax.Array], stats: list[tuple[jax.Array, jax.Array]],

@@ -26,6 +26,8 @@ from gpubench.workloads.base import (
     ReLU,
     Residual,
     Shape,
+    TiedLMHead,
+    TokenEmbedding,
     TransformerBlock,
     WorkloadSpec,
 )
@@ -92,6 +94,31 @@ class Block(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
+class Embedding(nn.Module):
+    """(N, T) token ids -> (N, T, d): the tokens' embeddings plus the positions'
+    (gpubench.workloads.base.TokenEmbedding)."""
+
+    def __init__(self, vocab: int, d_model: int, tokens: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(vocab, d_model))
+        self.pos = nn.Parameter(torch.zeros(tokens, d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.embedding(x, self.weight) + self.pos
+
+
+class LMHead(nn.Module):
+    """(N, T, d) -> (N, T, vocab) with the model's token embedding as its weight (tied: the
+    embedding is not registered here, so the parameter is counted and loaded once)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tied: tuple[Embedding, ...] = ()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.tied[0].weight)
+
+
 class FirstToken(nn.Module):
     """(N, T, d) -> (N, d): the class token's features."""
 
@@ -123,6 +150,10 @@ def _module(layer: Layer, in_shape: Shape) -> nn.Module:
         return nn.LayerNorm(in_shape[-1], eps=layer.eps)
     if isinstance(layer, ClassToken):
         return FirstToken()
+    if isinstance(layer, TokenEmbedding):
+        return Embedding(layer.vocab, layer.d_model, in_shape[0])
+    if isinstance(layer, TiedLMHead):
+        return LMHead()
     if isinstance(layer, Residual):
         return ResidualBlock(_branch(layer.main, in_shape), _branch(layer.shortcut, in_shape))
     if isinstance(layer, ReLU):
@@ -145,6 +176,9 @@ def build_model(spec: WorkloadSpec, weights: list[list[np.ndarray]] | None = Non
     block's parameters are registered in the canonical order: main branch, then shortcut).
     """
     model = nn.Sequential(*(_module(layer, i) for layer, (i, _) in zip(spec.layers, spec.shapes())))
+    embeddings = [m for m in model if isinstance(m, Embedding)]
+    for head in (m for m in model if isinstance(m, LMHead)):
+        head.tied = (embeddings[0],)  # weight tying (the spec puts the embedding first)
     if weights is not None:
         with torch.no_grad():
             for module, arrays in zip(model, weights):

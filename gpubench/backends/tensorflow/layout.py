@@ -8,8 +8,8 @@ Pure numpy, so that the conversion is tested without TensorFlow:
 - batch norm (gamma, beta) -> Keras' (gamma, beta, moving_mean, moving_variance), with the
   running statistics at PyTorch's initial values (0 and 1);
 - data (..., C, H, W) -> (..., H, W, C);
-- a patch embedding, a transformer block and a layer norm take the canonical arrays as they
-  are (their Keras layers compute in that layout).
+- a patch or token embedding, a transformer block and a layer norm take the canonical arrays
+  as they are (their Keras layers compute in that layout).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from gpubench.workloads.base import (
     LayerNorm,
     Linear,
     PatchEmbed,
+    TokenEmbedding,
     TransformerBlock,
     WorkloadSpec,
 )
@@ -66,7 +67,7 @@ def keras_weights(spec: WorkloadSpec, weights: list[list[np.ndarray]]) -> list[l
                     kernel = w.T
                 out.append([np.ascontiguousarray(kernel), b])
                 flattened_from = None
-            elif isinstance(layer, (PatchEmbed, TransformerBlock, LayerNorm)):  # taken in the canonical layout
+            elif isinstance(layer, (PatchEmbed, TransformerBlock, LayerNorm, TokenEmbedding)):  # canonical layout
                 out.append(list(mine))
             elif isinstance(layer, BatchNorm2d):
                 gamma, beta = mine

@@ -20,6 +20,8 @@ from gpubench.workloads.base import (
     PatchEmbed,
     ReLU,
     Residual,
+    TiedLMHead,
+    TokenEmbedding,
     TransformerBlock,
     WorkloadSpec,
 )
@@ -129,6 +131,42 @@ class Block(keras.layers.Layer):
                 "causal": self.causal, "eps": self.eps}
 
 
+class Embedding(keras.layers.Layer):
+    """(N, T) token ids -> (N, T, d): the tokens' embeddings plus the positions', in the
+    canonical layout (gpubench.workloads.base.TokenEmbedding)."""
+
+    def __init__(self, vocab: int, d_model: int, tokens: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.vocab, self.d_model, self.tokens = vocab, d_model, tokens
+
+    def build(self, shape) -> None:
+        self.table = self.add_weight(shape=(self.vocab, self.d_model), initializer="zeros", name="table")
+        self.pos = self.add_weight(shape=(self.tokens, self.d_model), initializer="zeros", name="pos")
+
+    def call(self, x):
+        return keras.ops.take(self.table, x, axis=0) + self.pos
+
+    def compute_output_shape(self, shape):
+        return (*shape, self.d_model)
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "vocab": self.vocab, "d_model": self.d_model, "tokens": self.tokens}
+
+
+class LMHead(keras.layers.Layer):
+    """(N, T, d) -> (N, T, vocab), x @ E^T with E the model's token embedding (tied)."""
+
+    def __init__(self, embedding: Embedding, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.embedding = embedding
+
+    def call(self, x):
+        return keras.ops.matmul(x, keras.ops.transpose(self.embedding.table))
+
+    def compute_output_shape(self, shape):
+        return (*shape[:-1], self.embedding.vocab)
+
+
 class FirstToken(keras.layers.Layer):
     """(N, T, d) -> (N, d): the class token's features."""
 
@@ -153,6 +191,7 @@ class _Builder:
         self.kw = {"dtype": policy} if policy else {}
         self.seed = seed
         self.leaf_layers: list[keras.layers.Layer | None] = []
+        self.embedding: Embedding | None = None  # a token embedding, for the tied output head
 
     def chain(self, layers: tuple[Layer, ...], x):
         for layer in layers:
@@ -187,6 +226,11 @@ class _Builder:
             out = kl.LayerNormalization(epsilon=layer.eps, **kw)
         elif isinstance(layer, ClassToken):
             out = FirstToken(**kw)
+        elif isinstance(layer, TokenEmbedding):
+            out = self.embedding = Embedding(layer.vocab, layer.d_model, x.shape[1], **kw)
+        elif isinstance(layer, TiedLMHead):
+            assert self.embedding is not None  # the spec puts the token embedding first
+            out = LMHead(self.embedding, **kw)
         elif isinstance(layer, ReLU):
             out = kl.ReLU(**kw)
         elif isinstance(layer, MaxPool2d):
@@ -211,7 +255,8 @@ def build_model(spec: WorkloadSpec, weights: list[list[np.ndarray]] | None = Non
     (``mixed_float16``, ``mixed_bfloat16``); with one, the logits are cast back to float32 so
     the loss is computed in float32, as PyTorch's autocast does for cross-entropy."""
     builder = _Builder(policy, seed)
-    inputs = keras.Input(shape=nhwc_shape(spec.input_shape))
+    inputs = (keras.Input(shape=spec.input_shape, dtype="int32") if spec.kind == "tokens"
+              else keras.Input(shape=nhwc_shape(spec.input_shape)))
     x = builder.chain(spec.layers, inputs)
     if policy:
         x = keras.layers.Activation("linear", dtype="float32")(x)
