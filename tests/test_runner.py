@@ -115,7 +115,7 @@ def test_resume_completes_an_interrupted_run(tmp_path, write_suite):
 
     # a damaged run.json is refused before anything runs, naming the file and key
     good = json.loads((run_dir / "run.json").read_text())
-    for edit, expected in [(lambda m: m["suite"]["matrix"].update(workload=["gpt"]), "matrix.workload: unknown workload 'gpt'"),
+    for edit, expected in [(lambda m: m["suite"]["matrix"].update(workload=["llama"]), "matrix.workload: unknown workload 'llama'"),
                            (lambda m: m["args"].update(repeats=0), "args.repeats: expected an integer >= 1, got 0")]:
         meta = json.loads(json.dumps(good))
         edit(meta)

@@ -195,7 +195,7 @@ def test_the_gpu_suites_sweep_what_issue_8_names():
 @pytest.mark.parametrize("text, expected", [
     ("name = 'x'\n[matrix]\nworkload = ['cnn']\nprecision = ['fp17']",
      "matrix.precision: unknown precision 'fp17'; expected one of: fp32, tf32, amp-fp16, amp-bf16"),
-    ("[matrix]\nworkload = ['resnet9']", "matrix.workload: unknown workload 'resnet9'; expected one of: cnn, mlp"),
+    ("[matrix]\nworkload = ['resnet9']", "matrix.workload: unknown workload 'resnet9'; expected one of: cnn, gpt, mlp"),
     ("[matrix]\nworkload = 'cnn'\nframework = 'mxnet'", "matrix.framework: unknown framework 'mxnet'; expected one of:"),
     ("[matrix]\nworkload = 'cnn'\ndevice = 'tpu'", "matrix.device: unknown device 'tpu'; expected one of: cpu, cuda, cuda:N"),
     ("[matrix]\nworkload = 'cnn'\ndevice = 'cpu:1'", "matrix.device: unknown device 'cpu:1'"),
@@ -224,7 +224,7 @@ def test_the_gpu_suites_sweep_what_issue_8_names():
     ("[matrix]\nworkload = 'cnn'\ndepth = [10]", "depth: no workload in this suite takes 'depth' (cnn takes: none)"),
     ("[matrix]\nworkload = 'vit'\nheads = [3]", "vit: heads 3 do not divide d_model 128"),
     ("[matrix]\nworkload = 'vit'\npatch = [5]", "vit: patch 5 does not divide image 32"),
-    ("[matrix]\nbatch_size = [8]", "missing key 'workload' (set it in [matrix] or [defaults]); expected one of: cnn, mlp"),
+    ("[matrix]\nbatch_size = [8]", "missing key 'workload' (set it in [matrix] or [defaults]); expected one of: cnn, gpt, mlp"),
     ("[matrix]\nworkload = 'cnn'\ninclude = {device = 'cpu'}", "matrix.include: expected a list of tables"),
     ("[matrix]\nworkload = 'cnn'\n[[matrix.exclude]]\n", "matrix.exclude[0]: empty entry"),
     ("[matrix]\nworkload = 'cnn'\n[[matrix.include]]\nprecision = 'fp8'",
@@ -335,7 +335,7 @@ def test_set_of_a_parameter_no_workload_takes_is_refused(write_suite):
 
 
 @pytest.mark.parametrize("edit, expected", [
-    (lambda d: d["matrix"].update(workload=["gpt"]), "run.json: suite: matrix.workload: unknown workload 'gpt'"),
+    (lambda d: d["matrix"].update(workload=["llama"]), "run.json: suite: matrix.workload: unknown workload 'llama'"),
     (lambda d: d["defaults"].update(steps="many"), "run.json: suite: defaults.steps: expected an integer >= 1, got 'many'"),
     (lambda d: d.pop("name"), "run.json: suite: name: expected letters"),
     (lambda d: d.update(matrix=[1]), "run.json: suite: matrix: expected a table"),

@@ -198,3 +198,26 @@ def test_make_optimizer_takes_every_setting_of_the_config():
     assert group["momentum"] == 0.0
     group = make_optimizer("adam", p, 1e-3, fused=False).param_groups[0]  # no settings: the defaults
     assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.9, 0.999), 1e-8, 0)
+
+
+def test_a_language_model_runs_through_the_cli_with_tokens_per_second(tmp_path):
+    """gpt through gpubench run: the result's model block says its tokens a sample, tokens/s is
+    throughput x sequence length, the loss falls; a pipeline:N config is refused (the tied head)."""
+    from gpubench.results.metrics import BY_NAME
+    from gpubench.results.store import load_results
+    from tests.conftest import run_cli
+
+    suite = tmp_path / "t.toml"
+    suite.write_text('name = "t"\n[defaults]\nworkload = "gpt"\nlayers = 1\nd_model = 32\nheads = 2\nseq_len = 16\n'
+                     'vocab = 64\nbatch_size = 4\nwarmup_steps = 1\nsteps = 3\nwindows = 2\nlr = 0.01\n'
+                     '[matrix]\nparallelism = ["single", "pipeline:2"]\n')
+    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report", "--no-calibrate"],
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    ok, refused = sorted(load_results(run_dir), key=lambda r: r.config["parallelism"], reverse=True)
+    assert ok.status == "ok" and ok.get("model", "tokens_per_sample") == 16
+    assert BY_NAME["tokens_per_s"].value(ok) == pytest.approx(16 * ok.get("metrics", "throughput", "median"))
+    assert ok.get("metrics", "loss", "last") < ok.get("metrics", "loss", "first")
+    assert refused.status == "unsupported" and "tied to its token embedding" in refused.reason
+    assert "tokens/s" in proc.stdout

@@ -42,7 +42,7 @@ def test_shape_errors_are_clear():
 
 
 def test_unknown_workload_lists_the_known_ones():
-    with pytest.raises(KeyError, match="unknown workload 'vgg'; expected one of: cnn, mlp"):
+    with pytest.raises(KeyError, match="unknown workload 'vgg'; expected one of: cnn, gpt, mlp, resnet18, resnet50, vit"):
         get_workload("vgg")
 
 
@@ -74,3 +74,29 @@ def test_synthetic_batches_are_deterministic_and_class_dependent():
     x1 = big.x[1].reshape(256, -1)
     pred = np.argmin(((x1[:, None, :] - means[None]) ** 2).sum(-1), axis=1)
     assert (pred == big.y[1]).mean() > 0.8  # at most ~0.91: 10% of labels are random
+
+
+def test_the_token_tasks_loss_floor_is_the_entropy_of_its_next_token():
+    from gpubench.workloads.data import synthetic_tokens, token_loss_floor
+
+    for vocab in (2, 512, 50257):
+        p = np.array([0.9 + 0.1 / vocab] + [0.1 / vocab] * (vocab - 1))
+        assert token_loss_floor(vocab) == pytest.approx(-(p * np.log(p)).sum(), rel=1e-12)
+        assert token_loss_floor(vocab) < np.log(vocab)  # below a uniform guess: learnable
+    # the targets are the inputs shifted by one, and mostly follow a fixed successor of each token
+    b = synthetic_tokens(64, 32, 256, 1, seed=0)
+    assert np.array_equal(b.x[0][:, 1:], b.y[0][:, :-1])
+    x, y = b.x[0].ravel(), b.y[0].ravel()
+    successor = {t: np.bincount(y[x == t], minlength=64).argmax() for t in range(64)}
+    follows = np.mean([successor[a] == c for a, c in zip(x, y)])
+    assert 0.75 < follows < 0.9  # 0.9 x 0.9: the input token and its target both clean, plus chance
+
+
+def test_a_transformers_parameters_are_counted_from_its_shape():
+    vit = get_workload("vit").spec(image=224, patch=16, layers=12, d_model=768, heads=12, classes=1000)
+    assert vit.params == 86_567_656  # ViT-B/16
+    assert vit.shapes()[0] == ((3, 224, 224), (197, 768))
+    gpt = get_workload("gpt").spec(layers=12, d_model=768, heads=12, seq_len=1024, vocab=50257)
+    assert gpt.params == 124_439_808 and gpt.output_shape == (1024, 50257)  # GPT-2 small, tied
+    with pytest.raises(ValueError, match="heads 5 do not divide d_model 768"):
+        get_workload("gpt").spec(layers=1, d_model=768, heads=5, seq_len=8, vocab=10)

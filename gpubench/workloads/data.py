@@ -140,6 +140,14 @@ def synthetic_tokens(vocab: int, seq_len: int, batch_size: int, n_batches: int, 
     return Batches(x=np.ascontiguousarray(seq[..., :-1]), y=np.ascontiguousarray(seq[..., 1:]))
 
 
+def token_loss_floor(vocab: int) -> float:
+    """The lowest mean cross-entropy (nats) a model can reach on ``synthetic_tokens``: the
+    entropy of the next token given the clean chain, which is perm[previous] but for the 10% of
+    tokens drawn at random (the right one among them by chance: 0.9 + 0.1 / vocab in all)."""
+    right, other = 1 - LABEL_NOISE + LABEL_NOISE / vocab, LABEL_NOISE / vocab
+    return float(-right * math.log(right) - (vocab - 1) * other * math.log(other))
+
+
 def function_batches(fn: Callable[[int], Any], batch_size: int, n_batches: int, where: str) -> Batches:
     """``n_batches`` calls of the user's batch function ``fn(batch_size) -> (inputs, targets)``
     (arrays or framework tensors, inputs possibly a tuple or dict), stacked into a pool."""

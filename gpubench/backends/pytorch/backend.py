@@ -11,6 +11,7 @@ from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo
 from gpubench.backends.pytorch.modes import GRAPH_RESETTABLE_OPTIMIZERS, TORCH_COMPILE_MODES
 from gpubench.options import PRECISIONS, Capabilities, RankStart, device_index, device_kind, parse_parallelism
 from gpubench.workloads import get_workload
+from gpubench.workloads.base import TiedLMHead
 
 if TYPE_CHECKING:
     from gpubench.backends.base import NativeModel, Trainer
@@ -92,7 +93,12 @@ def pipeline_unsupported(config: Config) -> str | None:
     if ":" in config.workload:
         return (f"pipeline:N splits a built-in workload's layers into stages; {config.workload} is not one (use "
                 "ddp:N, dp:N or grad-accum:N)")
-    layers = len(get_workload(config.workload).spec(**dict(config.workload_params)).layers)
+    spec = get_workload(config.workload).spec(**dict(config.workload_params))
+    layers = len(spec.layers)
+    if any(isinstance(layer, TiedLMHead) for layer in spec.layers):
+        return (f"{config.workload_label}'s output head is tied to its token embedding, which would sit on the "
+                "first stage and the head on the last (their shared weight is not split across stages here); use "
+                "ddp:N or grad-accum:N")
     if layers < n * config.nnodes:
         return f"{config.workload_label} has {layers} top-level layers, fewer than the {n * config.nnodes} stages"
     return None
