@@ -16,6 +16,8 @@ from typing import Any
 
 from gpubench.hugepages import HUGE_PAGES
 from gpubench.options import (
+    ATTENTION_WORKLOADS,
+    ATTENTIONS,
     CHECKPOINTINGS,
     COMPILES,
     DATA_MODES,
@@ -173,6 +175,17 @@ class Config:
         "", check=("string",), used_when=lambda c: c.dataset == "mnist",
         help=('directory of `train-images-idx3-ubyte[.gz]` and `train-labels-idx1-ubyte[.gz]` (`dataset = '
               '"mnist"`)'))
+    attention: str = setting(
+        "sdpa", check=("declared", "attention", ATTENTIONS), named="changed", column=True, hashed_when_set=True,
+        used_when=lambda c: c.workload in ATTENTION_WORKLOADS, named_when_used=True,
+        help=("how a built-in transformer (`gpt`, `vit`) computes attention: `sdpa` (the framework's own, "
+              "its choice of kernel: PyTorch `F.scaled_dot_product_attention`, JAX "
+              "`jax.nn.dot_product_attention`; TensorFlow has no fused kernel: its matrix products), `math` "
+              "(the two matrix products and a softmax: PyTorch's math kernel, the explicit graph in JAX and "
+              "TensorFlow), `flash` (PyTorch's FlashAttention kernel: CUDA at amp-fp16/amp-bf16, or the CPU "
+              "one), `efficient` (PyTorch's memory-efficient kernel, CUDA), `cudnn` (cuDNN's: PyTorch and JAX "
+              "on CUDA at amp-fp16/amp-bf16); what a framework or device does not offer is `unsupported` "
+              "with the reason"))
     checkpointing: str = setting(
         "none", check=("declared", "checkpointing", CHECKPOINTINGS), named="changed", column=True,
         help=('`none`, or `activations` (activation checkpointing: activations recomputed in the backward pass;'
@@ -356,6 +369,12 @@ class Config:
                 del d[name]
         blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha1(blob).hexdigest()[:12]
+
+    def uses(self, name: str) -> bool:
+        """Whether this config uses the setting ``name`` (a setting declared ``used_when``, such as
+        a transformer's attention, is not used elsewhere: it is neither checked nor named there)."""
+        used = _USED_ONLY_WHEN.get(name)
+        return used is None or used(self)
 
     def normalised(self) -> Config:
         """This config with every setting it does not use at its default (data_workers outside

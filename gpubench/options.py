@@ -43,6 +43,12 @@ MEMORY_FORMATS = ("contiguous", "channels-last")
 DATA_MODES = ("device", "pipeline")
 DATASETS = ("synthetic", "mnist")
 CHECKPOINTINGS = ("none", "activations")  # activations: recomputed in the backward pass
+# how a transformer computes attention: `math` (its two matrix products and a softmax), `sdpa`
+# (the framework's own attention, its choice of kernel), `flash`, `efficient` (PyTorch's
+# memory-efficient kernel), `cudnn`; each backend declares those it offers
+ATTENTIONS = ("math", "sdpa", "flash", "efficient", "cudnn")
+# the built-in workloads that compute attention (filled by gpubench.workloads as they register)
+ATTENTION_WORKLOADS: set[str] = set()
 DEVICE_KINDS = ("cpu", "cuda")
 
 
@@ -103,6 +109,7 @@ class Settings(Protocol):
     def dataset(self) -> str: ...
     @property
     def checkpointing(self) -> str: ...
+    def uses(self, name: str) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -164,6 +171,8 @@ class Capabilities:
         (``gpubench.config.BACKEND_CHECKED``, derived from the settings' declarations)."""
         kind = device_kind(config.device)
         for setting in checked:
+            if not config.uses(setting):  # a setting the config does not use is not asked (a cnn's attention)
+                continue
             value = getattr(config, setting)
             if setting == "parallelism":
                 value = parse_parallelism(value)[0]

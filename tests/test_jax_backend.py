@@ -357,3 +357,22 @@ def test_a_factory_that_returns_no_flax_module_is_one_line(monkeypatch):
     no_shape = Config(workload="mymodels:flax_convnet", framework="jax")
     with pytest.raises(SourceError, match="a Flax module declares no input; give input_shape"):
         get_backend("jax").native(no_shape)
+
+
+def test_the_attention_setting_in_jax():
+    """sdpa (jax.nn.dot_product_attention) and math (the two products) give the same logits;
+    cuDNN's kernel is refused on a CPU, FlashAttention (PyTorch's) with the note naming JAX's."""
+    from gpubench.backends.jax.model import forward as jax_forward
+
+    spec = spec_of("gpt", {"layers": 1, "d_model": 32, "heads": 2, "seq_len": 16, "vocab": 64})
+    params, state = to_params(spec.init_weights(0)), init_state(spec)
+    x = jax.numpy.asarray(np.random.default_rng(0).integers(0, 64, (2, 16)), jax.numpy.int32)
+    sdpa = jax_forward(spec, params, state, x, train=False)[0]
+    math = jax_forward(spec, params, state, x, train=False, attention="math")[0]
+    np.testing.assert_allclose(np.asarray(sdpa), np.asarray(math), rtol=1e-5, atol=1e-5)
+    workload_params = (("d_model", 32), ("heads", 2), ("layers", 1), ("seq_len", 16), ("vocab", 64))
+    backend = get_backend("jax")
+    assert backend.unsupported(Config(workload="gpt", workload_params=workload_params, attention="cudnn")) == (
+        "attention = cudnn is cuDNN's kernel, on CUDA; on CPU JAX offers sdpa and math")
+    flash = backend.unsupported(Config(workload="gpt", workload_params=workload_params, attention="flash"))
+    assert flash.startswith("jax does not support attention = flash; it supports: math, sdpa, cudnn (JAX has no")

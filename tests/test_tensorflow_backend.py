@@ -135,3 +135,19 @@ def test_gpu_training(precision):
     t = trainer("cnn", device="cuda", precision=precision)
     raw = run_loop(t, warmup_steps=2, steps=10, windows=2)
     assert raw.loss_last < raw.loss_first and t.memory()["peak_allocated_bytes"] > 0
+
+
+def test_tensorflow_computes_attention_as_its_matrix_products():
+    """TensorFlow has no fused attention kernel: sdpa and math are both its graph of matrix
+    products; a fused kernel is unsupported with that reason."""
+    params = (("d_model", 32), ("heads", 2), ("layers", 1), ("seq_len", 16), ("vocab", 64))
+    backend = get_backend("tensorflow")
+    for attention in ("math", "sdpa"):
+        assert backend.unsupported(Config(workload="gpt", framework="tensorflow", workload_params=params,
+                                          attention=attention)) is None
+    for attention in ("flash", "efficient", "cudnn"):
+        reason = backend.unsupported(Config(workload="gpt", framework="tensorflow", workload_params=params,
+                                            attention=attention))
+        assert reason == (f"tensorflow does not support attention = {attention}; it supports: math, sdpa (TensorFlow "
+                          "has no fused attention kernel: its attention (sdpa, math) is its matrix products and a "
+                          "softmax (XLA may fuse them: compile = xla))")

@@ -221,3 +221,44 @@ def test_a_language_model_runs_through_the_cli_with_tokens_per_second(tmp_path):
     assert ok.get("metrics", "loss", "last") < ok.get("metrics", "loss", "first")
     assert refused.status == "unsupported" and "tied to its token embedding" in refused.reason
     assert "tokens/s" in proc.stdout
+
+
+def test_the_attention_setting_picks_the_kernel_and_says_what_cannot_run(tmp_path):
+    """attention = math / flash / sdpa give the same logits here (the CPU has the math and the
+    FlashAttention kernels); a kernel a device lacks, or a precision it cannot run, is refused
+    before anything starts; a model without attention neither uses nor names the setting."""
+    from gpubench.results.store import load_results
+    from tests.conftest import run_cli
+
+    spec = get_workload("gpt").spec(layers=1, d_model=32, heads=2, seq_len=16, vocab=64)
+    weights = spec.init_weights(0)
+    x = torch.randint(0, 64, (2, 16))
+    sdpa = build_model(spec, weights)(x)
+    for attention in ("math", "flash"):
+        torch.testing.assert_close(build_model(spec, weights, attention)(x), sdpa, rtol=1e-5, atol=1e-5)
+    params = (("d_model", 32), ("heads", 2), ("layers", 1), ("seq_len", 16), ("vocab", 64))
+    backend = get_backend("torch")
+
+    def refused(**settings):
+        return backend.unsupported(Config(workload="gpt", workload_params=params, **settings))
+
+    assert refused(attention="cudnn") == ("attention = cudnn is a CUDA kernel; on CPU PyTorch offers sdpa, math and "
+                                          "flash (its CPU FlashAttention)")
+    assert refused(attention="flash", device="cuda").startswith("attention = flash runs float16 or bfloat16 on CUDA")
+    assert refused(attention="flash", device="cuda", precision="amp-bf16") is None
+    cnn = Config(workload="cnn", attention="math").normalised()
+    assert cnn.attention == "sdpa" and "attention" not in cnn.config_id and backend.unsupported(cnn) is None
+    assert Config(workload="gpt", workload_params=params, attention="math").config_id.endswith("-attention=math")
+
+    suite = tmp_path / "t.toml"
+    suite.write_text('name = "t"\n[defaults]\nworkload = "gpt"\nlayers = 1\nd_model = 32\nheads = 2\nseq_len = 16\n'
+                     'vocab = 64\nbatch_size = 4\nwarmup_steps = 1\nsteps = 2\nwindows = 2\n'
+                     '[matrix]\nattention = ["math", "flash", "efficient"]\n')
+    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report", "--no-calibrate"],
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    got = {r.config["attention"]: (r.status, r.reason) for r in load_results(run_dir)}
+    assert got["math"][0] == got["flash"][0] == "ok"
+    assert got["efficient"] == ("unsupported", "attention = efficient is a CUDA kernel; on CPU PyTorch offers sdpa, "
+                                               "math and flash (its CPU FlashAttention)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpubench.errors import choices_message
+from gpubench.options import ATTENTION_WORKLOADS
 from gpubench.workloads.base import Workload, WorkloadSpec
 from gpubench.workloads.cnn import CNN
 from gpubench.workloads.gpt import GPT
@@ -16,6 +17,13 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (CNN, MLP, RESNET18, RESNET
 def register_workload(workload: Workload) -> None:
     """Add a workload (used by plugins)."""
     WORKLOADS[workload.name] = workload
+    if workload.attention:
+        ATTENTION_WORKLOADS.add(workload.name)
+
+
+for _w in WORKLOADS.values():
+    if _w.attention:
+        ATTENTION_WORKLOADS.add(_w.name)
 
 
 def get_workload(name: str) -> Workload:

@@ -506,6 +506,7 @@ class Workload:
     description: str
     build: Callable[..., WorkloadSpec]
     params: tuple[Param, ...] = field(default_factory=tuple)
+    attention: bool = False  # its layers compute attention (the `attention` setting applies)
 
     def param_names(self) -> list[str]:
         return [p.name for p in self.params]

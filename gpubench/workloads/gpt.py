@@ -39,4 +39,5 @@ GPT = Workload(
         Param("seq_len", 128, 1, "tokens a sequence"),
         Param("vocab", 512, 2, "tokens in the vocabulary"),
     ),
+    attention=True,
 )

@@ -42,4 +42,5 @@ VIT = Workload(
         Param("heads", 4, 1, "attention heads"),
         Param("classes", 10, 2, "classes"),
     ),
+    attention=True,
 )

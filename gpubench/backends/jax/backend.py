@@ -89,9 +89,14 @@ class JaxBackend(Backend):
         data=("device", "pipeline"),
         checkpointing=("none", "activations"),
         dataset=("synthetic", "mnist"),
+        others={"attention": ("math", "sdpa", "cudnn")},
         notes={
             "precision=tf32": "tf32 is a CUDA (Ampere or newer) math mode; on CPU use fp32 or amp-bf16",
             "precision=amp-fp16": "float16 with loss scaling is for GPUs; on CPU use amp-bf16",
+            "attention=flash": "JAX has no FlashAttention kernel of its own: its fused kernel is cuDNN's "
+                               "(attention = cudnn), and sdpa lets jax.nn.dot_product_attention choose",
+            "attention=efficient": "efficient is PyTorch's memory-efficient kernel; JAX's fused kernel is cuDNN's "
+                                   "(attention = cudnn)",
             **{f"compile={c}": f"JAX always compiles its whole training step with XLA (jax.jit): that is "
                                f"compile = none here, and {c} does not apply"
                for c in ("xla", "torch-compile", "torch-compile-reduce-overhead", "torch-compile-max-autotune",
@@ -107,6 +112,12 @@ class JaxBackend(Backend):
         })
 
     def static_unsupported(self, config: Config) -> str | None:
+        if config.uses("attention") and config.attention == "cudnn":
+            if device_kind(config.device) != "cuda":
+                return "attention = cudnn is cuDNN's kernel, on CUDA; on CPU JAX offers sdpa and math"
+            if config.precision not in ("amp-fp16", "amp-bf16"):
+                return (f"attention = cudnn runs float16 or bfloat16; use precision amp-bf16 or amp-fp16 (at "
+                        f"{config.precision}: sdpa or math)")
         if ":" in config.workload and config.precision.startswith("amp"):
             return (f"precision = {config.precision}: a Flax module computes in its own dtype (its dtype attribute); "
                     "gpubench casts only its built-in workloads. Use fp32 or tf32, and set the module's dtype to "

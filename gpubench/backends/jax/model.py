@@ -86,20 +86,34 @@ def _dense(x: jax.Array, w: jax.Array, b: jax.Array, policy: Policy) -> jax.Arra
     return jnp.matmul(x.astype(cd), w.astype(cd).T, precision=policy.precision) + b.astype(cd)
 
 
-def _block(layer: TransformerBlock, x: jax.Array, p: list[jax.Array], policy: Policy) -> jax.Array:
-    """A pre-LN transformer block (gpubench.workloads.base.TransformerBlock), attention as its
-    two matrix products (the softmax in float32)."""
+def _attention(layer: TransformerBlock, q: jax.Array, k: jax.Array, v: jax.Array, policy: Policy,
+               attention: str) -> jax.Array:
+    """Multi-head attention of (n, t, heads, d_head) queries, keys and values: ``math``, its two
+    matrix products with the softmax in float32; ``sdpa``, ``jax.nn.dot_product_attention`` (its
+    choice: XLA's, or cuDNN's where it applies); ``cudnn``, that function's cuDNN kernel. The
+    float32 policy's precision holds inside the library's products too (no TF32 at fp32)."""
+    t, hd = q.shape[1], q.shape[3]
+    if attention == "math":
+        scores = jnp.einsum("nqhd,nkhd->nhqk", q, k, precision=policy.precision).astype(jnp.float32) / np.sqrt(hd)
+        if layer.causal:
+            scores = jnp.where(jnp.tril(jnp.ones((t, t), bool)), scores, -jnp.inf)
+        weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        return jnp.einsum("nhqk,nkhd->nqhd", weights, v, precision=policy.precision)
+    highest = policy.precision == lax.Precision.HIGHEST
+    with jax.default_matmul_precision("highest" if highest else "default"):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=layer.causal,
+                                            implementation="cudnn" if attention == "cudnn" else None)
+
+
+def _block(layer: TransformerBlock, x: jax.Array, p: list[jax.Array], policy: Policy, attention: str) -> jax.Array:
+    """A pre-LN transformer block (gpubench.workloads.base.TransformerBlock)."""
     ln1s, ln1b, wqkv, bqkv, wp, bp, ln2s, ln2b, w1, b1, w2, b2 = p
     n, t, d = x.shape
     hd = d // layer.heads
     qkv = _dense(_layer_norm(x, ln1s, ln1b, layer.eps), wqkv, bqkv, policy)
-    q, k, v = qkv.reshape(n, t, 3, layer.heads, hd).transpose(2, 0, 3, 1, 4)  # each (n, heads, t, hd)
-    scores = jnp.einsum("nhqd,nhkd->nhqk", q, k, precision=policy.precision).astype(jnp.float32) / np.sqrt(hd)
-    if layer.causal:
-        scores = jnp.where(jnp.tril(jnp.ones((t, t), bool)), scores, -jnp.inf)
-    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    y = jnp.einsum("nhqk,nhkd->nhqd", weights, v, precision=policy.precision)
-    x = x + _dense(y.transpose(0, 2, 1, 3).reshape(n, t, d), wp, bp, policy)
+    q, k, v = qkv.reshape(n, t, 3, layer.heads, hd).transpose(2, 0, 1, 3, 4)  # each (n, t, heads, hd)
+    y = _attention(layer, q, k, v, policy, attention)
+    x = x + _dense(y.reshape(n, t, d), wp, bp, policy)
     hidden = jax.nn.gelu(_dense(_layer_norm(x, ln2s, ln2b, layer.eps), w1, b1, policy), approximate=False)
     return x + _dense(hidden, w2, b2, policy)
 
@@ -109,8 +123,9 @@ class _Apply:
     in order (a residual block's main branch, then its shortcut), and collects the new
     running statistics."""
 
-    def __init__(self, policy: Policy, train: bool, key: jax.Array | None, tied: jax.Array | None = None) -> None:
-        self.policy, self.train, self.key = policy, train, key
+    def __init__(self, policy: Policy, train: bool, key: jax.Array | None, tied: jax.Array | None = None,
+                 attention: str = "sdpa") -> None:
+        self.policy, self.train, self.key, self.attention = policy, train, key, attention
         self.leaf = 0  # the leaf's position in the whole model, for its dropout key
         self.tied = tied  # the token embedding, the weight of a tied output head
 
@@ -162,7 +177,7 @@ class _Apply:
         if isinstance(layer, LayerNorm):
             return _layer_norm(x, next(params), next(params), layer.eps)
         if isinstance(layer, TransformerBlock):
-            return _block(layer, x, [next(params) for _ in range(12)], self.policy)
+            return _block(layer, x, [next(params) for _ in range(12)], self.policy, self.attention)
         if isinstance(layer, ClassToken):
             return x[:, 0]
         if isinstance(layer, TokenEmbedding):
@@ -191,13 +206,14 @@ class _Apply:
 
 
 def forward(spec: WorkloadSpec, params: Params, state: State, x: jax.Array, *, train: bool,
-            policy: Policy | None = None, key: jax.Array | None = None, remat: bool = False
-            ) -> tuple[jax.Array, State]:
+            policy: Policy | None = None, key: jax.Array | None = None, remat: bool = False,
+            attention: str = "sdpa") -> tuple[jax.Array, State]:
     """The logits (float32) of a batch in gpubench's layout, and the new running statistics.
     ``remat``: each top-level layer's activations are recomputed in the backward pass
-    (``jax.checkpoint``), as activation checkpointing does in PyTorch."""
+    (``jax.checkpoint``), as activation checkpointing does in PyTorch; ``attention``: how a
+    transformer's blocks compute it (the attention setting)."""
     tied = next((arrays[0] for layer, arrays in zip(spec.layers, params) if isinstance(layer, TokenEmbedding)), None)
-    run = _Apply(policy or Policy(), train, key, tied)
+    run = _Apply(policy or Policy(), train, key, tied, attention)
     new_state: State = []
     for layer, arrays, stats in zip(spec.layers, params, state, strict=True):
         def one(x: jax.Array, arrays: list[jax.Array], stats: list[tuple[jax.Array, jax.Array]],
@@ -232,11 +248,11 @@ class JaxModel:
     apply: Any
 
 
-def spec_model(spec: WorkloadSpec, seed: int) -> JaxModel:
+def spec_model(spec: WorkloadSpec, seed: int, attention: str = "sdpa") -> JaxModel:
     """A built-in workload: the canonical weights and the spec's forward."""
     def apply(params: Params, state: State, x: jax.Array, train: bool, policy: Policy | None, key: jax.Array | None,
               remat: bool) -> tuple[jax.Array, State]:
-        return forward(spec, params, state, x, train=train, policy=policy, key=key, remat=remat)
+        return forward(spec, params, state, x, train=train, policy=policy, key=key, remat=remat, attention=attention)
 
     return JaxModel(to_params(spec.init_weights(seed)), init_state(spec), apply)
 

@@ -70,7 +70,7 @@ def native_model(config: Config) -> NativeModel:
     ref = parse_workload(config.workload, sorted(WORKLOADS))
     if ref.kind == "builtin":
         spec = get_workload(config.workload).spec(**dict(config.workload_params))
-        return NativeModel(build=lambda: spec_model(spec, config.seed), facts=spec.facts(), spec=spec,
+        return NativeModel(build=lambda: spec_model(spec, config.seed, config.attention), facts=spec.facts(), spec=spec,
                            sequential=True,
                            make_batches=lambda batch, group: make_batches(spec, config.dataset, config.data_dir, batch,
                                                                           config.seed, group))

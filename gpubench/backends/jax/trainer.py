@@ -65,8 +65,8 @@ class JaxTrainer(Trainer):
     def __init__(self, native: NativeModel | WorkloadSpec, config: Config, batches: Batches) -> None:
         if isinstance(native, WorkloadSpec):  # a built-in's spec, as the identity tests build one
             spec = native
-            native = NativeModel(build=lambda: spec_model(spec, config.seed), make_batches=lambda b, g: batches,
-                                 facts=spec.facts(), spec=spec, sequential=True)
+            native = NativeModel(build=lambda: spec_model(spec, config.seed, config.attention),
+                                 make_batches=lambda b, g: batches, facts=spec.facts(), spec=spec, sequential=True)
         remat = config.checkpointing == "activations"
         if native.spec is None and (remat or config.precision.startswith("amp")):  # (refused before it runs)
             raise Unsupported(f"{config.precision} / checkpointing = {config.checkpointing}: for the built-in "

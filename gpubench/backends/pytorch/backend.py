@@ -69,6 +69,22 @@ def compiler_missing(config: Config) -> str | None:
     return None
 
 
+def attention_unsupported(config: Config) -> str | None:
+    """The attention kernels PyTorch has where the config runs (it uses none but its transformers'):
+    cuDNN's and the memory-efficient one are CUDA kernels; FlashAttention on CUDA and cuDNN's run
+    float16 or bfloat16 inputs only (a mixed precision)."""
+    if not config.uses("attention"):
+        return None
+    kind, half = device_kind(config.device), config.precision in ("amp-fp16", "amp-bf16")
+    if config.attention in ("cudnn", "efficient") and kind == "cpu":
+        return (f"attention = {config.attention} is a CUDA kernel; on CPU PyTorch offers sdpa, math and flash "
+                "(its CPU FlashAttention)")
+    if config.attention in ("flash", "cudnn") and kind == "cuda" and not half:
+        return (f"attention = {config.attention} runs float16 or bfloat16 on CUDA; use precision amp-bf16 or "
+                f"amp-fp16 (at {config.precision}: sdpa, math or efficient)")
+    return None
+
+
 def pipeline_unsupported(config: Config) -> str | None:
     """The rules of ``pipeline:N`` that need no import: devices, precision, data, batch split."""
     _, n = parse_parallelism(config.parallelism)
@@ -152,6 +168,7 @@ class TorchBackend(Backend):
         memory_format=("contiguous", "channels-last"),
         data=("device", "pipeline"),
         checkpointing=("none", "activations"),
+        others={"attention": ("math", "sdpa", "flash", "efficient", "cudnn")},
         notes={
             "precision=tf32": "tf32 is a CUDA (Ampere or newer) math mode; on CPU use fp32 or amp-bf16",
             "precision=amp-fp16": "float16 autocast with a gradient scaler is for CUDA devices; on CPU use amp-bf16",
@@ -169,6 +186,8 @@ class TorchBackend(Backend):
         parallel = parse_parallelism(config.parallelism)[0]
         if parallel == "ddp" and ":" in config.device:
             return f"ddp:N puts rank r on cuda:r; use device = cuda, not {config.device}"
+        if (reason := attention_unsupported(config)) is not None:
+            return reason
         if parallel == "pipeline":
             return pipeline_unsupported(config)
         if parallel == "dp" and kind == "cpu":

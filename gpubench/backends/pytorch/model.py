@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpubench.workloads.base import (
     BatchNorm2d,
@@ -72,13 +73,21 @@ class Patches(nn.Module):
         return torch.cat([cls, x], dim=1) + self.pos.to(x.dtype)
 
 
+# the attention setting: the kernels F.scaled_dot_product_attention may use (sdpa: its choice)
+ATTENTION_KERNELS = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
+                     "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
 class Block(nn.Module):
     """A pre-LN transformer block (gpubench.workloads.base.TransformerBlock); attention through
-    ``F.scaled_dot_product_attention``, PyTorch's choice of kernel."""
+    ``F.scaled_dot_product_attention``: PyTorch's choice of kernel (``attention = "sdpa"``), or
+    the one kernel the attention setting names (``sdpa_kernel``: a kernel that cannot run the
+    inputs is an error, never a silent fallback)."""
 
-    def __init__(self, d: int, spec: TransformerBlock) -> None:
+    def __init__(self, d: int, spec: TransformerBlock, attention: str = "sdpa") -> None:
         super().__init__()
         self.heads, self.causal = spec.heads, spec.causal
+        self.kernel = ATTENTION_KERNELS.get(attention)
         self.ln1 = nn.LayerNorm(d, eps=spec.eps)
         self.qkv = nn.Linear(d, 3 * d)
         self.proj = nn.Linear(d, d)
@@ -89,7 +98,11 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(n, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        if self.kernel is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        else:
+            with sdpa_kernel(self.kernel):
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         x = x + self.proj(y.transpose(1, 2).reshape(n, t, d))
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
@@ -129,12 +142,12 @@ class FirstToken(nn.Module):
 def _branch(layers: tuple[Layer, ...], shape: Shape) -> nn.Sequential:
     modules = []
     for layer in layers:
-        modules.append(_module(layer, shape))
+        modules.append(_module(layer, shape, "sdpa"))
         shape = layer.out_shape(shape)
     return nn.Sequential(*modules)
 
 
-def _module(layer: Layer, in_shape: Shape) -> nn.Module:
+def _module(layer: Layer, in_shape: Shape, attention: str) -> nn.Module:
     if isinstance(layer, Conv2d):
         return nn.Conv2d(in_shape[0], layer.out_channels, layer.kernel_size, layer.stride, layer.padding,
                          bias=layer.bias)
@@ -145,7 +158,7 @@ def _module(layer: Layer, in_shape: Shape) -> nn.Module:
     if isinstance(layer, PatchEmbed):
         return Patches(in_shape[0], layer.patch, layer.d_model, layer.out_shape(in_shape)[0])
     if isinstance(layer, TransformerBlock):
-        return Block(in_shape[-1], layer)
+        return Block(in_shape[-1], layer, attention)
     if isinstance(layer, LayerNorm):
         return nn.LayerNorm(in_shape[-1], eps=layer.eps)
     if isinstance(layer, ClassToken):
@@ -169,13 +182,15 @@ def _module(layer: Layer, in_shape: Shape) -> nn.Module:
     raise TypeError(f"the torch backend cannot translate layer {layer!r}")
 
 
-def build_model(spec: WorkloadSpec, weights: list[list[np.ndarray]] | None = None) -> nn.Sequential:
-    """The spec as nn.Sequential, with the canonical weights loaded when given.
+def build_model(spec: WorkloadSpec, weights: list[list[np.ndarray]] | None = None,
+                attention: str = "sdpa") -> nn.Sequential:
+    """The spec as nn.Sequential, with the canonical weights loaded when given; a transformer's
+    blocks compute attention as ``attention`` says (the attention setting).
 
     Canonical layout is PyTorch's own, so weights load without transposition (a residual
     block's parameters are registered in the canonical order: main branch, then shortcut).
     """
-    model = nn.Sequential(*(_module(layer, i) for layer, (i, _) in zip(spec.layers, spec.shapes())))
+    model = nn.Sequential(*(_module(layer, i, attention) for layer, (i, _) in zip(spec.layers, spec.shapes())))
     embeddings = [m for m in model if isinstance(m, Embedding)]
     for head in (m for m in model if isinstance(m, LMHead)):
         head.tied = (embeddings[0],)  # weight tying (the spec puts the embedding first)

@@ -121,7 +121,7 @@ def as_native(model: NativeModel | WorkloadSpec, config: Config) -> NativeModel:
 def _builtin(spec: WorkloadSpec, config: Config) -> NativeModel:
     from gpubench.backends.pytorch.model import build_model
 
-    return NativeModel(build=lambda: build_model(spec, spec.init_weights(config.seed)),
+    return NativeModel(build=lambda: build_model(spec, spec.init_weights(config.seed), config.attention),
                        make_batches=lambda batch, group: make_batches(spec, config.dataset, config.data_dir, batch,
                                                                       config.seed, group),
                        facts=spec.facts(), spec=spec, sequential=True)

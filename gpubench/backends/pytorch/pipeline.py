@@ -81,7 +81,7 @@ class PipelineTrainer(TorchTrainerBase):
         self.stages = split_stages(costs, self.world_size)
         start, end = self.stages[self.rank]
         # every rank builds the whole model from the canonical weights and keeps its stage
-        model = build_model(spec, spec.init_weights(config.seed))
+        model = build_model(spec, spec.init_weights(config.seed), config.attention)
         self.model = model[start:end].to(self.device)
         self.model.train()
         dtype = self.autocast_dtype

@@ -78,9 +78,14 @@ class TensorFlowBackend(Backend):
         parallelism=("single", "grad-accum", "mirrored", "multiworker"),
         compile=("none", "xla"),
         data=("device", "pipeline"),
+        # no fused attention kernel: sdpa, TensorFlow's own, is its matrix products, as math is
+        others={"attention": ("math", "sdpa")},
         notes={
             "precision=tf32": "tf32 is a CUDA (Ampere or newer) math mode; on CPU use fp32 or amp-bf16",
             "precision=amp-fp16": "mixed_float16 with loss scaling is for GPUs; on CPU use amp-bf16",
+            **{f"attention={a}": "TensorFlow has no fused attention kernel: its attention (sdpa, math) is its "
+                                 "matrix products and a softmax (XLA may fuse them: compile = xla)"
+               for a in ("flash", "efficient", "cudnn")},
             **{f"compile={c}": f"{c} is a PyTorch setting; TensorFlow's training step is a tf.function (compile = "
                                "none) or an XLA-compiled one (compile = xla)"
                for c in ("torch-compile", "torch-compile-reduce-overhead", "torch-compile-max-autotune", "cuda-graph")},
