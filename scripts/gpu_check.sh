@@ -47,6 +47,7 @@ STEPS=(
   "telemetry   2  (75 s): utilisation busy/idle, power above idle, counter vs integrated energy; NVML overhead"
   "quick       4  (216 s): the quick suite's CUDA configs at fp32, tf32, amp-fp16, amp-bf16"
   "jax         6  (138 s + 7 of 10 targets in 200 s on an H200): JAX beside PyTorch on one GPU: the quick suite's CNN and MLP, and the targets' CNN and ResNet-50 (eager, contiguous)"
+  "transformer 5  GPT-2 small's shape at amp-bf16 in PyTorch and JAX with every attention kernel (tokens/s, MFU: compared with nanoGPT's and llm.c's in docs/gpu-validation.md); ViT-B/16"
   "overhead    1  (30 s): harness overhead against a hand-written loop"
   "parallel    5  (237 s for 13 of 16 configs): grad-accum:4, ddp:1 and pipeline:1 over NCCL against single"
   "compile     6  eager, torch.compile, reduce-overhead, cuda-graph, channels-last on the MNIST CNN"
@@ -109,6 +110,26 @@ do_jax() {  # the first cross-framework table on a GPU: the GPU images carry JAX
                 --set precision=fp32)
   step jax-targets run suites/gpu-targets.toml --set framework=torch,jax --set compile=none \
     --set memory_format=contiguous "${sets[@]}"
+}
+
+do_transformer() {  # the transformers on a GPU: GPT-2 small (124M, 1024 tokens) and ViT-B/16, PyTorch and JAX
+  if cuda; then
+    local p=amp-bf16 s=20
+    local gpt=(--set layers=12 --set d_model=768 --set heads=12 --set seq_len=1024 --set vocab=50257
+               --set batch_size=8)
+    local vit=(--set image=224 --set patch=16 --set layers=12 --set d_model=768 --set heads=12 --set classes=1000
+               --set batch_size=64)
+  else
+    local p=fp32 s=2
+    local gpt=(--set layers=1 --set d_model=32 --set heads=2 --set seq_len=16 --set vocab=64 --set batch_size=4)
+    local vit=(--set layers=1 --set d_model=32 --set heads=2 --set batch_size=4)
+  fi
+  # every attention kernel: what a framework or device lacks is recorded unsupported, without a process
+  step transformer-gpt run suites/transformer.toml --set workload=gpt --set framework=torch,jax \
+    --set device="$DEV" --set precision="$p" --set attention=sdpa,math,flash,efficient,cudnn "${gpt[@]}" \
+    --set warmup_steps=5 --set steps="$s" --set windows=3
+  step transformer-vit run suites/transformer.toml --set workload=vit --set framework=torch,jax \
+    --set device="$DEV" --set precision="$p" "${vit[@]}" --set warmup_steps=5 --set steps="$s" --set windows=3
 }
 
 do_overhead() {
