@@ -258,3 +258,36 @@ def test_a_multi_gpu_timeline_draws_a_line_per_gpu(tmp_path, monkeypatch):
     panels = len(charts.GPU_PANELS)
     assert axes[:panels] == [["GPU 0", "GPU 3"]] * panels  # the two-GPU config: one line per device
     assert all(len(lines) == 1 for lines in axes[panels:2 * panels])  # one GPU: one unlabelled line
+
+
+def test_a_language_models_tokens_per_second_is_charted_against_its_sequence_length(tmp_path):
+    """Two sequence lengths of a gpt: a tokens/s chart (x: tokens a sequence, y: throughput x
+    that), tokens/s in the throughput table and summary.md; with one length, no such chart."""
+    import json
+
+    from gpubench.config import Config
+    from gpubench.workloads import get_workload
+    from tests.conftest import make_result
+
+    def gpt(seq_len: int, framework: str, rate: float):
+        params = {"layers": 1, "d_model": 32, "heads": 2, "seq_len": seq_len, "vocab": 64}
+        config = Config(workload="gpt", framework=framework, batch_size=4, workload_params=tuple(sorted(params.items())))
+        r = make_result(config, rate)
+        r.model = get_workload("gpt").spec(**params).facts()
+        return r
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"run_id": "r", "schema_version": 1, "env": {}, "suite": {}}))
+    results = [gpt(16, "torch", 100.0), gpt(32, "torch", 60.0), gpt(16, "jax", 80.0), gpt(32, "jax", 50.0)]
+    (run / "results.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in results))
+    rep = build_report([run], tmp_path / "out")
+    assert "tokens_vs_seq_len.png" in [p.name for p in rep.charts]
+    md = rep.markdown.read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| config"))
+    assert "| tokens/s |" in header
+    assert "1.92k" in md and "1.60k" in md  # 60 x 32 and 50 x 32 tokens/s
+    assert "(1.60k tokens/s)" in rep.index.read_text()
+    (run / "results.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in results[::2]))
+    rep = build_report([run], tmp_path / "out2")
+    assert "tokens_vs_seq_len.png" not in [p.name for p in rep.charts]

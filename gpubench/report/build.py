@@ -276,6 +276,7 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
     data.warnings.extend(timeline_notes)
     made = [p for p in (
         charts.throughput_vs_batch(c, chart_dir / "throughput_vs_batch.png"),
+        charts.tokens_vs_seq_len(c, chart_dir / "tokens_vs_seq_len.png"),
         charts.speedup_bars(c, chart_dir / "speedups.png"),
         charts.step_time_boxes(_step_times(data), chart_dir / "step_times.png"),
         charts.memory_vs_batch(c, chart_dir / "memory_vs_batch.png"),

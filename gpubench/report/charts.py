@@ -5,6 +5,7 @@ output file, so a report killed midway never leaves half a chart."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,64 @@ def memory_vs_batch(configs: pd.DataFrame, path: Path) -> Path | None:
     return _lines_by_batch(configs, "peak_memory_bytes", path, "peak memory (MiB)",
                            "Peak memory vs batch size\n(GPU: allocator peak; CPU: process peak RSS)",
                            scale=1 / 2**20)
+
+
+def _without_seq_len(label: str) -> str:
+    """A language model's workload label without its sequence length (``gpt_..._seq_len128_...``:
+    the panel its sequence lengths share)."""
+    return re.sub(r"_seq_len\d+", "", label)
+
+
+def tokens_vs_seq_len(configs: pd.DataFrame, path: Path) -> Path | None:
+    """A language model's tokens/s against its sequence length (median, 95% CI): a panel per
+    model (its other parameters) x device x batch size, a line per framework x precision x the
+    other settings. None unless some line has two sequence lengths or more."""
+    needed = {"tokens_per_s", "tokens_per_sample"}
+    if not needed <= set(configs.columns):
+        return None
+    ok = configs[(configs["status"] == "ok") & configs["tokens_per_s"].notna() & configs["tokens_per_sample"].notna()]
+    if ok.empty:
+        return None
+    par = ok["parallelism"] if "parallelism" in ok else pd.Series("single", index=ok.index)
+    ok = ok.assign(panel=[f"{_without_seq_len(w)} on {d}, batch {int(b)}" if pd.notna(b) else
+                          f"{_without_seq_len(w)} on {d}"
+                          for w, d, b in zip(ok["workload_label"], ok["device"], ok["batch_trained"])],
+                   series=[" ".join(x for x in (p if p != "single" else "", v) if x)
+                           for p, v in zip(par, ok["variant"])])
+    keys = ["panel", "run", "framework", "precision", "series"]
+    if (ok.groupby(keys)["tokens_per_sample"].nunique() < 2).all():
+        return None
+    panels = list(dict.fromkeys(ok["panel"]))
+    runs = list(dict.fromkeys(ok["run"]))
+    variants = sorted(set(ok["series"]))
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(len(panels), 1, figsize=(6.2, 3.6 * len(panels)), squeeze=False)
+        for i, panel in enumerate(panels):
+            ax = axes[i][0]
+            for (run, fw, prec, var), g in ok[ok["panel"] == panel].groupby(keys[1:], sort=True):
+                g = g.sort_values("tokens_per_sample")
+                n = g["tokens_per_sample"].astype(float).to_numpy()
+                y = g["tokens_per_s"].astype(float).to_numpy()
+                lo = g["throughput_ci_low"].astype(float).to_numpy() * n
+                hi = g["throughput_ci_high"].astype(float).to_numpy() * n
+                ax.errorbar(n, y, yerr=[y - lo, hi - y], capsize=3, color=_color(fw, prec),
+                            linestyle=RUN_LINESTYLES[runs.index(run) % len(RUN_LINESTYLES)],
+                            marker=VARIANT_MARKERS[variants.index(var) % len(VARIANT_MARKERS)], markersize=4,
+                            label=_series_label(fw, prec, var, run if len(runs) > 1 else None))
+            lengths = sorted(ok[ok["panel"] == panel]["tokens_per_sample"].astype(int).unique())
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(lengths, [str(t) for t in lengths])
+            ax.minorticks_off()
+            ax.set_title(panel)
+            ax.set_xlabel("sequence length (tokens)")
+            ax.set_ylabel("tokens/s")
+            ax.set_ylim(bottom=0)
+            ax.legend(loc="best")
+        fig.suptitle("Language model: tokens/s vs sequence length (median, 95% CI)")
+        fig.tight_layout()
+        write_atomic(path, fig.savefig)
+        plt.close(fig)
+    return path
 
 
 def speedup_bars(configs: pd.DataFrame, path: Path) -> Path | None:
