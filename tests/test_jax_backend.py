@@ -376,3 +376,23 @@ def test_the_attention_setting_in_jax():
         "attention = cudnn is cuDNN's kernel, on CUDA; on CPU JAX offers sdpa and math")
     flash = backend.unsupported(Config(workload="gpt", workload_params=workload_params, attention="flash"))
     assert flash.startswith("jax does not support attention = flash; it supports: math, sdpa, cudnn (JAX has no")
+
+
+@pytest.mark.parametrize("framework", ["jax", "torch"])
+def test_a_checkpointed_language_model_computes_what_the_plain_one_does(framework):
+    """gpt with activation checkpointing (each block recomputed, the output head tied to the
+    embedding outside the recomputed blocks): the same losses as without."""
+    from gpubench.workloads.data import task_batches
+
+    params = {"layers": 2, "d_model": 32, "heads": 2, "seq_len": 16, "vocab": 64}
+    spec = spec_of("gpt", params)
+    batches = task_batches(spec, 4, 2, seed=0)
+
+    def config(**settings):
+        return Config(workload="gpt", batch_size=4, optimizer="sgd", lr=0.05,
+                      workload_params=tuple(sorted(params.items())), **settings)
+
+    reference = losses(framework, spec, config(), batches, 3)
+    np.testing.assert_allclose(losses(framework, spec, config(checkpointing="activations"), batches, 3), reference,
+                               rtol=1e-5)
+    assert reference[-1] < reference[0]
