@@ -180,7 +180,8 @@ class Config:
         used_when=lambda c: c.workload in ATTENTION_WORKLOADS, named_when_used=True,
         help=("how a built-in transformer (`gpt`, `vit`) computes attention: `sdpa` (the framework's own, "
               "its choice of kernel: PyTorch `F.scaled_dot_product_attention`, JAX "
-              "`jax.nn.dot_product_attention`; TensorFlow has no fused kernel: its matrix products), `math` "
+              "`jax.nn.dot_product_attention` (XLA's implementation); TensorFlow has no fused kernel: its matrix "
+              "products), `math` "
               "(the two matrix products and a softmax: PyTorch's math kernel, the explicit graph in JAX and "
               "TensorFlow), `flash` (PyTorch's FlashAttention kernel: CUDA at amp-fp16/amp-bf16, or the CPU "
               "one), `efficient` (PyTorch's memory-efficient kernel, CUDA), `cudnn` (cuDNN's: PyTorch and JAX "

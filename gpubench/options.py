@@ -47,8 +47,9 @@ CHECKPOINTINGS = ("none", "activations")  # activations: recomputed in the backw
 # (the framework's own attention, its choice of kernel), `flash`, `efficient` (PyTorch's
 # memory-efficient kernel), `cudnn`; each backend declares those it offers
 ATTENTIONS = ("math", "sdpa", "flash", "efficient", "cudnn")
-# the built-in workloads that compute attention (filled by gpubench.workloads as they register)
-ATTENTION_WORKLOADS: set[str] = set()
+# the workloads that compute attention: the built-in transformers, and a plugin's that says so
+# (gpubench.workloads.register_workload; a test holds the built-in ones to the registry)
+ATTENTION_WORKLOADS: set[str] = {"gpt", "vit"}
 DEVICE_KINDS = ("cpu", "cuda")
 
 

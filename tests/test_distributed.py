@@ -386,3 +386,25 @@ def test_a_rank_leaves_without_interpreter_teardown(tmp_path, monkeypatch, paral
     assert exits == ([code] if left else [])
     written = sorted(p.name for p in tmp_path.glob("result*.json"))
     assert written == (["result.json"] if rank == "0" else ["result-rank1.json"] if status == "error" else [])
+
+
+@pytest.mark.slow
+def test_a_language_model_under_mirrored_2_trains_like_single_at_the_global_batch(tmp_path):
+    """gpt's targets are sequences: each replica's loss is the mean over its tokens, so two
+    replicas of 4 (device-resident and tf.data) give single's losses at 8."""
+    pytest.importorskip("tensorflow")
+    (tmp_path / "s.toml").write_text(
+        'name = "lm"\n[defaults]\nframework = "tensorflow"\nworkload = "gpt"\nlayers = 1\nd_model = 32\n'
+        'heads = 2\nseq_len = 16\nvocab = 64\nwarmup_steps = 1\nsteps = 3\nwindows = 2\n'
+        'telemetry_interval_ms = 0\noptimizer = "sgd"\nlr = 0.05\n[matrix]\nbatch_size = [8]\n'
+        '[[matrix.include]]\nbatch_size = 4\nparallelism = "mirrored:2"\ndata = ["device", "pipeline"]\n')
+    proc = run_cli(["run", "s.toml", "--out", "runs", "--no-report", "--no-calibrate"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    results = {(r["config"]["parallelism"], r["config"]["data"]): r for r in result_lines(run_dir)}
+    single = results[("single", "device")]["metrics"]["loss"]
+    for data in ("device", "pipeline"):
+        r = results[("mirrored:2", data)]
+        assert r["status"] == "ok", r["reason"]
+        assert r["metrics"]["loss"]["windows"] == pytest.approx(single["windows"], rel=1e-5)
+        assert r["metrics"]["loss"]["first"] == pytest.approx(single["first"], rel=1e-5)

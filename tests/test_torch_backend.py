@@ -262,3 +262,22 @@ def test_the_attention_setting_picks_the_kernel_and_says_what_cannot_run(tmp_pat
     assert got["math"][0] == got["flash"][0] == "ok"
     assert got["efficient"] == ("unsupported", "attention = efficient is a CUDA kernel; on CPU PyTorch offers sdpa, "
                                                "math and flash (its CPU FlashAttention)")
+
+
+def test_the_tied_head_is_the_embeddings_parameter_and_amp_keeps_the_stream_in_bf16():
+    """The head's weight is the token embedding's own parameter (registered in both modules, so
+    DataParallel's replicas and DDP see the tie; counted and loaded once); under autocast the
+    embedding's output is in the compute dtype, as JAX's and Keras' are."""
+    from gpubench.options import ATTENTION_WORKLOADS
+    from gpubench.workloads import WORKLOADS
+
+    assert ATTENTION_WORKLOADS == {w.name for w in WORKLOADS.values() if w.attention} == {"gpt", "vit"}
+    spec = get_workload("gpt").spec(layers=1, d_model=32, heads=2, seq_len=16, vocab=64)
+    model = build_model(spec, spec.init_weights(0))
+    assert model[-1].weight is model[0].weight
+    assert sum(p.numel() for p in model.parameters()) == spec.params
+    np.testing.assert_array_equal(model[-1].weight.detach().numpy(), spec.init_weights(0)[0][0])
+    x = torch.randint(0, 64, (2, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model[0](x).dtype == torch.bfloat16
+    assert model[0](x).dtype == torch.float32

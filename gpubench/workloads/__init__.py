@@ -21,10 +21,6 @@ def register_workload(workload: Workload) -> None:
         ATTENTION_WORKLOADS.add(workload.name)
 
 
-for _w in WORKLOADS.values():
-    if _w.attention:
-        ATTENTION_WORKLOADS.add(_w.name)
-
 
 def get_workload(name: str) -> Workload:
     try:

@@ -467,8 +467,7 @@ class WorkloadSpec:
         """The result's ``model`` block for this spec (the same in every framework)."""
         facts = {"params": self.params, "flops_per_sample": self.train_flops_per_sample,
                  "forward_flops_per_sample": self.forward_flops_per_sample, "source": "builtin", "identical": True,
-                 "flops_counted_by": "gpubench, from the spec (convolutions and matrix multiplies, attention's "
-                                     "included)"}
+                 "flops_counted_by": "gpubench, from the spec (convolutions and matrix multiplies)"}
         if self.kind == "tokens":  # a sample is a sequence: tokens/s is throughput x its length
             facts.update(task="tokens", tokens_per_sample=self.input_shape[0])
         return facts

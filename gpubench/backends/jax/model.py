@@ -89,8 +89,9 @@ def _dense(x: jax.Array, w: jax.Array, b: jax.Array, policy: Policy) -> jax.Arra
 def _attention(layer: TransformerBlock, q: jax.Array, k: jax.Array, v: jax.Array, policy: Policy,
                attention: str) -> jax.Array:
     """Multi-head attention of (n, t, heads, d_head) queries, keys and values: ``math``, its two
-    matrix products with the softmax in float32; ``sdpa``, ``jax.nn.dot_product_attention`` (its
-    choice: XLA's, or cuDNN's where it applies); ``cudnn``, that function's cuDNN kernel. The
+    matrix products with the softmax in float32; ``sdpa``, ``jax.nn.dot_product_attention`` with
+    its default implementation (XLA's: its own fusion of the same products); ``cudnn``, that
+    function's cuDNN kernel. The
     float32 policy's precision holds inside the library's products too (no TF32 at fp32)."""
     t, hd = q.shape[1], q.shape[3]
     if attention == "math":

@@ -6,11 +6,12 @@ that tools working on a Sequential (checkpoint_sequential, pipeline splits) see 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpubench.workloads.base import (
     BatchNorm2d,
@@ -73,9 +74,10 @@ class Patches(nn.Module):
         return torch.cat([cls, x], dim=1) + self.pos.to(x.dtype)
 
 
-# the attention setting: the kernels F.scaled_dot_product_attention may use (sdpa: its choice)
-ATTENTION_KERNELS = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
-                     "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+# the attention setting: the one kernel F.scaled_dot_product_attention may use (sdpa: its choice);
+# torch.nn.attention is imported only for these (it is newer than the oldest torch gpubench takes)
+ATTENTION_KERNELS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                     "cudnn": "CUDNN_ATTENTION"}
 
 
 class Block(nn.Module):
@@ -87,7 +89,12 @@ class Block(nn.Module):
     def __init__(self, d: int, spec: TransformerBlock, attention: str = "sdpa") -> None:
         super().__init__()
         self.heads, self.causal = spec.heads, spec.causal
-        self.kernel = ATTENTION_KERNELS.get(attention)
+        self.kernel: Any = None
+        self.restrict: Any = None
+        if attention in ATTENTION_KERNELS:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            self.kernel, self.restrict = getattr(SDPBackend, ATTENTION_KERNELS[attention]), sdpa_kernel
         self.ln1 = nn.LayerNorm(d, eps=spec.eps)
         self.qkv = nn.Linear(d, 3 * d)
         self.proj = nn.Linear(d, d)
@@ -101,7 +108,7 @@ class Block(nn.Module):
         if self.kernel is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         else:
-            with sdpa_kernel(self.kernel):
+            with self.restrict(self.kernel):
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         x = x + self.proj(y.transpose(1, 2).reshape(n, t, d))
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
@@ -117,19 +124,24 @@ class Embedding(nn.Module):
         self.pos = nn.Parameter(torch.zeros(tokens, d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.embedding(x, self.weight) + self.pos
+        out = F.embedding(x, self.weight) + self.pos
+        if torch.is_autocast_enabled(out.device.type):  # the residual stream in the compute dtype, as in JAX
+            out = out.to(torch.get_autocast_dtype(out.device.type))  # and Keras (autocast leaves a lookup alone)
+        return out
 
 
 class LMHead(nn.Module):
-    """(N, T, d) -> (N, T, vocab) with the model's token embedding as its weight (tied: the
-    embedding is not registered here, so the parameter is counted and loaded once)."""
+    """(N, T, d) -> (N, T, vocab) with the model's token embedding as its weight: ``weight`` is
+    the embedding's own parameter, registered in both modules (counted, loaded and optimised
+    once; DataParallel's replicas and DDP see the tie)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.tied: tuple[Embedding, ...] = ()
+        self.weight: nn.Parameter | None = None  # tied by build_model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.tied[0].weight)
+        assert self.weight is not None  # build_model ties it
+        return F.linear(x, self.weight)
 
 
 class FirstToken(nn.Module):
@@ -193,11 +205,13 @@ def build_model(spec: WorkloadSpec, weights: list[list[np.ndarray]] | None = Non
     model = nn.Sequential(*(_module(layer, i, attention) for layer, (i, _) in zip(spec.layers, spec.shapes())))
     embeddings = [m for m in model if isinstance(m, Embedding)]
     for head in (m for m in model if isinstance(m, LMHead)):
-        head.tied = (embeddings[0],)  # weight tying (the spec puts the embedding first)
+        head.weight = embeddings[0].weight  # weight tying (the spec puts the embedding first)
     if weights is not None:
         with torch.no_grad():
+            loaded: set[int] = set()  # a tied parameter is loaded with the layer that owns it
             for module, arrays in zip(model, weights):
-                params = list(module.parameters())
+                params = [p for p in module.parameters() if id(p) not in loaded]
+                loaded.update(id(p) for p in params)
                 if len(params) != len(arrays):
                     raise ValueError(f"{module}: {len(params)} parameters, {len(arrays)} arrays")
                 for p, a in zip(params, arrays):

@@ -101,7 +101,9 @@ class Block(keras.layers.Layer):
     def build(self, shape) -> None:
         d, h = self.d, self.mlp_ratio * self.d
         shapes = [(d,), (d,), (3 * d, d), (3 * d,), (d, d), (d,), (d,), (d,), (h, d), (h,), (d, h), (d,)]
-        self.arrays = [self.add_weight(shape=s, initializer="zeros", name=f"w{i}") for i, s in enumerate(shapes)]
+        # the layer norms' scale and shift stay float32 under a mixed policy (used in float32, as elsewhere)
+        self.arrays = [self.add_weight(shape=s, initializer="zeros", name=f"w{i}", autocast=i not in (0, 1, 6, 7))
+                       for i, s in enumerate(shapes)]
 
     def call(self, x):
         ops = keras.ops

@@ -217,7 +217,7 @@ class TFTrainer(Trainer):
         self.pipeline = config.data == "pipeline"
         local = len(strategy.extended.worker_devices)  # replicas in this process
         first = self.rank * local  # the global replica id of the first of them
-        n_batches, local_batch = y.shape
+        n_batches, local_batch = y.shape[:2]  # a token task's targets are (n, batch, T)
         b = local_batch // local
         global_batch = b * strategy.num_replicas_in_sync
         # per example; each replica's mean is over the global batch, so the replicas' gradients
@@ -228,7 +228,10 @@ class TFTrainer(Trainer):
         sparse = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
 
         def per_example(yb: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
-            return sparse(yb, tf.cast(logits, tf.float32))
+            losses = sparse(yb, tf.cast(logits, tf.float32))
+            # a sequence's loss is the mean over its tokens, so the global batch's mean is the
+            # mean over every token, as on one device
+            return tf.reduce_mean(losses, axis=list(range(1, len(losses.shape)))) if len(losses.shape) > 1 else losses
 
         def replica_step(xb: tf.Tensor, yb: tf.Tensor) -> tf.Tensor:
             variables = self.model.trainable_variables
@@ -245,14 +248,14 @@ class TFTrainer(Trainer):
 
         xla = config.compile == "xla"
         if self.pipeline:  # tf.data: this process's consecutive per-replica batches go to its replicas in turn
-            ds = tf.data.Dataset.from_tensor_slices((x.reshape(-1, *x.shape[2:]), y.reshape(-1)))
+            ds = tf.data.Dataset.from_tensor_slices((x.reshape(-1, *x.shape[2:]), y.reshape(-1, *y.shape[2:])))
             ds = ds.batch(b, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE)
             self._iter = iter(strategy.distribute_datasets_from_function(lambda ctx: ds))
             self._step = tf.function(lambda xb, yb: total(strategy.run(replica_step, args=(xb, yb))),
                                      jit_compile=xla)
         else:  # device-resident: replica r holds slice r of every global batch
             xr = x.reshape(n_batches, local, b, *x.shape[2:])
-            yr = y.reshape(n_batches, local, b)
+            yr = y.reshape(n_batches, local, b, *y.shape[2:])
             xs = strategy.experimental_distribute_values_from_function(
                 lambda ctx: tf.constant(xr[:, ctx.replica_id_in_sync_group - first]))
             ys = strategy.experimental_distribute_values_from_function(
