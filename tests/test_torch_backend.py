@@ -200,21 +200,28 @@ def test_make_optimizer_takes_every_setting_of_the_config():
     assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.9, 0.999), 1e-8, 0)
 
 
+def _tiny_gpt_run(tmp_path, rest: str):
+    """gpubench run of a one-block gpt, 4 sequences of 16 tokens, with ``rest`` (TOML lines: more
+    defaults, then a [matrix]); the finished process and its run directory."""
+    from tests.conftest import run_cli
+
+    suite = tmp_path / "t.toml"
+    suite.write_text('name = "t"\n[defaults]\nworkload = "gpt"\nlayers = 1\nd_model = 32\nheads = 2\nseq_len = 16\n'
+                     'vocab = 64\nbatch_size = 4\nwarmup_steps = 1\nwindows = 2\n' + rest)
+    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report", "--no-calibrate"],
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    return proc, run_dir
+
+
 def test_a_language_model_runs_through_the_cli_with_tokens_per_second(tmp_path):
     """gpt through gpubench run: the result's model block says its tokens a sample, tokens/s is
     throughput x sequence length, the loss falls; a pipeline:N config is refused (the tied head)."""
     from gpubench.results.metrics import BY_NAME
     from gpubench.results.store import load_results
-    from tests.conftest import run_cli
 
-    suite = tmp_path / "t.toml"
-    suite.write_text('name = "t"\n[defaults]\nworkload = "gpt"\nlayers = 1\nd_model = 32\nheads = 2\nseq_len = 16\n'
-                     'vocab = 64\nbatch_size = 4\nwarmup_steps = 1\nsteps = 3\nwindows = 2\nlr = 0.01\n'
-                     '[matrix]\nparallelism = ["single", "pipeline:2"]\n')
-    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report", "--no-calibrate"],
-                   cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (run_dir,) = (tmp_path / "runs").iterdir()
+    proc, run_dir = _tiny_gpt_run(tmp_path, 'steps = 3\nlr = 0.01\n[matrix]\nparallelism = ["single", "pipeline:2"]\n')
     ok, refused = sorted(load_results(run_dir), key=lambda r: r.config["parallelism"], reverse=True)
     assert ok.status == "ok" and ok.get("model", "tokens_per_sample") == 16
     assert BY_NAME["tokens_per_s"].value(ok) == pytest.approx(16 * ok.get("metrics", "throughput", "median"))
@@ -228,7 +235,6 @@ def test_the_attention_setting_picks_the_kernel_and_says_what_cannot_run(tmp_pat
     FlashAttention kernels); a kernel a device lacks, or a precision it cannot run, is refused
     before anything starts; a model without attention neither uses nor names the setting."""
     from gpubench.results.store import load_results
-    from tests.conftest import run_cli
 
     spec = get_workload("gpt").spec(layers=1, d_model=32, heads=2, seq_len=16, vocab=64)
     weights = spec.init_weights(0)
@@ -250,14 +256,7 @@ def test_the_attention_setting_picks_the_kernel_and_says_what_cannot_run(tmp_pat
     assert cnn.attention == "sdpa" and "attention" not in cnn.config_id and backend.unsupported(cnn) is None
     assert Config(workload="gpt", workload_params=params, attention="math").config_id.endswith("-attention=math")
 
-    suite = tmp_path / "t.toml"
-    suite.write_text('name = "t"\n[defaults]\nworkload = "gpt"\nlayers = 1\nd_model = 32\nheads = 2\nseq_len = 16\n'
-                     'vocab = 64\nbatch_size = 4\nwarmup_steps = 1\nsteps = 2\nwindows = 2\n'
-                     '[matrix]\nattention = ["math", "flash", "efficient"]\n')
-    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report", "--no-calibrate"],
-                   cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (run_dir,) = (tmp_path / "runs").iterdir()
+    _, run_dir = _tiny_gpt_run(tmp_path, 'steps = 2\n[matrix]\nattention = ["math", "flash", "efficient"]\n')
     got = {r.config["attention"]: (r.status, r.reason) for r in load_results(run_dir)}
     assert got["math"][0] == got["flash"][0] == "ok"
     assert got["efficient"] == ("unsupported", "attention = efficient is a CUDA kernel; on CPU PyTorch offers sdpa, "
