@@ -187,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="refuse a sweep of more than N config repeats (configs x repeats), checked before anything "
                           "is expanded (default 10000)")
     run.add_argument("--no-report", action="store_true", help="do not write the HTML/CSV/markdown report")
+    run.add_argument("--require-idle-gpu", action="store_true",
+                     help="refuse to measure (exit 2, the processes listed) when another process uses a GPU the "
+                          "sweep's CUDA configs train on; without it each finding of the clean-machine check is a "
+                          "warning")
     run.add_argument("--no-calibrate", action="store_true",
                      help="no device peaks (results get achieved_tflops but no mfu); by default they come from the "
                           "calibration cache, measured once per machine when missing (see gpubench calibrate)")
@@ -442,7 +446,8 @@ def _main(argv: list[str] | None) -> int:
                                       calibrate=not args.no_calibrate, nodes=nodes,
                                       db=args.db or os.environ.get(ENV_VAR) or None,
                                       tags=parse_tags(args.tags), launcher=slurm, max_jobs=args.max_jobs,
-                                      retry_failed=args.retry_failed), console)
+                                      retry_failed=args.retry_failed, require_idle_gpu=args.require_idle_gpu),
+                           console)
         if args.command == "history":
             from gpubench.history.db import require_history
             from gpubench.provenance import parse_tags

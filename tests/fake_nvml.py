@@ -34,12 +34,30 @@ class FakeDevice:
     unsupported: set[str] = field(default_factory=set)
     broken: bool = False  # every call raises
     energy: int = 0
+    # the clean-machine check's figures: (pid, used bytes) of the compute processes; persistence
+    # mode and MIG (1 on); power limits in mW; SM application clocks; uncorrected volatile ECC
+    # errors; pending page retirement (1: pending); remapped rows (corrected, uncorrected,
+    # pending, failure)
+    processes: list[tuple[int, int]] = field(default_factory=list)
+    persistence: int = 1
+    mig: tuple[int, int] = (0, 0)
+    power_limit_mw: int = 700_000
+    default_power_limit_mw: int = 700_000
+    app_clock: int = 1980
+    default_app_clock: int = 1980
+    ecc_uncorrected: int = 0
+    pages_pending: int = 0
+    remapped_rows: tuple[int, int, int, int] = (0, 0, 0, 0)
 
 
 class FakeNVML:
     NVML_CLOCK_SM = 1
     NVML_CLOCK_MEM = 2
     NVML_TEMPERATURE_GPU = 0
+    NVML_FEATURE_ENABLED = 1
+    NVML_DEVICE_MIG_ENABLE = 1
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+    NVML_VOLATILE_ECC = 0
     NVMLError = NVMLError
 
     def __init__(self, devices: list[FakeDevice]) -> None:
@@ -108,3 +126,48 @@ class FakeNVML:
 
     def nvmlDeviceGetPerformanceState(self, h):
         return self._dev(h, "pstate").pstate
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "580.00"
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return 13000
+
+    def nvmlDeviceGetPciInfo(self, h):
+        return SimpleNamespace(busId=f"00000000:{self.devices.index(h) + 1:02X}:00.0")
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        d = self._dev(h, "processes")
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used, gpuInstanceId=0, computeInstanceId=0)
+                for pid, used in d.processes]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h):
+        self._dev(h, "processes")
+        return []
+
+    def nvmlDeviceGetPersistenceMode(self, h):
+        return self._dev(h, "persistence").persistence
+
+    def nvmlDeviceGetMigMode(self, h):
+        return list(self._dev(h, "mig").mig)
+
+    def nvmlDeviceGetPowerManagementLimit(self, h):
+        return self._dev(h, "power_limit").power_limit_mw
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, h):
+        return self._dev(h, "power_limit").default_power_limit_mw
+
+    def nvmlDeviceGetApplicationsClock(self, h, kind):
+        return self._dev(h, "app_clock").app_clock
+
+    def nvmlDeviceGetDefaultApplicationsClock(self, h, kind):
+        return self._dev(h, "app_clock").default_app_clock
+
+    def nvmlDeviceGetTotalEccErrors(self, h, error_type, counter_type):
+        return self._dev(h, "ecc").ecc_uncorrected
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h):
+        return self._dev(h, "retired_pages").pages_pending
+
+    def nvmlDeviceGetRemappedRows(self, h):
+        return self._dev(h, "remapped_rows").remapped_rows

@@ -363,6 +363,7 @@ def test_the_fake_nvml_matches_nvidias_bindings():
     fields = lambda struct: {name for name, _ in struct._fields_}  # noqa: E731
     assert {"nvmlReturn", "value"} <= fields(pynvml.c_nvmlFieldValue_t) and "uiVal" in fields(pynvml.c_nvmlValue_t)
     assert {"gpu", "memory"} <= fields(pynvml.c_nvmlUtilization_t)
+    assert {"pid", "usedGpuMemory"} <= fields(pynvml.c_nvmlProcessInfo_t)  # the clean-machine check reads these
     assert {"used", "total"} <= fields(pynvml.c_nvmlMemory_t)
 
 
@@ -371,3 +372,60 @@ def test_real_nvml_without_a_driver_is_a_reason_not_a_crash():
     summary, _ = session_run(None, "cuda:0")  # the real bindings, on a machine without a driver
     assert summary["gpu"] is None and summary["gpu_reason"].startswith("NVML unavailable: ")
     assert summary["host"]["samples"] > 0
+
+
+def test_the_clean_machine_check_reads_each_finding_and_none_on_a_clean_gpu():
+    """gpu_inventory records each GPU's state; machine_findings says one line per finding: other
+    processes (own pids left out), persistence off, MIG on, a lowered power limit, set
+    application clocks, ECC errors, a pending retirement; nothing on a clean GPU, and a field a
+    GPU does not report is None, never a finding."""
+    from gpubench.telemetry.nvml import gpu_inventory, machine_findings
+
+    clean = FakeDevice(UUIDS[0], name="Clean")
+    busy = FakeDevice(UUIDS[1], name="Busy", processes=[(4242, 3 << 30), (777, 1 << 30)], persistence=0,
+                      mig=(1, 1), power_limit_mw=500_000, app_clock=1500, ecc_uncorrected=2,
+                      remapped_rows=(0, 0, 1, 0))
+    mute = FakeDevice(UUIDS[2], name="Mute", unsupported={"processes", "persistence", "mig", "power_limit",
+                                                           "app_clock", "ecc", "retired_pages", "remapped_rows"})
+    gpus, reason = gpu_inventory(FakeNVML([clean, busy, mute]))
+    assert reason is None and [g["name"] for g in gpus] == ["Clean", "Busy", "Mute"]
+    assert gpus[1]["state"]["processes"][0] == {"pid": 4242, "used_memory_bytes": 3 << 30, "name": None}
+    assert gpus[1]["state"]["power_limit_w"] == 500.0 and gpus[1]["state"]["remapped_rows_pending"] is True
+    assert gpus[2]["state"]["processes"] == [] and all(v is None for k, v in gpus[2]["state"].items()
+                                                        if k != "processes")
+    lines = machine_findings(gpus, own_pids=frozenset({777}))
+    assert [line.split(":")[0] for line in lines] == ["GPU 1 (Busy)"] * 7
+    assert lines[0].startswith("GPU 1 (Busy): 1 other process(es) use it (pid 4242 (3.0 GiB))")
+    assert "persistence mode is off" in lines[1] and "MIG is on" in lines[2]
+    assert "power limit 500 W is below its default 700 W" in lines[3]
+    assert "application clocks are set to 1500 MHz (default 1980 MHz)" in lines[4]
+    assert "2 uncorrected ECC error(s)" in lines[5] and "waits for a GPU reset" in lines[6]
+    assert machine_findings(gpus[:1]) == [] and machine_findings(gpus[2:]) == []
+
+
+def test_require_idle_gpu_refuses_a_gpu_the_sweep_uses_when_another_process_does(monkeypatch, capsys):
+    """The check looks at the GPUs the CUDA configs train on (through CUDA_VISIBLE_DEVICES):
+    a finding is a warning; with --require-idle-gpu another process is exit 2 naming it."""
+    from gpubench.errors import InputError
+    from gpubench.runner.run import clean_machine_check
+    from gpubench.suite import Config
+
+    def gpu(index, pid):
+        return {"index": index, "name": f"G{index}", "uuid": f"GPU-{index}",
+                "state": {"processes": [{"pid": pid, "used_memory_bytes": None, "name": "python"}]}}
+
+    env = {"gpus": [gpu(0, 99999), gpu(1, 5)]}
+    on_cuda = [Config(workload="mlp", device="cuda")]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(InputError, match=r"^--require-idle-gpu: other processes use the GPUs this sweep trains on "
+                                         r"\(GPU 0: pid 99999 python\)"):
+        clean_machine_check(on_cuda, env, require_idle=True)
+    clean_machine_check(on_cuda, env, require_idle=False)
+    err = capsys.readouterr().err
+    assert "GPU 0 (G0): 1 other process(es) use it (pid 99999 python)" in err and "G1" not in err
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # cuda:0 is the second GPU
+    with pytest.raises(InputError, match=r"\(GPU 1: pid 5 python\)"):
+        clean_machine_check(on_cuda, env, require_idle=True)
+    assert "GPU 1 (G1)" in capsys.readouterr().err
+    clean_machine_check([Config(workload="mlp", device="cpu")], env, require_idle=True)  # no GPU config: no check
+    assert capsys.readouterr().err == ""

@@ -6,6 +6,7 @@ bad input never leaves a run directory behind.
 
 from __future__ import annotations
 
+import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -20,6 +21,7 @@ from gpubench.backends.base import ProbeInfo
 from gpubench.env import emulation_note, fingerprint
 from gpubench.errors import InputError, StorageError, note, stop_exit_code, stop_message, warn
 from gpubench.launch import Launcher
+from gpubench.options import device_index, device_kind
 from gpubench.provenance import provenance
 from gpubench.results.outputs import check_output_dir
 from gpubench.results.result import Result
@@ -47,6 +49,7 @@ from gpubench.runner.progress import SweepDisplay, summary_table, unmeasured_lin
 from gpubench.runner.slurm import SlurmOptions
 from gpubench.runner.sweep import plan, pre_resolve, run_sweep
 from gpubench.suite import MAX_JOBS, Config, Suite, load_suite
+from gpubench.telemetry.nvml import machine_findings, nvml_index
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 # gpubench run --launcher NAME: the launchers, by name (a run.json's args keep a launcher's
@@ -71,6 +74,7 @@ class RunRequest:
     launcher: LauncherChoice | None = None
     max_jobs: int | None = None  # --max-jobs: the most config repeats the sweep may have (None: the suite's cap)
     retry_failed: bool = False  # --resume --retry-failed: run the error and timeout repeats again
+    require_idle_gpu: bool = False  # --require-idle-gpu: refuse to measure on a GPU another process uses
     # where the workers import the user's code from (the Python API: the caller's directories);
     # None: the suite file's directory, where the suite names such code
     code_path: tuple[str, ...] | None = None
@@ -210,6 +214,33 @@ def _resumed(run_dir: Path, configs: list[Config], existing: list[Result], retry
     return [r for r in existing if r.status not in RETRIED_STATUSES]
 
 
+def used_gpus(configs: list[Config], gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The GPUs (of a fingerprint's NVML list) that the CUDA configs train on: ``cuda:N``, or the
+    first ``devices`` of ``cuda``, through CUDA_VISIBLE_DEVICES as CUDA numbers them."""
+    ordinals = set()
+    for c in configs:
+        if device_kind(c.device) == "cuda":
+            ordinals |= {device_index(c.device)} if ":" in c.device else set(range(c.devices))
+    uuids = [str(g.get("uuid", "")) for g in gpus]
+    indices = {nvml_index(o, None, uuids, os.environ.get("CUDA_VISIBLE_DEVICES")) for o in ordinals}
+    return [g for g in gpus if g.get("index") in indices]
+
+
+def clean_machine_check(configs: list[Config], env: dict[str, Any], require_idle: bool) -> None:
+    """Before a sweep with CUDA configs, the clean-machine check of the GPUs they train on (the
+    fingerprint's NVML figures): a warning line per finding; with ``require_idle``, another
+    process on one of them is an InputError listing the processes (nothing written yet)."""
+    gpus = used_gpus(configs, env.get("gpus") or [])
+    own = frozenset({os.getpid()})
+    for line in machine_findings(gpus, own):
+        warn(line)
+    busy = [f"GPU {g['index']}: pid {p['pid']}" + (f" {p['name']}" if p.get("name") else "")
+            for g in gpus for p in (g.get("state") or {}).get("processes") or [] if p["pid"] not in own]
+    if require_idle and busy:
+        raise InputError(f"--require-idle-gpu: other processes use the GPUs this sweep trains on ({'; '.join(busy)}); "
+                         "wait for them to finish, or run without --require-idle-gpu to measure anyway")
+
+
 def check_data(configs: list[Config], source: str) -> None:
     """MNIST configs need readable IDX files: check them before anything is written."""
     from gpubench.workloads.mnist import IdxError, load_mnist
@@ -265,6 +296,7 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
     runnable = [job.config for job in jobs if pre_resolve(job.config, probes) is None]
     if (emulated := emulation_note(runnable, env)) is not None:
         note(emulated)
+    clean_machine_check(runnable, env, req.require_idle_gpu)
     # only node 0 writes results, so only node 0 needs the peaks (a calibration on the others
     # would only delay their first rendezvous)
     peaks = (load_peaks(peak_devices(runnable), console)

@@ -57,9 +57,102 @@ def load_nvml() -> tuple[Any | None, str | None]:
     return pynvml, None
 
 
-def gpu_inventory() -> tuple[list[dict[str, Any]], str | None]:
-    """(GPUs with name, UUID, memory, PCI bus id, driver; reason when NVML is unusable)."""
-    nvml, reason = load_nvml()
+def _maybe(fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, or None where the GPU or driver does not say (NotSupported, no permission)."""
+    try:
+        return fn(*args)
+    except Exception:  # noqa: BLE001 - NVMLError_NotSupported and friends: not a finding
+        return None
+
+
+def gpu_state(nvml: Any, h: Any) -> dict[str, Any]:
+    """What tells a clean GPU from a shared or altered one (the clean-machine check): the
+    processes using it, persistence mode, MIG, the power limit and its default, the
+    application clocks and their default, uncorrected ECC errors since the driver loaded,
+    and retired pages or remapped rows waiting for a reset. A field the GPU or driver does not
+    report is None."""
+    processes: list[dict[str, Any]] = []
+    for fn in (nvml.nvmlDeviceGetComputeRunningProcesses, nvml.nvmlDeviceGetGraphicsRunningProcesses):
+        for p in _maybe(fn, h) or []:
+            if all(int(p.pid) != q["pid"] for q in processes):
+                used = getattr(p, "usedGpuMemory", None)
+                processes.append({"pid": int(p.pid), "used_memory_bytes": int(used) if used is not None else None})
+    mig = _maybe(nvml.nvmlDeviceGetMigMode, h)
+    limit = _maybe(nvml.nvmlDeviceGetPowerManagementLimit, h)
+    default = _maybe(nvml.nvmlDeviceGetPowerManagementDefaultLimit, h)
+    rows = _maybe(nvml.nvmlDeviceGetRemappedRows, h)
+    pages = _maybe(nvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
+    persistence = _maybe(nvml.nvmlDeviceGetPersistenceMode, h)
+    return {
+        "processes": processes,
+        "persistence_mode": None if persistence is None else persistence == nvml.NVML_FEATURE_ENABLED,
+        "mig_mode": None if mig is None else mig[0] == nvml.NVML_DEVICE_MIG_ENABLE,
+        "power_limit_w": None if limit is None else limit / 1000.0,
+        "default_power_limit_w": None if default is None else default / 1000.0,
+        "applications_clock_mhz": _maybe(nvml.nvmlDeviceGetApplicationsClock, h, nvml.NVML_CLOCK_SM),
+        "default_applications_clock_mhz": _maybe(nvml.nvmlDeviceGetDefaultApplicationsClock, h, nvml.NVML_CLOCK_SM),
+        "ecc_uncorrected_volatile": _maybe(nvml.nvmlDeviceGetTotalEccErrors, h, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                           nvml.NVML_VOLATILE_ECC),
+        "retired_pages_pending": None if pages is None else pages == nvml.NVML_FEATURE_ENABLED,
+        "remapped_rows_pending": None if rows is None else bool(rows[2]),
+    }
+
+
+def process_name(pid: int) -> str | None:
+    """The name of a process, where this machine (and container) can see it."""
+    try:
+        import psutil
+
+        return str(psutil.Process(pid).name())
+    except Exception:  # noqa: BLE001 - gone, another container's, no permission
+        return None
+
+
+def machine_findings(gpus: list[dict[str, Any]], own_pids: frozenset[int] = frozenset()) -> list[str]:
+    """One line for each finding of the clean-machine check on the GPUs of a fingerprint (their
+    ``state``): other processes on a GPU (``own_pids`` left out), persistence mode off, MIG on,
+    a power limit below its default, application clocks away from their default, uncorrected
+    ECC errors, a retirement or row remapping waiting for a reset. Empty on a clean machine."""
+    lines = []
+    for g in gpus:
+        st = g.get("state") or {}
+        name = f"GPU {g.get('index')} ({g.get('name')})"
+        others = [p for p in st.get("processes") or [] if p["pid"] not in own_pids]
+        if others:
+            shown = ", ".join(f"pid {p['pid']}" + (f" {p['name']}" if p.get("name") else "")
+                              + (f" ({p['used_memory_bytes'] / 2**30:.1f} GiB)" if p.get("used_memory_bytes") else "")
+                              for p in others)
+            lines.append(f"{name}: {len(others)} other process(es) use it ({shown}): they share its compute and "
+                         "memory, so measurements are not this config's alone")
+        if st.get("persistence_mode") is False:
+            lines.append(f"{name}: persistence mode is off: the driver sets the GPU up again for every process "
+                         "(a slower first CUDA call in each config's cold start); nvidia-smi -pm 1 turns it on")
+        if st.get("mig_mode") is True:
+            lines.append(f"{name}: MIG is on: a config sees one GPU instance, a fraction of the GPU's compute and "
+                         "memory")
+        limit, default = st.get("power_limit_w"), st.get("default_power_limit_w")
+        if limit is not None and default is not None and limit < default:
+            lines.append(f"{name}: power limit {limit:g} W is below its default {default:g} W: clocks drop sooner "
+                         "under load")
+        clock, default_clock = st.get("applications_clock_mhz"), st.get("default_applications_clock_mhz")
+        if clock is not None and default_clock is not None and clock != default_clock:
+            lines.append(f"{name}: application clocks are set to {clock} MHz (default {default_clock} MHz): "
+                         "results are for those clocks")
+        if st.get("ecc_uncorrected_volatile"):
+            lines.append(f"{name}: {st['ecc_uncorrected_volatile']} uncorrected ECC error(s) since the driver "
+                         "loaded: the GPU's memory is failing")
+        if st.get("retired_pages_pending") or st.get("remapped_rows_pending"):
+            lines.append(f"{name}: a memory page retirement or row remapping waits for a GPU reset")
+    return lines
+
+
+def gpu_inventory(nvml: Any = None) -> tuple[list[dict[str, Any]], str | None]:
+    """(GPUs with name, UUID, memory, PCI bus id, driver and ``state`` (gpu_state: the
+    clean-machine check's figures); reason when NVML is unusable). ``nvml``: an initialised
+    module (tests); else NVML is loaded here."""
+    reason = None
+    if nvml is None:
+        nvml, reason = load_nvml()
     if nvml is None:
         return [], reason
     try:
@@ -69,9 +162,12 @@ def gpu_inventory() -> tuple[list[dict[str, Any]], str | None]:
             cuda_driver_str: str | None = f"{cuda_driver // 1000}.{cuda_driver % 1000 // 10}"
         except Exception:
             cuda_driver_str = None
-        gpus = []
+        gpus: list[dict[str, Any]] = []
         for i in range(nvml.nvmlDeviceGetCount()):
             h = nvml.nvmlDeviceGetHandleByIndex(i)
+            state = gpu_state(nvml, h)
+            for p in state["processes"]:
+                p["name"] = process_name(p["pid"])
             gpus.append({
                 "index": i,
                 "name": as_text(nvml.nvmlDeviceGetName(h)),
@@ -80,6 +176,7 @@ def gpu_inventory() -> tuple[list[dict[str, Any]], str | None]:
                 "pci_bus_id": as_text(nvml.nvmlDeviceGetPciInfo(h).busId),
                 "driver": driver,
                 "cuda_driver": cuda_driver_str,
+                "state": state,
             })
         return gpus, None
     except Exception as e:
