@@ -48,6 +48,9 @@ class FakeDevice:
     ecc_uncorrected: int = 0
     pages_pending: int = 0
     remapped_rows: tuple[int, int, int, int] = (0, 0, 0, 0)
+    # GPM: each metric id's value over a pair of samples (None: the GPU has no GPM; an id left
+    # out: that metric is not supported)
+    gpm: dict[int, float] | None = None
 
 
 class FakeNVML:
@@ -58,11 +61,19 @@ class FakeNVML:
     NVML_DEVICE_MIG_ENABLE = 1
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
     NVML_VOLATILE_ECC = 0
+    NVML_GPM_METRICS_GET_VERSION = 1
     NVMLError = NVMLError
+
+    class c_nvmlGpmMetricsGet_t:  # noqa: N801 - nvidia-ml-py's name
+        def __init__(self) -> None:
+            self.version = self.numMetrics = 0
+            self.sample1 = self.sample2 = None
+            self.metrics = [SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0) for _ in range(98)]
 
     def __init__(self, devices: list[FakeDevice]) -> None:
         self.devices = devices
         self.calls = 0
+        self.gpm_samples: set[int] = set()  # allocated and not freed
 
     def _dev(self, h: FakeDevice, name: str) -> FakeDevice:
         self.calls += 1
@@ -171,3 +182,27 @@ class FakeNVML:
 
     def nvmlDeviceGetRemappedRows(self, h):
         return self._dev(h, "remapped_rows").remapped_rows
+
+    def nvmlGpmQueryDeviceSupport(self, h):
+        return SimpleNamespace(version=1, isSupportedDevice=int(self._dev(h, "gpm").gpm is not None))
+
+    def nvmlGpmSampleAlloc(self):
+        sample = SimpleNamespace(device=None)
+        self.gpm_samples.add(id(sample))
+        return sample
+
+    def nvmlGpmSampleFree(self, sample) -> None:
+        self.gpm_samples.discard(id(sample))
+
+    def nvmlGpmSampleGet(self, h, sample) -> None:
+        sample.device = self._dev(h, "gpm")
+
+    def nvmlGpmMetricsGet(self, get) -> None:
+        d = get.sample2.device
+        if get.sample1.device is not d or d.gpm is None:
+            raise NVMLError("samples of different devices")
+        for m in get.metrics[:get.numMetrics]:
+            if m.metricId in d.gpm:
+                m.nvmlReturn, m.value = 0, d.gpm[m.metricId]
+            else:
+                m.nvmlReturn, m.value = 3, 0.0  # NVML_ERROR_NOT_SUPPORTED

@@ -291,3 +291,39 @@ def test_a_language_models_tokens_per_second_is_charted_against_its_sequence_len
     (run / "results.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in results[::2]))
     rep = build_report([run], tmp_path / "out2")
     assert "tokens_vs_seq_len.png" not in [p.name for p in rep.charts]
+
+
+def test_tensor_core_activity_is_a_column_and_a_chart_against_mfu(tmp_path):
+    """GPU results with NVML GPM's tensor-core activity: a "tensor %" column in summary.md and the
+    terminal's table, and MFU charted against it; results without it have neither."""
+    import json
+
+    from rich.console import Console
+
+    from gpubench.config import Config
+    from gpubench.runner.progress import summary_table
+    from tests.conftest import make_result
+
+    def gpu_result(batch: int, mfu: float, tensor: float | None):
+        r = make_result(Config(workload="cnn", device="cuda", batch_size=batch), 1000.0 * batch,
+                        mfu=mfu, achieved_tflops=mfu * 100, peak_tflops=100.0)
+        r.telemetry = {"gpu": {"tensor_active_pct_mean": tensor}}
+        return r
+
+    def report(results, name):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "run.json").write_text(json.dumps({"run_id": name, "schema_version": 1, "env": {}, "suite": {}}))
+        (run / "results.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in results))
+        return build_report([run], tmp_path / f"{name}-out")
+
+    measured = [gpu_result(64, 0.12, 20.5), gpu_result(256, 0.31, 55.0)]
+    rep = report(measured, "gpm")
+    assert "mfu_vs_tensor.png" in [p.name for p in rep.charts]
+    header = next(line for line in rep.markdown.read_text().splitlines() if line.startswith("| config"))
+    assert header.endswith("| MFU | tensor % |") and "| 31.0% | 55 |" in rep.markdown.read_text()
+    console = Console(width=250, record=True)
+    console.print(summary_table(measured))
+    assert "tensor %" in console.export_text()
+    rep = report([gpu_result(64, 0.12, None), gpu_result(256, 0.31, None)], "none")
+    assert "mfu_vs_tensor.png" not in [p.name for p in rep.charts] and "tensor %" not in rep.markdown.read_text()

@@ -364,6 +364,15 @@ def test_the_fake_nvml_matches_nvidias_bindings():
     assert {"nvmlReturn", "value"} <= fields(pynvml.c_nvmlFieldValue_t) and "uiVal" in fields(pynvml.c_nvmlValue_t)
     assert {"gpu", "memory"} <= fields(pynvml.c_nvmlUtilization_t)
     assert {"pid", "usedGpuMemory"} <= fields(pynvml.c_nvmlProcessInfo_t)  # the clean-machine check reads these
+    # GPM: the structures gpubench fills and reads, and the metric ids of each figure
+    assert {"version", "numMetrics", "sample1", "sample2", "metrics"} <= fields(pynvml.c_nvmlGpmMetricsGet_t)
+    assert {"metricId", "nvmlReturn", "value"} <= fields(pynvml.c_nvmlGpmMetric_t)
+    assert "isSupportedDevice" in fields(pynvml.c_nvmlGpmSupport_t)
+    ids = {"sm_active_pct": "SM_UTIL", "sm_occupancy_pct": "SM_OCCUPANCY", "tensor_active_pct": "ANY_TENSOR_UTIL",
+           "tensor_hmma_pct": "HMMA_TENSOR_UTIL", "dram_bw_pct": "DRAM_BW_UTIL", "fp32_pct": "FP32_UTIL",
+           "fp16_pct": "FP16_UTIL", "pcie_tx_mib_s": "PCIE_TX_PER_SEC", "pcie_rx_mib_s": "PCIE_RX_PER_SEC",
+           "nvlink_tx_mib_s": "NVLINK_TOTAL_TX_PER_SEC", "nvlink_rx_mib_s": "NVLINK_TOTAL_RX_PER_SEC"}
+    assert gn.GPM_METRICS == {f: getattr(pynvml, f"NVML_GPM_METRIC_{n}") for f, n in ids.items()}
     assert {"used", "total"} <= fields(pynvml.c_nvmlMemory_t)
 
 
@@ -429,3 +438,43 @@ def test_require_idle_gpu_refuses_a_gpu_the_sweep_uses_when_another_process_does
     assert "GPU 1 (G1)" in capsys.readouterr().err
     clean_machine_check([Config(workload="mlp", device="cpu")], env, require_idle=True)  # no GPU config: no check
     assert capsys.readouterr().err == ""
+
+
+def test_gpm_counters_are_read_between_samples_and_averaged_over_the_windows():
+    """With GPM (Hopper and later) each sample carries the metrics since the previous one; the
+    summary averages the samples whose period lies inside the measured windows; a metric the
+    GPU does not serve is None, never 0; no GPM on the GPU is a reason, never a failure; every
+    GPM sample is freed."""
+    from gpubench.telemetry.base import GpuSample
+    from gpubench.telemetry.nvml import NvmlReader
+    from gpubench.telemetry.summary import gpu_summary
+
+    nvml = FakeNVML([FakeDevice(UUIDS[0], gpm={2: 91.0, 5: 80.3, 7: 78.0, 10: 33.0})])
+    reader = NvmlReader(nvml, [0])
+    (sample,) = reader.read()
+    assert reader.gpm_reason is None and sample.gpm_period_ns is not None and sample.gpm_period_ns >= 0
+    assert (sample.sm_active_pct, sample.tensor_active_pct, sample.tensor_hmma_pct, sample.dram_bw_pct) == (
+        91.0, 80.3, 78.0, 33.0)
+    assert sample.fp16_pct is None and "gpm fp16_pct" in reader.errors  # not served: None, with why
+    reader.close()
+    assert nvml.gpm_samples == set()
+
+    none = NvmlReader(FakeNVML([FakeDevice(UUIDS[0])]), [0])
+    assert none.gpm_reason == "the GPU does not support NVML's GPM metrics (Hopper or newer does)"
+    assert none.read()[0].tensor_active_pct is None
+
+    ms = 1_000_000
+    windows = [(1000 * ms, 2000 * ms)]
+
+    def s(t_ms, period_ms, tensor):
+        return GpuSample(t_ns=t_ms * ms, index=0, gpm_period_ns=period_ms * ms, tensor_active_pct=tensor)
+
+    # the first reading's period began before the window: left out; the rest averaged
+    samples = [s(1050, 100, 5.0), s(1150, 100, 60.0), s(1250, 100, 80.0), s(1950, 100, 70.0)]
+    summary = gpu_summary(samples, windows, [], 100.0, "average", [0])
+    assert summary["tensor_active_pct_mean"] == pytest.approx(70.0) and "gpm" not in summary["not_reported"]
+    assert summary["devices"][0]["tensor_active_pct_mean"] == pytest.approx(70.0)
+    short = gpu_summary(samples[:1], windows, [], 100.0, "average", [0])
+    assert short["tensor_active_pct_mean"] is None and short["not_reported"]["gpm"].startswith("no GPM reading")
+    told = gpu_summary(samples, windows, [], 100.0, "average", [0], gpm_reason="the GPU does not support it")
+    assert told["not_reported"]["gpm"] == "the GPU does not support it"

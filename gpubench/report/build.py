@@ -231,6 +231,8 @@ def write_markdown(data: ReportData, path: Path) -> None:
         **{header: ok[name].map(lambda v, name=name: tables.cell(name, v).removesuffix(" TFLOP/s"))
            for header, name in SUMMARY_COLUMNS if name != "mfu"},
         "MFU": ["above peak" if tables.above_peak(r) else tables.cell("mfu", r["mfu"]) for _, r in ok.iterrows()],
+        **({"tensor %": ok["tensor_active_pct"].map(lambda v: tables.cell("tensor_active_pct", v))}
+           if "tensor_active_pct" in ok and ok["tensor_active_pct"].notna().any() else {}),  # a GPU's GPM counter
     })
     lines += [tables.to_markdown(table), "`*` noisy (cv of step times > 10%); TFLOP/s: model training FLOPs x "
               "samples/s; MFU: of the measured peak at the config's precision (`gpubench calibrate`)", ""]
@@ -277,6 +279,7 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
     made = [p for p in (
         charts.throughput_vs_batch(c, chart_dir / "throughput_vs_batch.png"),
         charts.tokens_vs_seq_len(c, chart_dir / "tokens_vs_seq_len.png"),
+        charts.mfu_vs_tensor(c, chart_dir / "mfu_vs_tensor.png"),
         charts.speedup_bars(c, chart_dir / "speedups.png"),
         charts.step_time_boxes(_step_times(data), chart_dir / "step_times.png"),
         charts.memory_vs_batch(c, chart_dir / "memory_vs_batch.png"),

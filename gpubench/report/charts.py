@@ -178,6 +178,31 @@ def tokens_vs_seq_len(configs: pd.DataFrame, path: Path) -> Path | None:
     return path
 
 
+def mfu_vs_tensor(configs: pd.DataFrame, path: Path) -> Path | None:
+    """MFU against tensor-core activity (NVML GPM), a point per config: what share of the peak a
+    config reached against how busy the tensor cores were. None unless two configs have both."""
+    if not {"mfu", "tensor_active_pct"} <= set(configs.columns):
+        return None
+    ok = configs[(configs["status"] == "ok") & configs["mfu"].notna() & configs["tensor_active_pct"].notna()]
+    if len(ok) < 2:
+        return None
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(6.2, 4.4))
+        for (fw, prec), g in ok.groupby(["framework", "precision"], sort=True):
+            ax.scatter(g["tensor_active_pct"].astype(float), g["mfu"].astype(float) * 100, color=_color(fw, prec),
+                       label=_series_label(fw, prec), s=24)
+        ax.set_xlim(0, 100)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("tensor-core activity (% of the time, NVML GPM)")
+        ax.set_ylabel("MFU (% of the measured peak)")
+        ax.legend(loc="best")
+        fig.suptitle("MFU against tensor-core activity, a point per config")
+        fig.tight_layout()
+        write_atomic(path, fig.savefig)
+        plt.close(fig)
+    return path
+
+
 def speedup_bars(configs: pd.DataFrame, path: Path) -> Path | None:
     panels = [(c, speedups(configs, c)) for c in COMPARISONS]
     panels = [(c, f) for c, f in panels if not f.empty]

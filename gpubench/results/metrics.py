@@ -158,6 +158,21 @@ METRICS: list[Metric] = [
       derive=_per_token("throughput_per_device")),
     M("tokens_per_sample", (), "tokens", "", "count", "a language model's tokens a sample (sequence length)",
       combine="first", derive=_tokens_per_sample),
+    *(M(name, ("telemetry", "gpu", f"{name}_mean"), unit, "", kind, f"GPU (NVML GPM, Hopper and later): {what}, "
+        "mean over the measured windows; null where the GPU or driver does not serve it "
+        "(telemetry.gpu.not_reported.gpm says why)")
+      for name, unit, kind, what in (
+          ("tensor_active_pct", "%", "number", "share of time any tensor-core pipe was active"),
+          ("tensor_hmma_pct", "%", "number", "share of time the half-precision (HMMA) tensor pipe was active"),
+          ("sm_active_pct", "%", "number", "share of time the SMs had work (SM activity)"),
+          ("sm_occupancy_pct", "%", "number", "resident warps as a share of the SMs' maximum (SM occupancy)"),
+          ("dram_bw_pct", "%", "number", "DRAM bandwidth used, as a share of the peak"),
+          ("fp32_pct", "%", "number", "FP32 pipe utilisation"),
+          ("fp16_pct", "%", "number", "FP16 pipe utilisation"),
+          ("pcie_tx_mib_s", "MiB/s", "number", "PCIe traffic sent"),
+          ("pcie_rx_mib_s", "MiB/s", "number", "PCIe traffic received"),
+          ("nvlink_tx_mib_s", "MiB/s", "number", "NVLink traffic sent"),
+          ("nvlink_rx_mib_s", "MiB/s", "number", "NVLink traffic received"))),
     M("achieved_tflops", ("metrics", "achieved_tflops"), "TFLOP/s", "higher", "tflops",
       "model training FLOPs per sample x throughput"),
     M("peak_tflops", ("metrics", "peak_tflops"), "TFLOP/s", "", "tflops",

@@ -85,7 +85,10 @@ class SweepDisplay:
 
 # the summary table's metric columns: (header, metric)
 SUMMARY_COLUMNS = (("samples/s", "throughput"), ("tokens/s", "tokens_per_s"), ("step", "step_ms"), ("cv", "step_cv"),
-                   ("cold", "cold_start_ms"), ("peak mem", "peak_memory_bytes"), ("MFU", "mfu"))
+                   ("cold", "cold_start_ms"), ("peak mem", "peak_memory_bytes"), ("MFU", "mfu"),
+                   ("tensor %", "tensor_active_pct"))
+# columns shown only where some result has the figure (a language model's; a GPU's GPM counters)
+OPTIONAL_COLUMNS = ("tokens_per_s", "tensor_active_pct")
 
 
 def summary_table(results: list[Result]) -> Table:
@@ -103,7 +106,7 @@ def summary_table(results: list[Result]) -> Table:
     table.add_column("status", no_wrap=True)
     # a language model's tokens/s beside samples/s, where the sweep has one
     columns = [c for c in SUMMARY_COLUMNS
-               if c[1] != "tokens_per_s" or any(BY_NAME["tokens_per_s"].value(r) is not None for r in results)]
+               if c[1] not in OPTIONAL_COLUMNS or any(BY_NAME[c[1]].value(r) is not None for r in results)]
     for header, _ in columns:
         table.add_column(header, justify="right", no_wrap=True)
         if header == "samples/s":

@@ -35,6 +35,20 @@ class GpuSample:
     temp_c: int | None = None
     clock_event_reasons: int | None = None  # NVML clocks event (throttle) reasons bitmask
     pstate: int | None = None
+    # NVML's GPU Performance Monitoring (Hopper and later), over the period since the previous
+    # sample (gpm_period_ns): shares of the GPU's capacity in %, traffic in MiB/s
+    gpm_period_ns: int | None = None
+    sm_active_pct: float | None = None
+    sm_occupancy_pct: float | None = None
+    tensor_active_pct: float | None = None  # any tensor-core pipe
+    tensor_hmma_pct: float | None = None  # the half-precision (HMMA) tensor pipe
+    dram_bw_pct: float | None = None
+    fp32_pct: float | None = None
+    fp16_pct: float | None = None
+    pcie_tx_mib_s: float | None = None
+    pcie_rx_mib_s: float | None = None
+    nvlink_tx_mib_s: float | None = None
+    nvlink_rx_mib_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

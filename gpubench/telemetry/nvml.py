@@ -11,6 +11,10 @@ from typing import Any
 
 from gpubench.telemetry.base import GpuSample, now_ns
 
+# NVML GPM metric ids (nvml.h's NVML_GPM_METRIC_*) of the GpuSample fields they fill
+GPM_METRICS = {"sm_active_pct": 2, "sm_occupancy_pct": 3, "tensor_active_pct": 5, "tensor_hmma_pct": 7,
+               "dram_bw_pct": 10, "fp32_pct": 12, "fp16_pct": 13, "pcie_tx_mib_s": 20, "pcie_rx_mib_s": 21,
+               "nvlink_rx_mib_s": 60, "nvlink_tx_mib_s": 61}
 # clock-event reasons that mean the GPU is held back (idle and application clocks are not)
 THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80  # sw power cap, hw slowdown, sw/hw thermal, power brake
 FI_POWER_INSTANT = 186  # NVML_FI_DEV_POWER_INSTANT (mW)
@@ -232,6 +236,73 @@ class NvmlReader:
         self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in indices]
         self.errors: dict[str, str] = {}
         self.instant_power = all(self._instant_power(h) is not None for h in self.handles)
+        # GPM: each device's previous sample and its time; gpm_reason says why there is none
+        self.gpm_reason: str | None = None
+        self._gpm: list[tuple[Any, int]] | None = self._gpm_start()
+
+    def _gpm_start(self) -> list[tuple[Any, int]] | None:
+        nv = self.nvml
+        if not hasattr(nv, "nvmlGpmSampleGet"):
+            self.gpm_reason = "this nvidia-ml-py has no GPM calls (nvidia-ml-py 12.535 or newer has them)"
+            return None
+        try:
+            if not all(nv.nvmlGpmQueryDeviceSupport(h).isSupportedDevice for h in self.handles):
+                self.gpm_reason = "the GPU does not support NVML's GPM metrics (Hopper or newer does)"
+                return None
+            first = []
+            for h in self.handles:
+                sample = nv.nvmlGpmSampleAlloc()
+                nv.nvmlGpmSampleGet(h, sample)
+                first.append((sample, now_ns()))
+            return first
+        except Exception as e:  # noqa: BLE001 - a driver that refuses GPM: no counters, never a failure
+            self.gpm_reason = f"NVML GPM: {type(e).__name__}: {e}"
+            return None
+
+    def _gpm_read(self, i: int, h: Any, t: int) -> dict[str, Any]:
+        """The GPM metrics of device ``i`` since its previous sample (which this one replaces)."""
+        nv = self.nvml
+        assert self._gpm is not None
+        prev, t_prev = self._gpm[i]
+        try:
+            sample = nv.nvmlGpmSampleAlloc()
+            nv.nvmlGpmSampleGet(h, sample)
+        except Exception as e:  # noqa: BLE001
+            self.errors.setdefault("gpm", f"{type(e).__name__}: {e}")
+            return {}
+        out: dict[str, Any] = {"gpm_period_ns": t - t_prev}
+        try:
+            get = nv.c_nvmlGpmMetricsGet_t()
+            get.version = nv.NVML_GPM_METRICS_GET_VERSION
+            get.numMetrics = len(GPM_METRICS)
+            get.sample1, get.sample2 = prev, sample
+            for k, metric_id in enumerate(GPM_METRICS.values()):
+                get.metrics[k].metricId = metric_id
+            nv.nvmlGpmMetricsGet(get)
+            for k, name in enumerate(GPM_METRICS):
+                m = get.metrics[k]
+                if m.nvmlReturn == 0:
+                    out[name] = float(m.value)
+                else:
+                    self.errors.setdefault(f"gpm {name}", f"NVML return {m.nvmlReturn}")
+        except Exception as e:  # noqa: BLE001
+            self.errors.setdefault("gpm", f"{type(e).__name__}: {e}")
+        finally:
+            try:
+                nv.nvmlGpmSampleFree(prev)
+            except Exception:  # noqa: BLE001
+                pass
+            self._gpm[i] = (sample, t)
+        return out
+
+    def close(self) -> None:
+        """Free the GPM samples held between readings."""
+        for sample, _ in self._gpm or []:
+            try:
+                self.nvml.nvmlGpmSampleFree(sample)
+            except Exception:  # noqa: BLE001
+                pass
+        self._gpm = None
 
     @property
     def power_source(self) -> str:
@@ -260,7 +331,8 @@ class NvmlReader:
         nv = self.nvml
         out = []
         t = now_ns()
-        for index, h in zip(self.indices, self.handles):
+        for i, (index, h) in enumerate(zip(self.indices, self.handles)):
+            gpm = self._gpm_read(i, h, t) if self._gpm is not None else {}
             util = self._field("utilization", nv.nvmlDeviceGetUtilizationRates, h)
             mem = self._field("memory", nv.nvmlDeviceGetMemoryInfo, h)
             if self.instant_power:
@@ -284,6 +356,7 @@ class NvmlReader:
                 temp_c=self._field("temperature", nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
                 clock_event_reasons=self._field("clock_event_reasons", reasons_fn, h),
                 pstate=self._field("pstate", nv.nvmlDeviceGetPerformanceState, h),
+                **gpm,
             ))
         return out
 

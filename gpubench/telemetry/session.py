@@ -100,6 +100,8 @@ class TelemetrySession:
         """(the result's ``telemetry`` block, the timeline to save)."""
         host_samples = self.host.stop()
         gpu_samples = self.gpu.stop() if self.gpu is not None else []
+        if self.reader is not None:
+            self.reader.close()
         windows = windows_of(phases)
         t0 = phases[0].start_ns if phases else 0
         summary: dict[str, Any] = {
@@ -117,7 +119,8 @@ class TelemetrySession:
         elif self.reader is not None and self.gpu is not None:
             # each node trains the same share of the samples, and only this node's GPUs are sampled
             gpu = gpu_summary(gpu_samples, windows, self.counters, samples_measured / self.nodes,
-                              self.reader.power_source, self.reader.indices, self.averaging_s)
+                              self.reader.power_source, self.reader.indices, self.averaging_s,
+                              self.reader.gpm_reason)
             gpu["index"] = self.reader.indices[0]
             gpu["scope"] = ("this config's GPU" if gpu["count"] == 1 and self.nodes == 1 else
                             f"this config's {gpu['count']} GPUs" if self.nodes == 1 else

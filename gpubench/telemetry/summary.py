@@ -93,12 +93,27 @@ def _settled(samples: Sequence[GpuSample], windows: list[Window], averaging_s: f
     return [s for s in samples if s.t_ns >= settle]
 
 
-def _device_summary(w: Sequence[GpuSample], settled: Sequence[GpuSample]) -> dict[str, Any]:
+# the GPM figures of a sample, reduced to their mean over the measured windows ("<field>_mean")
+GPM_FIELDS = ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "tensor_hmma_pct", "dram_bw_pct", "fp32_pct",
+              "fp16_pct", "pcie_tx_mib_s", "pcie_rx_mib_s", "nvlink_tx_mib_s", "nvlink_rx_mib_s")
+
+
+def _gpm_inside(w: Sequence[GpuSample], windows: list[Window]) -> list[GpuSample]:
+    """The samples whose GPM period began at or after the first measured window began (the
+    gaps between windows are the harness's microseconds, so such a period is training)."""
+    if not windows:
+        return []
+    return [s for s in w if s.gpm_period_ns is not None and s.t_ns - s.gpm_period_ns >= windows[0][0]]
+
+
+def _device_summary(w: Sequence[GpuSample], settled: Sequence[GpuSample],
+                    gpm: Sequence[GpuSample] = ()) -> dict[str, Any]:
     """``w``: the samples inside the windows; ``settled``: those of them whose averaged
-    readings (utilisation) cover only the windows."""
+    readings (utilisation) cover only the windows; ``gpm``: those whose GPM period does."""
     util = _values(settled, "util_gpu_pct")
     reasons = [s.clock_event_reasons for s in w if s.clock_event_reasons is not None]
     return {
+        **{f"{f}_mean": _mean(_values(gpm, f)) for f in GPM_FIELDS},
         "util_mean": _mean(util),
         "util_p95": float(np.percentile(util, 95)) if len(util) else None,
         "mem_util_mean": _mean(_values(settled, "util_mem_pct")),
@@ -128,7 +143,7 @@ def _energy_problem(windows: list[Window], counters: list[tuple[list[int | None]
 def gpu_summary(samples: Sequence[GpuSample], windows: list[Window],
                 counters: list[tuple[list[int | None], list[int | None]]], samples_measured: float,
                 power_source: str, devices: Sequence[int] | None = None,
-                averaging_s: float = AVERAGING_S) -> dict[str, Any]:
+                averaging_s: float = AVERAGING_S, gpm_reason: str | None = None) -> dict[str, Any]:
     """The config's GPU figures over the windows, for every sampled device together, and each
     device's own under ``devices``. Together: utilisation, clocks, temperature and throttling
     over every device's samples; memory peak of the fullest device; power and energy summed
@@ -147,17 +162,24 @@ def gpu_summary(samples: Sequence[GpuSample], windows: list[Window],
             f"window_s give the figure)" if span < averaging_s else
             f"no reading was taken {averaging_s:g} s or more after the first measured window began (a shorter "
             f"telemetry interval gives the figure)")
+    gpm = _gpm_inside(w, windows)
+    if gpm_reason is not None:
+        not_reported["gpm"] = gpm_reason
+    elif not gpm and any(s.gpm_period_ns is not None for s in w):
+        not_reported["gpm"] = ("no GPM reading covered only the measured windows (they are shorter than the "
+                               "telemetry interval: more steps, a larger window_s or a shorter interval give it)")
     per_energy, source = device_energy(samples, windows, counters, power_source, devices)
     if (problem := _energy_problem(windows, counters, source, averaging_s)) is not None:
         per_energy = [None] * len(devices)
         not_reported["energy"] = problem
     energy = _total(per_energy)
     per_device = [{"index": d, **_device_summary([s for s in w if s.index == d],
-                                                 [s for s in settled if s.index == d]), "energy_j": e}
+                                                 [s for s in settled if s.index == d],
+                                                 [s for s in gpm if s.index == d]), "energy_j": e}
                   for d, e in zip(devices, per_energy)]
     powers = [p["power_mean_w"] for p in per_device]
     return {
-        **_device_summary(w, settled),
+        **_device_summary(w, settled, gpm),
         "power_mean_w": None if not powers or None in powers else sum(powers),
         "power_source": power_source,
         "energy_j": energy,
