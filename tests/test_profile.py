@@ -393,3 +393,17 @@ def test_cupti_is_set_up_before_a_cuda_trainer_is_built_for_profiling(monkeypatc
     assert calls == []
     backend.before_profiled_build(Config(workload="cnn", device="cuda", compile="cuda-graph"))
     assert calls == [1]
+
+
+@pytest.mark.slow
+def test_a_profiled_config_has_its_trace_breakdown_and_a_reading(profiled):
+    """The torch trace of a CPU config gives the host side of the breakdown and a reading that
+    quotes it, printed under the config; TensorFlow's trace, without torch.profiler's event
+    categories, says why it has none."""
+    _, _, proc, results = profiled
+    p = results["torch"]["profile"]
+    host = p["trace_breakdown"]["host"]
+    assert p["trace_breakdown"]["device"] is None and host["ops"] > 0 and 0 <= host["idle_share"] <= 1
+    assert p["reading"] and f"reading: {p['reading']}" in proc.stdout
+    tf = results["tensorflow"]["profile"]
+    assert tf["trace_breakdown"] is None and "no events of torch.profiler's categories" in tf["trace_breakdown_reason"]

@@ -113,6 +113,10 @@ def _show(result: Result, run_dir: Path, console: Console) -> int:
         return 1
     console.print(f"[bold]{cid}[/bold]: ok, {profile.get('profiler')}", highlight=False)
     console.print("  " + breakdown_line(result.metrics or {}), highlight=False, soft_wrap=True)
+    if profile.get("reading"):
+        console.print(f"  reading: {profile['reading']}", highlight=False, soft_wrap=True)
+    elif profile.get("trace_breakdown_reason"):
+        console.print(f"  no trace breakdown: {profile['trace_breakdown_reason']}", highlight=False, soft_wrap=True)
     for key, title in (("top_cpu", "self time on the CPU"), ("top_device", "self time on the GPU")):
         if profile.get(key):
             console.print(_ops_table(profile[key][:PRINTED_OPS], f"top operators by {title}"))

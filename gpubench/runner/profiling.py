@@ -19,6 +19,7 @@ from gpubench.fmt import md_cell
 from gpubench.measure.breakdown import measure_breakdown
 from gpubench.measure.loop import NO_RANGES
 from gpubench.measure.ops import OpRow, markdown_table, summary, tables
+from gpubench.measure.trace import reading, trace_breakdown
 from gpubench.measure.trainer import ProfilingUnavailable
 
 if TYPE_CHECKING:
@@ -78,5 +79,23 @@ def profile_trainer(trainer: Trainer, raw: RawMeasurement, config: Config, optio
     rel = Path(options["rel"])
     block = {"dir": str(rel), "profiler": captured["profiler"], "steps": steps,
              "files": {k: str(rel / Path(v).relative_to(out_dir)) for k, v in files.items()},
-             **summary(captured["ops"])}
+             **summary(captured["ops"]), **_breakdown_of(Path(captured["trace"]))}
     return metrics, block
+
+
+def _breakdown_of(trace: Path) -> dict[str, Any]:
+    """The trace's breakdown and its one-line reading (gpubench.measure.trace), or why there is
+    none: a trace in another format, or one without torch.profiler's event categories. Never
+    a failure of the profile."""
+    if trace.suffix != ".json":
+        return {"trace_breakdown": None, "reading": None,
+                "trace_breakdown_reason": f"{trace.name}: the breakdown reads Chrome-format JSON traces"}
+    try:
+        figures = trace_breakdown(trace)
+    except (OSError, ValueError) as e:
+        return {"trace_breakdown": None, "reading": None, "trace_breakdown_reason": f"{trace.name}: {e}"}
+    if figures["device"] is None and figures["host"] is None:
+        return {"trace_breakdown": None, "reading": None,
+                "trace_breakdown_reason": f"{trace.name}: no events of torch.profiler's categories (kernel, memcpy, "
+                                          "cpu_op): this profiler's trace is shown as it is, without a breakdown"}
+    return {"trace_breakdown": figures, "reading": reading(figures), "trace_breakdown_reason": None}

@@ -1,0 +1,101 @@
+"""A profile trace reduced to why a config is slow (gpubench.measure.trace): the figures of a
+scripted GPU trace, the host side of a CPU one, and each one-line reading from scripted figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpubench.measure.trace import reading, trace_breakdown
+
+
+def kernel(ts, dur, corr, name="void gemm"):
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": 7,
+            "args": {"correlation": corr}}
+
+
+def launch(ts, corr, dur=3):
+    return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": dur, "pid": 1, "tid": 1,
+            "args": {"correlation": corr}}
+
+
+def test_a_gpu_trace_splits_device_time_and_idle_by_cause():
+    # device span 0..100 us: compute 0-40 and 70-90 (a kernel of 5 us among them), NCCL 40-50
+    # overlapping a copy 45-55 (the overlap counts as communication), idle 55-70 and 90-95
+    # (then a copy at 95-100). The kernel at 70 was launched at 60, after its gap began at 55:
+    # host wait; the copy at 95 was asked for at 20: other
+    events = [
+        launch(-10, 1), kernel(0, 35, 1), launch(-5, 2), kernel(35, 5, 2),
+        launch(-2, 3), kernel(40, 10, 3, name="ncclKernel_AllReduce"),
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 45, "dur": 10, "args": {"correlation": 4}},
+        launch(-1, 4),
+        launch(60, 5), kernel(70, 20, 5),
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH", "ts": 95, "dur": 5, "args": {"correlation": 6}},
+        launch(20, 6),
+        {"ph": "i", "name": "an instant event, not a complete one", "ts": 1},
+    ]
+    d = trace_breakdown({"traceEvents": events})["device"]
+    assert d["span_ms"] == pytest.approx(0.1)
+    assert (d["compute_share"], d["communication_share"], d["memory_share"]) == pytest.approx((0.6, 0.1, 0.1))
+    assert d["idle_share"] == pytest.approx(0.2)
+    assert (d["idle_host_wait_share"], d["idle_other_share"]) == pytest.approx((0.15, 0.05))
+    assert (d["kernels"], d["short_kernels"]) == (4, 1) and d["short_kernel_share"] == pytest.approx(0.25)
+    assert d["short_kernel_time_share"] == pytest.approx(5 / 70)
+    # launch to start: 10, 40, 42, 10 us
+    assert d["launch_latency_median_us"] == pytest.approx(25.0)
+
+
+def test_a_cpu_trace_gives_the_host_side():
+    ops = [{"ph": "X", "cat": "cpu_op", "name": "aten::linear", "ts": 0, "dur": 60, "pid": 1, "tid": 1},
+           {"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "ts": 5, "dur": 50, "pid": 1, "tid": 1},  # inside
+           {"ph": "X", "cat": "cpu_op", "name": "aten::relu", "ts": 70, "dur": 4, "pid": 1, "tid": 1},
+           {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 80, "dur": 20, "pid": 1, "tid": 1},
+           {"ph": "X", "cat": "cpu_op", "name": "other thread", "ts": 0, "dur": 3, "pid": 1, "tid": 2}]
+    figures = trace_breakdown({"traceEvents": ops})
+    h = figures["host"]
+    assert figures["device"] is None
+    assert (h["ops"], h["short_ops"]) == (3, 1) and h["idle_share"] == pytest.approx(0.16)
+    assert h["short_op_time_share"] == pytest.approx(4 / 84)
+    assert reading(figures).startswith("compute-bound on the CPU: operators run 84% of the profiled span")
+
+
+DEVICE = {"span_ms": 10.0, "compute_share": 0.5, "communication_share": 0.0, "memory_share": 0.0,
+          "idle_share": 0.1, "idle_host_wait_share": 0.05, "idle_other_share": 0.05, "kernels": 100,
+          "short_kernels": 10, "short_kernel_share": 0.1, "short_kernel_time_share": 0.02,
+          "launch_latency_median_us": 12.0, "short_us": 10.0}
+
+
+@pytest.mark.parametrize("figures, expected", [
+    ({"idle_share": 0.48, "idle_host_wait_share": 0.4, "idle_other_share": 0.08},
+     "launch-bound: the GPU is idle 48% of the span, 40% waiting for the host to launch work; CUDA graphs or "
+     "torch.compile remove launches, a larger batch gives each launch more work"),
+    ({"short_kernel_share": 0.8, "short_kernel_time_share": 0.35},
+     "many small kernels: 80% of 100 kernels run under 10 us and take 35% of kernel time; fusion (torch.compile, "
+     "XLA) or a larger batch gives the GPU longer work"),
+    ({"communication_share": 0.4}, "communication-bound: collectives take 40% of the device span; a larger batch per "
+                                   "device, or overlapping them with the backward pass, hides them"),
+    ({"memory_share": 0.25}, "copy-bound: memory copies take 25% of the device span; keep the data on the device "
+                             "(data = device) or pin the host memory it comes from"),
+    ({"idle_share": 0.4, "idle_host_wait_share": 0.1, "idle_other_share": 0.3},
+     "the GPU is idle 40% of the span, mostly waiting on work already asked for (synchronisation, dependencies), not "
+     "on launches"),
+    ({"compute_share": 0.9}, "compute-bound: kernels run 90% of the device span; faster kernels (tf32 or bf16, "
+                             "channels-last, fused attention) are what is left"),
+    ({}, "no single limit: compute 50%, communication 0%, copies 0%, idle 10% of the device span"),
+])
+def test_each_reading_follows_from_its_figures(figures, expected):
+    assert reading({"device": {**DEVICE, **figures}, "host": None}) == expected
+
+
+@pytest.mark.parametrize("host, expected", [
+    ({"short_op_time_share": 0.4, "short_op_share": 0.9},
+     "host-bound on small operators: 90% of the 500 top-level operators run under 10 us and take 40% of operator "
+     "time; a larger batch or a compiled step (torch.compile, XLA) does more work per operator"),
+    ({"idle_share": 0.35, "busy_share": 0.65},
+     "the host is idle 35% of the profiled span between operators (Python, the input pipeline, waiting): "
+     "device-resident data or a compiled step shortens it"),
+])
+def test_each_host_reading_follows_from_its_figures(host, expected):
+    base = {"span_ms": 5.0, "busy_share": 0.95, "idle_share": 0.05, "ops": 500, "short_ops": 50,
+            "short_op_share": 0.1, "short_op_time_share": 0.01, "short_us": 10.0}
+    assert reading({"device": None, "host": {**base, **host}}) == expected
+    assert reading({"device": None, "host": None}).startswith("no reading")
