@@ -416,7 +416,7 @@ def test_require_idle_gpu_refuses_a_gpu_the_sweep_uses_when_another_process_does
     """The check looks at the GPUs the CUDA configs train on (through CUDA_VISIBLE_DEVICES):
     a finding is a warning; with --require-idle-gpu another process is exit 2 naming it."""
     from gpubench.errors import InputError
-    from gpubench.runner.run import clean_machine_check
+    from gpubench.runner.run import clean_machine_check, used_gpus
     from gpubench.suite import Config
 
     def gpu(index, pid):
@@ -436,6 +436,10 @@ def test_require_idle_gpu_refuses_a_gpu_the_sweep_uses_when_another_process_does
     with pytest.raises(InputError, match=r"\(GPU 1: pid 5 python\)"):
         clean_machine_check(on_cuda, env, require_idle=True)
     assert "GPU 1 (G1)" in capsys.readouterr().err
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    two_nodes = Config(workload="mlp", device="cuda", parallelism="ddp:1", nnodes=2)  # this node's cuda:0 only
+    assert [g["index"] for g in used_gpus([two_nodes], env["gpus"])] == [0]
+    capsys.readouterr()
     clean_machine_check([Config(workload="mlp", device="cpu")], env, require_idle=True)  # no GPU config: no check
     assert capsys.readouterr().err == ""
 
@@ -458,6 +462,13 @@ def test_gpm_counters_are_read_between_samples_and_averaged_over_the_windows():
     assert sample.fp16_pct is None and "gpm fp16_pct" in reader.errors  # not served: None, with why
     reader.close()
     assert nvml.gpm_samples == set()
+
+    failing = FakeNVML([FakeDevice(UUIDS[0], gpm={5: 1.0})])
+    broken = NvmlReader(failing, [0])
+    failing.devices[0].unsupported.add("gpm")  # every later GPM sample fails: no leak, no failure
+    assert broken.read()[0].tensor_active_pct is None and "gpm" in broken.errors
+    broken.close()
+    assert failing.gpm_samples == set()
 
     none = NvmlReader(FakeNVML([FakeDevice(UUIDS[0])]), [0])
     assert none.gpm_reason == "the GPU does not support NVML's GPM metrics (Hopper or newer does)"

@@ -49,7 +49,9 @@ def test_a_cpu_trace_gives_the_host_side():
            {"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "ts": 5, "dur": 50, "pid": 1, "tid": 1},  # inside
            {"ph": "X", "cat": "cpu_op", "name": "aten::relu", "ts": 70, "dur": 4, "pid": 1, "tid": 1},
            {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 80, "dur": 20, "pid": 1, "tid": 1},
-           {"ph": "X", "cat": "cpu_op", "name": "other thread", "ts": 0, "dur": 3, "pid": 1, "tid": 2}]
+           {"ph": "X", "cat": "cpu_op", "name": "other thread", "ts": 0, "dur": 3, "pid": 1, "tid": 2},
+           # the profiler's step range covers the thread: it must not hide the gaps between operators
+           {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "ts": 0, "dur": 100, "pid": 1, "tid": 1}]
     figures = trace_breakdown({"traceEvents": ops})
     h = figures["host"]
     assert figures["device"] is None
@@ -99,3 +101,17 @@ def test_each_host_reading_follows_from_its_figures(host, expected):
             "short_op_share": 0.1, "short_op_time_share": 0.01, "short_us": 10.0}
     assert reading({"device": None, "host": {**base, **host}}) == expected
     assert reading({"device": None, "host": None}).startswith("no reading")
+
+
+def test_interval_subtraction_matches_a_grid_count():
+    """_minus in one pass over both lists gives what counting a fine grid does."""
+    import random
+
+    from gpubench.measure.trace import _length, _minus, _union
+
+    rng = random.Random(0)
+    for _ in range(200):
+        a = _union([(x, x + rng.randint(1, 20)) for x in (rng.randint(0, 200) for _ in range(rng.randint(0, 12)))])
+        b = _union([(x, x + rng.randint(1, 20)) for x in (rng.randint(0, 200) for _ in range(rng.randint(0, 12)))])
+        grid = sum(1 for t in range(0, 230) if any(x <= t < y for x, y in a) and not any(x <= t < y for x, y in b))
+        assert _length(_minus(a, b)) == grid

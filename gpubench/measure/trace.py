@@ -37,7 +37,6 @@ SHORT_US = 10.0
 DEVICE_CATS = {"kernel": "compute", "gpu_memcpy": "memory", "gpu_memset": "memory"}
 PRIORITY = ("compute", "communication", "memory")  # an instant in several kinds counts as the first
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
-HOST_OP_CATS = ("cpu_op", "user_annotation")
 
 
 def _events(trace: dict[str, Any] | list[Any]) -> list[dict[str, Any]]:
@@ -68,13 +67,21 @@ def _length(intervals: list[tuple[float, float]]) -> float:
 
 
 def _minus(intervals: list[tuple[float, float]], cut: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """``intervals`` (merged) without the parts in ``cut`` (merged)."""
+    """``intervals`` without the parts in ``cut`` (both merged and sorted): one pass over both."""
     out: list[tuple[float, float]] = []
+    j = 0
     for a, b in intervals:
-        pieces = [(a, b)]
-        for c, d in cut:
-            pieces = [p for x, y in pieces for p in ((x, min(y, c)), (max(x, d), y)) if p[1] > p[0]]
-        out += pieces
+        while j < len(cut) and cut[j][1] <= a:  # cuts wholly before this interval
+            j += 1
+        start, k = a, j
+        while k < len(cut) and cut[k][0] < b:
+            c, d = cut[k]
+            if c > start:
+                out.append((start, c))
+            start = max(start, d)
+            k += 1
+        if start < b:
+            out.append((start, b))
     return out
 
 
@@ -135,7 +142,9 @@ def device_breakdown(events: list[dict[str, Any]]) -> dict[str, Any] | None:
 def host_breakdown(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The host side: the thread with the most operator time, its span split into top-level
     operators and the gaps between them; the count and share of short operators."""
-    ops = [e for e in events if str(e.get("cat", "")).lower() in HOST_OP_CATS]
+    # operators only: a profiler's step ranges (user annotations, ProfilerStep#N) cover the whole
+    # thread back to back and would hide every gap
+    ops = [e for e in events if str(e.get("cat", "")).lower() == "cpu_op"]
     if not ops:
         return None
     by_thread: dict[Any, list[dict[str, Any]]] = {}

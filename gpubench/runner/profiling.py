@@ -92,8 +92,9 @@ def _breakdown_of(trace: Path) -> dict[str, Any]:
                 "trace_breakdown_reason": f"{trace.name}: the breakdown reads Chrome-format JSON traces"}
     try:
         figures = trace_breakdown(trace)
-    except (OSError, ValueError) as e:
-        return {"trace_breakdown": None, "reading": None, "trace_breakdown_reason": f"{trace.name}: {e}"}
+    except Exception as e:  # noqa: BLE001 - an odd trace costs its breakdown, never the profile
+        return {"trace_breakdown": None, "reading": None,
+                "trace_breakdown_reason": f"{trace.name}: {type(e).__name__}: {e}"}
     if figures["device"] is None and figures["host"] is None:
         return {"trace_breakdown": None, "reading": None,
                 "trace_breakdown_reason": f"{trace.name}: no events of torch.profiler's categories (kernel, memcpy, "

@@ -21,7 +21,6 @@ from gpubench.backends.base import ProbeInfo
 from gpubench.env import emulation_note, fingerprint
 from gpubench.errors import InputError, StorageError, note, stop_exit_code, stop_message, warn
 from gpubench.launch import Launcher
-from gpubench.options import device_index, device_kind
 from gpubench.provenance import provenance
 from gpubench.results.outputs import check_output_dir
 from gpubench.results.result import Result
@@ -217,10 +216,7 @@ def _resumed(run_dir: Path, configs: list[Config], existing: list[Result], retry
 def used_gpus(configs: list[Config], gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The GPUs (of a fingerprint's NVML list) that the CUDA configs train on: ``cuda:N``, or the
     first ``devices`` of ``cuda``, through CUDA_VISIBLE_DEVICES as CUDA numbers them."""
-    ordinals = set()
-    for c in configs:
-        if device_kind(c.device) == "cuda":
-            ordinals |= {device_index(c.device)} if ":" in c.device else set(range(c.devices))
+    ordinals = {o for c in configs for o in c.local_cuda_ordinals}  # this node's, not every node's
     uuids = [str(g.get("uuid", "")) for g in gpus]
     indices = {nvml_index(o, None, uuids, os.environ.get("CUDA_VISIBLE_DEVICES")) for o in ordinals}
     return [g for g in gpus if g.get("index") in indices]
@@ -296,7 +292,11 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
     runnable = [job.config for job in jobs if pre_resolve(job.config, probes) is None]
     if (emulated := emulation_note(runnable, env)) is not None:
         note(emulated)
-    clean_machine_check(runnable, env, req.require_idle_gpu)
+    if local:
+        clean_machine_check(runnable, env, req.require_idle_gpu)
+    elif req.require_idle_gpu:
+        warn(f"--require-idle-gpu: the jobs run on other machines ({choice.name}), whose GPUs are not read from here; "
+             "each result's fingerprint has its node's GPU state")
     # only node 0 writes results, so only node 0 needs the peaks (a calibration on the others
     # would only delay their first rendezvous)
     peaks = (load_peaks(peak_devices(runnable), console)

@@ -20,6 +20,10 @@ from gpubench.measure.clocks import clock_ns
 T = TypeVar("T")
 
 
+GPM_KEYS = ("gpm_period_ns", "sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "tensor_hmma_pct", "dram_bw_pct",
+            "fp32_pct", "fp16_pct", "pcie_tx_mib_s", "pcie_rx_mib_s", "nvlink_tx_mib_s", "nvlink_rx_mib_s")
+
+
 @dataclass
 class GpuSample:
     t_ns: int
@@ -51,7 +55,13 @@ class GpuSample:
     nvlink_rx_mib_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The sample for a timeline: the GPM figures only where the GPU gave them (a GPU without
+        GPM would double the timeline with nulls)."""
+        d = asdict(self)
+        if self.gpm_period_ns is None:
+            for name in GPM_KEYS:
+                d.pop(name, None)
+        return d
 
 
 @dataclass

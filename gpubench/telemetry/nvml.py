@@ -7,6 +7,7 @@ passed in where it matters, so the tests drive a fake one.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from gpubench.telemetry.base import GpuSample, now_ns
@@ -238,6 +239,7 @@ class NvmlReader:
         self.instant_power = all(self._instant_power(h) is not None for h in self.handles)
         # GPM: each device's previous sample and its time; gpm_reason says why there is none
         self.gpm_reason: str | None = None
+        self._gpm_lock = threading.Lock()
         self._gpm: list[tuple[Any, int]] | None = self._gpm_start()
 
     def _gpm_start(self) -> list[tuple[Any, int]] | None:
@@ -249,25 +251,40 @@ class NvmlReader:
             if not all(nv.nvmlGpmQueryDeviceSupport(h).isSupportedDevice for h in self.handles):
                 self.gpm_reason = "the GPU does not support NVML's GPM metrics (Hopper or newer does)"
                 return None
-            first = []
+        except Exception as e:  # noqa: BLE001 - a driver that refuses GPM: no counters, never a failure
+            self.gpm_reason = f"NVML GPM: {type(e).__name__}: {e}"
+            return None
+        first: list[tuple[Any, int]] = []
+        try:
             for h in self.handles:
                 sample = nv.nvmlGpmSampleAlloc()
-                nv.nvmlGpmSampleGet(h, sample)
                 first.append((sample, now_ns()))
+                nv.nvmlGpmSampleGet(h, sample)
             return first
-        except Exception as e:  # noqa: BLE001 - a driver that refuses GPM: no counters, never a failure
+        except Exception as e:  # noqa: BLE001
+            for sample, _ in first:
+                _maybe(nv.nvmlGpmSampleFree, sample)
             self.gpm_reason = f"NVML GPM: {type(e).__name__}: {e}"
             return None
 
     def _gpm_read(self, i: int, h: Any, t: int) -> dict[str, Any]:
         """The GPM metrics of device ``i`` since its previous sample (which this one replaces)."""
+        with self._gpm_lock:  # close() may run while a stuck sampler thread is still here
+            if self._gpm is None:
+                return {}
+            return self._gpm_pair(i, h, t)
+
+    def _gpm_pair(self, i: int, h: Any, t: int) -> dict[str, Any]:
         nv = self.nvml
         assert self._gpm is not None
         prev, t_prev = self._gpm[i]
+        sample = None
         try:
             sample = nv.nvmlGpmSampleAlloc()
             nv.nvmlGpmSampleGet(h, sample)
         except Exception as e:  # noqa: BLE001
+            if sample is not None:
+                _maybe(nv.nvmlGpmSampleFree, sample)
             self.errors.setdefault("gpm", f"{type(e).__name__}: {e}")
             return {}
         out: dict[str, Any] = {"gpm_period_ns": t - t_prev}
@@ -296,13 +313,16 @@ class NvmlReader:
         return out
 
     def close(self) -> None:
-        """Free the GPM samples held between readings."""
-        for sample, _ in self._gpm or []:
-            try:
-                self.nvml.nvmlGpmSampleFree(sample)
-            except Exception:  # noqa: BLE001
-                pass
-        self._gpm = None
+        """Free the GPM samples held between readings (not while a stuck reading holds them: a
+        leak then, never a double free)."""
+        if not self._gpm_lock.acquire(timeout=1.0):
+            return
+        try:
+            for sample, _ in self._gpm or []:
+                _maybe(self.nvml.nvmlGpmSampleFree, sample)
+            self._gpm = None
+        finally:
+            self._gpm_lock.release()
 
     @property
     def power_source(self) -> str:

@@ -106,6 +106,16 @@ def _gpm_inside(w: Sequence[GpuSample], windows: list[Window]) -> list[GpuSample
     return [s for s in w if s.gpm_period_ns is not None and s.t_ns - s.gpm_period_ns >= windows[0][0]]
 
 
+def _weighted_mean(samples: Sequence[GpuSample], field: str) -> float | None:
+    """The mean of a GPM figure over the time its samples cover (a reading after a failed one
+    covers two periods)."""
+    pairs = [(float(v), float(s.gpm_period_ns or 0)) for s in samples if (v := getattr(s, field)) is not None]
+    total = sum(w for _, w in pairs)
+    if not pairs:
+        return None
+    return sum(v * w for v, w in pairs) / total if total > 0 else sum(v for v, _ in pairs) / len(pairs)
+
+
 def _device_summary(w: Sequence[GpuSample], settled: Sequence[GpuSample],
                     gpm: Sequence[GpuSample] = ()) -> dict[str, Any]:
     """``w``: the samples inside the windows; ``settled``: those of them whose averaged
@@ -113,7 +123,7 @@ def _device_summary(w: Sequence[GpuSample], settled: Sequence[GpuSample],
     util = _values(settled, "util_gpu_pct")
     reasons = [s.clock_event_reasons for s in w if s.clock_event_reasons is not None]
     return {
-        **{f"{f}_mean": _mean(_values(gpm, f)) for f in GPM_FIELDS},
+        **{f"{f}_mean": _weighted_mean(gpm, f) for f in GPM_FIELDS},
         "util_mean": _mean(util),
         "util_p95": float(np.percentile(util, 95)) if len(util) else None,
         "mem_util_mean": _mean(_values(settled, "util_mem_pct")),
@@ -168,6 +178,8 @@ def gpu_summary(samples: Sequence[GpuSample], windows: list[Window],
     elif not gpm and any(s.gpm_period_ns is not None for s in w):
         not_reported["gpm"] = ("no GPM reading covered only the measured windows (they are shorter than the "
                                "telemetry interval: more steps, a larger window_s or a shorter interval give it)")
+    elif gpm and all(getattr(s, f) is None for s in gpm for f in GPM_FIELDS):
+        not_reported["gpm"] = "every GPM reading failed (telemetry.gpu.unsupported_fields says how)"
     per_energy, source = device_energy(samples, windows, counters, power_source, devices)
     if (problem := _energy_problem(windows, counters, source, averaging_s)) is not None:
         per_energy = [None] * len(devices)
