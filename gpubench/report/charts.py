@@ -55,6 +55,13 @@ def _grid(workloads: list[str], devices: list[str]):
     return fig, axes
 
 
+def _series(ok: pd.DataFrame) -> list[str]:
+    """Each row's line within a framework x precision: its parallel strategy (unless single) and
+    the settings that tell it from the others (its variant)."""
+    par = ok["parallelism"] if "parallelism" in ok else pd.Series("single", index=ok.index)
+    return [" ".join(x for x in (p if p != "single" else "", v) if x) for p, v in zip(par, ok["variant"])]
+
+
 def _lines_by_batch(configs: pd.DataFrame, value: str, path: Path, ylabel: str, title: str,
                     ci: tuple[str, str] | None = None, scale: float = 1.0) -> Path | None:
     ok = configs[configs[value].notna()]
@@ -63,10 +70,7 @@ def _lines_by_batch(configs: pd.DataFrame, value: str, path: Path, ylabel: str, 
     workloads = list(dict.fromkeys(ok["workload_label"]))
     devices = sorted(ok["device"].unique())
     runs = list(dict.fromkeys(ok["run"]))
-    # a series per framework x precision x (parallel strategy and settings that differ)
-    par = ok["parallelism"] if "parallelism" in ok else pd.Series("single", index=ok.index)
-    ok = ok.assign(series=[" ".join(x for x in (p if p != "single" else "", v) if x)
-                           for p, v in zip(par, ok["variant"])])
+    ok = ok.assign(series=_series(ok))
     variants = sorted(set(ok["series"]))
     with plt.rc_context(STYLE):
         fig, axes = _grid(workloads, devices)
@@ -136,12 +140,10 @@ def tokens_vs_seq_len(configs: pd.DataFrame, path: Path) -> Path | None:
     ok = configs[(configs["status"] == "ok") & configs["tokens_per_s"].notna() & configs["tokens_per_sample"].notna()]
     if ok.empty:
         return None
-    par = ok["parallelism"] if "parallelism" in ok else pd.Series("single", index=ok.index)
     ok = ok.assign(panel=[f"{_without_seq_len(w)} on {d}, batch {int(b)}" if pd.notna(b) else
                           f"{_without_seq_len(w)} on {d}"
                           for w, d, b in zip(ok["workload_label"], ok["device"], ok["batch_trained"])],
-                   series=[" ".join(x for x in (p if p != "single" else "", v) if x)
-                           for p, v in zip(par, ok["variant"])])
+                   series=_series(ok))
     keys = ["panel", "run", "framework", "precision", "series"]
     if (ok.groupby(keys)["tokens_per_sample"].nunique() < 2).all():
         return None
