@@ -214,8 +214,8 @@ def _resumed(run_dir: Path, configs: list[Config], existing: list[Result], retry
 
 
 def used_gpus(configs: list[Config], gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The GPUs (of a fingerprint's NVML list) that the CUDA configs train on: ``cuda:N``, or the
-    first ``devices`` of ``cuda``, through CUDA_VISIBLE_DEVICES as CUDA numbers them."""
+    """The GPUs (of a fingerprint's NVML list) that the CUDA configs train on, on this node (each
+    config's ``local_cuda_ordinals``), through CUDA_VISIBLE_DEVICES as CUDA numbers them."""
     ordinals = {o for c in configs for o in c.local_cuda_ordinals}  # this node's, not every node's
     uuids = [str(g.get("uuid", "")) for g in gpus]
     indices = {nvml_index(o, None, uuids, os.environ.get("CUDA_VISIBLE_DEVICES")) for o in ordinals}
