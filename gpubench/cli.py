@@ -300,6 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--out", type=Path, default=Path("runs"), help="where run directories go (default: runs)")
     prof.add_argument("--steps", type=_positive_int, default=10, metavar="N",
                       help="steps of the breakdown pass and of the profiler pass (default 10)")
+    prof.add_argument("--memory-history", action="store_true",
+                      help="record the device allocator's history (PyTorch on CUDA) from before the model is built: "
+                           "profile/<config>/memory_snapshot.pickle, for pytorch.org/memory_viz, and its largest "
+                           "allocations in the result")
     prof.add_argument("--no-report", action="store_true", help="do not write the HTML/CSV/markdown report")
     cal = sub.add_parser("calibrate", help="measure this machine's peaks (matmul FLOP/s per precision, memory "
                                            "bandwidth) once, cached per environment; MFU is against them")
@@ -336,7 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ("show", "report", "check", "noise"):
             h.add_argument("--metric", dest="metrics", action="append", default=[],
                            help="a metric to show (repeatable; default "
-                                f"{'throughput and step_ms' if name == 'show' else 'throughput'})")
+                                + {"show": "throughput and step_ms",
+                                   "report": "throughput, and mfu and tensor_active_pct where results have them"}
+                                .get(name, "throughput") + ")")
         if name in ("report", "check"):
             h.add_argument("--p-value", type=float, default=0.01, help="a step's significance (default 0.01)")
             h.add_argument("--permutations", type=int, default=199, help="of the permutation test (default 199)")
@@ -514,7 +520,8 @@ def _main(argv: list[str] | None) -> int:
             from gpubench.profile.command import ProfileRequest, execute_profile
 
             return execute_profile(ProfileRequest(suite=args.suite, out=args.out, sets=args.sets, steps=args.steps,
-                                                  report=not args.no_report), console)
+                                                  report=not args.no_report,
+                                                  memory_history=args.memory_history), console)
         if args.command == "calibrate":
             from gpubench.calibrate.command import run_calibrate
 

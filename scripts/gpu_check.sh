@@ -52,7 +52,7 @@ STEPS=(
   "parallel    5  (237 s for 13 of 16 configs): grad-accum:4, ddp:1 and pipeline:1 over NCCL against single"
   "compile     6  eager, torch.compile, reduce-overhead, cuda-graph, channels-last on the MNIST CNN"
   "resnet      4  (190 s): ResNet-18/50 with and without activation checkpointing (memory saving)"
-  "profile     1  (33 s): gpubench profile (CUDA kernels, breakdown on CUDA events; NVTX under nsys if installed)"
+  "profile     1  (33 s): gpubench profile (CUDA kernels, breakdown on CUDA events; NVTX under nsys if installed; the allocator history of an ok and an oom config)"
   "gpu-tests   6  (303 s) every @pytest.mark.gpu test"
   "find-batch  5  the largest batch for cnn and mlp at amp-bf16 (expected to fit to the limit), and for ResNet-18 fp32 (chosen to run out of memory partway)"
   "max-batch   3  (136 s): batch_size = \"max\" resolved before the config runs; a config past the GPU's memory ends oom"
@@ -159,6 +159,10 @@ do_resnet() {
 do_profile() {
   step profile "$PY" -m gpubench profile suites/quick.toml --out "$OUT/runs" --no-report --set framework=torch \
     --set device="$DEV" --set workload=cnn --set batch_size=128 --set precision=fp32,amp-bf16 --steps 10
+  # the allocator's history (a CUDA path) on an ok config and on one far past the GPU's memory
+  step memory-history "$PY" -m gpubench profile suites/quick.toml --out "$OUT/runs" --no-report \
+    --set framework=torch --set device="$DEV" --set workload=cnn --set batch_size=128,4194304 --set precision=fp32 \
+    --steps 3 --memory-history
   if command -v nsys >/dev/null && cuda; then
     step nsys nsys profile --trace=cuda,nvtx --force-overwrite=true -o "$OUT/profile-nsys" \
       "$PY" -m gpubench profile suites/quick.toml --out "$OUT/runs" --no-report --set framework=torch \

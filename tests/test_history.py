@@ -328,9 +328,17 @@ def test_the_dashboard_charts_each_config_over_the_commits_per_machine(tmp_path,
     assert len(re.findall(r'data-file="quick/[^"]+-step_ms.png"', (tmp_path / "dash-step" / "index.html").read_text())
                ) == len([x for x in result_lines(QUICK) if x["status"] == "ok"])
     ok = [x for x in result_lines(QUICK) if x["status"] == "ok"]
-    # one chart per ok config (one metric: throughput), embedded and also written as a file
+    # one chart per ok config and metric (throughput; mfu where a result has it, as these CPU
+    # results with a calibrated peak do; no tensor-core counters on a CPU), embedded and also
+    # written as a file
+    from gpubench.results.metrics import BY_NAME
+    from gpubench.results.store import load_results
+
+    with_mfu = {r.config_id for r in load_results(QUICK) if r.ok and BY_NAME["mfu"].value(r) is not None}
+    assert with_mfu
     charts = re.findall(r'data-file="([^"]+)"', page)
-    assert sorted(charts) == sorted(f"quick/{x['config_id']}-throughput.png" for x in ok)
+    assert sorted(charts) == sorted([f"quick/{x['config_id']}-throughput.png" for x in ok]
+                                    + [f"quick/{c}-mfu.png" for c in with_mfu])
     assert all((tmp_path / "dash" / "charts" / c).stat().st_size > 1000 for c in charts)
     assert charts[0] == f"quick/{pin}-throughput.png"  # pinned first
     assert "4 commit(s)" in page and "host-a, host-b" in page
@@ -558,3 +566,30 @@ def test_noise_is_the_spread_within_commits_and_gives_the_detectable_slowdown(tm
                           (["--noise-floor", "5%"], "--noise-floor 5% is above --threshold 3%")):
         proc = gb(["history", "noise", "--db", history_db, *args])
         assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
+
+
+def test_the_dashboard_charts_the_tensor_core_counter_where_results_have_it(tmp_path, gb):
+    """With no --metric, a result with NVML's tensor-core activity adds its chart (and mfu's);
+    a change in a counter with no direction would be a "change", never a regression."""
+    dirs = commit_runs(tmp_path / "a", [1.0, 1.0])
+    pin = "mlp_depth2_width512-torch-cpu-bs256-fp32-single"
+    for i, d in enumerate(dirs):
+        lines = [json.loads(x) for x in (d / "results.jsonl").read_text().splitlines()]
+        for line in lines:
+            if line["config_id"] == pin:
+                line["telemetry"] = {**(line.get("telemetry") or {}), "gpu": {"tensor_active_pct_mean": 40.0 + i}}
+        (d / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    db = f"sqlite:///{tmp_path / 'h.db'}"
+    assert gb(["history", "ingest", *dirs, "--db", db]).returncode == 0
+    proc = gb(["history", "report", "--db", db, "--out", "dash", "--config", "mlp_depth2"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    charts = re.findall(r'data-file="([^"]+)"', (tmp_path / "dash" / "index.html").read_text())
+    assert f"quick/{pin}-tensor_active_pct.png" in charts and f"quick/{pin}-throughput.png" in charts
+    assert sum(c.endswith("-tensor_active_pct.png") for c in charts) == 1  # the one config that has it
+    named = gb(["history", "report", "--db", db, "--out", "dash2", "--config", "mlp_depth2", "--metric", "step_ms"])
+    assert named.returncode == 0
+    assert all(c.endswith("-step_ms.png") for c in re.findall(r'data-file="([^"]+)"',
+                                                              (tmp_path / "dash2" / "index.html").read_text()))
+    from gpubench.history.changes import kind_of
+
+    assert kind_of(1.2, "sm_occupancy_pct", 0.03) == "change" and kind_of(0.8, "tensor_active_pct", 0.03) == "regression"

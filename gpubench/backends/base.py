@@ -208,6 +208,28 @@ class Backend(ABC):
     def is_oom(self, exc: BaseException) -> bool:
         """Whether an exception means the device (or host) ran out of memory."""
 
+    def memory_history_problem(self, config: Config) -> str | None:
+        """``gpubench profile --memory-history``: why this framework cannot record its device
+        allocator's history for this config, or None when ``start_memory_history`` does."""
+        return (f"the {self.name} backend records no allocator history (PyTorch's CUDA caching allocator has one: "
+                "framework = pytorch, device = cuda)")
+
+    def start_memory_history(self, config: Config, max_entries: int) -> None:
+        """Record every allocation and free from now on, with its stack, keeping the last
+        ``max_entries`` (called before the trainer is built, where ``memory_history_problem``
+        said none)."""
+        raise NotImplementedError(self.memory_history_problem(config))
+
+    def stop_memory_history(self, config: Config) -> None:  # noqa: B027 - an optional hook
+        """Stop what ``start_memory_history`` started (nothing by default)."""
+
+    def allocator_snapshot(self, config: Config) -> dict[str, Any] | None:
+        """The device allocator's state now, in the shape ``gpubench.measure.allocations``
+        reads (PyTorch's ``torch.cuda.memory._snapshot()``), with the recorded history if one is
+        being recorded; None where the framework or device has no such allocator. Asked for
+        after an out-of-memory failure, and at the end of a recorded config."""
+        return None
+
     def device_uuids(self, config: Config) -> list[str | None]:
         """The framework's UUID of each of the config's GPUs (``config.local_cuda_ordinals``),
         to find them in NVML (None where unknown)."""

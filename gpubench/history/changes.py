@@ -64,6 +64,10 @@ class Step:
 
 
 def kind_of(ratio: float, metric: str, threshold: float) -> str:
+    """regression, improvement or small; a metric that is no figure of merit (a counter such as
+    SM occupancy) only ``change`` or small."""
+    if not BY_NAME[metric].better:
+        return "change" if abs(ratio - 1) >= threshold else "small"
     good = ratio if BY_NAME[metric].higher_is_better else 1 / ratio
     return "regression" if good <= 1 - threshold else "improvement" if good >= 1 + threshold else "small"
 

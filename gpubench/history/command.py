@@ -106,9 +106,11 @@ def _cell(v: object) -> str:
 
 
 def run_history(req: HistoryRequest, console: Console) -> int:
-    metrics = (_check_metrics(req.metrics) if req.action == "show" else
-               _check_metrics(req.metrics or list(DEFAULT_METRICS)) if req.action in ("report", "check", "noise")
-               else [])
+    if req.action == "report":  # none named: the dashboard picks (DEFAULT_METRICS and the counters results have)
+        metrics = _check_metrics(req.metrics) if req.metrics else []
+    else:
+        metrics = (_check_metrics(req.metrics) if req.action == "show" else
+                   _check_metrics(req.metrics or list(DEFAULT_METRICS)) if req.action in ("check", "noise") else [])
     check_output_file(req.json, "--json")
     if req.action == "report":
         check_output_dir(req.out, "--out")

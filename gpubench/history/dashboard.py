@@ -41,6 +41,9 @@ from gpubench.history.schema import machines, results, runs  # noqa: E402
 from gpubench.results.metrics import BY_NAME  # noqa: E402
 
 DEFAULT_METRICS = ("throughput",)
+# charted as well where no --metric is given and the history has them (GPU results with a
+# calibrated peak, Hopper's counters): how much of the GPU the throughput used
+WHY_METRICS = ("mfu", "tensor_active_pct")
 STYLE: dict[Any, Any] = {"figure.dpi": 100, "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False,
                          "axes.spines.right": False, "font.size": 8, "axes.titlesize": 9, "legend.fontsize": 7}
 MAX_TICKS = 12  # commit labels on a chart's x axis
@@ -168,9 +171,12 @@ def build_dashboard(engine: sa.Engine, url: str, out: Path, f: Filters | None = 
     """The dashboard in ``out``; ``changes``: how change points are found for the charts (None:
     not looked for)."""
     f = f or Filters()
-    metrics = list(metrics or DEFAULT_METRICS)
+    chosen = bool(metrics)
+    metrics = list(metrics or (*DEFAULT_METRICS, *WHY_METRICS))
     pinned = list(pinned or [])
     frame = trend_frame(engine, url, f, metrics)
+    if not chosen:  # the counters only where some result has them
+        metrics = [m for m in metrics if m in DEFAULT_METRICS or frame[m].notna().any()]
     warnings = []
     if frame.empty:
         warnings.append("no ok results in the history" + (" for these filters" if f != Filters() else ""))

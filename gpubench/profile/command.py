@@ -19,6 +19,7 @@ from rich.table import Table
 from gpubench.env import fingerprint
 from gpubench.errors import stop_exit_code, stop_message
 from gpubench.launch import Launcher
+from gpubench.measure.allocations import history_line, oom_line
 from gpubench.results.outputs import check_output_dir
 from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES
@@ -48,12 +49,18 @@ class ProfileRequest:
     sets: list[str] = field(default_factory=list)
     steps: int = 10
     report: bool = True
+    memory_history: bool = False  # record the device allocator's history (runner.memory_history)
 
 
-def _jobs(configs: list[Any], run_dir: Path, steps: int) -> list[Job]:
-    return [Job(c, 0, options={"profile": {"steps": steps, "rel": f"profile/{slug(c.config_id)}",
-                                           "dir": str((run_dir / "profile" / slug(c.config_id)).resolve())}})
-            for c in configs]
+def _jobs(configs: list[Any], run_dir: Path, steps: int, memory_history: bool = False) -> list[Job]:
+    jobs = []
+    for c in configs:
+        where = {"rel": f"profile/{slug(c.config_id)}", "dir": str((run_dir / "profile" / slug(c.config_id)).resolve())}
+        options: dict[str, Any] = {"profile": {"steps": steps, **where}}
+        if memory_history:
+            options["memory_history"] = dict(where)
+        jobs.append(Job(c, 0, options=options))
+    return jobs
 
 
 def execute_profile(req: ProfileRequest, console: Console) -> int:
@@ -66,7 +73,8 @@ def execute_profile(req: ProfileRequest, console: Console) -> int:
     check_models(configs, suite.source, launcher, skip_frameworks={n for n, p in probes.items() if not p.available})
     env = fingerprint({k: p.to_dict() for k, p in probes.items()})
     now = datetime.now(timezone.utc)
-    args = {"suite": req.suite, "set": req.sets, "repeats": 1, "out": str(req.out), "profile_steps": req.steps}
+    args = {"suite": req.suite, "set": req.sets, "repeats": 1, "out": str(req.out), "profile_steps": req.steps,
+            "memory_history": req.memory_history}
     if launcher.code_path:
         args["code_path"] = list(launcher.code_path)
     run_dir, meta = new_run_dir(req.out, f"{suite.name}-profile-{now:%Y%m%d-%H%M%S}", suite, args, configs, env)
@@ -78,7 +86,7 @@ def _profile_run(req: ProfileRequest, console: Console, configs: list[Config], r
                  env: dict[str, Any], probes: dict[str, Any], launcher: Launcher) -> int:
     console.print(f"profile {meta['run_id']}: {len(configs)} configs, {req.steps} profiled steps each -> {run_dir}",
                   highlight=False)
-    jobs = _jobs(configs, run_dir, req.steps)
+    jobs = _jobs(configs, run_dir, req.steps, req.memory_history)
     try:
         with SweepDisplay(console, len(jobs)) as display:
             results = run_jobs(jobs, run_dir, meta["run_id"], env, probes, display.started, display.finished,
@@ -107,7 +115,15 @@ def _show(result: Result, run_dir: Path, console: Console) -> int:
         where = f" (log: {run_dir / result.log})" if status in FAILED_STATUSES and result.log else ""
         console.print(f"{cid}: [bold]{status}[/bold]: {result.reason or 'no reason given'}{where}",
                       highlight=False, soft_wrap=True)
+        oom = result.get("metrics", "oom")
+        if isinstance(oom, dict):
+            console.print("  " + oom_line(oom), highlight=False, soft_wrap=True)
+            if oom.get("snapshot"):
+                console.print(f"  memory history: {run_dir / oom['snapshot']}", highlight=False, soft_wrap=True)
         return 1 if status in FAILED_STATUSES else 0
+    history = profile.get("memory_history")
+    if isinstance(history, dict):  # before what may end the listing
+        console.print(f"{cid}: " + history_line(history, str(run_dir) + "/"), highlight=False, soft_wrap=True)
     if profile.get("error"):
         console.print(f"{cid}: [red]not profiled[/red]: {profile['error']}", highlight=False, soft_wrap=True)
         return 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,6 +19,7 @@ from gpubench import fmt
 from gpubench.calibrate import kernel_label
 from gpubench.env import emulation_note
 from gpubench.files import write_text_atomic
+from gpubench.measure.allocations import history_line, oom_line
 from gpubench.report import breakdown, charts, tables
 from gpubench.report.load import ReportData, load_report_data
 from gpubench.results import twins
@@ -265,6 +267,41 @@ def write_csv(data: ReportData, path: Path) -> None:
     write_text_atomic(path, c[cols[:3] + params + cols[3:]].to_csv(index=False))
 
 
+def _profiles(data: ReportData, out: Path) -> list[dict[str, Any]]:
+    """Per profiled config (and per oom config with an allocator snapshot): its reading and
+    links to its files (trace, operator tables, allocator snapshot), relative to the report.
+    A path the result names is followed only inside its run directory (``_timeline_path``)."""
+    rows = []
+    for run in data.runs:
+        for r in run.results:
+            profile = r.profile if isinstance(r.profile, dict) else {}
+            oom = r.get("metrics", "oom")
+            oom = oom if isinstance(oom, dict) else None
+            if not profile and oom is None:
+                continue
+            named = dict(profile.get("files") or {}) if isinstance(profile.get("files"), dict) else {}
+            history = profile.get("memory_history") if isinstance(profile.get("memory_history"), dict) else None
+            if history and history.get("file"):
+                named["memory snapshot"] = history["file"]
+            if oom and oom.get("snapshot"):
+                named["memory snapshot at the oom"] = oom["snapshot"]
+            links = []
+            for name, rel in named.items():
+                path, _ = _timeline_path(run.path, rel)
+                if path is not None and path.exists():
+                    links.append({"name": name, "href": os.path.relpath(path, out.resolve())})
+            notes = [profile["reading"]] if profile.get("reading") else []
+            if profile.get("error"):
+                notes.append(f"not profiled: {profile['error']}")
+            if history is not None:
+                notes.append(history_line(history))
+            if oom is not None:
+                notes.append(oom_line(oom))
+            rows.append({"run": run.run_id, "config": r.config_id, "status": r.status,
+                         "profiler": profile.get("profiler") or "", "notes": notes, "links": links})
+    return rows
+
+
 def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
     check_output_dir(out, "--out")
     data = load_report_data(run_dirs)
@@ -322,6 +359,7 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
         "memory": {k: _html_table(v) for k, v in tables.memory_tables(c, multi).items()},
         "checkpointing": (_html_table(t) if not (t := tables.checkpointing_table(c, multi)).empty else None),
         "breakdown": _html_table(bd) if not (bd := breakdown.breakdown_table(c, multi)).empty else None,
+        "profiles": _profiles(data, out),
         "energy": {k: _html_table(v) for k, v in tables.energy_tables(c, multi).items()},
         "failures": _html_table(tables.failures(c, multi)),
         "noisy": _html_table(tables.noisy(c, multi)),

@@ -149,6 +149,10 @@ METRICS: list[Metric] = [
     M("peak_reserved_bytes", ("metrics", "memory", "peak_reserved_bytes"), "bytes", "lower", "bytes",
       "GPU: PyTorch's caching allocator's reserved peak"),
     M("data_bytes", ("metrics", "memory", "data_bytes"), "bytes", "", "bytes", "device-resident data pool"),
+    M("oom_requested_bytes", ("metrics", "oom", "requested_bytes"), "bytes", "", "bytes",
+      "an oom config on a device allocator that records its history: the request that failed"),
+    M("oom_allocated_bytes", ("metrics", "oom", "allocated_bytes"), "bytes", "", "bytes",
+      "an oom config (PyTorch on CUDA): what the allocator had allocated at the failure"),
     M("energy_per_sample_j", ("telemetry", "gpu", "energy_per_sample_j"), "J", "lower", "joules",
       "GPU energy over the measured windows / samples trained in them", gate=True, alias="energy_per_sample"),
     M("tokens_per_s", (), "tokens/s", "higher", "rate",
@@ -158,11 +162,15 @@ METRICS: list[Metric] = [
       derive=_per_token("throughput_per_device")),
     M("tokens_per_sample", (), "tokens", "", "count", "a language model's tokens a sample (sequence length)",
       combine="first", derive=_tokens_per_sample),
+    # tensor-core activity is the one counter with a direction: a change that moves the matmuls
+    # off the tensor cores (a dtype cast, TF32 turned off) shows as a drop, so the gate takes it
+    M("tensor_active_pct", ("telemetry", "gpu", "tensor_active_pct_mean"), "%", "higher", "number",
+      "GPU (NVML GPM, Hopper and later): share of time any tensor-core pipe was active, mean over the measured "
+      "windows; null where the GPU or driver does not serve it (telemetry.gpu.not_reported.gpm says why)", gate=True),
     *(M(name, ("telemetry", "gpu", f"{name}_mean"), unit, "", kind, f"GPU (NVML GPM, Hopper and later): {what}, "
         "mean over the measured windows; null where the GPU or driver does not serve it "
         "(telemetry.gpu.not_reported.gpm says why)")
       for name, unit, kind, what in (
-          ("tensor_active_pct", "%", "number", "share of time any tensor-core pipe was active"),
           ("tensor_hmma_pct", "%", "number", "share of time the half-precision (HMMA) tensor pipe was active"),
           ("sm_active_pct", "%", "number", "share of time the SMs had work (SM activity)"),
           ("sm_occupancy_pct", "%", "number", "resident warps as a share of the SMs' maximum (SM occupancy)"),

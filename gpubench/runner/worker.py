@@ -36,6 +36,7 @@ from gpubench.options import REPLICA_KINDS, parse_parallelism
 from gpubench.results.result import Outcome
 from gpubench.results.store import write_json_atomic
 from gpubench.runner.launcher import NODE_ENV
+from gpubench.runner.memory_history import MemoryRecording
 from gpubench.runner.models import zoo_unavailable
 
 
@@ -226,11 +227,13 @@ def build_trainer(backend: Any, native: Any, config: Config, rank: int, world: i
     return backend.build(native, config, batches), batches.nbytes
 
 
-def run_config(config: Config, profile: dict[str, Any] | None = None) -> tuple[Outcome, dict[str, Any] | None]:
+def run_config(config: Config, profile: dict[str, Any] | None = None, memory_history: dict[str, Any] | None = None
+               ) -> tuple[Outcome, dict[str, Any] | None]:
     """Train and measure one config: (its outcome, its telemetry timeline or None). Never
     raises for a config's failure: every one becomes a status. With ``profile``
     (``gpubench profile``: ``steps``, ``dir``, ``rel``), NVTX ranges mark the phases and the
-    profiling passes follow the measured windows."""
+    profiling passes follow the measured windows; with ``memory_history`` (``dir``, ``rel``)
+    the device allocator's history is recorded from before the build (runner.memory_history)."""
     backend, refused = admit(config)
     if refused is not None:
         return refused, None
@@ -240,7 +243,7 @@ def run_config(config: Config, profile: dict[str, Any] | None = None) -> tuple[O
         missing = zoo_unavailable(config)
         if missing:
             return Outcome(status="unavailable", reason=missing), None
-        return _failure(e, backend, None, {}, PeakRss(), {"source": config.workload}), None
+        return _failure(e, backend, None, {}, PeakRss(), {"source": config.workload}, None), None
     spec = native.spec
     if config.dataset == "mnist" and (spec is None or spec.input_shape != (1, 28, 28) or spec.num_classes != 10):
         takes = (f"{'x'.join(map(str, spec.input_shape))} and {spec.num_classes}" if spec is not None
@@ -254,6 +257,7 @@ def run_config(config: Config, profile: dict[str, Any] | None = None) -> tuple[O
     telemetry = Telemetry(backend, config, rank)
     turns = Turns.from_env(config.timeout_s)
     trainer = None
+    recording = MemoryRecording(backend, config, memory_history, rank)
     try:
         t0 = time.perf_counter()
         trainer, memory["data_bytes"] = build_trainer(backend, native, config, rank, world, profile is not None)
@@ -270,7 +274,7 @@ def run_config(config: Config, profile: dict[str, Any] | None = None) -> tuple[O
         ranks = rank_summaries(trainer, raw, config, rss) if config.distributed else None
         trainer.close()
     except Exception as e:  # noqa: BLE001 - every failure must become a status
-        return _failure(e, backend, trainer, memory, rss, model), telemetry.timeline
+        return _failure(e, backend, trainer, memory, rss, model, recording), telemetry.timeline
     memory["peak_rss_bytes"] = rss.lifetime()
     out = Outcome(status="ok", metrics={**metrics_from(raw, config, setup_ms), "memory": memory},
                   telemetry=telemetry.block, model=model, runtime=trainer.describe(), phases=phase_marks(raw))
@@ -286,6 +290,11 @@ def run_config(config: Config, profile: dict[str, Any] | None = None) -> tuple[O
     if profiled is not None:
         out.with_metrics(**profiled[0])
         out.profile = profiled[1]
+    history = recording.finish()
+    if history is not None:
+        out.profile = {**(out.profile or {}), "memory_history": history}
+    if recording.runtime() is not None:
+        out.runtime["memory_history"] = recording.runtime()
     if raw.diverged:
         out.status, out.reason = "diverged", "loss became non-finite"
     if ranks is not None:
@@ -294,9 +303,10 @@ def run_config(config: Config, profile: dict[str, Any] | None = None) -> tuple[O
 
 
 def _failure(e: BaseException, backend: Any, trainer: Any, memory: dict[str, int], rss: PeakRss,
-             model: dict[str, Any]) -> Outcome:
+             model: dict[str, Any], recording: MemoryRecording | None) -> Outcome:
     """The outcome of a config whose build, training or profiling raised: ``oom`` with the
-    memory figures known so far, else ``error`` with the traceback."""
+    memory figures known so far and the allocator's state at the failure (``metrics.oom``,
+    where the framework has an allocator snapshot), else ``error`` with the traceback."""
     memory["peak_rss_bytes"] = rss.lifetime()
     if isinstance(e, Unsupported):
         return Outcome(status="unsupported", reason=str(e), model=model)
@@ -306,7 +316,15 @@ def _failure(e: BaseException, backend: Any, trainer: Any, memory: dict[str, int
                 memory.update(trainer.memory())
             except Exception:  # noqa: BLE001 - the memory figures are best-effort here
                 pass
-        return Outcome(status="oom", reason=_first_line(e), metrics={"memory": memory}, model=model)
+        metrics: dict[str, Any] = {"memory": memory}
+        if recording is not None:
+            oom = recording.at_failure()
+            if oom is not None:
+                metrics["oom"] = oom
+            if recording.runtime() is not None:
+                return Outcome(status="oom", reason=_first_line(e), metrics=metrics, model=model,
+                               runtime={"memory_history": recording.runtime()})
+        return Outcome(status="oom", reason=_first_line(e), metrics=metrics, model=model)
     return Outcome(status="error", reason=_first_line(e), model=model, traceback=traceback.format_exc())
 
 
@@ -352,7 +370,7 @@ def main(argv: list[str]) -> int:
 
     load_plugins()
     config = Config.from_dict(job["config"])
-    outcome, timeline = run_config(config, options.get("profile"))
+    outcome, timeline = run_config(config, options.get("profile"), options.get("memory_history"))
     if options.get(NODE_ENV) and rank_of(config)[0] == 0:  # run elsewhere: the fingerprint of the node it ran on
         outcome.runtime = {**(outcome.runtime or {}), NODE_ENV: _node_env(config.framework)}
     code = _write_outcome(workdir, config, outcome, timeline)

@@ -135,7 +135,37 @@ class FakeBackend(Backend):
             resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
             hog = [np.ones(1 << 27) for _ in range(64)]  # 64 GiB, far past the limit
             del hog
-        return FakeTrainer(batches.x, batches.y, mode, config.lr)
+        self.trainer = FakeTrainer(batches.x, batches.y, mode, config.lr)
+        return self.trainer
 
     def is_oom(self, exc: BaseException) -> bool:
         return isinstance(exc, MemoryError)
+
+    # a scripted device allocator in PyTorch's snapshot shape, where FAKE_ALLOCATOR=1: its live
+    # blocks are the trainer's arrays, its history their allocations (and the failed request of
+    # an oom); the torch backend reads torch.cuda.memory._snapshot() in this shape
+    def memory_history_problem(self, config):
+        return None if os.environ.get("FAKE_ALLOCATOR") else super().memory_history_problem(config)
+
+    def start_memory_history(self, config, max_entries):
+        self.history = []
+
+    def stop_memory_history(self, config):
+        self.history = None
+
+    def allocator_snapshot(self, config):
+        if not os.environ.get("FAKE_ALLOCATOR"):
+            return None
+        trainer = getattr(self, "trainer", None)
+        arrays = [("x", trainer.x.nbytes), ("w", trainer.w.nbytes)] if trainer is not None else []
+        frame = [{"filename": __file__, "line": 1, "name": "build"}]
+        history = getattr(self, "history", None)
+        blocks = [{"size": n, "requested_size": n, "address": i, "state": "active_allocated",
+                   "frames": frame if history is not None else []} for i, (_, n) in enumerate(arrays)]
+        trace = [] if history is None else [{"action": "alloc", "addr": b["address"], "size": b["size"],
+                                             "frames": frame} for b in blocks]
+        if history is not None and trainer is None:  # failed in build: the request that did not fit
+            trace.append({"action": "oom", "size": 1 << 30, "device_free": 1 << 20, "frames": frame})
+        return {"segments": [{"address": 0, "total_size": sum(b["size"] for b in blocks) + 4096,
+                              "allocated_size": sum(b["size"] for b in blocks), "blocks": blocks}],
+                "device_traces": [trace]}

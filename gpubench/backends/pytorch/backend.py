@@ -304,6 +304,30 @@ class TorchBackend(Backend):
             return
         _init_for_cuda_graphs()
 
+    def memory_history_problem(self, config: Config) -> str | None:
+        if not config.local_cuda_ordinals:
+            return (f"device = {config.device}: the history recorded is the CUDA caching allocator's; a CPU config "
+                    "has none")
+        return None
+
+    def start_memory_history(self, config: Config, max_entries: int) -> None:
+        import torch
+
+        torch.cuda.memory._record_memory_history(max_entries=max_entries)
+
+    def stop_memory_history(self, config: Config) -> None:
+        import torch
+
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+    def allocator_snapshot(self, config: Config) -> dict[str, Any] | None:
+        import torch
+
+        if not config.local_cuda_ordinals or not torch.cuda.is_available():
+            return None
+        snapshot: dict[str, Any] = torch.cuda.memory._snapshot()
+        return snapshot
+
     def is_oom(self, exc: BaseException) -> bool:
         import torch
 
