@@ -27,6 +27,7 @@ from gpubench.options import (
     MAX_DEVICES,
     MAX_MICROBATCHES,
     MEMORY_FORMATS,
+    OPTIMIZER_IMPLS,
     OPTIMIZER_SETTINGS,
     OPTIMIZERS,
     PIPELINE_SCHEDULES,
@@ -187,6 +188,13 @@ class Config:
               "one), `efficient` (PyTorch's memory-efficient kernel, CUDA), `cudnn` (cuDNN's: PyTorch and JAX "
               "on CUDA at amp-fp16/amp-bf16); what a framework or device does not offer is `unsupported` "
               "with the reason"))
+    optimizer_impl: str = setting(
+        "auto", check=("declared", "optimizer implementation", OPTIMIZER_IMPLS), named="changed", column=True,
+        hashed_when_set=True, used_when=lambda c: c.optimizer_impl != "auto", named_when_used=True,
+        help=("how the optimizer's update runs: `auto` (PyTorch's fused kernels on CUDA, the framework's default "
+              "elsewhere), `for-loop` (a loop over the parameters), `foreach` (one multi-tensor kernel per "
+              "operation), `fused` (one kernel: PyTorch on CUDA or the CPU); a framework without the choice "
+              "takes `auto` only"))
     checkpointing: str = setting(
         "none", check=("declared", "checkpointing", CHECKPOINTINGS), named="changed", column=True,
         help=('`none`, or `activations` (activation checkpointing: activations recomputed in the backward pass;'

@@ -47,6 +47,10 @@ CHECKPOINTINGS = ("none", "activations")  # activations: recomputed in the backw
 # (the framework's own attention, its choice of kernel), `flash`, `efficient` (PyTorch's
 # memory-efficient kernel), `cudnn`; each backend declares those it offers
 ATTENTIONS = ("math", "sdpa", "flash", "efficient", "cudnn")
+# how the optimizer's update runs: auto (gpubench's choice: PyTorch's fused kernels on CUDA, the
+# framework's default elsewhere), a loop over the parameters, one foreach kernel per operation
+# across them, or one fused kernel
+OPTIMIZER_IMPLS = ("auto", "for-loop", "foreach", "fused")
 # the workloads that compute attention: the built-in transformers, and a plugin's that says so
 # (gpubench.workloads.register_workload; a test holds the built-in ones to the registry)
 ATTENTION_WORKLOADS: set[str] = {"gpt", "vit"}

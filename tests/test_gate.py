@@ -529,3 +529,27 @@ def test_compare_prints_the_triage_of_each_regressed_config(tmp_path):
     assert "### Triage: cnn" in md and f"- telemetry: {b}'s SM clock is 12.1% lower" in md
     data = json.loads((tmp_path / "t.json").read_text())
     assert set(data["triage"]) == {"cnn"} and data["triage"]["cnn"][-1].startswith("reproduce: ")
+
+
+def test_a_tensor_core_counter_that_drops_to_zero_is_a_regression_not_missing():
+    """The gate works on logs; tensor_active_pct counts a reading under 0.1% as 0.1% (its
+    floor), so matrix products moved off the tensor cores regress instead of going missing."""
+    from dataclasses import replace
+
+    from gpubench.config import Config
+    from tests.conftest import make_result
+
+    config = Config(framework="torch", workload="mlp", device="cuda")
+
+    def side(pct: float, run: str) -> list[Result]:
+        out = []
+        for i in range(8):
+            r = make_result(config, 100.0, repeat=i, run_id=run)
+            out.append(replace(r, telemetry={"gpu": {"tensor_active_pct_mean": pct + 0.01 * i if pct else 0.0}}))
+        return out
+
+    c = compare(side(40.0, "a"), side(0.0, "b"), "tensor_active_pct", 0.03, 0.01, 0.01)
+    (v,) = c.verdicts
+    assert v.verdict == "regressed" and v.ratio == pytest.approx(0.1 / 40.0, rel=0.01)
+    same = compare(side(40.0, "a"), side(40.0, "b"), "tensor_active_pct", 0.03, 0.01, 0.01)
+    assert same.verdicts[0].verdict == "unchanged"

@@ -12,11 +12,12 @@ from gpubench.measure.allocations import at_oom, history_facts, history_line, la
 from tests.conftest import fake_suite, plugin_env, result_lines, run_cli
 
 USER = {"filename": "/home/me/model.py", "line": 12, "name": "forward"}
+CPP = {"filename": "??", "line": 0, "name": "c10::cuda::CUDACachingAllocator::malloc"}
 TORCH = {"filename": "/usr/lib/python3/site-packages/torch/nn/modules/linear.py", "line": 125, "name": "forward"}
 
 
 def snapshot(history: bool = True) -> dict:
-    frames = [TORCH, USER] if history else []
+    frames = [CPP, TORCH, USER] if history else []
     blocks = [{"size": 4 << 20, "requested_size": 4_000_000, "address": 0, "state": "active_allocated",
                "frames": frames},
               {"size": 16 << 20, "requested_size": 16 << 20, "address": 1, "state": "active_allocated",
@@ -38,7 +39,7 @@ def test_largest_live_allocations_first_with_the_users_frame():
     rows = largest_allocations(snapshot())
     assert [r["bytes"] for r in rows] == [16 << 20, 4 << 20, 1 << 20]  # the inactive 64 MiB is cached, not live
     assert rows[1]["requested_bytes"] == 4_000_000
-    assert rows[0]["where"] == "/home/me/model.py:12 forward"  # past torch's own frame
+    assert rows[0]["where"] == "/home/me/model.py:12 forward"  # past a C++ frame and torch's own
     assert largest_allocations(snapshot(), n=1) == rows[:1]
     assert [r["where"] for r in largest_allocations(snapshot(history=False))] == ["", "", ""]
 
@@ -57,9 +58,11 @@ def test_at_oom_names_the_request_and_what_was_free():
 
 def test_history_peak_is_replayed_from_what_was_live_at_its_start():
     facts = history_facts(snapshot())
-    # live now 21 MiB; the history's net is +20 MiB, so 1 MiB was live before it; the temporary
-    # 32 MiB on top of 1 + 4 MiB is the peak
-    assert facts["peak_allocated_bytes"] == (1 + 4 + 32) << 20
+    # the history's actions carry the sizes asked for: live now, asked for, 16 MiB + 4,000,000 B +
+    # 1 MiB (a block awaiting its free is live); the history's net is +20 MiB, so the rest was
+    # live before it; the temporary 32 MiB on top of that and the 4 MiB block is the peak
+    before = (16 << 20) + 4_000_000 + (1 << 20) - (20 << 20)
+    assert facts["peak_allocated_bytes"] == before + (36 << 20)
     assert facts["entries"] == 6
     assert history_facts(snapshot(history=False))["peak_allocated_bytes"] is None
     assert history_line({"file": None, "reason": "why not"}) == "no memory history: why not"

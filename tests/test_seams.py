@@ -67,7 +67,7 @@ def test_every_suite_key_is_one_declaration():
     assert CONFIG_COLUMNS == list(COLUMNS) and set(COLUMNS) <= set(IDENTITY_CSV_COLUMNS)
     assert {"beta2", "weight_decay", "momentum"} <= set(COLUMNS)  # the last settings added, by declaration alone
     assert BACKEND_CHECKED == ("precision", "parallelism", "optimizer", "loss", "compile", "memory_format", "data",
-                               "dataset", "attention", "checkpointing")
+                               "dataset", "attention", "optimizer_impl", "checkpointing")
     page = suite_keys_reference()
     assert all(f"| `{key}` |" in page for key in SUITE_KEYS)
 

@@ -159,6 +159,8 @@ class Comparison:
 def _usable(r: Result, metric: Metric) -> float | None:
     """The metric of an ok repeat, where it has a positive one (the gate works on its log)."""
     v = metric.value(r) if r.ok else None
+    if v is not None and metric.floor is not None and 0 <= v < metric.floor:
+        return metric.floor
     return float(v) if v is not None and v > 0 else None
 
 

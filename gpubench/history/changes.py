@@ -47,7 +47,7 @@ class Step:
     position: int  # the commit's index in the suite's commit order
     points: int  # the series' length
     from_end: int  # how many of the series' points are at or after the step
-    kind: str  # regression | improvement | small
+    kind: str  # regression | improvement | small; change (a metric with no better direction)
     change: ChangePoint
     recent_window: int = CheckOptions.recent
 
@@ -74,6 +74,9 @@ def kind_of(ratio: float, metric: str, threshold: float) -> str:
 
 def series_points(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     """Per (suite, config, machine, commit): the median of the metric over its ok results."""
+    floor = BY_NAME[metric].floor
+    if floor is not None:  # as the gate counts it (Metric.floor)
+        frame = frame.assign(**{metric: frame[metric].where(~(frame[metric] < floor), floor)})
     d = frame[frame[metric].notna() & (frame[metric] > 0)]
     return d.groupby(["suite", "config_id", "machine", "commit"], sort=False)[metric].median().reset_index()
 

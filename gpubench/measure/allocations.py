@@ -25,11 +25,11 @@ FRAMEWORK_PARTS = ("/torch/", "/site-packages/", "/dist-packages/", "/gpubench/"
 
 
 def _where(frames: Any) -> str:
-    """The first frame of the user's code (else the first frame), as ``file:line name``; ""
-    where the snapshot has no frames (history not recorded)."""
+    """The first Python frame of the user's code (else the first Python frame), as ``file:line
+    name``; "" where the snapshot has no Python frames (history not recorded)."""
     if not isinstance(frames, list) or not frames:
         return ""
-    ok = [f for f in frames if isinstance(f, dict) and f.get("filename")]
+    ok = [f for f in frames if isinstance(f, dict) and str(f.get("filename", "")).endswith(".py")]
     if not ok:
         return ""
     mine = next((f for f in ok if not any(p in str(f["filename"]) for p in FRAMEWORK_PARTS)), ok[0])
@@ -46,6 +46,15 @@ def largest_allocations(snapshot: dict[str, Any], n: int = LARGEST) -> list[dict
              "where": _where(b.get("frames"))} for b in blocks[:n]]
 
 
+def _live_requested(snapshot: dict[str, Any], device: Any = None) -> int:
+    """The bytes asked for by the live blocks (the history's actions carry the size asked for,
+    not the rounded block size), of one device's segments or all."""
+    return sum(int(b.get("requested_size", b.get("size")) or 0)
+               for s in snapshot.get("segments") or [] if isinstance(s, dict)
+               and (device is None or s.get("device", 0) == device)
+               for b in s.get("blocks") or [] if isinstance(b, dict) and b.get("state") in LIVE_STATES)
+
+
 def _totals(snapshot: dict[str, Any]) -> dict[str, int]:
     segs = [s for s in snapshot.get("segments") or [] if isinstance(s, dict)]
     return {"reserved_bytes": sum(int(s.get("total_size") or 0) for s in segs),
@@ -59,20 +68,22 @@ def trace_entries(snapshot: dict[str, Any]) -> int:
 
 
 def peak_in_history(snapshot: dict[str, Any]) -> int | None:
-    """The most bytes allocated at once while the history was recorded, replayed from its
-    ``alloc`` and ``free_completed`` actions and counted from what was live when it started
-    (the live blocks now minus the history's net allocations); None without a history."""
-    traces = [t for t in snapshot.get("device_traces") or [] if isinstance(t, list) and t]
-    if not traces:
-        return None
-    deltas = [(+1 if e.get("action") == "alloc" else -1) * int(e.get("size") or 0)
-              for t in traces for e in t if e.get("action") in ("alloc", "free_completed")]
-    start = max(0, _totals(snapshot)["allocated_bytes"] - sum(deltas))
-    level = peak = start
-    for d in deltas:
-        level += d
-        peak = max(peak, level)
-    return peak
+    """The most bytes allocated at once on one device while the history was recorded (the
+    largest over the devices), replayed from each device's ``alloc`` and ``free_completed``
+    actions and counted from what was live when it started (the bytes the live blocks asked
+    for now, minus the history's net allocations); None without a history."""
+    peaks = []
+    for device, trace in enumerate(snapshot.get("device_traces") or []):
+        if not isinstance(trace, list) or not trace:
+            continue
+        deltas = [(+1 if e.get("action") == "alloc" else -1) * int(e.get("size") or 0)
+                  for e in trace if isinstance(e, dict) and e.get("action") in ("alloc", "free_completed")]
+        level = peak = max(0, _live_requested(snapshot, device) - sum(deltas))
+        for d in deltas:
+            level += d
+            peak = max(peak, level)
+        peaks.append(peak)
+    return max(peaks) if peaks else None
 
 
 def at_oom(snapshot: dict[str, Any]) -> dict[str, Any]:

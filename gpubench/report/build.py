@@ -360,6 +360,7 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
         "checkpointing": (_html_table(t) if not (t := tables.checkpointing_table(c, multi)).empty else None),
         "breakdown": _html_table(bd) if not (bd := breakdown.breakdown_table(c, multi)).empty else None,
         "profiles": _profiles(data, out),
+        "multi_run": multi,
         "energy": {k: _html_table(v) for k, v in tables.energy_tables(c, multi).items()},
         "failures": _html_table(tables.failures(c, multi)),
         "noisy": _html_table(tables.noisy(c, multi)),

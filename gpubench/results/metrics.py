@@ -37,6 +37,9 @@ class Metric:
     combine: str = "median"
     derive: Callable[[Result], Any] | None = None  # a figure computed from several fields
     alias: str = ""  # an older name ``--metric`` still takes
+    # the smallest value the gate tells apart (it works on logs): a value below it, 0 included,
+    # counts as this much (a counter that drops to 0% is then a regression, not a missing value)
+    floor: float | None = None
 
     def __post_init__(self) -> None:
         if self.better not in BETTER or self.kind not in KINDS or self.combine not in COMBINE:
@@ -166,7 +169,8 @@ METRICS: list[Metric] = [
     # off the tensor cores (a dtype cast, TF32 turned off) shows as a drop, so the gate takes it
     M("tensor_active_pct", ("telemetry", "gpu", "tensor_active_pct_mean"), "%", "higher", "number",
       "GPU (NVML GPM, Hopper and later): share of time any tensor-core pipe was active, mean over the measured "
-      "windows; null where the GPU or driver does not serve it (telemetry.gpu.not_reported.gpm says why)", gate=True),
+      "windows; null where the GPU or driver does not serve it (telemetry.gpu.not_reported.gpm says why); the gate "
+      "counts a value under 0.1% as 0.1%", gate=True, floor=0.1),
     *(M(name, ("telemetry", "gpu", f"{name}_mean"), unit, "", kind, f"GPU (NVML GPM, Hopper and later): {what}, "
         "mean over the measured windows; null where the GPU or driver does not serve it "
         "(telemetry.gpu.not_reported.gpm says why)")

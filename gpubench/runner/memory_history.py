@@ -59,8 +59,8 @@ class MemoryRecording:
                     pickle.dump(snapshot, f)
 
             write_atomic(out / SNAPSHOT_FILE, write)
-        except OSError as e:
-            self.reason = f"the snapshot could not be written: {e.strerror or e}"
+        except Exception as e:  # noqa: BLE001 - no room, or a snapshot too large to pickle: the recording only
+            self.reason = f"the snapshot could not be written: {type(e).__name__}: {getattr(e, 'strerror', None) or e}"
             return None
         return str(Path(self.options["rel"]) / SNAPSHOT_FILE)
 
@@ -78,9 +78,13 @@ class MemoryRecording:
         if not self.asked or not self.recording:
             return None if not self.asked or self.reason is None else {"file": None, "reason": self.reason}
         snap = self._snapshot()
-        block: dict[str, Any] = {"file": None, "reason": self.reason}
+        block: dict[str, Any] = {"file": None, "reason": self.reason or "the framework gave no allocator snapshot"}
         if snap is not None:
-            block = {"file": self._dump(snap), **history_facts(snap)}
+            try:
+                facts = history_facts(snap)
+            except Exception as e:  # noqa: BLE001 - an odd snapshot costs its figures, not the config
+                facts = {"facts_error": f"{type(e).__name__}: {e}"}
+            block = {"file": self._dump(snap), **facts}
             block["reason"] = None if block["file"] else self.reason
         self.stop()
         return block
@@ -92,7 +96,10 @@ class MemoryRecording:
         snap = self._snapshot()
         if snap is None:
             return None
-        facts = at_oom(snap)
+        try:
+            facts = at_oom(snap)
+        except Exception as e:  # noqa: BLE001
+            facts = {"facts_error": f"{type(e).__name__}: {e}"}
         if self.recording:
             facts["snapshot"] = self._dump(snap)
             self.stop()
@@ -111,4 +118,5 @@ class MemoryRecording:
         if not self.asked:
             return None
         return {"recorded": self.started, "reason": self.reason,
-                "note": "every allocation was recorded with its stack: the measured figures include that cost"}
+                "note": ("every allocation was recorded with its stack: the measured figures include that cost"
+                         if self.started else "nothing was recorded")}

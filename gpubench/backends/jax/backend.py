@@ -89,7 +89,7 @@ class JaxBackend(Backend):
         data=("device", "pipeline"),
         checkpointing=("none", "activations"),
         dataset=("synthetic", "mnist"),
-        others={"attention": ("math", "sdpa", "cudnn")},
+        others={"attention": ("math", "sdpa", "cudnn"), "optimizer_impl": ("auto",)},
         notes={
             "precision=tf32": "tf32 is a CUDA (Ampere or newer) math mode; on CPU use fp32 or amp-bf16",
             "precision=amp-fp16": "float16 with loss scaling is for GPUs; on CPU use amp-bf16",

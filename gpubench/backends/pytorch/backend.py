@@ -168,7 +168,8 @@ class TorchBackend(Backend):
         memory_format=("contiguous", "channels-last"),
         data=("device", "pipeline"),
         checkpointing=("none", "activations"),
-        others={"attention": ("math", "sdpa", "flash", "efficient", "cudnn")},
+        others={"attention": ("math", "sdpa", "flash", "efficient", "cudnn"),
+                "optimizer_impl": ("auto", "for-loop", "foreach", "fused")},
         notes={
             "precision=tf32": "tf32 is a CUDA (Ampere or newer) math mode; on CPU use fp32 or amp-bf16",
             "precision=amp-fp16": "float16 autocast with a gradient scaler is for CUDA devices; on CPU use amp-bf16",
@@ -313,7 +314,8 @@ class TorchBackend(Backend):
     def start_memory_history(self, config: Config, max_entries: int) -> None:
         import torch
 
-        torch.cuda.memory._record_memory_history(max_entries=max_entries)
+        # Python stacks only: symbolising C++ frames for every entry makes the snapshot take minutes
+        torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks="python")
 
     def stop_memory_history(self, config: Config) -> None:
         import torch

@@ -92,7 +92,7 @@ class PipelineTrainer(TorchTrainerBase):
         self.schedule = schedule_class(stage, config.pipeline_microbatches, loss_fn=nn.CrossEntropyLoss(),
                                        scale_grads=True)
         self.optimizer = make_optimizer(config.optimizer, self.model.parameters(), config.lr, fused=self.cuda,
-                                        settings=config.optimizer_settings())
+                                        settings=config.optimizer_settings(), impl=config.optimizer_impl)
         # the first stage feeds the inputs, the last one the targets
         self.n_batches = batches.n_batches
         self.x = torch.from_numpy(batches.x).to(self.device) if self.first else None

@@ -52,13 +52,16 @@ class CudaEventTimer:
 
 
 def make_optimizer(name: str, params: Any, lr: float, fused: bool, capturable: bool = False,
-                   settings: dict[str, float] | None = None) -> torch.optim.Optimizer:
+                   settings: dict[str, float] | None = None, impl: str = "auto") -> torch.optim.Optimizer:
     """adam / adamw / sgd with ``settings`` (``Config.optimizer_settings()``; the defaults of
-    ``options.OPTIMIZER_SETTINGS`` where None). ``fused`` selects the single-kernel
-    implementations (the fastest standard path on CUDA); ``capturable`` keeps Adam's step count
-    on the device, as CUDA-graph capture requires (SGD has no host state to keep)."""
+    ``options.OPTIMIZER_SETTINGS`` where None). ``impl`` (``Config.optimizer_impl``): ``auto``
+    takes the single-kernel implementations where ``fused`` (the fastest standard path on CUDA)
+    and PyTorch's default elsewhere; ``for-loop``, ``foreach`` and ``fused`` ask for that one.
+    ``capturable`` keeps Adam's step count on the device, as CUDA-graph capture requires (SGD has
+    no host state to keep)."""
     s = {**OPTIMIZER_SETTINGS.get(name, {}), **(settings or {})}
-    kw: dict[str, Any] = {"fused": True} if fused else {}
+    kw: dict[str, Any] = {"auto": {"fused": True} if fused else {}, "fused": {"fused": True},
+                          "foreach": {"foreach": True}, "for-loop": {"foreach": False}}[impl]
     if capturable and name in ("adam", "adamw"):
         kw["capturable"] = True
     if name == "adam":
@@ -238,7 +241,7 @@ class TorchTrainer(TorchTrainerBase):
         graphed = config.compile == "cuda-graph"
         self.optimizer = make_optimizer(config.optimizer, self.model.parameters(), config.lr, fused=self.cuda,
                                         settings=config.optimizer_settings(),
-                                        capturable=graphed)
+                                        capturable=graphed, impl=config.optimizer_impl)
         self.loss_fn = native.loss or cross_entropy
         self.n_batches = batches.n_batches
         self.accum = config.accum_steps

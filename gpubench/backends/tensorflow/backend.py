@@ -79,7 +79,7 @@ class TensorFlowBackend(Backend):
         compile=("none", "xla"),
         data=("device", "pipeline"),
         # no fused attention kernel: sdpa, TensorFlow's own, is its matrix products, as math is
-        others={"attention": ("math", "sdpa")},
+        others={"attention": ("math", "sdpa"), "optimizer_impl": ("auto",)},
         notes={
             "precision=tf32": "tf32 is a CUDA (Ampere or newer) math mode; on CPU use fp32 or amp-bf16",
             "precision=amp-fp16": "mixed_float16 with loss scaling is for GPUs; on CPU use amp-bf16",
