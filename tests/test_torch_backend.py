@@ -280,3 +280,36 @@ def test_the_tied_head_is_the_embeddings_parameter_and_amp_keeps_the_stream_in_b
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert model[0](x).dtype == torch.bfloat16
     assert model[0](x).dtype == torch.float32
+
+
+@pytest.mark.parametrize("impl,flags", [("fused", {"fused": True}), ("foreach", {"foreach": True}),
+                                        ("for-loop", {"foreach": False}), ("auto", {"fused": None})])
+def test_optimizer_impl_asks_pytorch_for_that_implementation(impl, flags):
+    import torch
+
+    from gpubench.backends.pytorch.trainer import make_optimizer
+
+    for name in ("adam", "adamw", "sgd"):
+        opt = make_optimizer(name, [torch.nn.Parameter(torch.zeros(3))], 0.1, fused=False, impl=impl)
+        assert {k: opt.defaults.get(k) for k in flags} == flags, name
+
+
+def test_fused_and_for_loop_updates_train_alike_on_the_cpu():
+    """The same config under two optimizer implementations: the same losses (to rounding)."""
+    from gpubench.backends import get_backend
+    from gpubench.config import Config
+
+    losses = {}
+    for impl in ("for-loop", "fused"):
+        config = Config(framework="torch", workload="mlp", device="cpu", batch_size=16, optimizer="adamw",
+                        optimizer_impl=impl)
+        backend = get_backend("torch")
+        native = backend.native(config)
+        trainer = backend.build(native, config, native.make_batches(config.batch, 1))
+        out = []
+        for _ in range(4):
+            trainer.step()
+            out.append(trainer.read_loss())
+        losses[impl] = out
+    assert losses["fused"] == pytest.approx(losses["for-loop"], rel=1e-4)
+    assert losses["fused"][-1] < losses["fused"][0]
