@@ -81,6 +81,9 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "list": ("gpubench list", "gpubench list --suites-dir my-suites"),
     "find-batch": ("gpubench find-batch suites/quick.toml --set device=cuda",
                    "gpubench find-batch suites/resnet.toml --set device=cuda --limit 4096 --json batches.json"),
+    "advise": ("gpubench advise suites/quick.toml --set workload=mlp --set framework=torch --set device=cpu",
+               "gpubench advise my_suite.toml --set device=cuda --budget 20m --skip compile --markdown advice.md",
+               "gpubench advise --resume runs/mymodel-advise-20261127-101500-3f2a9c"),
     "profile": ("gpubench profile suites/quick.toml --set workload=cnn --set framework=torch",
                 "gpubench profile suites/quick.toml --set device=cuda --steps 10"),
     "calibrate": ("gpubench calibrate", "gpubench calibrate --device cuda --force   # measure again"),
@@ -291,6 +294,32 @@ def build_parser() -> argparse.ArgumentParser:
     fb.add_argument("--limit", type=_positive_int, default=1 << 20, metavar="N",
                     help="largest batch to try (default 1048576)")
     fb.add_argument("--json", type=Path, metavar="FILE", help="write every search and its probes as JSON")
+
+    adv = sub.add_parser("advise", help="measure the training practices that apply to one config on this machine "
+                                        "(precision, compilation, memory format, optimizer, batch, input, memory), "
+                                        "ranked with the gate's statistics; the best combination measured")
+    adv.add_argument("suite", nargs="?", default="", help="suite file, or a name in suites/ (one config, after --set)")
+    adv.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                     help="narrow the suite to one config, e.g. --set framework=torch")
+    adv.add_argument("--out", type=Path, default=Path("runs"), help="where the run directory goes (default: runs)")
+    adv.add_argument("--budget", type=_duration, default=900.0, metavar="TIME",
+                     help="time for the measurements (900, 900s, 15m; default 15m): clear cases decide at the first "
+                          "look, undecided ones get more rounds while it lasts")
+    adv.add_argument("--alpha", type=float, default=0.05,
+                     help="error rate of an improved (or regressed) call over all the practices (default 0.05)")
+    adv.add_argument("--threshold", default="3%", help="the smallest speed-up (or slowdown) called one (default 3%%)")
+    adv.add_argument("--noise-floor", default="1%", help="the gate's noise floor (default 1%%)")
+    adv.add_argument("--loss-tolerance", default="10%",
+                     help="how far above the baseline's the loss after the same steps may end for a practice that "
+                          "learns as well (default 10%%)")
+    adv.add_argument("--only", action="append", default=[], metavar="GROUP",
+                     help="measure only this group of practices (repeatable): precision, compile, memory_format, "
+                          "optimizer, batch, input, memory")
+    adv.add_argument("--skip", action="append", default=[], metavar="GROUP", help="leave this group out (repeatable)")
+    adv.add_argument("--markdown", type=Path, metavar="FILE", help="write the advice as markdown (a CI summary)")
+    adv.add_argument("--json", type=Path, metavar="FILE", help="write the advice as JSON")
+    adv.add_argument("--resume", type=Path, metavar="DIR", help="go on with an interrupted advise's run directory")
+    adv.add_argument("--no-report", action="store_true", help="do not write the HTML/CSV/markdown report")
 
     prof = sub.add_parser("profile", help="profile each config in a fresh process: operator tables, a trace, "
                                           "NVTX ranges on CUDA, the where-time-goes breakdown")
@@ -516,6 +545,16 @@ def _main(argv: list[str] | None) -> int:
             from gpubench.runner.find_batch_command import run_find_batch
 
             return run_find_batch(args.suite, args.sets, args.limit, args.json, console)
+        if args.command == "advise":
+            from gpubench.advise.command import AdviseRequest, execute_advise
+
+            if not args.suite and args.resume is None:
+                raise InputError("gpubench advise: give a suite (or --resume DIR)")
+            return execute_advise(AdviseRequest(
+                suite=args.suite, sets=args.sets, out=args.out, budget_s=args.budget, alpha=args.alpha,
+                threshold=args.threshold, noise_floor=args.noise_floor, loss_tolerance=args.loss_tolerance,
+                only=args.only, skip=args.skip, markdown=args.markdown, json=args.json, report=not args.no_report,
+                resume=args.resume), console)
         if args.command == "profile":
             from gpubench.profile.command import ProfileRequest, execute_profile
 

@@ -302,6 +302,34 @@ def _profiles(data: ReportData, out: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _advice(data: ReportData) -> list[dict[str, Any]]:
+    """Each run's ``gpubench advise`` outcome (its advice.json): the ranked table, what does not
+    apply and the best config's lines. A file that cannot be read is a warning, never a failure."""
+    out = []
+    for run in data.runs:
+        path = run.path / "advice.json"
+        if not path.is_file():
+            continue
+        try:
+            advice = json.loads(path.read_text())
+            rows = [*(advice.get("rows") or []), *([advice["combination"]] if advice.get("combination") else [])]
+            frame = pd.DataFrame([{"practice": r["practice"], "verdict": r["verdict"],
+                                   "speed-up": fmt.ratio(r.get("speedup")),
+                                   "interval": (f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
+                                                if r.get("ci_low") is not None and r.get("ci_high") is not None
+                                                else "-"),
+                                   "loss vs baseline": (f"{100 * (r['loss_ratio'] - 1):+.1f}%"
+                                                        if r.get("loss_ratio") is not None else "-"),
+                                   "note": r.get("reason") or ""} for r in rows])
+            out.append({"run": run.run_id, "baseline": advice.get("baseline"), "table": _html_table(frame),
+                        "failed": advice.get("baseline_failed"),
+                        "skipped": [f"{s['name']}: {s['reason']}" for s in advice.get("skipped") or []],
+                        "best": (advice.get("best") or {}).get("practice"), "lines": advice.get("best_lines") or []})
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            data.warnings.append(f"{path}: unreadable ({type(e).__name__}); the advice is left out of the report")
+    return out
+
+
 def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
     check_output_dir(out, "--out")
     data = load_report_data(run_dirs)
@@ -360,6 +388,7 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
         "checkpointing": (_html_table(t) if not (t := tables.checkpointing_table(c, multi)).empty else None),
         "breakdown": _html_table(bd) if not (bd := breakdown.breakdown_table(c, multi)).empty else None,
         "profiles": _profiles(data, out),
+        "advice": _advice(data),
         "multi_run": multi,
         "energy": {k: _html_table(v) for k, v in tables.energy_tables(c, multi).items()},
         "failures": _html_table(tables.failures(c, multi)),

@@ -169,3 +169,42 @@ class FakeBackend(Backend):
         return {"segments": [{"address": 0, "total_size": sum(b["size"] for b in blocks) + 4096,
                               "allocated_size": sum(b["size"] for b in blocks), "blocks": blocks}],
                 "device_traces": [trace]}
+
+
+register_backend("fake-advise", "tests.plugins.fake:FakeAdviseBackend")
+# the step time of each practice of the advise backend, in ms (the baseline's: FAKE_STEP_SLEEP_MS or 2)
+ADVISE_STEP_MS = {"compile=xla": 3.0, "optimizer_impl=fused": 1.4}
+
+
+class FakeAdviseBackend(FakeBackend):
+    """The fake with the practices ``gpubench advise`` measures, each with a known effect: a
+    step sleeps a fixed time, so a practice's speed-up is set here. fused: faster; xla: slower;
+    channels-last, foreach: the same; a batch twice as large: twice the samples a step; tf32
+    learns worse (its steps climb the loss); amp-bf16 diverges; grad-accum:N sleeps N
+    times a step; a batch above FAKE_MAX_BATCH does not fit unless activations are checkpointed
+    (then it sleeps 1.5x, the recomputation)."""
+
+    name = "fake-advise"
+    capabilities = Capabilities(precisions={"cpu": ("fp32", "tf32", "amp-bf16"), "cuda": ("fp32",)},
+                                parallelism=("single", "grad-accum"), compile=("none", "xla"),
+                                memory_format=("contiguous", "channels-last"), checkpointing=("none", "activations"),
+                                others={"optimizer_impl": ("auto", "for-loop", "foreach", "fused")})
+
+    def build(self, spec, config, batches):
+        limit = int(os.environ.get("FAKE_MAX_BATCH", "0"))
+        if limit and config.checkpointing == "activations":
+            os.environ["FAKE_MAX_BATCH"] = str(2 * limit)  # recomputed activations: twice the batch fits
+        trainer = super().build(spec, config, batches)
+        base = float(os.environ.get("FAKE_STEP_SLEEP_MS", "2"))
+        ms = base
+        for key, value in ADVISE_STEP_MS.items():
+            setting, wanted = key.split("=")
+            if str(getattr(config, setting)) == wanted:
+                ms = value
+        ms *= config.accum_steps * (1.5 if config.checkpointing == "activations" else 1.0)
+        trainer.sleep_s = ms / 1000
+        if config.precision == "tf32":  # learns worse: its steps climb the loss
+            trainer.lr = -20 * config.lr
+        if config.precision == "amp-bf16":
+            trainer.mode = "nan"
+        return trainer

@@ -1,0 +1,1 @@
+"""``gpubench advise``: the training practices measured on one config, ranked, the best combination measured."""

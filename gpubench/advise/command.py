@@ -1,0 +1,485 @@
+"""``gpubench advise``: measure the training practices that apply to one config on this machine,
+rank them with the gate's statistics, measure the best combination, and print the suite lines
+of the best config.
+
+One run directory holds every measurement (the baseline and each practice are configs of it,
+each repeat a fresh worker process, as ``run``'s): the report, the gate and the history read it
+like any other, and ``--resume DIR`` goes on where an interrupted advise stopped (what was
+measured is kept and reused; the decisions are made again from it). The rounds interleave the
+baseline and the practices (the order turning each round) so that drift of the machine lands on
+all of them. The first look judges each practice at alpha / 2 (Bonferroni over the practices and
+the combination); undecided practices get more rounds, with the baseline, at alpha / 4, ... as
+``ab --budget`` does, while the time budget allows; clear cases decide at the first look.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from gpubench import fmt
+from gpubench.advise.judge import Judging, Row, combine, judge, rank
+from gpubench.advise.practices import GROUPS, Practice, Skipped, candidates, memory_followups, no_memory_limit
+from gpubench.config import Config
+from gpubench.env import fingerprint
+from gpubench.errors import InputError, stop_exit_code, stop_message
+from gpubench.files import write_text_atomic
+from gpubench.gate.compare import parse_fraction
+from gpubench.gate.stats import min_repeats
+from gpubench.launch import Launcher
+from gpubench.results.outputs import check_output_dir, check_output_file, write_output
+from gpubench.results.result import Result
+from gpubench.results.store import json_text, load_results, load_run, locked_run_dir
+from gpubench.runner.ab import look_alpha
+from gpubench.runner.job import Job
+from gpubench.runner.models import check_models, user_code_path
+from gpubench.runner.progress import SweepDisplay
+from gpubench.runner.run import check_data, finish_run_dir, new_run_dir, probe_frameworks, write_report
+from gpubench.runner.sweep import pre_resolve, run_jobs
+from gpubench.suite import MAX_BATCH, Suite, load_suite
+
+ADVICE_JSON, ADVICE_MD = "advice.json", "advice.md"
+EXIT_OK, EXIT_BASELINE_FAILED = 0, 1
+
+
+@dataclass
+class AdviseRequest:
+    suite: str = ""
+    sets: list[str] = field(default_factory=list)
+    out: Path = Path("runs")
+    budget_s: float = 900.0
+    alpha: float = 0.05
+    threshold: str = "3%"
+    noise_floor: str = "1%"
+    loss_tolerance: str = "10%"
+    only: list[str] = field(default_factory=list)  # practice groups to measure (none: all)
+    skip: list[str] = field(default_factory=list)  # practice groups not to measure
+    markdown: Path | None = None
+    json: Path | None = None
+    report: bool = True
+    resume: Path | None = None
+    code_path: tuple[str, ...] | None = None  # where workers import the user's code (the Python API)
+
+
+@dataclass
+class Candidate:
+    practice: Practice
+    config: Config
+
+
+STORED = ("suite", "sets", "alpha", "threshold", "noise_floor", "loss_tolerance", "only", "skip")
+
+
+def _resumed(req: AdviseRequest) -> tuple[AdviseRequest, list[Result]]:
+    """On --resume: the advise's own settings from its run.json (what was measured was measured
+    under them), this call's budget and outputs, and the results so far."""
+    if req.resume is None:
+        return req, []
+    args = (load_run(req.resume).get("args") or {})
+    stored = args.get("advise")
+    if not isinstance(stored, dict):
+        raise InputError(f"--resume {req.resume}: not a gpubench advise run (run.json has no args.advise); "
+                         "resume a run with gpubench run --resume")
+    for key in STORED:
+        if key in stored:
+            setattr(req, key, stored[key])
+    if isinstance(args.get("code_path"), list):
+        req.code_path = tuple(str(p) for p in args["code_path"])
+    return req, load_results(req.resume, strict=False)
+
+
+def _check_groups(req: AdviseRequest) -> None:
+    for option, names in (("--only", req.only), ("--skip", req.skip)):
+        for name in names:
+            if name not in GROUPS:
+                raise InputError(f"{option} {name}: unknown practice group; one of: {', '.join(GROUPS)}")
+
+
+def _wanted(practice: Practice | Skipped, req: AdviseRequest) -> bool:
+    return (not req.only or practice.group in req.only) and practice.group not in req.skip
+
+
+def _config_of(suite: Suite, sets: list[str], practice: Practice, base: Config) -> Config | str:
+    """The config the practice makes of the baseline, or why it makes none."""
+    try:
+        configs = suite.with_overrides(sets + practice.set_args).expand()
+    except InputError as e:
+        return str(e)
+    if len(configs) != 1:
+        return f"makes {len(configs)} configs of this suite, not one"
+    if configs[0].config_id == base.config_id:
+        return "changes nothing for this config"
+    return configs[0]
+
+
+def execute_advise(req: AdviseRequest, console: Console) -> int:
+    """The advise; its exit code: 0, or 1 when the baseline itself does not train. Bad input
+    raises InputError (exit 2) before anything is written."""
+    with ExitStack() as held:
+        return _advise(req, console, held)
+
+
+def _advise(req: AdviseRequest, console: Console, held: ExitStack) -> int:
+    req, earlier = _resumed(req)
+    _check_groups(req)
+    if not 0 < req.alpha < 0.5:
+        raise InputError(f"--alpha {req.alpha}: must be above 0 and below 0.5")
+    if req.budget_s <= 0:
+        raise InputError(f"--budget {req.budget_s:g}: must be a positive number of seconds")
+    judging = Judging(req.alpha, parse_fraction(req.threshold, "--threshold"),
+                      parse_fraction(req.noise_floor, "--noise-floor"),
+                      parse_fraction(req.loss_tolerance, "--loss-tolerance"))
+    suite = load_suite(req.suite).with_overrides(req.sets)
+    configs = suite.expand()
+    if len(configs) != 1:
+        shown = ", ".join(c.config_id for c in configs[:3]) + (", ..." if len(configs) > 3 else "")
+        raise InputError(f"{suite.source}: advise measures one config; with these --set the suite makes "
+                         f"{len(configs)} ({shown}); narrow it with --set KEY=VALUE")
+    base = configs[0]
+    if base.batch_size == MAX_BATCH:
+        raise InputError(f'{suite.source}: batch_size: "max" is not for gpubench advise, whose practices are measured '
+                         "at one batch; find it with gpubench find-batch and give the number")
+    if base.distributed:
+        raise InputError(f"{suite.source}: parallelism: advise measures a config on one process; {base.parallelism} "
+                         "starts several (advise its single-device config)")
+    check_data([base], suite.source)
+    for path, option in ((req.markdown, "--markdown"), (req.json, "--json")):
+        check_output_file(path, option)
+    if req.resume is None:
+        check_output_dir(req.out, "--out")
+    practices, skipped = candidates(base)
+    cands: list[Candidate] = []
+    for p in practices:
+        if not _wanted(p, req):
+            continue
+        made = _config_of(suite, req.sets, p, base)
+        if isinstance(made, str):
+            skipped.append(Skipped(p.name, p.group, made))
+        else:
+            cands.append(Candidate(p, made))
+    skipped = [s for s in skipped if _wanted(s, req)]
+    code_path = req.code_path if req.code_path is not None else user_code_path([base], suite.source)
+    launcher = Launcher(code_path=code_path)
+    probes = probe_frameworks([base], console, launcher)
+    check_models([base], suite.source, launcher, skip_frameworks={n for n, p in probes.items() if not p.available})
+    env = fingerprint({k: p.to_dict() for k, p in probes.items()})
+    if req.resume is not None:
+        run_dir, meta = req.resume, load_run(req.resume)
+    else:
+        args: dict[str, Any] = {"suite": req.suite, "set": req.sets, "out": str(req.out), "repeats": 1,
+                                "advise": {k: getattr(req, k) for k in STORED}}
+        if code_path:
+            args["code_path"] = list(code_path)
+        now = datetime.now(timezone.utc)
+        run_dir, meta = new_run_dir(req.out, f"{suite.name}-advise-{now:%Y%m%d-%H%M%S}", suite, args,
+                                    [base] + [c.config for c in cands], env)
+    held.enter_context(locked_run_dir(run_dir))
+    session = _Session(req, console, run_dir, meta, env, probes, launcher, base, judging, earlier)
+    try:
+        code = session.advise(cands, skipped, suite)
+    except KeyboardInterrupt as e:
+        stop_message(e, f"what was measured is in {run_dir}; go on with: gpubench advise --resume {run_dir}")
+        return stop_exit_code(e)
+    finish_run_dir(run_dir, meta)
+    if req.report:
+        write_report([run_dir], console)
+    console.print(f"run directory: {run_dir}", highlight=False)
+    return code
+
+
+class _Session:
+    """One advise's measurements and decisions."""
+
+    def __init__(self, req: AdviseRequest, console: Console, run_dir: Path, meta: dict[str, Any],
+                 env: dict[str, Any], probes: dict[str, Any], launcher: Launcher, base: Config, judging: Judging,
+                 earlier: list[Result]) -> None:
+        self.req, self.console, self.run_dir, self.meta = req, console, run_dir, meta
+        self.env, self.probes, self.launcher, self.base, self.judging = env, probes, launcher, base, judging
+        self.results: dict[str, list[Result]] = {}
+        for r in earlier:
+            self.results.setdefault(r.config_id, []).append(r)
+        self.t0 = time.monotonic()
+        self.jobs_run = 0
+
+    # --- measuring ----------------------------------------------------------------------
+
+    def _of(self, config: Config) -> list[Result]:
+        return self.results.setdefault(config.config_id, [])
+
+    def _has(self, config: Config, repeat: int) -> bool:
+        return any(r.repeat == repeat for r in self._of(config))
+
+    def measure(self, configs: list[Config], repeats: range) -> None:
+        """Each config at each repeat not measured yet, in rounds, the order turning each round."""
+        jobs = []
+        for k in repeats:
+            turn = k % len(configs)
+            jobs += [Job(c, k) for c in configs[turn:] + configs[:turn] if not self._has(c, k)]
+        if not jobs:
+            return
+        with SweepDisplay(self.console, len(jobs)) as display:
+            for i, job in enumerate(jobs):
+                display.started(i, job)
+                (result,) = run_jobs([job], self.run_dir, self.meta["run_id"], self.env, self.probes,
+                                     launcher=self.launcher)
+                self._of(job.config).append(result)
+                self.jobs_run += 1
+                display.finished(i, job, result)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def per_job(self) -> float:
+        return self.elapsed() / max(1, self.jobs_run)
+
+    def fits(self, jobs: int, reserve: int = 0) -> bool:
+        """Whether ``jobs`` more (and ``reserve`` kept for later) fit in the budget at the pace so far."""
+        return self.jobs_run == 0 or self.elapsed() + (jobs + reserve) * self.per_job() <= self.req.budget_s
+
+    def repeats_of(self, config: Config) -> int:
+        return len({r.repeat for r in self._of(config)})
+
+    # --- the advise -------------------------------------------------------------------------
+
+    def advise(self, cands: list[Candidate], skipped: list[Skipped], suite: Suite) -> int:
+        base = self.base
+        for c in list(cands):  # what cannot run here needs no worker: it does not apply, with the reason
+            resolved = pre_resolve(c.config, self.probes)
+            if resolved is not None:
+                skipped.append(Skipped(c.practice.name, c.practice.group, f"{resolved[0]}: {resolved[1]}"))
+                cands.remove(c)
+        refused = pre_resolve(base, self.probes)
+        if refused is not None:
+            return self.baseline_failed(f"{refused[0]}: {refused[1]}", skipped)
+        self.console.print(f"advise {self.meta['run_id']}: baseline {base.config_id}; {len(cands)} practice(s) to "
+                           f"measure, within {self.req.budget_s:g} s -> {self.run_dir}", highlight=False)
+        self.measure([base] + [c.config for c in cands], range(1))
+        first = self._of(base)
+        if not any(r.ok for r in first):
+            bad = first[0] if first else None
+            return self.baseline_failed(f"{bad.status}: {bad.reason}" if bad else "not measured", skipped)
+        live = [c for c in cands if any(r.ok for r in self._of(c.config))]
+        batch = next((c for c in cands if c.practice.group == "batch"), None)
+        if batch is not None and any(r.status == "oom" for r in self._of(batch.config)) and \
+                _wanted(Skipped("", "memory", ""), self.req):
+            more, why_not = memory_followups(base)
+            skipped += why_not
+            for p in more:
+                made = _config_of(suite, self.req.sets, p, base)
+                if isinstance(made, str):
+                    skipped.append(Skipped(p.name, p.group, made))
+                    continue
+                resolved = pre_resolve(made, self.probes)
+                if resolved is not None:
+                    skipped.append(Skipped(p.name, p.group, f"{resolved[0]}: {resolved[1]}"))
+                    continue
+                cands.append(Candidate(p, made))
+                self.measure([made], range(1))
+                if any(r.ok for r in self._of(made)):
+                    live.append(cands[-1])
+        elif batch is not None and _wanted(Skipped("", "memory", ""), self.req):
+            skipped.append(no_memory_limit())
+        compared = len(live) + 1  # the practices and the combination share alpha
+        rows = self.looks(live, compared)
+        rows += [judge(c.practice, self._of(base), self._of(c.config), self.judging, compared)
+                 for c in cands if c not in live]
+        combo = self.combination(rows, suite, compared)
+        return self.finish(rank(rows), combo, skipped)
+
+    def looks(self, live: list[Candidate], compared: int) -> list[Row]:
+        """Rounds of the live practices with the baseline, and looks at them (alpha / 2^k) until
+        each is decided or the budget is spent; the rows at the last look's level."""
+        base = self.base
+        rounds = min_repeats(2 * look_alpha(self.req.alpha, 1) / compared)
+        reserve = 2 * rounds if len(live) >= 2 else 0  # the combination's rounds, kept for it
+        undecided = list(live)
+        look, rows = 0, {}
+        while undecided:
+            done = self.repeats_of(base)
+            target = rounds if look == 0 else min(2 * done, done + max(1, self._fit(len(undecided) + 1, reserve)))
+            k = done
+            while k < target and self.fits(len(undecided) + 1, reserve):
+                self.measure([base] + [c.config for c in undecided], range(k, k + 1))
+                k += 1
+            look += 1
+            alpha_look = look_alpha(self.req.alpha, look)
+            j = Judging(alpha_look, self.judging.threshold, self.judging.noise_floor, self.judging.loss_tolerance)
+            for c in undecided:
+                rows[c.config.config_id] = judge(c.practice, self._of(base), self._of(c.config), j, compared)
+            before = len(undecided)
+            undecided = [c for c in undecided if rows[c.config.config_id].verdict == "inconclusive"]
+            spent = k < target or not self.fits(len(undecided) + 1, reserve)
+            self.console.print(f"look {look}: {k} round(s), alpha {alpha_look:.3g}: {before - len(undecided)} "
+                               f"decided, {len(undecided)} undecided"
+                               + (f"; the budget ({self.req.budget_s:g} s) is spent" if undecided and spent else ""),
+                               highlight=False)
+            if spent:
+                break
+        self.final_alpha = look_alpha(self.req.alpha, max(1, look))
+        return [rows[c.config.config_id] for c in live if c.config.config_id in rows]
+
+    def _fit(self, per_round: int, reserve: int) -> int:
+        left = self.req.budget_s - self.elapsed() - reserve * self.per_job()
+        return int(left / (per_round * self.per_job())) if self.per_job() > 0 else 0
+
+    def combination(self, rows: list[Row], suite: Suite, compared: int) -> Row | None:
+        """The practices that helped, the best of each group, together, measured against the
+        baseline in rounds of their own (None when fewer than two helped)."""
+        chosen = combine(rows)
+        while len(chosen) >= 2:
+            sets = [f"{k}={v}" for r in chosen for k, v in r.sets.items()]
+            name = " + ".join(r.practice for r in chosen)
+            practice = Practice(name, "combination", tuple((k, v) for r in chosen for k, v in r.sets.items()),
+                                "; ".join(dict.fromkeys(r.caveat for r in chosen if r.caveat)))
+            try:
+                (config,) = suite.with_overrides(self.req.sets + sets).expand()
+            except (InputError, ValueError) as e:
+                self.console.print(f"combination {name}: {e}; without {chosen[-1].practice}", highlight=False)
+                chosen = chosen[:-1]
+                continue
+            resolved = pre_resolve(config, self.probes)
+            if resolved is not None:
+                self.console.print(f"combination {name}: {resolved[1]}; without {chosen[-1].practice}",
+                                   highlight=False)
+                chosen = chosen[:-1]
+                continue
+            base = self.base
+            start = self.repeats_of(base)  # the baseline measured again beside it: the same hour of the machine
+            rounds = min_repeats(2 * self.final_alpha / compared)
+            k = start
+            while k < start + rounds and (k == start or self.fits(2)):
+                self.measure([base, config], range(k, k + 1))
+                k += 1
+            j = Judging(self.final_alpha, self.judging.threshold, self.judging.noise_floor,
+                        self.judging.loss_tolerance)
+            beside = [r for r in self._of(base) if r.repeat >= start]
+            return judge(practice, beside, self._of(config), j, compared)
+        return None
+
+    # --- the end ----------------------------------------------------------------------------
+
+    def baseline_failed(self, why: str, skipped: list[Skipped]) -> int:
+        self.console.print(f"[red]the baseline does not train[/red]: {self.base.config_id}: {why}", highlight=False)
+        advice = {"baseline": self.base.config_id, "baseline_failed": why, "rows": [], "combination": None,
+                  "best": None, "skipped": [s.__dict__ for s in skipped]}
+        self.write(advice, f"# gpubench advise: {self.base.config_id}\n\nThe baseline does not train: {why}\n")
+        return EXIT_BASELINE_FAILED
+
+    def finish(self, rows: list[Row], combo: Row | None, skipped: list[Skipped]) -> int:
+        helped = [r for r in rows if r.helped]
+        best = None
+        if combo is not None and combo.helped and combo.speedup is not None and \
+                combo.speedup >= max(r.speedup or 0.0 for r in helped):
+            best = combo
+        elif helped:
+            best = helped[0]
+        advice = {"baseline": self.base.config_id, "budget_s": self.req.budget_s, "elapsed_s": round(self.elapsed()),
+                  "alpha": self.req.alpha, "final_alpha": self.final_alpha,
+                  "threshold": self.judging.threshold, "loss_tolerance": self.judging.loss_tolerance,
+                  "rows": [r.to_dict() for r in rows], "combination": combo.to_dict() if combo else None,
+                  "best": best.to_dict() if best else None, "best_lines": suite_lines(best),
+                  "skipped": [s.__dict__ for s in skipped]}
+        md = markdown(advice)
+        self.show(rows, combo, skipped, best)
+        self.write(advice, md)
+        return EXIT_OK
+
+    def write(self, advice: dict[str, Any], md: str) -> None:
+        write_text_atomic(self.run_dir / ADVICE_JSON, json_text(advice))
+        write_text_atomic(self.run_dir / ADVICE_MD, md)
+        if self.req.markdown:
+            write_output(self.req.markdown, md, "--markdown")
+        if self.req.json:
+            write_output(self.req.json, json_text(advice), "--json")
+
+    def show(self, rows: list[Row], combo: Row | None, skipped: list[Skipped], best: Row | None) -> None:
+        table = Table(title=f"advice for {self.base.config_id} (speed-up: throughput / the baseline's, "
+                            f"{100 * (1 - 2 * self.final_alpha):.3g}% interval)", title_justify="left")
+        for col in ("#", "practice", "verdict", "speed-up", "interval", "memory", "cold start", "pays back", "loss",
+                    "note"):
+            table.add_column(col, overflow="fold")
+        for i, r in enumerate(rows + ([combo] if combo else []), 1):
+            table.add_row(*(escape(c) for c in row_cells(r, "C" if r is combo else str(i))))
+        self.console.print(table)
+        for s in skipped:
+            self.console.print(f"does not apply: {s.name}: {s.reason}", highlight=False, soft_wrap=True, markup=False)
+        for line in best_text(best):
+            self.console.print(line, highlight=False, soft_wrap=True, markup=False)
+
+
+def _ratio(v: float | None) -> str:
+    return f"{v:.3f}x" if v is not None else "-"
+
+
+def row_cells(r: Row, label: str) -> list[str]:
+    interval = f"[{r.ci_low:.3f}, {r.ci_high:.3f}]" if r.ci_low is not None and r.ci_high is not None else "-"
+    memory = f"{100 * (r.memory_ratio - 1):+.0f}%" if r.memory_ratio is not None else "-"
+    cold = f"{r.cold_start_ms:+.0f} ms" if r.cold_start_ms is not None else "-"
+    pays = ("-" if r.payback_steps is None or not r.helped else "never" if math.isinf(r.payback_steps)
+            else "at once" if r.payback_steps == 0 else f"after {math.ceil(r.payback_steps)} step(s)")
+    loss = f"{100 * (r.loss_ratio - 1):+.1f}%" if r.loss_ratio is not None else "-"
+    note = "; ".join(filter(None, [r.reason, r.caveat if r.helped else ""]))
+    return [label, r.practice, r.verdict, _ratio(r.speedup), interval, memory, cold, pays, loss, note]
+
+
+def suite_lines(best: Row | None) -> list[str]:
+    """The best config's settings as suite lines (TOML, for [defaults])."""
+    if best is None:
+        return []
+    return [f"{k} = {fmt_toml(v)}" for k, v in best.sets.items()]
+
+
+def fmt_toml(v: Any) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v) if isinstance(v, (int, float)) else f'"{v}"'
+
+
+def best_text(best: Row | None) -> list[str]:
+    if best is None:
+        return ["best: the config as it is; no practice measured here made it faster beyond the threshold"]
+    lines = [f"best: {best.practice}, {_ratio(best.speedup)} the baseline's throughput; in the suite's [defaults]:"]
+    lines += [f"  {line}" for line in suite_lines(best)]
+    lines.append("  or: " + " ".join(f"--set {k}={v}" for k, v in best.sets.items()))
+    if best.caveat:
+        lines.append(f"  caveat: {best.caveat}")
+    return lines
+
+
+def markdown(advice: dict[str, Any]) -> str:
+    """advice.md (and --markdown): the ranked table, the combination, what does not apply, the
+    best config's lines."""
+    head = ["#", "practice", "verdict", "speed-up", "interval", "memory", "cold start", "pays back", "loss", "note"]
+    out = [f"# gpubench advise: {advice['baseline']}", "",
+           f"Each practice against the baseline (throughput ratio, {100 * (1 - 2 * advice['final_alpha']):.3g}% "
+           f"interval; threshold {100 * advice['threshold']:g}%; loss tolerance {100 * advice['loss_tolerance']:g}%), "
+           f"measured in {advice['elapsed_s']} s of a {advice['budget_s']:g} s budget.", "",
+           fmt.md_row(head), "| " + " | ".join("---" for _ in head) + " |"]
+    rows = [Row(**{**r, "repeats": tuple(r["repeats"]),
+                   "payback_steps": math.inf if r["payback_steps"] == "never" else r["payback_steps"]})
+            for r in advice["rows"]]
+    combo = advice.get("combination")
+    for i, r in enumerate(rows, 1):
+        out.append(fmt.md_row(row_cells(r, str(i))))
+    if combo:
+        c = Row(**{**combo, "repeats": tuple(combo["repeats"]),
+                   "payback_steps": math.inf if combo["payback_steps"] == "never" else combo["payback_steps"]})
+        out.append(fmt.md_row(row_cells(c, "C")))
+    out += ["", "## Does not apply", ""] + [f"- {s['name']}: {s['reason']}" for s in advice["skipped"]]
+    best = advice.get("best")
+    out += ["", "## Best config", ""]
+    if best:
+        out += [f"{best['practice']}: {_ratio(best['speedup'])} the baseline's throughput. In the suite's "
+                "`[defaults]`:", "", "```toml", *advice["best_lines"], "```"]
+        if best.get("caveat"):
+            out += ["", f"Caveat: {best['caveat']}"]
+    else:
+        out.append("The config as it is: no practice measured here made it faster beyond the threshold.")
+    return "\n".join(out) + "\n"

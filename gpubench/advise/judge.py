@@ -1,0 +1,149 @@
+"""Each practice against the baseline, with the regression gate's statistics: its speed-up and
+interval, its verdict (``improved`` / ``unchanged`` / ``regressed`` / ``inconclusive``), its
+memory change, its cold-start cost and when it pays that back, and the quality guard (the loss
+after the same steps as the baseline's). Pure functions of results, so the ranking and the
+guard are tested with scripted results.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpubench.gate.compare import judge as gate_judge
+from gpubench.gate.stats import min_repeats, shift
+from gpubench.results.metrics import BY_NAME
+from gpubench.results.result import Result
+
+THROUGHPUT = BY_NAME["throughput"]
+# how a row reads, best first: a verdict's place in the ranking
+ORDER = ("improved", "unchanged", "inconclusive", "regressed", "learns worse", "diverged", "oom", "unsupported",
+         "unavailable", "timeout", "error")
+
+
+@dataclass(frozen=True)
+class Judging:
+    alpha: float  # one-sided error rate of an improved (or regressed) call, over all the practices compared
+    threshold: float  # the smallest change called improved / regressed
+    noise_floor: float
+    loss_tolerance: float  # the loss may end this much (relative) above the baseline's and still count as learning
+
+
+@dataclass
+class Row:
+    practice: str
+    group: str
+    sets: dict[str, Any]
+    config_id: str
+    verdict: str  # improved, unchanged, inconclusive, regressed, learns worse, or a status (oom, unsupported, ...)
+    reason: str = ""  # a status's reason, or what the guard saw
+    speedup: float | None = None  # practice / baseline throughput (the gate's point estimate)
+    ci_low: float | None = None
+    ci_high: float | None = None
+    repeats: tuple[int, int] = (0, 0)  # ok repeats (baseline, practice)
+    memory_ratio: float | None = None  # peak memory practice / baseline
+    cold_start_ms: float | None = None  # the practice's first step minus the baseline's
+    payback_steps: float | None = None  # baseline steps after which the cold start is paid back (inf: never)
+    loss_ratio: float | None = None  # loss after the last window, practice / baseline
+    caveat: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["repeats"] = list(self.repeats)
+        if d["payback_steps"] is not None and math.isinf(d["payback_steps"]):
+            d["payback_steps"] = "never"
+        return d
+
+    @property
+    def helped(self) -> bool:
+        return self.verdict == "improved"
+
+
+def _median(results: list[Result], metric: str) -> float | None:
+    values = [v for r in results if r.ok and isinstance(v := BY_NAME[metric].value(r), (int, float))
+              and math.isfinite(v)]
+    return statistics.median(values) if values else None
+
+
+def judge(practice: Any, baseline: list[Result], results: list[Result], j: Judging, compared: int) -> Row:
+    """One practice's row; ``compared``: how many comparisons share ``j.alpha`` (Bonferroni)."""
+    config_id = results[0].config_id if results else getattr(practice, "config_id", "")
+    row = Row(practice.name, practice.group, dict(practice.sets), config_id, "inconclusive", caveat=practice.caveat)
+    ok = [r for r in results if r.ok]
+    if not ok:
+        first = next((r for r in results if r.status != "ok"), None)
+        row.verdict = first.status if first is not None else "inconclusive"
+        row.reason = first.reason if first is not None else "not measured (the budget was spent)"
+        return row
+    base_ok = [r for r in baseline if r.ok]
+    if not base_ok:
+        row.reason = "the baseline has no ok repeat to compare with"
+        return row
+    level = 2 * j.alpha / max(1, compared)  # the two-sided level of each practice's interval
+    s = shift([float(THROUGHPUT.value(r)) for r in base_ok],
+              [float(THROUGHPUT.value(r)) for r in ok], level)
+    row.verdict = gate_judge(s, THROUGHPUT, j.threshold, j.noise_floor)
+    row.speedup = s.ratio
+    row.ci_low, row.ci_high = (s.ci_low, s.ci_high) if s.has_ci else (None, None)
+    row.repeats = (len(base_ok), len(ok))
+    if not s.has_ci:
+        row.reason = (f"{len(base_ok)} and {len(ok)} repeats: too few for an interval (needs {min_repeats(level)} "
+                      "a side)")
+    mem_b, mem_p = _median(base_ok, "peak_memory_bytes"), _median(ok, "peak_memory_bytes")
+    row.memory_ratio = mem_p / mem_b if mem_b and mem_p else None
+    cold_b, cold_p = _median(base_ok, "cold_start_ms"), _median(ok, "cold_start_ms")
+    if cold_b is not None and cold_p is not None:
+        row.cold_start_ms = cold_p - cold_b
+        row.payback_steps = payback(cold_p - cold_b, _median(base_ok, "step_ms"), _median(base_ok, "samples_per_step"),
+                                    _median(ok, "throughput"))
+    _guard(row, base_ok, ok, results, j.loss_tolerance)
+    return row
+
+
+def payback(extra_cold_ms: float, base_step_ms: float | None, base_samples: float | None,
+            rate: float | None) -> float | None:
+    """Baseline steps (of its samples) after which a practice's extra cold start is paid back by
+    its faster steps: extra / (baseline step - the practice's time for the same samples); 0 when
+    it starts no slower, inf when its steps are not faster; None where a figure is missing."""
+    if base_step_ms is None or base_samples is None or not rate:
+        return None
+    if extra_cold_ms <= 0:
+        return 0.0
+    saved = base_step_ms - base_samples * 1000.0 / rate
+    return extra_cold_ms / saved if saved > 0 else math.inf
+
+
+def _guard(row: Row, base_ok: list[Result], ok: list[Result], results: list[Result], tolerance: float) -> None:
+    """The training-quality guard: a practice that diverges, or whose loss after the same steps
+    ends above the baseline's by more than the tolerance, is never recommended."""
+    diverged = [r for r in results if r.status == "diverged"]
+    if diverged:
+        row.verdict, row.reason = "diverged", f"{len(diverged)} of {len(results)} repeats: {diverged[0].reason}"
+        return
+    loss_b, loss_p = _median(base_ok, "loss_last"), _median(ok, "loss_last")
+    if loss_b is None or loss_p is None or loss_b <= 0:
+        return
+    row.loss_ratio = loss_p / loss_b
+    if row.loss_ratio > 1 + tolerance:
+        row.reason = (f"loss after the same steps {loss_p:.4g} against the baseline's {loss_b:.4g} "
+                      f"(+{100 * (row.loss_ratio - 1):.1f}%, above the tolerance of {100 * tolerance:g}%)")
+        row.verdict = "learns worse"
+
+
+def rank(rows: list[Row]) -> list[Row]:
+    """Best first: by verdict (improved, unchanged, inconclusive, regressed, then what failed),
+    then by speed-up."""
+    return sorted(rows, key=lambda r: (ORDER.index(r.verdict) if r.verdict in ORDER else len(ORDER),
+                                       -(r.speedup or 0.0), r.practice))
+
+
+def combine(rows: list[Row]) -> list[Row]:
+    """The practices to combine: every one that helped, the fastest of each group (practices of
+    a group exclude one another), fastest first."""
+    best: dict[str, Row] = {}
+    for r in rank(rows):
+        if r.helped and r.group not in best:
+            best[r.group] = r
+    return sorted(best.values(), key=lambda r: -(r.speedup or 0.0))

@@ -1,0 +1,275 @@
+"""gpubench advise: the practices that apply, each measured against the baseline with the gate's
+statistics, the ranking, the quality guard, the measured combination, the memory follow-ups,
+the budget, --resume, bad input; on the test backend whose practices have known effects
+(tests/plugins/fake.py: FakeAdviseBackend), then on real small models (slow)."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpubench.advise.judge import Judging, Row, combine, judge, payback, rank
+from gpubench.advise.practices import Practice
+from tests.conftest import REPO, make_result, plain_env, plugin_env, result_lines, run_cli
+
+SUITE = """
+name = "fadv"
+[defaults]
+framework = "fake-advise"
+workload = "fault"
+batch_size = 8
+warmup_steps = 1
+steps = 4
+windows = 2
+timeout_s = 20
+"""
+
+
+def advice_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "advice.json").read_text())
+
+
+def rows_by_name(advice: dict) -> dict[str, dict]:
+    return {r["practice"]: r for r in advice["rows"]}
+
+
+@pytest.fixture(scope="module")
+def advised(tmp_path_factory):
+    """One advise of the fake backend: every practice group, a 10% threshold (its steps sleep a
+    fixed time, so the practices decide at the first look)."""
+    tmp = tmp_path_factory.mktemp("advise")
+    (tmp / "s.toml").write_text(SUITE)
+    proc = run_cli(["advise", "s.toml", "--budget", "120", "--threshold", "10%", "--markdown", "advice.md",
+                    "--json", "advice.json"], cwd=tmp)
+    (run_dir,) = list((tmp / "runs").iterdir())
+    return tmp, proc, run_dir
+
+
+def test_advise_measures_ranks_and_guards_each_practice(advised):
+    tmp, proc, run_dir = advised
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    advice = advice_of(run_dir)
+    rows = rows_by_name(advice)
+    verdicts = {name: r["verdict"] for name, r in rows.items()}
+    assert verdicts == {"batch x2": "improved", "optimizer fused": "improved", "memory format channels-last":
+                        "unchanged", "optimizer foreach": "unchanged", "compile xla": "regressed",
+                        "precision tf32": "learns worse", "precision amp-bf16": "diverged"}
+    # the known effects, inside each interval: a step of 1.4 ms against 2 ms, and twice the samples a step
+    fused, batch, xla = rows["optimizer fused"], rows["batch x2"], rows["compile xla"]
+    assert fused["ci_low"] <= 2 / 1.4 * 1.05 and fused["ci_high"] >= 2 / 1.4 * 0.9
+    assert batch["ci_low"] < 2.0 < batch["ci_high"] * 1.05 and xla["ci_high"] < 0.9
+    assert "above the tolerance of 10%" in rows["precision tf32"]["reason"]
+    assert "LR" not in batch["caveat"] and "learning rate is left as it is" in batch["caveat"]
+    # ranked: improved (fastest first), unchanged, regressed, then what must never be recommended
+    assert [r["practice"] for r in advice["rows"]][:2] == ["batch x2", "optimizer fused"]
+    assert [r["verdict"] for r in advice["rows"]][-3:] == ["regressed", "learns worse", "diverged"]
+    # the combination is measured (never computed), and it is the best config here
+    combo = advice["combination"]
+    assert combo["practice"] == "batch x2 + optimizer fused" and combo["verdict"] == "improved"
+    assert combo["repeats"][1] >= 6 and combo["ci_low"] > 2.0
+    assert advice["best"]["practice"] == combo["practice"]
+    assert advice["best_lines"] == ["batch_size = 16", 'optimizer_impl = "fused"']
+    # what does not apply says why in one line
+    skipped = {s["name"]: s["reason"] for s in advice["skipped"]}
+    assert "no input pipeline to tune" in skipped["input pipeline"]
+    assert "the batch x2 fits" in skipped["checkpointing, accumulation"]
+    out = proc.stdout
+    assert "best: batch x2 + optimizer fused" in out and "in the suite's [defaults]:" in out
+    assert "  batch_size = 16" in out and "--set batch_size=16 --set optimizer_impl=fused" in out
+
+
+def test_advise_writes_markdown_json_and_a_report_section(advised):
+    tmp, proc, run_dir = advised
+    md = (tmp / "advice.md").read_text()
+    assert md == (run_dir / "advice.md").read_text()
+    assert "| 1 | batch x2 | improved |" in md and "## Does not apply" in md and 'optimizer_impl = "fused"' in md
+    assert json.loads((tmp / "advice.json").read_text()) == advice_of(run_dir)
+    html = (tmp / "reports" / run_dir.name / "index.html").read_text()
+    assert 'id="advice"' in html and "batch x2 + optimizer fused" in html
+    # every measurement is an ordinary result of the run directory: no (config, repeat) twice
+    lines = result_lines(run_dir)
+    keys = [(x["config_id"], x["repeat"]) for x in lines]
+    assert len(keys) == len(set(keys))
+
+
+@pytest.mark.slow
+def test_where_the_larger_batch_does_not_fit_checkpointing_and_accumulation_are_measured(tmp_path):
+    (tmp_path / "s.toml").write_text(SUITE)
+    proc = run_cli(["advise", "s.toml", "--only", "batch", "--only", "memory", "--budget", "60", "--threshold",
+                    "10%", "--no-report"], cwd=tmp_path, env=plugin_env(FAKE_MAX_BATCH="8"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    rows = rows_by_name(advice_of(run_dir))
+    assert rows["batch x2"]["verdict"] == "oom"
+    ckpt, accum = rows["batch x2 + checkpointing"], rows["grad-accum:2"]
+    # twice the samples a step at 1.5x the step time (with a step's own fixed cost besides the
+    # sleep, a little better than 4/3); twice the samples at twice the time
+    assert ckpt["verdict"] == "improved" and ckpt["ci_low"] < 4 / 3 * 1.05 and ckpt["ci_high"] > 4 / 3 * 0.95
+    assert accum["verdict"] == "unchanged"
+
+
+def test_the_budget_bounds_the_rounds_and_an_undecided_practice_says_so(tmp_path):
+    (tmp_path / "s.toml").write_text(SUITE)
+    t0 = time.monotonic()
+    proc = run_cli(["advise", "s.toml", "--only", "memory_format", "--budget", "3", "--no-report"], cwd=tmp_path)
+    took = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    (row,) = advice_of(run_dir)["rows"]
+    assert row["verdict"] == "inconclusive" and "too few for an interval" in row["reason"]
+    assert "the budget (3 s) is spent" in proc.stdout
+    assert took < 60  # a few workers, not the rounds an interval needs
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_the_measurements_and_resume_goes_on(tmp_path):
+    (tmp_path / "s.toml").write_text(SUITE)
+    cmd = [sys.executable, "-m", "gpubench", "advise", "s.toml", "--only", "optimizer", "--threshold", "10%",
+           "--budget", "60", "--no-report"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=plugin_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    results = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = list((tmp_path / "runs").glob("*/results.jsonl"))
+        if found and len(found[0].read_text().splitlines()) >= 5:
+            results = found[0]
+            break
+        time.sleep(0.2)
+    assert results is not None
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out + err
+    run_dir = results.parent
+    assert f"go on with: gpubench advise --resume runs/{run_dir.name}" in err.replace("\n", "")
+    kept = len(result_lines(run_dir))
+    assert kept >= 5 and not (run_dir / "advice.json").exists()
+    again = run_cli(["advise", "--resume", str(run_dir), "--no-report"], cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    advice = advice_of(run_dir)
+    assert {r["practice"]: r["verdict"] for r in advice["rows"]} == {"optimizer fused": "improved",
+                                                                     "optimizer foreach": "unchanged"}
+    keys = [(x["config_id"], x["repeat"]) for x in result_lines(run_dir)]
+    assert len(keys) == len(set(keys)) and len(keys) > kept
+
+
+def test_a_baseline_that_does_not_train_exits_1(tmp_path):
+    (tmp_path / "s.toml").write_text(SUITE.replace('workload = "fault"', 'workload = "fault"\nmode = 1'))
+    proc = run_cli(["advise", "s.toml", "--only", "optimizer", "--no-report"], cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "the baseline does not train" in proc.stdout and "injected failure in build" in proc.stdout
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    assert "injected failure" in advice_of(run_dir)["baseline_failed"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--set", "batch_size=8,16"], "advise measures one config; with these --set the suite makes 2"),
+    (["--only", "speed"], "--only speed: unknown practice group; one of: precision, compile"),
+    (["--set", "batch_size=max"], 'batch_size: "max" is not for gpubench advise'),
+    (["--alpha", "0.7"], "--alpha 0.7: must be above 0 and below 0.5"),
+    (["--loss-tolerance", "lots"], "--loss-tolerance lots: expected a percentage"),
+])
+def test_bad_input_is_one_line_and_exit_2_with_nothing_written(tmp_path, args, message):
+    (tmp_path / "s.toml").write_text(SUITE)
+    proc = run_cli(["advise", "s.toml", *args], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr and proc.stderr.strip().count("\n") == 0
+    assert not (tmp_path / "runs").exists()
+
+
+# --- the judging, with scripted results ------------------------------------------------------
+
+def _results(config, rates, **metrics):
+    return [make_result(config, rate, repeat=i, **metrics) for i, rate in enumerate(rates)]
+
+
+def test_judge_gives_the_gates_interval_and_the_guard_overrides_a_speed_up():
+    from dataclasses import replace
+
+    from gpubench.config import Config
+
+    base_c = Config(framework="torch", workload="mlp", device="cpu")
+    fast_c = replace(base_c, batch_size=128)
+    j = Judging(alpha=0.05, threshold=0.03, noise_floor=0.01, loss_tolerance=0.10)
+    base = _results(base_c, [100, 101, 99, 100.5, 99.5, 100, 100.2], loss={"last": 1.0})
+    fast = _results(fast_c, [150, 151, 149, 150.5, 149.5, 150, 150.3], loss={"last": 1.05})
+    p = Practice("batch x2", "batch", (("batch_size", 128),))
+    row = judge(p, base, fast, j, compared=2)
+    assert row.verdict == "improved" and row.speedup == pytest.approx(1.5, rel=0.01)
+    assert row.ci_low < 1.5 < row.ci_high and row.repeats == (7, 7)
+    assert row.loss_ratio == pytest.approx(1.05)
+    worse = _results(fast_c, [150, 151, 149, 150.5, 149.5, 150, 150.3], loss={"last": 1.2})
+    bad = judge(p, base, worse, j, compared=2)
+    assert bad.verdict == "learns worse" and "+20.0%" in bad.reason and not bad.helped
+    few = judge(p, base[:2], fast[:2], j, compared=2)
+    assert few.verdict == "inconclusive" and "too few for an interval (needs" in few.reason
+    oom = judge(p, base, [make_result(fast_c, status="oom")], j, compared=2)
+    assert oom.verdict == "oom" and oom.speedup is None
+
+
+def test_rank_and_combine_take_the_best_of_each_group():
+    def row(name, group, verdict, speedup):
+        return Row(name, group, {name: 1}, name, verdict, speedup=speedup)
+
+    rows = [row("a", "precision", "improved", 1.2), row("b", "precision", "improved", 1.5),
+            row("c", "compile", "regressed", 0.5), row("d", "batch", "improved", 1.1),
+            row("e", "compile", "unchanged", 1.0), row("f", "optimizer", "diverged", None),
+            row("g", "memory", "learns worse", 2.0)]
+    assert [r.practice for r in rank(rows)] == ["b", "a", "d", "e", "c", "g", "f"]
+    assert [r.practice for r in combine(rows)] == ["b", "d"]  # never the one that learns worse
+
+
+def test_payback_in_baseline_steps():
+    assert payback(1000.0, 10.0, 64, 64 * 1000 / 5.0) == pytest.approx(200.0)  # 5 ms saved a step
+    assert payback(-5.0, 10.0, 64, 9000.0) == 0.0
+    assert math.isinf(payback(1000.0, 10.0, 64, 64 * 1000 / 12.0))
+    assert payback(1000.0, None, 64, 100.0) is None
+
+
+# --- real small models (slow) ----------------------------------------------------------------
+
+@pytest.mark.slow
+def test_advise_on_the_torch_mlp_measures_the_optimizer_implementations(tmp_path):
+    pytest.importorskip("torch")
+    (tmp_path / "s.toml").write_text("""
+name = "mlp"
+[defaults]
+workload = "mlp"
+framework = "torch"
+device = "cpu"
+batch_size = 64
+threads = 1
+warmup_steps = 3
+steps = 10
+windows = 2
+""")
+    proc = run_cli(["advise", "s.toml", "--only", "optimizer", "--budget", "150", "--no-report"], cwd=tmp_path,
+                   env=plain_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    rows = rows_by_name(advice_of(run_dir))
+    assert set(rows) == {"optimizer fused", "optimizer foreach"}
+    for r in rows.values():
+        assert r["repeats"][0] >= 2 and r["speedup"] > 0 and r["loss_ratio"] == pytest.approx(1.0, abs=0.01)
+        assert r["verdict"] in ("improved", "unchanged", "inconclusive", "regressed")
+
+
+@pytest.mark.slow
+def test_advise_on_a_users_own_model(tmp_path):
+    pytest.importorskip("torch")
+    example = REPO / "examples" / "own-model"
+    proc = run_cli(["advise", str(example / "suite.toml"), "--set", "precision=fp32", "--only", "memory_format",
+                    "--budget", "120", "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path,
+                   env=plain_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    (row,) = advice_of(run_dir)["rows"]
+    assert row["practice"] == "memory format channels-last" and row["config_id"].startswith("mymodels.small_convnet")
+    assert row["speedup"] > 0 and row["repeats"][1] >= 2
