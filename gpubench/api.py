@@ -1,5 +1,5 @@
 """The Python API for a notebook: one call runs gpubench's isolated sweep of a model and returns
-the report's table of it.
+the report's table of it (``benchmark``), or advises on one config (``advise``).
 
     from gpubench.api import benchmark
     df = benchmark("mymodels:small_convnet", input_shape=(3, 32, 32), num_classes=10,
@@ -77,4 +77,51 @@ def benchmark(workload: str | list[str], *, repeats: int = 1, out: str | Path = 
     return data.configs
 
 
-__all__ = ["benchmark"]
+def advise(workload: str, *, budget_s: float = 900.0, only: list[str] | None = None, skip: list[str] | None = None,
+           alpha: float = 0.05, threshold: str = "3%", loss_tolerance: str = "10%", out: str | Path = "runs",
+           name: str = "notebook", report: bool = False, quiet: bool = True, **settings: Any) -> Any:
+    """``gpubench advise`` on ``workload`` with ``settings`` (one config: no lists), from a
+    notebook: the practices that apply, each measured against the config in fresh worker
+    processes within ``budget_s``, ranked. Returns the ranked table (a pandas DataFrame: practice,
+    verdict, speedup and its interval, memory_ratio, cold_start_ms, payback_steps, loss_ratio,
+    ...; the measured combination last, group ``combination``) with ``.attrs``: ``best`` (the
+    best row, or None), ``best_lines`` (its suite lines), ``skipped`` (what does not apply, and
+    why) and ``run_dir``. Raises gpubench.errors.InputError for bad settings, and RuntimeError
+    when the config itself does not train."""
+    import json
+
+    import pandas as pd
+    from rich.console import Console
+
+    from gpubench.advise.command import ADVICE_JSON, AdviseRequest, execute_advise
+    from gpubench.suite import suite_text
+
+    listed = [k for k, v in settings.items() if isinstance(v, list)]
+    if listed:
+        raise InputError(f"gpubench.advise: {', '.join(listed)}: one value each (advise measures one config)")
+    all_settings = {"workload": workload, **settings}
+    refs = [str(all_settings[k]) for k in ("workload", "batches", "loss") if all_settings.get(k)]
+    out = Path(out)
+    with tempfile.TemporaryDirectory(prefix="gpubench-api-") as tmp:
+        suite = Path(tmp) / f"{name}.toml"
+        suite.write_text(suite_text(name, all_settings), encoding="utf-8")
+        before = set(out.glob("*/run.json")) if out.is_dir() else set()
+        code = execute_advise(AdviseRequest(str(suite), out=out, budget_s=budget_s, only=list(only or []),
+                                            skip=list(skip or []), alpha=alpha, threshold=threshold,
+                                            loss_tolerance=loss_tolerance, report=report,
+                                            code_path=_code_path(refs)), Console(quiet=quiet))
+    made = sorted(set(out.glob("*/run.json")) - before)
+    if not made:
+        raise InputError(f"gpubench.advise: the advise wrote no run directory under {out} (exit {code})")
+    run_dir = made[-1].parent
+    advice = json.loads((run_dir / ADVICE_JSON).read_text())
+    if advice.get("baseline_failed"):
+        raise RuntimeError(f"gpubench.advise: the config does not train: {advice['baseline_failed']} ({run_dir})")
+    rows = advice["rows"] + ([advice["combination"]] if advice.get("combination") else [])
+    frame = pd.DataFrame(rows)
+    frame.attrs.update(best=advice.get("best"), best_lines=advice.get("best_lines") or [],
+                       skipped=advice.get("skipped") or [], run_dir=str(run_dir))
+    return frame
+
+
+__all__ = ["advise", "benchmark"]

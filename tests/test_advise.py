@@ -250,7 +250,7 @@ warmup_steps = 3
 steps = 10
 windows = 2
 """)
-    proc = run_cli(["advise", "s.toml", "--only", "optimizer", "--budget", "150", "--no-report"], cwd=tmp_path,
+    proc = run_cli(["advise", "s.toml", "--only", "optimizer", "--budget", "80", "--no-report"], cwd=tmp_path,
                    env=plain_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
@@ -266,10 +266,30 @@ def test_advise_on_a_users_own_model(tmp_path):
     pytest.importorskip("torch")
     example = REPO / "examples" / "own-model"
     proc = run_cli(["advise", str(example / "suite.toml"), "--set", "precision=fp32", "--only", "memory_format",
-                    "--budget", "120", "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path,
+                    "--budget", "60", "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path,
                    env=plain_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
     (row,) = advice_of(run_dir)["rows"]
     assert row["practice"] == "memory format channels-last" and row["config_id"].startswith("mymodels.small_convnet")
     assert row["speedup"] > 0 and row["repeats"][1] >= 2
+
+
+def test_the_python_call_returns_the_ranked_table(tmp_path, monkeypatch):
+    import os
+
+    import tests.plugins.fake  # noqa: F401 - registers fake-advise in this process
+    from gpubench.api import advise
+
+    monkeypatch.setenv("GPUBENCH_PLUGINS", "tests.plugins.fake")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    monkeypatch.chdir(tmp_path)
+    table = advise("fault", framework="fake-advise", batch_size=8, warmup_steps=1, steps=4, windows=2,
+                   only=["optimizer"], threshold="10%", budget_s=60, out=tmp_path / "runs")
+    assert list(table["practice"]) == ["optimizer fused", "optimizer foreach"]
+    assert list(table["verdict"]) == ["improved", "unchanged"] and (table["ci_low"] > 0).all()
+    assert table.attrs["best"]["practice"] == "optimizer fused"
+    assert table.attrs["best_lines"] == ['optimizer_impl = "fused"']
+    assert Path(table.attrs["run_dir"]).is_dir()
+    with pytest.raises(Exception, match="one value each"):
+        advise("fault", framework="fake-advise", batch_size=[8, 16])
