@@ -53,6 +53,7 @@ STEPS=(
   "compile     6  eager, torch.compile, reduce-overhead, cuda-graph, channels-last on the MNIST CNN"
   "resnet      4  (190 s): ResNet-18/50 with and without activation checkpointing (memory saving)"
   "profile     1  (33 s): gpubench profile (CUDA kernels, breakdown on CUDA events; NVTX under nsys if installed; the allocator history of an ok and an oom config)"
+  "advise      6  gpubench advise on the MNIST CNN (every practice, compile included) and ResNet-50 (compile left out), fp32 eager baselines"
   "gpu-tests   6  (303 s) every @pytest.mark.gpu test"
   "find-batch  5  the largest batch for cnn and mlp at amp-bf16 (expected to fit to the limit), and for ResNet-18 fp32 (chosen to run out of memory partway)"
   "max-batch   3  (136 s): batch_size = \"max\" resolved before the config runs; a config past the GPU's memory ends oom"
@@ -169,6 +170,18 @@ do_profile() {
       --set device=cuda --set workload=cnn --set batch_size=128 --set precision=fp32 --steps 5
     step nsys-nvtx nsys stats --report nvtx_sum "$OUT/profile-nsys.nsys-rep"
   fi
+}
+
+do_advise() {  # the practices measured on the GPU: the CNN's and ResNet-50's advice for docs/gpu-validation.md
+  local cnn=(--budget 150) r50=(--set workload=resnet50 --budget 180)
+  cuda || { cnn=(--budget 20 --only optimizer --set steps=2); r50=(--set workload=resnet18 --set batch_size=8
+    --set steps=2 --budget 20 --only optimizer); }
+  step advise-cnn "$PY" -m gpubench advise suites/compile.toml --out "$OUT/runs" --no-report --set framework=torch \
+    --set device="$DEV" --set precision=fp32 --set compile=none --set memory_format=contiguous "${cnn[@]}" \
+    --markdown "$OUT/advise-cnn.md"
+  step advise-resnet50 "$PY" -m gpubench advise suites/resnet.toml --out "$OUT/runs" --no-report \
+    --set framework=torch --set device="$DEV" --set precision=fp32 --set checkpointing=none --skip compile \
+    "${r50[@]}" --markdown "$OUT/advise-resnet50.md"
 }
 
 do_gpu_tests() {
