@@ -84,6 +84,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "advise": ("gpubench advise suites/quick.toml --set workload=mlp --set framework=torch --set device=cpu",
                "gpubench advise my_suite.toml --set device=cuda --budget 20m --skip compile --markdown advice.md",
                "gpubench advise --resume runs/mymodel-advise-20261127-101500-3f2a9c"),
+    "bisect": ("gpubench bisect suite.toml --good v1.4 --bad main --set device=cuda",
+               "gpubench bisect suites/quick.toml --set workload=mlp --set device=cpu --set batch_size=256 "
+               "--good HEAD~16 --bad HEAD --budget 5m --markdown bisect.md",
+               "gpubench bisect --resume runs/bisect-1a2b3c4d-5e6f7a8b-20261127-101500"),
     "profile": ("gpubench profile suites/quick.toml --set workload=cnn --set framework=torch",
                 "gpubench profile suites/quick.toml --set device=cuda --steps 10"),
     "calibrate": ("gpubench calibrate", "gpubench calibrate --device cuda --force   # measure again"),
@@ -321,6 +325,34 @@ def build_parser() -> argparse.ArgumentParser:
     adv.add_argument("--resume", type=Path, metavar="DIR", help="go on with an interrupted advise's run directory")
     adv.add_argument("--no-report", action="store_true", help="do not write the HTML/CSV/markdown report")
 
+    bis = sub.add_parser("bisect", help="find the commit that made training slower: a lockstep A/B of the ends, "
+                                        "then of each midpoint against the last good commit, in cached worktrees")
+    bis.add_argument("suite", nargs="?", default="", help="suite file (in the repository: each side reads its own "
+                                                          "commit's copy), or a name in suites/")
+    bis.add_argument("--good", default="", metavar="REV", help="a revision without the slowdown")
+    bis.add_argument("--bad", default="", metavar="REV", help="a later revision with it")
+    bis.add_argument("--repo", type=Path, default=Path("."), metavar="DIR",
+                     help="the git repository: gpubench's own checkout, or your project whose model the suite names "
+                          "(default: here)")
+    bis.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=V1[,V2...]")
+    bis.add_argument("--out", type=Path, default=Path("runs"), help="where the bisection's directory goes")
+    bis.add_argument("--cache", type=Path, default=Path(".gpubench") / "worktrees", metavar="DIR",
+                     help="where each commit's worktree (and --setup environment) is kept and reused "
+                          "(default .gpubench/worktrees)")
+    bis.add_argument("--repeats", type=_positive_int, default=10, metavar="N",
+                     help="lockstep rounds of each A/B's first look (default 10)")
+    bis.add_argument("--budget", type=_duration, default=300.0, metavar="TIME",
+                     help="each A/B: more rounds while undecided, within this time (default 5m)")
+    bis.add_argument("--threshold", default="3%", help="the smallest slowdown a step calls one (default 3%%)")
+    bis.add_argument("--noise-floor", default="1%", help="the gate's noise floor (default 1%%)")
+    bis.add_argument("--alpha", type=float, default=0.01, help="each A/B's alpha (default 0.01)")
+    bis.add_argument("--setup", default="", metavar="CMD",
+                     help="make an environment per worktree with this command (e.g. 'pip install -e .'), run once "
+                          "per hash of the dependency files; default: this interpreter, the worktree first on the path")
+    bis.add_argument("--markdown", type=Path, metavar="FILE", help="write the outcome as markdown (a CI summary)")
+    bis.add_argument("--json", type=Path, metavar="FILE", help="write the outcome as JSON")
+    bis.add_argument("--resume", type=Path, metavar="DIR", help="go on with an interrupted bisection's directory")
+
     prof = sub.add_parser("profile", help="profile each config in a fresh process: operator tables, a trace, "
                                           "NVTX ranges on CUDA, the where-time-goes breakdown")
     prof.add_argument("suite", help="suite file, or a name in suites/")
@@ -545,6 +577,16 @@ def _main(argv: list[str] | None) -> int:
             from gpubench.runner.find_batch_command import run_find_batch
 
             return run_find_batch(args.suite, args.sets, args.limit, args.json, console)
+        if args.command == "bisect":
+            from gpubench.bisect.command import BisectRequest, execute_bisect
+
+            if args.resume is None and not (args.suite and args.good and args.bad):
+                raise InputError("gpubench bisect: give a suite, --good REV and --bad REV (or --resume DIR)")
+            return execute_bisect(BisectRequest(
+                suite=args.suite, good=args.good, bad=args.bad, repo=args.repo, sets=args.sets, out=args.out,
+                cache=args.cache, repeats=args.repeats, budget_s=args.budget, threshold=args.threshold,
+                noise_floor=args.noise_floor, alpha=args.alpha, setup=args.setup, markdown=args.markdown,
+                json=args.json, resume=args.resume), console)
         if args.command == "advise":
             from gpubench.advise.command import AdviseRequest, execute_advise
 

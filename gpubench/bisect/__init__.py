@@ -1,0 +1,1 @@
+"""``gpubench bisect``: from a flagged slowdown to the commit that caused it."""

@@ -1,0 +1,126 @@
+"""gpubench bisect: the search with scripted verdicts (log2 steps, an inconclusive step measured
+again, then the range named), bad input, and on a scratch repository of a user's model whose
+11th commit makes the training step slower (slow: real A/Bs)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+
+import pytest
+
+from gpubench.bisect.search import Bisection, Step
+from tests.conftest import plain_env, run_cli
+from tests.scratch_repo import make_repo
+
+
+def run_search(commits: list[str], culprit: str | None, flaky: set[str] = frozenset(), always: set[str] = frozenset()
+               ) -> Bisection:
+    """A bisection whose A/Bs say regressed exactly for the commits at or after ``culprit``;
+    a commit in ``flaky`` is inconclusive once, one in ``always`` every time."""
+    b = Bisection("good", commits)
+    seen: set[str] = set()
+    while (pair := b.next_pair()) is not None:
+        base, cand, attempt = pair
+        if cand in always or (cand in flaky and cand not in seen):
+            seen.add(cand)
+            verdict = "inconclusive"
+        else:
+            verdict = "regressed" if culprit is not None and commits.index(cand) >= commits.index(culprit) \
+                else "unchanged"
+        b.record(Step(base, cand, verdict, attempt))
+    return b
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 15, 16, 33])
+def test_every_culprit_is_found_in_log2_steps(n):
+    commits = [f"c{i}" for i in range(n)]
+    for k, culprit in enumerate(commits):
+        b = run_search(commits, culprit)
+        assert b.culprit == culprit, (n, k)
+        assert len(b.steps) <= math.ceil(math.log2(n)) if n > 1 else len(b.steps) == 0
+        # every step measured the midpoint against the last commit known good
+        assert all(s.baseline == "good" or s.baseline in commits for s in b.steps)
+
+
+def test_an_inconclusive_step_is_measured_again_then_the_range_is_named():
+    commits = [f"c{i}" for i in range(16)]
+    again = run_search(commits, "c10", flaky={"c7"})
+    assert again.culprit == "c10"
+    assert [(s.candidate, s.attempt, s.verdict) for s in again.steps[:2]] == [("c7", 0, "inconclusive"),
+                                                                             ("c7", 1, "unchanged")]
+    stuck = run_search(commits, "c10", always={"c11"})
+    assert stuck.culprit is None and "stayed inconclusive after 2 measurements" in stuck.stopped
+    assert "c10" in stuck.range and stuck.range == commits[commits.index(stuck.range[0]):
+                                                           commits.index(stuck.range[-1]) + 1]
+
+
+def test_a_step_out_of_order_is_refused():
+    b = Bisection("good", ["a", "b", "c"])
+    with pytest.raises(ValueError, match="not the one to measure next"):
+        b.record(Step("good", "c", "regressed"))
+
+
+@pytest.fixture
+def scratch(tmp_path):
+    repo = tmp_path / "proj"
+    return repo, make_repo(repo, commits=4, culprit=3)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--good", "nope", "--bad", "HEAD"], "--good nope: not a commit of"),
+    (["--good", "HEAD", "--bad", "HEAD~2"], "is not an ancestor of --bad"),
+    (["--good", "HEAD", "--bad", "HEAD"], "are the same commit"),
+    (["--good", "HEAD~1", "--bad", "HEAD", "--set", "precision=fp64"], "precision"),
+])
+def test_bad_input_is_one_line_and_exit_2(scratch, args, message):
+    repo, _ = scratch
+    proc = run_cli(["bisect", "suite.toml", *args, "--out", "out"], cwd=repo, env=plain_env())
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr and proc.stderr.strip().count("\n") == 0
+    assert not (repo / "out").exists()
+
+
+def test_not_a_git_repository_exits_2(tmp_path):
+    (tmp_path / "s.toml").write_text("name = 's'\n[defaults]\nworkload = 'mlp'\n")
+    proc = run_cli(["bisect", "s.toml", "--good", "a", "--bad", "b"], cwd=tmp_path, env=plain_env())
+    assert proc.returncode == 2 and "not a git repository" in proc.stderr
+
+
+@pytest.mark.slow
+def test_bisect_names_the_commit_that_slowed_the_users_model(tmp_path):
+    pytest.importorskip("torch")
+    repo = tmp_path / "proj"
+    shas = make_repo(repo, commits=16, culprit=11)
+    proc = run_cli(["bisect", "suite.toml", "--good", shas[0], "--bad", shas[-1], "--repeats", "6", "--alpha", "0.05",
+                    "--budget", "90", "--json", "bisect.json", "--markdown", "bisect.md"], cwd=repo, env=plain_env(),
+                   timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = json.loads((repo / "bisect.json").read_text())
+    assert out["named"] and out["culprit"] == shas[10]
+    info = out["culprit_info"]
+    assert info["subject"] == "mynet: keep the batch's product with a padding buffer"
+    assert info["author"] == "Scratch Author <author@example.com>" and "mynet.py" in info["diffstat"]
+    assert len(out["steps"]) == math.ceil(math.log2(15))  # the 15 commits after the good one
+    assert out["slowdown"]["verdict"] == "regressed" and out["slowdown"]["ratio"] < 0.97
+    md = (repo / "bisect.md").read_text()
+    assert f"**Culprit: {shas[10][:12]}**" in md
+    # the worktrees are cached: a second bisection of part of the range makes none again
+    trees = sorted(p.name for p in (repo / ".gpubench" / "worktrees").iterdir())
+    assert len(trees) == len({s["candidate"] for s in out["steps"]} | {shas[0], shas[-1]})
+    listed = subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True, text=True).stdout
+    assert listed.count("\n") == len(trees) + 1
+
+
+@pytest.mark.slow
+def test_bisect_of_a_history_without_the_slowdown_says_it_did_not_reproduce(tmp_path):
+    pytest.importorskip("torch")
+    repo = tmp_path / "proj"
+    shas = make_repo(repo, commits=6, culprit=None)
+    proc = run_cli(["bisect", "suite.toml", "--good", shas[0], "--bad", shas[-1], "--repeats", "6", "--alpha", "0.05",
+                    "--budget", "60", "--json", "bisect.json"], cwd=repo, env=plain_env(), timeout=900)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = json.loads((repo / "bisect.json").read_text())
+    assert not out["named"] and "did not reproduce at the ends" in out["why_not"] and out["steps"] == []
+    assert "No commit named: the slowdown did not reproduce at the ends" in proc.stdout
