@@ -6,7 +6,7 @@ import argparse
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -424,6 +424,17 @@ def build_parser() -> argparse.ArgumentParser:
             h.add_argument("--effect", default="5%", help="the slowdown whose repeats are asked for (default 5%%)")
         if name in ("check", "noise"):
             h.add_argument("--json", type=Path, metavar="FILE", help="write what is printed as JSON")
+        if name == "check":
+            h.add_argument("--bisect", metavar="SUITE",
+                           help="then bisect the newest regression found: gpubench bisect SUITE from the commit "
+                                "before the step to the commit after it (in --repo)")
+            h.add_argument("--bisect-set", dest="bisect_sets", action="append", default=[], metavar="KEY=V",
+                           help="--set for the bisection's suite (repeatable): narrow it to the regressed config")
+            h.add_argument("--repo", type=Path, default=Path("."), metavar="DIR",
+                           help="the git repository the history's commits are of (default: here)")
+            h.add_argument("--bisect-budget", type=_duration, default=300.0, metavar="TIME",
+                           help="each A/B of the bisection: more rounds while undecided, within this time "
+                                "(default 5m)")
         if name == "report":
             h.add_argument("--no-changes", action="store_true", help="do not look for change points")
         if name == "report":
@@ -489,6 +500,16 @@ def slurm_options(args: argparse.Namespace) -> SlurmOptions | None:
                         sbatch_args=tuple(args.sbatch_args))
 
 
+def _history_bisect(args: argparse.Namespace, console: Console) -> Callable[[str, str], int]:
+    """``history check --bisect SUITE``: gpubench bisect of SUITE between two commits."""
+    def bisect(good: str, bad: str) -> int:
+        from gpubench.bisect.command import BisectRequest, execute_bisect
+
+        return execute_bisect(BisectRequest(suite=args.bisect, good=good, bad=bad, repo=args.repo,
+                                            sets=args.bisect_sets, budget_s=args.bisect_budget), console)
+    return bisect
+
+
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     console = Console()
@@ -545,7 +566,8 @@ def _main(argv: list[str] | None) -> int:
                 action=args.action, db=args.db, run_dirs=getattr(args, "run_dirs", []),
                 tags=parse_tags(getattr(args, "tags", [])), filters=filters, metrics=getattr(args, "metrics", []),
                 out=getattr(args, "out", None), pinned=getattr(args, "pinned", []), check=check,
-                json=getattr(args, "json", None), changes=not getattr(args, "no_changes", False), noise=noise), console)
+                json=getattr(args, "json", None), changes=not getattr(args, "no_changes", False), noise=noise,
+                bisect=_history_bisect(args, console) if getattr(args, "bisect", None) else None), console)
         if args.command == "report":
             from gpubench.report.build import build_report
 

@@ -593,3 +593,22 @@ def test_the_dashboard_charts_the_tensor_core_counter_where_results_have_it(tmp_
     from gpubench.history.changes import kind_of
 
     assert kind_of(1.2, "sm_occupancy_pct", 0.03) == "change" and kind_of(0.8, "tensor_active_pct", 0.03) == "regression"
+
+
+def test_check_bisect_hands_the_newest_regressions_commits_to_bisect(tmp_path, gb):
+    """history check --bisect: the commits on either side of the step go to gpubench bisect (here a
+    directory that is no git repository, so bisect refuses them: exit 2, naming the repository)."""
+    dirs = commit_runs(tmp_path / "a", [1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 1.0, 0.70, 0.71, 0.69, 0.70, 0.72, 0.7, 0.71])
+    db = f"sqlite:///{tmp_path / 'h.db'}"
+    assert gb(["history", "ingest", *dirs, "--db", db]).returncode == 0
+    (tmp_path / "notgit").mkdir()
+    proc = gb(["history", "check", "--db", db, "--config", "mlp_depth2_width512-torch-cpu-bs256-fp32",
+               "--bisect", "s.toml", "--repo", str(tmp_path / "notgit")])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "between 06cccccccccc and 07cccccccccc" in proc.stdout
+    assert "not a git repository" in proc.stderr
+    calm = commit_runs(tmp_path / "b", [1.0, 1.01, 0.99, 1.0, 1.01, 0.99], name="calm")
+    db2 = f"sqlite:///{tmp_path / 'h2.db'}"
+    assert gb(["history", "ingest", *calm, "--db", db2]).returncode == 0
+    quiet = gb(["history", "check", "--db", db2, "--bisect", "s.toml", "--repo", str(tmp_path / "notgit")])
+    assert quiet.returncode == 0 and "no regression with a commit on either side to bisect" in quiet.stdout

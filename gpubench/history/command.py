@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,9 @@ class HistoryRequest:
     json: Path | None = None
     changes: bool = True  # history report: mark the change points on the charts
     noise: NoiseOptions = field(default_factory=NoiseOptions)
+    # history check --bisect: what bisects the newest regression found, given the commits before
+    # and after its step (the command line's gpubench bisect); its exit code is check's
+    bisect: Callable[[str, str], int] | None = None
 
 
 def noise_options(repeats: int, alpha: float, configs: int, threshold: float, noise_floor: float,
@@ -251,4 +255,21 @@ def _check(engine: Any, url: str, req: HistoryRequest, metrics: list[str], conso
     if req.json:
         write_output(req.json, json_text({"history": display_url(url), "options": asdict(o),
                                           "steps": [st.to_dict() for st in steps], "too_short": short}), "--json")
+    if req.bisect:
+        return _bisect(req, steps, console)
     return 1 if recent else 0
+
+
+def _bisect(req: HistoryRequest, steps: list[Step], console: Console) -> int:
+    """``history check --bisect``: the newest regression's step, bisected from the commit before
+    it to the commit after it; the bisection's exit code (0: a commit named)."""
+    regressions = [st for st in steps if st.kind == "regression" and st.commit and st.previous_commit
+                   and not st.commit.startswith("run ") and not st.previous_commit.startswith("run ")]
+    if not regressions:
+        console.print("--bisect: no regression with a commit on either side to bisect", highlight=False)
+        return 0
+    st = max(regressions, key=lambda s: (s.position, s.config_id))
+    console.print(f"--bisect: {st.config_id} ({st.metric}, {describe(st)}) between {st.previous_commit[:12]} and "
+                  f"{st.commit[:12]}", highlight=False)
+    assert req.bisect is not None
+    return req.bisect(st.previous_commit, st.commit)
