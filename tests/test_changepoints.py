@@ -83,3 +83,26 @@ def test_the_minimal_detectable_slowdown_is_where_the_gate_starts_catching_95_pe
     # more noise needs more repeats; a slowdown at the threshold is never caught 95% of the time
     assert repeats_needed(0.02, 0.05, 0.01, 0.03, 0.01) < repeats_needed(0.04, 0.05, 0.01, 0.03, 0.01)
     assert repeats_needed(0.02, 0.03, 0.01, 0.03, 0.01) is None
+
+
+def test_a_stalled_run_no_longer_hides_a_step():
+    """One run that stalled (3% of its level) among 14 commits with a 40% step at commit 8: kept,
+    it dominates every distance and the step goes unfound; left out as an isolated outlier, the
+    step is found where it is (indices of the whole series)."""
+    import numpy as np
+
+    from gpubench.gate.changepoints import change_points, isolated_outliers
+
+    rng = np.random.default_rng(0)
+    values = 45000 * np.exp(rng.normal(0, 0.02, 14))
+    values[8:] *= 0.6
+    values[3] *= 0.03
+    assert list(np.flatnonzero(isolated_outliers(np.log(values)))) == [3]
+    assert change_points(values, drop_outliers=False) == []
+    (cp,) = change_points(values)
+    assert cp.index == 8 and 0.55 < cp.ratio < 0.65
+    # a step's own points are never outliers, nor are two wild points close together
+    step = np.log(np.r_[np.full(6, 45000.0), np.full(6, 27000.0)])
+    assert not isolated_outliers(step).any()
+    pair = np.log(np.r_[np.full(5, 45000.0), [1300.0, 1200.0], np.full(5, 45000.0)])
+    assert not isolated_outliers(pair).any()
