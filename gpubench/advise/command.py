@@ -48,6 +48,7 @@ from gpubench.runner.sweep import pre_resolve, run_jobs
 from gpubench.suite import MAX_BATCH, Suite, load_suite
 
 ADVICE_JSON, ADVICE_MD = "advice.json", "advice.md"
+COMBINATION_ROUNDS = 1000  # the combination's rounds (and the baseline's beside it) are numbered from here
 EXIT_OK, EXIT_BASELINE_FAILED = 0, 1
 
 
@@ -160,7 +161,10 @@ def _advise(req: AdviseRequest, console: Console, held: ExitStack) -> int:
     cands: list[Candidate] = []
     for p in practices:
         if not _wanted(p, req):
-            continue
+            if p.group == "batch" and _wanted(Skipped("", "memory", ""), req):  # the memory group's probe
+                p = Practice(p.name, "probe", p.sets, p.caveat)
+            else:
+                continue
         made = _config_of(suite, req.sets, p, base)
         if isinstance(made, str):
             skipped.append(Skipped(p.name, p.group, made))
@@ -267,8 +271,8 @@ class _Session:
         if not any(r.ok for r in first):
             bad = first[0] if first else None
             return self.baseline_failed(f"{bad.status}: {bad.reason}" if bad else "not measured", skipped)
-        live = [c for c in cands if any(r.ok for r in self._of(c.config))]
-        batch = next((c for c in cands if c.practice.group == "batch"), None)
+        live = [c for c in cands if any(r.ok for r in self._of(c.config)) and c.practice.group != "probe"]
+        batch = next((c for c in cands if c.practice.group in ("batch", "probe")), None)
         if batch is not None and any(r.status == "oom" for r in self._of(batch.config)) and \
                 _wanted(Skipped("", "memory", ""), self.req):
             more, why_not = memory_followups(base)
@@ -290,31 +294,40 @@ class _Session:
             skipped.append(no_memory_limit())
         compared = len(live) + 1  # the practices and the combination share alpha
         rows = self.looks(live, compared)
-        rows += [judge(c.practice, self._of(base), self._of(c.config), self.judging, compared)
-                 for c in cands if c not in live]
+        rows += [judge(c.practice, self.beside_practices(), self._of(c.config), self.judging, compared)
+                 for c in cands if c not in live and c.practice.group != "probe"]
         combo = self.combination(rows, suite, compared)
         return self.finish(rank(rows), combo, skipped)
 
+    def beside_practices(self) -> list[Result]:
+        """The baseline's repeats of the practices' rounds (not those beside the combination)."""
+        return [r for r in self._of(self.base) if r.repeat < COMBINATION_ROUNDS]
+
     def looks(self, live: list[Candidate], compared: int) -> list[Row]:
         """Rounds of the live practices with the baseline, and looks at them (alpha / 2^k) until
-        each is decided or the budget is spent; the rows at the last look's level."""
+        each is decided or the budget is spent; the rows at the last look's level. A round
+        missing from an interrupted advise (--resume) is measured again first."""
         base = self.base
         rounds = min_repeats(2 * look_alpha(self.req.alpha, 1) / compared)
-        reserve = 2 * rounds if len(live) >= 2 else 0  # the combination's rounds, kept for it
+        # the combination's rounds (at a later look's level), kept for it
+        reserve = 2 * min_repeats(2 * look_alpha(self.req.alpha, 2) / compared) if len(live) >= 2 else 0
         undecided = list(live)
-        look, rows = 0, {}
+        look, rows, target = 0, {}, 0
         while undecided:
-            done = self.repeats_of(base)
-            target = rounds if look == 0 else min(2 * done, done + max(1, self._fit(len(undecided) + 1, reserve)))
-            k = done
-            while k < target and self.fits(len(undecided) + 1, reserve):
-                self.measure([base] + [c.config for c in undecided], range(k, k + 1))
+            configs = [base] + [c.config for c in undecided]
+            target = rounds if look == 0 else min(2 * target, target + max(1, self._fit(len(configs), reserve)))
+            k = 0
+            while k < target:
+                if not all(self._has(c, k) for c in configs):
+                    if not self.fits(len(configs), reserve):
+                        break
+                    self.measure(configs, range(k, k + 1))
                 k += 1
             look += 1
             alpha_look = look_alpha(self.req.alpha, look)
             j = Judging(alpha_look, self.judging.threshold, self.judging.noise_floor, self.judging.loss_tolerance)
             for c in undecided:
-                rows[c.config.config_id] = judge(c.practice, self._of(base), self._of(c.config), j, compared)
+                rows[c.config.config_id] = judge(c.practice, self.beside_practices(), self._of(c.config), j, compared)
             before = len(undecided)
             undecided = [c for c in undecided if rows[c.config.config_id].verdict == "inconclusive"]
             spent = k < target or not self.fits(len(undecided) + 1, reserve)
@@ -353,12 +366,14 @@ class _Session:
                 chosen = chosen[:-1]
                 continue
             base = self.base
-            start = self.repeats_of(base)  # the baseline measured again beside it: the same hour of the machine
-            rounds = min_repeats(2 * self.final_alpha / compared)
-            k = start
-            while k < start + rounds and (k == start or self.fits(2)):
-                self.measure([base, config], range(k, k + 1))
-                k += 1
+            # the baseline measured again beside it (the same hour of the machine), its rounds
+            # numbered from COMBINATION_ROUNDS so that a resumed advise finds them again
+            start, rounds = COMBINATION_ROUNDS, min_repeats(2 * self.final_alpha / compared)
+            for k in range(start, start + rounds):
+                if not (self._has(base, k) and self._has(config, k)):
+                    if k > start and not self.fits(2):
+                        break
+                    self.measure([base, config], range(k, k + 1))
             j = Judging(self.final_alpha, self.judging.threshold, self.judging.noise_floor,
                         self.judging.loss_tolerance)
             beside = [r for r in self._of(base) if r.repeat >= start]
@@ -402,8 +417,9 @@ class _Session:
             write_output(self.req.json, json_text(advice), "--json")
 
     def show(self, rows: list[Row], combo: Row | None, skipped: list[Skipped], best: Row | None) -> None:
-        table = Table(title=f"advice for {self.base.config_id} (speed-up: throughput / the baseline's, "
-                            f"{100 * (1 - 2 * self.final_alpha):.3g}% interval)", title_justify="left")
+        table = Table(title=f"advice for {self.base.config_id} (speed-up: throughput / the baseline's; its "
+                            "interval's confidence: 1 - 2 alpha / the comparisons, at the look that decided it)",
+                      title_justify="left")
         for col in ("#", "practice", "verdict", "speed-up", "interval", "memory", "cold start", "pays back", "loss",
                     "note"):
             table.add_column(col, overflow="fold")
@@ -421,7 +437,8 @@ def _ratio(v: float | None) -> str:
 
 
 def row_cells(r: Row, label: str) -> list[str]:
-    interval = f"[{r.ci_low:.3f}, {r.ci_high:.3f}]" if r.ci_low is not None and r.ci_high is not None else "-"
+    interval = (f"[{r.ci_low:.3f}, {r.ci_high:.3f}]" + (f" ({100 * r.confidence:.3g}%)" if r.confidence else "")
+                if r.ci_low is not None and r.ci_high is not None else "-")
     memory = f"{100 * (r.memory_ratio - 1):+.0f}%" if r.memory_ratio is not None else "-"
     cold = f"{r.cold_start_ms:+.0f} ms" if r.cold_start_ms is not None else "-"
     pays = ("-" if r.payback_steps is None or not r.helped else "never" if math.isinf(r.payback_steps)
@@ -458,9 +475,10 @@ def markdown(advice: dict[str, Any]) -> str:
     best config's lines."""
     head = ["#", "practice", "verdict", "speed-up", "interval", "memory", "cold start", "pays back", "loss", "note"]
     out = [f"# gpubench advise: {advice['baseline']}", "",
-           f"Each practice against the baseline (throughput ratio, {100 * (1 - 2 * advice['final_alpha']):.3g}% "
-           f"interval; threshold {100 * advice['threshold']:g}%; loss tolerance {100 * advice['loss_tolerance']:g}%), "
-           f"measured in {advice['elapsed_s']} s of a {advice['budget_s']:g} s budget.", "",
+           f"Each practice against the baseline (throughput ratio and its interval, whose confidence is "
+           f"1 - 2 x {advice['alpha']:g} / 2^look / the comparisons; threshold {100 * advice['threshold']:g}%; loss "
+           f"tolerance {100 * advice['loss_tolerance']:g}%), measured in {advice['elapsed_s']} s of a "
+           f"{advice['budget_s']:g} s budget.", "",
            fmt.md_row(head), "| " + " | ".join("---" for _ in head) + " |"]
     rows = [Row(**{**r, "repeats": tuple(r["repeats"]),
                    "payback_steps": math.inf if r["payback_steps"] == "never" else r["payback_steps"]})

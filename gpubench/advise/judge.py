@@ -48,6 +48,7 @@ class Row:
     payback_steps: float | None = None  # baseline steps after which the cold start is paid back (inf: never)
     loss_ratio: float | None = None  # loss after the last window, practice / baseline
     caveat: str = ""
+    confidence: float | None = None  # of the interval: 1 - 2 alpha / the comparisons, at the look that judged it
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -82,6 +83,7 @@ def judge(practice: Any, baseline: list[Result], results: list[Result], j: Judgi
         row.reason = "the baseline has no ok repeat to compare with"
         return row
     level = 2 * j.alpha / max(1, compared)  # the two-sided level of each practice's interval
+    row.confidence = 1 - level
     s = shift([float(THROUGHPUT.value(r)) for r in base_ok],
               [float(THROUGHPUT.value(r)) for r in ok], level)
     row.verdict = gate_judge(s, THROUGHPUT, j.threshold, j.noise_floor)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpubench.config import Config
-from gpubench.options import parse_parallelism
+from gpubench.options import device_kind, parse_parallelism
 
 # the groups, in the order the table lists what does not apply; a group is what --only / --skip name
 GROUPS = ("precision", "compile", "memory_format", "optimizer", "batch", "input", "memory")
@@ -75,6 +75,10 @@ def candidates(base: Config) -> tuple[list[Practice], list[Skipped]]:
         skipped.append(Skipped("memory format", "memory_format", f"{fw} has one memory format ({base.memory_format})"))
     # the for-loop is the reference implementation every other is a speed-up of: not a practice
     impls = [i for i in _declared(fw, "optimizer_impl") if i not in (base.optimizer_impl, "for-loop", "auto")]
+    if fw == "torch" and base.optimizer_impl == "auto" and device_kind(base.device) == "cuda" and "fused" in impls:
+        impls.remove("fused")
+        skipped.append(Skipped("optimizer fused", "optimizer", "optimizer_impl = auto is PyTorch's fused "
+                                                               "implementation on CUDA already"))
     out += [Practice(f"optimizer {i}", "optimizer", (("optimizer_impl", i),)) for i in impls]
     if not impls:
         skipped.append(Skipped("optimizer implementation", "optimizer",

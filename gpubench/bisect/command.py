@@ -78,12 +78,25 @@ def execute_bisect(req: BisectRequest, console: Console) -> int:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise InputError(f"--resume {req.resume}: no readable {STATE} ({type(e).__name__}); resume a directory "
                              "gpubench bisect made") from None
-    repo = git.toplevel(req.repo)
-    good, bad = git.resolve(repo, req.good, "--good"), git.resolve(repo, req.bad, "--bad")
+    repo = git.toplevel(Path(state["repo"]) if state else req.repo)
+    if state:  # the commits it was started with, whatever the branches' names point to now
+        good, bad = state["good"], state["bad"]
+    else:
+        good, bad = git.resolve(repo, req.good, "--good"), git.resolve(repo, req.bad, "--bad")
     commits = git.commits_between(repo, good, bad)
     suite_path = Path(req.suite).resolve() if Path(req.suite).is_file() else None
-    load_suite(req.suite).with_overrides(req.sets).expand()  # a bad suite or --set: exit 2 now
+    configs = load_suite(req.suite).with_overrides(req.sets).expand()  # a bad suite or --set: exit 2 now
     rel = _suite_in(repo, suite_path) if suite_path is not None else None
+    if rel is not None and not git.has_file(repo, good, rel):
+        raise InputError(f"{req.suite}: not in the good revision {good[:12]} (each step reads the suite as the "
+                         "last good commit has it); commit it there, or give a suite outside the repository")
+    from gpubench.gate.compare import repeats_for
+    from gpubench.runner.ab import look_alpha
+
+    needed = repeats_for(look_alpha(req.alpha, 1), len(configs), "bonferroni", paired=True)
+    if req.repeats < needed:
+        raise InputError(f"--repeats {req.repeats}: a lockstep A/B of {len(configs)} config(s) at alpha {req.alpha:g} "
+                         f"(its first look at {look_alpha(req.alpha, 1):g}) needs at least {needed} rounds")
     for path, option in ((req.markdown, "--markdown"), (req.json, "--json")):
         check_output_file(path, option)
     if req.resume is None:
@@ -104,8 +117,9 @@ def execute_bisect(req: BisectRequest, console: Console) -> int:
 
 
 def _suite_in(repo: Path, suite: Path) -> str | None:
-    """The suite's path inside the repository (each side reads its own commit's copy), or None
-    for a suite outside it (read as it is)."""
+    """The suite's path inside the repository (each step reads the copy of its last good commit,
+    whose directory each side maps to its own worktree for the model's code), or None for a
+    suite outside it (read as it is)."""
     try:
         return str(suite.relative_to(repo.resolve()))
     except ValueError:
@@ -190,7 +204,8 @@ class _Session:
         culprit = self.bisection.culprit if not not_named else None
         out: dict[str, Any] = {"good": self.good, "bad": self.bad, "repo": str(self.repo),
                                "seconds": round(time.monotonic() - self.t0), "ends": [s.to_dict() for s in self.ends],
-                               **self.bisection.to_dict(), "named": culprit is not None, "why_not": not_named}
+                               **self.bisection.to_dict(), "culprit": culprit, "named": culprit is not None,
+                               "why_not": not_named}
         if culprit is not None:
             out["culprit_info"] = git.describe(self.repo, culprit)
             measured = next((s for s in reversed(self.bisection.steps + self.ends)

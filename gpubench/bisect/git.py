@@ -53,6 +53,12 @@ def commits_between(repo: Path, good: str, bad: str) -> list[str]:
     return out.split() or [bad]
 
 
+def has_file(repo: Path, sha: str, path: str) -> bool:
+    """Whether ``path`` exists in the commit ``sha``."""
+    return subprocess.run(["git", "-C", str(repo), "cat-file", "-e", f"{sha}:{path}"],
+                          capture_output=True).returncode == 0
+
+
 def worktree(repo: Path, sha: str, cache: Path) -> Path:
     """A detached worktree of ``sha`` in ``cache`` (made once, then reused)."""
     path = cache / sha[:16]

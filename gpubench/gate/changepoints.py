@@ -69,15 +69,17 @@ def isolated_outliers(x: np.ndarray) -> np.ndarray:
         sides = [x[max(0, i - w):i], x[i + 1:i + 1 + w]]
         levels = [float(np.median(side)) for side in sides if len(side) >= 2]
         mask[i] = bool(levels) and all(abs(x[i] - level) > limit for level in levels)
-    for i in np.flatnonzero(mask):
-        if mask[max(0, i - w):i + w + 1].sum() > 1:
-            mask[max(0, i - w):i + w + 1] = False
+    found = mask.copy()  # counted on what was found, whatever is cleared
+    for j in np.flatnonzero(found):
+        if found[max(0, j - w):j + w + 1].sum() > 1:
+            mask[max(0, j - w):j + w + 1] = False
     return mask
 
 
 @dataclass(frozen=True)
 class ChangePoint:
     index: int  # the first point after the step
+    previous_index: int  # the last point before it (index - 1 unless an outlier between was left out)
     p_value: float
     ratio: float  # after / before: the Hodges-Lehmann ratio of the adjacent segments
     ci_low: float  # NaN when the segments are too short for a 95% interval
@@ -166,5 +168,6 @@ def change_points(values: list[float] | np.ndarray, p_value: float = DEFAULT_P_V
         lo = edges[i - 1] if i else 0
         hi = edges[i + 1] if i + 1 < len(edges) else len(x)
         s = shift(raw[lo:at], raw[at:hi], CI_ALPHA)
-        out.append(ChangePoint(int(keep[at]), found[at], s.ratio, s.ci_low, s.ci_high, at - lo, hi - at))
+        out.append(ChangePoint(int(keep[at]), int(keep[at - 1]), found[at], s.ratio, s.ci_low, s.ci_high, at - lo,
+                               hi - at))
     return out

@@ -99,7 +99,7 @@ def find_steps(frame: pd.DataFrame, orders: dict[str, list[str]], metric: str,
         commits, xs = list(g["commit"]), list(g["x"])
         for cp in change_points(g[metric].to_numpy(), options.p_value, options.permutations, options.min_size):
             steps.append(Step(str(suite), str(config), str(machine), metric, str(commits[cp.index]),
-                              str(commits[cp.index - 1]), int(xs[cp.index]), len(g), len(g) - cp.index,
+                              str(commits[cp.previous_index]), int(xs[cp.index]), len(g), len(g) - cp.index,
                               kind_of(cp.ratio, metric, options.threshold), cp, options.recent))
     return steps, short
 

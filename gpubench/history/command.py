@@ -261,15 +261,18 @@ def _check(engine: Any, url: str, req: HistoryRequest, metrics: list[str], conso
 
 
 def _bisect(req: HistoryRequest, steps: list[Step], console: Console) -> int:
-    """``history check --bisect``: the newest regression's step, bisected from the commit before
-    it to the commit after it; the bisection's exit code (0: a commit named)."""
+    """``history check --bisect``: the newest regression's step (a recent one first), bisected
+    from the commit before it to the commit after it. Exit 1 when the check fails (a recent
+    regression) or no commit is named, 2 for the bisection's bad input, else 0."""
+    check = 1 if any(st.recent_regression for st in steps) else 0  # the check's own verdict stands
     regressions = [st for st in steps if st.kind == "regression" and st.commit and st.previous_commit
                    and not st.commit.startswith("run ") and not st.previous_commit.startswith("run ")]
     if not regressions:
         console.print("--bisect: no regression with a commit on either side to bisect", highlight=False)
-        return 0
-    st = max(regressions, key=lambda s: (s.position, s.config_id))
+        return check
+    # the newest of the recent regressions (those that fail the check), else the newest of all
+    st = max(regressions, key=lambda s: (s.recent_regression, s.position, s.config_id))
     console.print(f"--bisect: {st.config_id} ({st.metric}, {describe(st)}) between {st.previous_commit[:12]} and "
                   f"{st.commit[:12]}", highlight=False)
     assert req.bisect is not None
-    return req.bisect(st.previous_commit, st.commit)
+    return max(check, req.bisect(st.previous_commit, st.commit))

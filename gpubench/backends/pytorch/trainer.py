@@ -127,7 +127,8 @@ class TorchTrainerBase(Trainer):
                                         cache_enabled=config.compile != "cuda-graph")
                          if dtype is not None else contextlib.nullcontext())
         self._info: dict[str, Any] = {
-            "optimizer_impl": "fused" if self.cuda else "default",
+            "optimizer_impl": ({"auto": "fused" if self.cuda else "default"}.get(config.optimizer_impl,
+                                                                                config.optimizer_impl)),
             "autocast_dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
             "cudnn_benchmark": self.cuda,
             "tf32": config.precision == "tf32",
