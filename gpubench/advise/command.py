@@ -310,7 +310,7 @@ class _Session:
         base = self.base
         rounds = min_repeats(2 * look_alpha(self.req.alpha, 1) / compared)
         # the combination's rounds (at a later look's level), kept for it
-        reserve = 2 * min_repeats(2 * look_alpha(self.req.alpha, 2) / compared) if len(live) >= 2 else 0
+        reserve = 3 * min_repeats(2 * look_alpha(self.req.alpha, 2) / compared) if len(live) >= 2 else 0
         undecided = list(live)
         look, rows, target = 0, {}, 0
         while undecided:
