@@ -2,7 +2,7 @@
 its suite as ``mynet:net``) over ``commits`` commits, one of which (``culprit``, 1-based) adds
 real work to the model's forward pass: a matrix product of the batch with a 256 x 480 buffer,
 about a tenth more arithmetic than the training step's. The others change a notes file. Used
-by the tests and by benchmarks/bisect.py."""
+by the tests and by benchmarks/bisect_scratch.py."""
 
 from __future__ import annotations
 

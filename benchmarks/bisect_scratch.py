@@ -2,7 +2,7 @@
 user's PyTorch model (tests/scratch_repo.py) whose 11th of 16 commits adds about a tenth more
 arithmetic to the training step, bisected from its first commit to its last.
 
-    PYTHONPATH=. python benchmarks/bisect.py [--commits 16] [--culprit 11] [--repeats 6] [--alpha 0.05]
+    PYTHONPATH=. python benchmarks/bisect_scratch.py [--commits 16] [--culprit 11] [--repeats 6] [--alpha 0.05]
 
 Prints the culprit named (and whether it is the right one), every step's verdict and the
 wall time of the whole bisection (the ends and ceil(log2 (commits - 1)) steps).
