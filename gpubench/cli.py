@@ -343,7 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="lockstep rounds of each A/B's first look (default 10)")
     bis.add_argument("--budget", type=_duration, default=300.0, metavar="TIME",
                      help="each A/B: more rounds while undecided, within this time (default 5m)")
-    bis.add_argument("--threshold", default="3%", help="the smallest slowdown a step calls one (default 3%%)")
+    bis.add_argument("--threshold", default="auto",
+                     help="the smallest slowdown an A/B calls one; auto (the default): 3%% at the ends, then half "
+                          "the slowdown the ends measured (at least 2%%)")
     bis.add_argument("--noise-floor", default="1%", help="the gate's noise floor (default 1%%)")
     bis.add_argument("--alpha", type=float, default=0.01, help="each A/B's alpha (default 0.01)")
     bis.add_argument("--setup", default="", metavar="CMD",

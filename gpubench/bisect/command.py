@@ -48,7 +48,7 @@ class BisectRequest:
     cache: Path = Path(".gpubench") / "worktrees"
     repeats: int = 10  # lockstep rounds of each A/B's first look
     budget_s: float = 300.0  # each A/B: more rounds while undecided, within this time
-    threshold: str = "3%"
+    threshold: str = "auto"  # auto: the ends at 3%, then each step at half the slowdown the ends measured
     noise_floor: str = "1%"
     alpha: float = 0.01
     setup: str = ""  # a command that makes each worktree's environment (run once per dependency hash)
@@ -90,8 +90,12 @@ def execute_bisect(req: BisectRequest, console: Console) -> int:
     if rel is not None and not git.has_file(repo, good, rel):
         raise InputError(f"{req.suite}: not in the good revision {good[:12]} (each step reads the suite as the "
                          "last good commit has it); commit it there, or give a suite outside the repository")
-    from gpubench.gate.compare import repeats_for
+    from gpubench.gate.compare import parse_fraction, repeats_for
     from gpubench.runner.ab import look_alpha
+
+    if req.threshold != "auto":
+        parse_fraction(req.threshold, "--threshold")
+    parse_fraction(req.noise_floor, "--noise-floor")
 
     needed = repeats_for(look_alpha(req.alpha, 1), len(configs), "bonferroni", paired=True)
     if req.repeats < needed:
@@ -149,6 +153,17 @@ class _Session:
                   else sys.executable)
         return path, python
 
+    def step_threshold(self) -> str:
+        """The threshold of an A/B: the one given; with ``auto``, 3% for the ends, then half the
+        slowdown the ends measured (at least 2%): a step is the slowdown being looked for, so a
+        midpoint within half of it is on the good side, and one past half of it on the bad."""
+        if self.req.threshold != "auto":
+            return self.req.threshold
+        ratio = self.ends[-1].ratio if self.ends and self.ends[-1].verdict == "regressed" else None
+        if ratio is None:
+            return "3%"
+        return f"{max(2.0, 50 * (1 - ratio)):.2f}%"
+
     def measure(self, base: str, cand: str, attempt: int, label: str) -> Step:
         """One A/B of ``cand`` against ``base`` (or the step recorded earlier, on --resume)."""
         earlier = next((s for s in self.done_steps if (s.baseline, s.candidate, s.attempt) == (base, cand, attempt)),
@@ -167,7 +182,8 @@ class _Session:
         t0 = time.monotonic()
         execute_ab(ABRequest(suite=suite, baseline=Launcher(python=base_py, pythonpath=str(base_tree)),
                              candidate=Launcher(python=cand_py, pythonpath=str(cand_tree)), out=out, sets=self.req.sets,
-                             repeats=self.req.repeats, threshold=self.req.threshold, noise_floor=self.req.noise_floor,
+                             repeats=self.req.repeats, threshold=self.step_threshold(),
+                             noise_floor=self.req.noise_floor,
                              alpha=self.req.alpha, json=verdicts, report=False, lockstep=True,
                              budget_s=self.req.budget_s), self.console)
         step = _step_of(verdicts, base, cand, attempt, str(out), time.monotonic() - t0)
