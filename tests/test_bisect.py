@@ -102,7 +102,8 @@ def test_bisect_names_the_commit_that_slowed_the_users_model(tmp_path):
     info = out["culprit_info"]
     assert info["subject"] == "mynet: keep the batch's product with a padding buffer"
     assert info["author"] == "Scratch Author <author@example.com>" and "mynet.py" in info["diffstat"]
-    assert len(out["steps"]) == math.ceil(math.log2(15))  # the 15 commits after the good one
+    # the 15 commits after the good one: ceil(log2 15) midpoints (a step measured again is one midpoint)
+    assert len({(s["baseline"], s["candidate"]) for s in out["steps"]}) == math.ceil(math.log2(15))
     assert out["slowdown"]["verdict"] == "regressed" and out["slowdown"]["ratio"] < 0.97
     md = (repo / "bisect.md").read_text()
     assert f"**Culprit: {shas[10][:12]}**" in md

@@ -153,6 +153,26 @@ class _Session:
                   else sys.executable)
         return path, python
 
+    def against_the_ends(self, step: Step) -> Step:
+        """An inconclusive step whose interval still tells which end the midpoint is at: its
+        whole interval above the slowdown the ends measured (faster than the bad level: on the
+        good side), or below 1 - the noise floor (slower than the good level: on the bad side).
+        The search looks for one step of the ends' size, so that is a decision, not a guess; an
+        interval that reaches both stays inconclusive."""
+        ends = self.ends[-1].ratio if self.ends else None
+        if step.verdict != "inconclusive" or ends is None or step.ci_low is None or step.ci_high is None:
+            return step
+        from gpubench.gate.compare import parse_fraction
+
+        floor = parse_fraction(self.req.noise_floor, "--noise-floor")
+        if step.ci_low > ends and step.ci_high >= 1 - floor:
+            step.verdict = "unchanged"
+            step.decided = f"against the ends: its interval lies above the bad level x{ends:.3f}"
+        elif step.ci_high < 1 - floor:
+            step.verdict = "regressed"
+            step.decided = f"against the ends: its interval lies below 1 - the noise floor ({100 * floor:g}%)"
+        return step
+
     def step_threshold(self) -> str:
         """The threshold of an A/B: the one given; with ``auto``, 3% for the ends, then half the
         slowdown the ends measured (at least 2%): a step is the slowdown being looked for, so a
@@ -187,6 +207,8 @@ class _Session:
                              alpha=self.req.alpha, json=verdicts, report=False, lockstep=True,
                              budget_s=self.req.budget_s), self.console)
         step = _step_of(verdicts, base, cand, attempt, str(out), time.monotonic() - t0)
+        if label != "ends":
+            step = self.against_the_ends(step)
         self.console.print(f"{label}: {cand[:12]} {step.verdict}" + (f", {_change(step)}" if step.ratio else ""),
                            highlight=False)
         return step

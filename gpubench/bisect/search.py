@@ -32,6 +32,7 @@ class Step:
     ab_dir: str = ""  # the A/B's run directories
     seconds: float = 0.0
     note: str = ""
+    decided: str = ""  # how an A/B that was inconclusive at its threshold was decided (bisect.command)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
