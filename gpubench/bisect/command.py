@@ -316,7 +316,8 @@ def markdown(out: dict[str, Any]) -> str:
               "| --- | --- | --- | --- | --- | --- |"]
     for label, s in [("ends", e) for e in out["ends"]] + [(str(i), st) for i, st in enumerate(out["steps"], 1)]:
         step = Step(**s)
-        lines.append(f"| {label} | {step.candidate[:12]} | {step.baseline[:12]} | {step.verdict} | "
+        verdict = step.verdict + (f" ({step.decided})" if step.decided else "")
+        lines.append(f"| {label} | {step.candidate[:12]} | {step.baseline[:12]} | {verdict} | "
                      f"{_change(step) if step.ratio else '-'} | {step.seconds:.0f} |")
     lines += ["", f"{len(out['commits'])} commit(s), {len(out['steps'])} step(s) after the ends, {out['seconds']} s."]
     return "\n".join(lines) + "\n"
