@@ -94,7 +94,7 @@ def test_bisect_names_the_commit_that_slowed_the_users_model(tmp_path):
     repo = tmp_path / "proj"
     shas = make_repo(repo, commits=16, culprit=11)
     proc = run_cli(["bisect", "suite.toml", "--good", shas[0], "--bad", shas[-1], "--repeats", "6", "--alpha", "0.05",
-                    "--budget", "90", "--json", "bisect.json", "--markdown", "bisect.md"], cwd=repo, env=plain_env(),
+                    "--budget", "150", "--json", "bisect.json", "--markdown", "bisect.md"], cwd=repo, env=plain_env(),
                    timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = json.loads((repo / "bisect.json").read_text())

@@ -46,10 +46,14 @@ class Skipped:
     reason: str
 
 
-def _declared(framework: str, setting: str) -> tuple[str, ...]:
+def _backend(framework: str) -> Any:
     from gpubench.backends.registry import load_class
 
-    values: tuple[str, ...] = load_class(framework).capabilities.values(setting)
+    return load_class(framework)
+
+
+def _declared(framework: str, setting: str) -> tuple[str, ...]:
+    values: tuple[str, ...] = _backend(framework).capabilities.values(setting)
     return values
 
 
@@ -75,10 +79,12 @@ def candidates(base: Config) -> tuple[list[Practice], list[Skipped]]:
         skipped.append(Skipped("memory format", "memory_format", f"{fw} has one memory format ({base.memory_format})"))
     # the for-loop is the reference implementation every other is a speed-up of: not a practice
     impls = [i for i in _declared(fw, "optimizer_impl") if i not in (base.optimizer_impl, "for-loop", "auto")]
-    if fw == "torch" and base.optimizer_impl == "auto" and device_kind(base.device) == "cuda" and "fused" in impls:
-        impls.remove("fused")
-        skipped.append(Skipped("optimizer fused", "optimizer", "optimizer_impl = auto is PyTorch's fused "
-                                                               "implementation on CUDA already"))
+    auto = _backend(fw).auto_optimizer_impl.get(device_kind(base.device)) if base.optimizer_impl == "auto" else None
+    if auto in impls:
+        impls.remove(auto)
+        skipped.append(Skipped(f"optimizer {auto}", "optimizer", f"optimizer_impl = auto is {fw}'s {auto} "
+                                                                 f"implementation on {device_kind(base.device)} "
+                                                                 "already"))
     out += [Practice(f"optimizer {i}", "optimizer", (("optimizer_impl", i),)) for i in impls]
     if not impls:
         skipped.append(Skipped("optimizer implementation", "optimizer",
@@ -102,14 +108,14 @@ def _input(base: Config, skipped: list[Skipped]) -> list[Practice]:
                                                           "no input pipeline to tune"))
         return []
     out = []
-    if fw == "torch":  # data_workers is the PyTorch DataLoader's
+    cls = _backend(fw)
+    if cls.loader_workers:
         for workers in sorted({0, max(2, 2 * base.data_workers)} - {base.data_workers}):
             out.append(Practice(f"loader workers {workers}", "input", (("data_workers", workers),)))
-        skipped.append(Skipped("pinned memory", "input", "gpubench's PyTorch DataLoader pins host batches whenever "
-                                                         "the device is CUDA; nothing to turn on"))
     else:
-        skipped.append(Skipped("loader workers, pinned memory", "input",
-                               f"{fw}'s input pipeline in gpubench has no such setting"))
+        skipped.append(Skipped("loader workers", "input", f"{fw}'s input pipeline in gpubench has no worker setting"))
+    skipped.append(Skipped("pinned memory", "input", cls.input_notes.get(
+        "pinned memory", f"{fw}'s input pipeline in gpubench has no pinned-memory setting")))
     if "device" in _declared(fw, "data"):
         out.append(Practice("resident data", "input", (("data", "device"),),
                             "the bound a faster input pipeline can reach: the batches made once, on the device"))

@@ -119,6 +119,12 @@ class Backend(ABC):
     calibration_module: ClassVar[str] = ""
     # the model zoos whose models this framework trains (``timm:<name>``: gpubench.workloads.source)
     zoos: ClassVar[tuple[str, ...]] = ()
+    # gpubench advise: whether ``data_workers`` sets this framework's input-pipeline workers; what
+    # its ``optimizer_impl = "auto"`` is, per device kind; why an input practice does not apply
+    # to it (practice -> reason)
+    loader_workers: ClassVar[bool] = False
+    auto_optimizer_impl: ClassVar[dict[str, str]] = {}
+    input_notes: ClassVar[dict[str, str]] = {}
 
     @classmethod
     def package_build(cls) -> dict[str, Any] | None:

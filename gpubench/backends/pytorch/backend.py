@@ -149,6 +149,10 @@ class TorchBackend(Backend):
     display_name = "PyTorch"
     calibration_module = "gpubench.backends.pytorch.calibration"
     zoos = ("torchvision", "timm", "hf")
+    loader_workers = True  # data_workers: the DataLoader's worker processes
+    auto_optimizer_impl = {"cuda": "fused"}
+    input_notes = {"pinned memory": "gpubench's PyTorch DataLoader pins host batches whenever the device is CUDA; "
+                                    "nothing to turn on"}
 
     @classmethod
     def package_build(cls) -> dict[str, Any] | None:
