@@ -317,9 +317,12 @@ class _Session:
             configs = [base] + [c.config for c in undecided]
             target = rounds if look == 0 else min(2 * target, target + max(1, self._fit(len(configs), reserve)))
             k = 0
+            # the first look's rounds are what any verdict needs: the combination's reserve
+            # holds back only the rounds after them
+            held = reserve if look > 0 else 0
             while k < target:
                 if not all(self._has(c, k) for c in configs):
-                    if not self.fits(len(configs), reserve):
+                    if not self.fits(len(configs), held):
                         break
                     self.measure(configs, range(k, k + 1))
                 k += 1
@@ -330,7 +333,7 @@ class _Session:
                 rows[c.config.config_id] = judge(c.practice, self.beside_practices(), self._of(c.config), j, compared)
             before = len(undecided)
             undecided = [c for c in undecided if rows[c.config.config_id].verdict == "inconclusive"]
-            spent = k < target or not self.fits(len(undecided) + 1, reserve)
+            spent = k < target or not self.fits(len(undecided) + 1, reserve)  # no room for another look
             self.console.print(f"look {look}: {k} round(s), alpha {alpha_look:.3g}: {before - len(undecided)} "
                                f"decided, {len(undecided)} undecided"
                                + (f"; the budget ({self.req.budget_s:g} s) is spent" if undecided and spent else ""),
