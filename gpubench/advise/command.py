@@ -105,8 +105,9 @@ def _check_groups(req: AdviseRequest) -> None:
                 raise InputError(f"{option} {name}: unknown practice group; one of: {', '.join(GROUPS)}")
 
 
-def _wanted(practice: Practice | Skipped, req: AdviseRequest) -> bool:
-    return (not req.only or practice.group in req.only) and practice.group not in req.skip
+def _wanted(group: str, req: AdviseRequest) -> bool:
+    """Whether --only / --skip let the practice group ``group`` be measured."""
+    return (not req.only or group in req.only) and group not in req.skip
 
 
 def _config_of(suite: Suite, sets: list[str], practice: Practice, base: Config) -> Config | str:
@@ -160,8 +161,8 @@ def _advise(req: AdviseRequest, console: Console, held: ExitStack) -> int:
     practices, skipped = candidates(base)
     cands: list[Candidate] = []
     for p in practices:
-        if not _wanted(p, req):
-            if p.group == "batch" and _wanted(Skipped("", "memory", ""), req):  # the memory group's probe
+        if not _wanted(p.group, req):
+            if p.group == "batch" and _wanted("memory", req):  # the memory group's probe
                 p = Practice(p.name, "probe", p.sets, p.caveat)
             else:
                 continue
@@ -170,7 +171,7 @@ def _advise(req: AdviseRequest, console: Console, held: ExitStack) -> int:
             skipped.append(Skipped(p.name, p.group, made))
         else:
             cands.append(Candidate(p, made))
-    skipped = [s for s in skipped if _wanted(s, req)]
+    skipped = [s for s in skipped if _wanted(s.group, req)]
     code_path = req.code_path if req.code_path is not None else user_code_path([base], suite.source)
     launcher = Launcher(code_path=code_path)
     probes = probe_frameworks([base], console, launcher)
@@ -249,9 +250,6 @@ class _Session:
         """Whether ``jobs`` more (and ``reserve`` kept for later) fit in the budget at the pace so far."""
         return self.jobs_run == 0 or self.elapsed() + (jobs + reserve) * self.per_job() <= self.req.budget_s
 
-    def repeats_of(self, config: Config) -> int:
-        return len({r.repeat for r in self._of(config)})
-
     # --- the advise -------------------------------------------------------------------------
 
     def advise(self, cands: list[Candidate], skipped: list[Skipped], suite: Suite) -> int:
@@ -274,7 +272,7 @@ class _Session:
         live = [c for c in cands if any(r.ok for r in self._of(c.config)) and c.practice.group != "probe"]
         batch = next((c for c in cands if c.practice.group in ("batch", "probe")), None)
         if batch is not None and any(r.status == "oom" for r in self._of(batch.config)) and \
-                _wanted(Skipped("", "memory", ""), self.req):
+                _wanted("memory", self.req):
             more, why_not = memory_followups(base)
             skipped += why_not
             for p in more:
@@ -290,7 +288,7 @@ class _Session:
                 self.measure([made], range(1))
                 if any(r.ok for r in self._of(made)):
                     live.append(cands[-1])
-        elif batch is not None and _wanted(Skipped("", "memory", ""), self.req):
+        elif batch is not None and _wanted("memory", self.req):
             skipped.append(no_memory_limit())
         compared = len(live) + 1  # the practices and the combination share alpha
         rows = self.looks(live, compared)
