@@ -10,9 +10,12 @@ of the true step is a true positive, every other one a false positive. Printed p
 precision (true positives over change points found), recall (steps found over steps),
 and the median distance from the true step. Then series with no step at all: false change
 points per 1,000 points, from ``--null-series`` series of 1,000 points at each noise level.
-Last, series of 10, 20 and 40 points with one stalled run (a point at 3% of its level, a run
+Then series of 10, 20 and 40 points with one stalled run (a point at 3% of its level, a run
 that stalled: 1.3k samples/s among 45k) away from a step of 10% or 40%, or with no step: the
-recall and the false change points with isolated outliers left out (the default) and kept.
+recall and the false change points of the detector as it is, with isolated outliers kept, and
+without Student's t for the splits too short for a permutation test. Last, short series with no
+step and heavy-tailed noise (Student's t, 3 degrees of freedom): the false change points that
+the t-test of short splits adds.
 """
 
 from __future__ import annotations
@@ -58,13 +61,16 @@ def null_rate(rng: np.random.Generator, noise: float, series: int) -> float:
     return false / series
 
 
+VARIANTS = {"default": {}, "outlier kept": {"drop_outliers": False}, "permutations only": {"short_splits": False}}
+
+
 def stalled_cell(rng: np.random.Generator, length: int, noise: float, step: float | None, series: int,
-                 tolerance: int) -> tuple[float, float, float, float]:
+                 tolerance: int) -> dict[str, tuple[float, float]]:
     """Series with one stalled run (a point at 3% of its level, as 1.3k samples/s among 45k) at a
-    random place away from the step: (recall with isolated outliers left out, recall without,
-    false change points per series with, without). ``step`` None: no step (false alarms only)."""
-    hits = {True: 0, False: 0}
-    false = {True: 0, False: 0}
+    random place away from the step: per variant of the detector (VARIANTS), (recall, false change
+    points per series). ``step`` None: no step (false alarms only)."""
+    hits = dict.fromkeys(VARIANTS, 0)
+    false = dict.fromkeys(VARIANTS, 0)
     for i in range(series):
         at = int(rng.integers(length // 4, length - length // 4 + 1))
         values = 45000.0 * np.exp(rng.normal(0.0, noise, length))
@@ -72,12 +78,23 @@ def stalled_cell(rng: np.random.Generator, length: int, noise: float, step: floa
             values[at:] *= 1 - step
         stall = int(rng.choice([k for k in range(length) if step is None or abs(k - at) > 1]))
         values[stall] *= 0.03
-        for drop in (True, False):
-            cps = change_points(values, seed=i, drop_outliers=drop)
+        for name, options in VARIANTS.items():
+            cps = change_points(values, seed=i, **options)
             near = [c for c in cps if step is not None and abs(c.index - at) <= tolerance]
-            hits[drop] += bool(near)
-            false[drop] += len(cps) - (1 if near else 0)
-    return hits[True] / series, hits[False] / series, false[True] / series, false[False] / series
+            hits[name] += bool(near)
+            false[name] += len(cps) - (1 if near else 0)
+    return {name: (hits[name] / series, false[name] / series) for name in VARIANTS}
+
+
+def heavy_null(rng: np.random.Generator, length: int, series: int) -> tuple[float, float]:
+    """Short series without a step, of heavy-tailed noise (Student's t with 3 degrees of freedom,
+    scale 3%): false change points per series with the t-test of short splits, and without."""
+    false = [0, 0]
+    for i in range(series):
+        values = 45000.0 * np.exp(0.03 * rng.standard_t(3, length))
+        false[0] += len(change_points(values, seed=i))
+        false[1] += len(change_points(values, seed=i, short_splits=False))
+    return false[0] / series, false[1] / series
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--length", type=int, default=60, help="points per series (default 60)")
     ap.add_argument("--tolerance", type=int, default=3, help="how far from the true step a find counts (default 3)")
     ap.add_argument("--null-series", type=int, default=20, help="series of 1,000 points with no step (default 20)")
+    ap.add_argument("--null-short", type=int, default=2000,
+                    help="heavy-tailed short series without a step, per length (default 2000)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     rng = np.random.default_rng(a.seed)
@@ -107,17 +126,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {noise:.0%} | {null_rate(rng, noise, a.null_series):.2f} (over {a.null_series} series) |")
     print()
     print(f"One stalled run (a point at 3% of its level) in each series, away from the step; {a.series} series "
-          "per cell; isolated outliers left out (the default) against kept:")
+          "per cell. Recall and false change points per series of the detector as it is (default), with the "
+          "outlier kept, and without Student's t for splits too short for their permutation test:")
     print()
-    print("| length | noise | step | recall, left out | recall, kept | false per series, left out | "
-          "false per series, kept |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| length | noise | step | " + " | ".join(f"recall, {v}" for v in VARIANTS) + " | "
+          + " | ".join(f"false, {v}" for v in VARIANTS) + " |")
+    print("| --- | --- | --- |" + " --- |" * (2 * len(VARIANTS)))
     for length in (10, 20, 40):
         for noise in NOISES:
             for step in (None, 0.10, 0.40):
-                r1, r0, f1, f0 = stalled_cell(rng, length, noise, step, a.series, a.tolerance)
+                got = stalled_cell(rng, length, noise, step, a.series, a.tolerance)
                 shown = f"{step:.0%}" if step is not None else "none"
-                print(f"| {length} | {noise:.0%} | {shown} | {r1:.3f} | {r0:.3f} | {f1:.3f} | {f0:.3f} |")
+                print(f"| {length} | {noise:.0%} | {shown} | " + " | ".join(f"{got[v][0]:.3f}" for v in VARIANTS)
+                      + " | " + " | ".join(f"{got[v][1]:.3f}" for v in VARIANTS) + " |")
+    print()
+    print(f"Short series without a step, heavy-tailed noise (Student's t, 3 degrees of freedom, scale 3%), "
+          f"{a.null_short} series a length: false change points per series")
+    print()
+    print("| length | with t for short splits | permutations only |")
+    print("| --- | --- | --- |")
+    for length in (8, 10, 12, 16):
+        with_t, without = heavy_null(rng, length, a.null_short)
+        print(f"| {length} | {with_t:.4f} | {without:.4f} |")
     print(f"\n{time.perf_counter() - t0:.1f} s")
     return 0
 

@@ -106,3 +106,41 @@ def test_a_stalled_run_no_longer_hides_a_step():
     assert not isolated_outliers(step).any()
     pair = np.log(np.r_[np.full(5, 45000.0), [1300.0, 1200.0], np.full(5, 45000.0)])
     assert not isolated_outliers(pair).any()
+
+
+def test_a_large_step_in_ten_commits_with_a_stalled_run_is_found_by_the_t_test_of_short_splits():
+    """Ten commits, a run that stalled at commit 2 (3% of its level), a 40% step at commit 7:
+    left out, the stall leaves 6 | 3 points, whose permutation test cannot go below 2 / 84. The
+    two sides do not overlap, so the split is tested by Student's t (times the 4 open splits)
+    and counts; without that test nothing is found."""
+    from gpubench.gate.changepoints import permutation_floor
+
+    rng = np.random.default_rng(0)
+    values = 45000 * np.exp(rng.normal(0, 0.02, 10))
+    values[7:] *= 0.6
+    values[2] *= 0.03
+    assert permutation_floor(9, 6) == pytest.approx(2 / 84) and permutation_floor(9, 6) > 0.01
+    (cp,) = change_points(values)
+    assert (cp.index, cp.previous_index, cp.test) == (7, 6, "t") and cp.p_value <= 0.01
+    assert 0.55 < cp.ratio < 0.65 and (cp.n_before, cp.n_after) == (6, 3)
+    assert change_points(values, short_splits=False) == []
+    # a stall at the very first commit is left out too (it is far from each of its neighbours)
+    first = values.copy()
+    first[2] /= 0.03
+    first[0] *= 0.03
+    (cp,) = change_points(first)
+    assert cp.index == 7 and cp.test == "t"
+    # where one point of the slow side overlaps the fast side, the t-test is not used
+    overlap = 45000 * np.exp(rng.normal(0, 0.02, 10))
+    overlap[6:] *= 0.6
+    overlap[8] = overlap[:6].max() * 1.01
+    assert change_points(overlap) == []
+
+
+def test_short_series_without_a_step_keep_the_false_alarm_rate_of_the_p_value():
+    """400 series of 10 points without a step, heavy-tailed noise (Student's t, 3 degrees of
+    freedom): at p <= 0.01 about 4 false change points are expected; more than 12 would mean
+    the t-test of short splits adds false alarms (binomial tail below 1e-4)."""
+    rng = np.random.default_rng(3)
+    false = sum(len(change_points(45000 * np.exp(0.03 * rng.standard_t(3, 10)), seed=i)) for i in range(400))
+    assert false <= 12, false

@@ -496,8 +496,7 @@ def test_postgresql_stores_result_lines_with_lz4(postgres):
 def test_check_finds_the_commit_where_each_series_stepped(tmp_path, gb, history_db):
     """Fifteen commits, the throughput of every config 10% lower from the eleventh: one step
     per config at that commit, sized -10%, a regression among the newest commits (exit 1); the
-    dashboard lists and marks the same steps. (With ten commits even a perfect step could not
-    reach p <= 0.01: only 2 of the C(10, 4) = 210 orderings separate the two levels.)"""
+    dashboard lists and marks the same steps."""
     dirs = commit_runs(tmp_path / "runs", [1.0] * 10 + [0.9] * 5)
     assert gb(["history", "ingest", *dirs, "--db", history_db]).returncode == 0
     ok = sorted(x["config_id"] for x in result_lines(QUICK) if x["status"] == "ok")
@@ -518,6 +517,20 @@ def test_check_finds_the_commit_where_each_series_stepped(tmp_path, gb, history_
     assert "None found" not in page and "too short to search" not in page
     plain = gb(["history", "report", "--db", history_db, "--out", "plain", "--no-changes", "--config", ok[0]])
     assert plain.returncode == 0 and "Change points" not in (tmp_path / "plain" / "index.html").read_text()
+
+
+def test_check_finds_a_large_step_in_ten_commits_despite_a_stalled_run(tmp_path, gb, history_db):
+    """Ten commits, the run of the third stalled (3% of the throughput), 40% slower from the
+    eighth: the stall is left out, the step is found at its commit by the t-test of a short
+    split, and the check fails."""
+    dirs = commit_runs(tmp_path / "runs", [1.0, 1.0, 0.03, 1.0, 1.0, 1.0, 1.0, 0.6, 0.6, 0.6])
+    assert gb(["history", "ingest", *dirs, "--db", history_db]).returncode == 0
+    proc = gb(["history", "check", "--db", history_db, "--json", "steps.json"])
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "06cccccc -> 07cccccc" in proc.stdout
+    steps = json.loads((tmp_path / "steps.json").read_text())["steps"]
+    assert steps and all(s["commit"] == "07" + "c" * 38 and s["kind"] == "regression" and s["test"] == "t"
+                         and s["ratio"] == pytest.approx(0.6) for s in steps)
 
 
 def test_check_improvements_short_series_and_bad_input(tmp_path, gb, history_db):

@@ -104,6 +104,11 @@ def find_steps(frame: pd.DataFrame, orders: dict[str, list[str]], metric: str,
     return steps, short
 
 
+def p_text(step: Step) -> str:
+    """A step's p-value, marked t where Student's t tested a split too short for its permutations."""
+    return f"{step.change.p_value:.3g}" + (" t" if step.change.test == "t" else "")
+
+
 def describe(step: Step) -> str:
     """The step's change and its 95% interval, as the gate's tables write a change."""
     return change_text(step.change.ratio, step.change.ci_low, step.change.ci_high)

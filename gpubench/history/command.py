@@ -15,7 +15,7 @@ from rich.table import Table
 from gpubench import fmt
 from gpubench.errors import InputError, warn
 from gpubench.gate.power import MAX_REPEATS, MAX_SLOWDOWN
-from gpubench.history.changes import CheckOptions, Step, describe, find_steps
+from gpubench.history.changes import CheckOptions, Step, describe, find_steps, p_text
 from gpubench.history.dashboard import DEFAULT_METRICS, build_dashboard, commit_order, trend_frame
 from gpubench.history.db import display_url, open_engine
 from gpubench.history.noise import NoiseOptions, noise_levels, sentence
@@ -231,7 +231,8 @@ def _check(engine: Any, url: str, req: HistoryRequest, metrics: list[str], conso
         short += n_short
     o = req.check
     console.print(f"change points in {display_url(url)}: E-Divisive means, p <= {o.p_value:g} "
-                  f"({o.permutations} permutations), at least {o.min_size} commits a side; a step beyond "
+                  f"({o.permutations} permutations; a split too short for them, by Student's t where its sides do not "
+                  f"overlap: p marked t), at least {o.min_size} commits a side; a step beyond "
                   f"{100 * o.threshold:g}% is a regression or improvement; regressions in the newest {o.recent} "
                   "commits of a series fail the check; "
                   + (f"the newest {o.last} commits of each series searched" if o.last else "every commit searched"),
@@ -243,7 +244,7 @@ def _check(engine: Any, url: str, req: HistoryRequest, metrics: list[str], conso
         for st in steps:
             kind = f"[red]{st.kind}, recent[/red]" if st.recent_regression else st.kind
             table.add_row(st.suite, st.config_id, st.machine, st.metric,
-                          f"{st.previous_commit[:8]} -> {st.commit[:8]}", describe(st), f"{st.change.p_value:.3g}",
+                          f"{st.previous_commit[:8]} -> {st.commit[:8]}", describe(st), p_text(st),
                           kind)
         console.print(table)
     series = frame.groupby(["suite", "config_id", "machine"]).ngroups

@@ -34,7 +34,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape  # noqa: E40
 import gpubench  # noqa: E402
 from gpubench import fmt  # noqa: E402
 from gpubench.files import write_atomic, write_text_atomic  # noqa: E402
-from gpubench.history.changes import CheckOptions, Step, describe, find_steps  # noqa: E402
+from gpubench.history.changes import CheckOptions, Step, describe, find_steps, p_text  # noqa: E402
 from gpubench.history.db import display_url, translated_errors  # noqa: E402
 from gpubench.history.query import Filters  # noqa: E402
 from gpubench.history.schema import machines, results, runs  # noqa: E402
@@ -222,7 +222,7 @@ def build_dashboard(engine: sa.Engine, url: str, out: Path, f: Filters | None = 
                        "changes": None if changes is None else [
                            {"config": st.config_id, "machine": st.machine, "metric": st.metric,
                             "at": f"{st.previous_commit[:8]} -> {st.commit[:8]}", "change": describe(st),
-                            "p": f"{st.change.p_value:.3g}", "kind": st.kind} for st in steps]})
+                            "p": p_text(st), "kind": st.kind} for st in steps]})
     env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
                       autoescape=select_autoescape(["html", "j2"]))
     page = env.get_template("dashboard.html.j2").render(
