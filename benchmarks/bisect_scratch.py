@@ -5,7 +5,8 @@ arithmetic to the training step, bisected from its first commit to its last.
     PYTHONPATH=. python benchmarks/bisect_scratch.py [--commits 16] [--culprit 11] [--repeats 6] [--alpha 0.05]
 
 Prints the culprit named (and whether it is the right one), every step's verdict and the
-wall time of the whole bisection (the ends and ceil(log2 (commits - 1)) steps).
+wall time of the whole bisection (the ends, ceil(log2 (commits - 1)) steps and the culprit
+against its parent).
 """
 
 from __future__ import annotations
@@ -50,11 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     named = out.get("culprit")
     print(f"exit {proc.returncode}; culprit {named[:12] if named else None} (the injected one: "
           f"{shas[a.culprit - 1][:12]}, {'right' if named == shas[a.culprit - 1] else 'WRONG'})")
-    for label, s in [("ends", e) for e in out["ends"]] + [(f"step {i}", s) for i, s in enumerate(out["steps"], 1)]:
+    confirm = [out["confirm"]] if out.get("confirm") else []
+    for label, s in ([("ends", e) for e in out["ends"]] + [(f"step {i}", s) for i, s in enumerate(out["steps"], 1)]
+                     + [("confirm", c) for c in confirm]):
         ratio = f"x{s['ratio']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}]" if s.get("ci_low") else "-"
         print(f"  {label}: {s['candidate'][:12]} vs {s['baseline'][:12]}: {s['verdict']} {ratio} "
               f"({s['seconds']:.0f} s)")
-    print(f"{a.commits} commits, {len(out['steps'])} steps after the ends, {took:.0f} s in all")
+    if out.get("warning"):
+        print(f"  warning: {out['warning']}")
+    print(f"{a.commits} commits, {len(out['steps'])} steps after the ends"
+          + (", then the culprit against its parent" if confirm else "") + f", {took:.0f} s in all")
     return 0
 
 

@@ -105,6 +105,9 @@ def test_bisect_names_the_commit_that_slowed_the_users_model(tmp_path):
     # the 15 commits after the good one: ceil(log2 15) midpoints (a step measured again is one midpoint)
     assert len({(s["baseline"], s["candidate"]) for s in out["steps"]}) == math.ceil(math.log2(15))
     assert out["slowdown"]["verdict"] == "regressed" and out["slowdown"]["ratio"] < 0.97
+    # the slowdown named is the culprit's own, against its parent (a confirming A/B where the
+    # step that found it was against an older commit)
+    assert out["slowdown"]["baseline"] == shas[9] and out["parent"] == shas[9] and "warning" not in out
     md = (repo / "bisect.md").read_text()
     assert f"**Culprit: {shas[10][:12]}**" in md
     # the worktrees are cached: a second bisection of part of the range makes none again
@@ -125,3 +128,27 @@ def test_bisect_of_a_history_without_the_slowdown_says_it_did_not_reproduce(tmp_
     out = json.loads((repo / "bisect.json").read_text())
     assert not out["named"] and "did not reproduce at the ends" in out["why_not"] and out["steps"] == []
     assert "No commit named: the slowdown did not reproduce at the ends" in proc.stdout
+
+
+def test_the_end_names_the_slowdown_against_the_parent_and_warns_where_it_did_not_confirm():
+    """The markdown of a named culprit: the slowdown against its parent; where the confirming
+    A/B did not find the culprit slower than its parent, a warning says the slowdown may be
+    spread over the range, and the confirming step is in the table."""
+    from gpubench.bisect.command import markdown
+    from gpubench.bisect.search import Step
+
+    found = Step("a" * 40, "c" * 40, "regressed", 0, 0.9, 0.85, 0.95, "steps/2")
+    confirm = Step("b" * 40, "c" * 40, "unchanged", 0, 0.99, 0.96, 1.02, "steps/confirm")
+    out = {"good": "g" * 40, "bad": "d" * 40, "named": True, "parent": "b" * 40,
+           "culprit_info": {"commit": "c" * 40, "subject": "s", "author": "x", "date": "d", "diffstat": "1 file"},
+           "slowdown": confirm.to_dict(), "confirm": confirm.to_dict(), "ends": [], "steps": [found.to_dict()],
+           "commits": ["b" * 40, "c" * 40], "seconds": 10,
+           "warning": "against its parent bbbbbbbbbbbb the culprit measured unchanged: the slowdown may be spread"}
+    md = markdown(out)
+    assert "- slowdown: throughput -1.0% [" in md and "against bbbbbbbbbbbb (its parent)" in md
+    assert "- **warning**: against its parent bbbbbbbbbbbb the culprit measured unchanged" in md
+    assert "| confirm | cccccccccccc | bbbbbbbbbbbb | unchanged |" in md
+    del out["warning"], out["confirm"]
+    out["slowdown"] = found.to_dict()
+    md = markdown(out)
+    assert "against aaaaaaaaaaaa (A/B" in md and "warning" not in md and "| confirm |" not in md

@@ -137,6 +137,7 @@ class _Session:
         self.good, self.bad = good, bad
         self.bisection = Bisection(good, commits)
         self.ends: list[Step] = [Step(**s) for s in state.get("ends", [])]
+        self.confirm: list[Step] = [Step(**s) for s in state.get("confirm", [])]
         self.done_steps = [Step(**s) for s in state.get("steps", [])]
         self.cache = req.cache if req.cache.is_absolute() else Path.cwd() / req.cache
         self.t0 = time.monotonic()
@@ -144,7 +145,8 @@ class _Session:
     def save(self) -> None:
         write_text_atomic(self.run_dir / STATE, json_text({
             "request": _stored(self.req), "repo": str(self.repo), "good": self.good, "bad": self.bad,
-            "ends": [s.to_dict() for s in self.ends], **self.bisection.to_dict()}))
+            "ends": [s.to_dict() for s in self.ends], "confirm": [s.to_dict() for s in self.confirm],
+            **self.bisection.to_dict()}))
 
     def tree(self, sha: str) -> tuple[Path, str]:
         """The worktree of ``sha`` and the Python its side runs."""
@@ -186,8 +188,8 @@ class _Session:
 
     def measure(self, base: str, cand: str, attempt: int, label: str) -> Step:
         """One A/B of ``cand`` against ``base`` (or the step recorded earlier, on --resume)."""
-        earlier = next((s for s in self.done_steps if (s.baseline, s.candidate, s.attempt) == (base, cand, attempt)),
-                       None)
+        earlier = next((s for s in self.done_steps + self.confirm
+                        if (s.baseline, s.candidate, s.attempt) == (base, cand, attempt)), None)
         if earlier is not None:
             return earlier
         from gpubench.runner.ab import ABRequest, execute_ab
@@ -236,7 +238,23 @@ class _Session:
         if self.bisection.culprit is None:
             shown = ", ".join(c[:12] for c in self.bisection.range)
             return self.finish(f"{self.bisection.stopped}; the culprit is one of: {shown}")
+        culprit, parent = self.bisection.culprit, self.bisection.at(self.bisection.lo)
+        measured = self._culprit_step()
+        if measured is None or measured.baseline != parent:
+            # the culprit was found slower than an older good commit: its own A/B against its
+            # parent is the slowdown it made (drift within the threshold can add up over steps)
+            self.confirm = [self.measure(parent, culprit, 0, "confirm")]
+            self.save()
+            if self.confirm[-1].verdict == "inconclusive":  # measured once more, as a step is
+                self.confirm.append(self.measure(parent, culprit, 1, "confirm"))
+                self.save()
         return self.finish("")
+
+    def _culprit_step(self) -> Step | None:
+        """The step (or ends) that found the culprit slower."""
+        culprit = self.bisection.culprit
+        return next((s for s in reversed(self.bisection.steps + self.ends)
+                     if s.candidate == culprit and s.verdict == "regressed"), None)
 
     def finish(self, not_named: str) -> int:
         culprit = self.bisection.culprit if not not_named else None
@@ -246,10 +264,18 @@ class _Session:
                                "why_not": not_named}
         if culprit is not None:
             out["culprit_info"] = git.describe(self.repo, culprit)
-            measured = next((s for s in reversed(self.bisection.steps + self.ends)
-                             if s.candidate == culprit and s.verdict == "regressed"), None)
+            out["parent"] = self.bisection.at(self.bisection.lo)
+            found = self._culprit_step()
+            confirm = self.confirm[-1] if self.confirm else None
+            measured = confirm if confirm is not None and confirm.ratio is not None else found
             out["slowdown"] = measured.to_dict() if measured else None
             out["triage"] = _triage(measured)
+            out["confirm"] = confirm.to_dict() if confirm is not None else None
+            if confirm is not None and confirm.verdict != "regressed":
+                out["warning"] = (f"against its parent {confirm.baseline[:12]} the culprit measured {confirm.verdict}"
+                                  + (f" ({_change(confirm)})" if confirm.ratio else "")
+                                  + (f", though slower than {found.baseline[:12]} ({_change(found)})" if found else "")
+                                  + ": the slowdown may be spread over several commits of the range")
         self.save()
         md = markdown(out)
         write_text_atomic(self.run_dir / "bisect.md", md)
@@ -306,7 +332,11 @@ def markdown(out: dict[str, Any]) -> str:
                   f"- author: {info['author']}, {info['date']}"]
         s = out.get("slowdown")
         if s:
-            lines.append(f"- slowdown: {_change(Step(**s))}, against {s['baseline'][:12]} (A/B: {s['ab_dir']})")
+            lines.append(f"- slowdown: {_change(Step(**s))}, against {s['baseline'][:12]}"
+                         + (" (its parent)" if out.get("confirm") or s["baseline"] == out.get("parent") else "")
+                         + f" (A/B: {s['ab_dir']})")
+        if out.get("warning"):
+            lines.append(f"- **warning**: {out['warning']}")
         if out.get("triage"):
             lines.append(f"- triage of the A/B: {json.dumps(out['triage'])[:600]}")
         lines += ["", "```", info["diffstat"], "```"]
@@ -314,7 +344,8 @@ def markdown(out: dict[str, Any]) -> str:
         lines += [f"No commit named: {out['why_not']}"]
     lines += ["", "| step | candidate | against | verdict | change | seconds |",
               "| --- | --- | --- | --- | --- | --- |"]
-    for label, s in [("ends", e) for e in out["ends"]] + [(str(i), st) for i, st in enumerate(out["steps"], 1)]:
+    for label, s in ([("ends", e) for e in out["ends"]] + [(str(i), st) for i, st in enumerate(out["steps"], 1)]
+                     + [("confirm", c) for c in ([out["confirm"]] if out.get("confirm") else [])]):
         step = Step(**s)
         verdict = step.verdict + (f" ({step.decided})" if step.decided else "")
         lines.append(f"| {label} | {step.candidate[:12]} | {step.baseline[:12]} | {verdict} | "
