@@ -8,7 +8,9 @@ quarter (a slowdown landing at one commit). The detector (``gate.changepoints.ch
 the defaults of ``history check``) runs on each; a change point within ``--tolerance`` points
 of the true step is a true positive, every other one a false positive. Printed per cell:
 precision (true positives over change points found), recall (steps found over steps),
-and the median distance from the true step. Then series with no step at all: false change
+the median distance from the true step, and a bound: the share of the series in which
+Student's t, told where the step is, reaches the same p-value (no detector that has to find
+the step can do much better at that p-value). Then series with no step at all: false change
 points per 1,000 points, from ``--null-series`` series of 1,000 points at each noise level.
 Then series of 10, 20 and 40 points with one stalled run (a point at 3% of its level, a run
 that stalled: 1.3k samples/s among 45k) away from a step of 10% or 40%, or with no step: the
@@ -27,6 +29,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from scipy import stats as scipy_stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -37,22 +40,25 @@ STEPS = (0.03, 0.05, 0.10)
 
 
 def cell(rng: np.random.Generator, noise: float, step: float, series: int, length: int,
-         tolerance: int) -> tuple[float, float, float]:
-    """(precision, recall, median distance of the found steps) over ``series`` series."""
-    found = true = 0
+         tolerance: int) -> tuple[float, float, float, float]:
+    """(precision, recall, median distance of the found steps, the recall of Student's t told
+    where the step is) over ``series`` series."""
+    found = true = told = 0
     distances = []
     for i in range(series):
         at = int(rng.integers(length // 4, length - length // 4 + 1))
         values = 1000.0 * np.exp(rng.normal(0.0, noise, length))
         values[at:] *= 1 - step
         cps = change_points(values, seed=i)
+        logs = np.log(values)
+        told += float(scipy_stats.ttest_ind(logs[:at], logs[at:]).pvalue) <= DEFAULT_P_VALUE
         found += len(cps)
         near = [abs(c.index - at) for c in cps if abs(c.index - at) <= tolerance]
         if near:
             true += 1
             distances.append(min(near))
     precision = true / found if found else float("nan")
-    return precision, true / series, statistics.median(distances) if distances else float("nan")
+    return precision, true / series, statistics.median(distances) if distances else float("nan"), told / series
 
 
 def null_rate(rng: np.random.Generator, noise: float, series: int) -> float:
@@ -113,12 +119,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{a.length} points per cell, one step down at a random point in the middle half; a find within "
           f"{a.tolerance} points of it is a true positive")
     print()
-    print("| noise | step | precision | recall | median distance (points) |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| noise | step | precision | recall | median distance (points) | recall of t told where the step is |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for noise in NOISES:
         for step in STEPS:
-            precision, recall, distance = cell(rng, noise, step, a.series, a.length, a.tolerance)
-            print(f"| {noise:.0%} | {step:.0%} | {precision:.3f} | {recall:.3f} | {distance:g} |")
+            precision, recall, distance, told = cell(rng, noise, step, a.series, a.length, a.tolerance)
+            print(f"| {noise:.0%} | {step:.0%} | {precision:.3f} | {recall:.3f} | {distance:g} | {told:.3f} |")
     print()
     print("| noise | false change points per 1,000 points (no step) |")
     print("| --- | --- |")

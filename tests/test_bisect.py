@@ -152,3 +152,19 @@ def test_the_end_names_the_slowdown_against_the_parent_and_warns_where_it_did_no
     out["slowdown"] = found.to_dict()
     md = markdown(out)
     assert "against aaaaaaaaaaaa (A/B" in md and "warning" not in md and "| confirm |" not in md
+
+
+def test_resume_reuses_both_confirming_measurements():
+    """A bisection stopped after its two confirming A/Bs (the first inconclusive) and resumed:
+    both are read back from the state, so neither is measured again (a session with nothing to
+    measure with would fail if it tried)."""
+    from gpubench.bisect.command import _Session
+    from gpubench.bisect.search import Step
+
+    first = Step("p" * 40, "c" * 40, "inconclusive", 0, 0.95, 0.88, 1.02)
+    second = Step("p" * 40, "c" * 40, "regressed", 1, 0.9, 0.85, 0.95)
+    session = _Session.__new__(_Session)
+    session.done_steps, session.confirm = [], []
+    session.stored_confirm = [Step(**first.to_dict()), Step(**second.to_dict())]
+    assert session.measure("p" * 40, "c" * 40, 0, "confirm") == first
+    assert session.measure("p" * 40, "c" * 40, 1, "confirm") == second

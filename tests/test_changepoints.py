@@ -113,7 +113,7 @@ def test_a_large_step_in_ten_commits_with_a_stalled_run_is_found_by_the_t_test_o
     left out, the stall leaves 6 | 3 points, whose permutation test cannot go below 2 / 84. The
     two sides do not overlap, so the split is tested by Student's t (times the 4 open splits)
     and counts; without that test nothing is found."""
-    from gpubench.gate.changepoints import permutation_floor
+    from gpubench.gate.changepoints import permutation_floor, short_split_p
 
     rng = np.random.default_rng(0)
     values = 45000 * np.exp(rng.normal(0, 0.02, 10))
@@ -130,11 +130,17 @@ def test_a_large_step_in_ten_commits_with_a_stalled_run_is_found_by_the_t_test_o
     first[0] *= 0.03
     (cp,) = change_points(first)
     assert cp.index == 7 and cp.test == "t"
-    # where one point of the slow side overlaps the fast side, the t-test is not used
+    # where one point of the slow side overlaps the fast side, the t-test is not used: a 7 | 3
+    # split (floor 2 / 120) with its middle slow point as fast as the fast side's fastest
     overlap = 45000 * np.exp(rng.normal(0, 0.02, 10))
-    overlap[6:] *= 0.6
-    overlap[8] = overlap[:6].max() * 1.01
+    overlap[7:] *= 0.6
+    overlap[8] = overlap[:7].max() * 1.01
+    logs = np.log(overlap)
+    assert short_split_p(logs, 7, 3) is None and permutation_floor(10, 7) > 0.01
     assert change_points(overlap) == []
+    clean = logs.copy()
+    clean[8] = clean[9]
+    assert short_split_p(clean, 7, 3) < 1e-4  # the same split without the overlap: tested, significant
 
 
 def test_short_series_without_a_step_keep_the_false_alarm_rate_of_the_p_value():
@@ -144,3 +150,16 @@ def test_short_series_without_a_step_keep_the_false_alarm_rate_of_the_p_value():
     rng = np.random.default_rng(3)
     false = sum(len(change_points(45000 * np.exp(0.03 * rng.standard_t(3, 10)), seed=i)) for i in range(400))
     assert false <= 12, false
+
+
+def test_near_the_permutation_floor_the_t_test_decides_not_chance():
+    """12 to 15 commits, a 40% step with 3 commits after it: the permutation floor (2 / 220 at
+    12) is below 0.01, but 199 random orderings would count such a split only about half the
+    time; the t-test of the first split finds it for every seed."""
+    for n in (12, 13, 15):
+        rng = np.random.default_rng(n)
+        for seed in range(10):
+            values = 45000 * np.exp(rng.normal(0, 0.02, n))
+            values[n - 3:] *= 0.6
+            cps = change_points(values, seed=seed)
+            assert [c.index for c in cps] == [n - 3], (n, seed, cps)

@@ -137,7 +137,8 @@ class _Session:
         self.good, self.bad = good, bad
         self.bisection = Bisection(good, commits)
         self.ends: list[Step] = [Step(**s) for s in state.get("ends", [])]
-        self.confirm: list[Step] = [Step(**s) for s in state.get("confirm", [])]
+        self.confirm: list[Step] = []  # the culprit against its parent (measured again if inconclusive)
+        self.stored_confirm = [Step(**s) for s in state.get("confirm_steps", [])]
         self.done_steps = [Step(**s) for s in state.get("steps", [])]
         self.cache = req.cache if req.cache.is_absolute() else Path.cwd() / req.cache
         self.t0 = time.monotonic()
@@ -145,7 +146,7 @@ class _Session:
     def save(self) -> None:
         write_text_atomic(self.run_dir / STATE, json_text({
             "request": _stored(self.req), "repo": str(self.repo), "good": self.good, "bad": self.bad,
-            "ends": [s.to_dict() for s in self.ends], "confirm": [s.to_dict() for s in self.confirm],
+            "ends": [s.to_dict() for s in self.ends], "confirm_steps": [s.to_dict() for s in self.confirm],
             **self.bisection.to_dict()}))
 
     def tree(self, sha: str) -> tuple[Path, str]:
@@ -188,7 +189,7 @@ class _Session:
 
     def measure(self, base: str, cand: str, attempt: int, label: str) -> Step:
         """One A/B of ``cand`` against ``base`` (or the step recorded earlier, on --resume)."""
-        earlier = next((s for s in self.done_steps + self.confirm
+        earlier = next((s for s in self.done_steps + self.stored_confirm + self.confirm
                         if (s.baseline, s.candidate, s.attempt) == (base, cand, attempt)), None)
         if earlier is not None:
             return earlier
@@ -333,7 +334,7 @@ def markdown(out: dict[str, Any]) -> str:
         s = out.get("slowdown")
         if s:
             lines.append(f"- slowdown: {_change(Step(**s))}, against {s['baseline'][:12]}"
-                         + (" (its parent)" if out.get("confirm") or s["baseline"] == out.get("parent") else "")
+                         + (" (its parent)" if s["baseline"] == out.get("parent") else "")
                          + f" (A/B: {s['ab_dir']})")
         if out.get("warning"):
             lines.append(f"- **warning**: {out['warning']}")

@@ -26,20 +26,26 @@ before the search (``isolated_outliers``, on the log values). A point is one whe
 than ``OUTLIER_SIGMAS`` robust standard deviations (from the median absolute difference of
 consecutive points, which a step moves only once) and more than ``OUTLIER_MIN_RATIO`` away
 from every one of its neighbours (``OUTLIER_WINDOW`` on each side). A point at a step is near
-the points of its own side, so it is never one, even beside an end; two wild points close
+the points of its own side, so it is not one (beside an end, where its own side may be only a
+wild point, it can be, with too few points after it to make a step anyway); two wild points close
 together at the same level are not isolated either (they are kept). The change points'
 indices are those of the whole series.
 
 A short series is a limit of any permutation test: it cannot give a p-value below the share of
 orderings that separate the two sides as well as the data does, 2 / C(n, k) for a split of n
 points into k and n - k (2 / 120 for 7 | 3): a 40% step in 10 commits could never count at
-p <= 0.01. So a split whose permutation floor is above ``p_value`` is tested instead, when its
-two sides do not overlap at all (every point of one above every point of the other), by
-Student's t on the log values, its p multiplied by the number of splits that were open to the
-search (Bonferroni over the maximum). The no-overlap condition keeps a heavy-tailed series from
-passing on the t-test alone: under any continuous distribution without a step, a split of 10
-points separates perfectly with probability 2 / C(10, k) at most. Such a change point says
-``test = "t"``.
+p <= 0.01. Near that floor a test of ``permutations`` random orderings decides by chance (at
+199 orderings, a true p of 0.009 counts about half the time). So in a series that short, while
+the first split's floor is above a quarter of ``p_value`` (``SHORT_FLOOR_SHARE``), a split its
+permutations did not find significant is tested instead by Student's t on the log values, its
+p multiplied by the number of splits that were open to the search (Bonferroni over the
+maximum), and only where its two sides do not overlap at all (every point of one above every
+point of the other). The Bonferroni t-test holds false alarms to ``p_value`` under normal
+noise; the no-overlap condition adds a guard where the noise has heavy tails, since without a
+step a series of 10 points separates perfectly at some split with probability about 0.06 at
+most (whatever the distribution). The segments after a split are left to their permutation
+tests, as in a longer series: a second split tested so would add false change points beside a
+real step. Such a change point says ``test = "t"``.
 """
 
 from __future__ import annotations
@@ -58,10 +64,11 @@ DEFAULT_PERMUTATIONS = 199
 DEFAULT_MIN_SIZE = 3
 DEFAULT_MAX_CHANGES = 20
 CI_ALPHA = 0.05  # the reported interval is two-sided 95%
+SHORT_FLOOR_SHARE = 0.25  # Student's t for the first split while its permutation floor > this x p_value
 
 
 OUTLIER_SIGMAS = 6.0
-OUTLIER_MIN_RATIO = 0.25  # and at least this far (in ratio) from the level on each side
+OUTLIER_MIN_RATIO = 0.25  # and at least this far (in ratio) from every neighbour
 OUTLIER_WINDOW = 3  # neighbours on each side that an outlier is far from, every one
 
 
@@ -69,9 +76,10 @@ def isolated_outliers(x: np.ndarray) -> np.ndarray:
     """A mask of the points of ``x`` (log values) that are isolated outliers: farther than the
     limit (OUTLIER_SIGMAS robust standard deviations, and at least OUTLIER_MIN_RATIO) from every
     one of its neighbours, the OUTLIER_WINDOW points on each side (near the ends, those there
-    are; at least two). A point at a step is near the points on its own side, so it is never
-    one, and neither are two wild points close together at the same level (each is near the
-    other: a short real excursion is kept)."""
+    are; at least two). A point at a step is near the points on its own side, so it is not
+    one (unless its own side beside an end is only a wild point), and neither are two wild
+    points close together at the same level (each is near the other: a short real excursion
+    is kept)."""
     n, w = len(x), OUTLIER_WINDOW
     mask = np.zeros(n, dtype=bool)
     if n < 2 * w + 1:
@@ -166,8 +174,8 @@ def change_points(values: list[float] | np.ndarray, p_value: float = DEFAULT_P_V
                   short_splits: bool = True) -> list[ChangePoint]:
     """The change points of a series of positive values in order, earliest first;
     ``drop_outliers``: leave isolated outliers out first (``isolated_outliers``);
-    ``short_splits``: test a split its permutation test cannot resolve by Student's t, when its
-    sides do not overlap (the module's docstring)."""
+    ``short_splits``: in a series too short for its permutation test, test the first split by
+    Student's t, when its sides do not overlap (the module's docstring)."""
     if min_size < 2:
         raise ValueError("min_size must be at least 2")
     raw = np.asarray(values, dtype=float)
@@ -189,7 +197,8 @@ def change_points(values: list[float] | np.ndarray, p_value: float = DEFAULT_P_V
         if k == 0 or not q > 0:
             break
         p = permutation_p(x[a:b], q, min_size, permutations, p_value, rng)
-        if short_splits and p > p_value and permutation_floor(b - a, k) > p_value:
+        if (short_splits and (a, b) == (0, len(x)) and p > p_value
+                and permutation_floor(b - a, k) > SHORT_FLOOR_SHARE * p_value):
             short = short_split_p(x[a:b], k, min_size)
             if short is not None and short <= p_value:
                 p = short
