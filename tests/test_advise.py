@@ -214,6 +214,29 @@ def test_judge_gives_the_gates_interval_and_the_guard_overrides_a_speed_up():
     assert oom.verdict == "oom" and oom.speedup is None
 
 
+def test_rounds_that_drift_are_compared_paired():
+    """The machine drifts by up to 40% from round to round, the practice runs as fast as the
+    baseline beside it (within 1%): paired by round, it is unchanged with a narrow interval;
+    the same values without their rounds (no pairs) are only inconclusive."""
+    from dataclasses import replace
+
+    from gpubench.config import Config
+
+    base_c = Config(framework="torch", workload="mlp", device="cpu")
+    other_c = replace(base_c, optimizer_impl="foreach")
+    j = Judging(alpha=0.05, threshold=0.03, noise_floor=0.01, loss_tolerance=0.10)
+    drift = [100, 140, 110, 90, 130, 100, 120, 95, 135, 105]
+    wobble = [1.005, 0.995, 1.0, 1.008, 0.992, 1.003, 0.997, 1.0, 1.004, 0.996]
+    base = _results(base_c, drift)
+    same = _results(other_c, [d * w for d, w in zip(drift, wobble)])
+    p = Practice("optimizer foreach", "optimizer", (("optimizer_impl", "foreach"),))
+    row = judge(p, base, same, j, compared=2)
+    assert row.paired and row.verdict == "unchanged" and 0.97 < row.ci_low <= row.ci_high < 1.03
+    apart = [make_result(other_c, r.metrics["throughput"]["median"], repeat=100 + i) for i, r in enumerate(same)]
+    unpaired = judge(p, base, apart, j, compared=2)
+    assert not unpaired.paired and unpaired.verdict == "inconclusive"
+
+
 def test_rank_and_combine_take_the_best_of_each_group():
     def row(name, group, verdict, speedup):
         return Row(name, group, {name: 1}, name, verdict, speedup=speedup)

@@ -419,7 +419,8 @@ class _Session:
 
     def show(self, rows: list[Row], combo: Row | None, skipped: list[Skipped], best: Row | None) -> None:
         table = Table(title=f"advice for {self.base.config_id} (speed-up: throughput / the baseline's; its "
-                            "interval's confidence: 1 - 2 alpha / the comparisons, at the look that decided it)",
+                            "interval's confidence: 1 - 2 alpha / the comparisons, at the look that decided it; "
+                            "paired: on the per-round ratios)",
                       title_justify="left")
         for col in ("#", "practice", "verdict", "speed-up", "interval", "memory", "cold start", "pays back", "loss",
                     "note"):
@@ -438,8 +439,8 @@ def _ratio(v: float | None) -> str:
 
 
 def row_cells(r: Row, label: str) -> list[str]:
-    interval = (f"[{r.ci_low:.3f}, {r.ci_high:.3f}]" + (f" ({100 * r.confidence:.3g}%)" if r.confidence else "")
-                if r.ci_low is not None and r.ci_high is not None else "-")
+    level = f" ({100 * r.confidence:.3g}%" + (", paired" if r.paired else "") + ")" if r.confidence else ""
+    interval = f"[{r.ci_low:.3f}, {r.ci_high:.3f}]{level}" if r.ci_low is not None and r.ci_high is not None else "-"
     memory = f"{100 * (r.memory_ratio - 1):+.0f}%" if r.memory_ratio is not None else "-"
     cold = f"{r.cold_start_ms:+.0f} ms" if r.cold_start_ms is not None else "-"
     pays = ("-" if r.payback_steps is None or not r.helped else "never" if math.isinf(r.payback_steps)
@@ -479,7 +480,8 @@ def markdown(advice: dict[str, Any]) -> str:
            f"Each practice against the baseline (throughput ratio and its interval, whose confidence is "
            f"1 - 2 x {advice['alpha']:g} / 2^look / the comparisons; threshold {100 * advice['threshold']:g}%; loss "
            f"tolerance {100 * advice['loss_tolerance']:g}%), measured in {advice['elapsed_s']} s of a "
-           f"{advice['budget_s']:g} s budget.", "",
+           f"{advice['budget_s']:g} s budget. Paired: judged on the ratios of the rounds, the practice's "
+           "repeat against the baseline's beside it.", "",
            fmt.md_row(head), "| " + " | ".join("---" for _ in head) + " |"]
     rows = [Row(**{**r, "repeats": tuple(r["repeats"]),
                    "payback_steps": math.inf if r["payback_steps"] == "never" else r["payback_steps"]})

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpubench.gate.compare import judge as gate_judge
-from gpubench.gate.stats import min_repeats, shift
+from gpubench.gate.stats import min_pairs, min_repeats, paired_shift, shift
 from gpubench.results.metrics import BY_NAME
 from gpubench.results.result import Result
 
@@ -49,6 +49,7 @@ class Row:
     loss_ratio: float | None = None  # loss after the last window, practice / baseline
     caveat: str = ""
     confidence: float | None = None  # of the interval: 1 - 2 alpha / the comparisons, at the look that judged it
+    paired: bool = False  # judged on the per-round ratios (the practice's repeat beside the baseline's, same round)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -84,8 +85,18 @@ def judge(practice: Any, baseline: list[Result], results: list[Result], j: Judgi
         return row
     level = 2 * j.alpha / max(1, compared)  # the two-sided level of each practice's interval
     row.confidence = 1 - level
-    s = shift([float(THROUGHPUT.value(r)) for r in base_ok],
-              [float(THROUGHPUT.value(r)) for r in ok], level)
+    # the practice and the baseline ran in the same rounds (the order turning): like ``ab
+    # --lockstep``, each round's ratio cancels what drifted between rounds (the machine's state),
+    # so the rounds are compared paired wherever enough of them pair up
+    by_round = {r.repeat: r for r in base_ok}
+    pairs = [(by_round[r.repeat], r) for r in ok if r.repeat in by_round]
+    if len(pairs) >= min_pairs(level):
+        row.paired = True
+        s = paired_shift([float(THROUGHPUT.value(b)) for b, _ in pairs],
+                         [float(THROUGHPUT.value(p)) for _, p in pairs], level)
+    else:
+        s = shift([float(THROUGHPUT.value(r)) for r in base_ok],
+                  [float(THROUGHPUT.value(r)) for r in ok], level)
     row.verdict = gate_judge(s, THROUGHPUT, j.threshold, j.noise_floor)
     row.speedup = s.ratio
     row.ci_low, row.ci_high = (s.ci_low, s.ci_high) if s.has_ci else (None, None)
