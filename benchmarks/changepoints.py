@@ -17,7 +17,9 @@ that stalled: 1.3k samples/s among 45k) away from a step of 10% or 40%, or with 
 recall and the false change points of the detector as it is, with isolated outliers kept, and
 without Student's t for the splits too short for a permutation test. Last, short series with no
 step and heavy-tailed noise (Student's t, 3 degrees of freedom): the false change points that
-the t-test of short splits adds.
+the t-test of short splits adds. Last, suites of 1, 4 and 12 configs on the same commits, each
+config with its own noise, all 3% slower from one commit (or none): recall and false change
+points searching the configs together (``history check --together``) and each alone.
 """
 
 from __future__ import annotations
@@ -103,6 +105,30 @@ def heavy_null(rng: np.random.Generator, length: int, series: int) -> tuple[floa
     return false[0] / series, false[1] / series
 
 
+def together_cell(rng: np.random.Generator, k: int, noise: float, step: float | None, series: int, length: int,
+                  tolerance: int) -> tuple[float, float, float, float]:
+    """``k`` series side by side (one suite's configs on the same commits), each with its own
+    lognormal noise, all stepping down by ``step`` at the same random commit of the middle half
+    (None: no step): (recall searched together, the share of the k series in which the step is
+    found searching each alone, false change points per suite together, per series alone)."""
+    together = alone = false_together = false_alone = 0.0
+    for i in range(series):
+        at = int(rng.integers(length // 4, length - length // 4 + 1))
+        values = 1000.0 * np.exp(rng.normal(0.0, noise, (length, k)))
+        if step is not None:
+            values[at:] *= 1 - step
+        cps = change_points(values, seed=i)
+        near = [c for c in cps if step is not None and abs(c.index - at) <= tolerance]
+        together += bool(near)
+        false_together += len(cps) - (1 if near else 0)
+        for j in range(k):
+            own = change_points(values[:, j], seed=i)
+            hit = [c for c in own if step is not None and abs(c.index - at) <= tolerance]
+            alone += bool(hit) / k
+            false_alone += (len(own) - (1 if hit else 0)) / k
+    return together / series, alone / series, false_together / series, false_alone / series
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--series", type=int, default=200, help="series per cell (default 200)")
@@ -111,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--null-series", type=int, default=20, help="series of 1,000 points with no step (default 20)")
     ap.add_argument("--null-short", type=int, default=2000,
                     help="heavy-tailed short series without a step, per length (default 2000)")
+    ap.add_argument("--together-series", type=int, default=100, help="suites per cell of the last table (default 100)")
+    ap.add_argument("--together-length", type=int, default=30, help="commits of the last table's suites (default 30)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     rng = np.random.default_rng(a.seed)
@@ -154,6 +182,21 @@ def main(argv: list[str] | None = None) -> int:
     for length in (8, 10, 12, 16):
         with_t, without = heavy_null(rng, length, a.null_short)
         print(f"| {length} | {with_t:.4f} | {without:.4f} |")
+    print()
+    print(f"Configs that step together: k series of {a.together_length} points side by side (one suite's configs on "
+          f"the same commits), each with its own noise, all 3% slower from the same commit of the middle half, or "
+          f"with no step; {a.together_series} suites a cell; searched together (`history check --together`) "
+          "against each series alone:")
+    print()
+    print("| configs | noise | step | recall, together | recall, each alone | false per suite, together | "
+          "false per series, alone |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for k in (1, 4, 12):
+        for noise in (0.03, 0.05):
+            for step in (None, 0.03):
+                got = together_cell(rng, k, noise, step, a.together_series, a.together_length, a.tolerance)
+                shown = f"{step:.0%}" if step is not None else "none"
+                print(f"| {k} | {noise:.0%} | {shown} | " + " | ".join(f"{v:.3f}" for v in got) + " |")
     print(f"\n{time.perf_counter() - t0:.1f} s")
     return 0
 

@@ -418,6 +418,10 @@ def build_parser() -> argparse.ArgumentParser:
             h.add_argument("--last", type=int, default=300, metavar="N",
                            help="search only the newest N commits of each series (default 300; 0: all, whose cost "
                                 "grows as the square of the commits)")
+            h.add_argument("--together", action="store_true",
+                           help="search the configs of each suite and machine together: a step that one change "
+                                "made in many configs adds up over them (more power near the noise; a step in one "
+                                "config among many has less)")
         if name == "noise":
             h.add_argument("--repeats", type=int, default=10, metavar="N", help="repeats a side (default 10)")
             h.add_argument("--configs", type=int, default=1, metavar="K",
@@ -555,7 +559,8 @@ def _main(argv: list[str] | None) -> int:
                 from gpubench.history.command import check_options
 
                 check = check_options(args.p_value, args.permutations, args.min_size,
-                                      parse_fraction(args.threshold, "--threshold"), args.recent, args.last)
+                                      parse_fraction(args.threshold, "--threshold"), args.recent, args.last,
+                                      args.together)
             noise = NoiseOptions()
             if args.action == "noise":
                 from gpubench.gate.compare import gate_options

@@ -163,3 +163,23 @@ def test_near_the_permutation_floor_the_t_test_decides_not_chance():
             values[n - 3:] *= 0.6
             cps = change_points(values, seed=seed)
             assert [c.index for c in cps] == [n - 3], (n, seed, cps)
+
+
+def test_series_side_by_side_add_up_a_step_they_share():
+    """12 series of 40 points, 3% noise each, all 3% lower from point 25: alone, a series
+    rarely shows the step; together (rows the points) it is found at 25, its size that of the
+    rows' geometric means. One column is the series itself; a stalled run in one series drops
+    its row; a 3-D array is refused."""
+    rng = np.random.default_rng(2)
+    values = 1000 * np.exp(rng.normal(0, 0.03, (40, 12)))
+    values[25:] *= 0.97
+    alone = sum(any(c.index == 25 for c in change_points(values[:, j])) for j in range(12))
+    (cp,) = change_points(values)
+    assert cp.index == 25 and cp.p_value <= 0.01 and 0.96 < cp.ratio < 0.98 and alone <= 3
+    assert change_points(values[:, :1]) == change_points(values[:, 0])
+    stalled = values.copy()
+    stalled[10, 3] *= 0.03
+    (cp,) = change_points(stalled)
+    assert cp.index == 25 and cp.n_before == 24  # row 10 left out
+    with pytest.raises(ValueError, match="side by side"):
+        change_points(np.ones((4, 4, 4)))

@@ -284,9 +284,14 @@ def test_a_lock_held_past_the_timeout_is_one_line(tmp_path, gb, history_db, monk
     assert proc.returncode == 0 and f"{len(result_lines(QUICK))} result(s) added" in proc.stdout
 
 
-def commit_runs(root: Path, factors: list[float], machine: str = "vm", name: str = "quick") -> list[Path]:
+def commit_runs(root: Path, factors: list[float], machine: str = "vm", name: str = "quick", noise: float = 0.0,
+                seed: int = 0) -> list[Path]:
     """Copies of the quick sample's run, one per commit in order, on ``machine``: commit i's
-    throughputs (median and CI bounds) are the sample's times ``factors[i]``."""
+    throughputs (median and CI bounds) are the sample's times ``factors[i]``, and with ``noise``
+    each config's times its own lognormal draw of that spread (seeded)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
     meta = json.loads((QUICK / "run.json").read_text())
     lines = result_lines(QUICK)
     dirs = []
@@ -305,7 +310,8 @@ def commit_runs(root: Path, factors: list[float], machine: str = "vm", name: str
             line = {**line, "run_id": run_id, "env": env}
             if line["status"] == "ok":
                 t = line["metrics"]["throughput"]
-                line["metrics"] = {**line["metrics"], "throughput": {k: v * factor for k, v in t.items()}}
+                f = factor * (float(np.exp(rng.normal(0.0, noise))) if noise else 1.0)
+                line["metrics"] = {**line["metrics"], "throughput": {k: v * f for k, v in t.items()}}
             out.append(json.dumps(line))
         (d / "results.jsonl").write_text("\n".join(out) + "\n")
         dirs.append(d)
@@ -531,6 +537,27 @@ def test_check_finds_a_large_step_in_ten_commits_despite_a_stalled_run(tmp_path,
     steps = json.loads((tmp_path / "steps.json").read_text())["steps"]
     assert steps and all(s["commit"] == "07" + "c" * 38 and s["kind"] == "regression" and s["test"] == "t"
                          and s["ratio"] == pytest.approx(0.6) for s in steps)
+
+
+def test_configs_searched_together_find_a_small_step_that_each_alone_mostly_misses(tmp_path, gb, history_db):
+    """30 commits of the quick sample's 12 ok configs, each config's throughput with its own 3%
+    noise, all 3% slower from commit 20: searched alone, most configs show no step (it is no
+    larger than their noise); searched together (``--together``), every config's step is at
+    commit 20, sized on its own series, and the check fails (``--recent 10``)."""
+    dirs = commit_runs(tmp_path / "runs", [1.0] * 20 + [0.97] * 10, noise=0.03, seed=4)
+    assert gb(["history", "ingest", *dirs, "--db", history_db]).returncode == 0
+    ok = sorted(x["config_id"] for x in result_lines(QUICK) if x["status"] == "ok")
+    alone = gb(["history", "check", "--db", history_db, "--json", "alone.json"])
+    found_alone = {s["config_id"] for s in json.loads((tmp_path / "alone.json").read_text())["steps"]
+                   if s["commit"] == "20" + "c" * 38}
+    assert len(found_alone) < len(ok) // 2, (found_alone, alone.stdout)
+    proc = gb(["history", "check", "--db", history_db, "--together", "--recent", "10", "--json", "together.json"])
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "searched together" in proc.stdout and "19cccccc -> 20cccccc" in proc.stdout
+    steps = json.loads((tmp_path / "together.json").read_text())["steps"]
+    assert sorted(s["config_id"] for s in steps) == ok
+    assert all(s["commit"] == "20" + "c" * 38 and s["test"] == "together" and s["p_value"] <= 0.01 for s in steps)
+    assert 0.9 < sorted(s["ratio"] for s in steps)[len(steps) // 2] < 1.0  # the median config's size: about -3%
 
 
 def test_check_improvements_short_series_and_bad_input(tmp_path, gb, history_db):

@@ -124,11 +124,20 @@ def split_statistics(d: np.ndarray, min_size: int) -> np.ndarray:
     return out
 
 
+def distances(x: np.ndarray) -> np.ndarray:
+    """Every pairwise distance of the points of ``x``: |x_i - x_j| for a series; for series
+    side by side (rows the commits, columns the series), the Euclidean distance of the rows."""
+    if x.ndim == 1:
+        out: np.ndarray = np.abs(x[:, None] - x[None, :])
+        return out
+    return np.sqrt(((x[:, None, :] - x[None, :, :]) ** 2).sum(axis=-1))
+
+
 def best_split(x: np.ndarray, min_size: int) -> tuple[int, float]:
     """The split of ``x`` with the largest Q: (points left of it, Q); (0, -inf) if too short."""
     if len(x) < 2 * min_size:
         return 0, -math.inf
-    q = split_statistics(np.abs(x[:, None] - x[None, :]), min_size)
+    q = split_statistics(distances(x), min_size)
     k = int(np.argmax(q))
     return min_size + k, float(q[k])
 
@@ -137,7 +146,7 @@ def permutation_p(x: np.ndarray, observed: float, min_size: int, permutations: i
                   rng: np.random.Generator) -> float:
     """Share of random orderings of ``x`` whose best Q reaches ``observed`` (with the observed
     one counted). Stops early once the answer is surely above ``p_value``."""
-    d = np.abs(x[:, None] - x[None, :])
+    d = distances(x)
     reached, give_up = 0, math.floor(p_value * (permutations + 1))  # more than this: not significant
     for done in range(1, permutations + 1):
         p = rng.permutation(len(x))
@@ -175,15 +184,35 @@ def change_points(values: list[float] | np.ndarray, p_value: float = DEFAULT_P_V
     """The change points of a series of positive values in order, earliest first;
     ``drop_outliers``: leave isolated outliers out first (``isolated_outliers``);
     ``short_splits``: in a series too short for its permutation test, test the first split by
-    Student's t, when its sides do not overlap (the module's docstring)."""
+    Student's t, when its sides do not overlap (the module's docstring).
+
+    ``values`` may also be several series side by side (rows the commits, columns the series,
+    on the same commits): the energy statistic then weighs the Euclidean distances of the rows,
+    so a step that a change made in many series at once adds up over them. A row is left out
+    where any of its series has an isolated outlier there; short splits are not t-tested; each
+    change point's ratio and interval are those of the rows' geometric means."""
     if min_size < 2:
         raise ValueError("min_size must be at least 2")
     raw = np.asarray(values, dtype=float)
+    if raw.ndim == 2 and raw.shape[1] == 1:
+        raw = raw[:, 0]  # one series
+    if raw.ndim not in (1, 2) or raw.size == 0:
+        raise ValueError("expected a series, or series side by side (a 2-D array)")
     if np.any(~np.isfinite(raw)) or np.any(raw <= 0):
         raise ValueError("the values must be finite and positive")
-    keep = np.flatnonzero(~isolated_outliers(np.log(raw)) if drop_outliers else np.ones(len(raw), dtype=bool))
-    raw = raw[keep]
-    x = np.log(raw)
+    logs = np.log(raw)
+    if drop_outliers:
+        wild = isolated_outliers(logs) if raw.ndim == 1 else np.any(
+            np.column_stack([isolated_outliers(col) for col in logs.T]), axis=1)
+    else:
+        wild = np.zeros(len(raw), dtype=bool)
+    keep = np.flatnonzero(~wild)
+    x = logs[keep]
+    if raw.ndim == 2:
+        short_splits = False
+        raw = np.exp(x.mean(axis=1))  # the rows' geometric means: what each step's size is of
+    else:
+        raw = raw[keep]
     rng = np.random.default_rng(seed)
     bounds = [0, len(x)]  # segment edges
     found: dict[int, float] = {}

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from gpubench.gate.changepoints import (
+    CI_ALPHA,
     DEFAULT_MIN_SIZE,
     DEFAULT_P_VALUE,
     DEFAULT_PERMUTATIONS,
@@ -23,6 +24,7 @@ from gpubench.gate.changepoints import (
     change_points,
 )
 from gpubench.gate.render import change_text
+from gpubench.gate.stats import shift
 from gpubench.results.metrics import BY_NAME
 
 
@@ -34,6 +36,7 @@ class CheckOptions:
     threshold: float = 0.03  # a step smaller than this (good direction) is "small"
     recent: int = 5  # the newest commits of a series in which a regression fails the check
     last: int = 300  # only the newest commits of each series are searched (0: all); the cost grows as its square
+    together: bool = False  # search the configs of a suite on a machine together (find_steps)
 
 
 @dataclass(frozen=True)
@@ -84,10 +87,18 @@ def series_points(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
 def find_steps(frame: pd.DataFrame, orders: dict[str, list[str]], metric: str,
                options: CheckOptions = CheckOptions()) -> tuple[list[Step], int]:
     """Every step of every series in ``frame`` (``dashboard.trend_frame``'s rows), in the
-    suites' commit orders; and how many series were too short to test."""
+    suites' commit orders; and how many series were too short to test. With
+    ``options.together``, the series of a suite on a machine are searched together
+    (``_together``)."""
     steps: list[Step] = []
     short = 0
     pts = series_points(frame, metric)
+    if options.together:
+        for (suite, _machine), g in pts.groupby(["suite", "machine"], sort=True):
+            found, n_short = _together(g, orders[str(suite)], metric, options)
+            steps += found
+            short += n_short
+        return steps, short
     for (suite, config, machine), g in pts.groupby(["suite", "config_id", "machine"], sort=True):
         position = {c: i for i, c in enumerate(orders[suite])}
         g = g.assign(x=g["commit"].map(position)).sort_values("x")
@@ -104,9 +115,59 @@ def find_steps(frame: pd.DataFrame, orders: dict[str, list[str]], metric: str,
     return steps, short
 
 
+def _together(g: pd.DataFrame, order: list[str], metric: str, options: CheckOptions) -> tuple[list[Step], int]:
+    """The steps of one suite's configs on one machine, searched together: the commits that
+    every config has (a config measured at fewer than half of the suite's commits is left to
+    itself, searched alone), as rows of one multi-series search, so a step that one change made
+    in many configs adds up over them. Each config's step at a change point found so is sized
+    on that config's own series, between the neighbouring change points; its p is the joint
+    test's (``test`` = "together")."""
+    position = {c: i for i, c in enumerate(order)}
+    wide = g.pivot_table(index="commit", columns="config_id", values=metric, aggfunc="median")
+    wide = wide.loc[sorted(wide.index, key=position.__getitem__)]
+    many = [c for c in wide.columns if wide[c].notna().sum() * 2 >= len(wide)]
+    steps: list[Step] = []
+    short = 0
+    alone = g[~g["config_id"].isin(many)]
+    if len(alone):
+        found, n_short = find_steps(_as_frame(alone, metric), {str(g["suite"].iloc[0]): order}, metric,
+                                    CheckOptions(**{**options.__dict__, "together": False}))
+        steps += found
+        short += n_short
+    wide = wide[many].dropna()
+    if options.last:
+        wide = wide.iloc[-options.last:]
+    if not many:
+        return steps, short
+    if len(wide) < 2 * options.min_size:
+        return steps, short + len(many)
+    commits = list(wide.index)
+    suite, machine = str(g["suite"].iloc[0]), str(g["machine"].iloc[0])
+    values = wide.to_numpy(dtype=float)
+    cps = change_points(values, options.p_value, options.permutations, options.min_size)
+    edges = [cp.index for cp in cps]
+    for i, cp in enumerate(cps):
+        lo = edges[i - 1] if i else 0
+        hi = edges[i + 1] if i + 1 < len(edges) else len(commits)
+        for j, config in enumerate(many):
+            s = shift(values[lo:cp.index, j], values[cp.index:hi, j], CI_ALPHA)
+            own = ChangePoint(cp.index, cp.previous_index, cp.p_value, s.ratio, s.ci_low, s.ci_high,
+                              cp.index - lo, hi - cp.index, "together")
+            steps.append(Step(suite, str(config), machine, metric, str(commits[cp.index]),
+                              str(commits[cp.previous_index]), position[commits[cp.index]], len(commits),
+                              len(commits) - cp.index, kind_of(s.ratio, metric, options.threshold), own,
+                              options.recent))
+    return steps, short
+
+
+def _as_frame(points: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Per-commit points back in the shape ``series_points`` reads (it takes their medians again)."""
+    return points[["suite", "config_id", "machine", "commit", metric]]
+
+
 def p_text(step: Step) -> str:
     """A step's p-value, marked t where Student's t tested a split too short for its permutations."""
-    return f"{step.change.p_value:.3g}" + (" t" if step.change.test == "t" else "")
+    return f"{step.change.p_value:.3g}" + {"t": " t", "together": " together"}.get(step.change.test, "")
 
 
 def describe(step: Step) -> str:

@@ -61,7 +61,7 @@ def noise_options(repeats: int, alpha: float, configs: int, threshold: float, no
 
 
 def check_options(p_value: float, permutations: int, min_size: int, threshold: float, recent: int,
-                  last: int = CheckOptions.last) -> CheckOptions:
+                  last: int = CheckOptions.last, together: bool = False) -> CheckOptions:
     """``history check``'s options, checked before the history is opened."""
     if not 0 < p_value < 1:
         raise InputError(f"--p-value {p_value:g}: must be between 0 and 1")
@@ -74,7 +74,7 @@ def check_options(p_value: float, permutations: int, min_size: int, threshold: f
         raise InputError(f"--recent {recent}: must be at least 1")
     if last < 0 or 0 < last < 2 * min_size:
         raise InputError(f"--last {last}: must be 0 (every commit) or at least {2 * min_size} (twice --min-size)")
-    return CheckOptions(p_value, permutations, min_size, threshold, recent, last)
+    return CheckOptions(p_value, permutations, min_size, threshold, recent, last, together)
 
 
 def _check_metrics(names: list[str]) -> list[str]:
@@ -232,7 +232,9 @@ def _check(engine: Any, url: str, req: HistoryRequest, metrics: list[str], conso
     o = req.check
     console.print(f"change points in {display_url(url)}: E-Divisive means, p <= {o.p_value:g} "
                   f"({o.permutations} permutations; a split too short for them, by Student's t where its sides do not "
-                  f"overlap: p marked t), at least {o.min_size} commits a side; a step beyond "
+                  f"overlap: p marked t), at least {o.min_size} commits a side"
+                  + ("; the configs of each suite and machine searched together (p marked together)" if o.together
+                     else "") + f"; a step beyond "
                   f"{100 * o.threshold:g}% is a regression or improvement; regressions in the newest {o.recent} "
                   "commits of a series fail the check; "
                   + (f"the newest {o.last} commits of each series searched" if o.last else "every commit searched"),
