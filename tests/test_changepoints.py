@@ -181,5 +181,10 @@ def test_series_side_by_side_add_up_a_step_they_share():
     stalled[10, 3] *= 0.03
     (cp,) = change_points(stalled)
     assert cp.index == 25 and cp.n_before == 24  # row 10 left out
+    # a much noisier series (30%) among them does not drown the shared step: each series
+    # counts in units of its own spread
+    noisy = values.copy()
+    noisy[:, 0] = 1000 * np.exp(rng.normal(0, 0.3, 40)) * np.r_[np.ones(25), np.full(15, 0.97)]
+    assert [c.index for c in change_points(noisy)] == [25]
     with pytest.raises(ValueError, match="side by side"):
         change_points(np.ones((4, 4, 4)))

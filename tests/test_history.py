@@ -537,6 +537,12 @@ def test_check_finds_a_large_step_in_ten_commits_despite_a_stalled_run(tmp_path,
     steps = json.loads((tmp_path / "steps.json").read_text())["steps"]
     assert steps and all(s["commit"] == "07" + "c" * 38 and s["kind"] == "regression" and s["test"] == "t"
                          and s["ratio"] == pytest.approx(0.6) for s in steps)
+    # --together with one config left by the filter: that config is searched alone, as above
+    one = steps[0]["config_id"]
+    proc = gb(["history", "check", "--db", history_db, "--together", "--config", one, "--json", "one.json"])
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (step,) = json.loads((tmp_path / "one.json").read_text())["steps"]
+    assert step["test"] == "t" and step["commit"] == "07" + "c" * 38
 
 
 def test_configs_searched_together_find_a_small_step_that_each_alone_mostly_misses(tmp_path, gb, history_db):
@@ -545,8 +551,17 @@ def test_configs_searched_together_find_a_small_step_that_each_alone_mostly_miss
     larger than their noise); searched together (``--together``), every config's step is at
     commit 20, sized on its own series, and the check fails (``--recent 10``)."""
     dirs = commit_runs(tmp_path / "runs", [1.0] * 20 + [0.97] * 10, noise=0.03, seed=4)
-    assert gb(["history", "ingest", *dirs, "--db", history_db]).returncode == 0
     ok = sorted(x["config_id"] for x in result_lines(QUICK) if x["status"] == "ok")
+    # one more config, retired after commit 15: searched alone, it must not cost the others
+    # the commits it lacks (it is not measured at the newest one)
+    retired = json.loads((QUICK / "results.jsonl").read_text().splitlines()[0])
+    retired = {**retired, "config_id": "retired-config"}
+    for d in dirs[:16]:
+        line = json.loads((d / "results.jsonl").read_text().splitlines()[0])
+        line = {**line, "config_id": "retired-config", "config_hash": "retired"}
+        with (d / "results.jsonl").open("a") as f:
+            f.write(json.dumps(line) + "\n")
+    assert gb(["history", "ingest", *dirs, "--db", history_db]).returncode == 0
     alone = gb(["history", "check", "--db", history_db, "--json", "alone.json"])
     found_alone = {s["config_id"] for s in json.loads((tmp_path / "alone.json").read_text())["steps"]
                    if s["commit"] == "20" + "c" * 38}
@@ -554,9 +569,10 @@ def test_configs_searched_together_find_a_small_step_that_each_alone_mostly_miss
     proc = gb(["history", "check", "--db", history_db, "--together", "--recent", "10", "--json", "together.json"])
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "searched together" in proc.stdout and "19cccccc -> 20cccccc" in proc.stdout
-    steps = json.loads((tmp_path / "together.json").read_text())["steps"]
+    steps = [s for s in json.loads((tmp_path / "together.json").read_text())["steps"]
+             if s["config_id"] != "retired-config"]
     assert sorted(s["config_id"] for s in steps) == ok
-    assert all(s["commit"] == "20" + "c" * 38 and s["test"] == "together" and s["p_value"] <= 0.01 for s in steps)
+    assert all(s["commit"] == "20" + "c" * 38 and s["points"] == 30 and s["from_end"] == 10 and s["test"] == "together" and s["p_value"] <= 0.01 for s in steps)
     assert 0.9 < sorted(s["ratio"] for s in steps)[len(steps) // 2] < 1.0  # the median config's size: about -3%
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from gpubench.gate.changepoints import (
@@ -22,6 +23,7 @@ from gpubench.gate.changepoints import (
     DEFAULT_PERMUTATIONS,
     ChangePoint,
     change_points,
+    isolated_outliers,
 )
 from gpubench.gate.render import change_text
 from gpubench.gate.stats import shift
@@ -116,16 +118,24 @@ def find_steps(frame: pd.DataFrame, orders: dict[str, list[str]], metric: str,
 
 
 def _together(g: pd.DataFrame, order: list[str], metric: str, options: CheckOptions) -> tuple[list[Step], int]:
-    """The steps of one suite's configs on one machine, searched together: the commits that
-    every config has (a config measured at fewer than half of the suite's commits is left to
-    itself, searched alone), as rows of one multi-series search, so a step that one change made
-    in many configs adds up over them. Each config's step at a change point found so is sized
-    on that config's own series, between the neighbouring change points; its p is the joint
-    test's (``test`` = "together")."""
+    """The steps of one suite's configs on one machine, searched together. Within the newest
+    ``--last`` commits, the configs measured at the newest commit and at no fewer than half of
+    the commits are rows' columns, on the commits they all have (the others are searched
+    alone, as are all of them where fewer than twice ``--min-size`` commits remain or only one
+    config joins); a step that one change made in many configs adds up over them. Every joined
+    config gets a step at each change point found so (``small`` where it did not move), sized on
+    its own series (its own isolated outliers left out) between the neighbouring change points;
+    its p is the joint test's (``test`` = "together")."""
     position = {c: i for i, c in enumerate(order)}
     wide = g.pivot_table(index="commit", columns="config_id", values=metric, aggfunc="median")
     wide = wide.loc[sorted(wide.index, key=position.__getitem__)]
-    many = [c for c in wide.columns if wide[c].notna().sum() * 2 >= len(wide)]
+    if options.last:
+        wide = wide.iloc[-options.last:]
+    newest = wide.iloc[-1] if len(wide) else pd.Series(dtype=float)
+    many = [c for c in wide.columns if pd.notna(newest[c]) and wide[c].notna().sum() * 2 >= len(wide)]
+    rows = wide[many].dropna()
+    if len(many) < 2 or len(rows) < 2 * options.min_size:
+        many = []
     steps: list[Step] = []
     short = 0
     alone = g[~g["config_id"].isin(many)]
@@ -134,29 +144,30 @@ def _together(g: pd.DataFrame, order: list[str], metric: str, options: CheckOpti
                                     CheckOptions(**{**options.__dict__, "together": False}))
         steps += found
         short += n_short
-    wide = wide[many].dropna()
-    if options.last:
-        wide = wide.iloc[-options.last:]
     if not many:
         return steps, short
-    if len(wide) < 2 * options.min_size:
-        return steps, short + len(many)
-    commits = list(wide.index)
+    commits = list(rows.index)
     suite, machine = str(g["suite"].iloc[0]), str(g["machine"].iloc[0])
-    values = wide.to_numpy(dtype=float)
-    cps = change_points(values, options.p_value, options.permutations, options.min_size)
-    edges = [cp.index for cp in cps]
+    cps = change_points(rows.to_numpy(dtype=float), options.p_value, options.permutations, options.min_size)
+    edges = [commits[cp.index] for cp in cps]
     for i, cp in enumerate(cps):
-        lo = edges[i - 1] if i else 0
-        hi = edges[i + 1] if i + 1 < len(edges) else len(commits)
-        for j, config in enumerate(many):
-            s = shift(values[lo:cp.index, j], values[cp.index:hi, j], CI_ALPHA)
-            own = ChangePoint(cp.index, cp.previous_index, cp.p_value, s.ratio, s.ci_low, s.ci_high,
-                              cp.index - lo, hi - cp.index, "together")
+        lo = edges[i - 1] if i else None
+        hi = edges[i + 1] if i + 1 < len(edges) else None
+        for config in many:
+            own = wide[config].dropna()  # the config's own series in the window
+            at = own.index.get_loc(commits[cp.index])
+            start = own.index.get_loc(lo) if lo is not None else 0
+            end = own.index.get_loc(hi) if hi is not None else len(own)
+            values = own.to_numpy(dtype=float)
+            wild = isolated_outliers(np.log(values))
+            before = values[start:at][~wild[start:at]]
+            after = values[at:end][~wild[at:end]]
+            s = shift(before, after, CI_ALPHA)
+            change = ChangePoint(at, own.index.get_loc(commits[cp.previous_index]), cp.p_value, s.ratio, s.ci_low,
+                                 s.ci_high, len(before), len(after), "together")
             steps.append(Step(suite, str(config), machine, metric, str(commits[cp.index]),
-                              str(commits[cp.previous_index]), position[commits[cp.index]], len(commits),
-                              len(commits) - cp.index, kind_of(s.ratio, metric, options.threshold), own,
-                              options.recent))
+                              str(commits[cp.previous_index]), position[commits[cp.index]], len(own),
+                              len(own) - at, kind_of(s.ratio, metric, options.threshold), change, options.recent))
     return steps, short
 
 
