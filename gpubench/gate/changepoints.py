@@ -189,9 +189,9 @@ def change_points(values: list[float] | np.ndarray, p_value: float = DEFAULT_P_V
     ``values`` may also be several series side by side (rows the commits, columns the series,
     on the same commits): the energy statistic then weighs the Euclidean distances of the rows,
     each series in units of its own spread, so a step that a change made in many series at once
-    adds up over them. A row is left out
-    where any of its series has an isolated outlier there; short splits are not t-tested; each
-    change point's ratio and interval are those of the rows' geometric means."""
+    adds up over them. A row is left out where any of its series has an isolated outlier there;
+    short splits are not t-tested; each change point's ratio and interval are those of the rows'
+    geometric means."""
     if min_size < 2:
         raise ValueError("min_size must be at least 2")
     raw = np.asarray(values, dtype=float)
@@ -213,8 +213,9 @@ def change_points(values: list[float] | np.ndarray, p_value: float = DEFAULT_P_V
         # each series in units of its own spread (the median absolute deviation about its
         # median, which no reordering of the rows changes, so the permutation test stays
         # exact): one noisy series must not drown the others' shared step in the distances
-        spread = np.median(np.abs(x - np.median(x, axis=0)), axis=0)
-        x = (x - np.median(x, axis=0)) / np.where(spread > 0, spread, 1.0)
+        centred = x - np.median(x, axis=0)
+        spread = np.median(np.abs(centred), axis=0)
+        x = centred / np.where(spread > 0, spread, 1.0)
         short_splits = False
         raw = np.exp(logs[keep].mean(axis=1))  # the rows' geometric means: what each step's size is of
     else:

@@ -92,15 +92,24 @@ def find_steps(frame: pd.DataFrame, orders: dict[str, list[str]], metric: str,
     suites' commit orders; and how many series were too short to test. With
     ``options.together``, the series of a suite on a machine are searched together
     (``_together``)."""
+    pts = series_points(frame, metric)
+    if not options.together:
+        return _alone(pts, orders, metric, options)
     steps: list[Step] = []
     short = 0
-    pts = series_points(frame, metric)
-    if options.together:
-        for (suite, _machine), g in pts.groupby(["suite", "machine"], sort=True):
-            found, n_short = _together(g, orders[str(suite)], metric, options)
-            steps += found
-            short += n_short
-        return steps, short
+    for (suite, _machine), g in pts.groupby(["suite", "machine"], sort=True):
+        found, n_short = _together(g, orders[str(suite)], metric, options)
+        steps += found
+        short += n_short
+    return steps, short
+
+
+def _alone(pts: pd.DataFrame, orders: dict[str, list[str]], metric: str,
+           options: CheckOptions) -> tuple[list[Step], int]:
+    """The steps of each series of ``pts`` (``series_points``' rows) searched on its own; and
+    how many series were too short to test."""
+    steps: list[Step] = []
+    short = 0
     for (suite, config, machine), g in pts.groupby(["suite", "config_id", "machine"], sort=True):
         position = {c: i for i, c in enumerate(orders[suite])}
         g = g.assign(x=g["commit"].map(position)).sort_values("x")
@@ -136,30 +145,25 @@ def _together(g: pd.DataFrame, order: list[str], metric: str, options: CheckOpti
     rows = wide[many].dropna()
     if len(many) < 2 or len(rows) < 2 * options.min_size:
         many = []
-    steps: list[Step] = []
-    short = 0
-    alone = g[~g["config_id"].isin(many)]
-    if len(alone):
-        found, n_short = find_steps(_as_frame(alone, metric), {str(g["suite"].iloc[0]): order}, metric,
-                                    CheckOptions(**{**options.__dict__, "together": False}))
-        steps += found
-        short += n_short
+    suite, machine = str(g["suite"].iloc[0]), str(g["machine"].iloc[0])
+    steps, short = _alone(g[~g["config_id"].isin(many)], {suite: order}, metric, options)
     if not many:
         return steps, short
     commits = list(rows.index)
-    suite, machine = str(g["suite"].iloc[0]), str(g["machine"].iloc[0])
     cps = change_points(rows.to_numpy(dtype=float), options.p_value, options.permutations, options.min_size)
     edges = [commits[cp.index] for cp in cps]
+    series = {}  # each config's own series in the window, and its isolated outliers
+    for config in many:
+        own = wide[config].dropna()
+        series[config] = own, own.to_numpy(dtype=float), isolated_outliers(np.log(own.to_numpy(dtype=float)))
     for i, cp in enumerate(cps):
         lo = edges[i - 1] if i else None
         hi = edges[i + 1] if i + 1 < len(edges) else None
         for config in many:
-            own = wide[config].dropna()  # the config's own series in the window
+            own, values, wild = series[config]
             at = own.index.get_loc(commits[cp.index])
             start = own.index.get_loc(lo) if lo is not None else 0
             end = own.index.get_loc(hi) if hi is not None else len(own)
-            values = own.to_numpy(dtype=float)
-            wild = isolated_outliers(np.log(values))
             before = values[start:at][~wild[start:at]]
             after = values[at:end][~wild[at:end]]
             s = shift(before, after, CI_ALPHA)
@@ -169,11 +173,6 @@ def _together(g: pd.DataFrame, order: list[str], metric: str, options: CheckOpti
                               str(commits[cp.previous_index]), position[commits[cp.index]], len(own),
                               len(own) - at, kind_of(s.ratio, metric, options.threshold), change, options.recent))
     return steps, short
-
-
-def _as_frame(points: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Per-commit points back in the shape ``series_points`` reads (it takes their medians again)."""
-    return points[["suite", "config_id", "machine", "commit", metric]]
 
 
 def p_text(step: Step) -> str:
