@@ -270,6 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--best-of", type=_positive_int, default=1, metavar="K",
                     help="with --lockstep: each side's best of K consecutive rounds makes one pair, so that a worker "
                          "that was slow for its whole life does not decide a pair (default 1)")
+    ab.add_argument("--continue", dest="prior", type=Path, metavar="AB_JSON",
+                    help="go on with an A/B that ended undecided (the --json of an ab --lockstep --budget of the same "
+                         "sides, suite and --set): its rounds are pooled with the new ones and its looks counted on, "
+                         "so the two together keep the false-alarm rate within alpha")
     ab.add_argument("--no-report", action="store_true")
 
     exp = sub.add_parser("export", help="a run's results as pytest-benchmark JSON or GitHub benchmark-action JSON")
@@ -601,7 +605,7 @@ def _main(argv: list[str] | None) -> int:
                     suite=args.suite, baseline=Launcher(args.baseline_python, args.baseline_path),
                     candidate=Launcher(args.candidate_python, args.candidate_path), out=args.out, sets=args.sets,
                     repeats=args.repeats, **gate_fields(args), report=not args.no_report, lockstep=args.lockstep,
-                    budget_s=args.budget, best_of=args.best_of), console)
+                    budget_s=args.budget, best_of=args.best_of, prior=args.prior), console)
         if args.command == "find-batch":
             from gpubench.runner.find_batch_command import run_find_batch
 

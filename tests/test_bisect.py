@@ -130,6 +130,29 @@ def test_bisect_of_a_history_without_the_slowdown_says_it_did_not_reproduce(tmp_
     assert "No commit named: the slowdown did not reproduce at the ends" in proc.stdout
 
 
+@pytest.mark.slow
+def test_an_inconclusive_measurement_is_continued_with_its_rounds_pooled(tmp_path):
+    """Threshold 0%: an A/A cannot be called unchanged, so the ends stay inconclusive; measured
+    again, their A/B is continued: the second verdict pools the first's rounds, its looks
+    counted on (so the two together spend alpha once), and the search says it did not reproduce."""
+    pytest.importorskip("torch")
+    repo = tmp_path / "proj"
+    shas = make_repo(repo, commits=2, culprit=None)
+    proc = run_cli(["bisect", "suite.toml", "--good", shas[0], "--bad", shas[-1], "--repeats", "6", "--alpha", "0.05",
+                    "--budget", "15", "--threshold", "0%", "--noise-floor", "0%", "--json", "bisect.json",
+                    "--markdown", "bisect.md"], cwd=repo, env=plain_env(), timeout=900)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = json.loads((repo / "bisect.json").read_text())
+    first, second = out["ends"]
+    assert first["verdict"] == second["verdict"] == "inconclusive" and "did not reproduce" in out["why_not"]
+    assert second["attempt"] == 1 and second["pooled"] == first["ab_dir"] and not first["pooled"]
+    a, b = (json.loads((repo / s["ab_dir"] / "ab.json").read_text()) for s in (first, second))
+    assert b["looks"][:len(a["looks"])] == a["looks"] and len(b["looks"]) > len(a["looks"])
+    assert b["alpha"] < a["alpha"] and b["pooled_with"] == [a["baseline"], a["candidate"]]
+    assert b["verdicts"][0]["n_baseline"] > a["verdicts"][0]["n_baseline"]
+    assert "inconclusive (with the rounds before it)" in (repo / "bisect.md").read_text()
+
+
 def test_the_end_names_the_slowdown_against_the_parent_and_warns_where_it_did_not_confirm():
     """The markdown of a named culprit: the slowdown against its parent; where the confirming
     A/B did not find the culprit slower than its parent, a warning says the slowdown may be

@@ -199,6 +199,13 @@ class _Session:
         suite = str(base_tree / self.suite_rel) if self.suite_rel is not None else self.req.suite
         out = self.run_dir / "steps" / f"{label}-{cand[:8]}-vs-{base[:8]}-{attempt}"
         verdicts = out / "ab.json"
+        # measured again: the earlier A/B continued, its rounds pooled and its looks counted on (a
+        # second A/B judged alone would spend alpha again, and a noisy first half would be lost)
+        first = next((s for s in self.bisection.steps + self.ends + self.confirm
+                      if (s.baseline, s.candidate, s.attempt) == (base, cand, attempt - 1)), None) if attempt else None
+        prior = Path(first.ab_dir) / "ab.json" if first is not None and first.ab_dir else None
+        if prior is not None and not prior.is_file():
+            prior = None  # that A/B wrote no verdicts: this one starts afresh
         subject = git.git(self.repo, "show", "-s", "--format=%s", cand)
         self.console.print(f"{label}: {cand[:12]} ({subject}) against {base[:12]}"
                            + (f", measured again ({attempt + 1})" if attempt else ""), highlight=False, markup=False)
@@ -208,8 +215,10 @@ class _Session:
                              repeats=self.req.repeats, threshold=self.step_threshold(),
                              noise_floor=self.req.noise_floor,
                              alpha=self.req.alpha, json=verdicts, report=False, lockstep=True,
-                             budget_s=self.req.budget_s), self.console)
+                             budget_s=self.req.budget_s, prior=prior), self.console)
         step = _step_of(verdicts, base, cand, attempt, str(out), time.monotonic() - t0)
+        if prior is not None:
+            step.pooled = str(prior.parent)
         if label != "ends":
             step = self.against_the_ends(step)
         self.console.print(f"{label}: {cand[:12]} {step.verdict}" + (f", {_change(step)}" if step.ratio else ""),
@@ -348,7 +357,8 @@ def markdown(out: dict[str, Any]) -> str:
     for label, s in ([("ends", e) for e in out["ends"]] + [(str(i), st) for i, st in enumerate(out["steps"], 1)]
                      + [("confirm", c) for c in ([out["confirm"]] if out.get("confirm") else [])]):
         step = Step(**s)
-        verdict = step.verdict + (f" ({step.decided})" if step.decided else "")
+        verdict = (step.verdict + (" (with the rounds before it)" if step.pooled else "")
+                   + (f" ({step.decided})" if step.decided else ""))
         lines.append(f"| {label} | {step.candidate[:12]} | {step.baseline[:12]} | {verdict} | "
                      f"{_change(step) if step.ratio else '-'} | {step.seconds:.0f} |")
     lines += ["", f"{len(out['commits'])} commit(s), {len(out['steps'])} step(s) after the ends, {out['seconds']} s."]

@@ -6,8 +6,9 @@ history order. The invariant: the last known good commit (index ``lo``; -1 is th
 given) is not slower than the good revision, the first known bad one (``hi``) is. Each step
 measures the midpoint against the last known good commit with the gate: ``regressed`` moves
 ``hi`` to it, ``unchanged`` or ``improved`` moves ``lo`` to it; ``inconclusive`` is measured
-once more (a second A/B), and where it stays inconclusive the search stops and names the range
-``commits[lo + 1 .. hi]`` instead of guessing. n commits take ceil(log2 n) steps.
+once more (its A/B continued: more rounds, pooled with the first's, the false-alarm rate of the
+two together within alpha), and where it stays inconclusive the search stops and names the
+range ``commits[lo + 1 .. hi]`` instead of guessing. n commits take ceil(log2 n) steps.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Step:
     seconds: float = 0.0
     note: str = ""
     decided: str = ""  # how an A/B that was inconclusive at its threshold was decided (bisect.command)
+    pooled: str = ""  # a re-measurement: the earlier A/B (its directory) whose rounds its verdict pools
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

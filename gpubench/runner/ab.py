@@ -9,11 +9,15 @@ regression gate.
 
 ``--lockstep`` goes further: the two workers of a round run at once and take turns window by
 window (gpubench.measure.turns), and the rounds are compared paired. ``--budget`` makes the
-gate sequential: more rounds for the undecided configs, look k at alpha / 2^k.
+gate sequential: more rounds for the undecided configs, look k at alpha / 2^k. ``--continue``
+goes on with such an A/B that ended undecided: its rounds are pooled with the new ones and its
+looks are counted on, so the two together still raise a false alarm at most alpha of the time
+(a second A/B judged alone would spend alpha again).
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from contextlib import ExitStack
@@ -64,6 +68,67 @@ class ABRequest:
     budget_s: float | None = None  # sequential: more rounds while a config is undecided, within this time
     junit: Path | None = None
     best_of: int = 1  # lockstep: each side's best of k consecutive rounds makes one pair
+    prior: Path | None = None  # the --json of a sequential lockstep A/B of the same sides to continue
+
+
+@dataclass
+class _Prior:
+    """A sequential lockstep A/B being continued: its rounds (pooled with the new ones, which
+    are numbered after them), its looks (the new looks are counted on from them) and the run
+    directories that hold its rounds."""
+
+    results: dict[str, list[Result]]
+    looks: list[dict[str, Any]]
+    rounds: int
+    dirs: list[str]
+
+    @property
+    def done(self) -> set[tuple[str, int]]:
+        return {(r.config_id, r.repeat) for r in self.results["baseline"]}
+
+
+def _prior(req: ABRequest, configs: list[Config], launchers: dict[str, Launcher]) -> _Prior | None:
+    """The A/B that ``--continue`` names, checked: the same sides and configs, lockstep, with
+    --budget's looks (an A/B judged at the whole alpha has none left to spend)."""
+    if req.prior is None:
+        return None
+    from gpubench.results.store import load_results, load_run
+
+    where = f"--continue {req.prior}"
+    if not req.lockstep:
+        raise InputError(f"{where}: needs --lockstep (the rounds of a lockstep A/B are continued paired)")
+    try:
+        earlier = json.loads(req.prior.read_text())
+        dirs = {side: Path(earlier[side]) for side in SIDES}
+        looks = list(earlier["looks"])
+        best_of = int(earlier.get("best_of", 1))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InputError(f"{where}: not the --json of a gpubench ab ({type(e).__name__}); give the file an "
+                         "ab --lockstep --budget wrote with --json") from None
+    if not looks:
+        raise InputError(f"{where}: that A/B was judged once at the whole alpha (no --budget), so none is left for "
+                         "more rounds; continue an A/B run with --budget")
+    if best_of != req.best_of:
+        raise InputError(f"{where}: that A/B paired the best of {best_of} rounds; give --best-of {best_of}")
+    results = {}
+    ids = {c.config_id for c in configs}
+    for side in SIDES:
+        args = load_run(dirs[side]).get("args") or {}
+        if not args.get("lockstep"):
+            raise InputError(f"{where}: {dirs[side]} is not a side of a lockstep A/B")
+        given = (launchers[side].python, launchers[side].pythonpath)
+        if (args.get("python"), args.get("pythonpath")) != given:
+            raise InputError(f"{where}: its {side} ran {args.get('python')} with PYTHONPATH "
+                             f"{args.get('pythonpath') or '(none)'}, not {given[0]} with {given[1] or '(none)'}; "
+                             "continue it with the same sides")
+        results[side] = load_results(dirs[side])
+        other = sorted({r.config_id for r in results[side]} - ids)
+        if other:
+            raise InputError(f"{where}: its {side} has config {other[0]}, which this suite and --set do not; "
+                             "continue it with the same suite and --set")
+    rounds = max((r.repeat for r in results["baseline"]), default=-1) + 1
+    return _Prior(results, looks, rounds, [str(d) for d in earlier.get("pooled_with", [])]
+                  + [str(dirs[side]) for side in SIDES])
 
 
 def _check_python(launcher: Launcher, side: str) -> None:
@@ -209,16 +274,21 @@ def _execute_ab(req: ABRequest, console: Console, held: ExitStack) -> int:
         if distributed:
             raise InputError(f"{suite.source}: --lockstep runs one process a side, not a distributed config's many "
                              f"({distributed[0]}); leave out --lockstep, or the config")
-    first_alpha = look_alpha(req.alpha, 1) if req.budget_s else req.alpha
-    needed = repeats_for(first_alpha, len(configs), options.correction, req.lockstep, req.best_of)
-    if req.repeats < needed:
-        raise InputError(f"--repeats {req.repeats}: comparing {len(configs)} config(s) at alpha {first_alpha:g}"
-                         f"{' (the first look of --budget)' if req.budget_s else ''} needs at least {needed} "
-                         f"{'rounds' if req.lockstep else 'repeats per side'}")
     launchers = {"baseline": req.baseline, "candidate": req.candidate}
     for side, launcher in launchers.items():
         _check_python(launcher, side)
     launchers = side_code_paths(launchers, configs, suite.source)
+    prior = _prior(req, configs, launchers)
+    first_alpha = (look_alpha(req.alpha, len(prior.looks) + 1) if prior is not None
+                   else look_alpha(req.alpha, 1) if req.budget_s else req.alpha)
+    needed = repeats_for(first_alpha, len(configs), options.correction, req.lockstep, req.best_of)
+    repeats = req.repeats
+    if prior is not None:  # the pooled rounds make the first look: as many new ones as it needs
+        repeats = max(req.repeats, needed - prior.rounds)
+    elif req.repeats < needed:
+        raise InputError(f"--repeats {req.repeats}: comparing {len(configs)} config(s) at alpha {first_alpha:g}"
+                         f"{' (the first look of --budget)' if req.budget_s else ''} needs at least {needed} "
+                         f"{'rounds' if req.lockstep else 'repeats per side'}")
     check_output_dir(req.out, "--out")
     check_output_file(req.markdown, "--markdown")
     check_output_file(req.json, "--json")
@@ -240,20 +310,27 @@ def _execute_ab(req: ABRequest, console: Console, held: ExitStack) -> int:
         args = {"suite": req.suite, "set": req.sets, "repeats": req.repeats, "out": str(req.out), "ab_side": side,
                 "python": launchers[side].python, "pythonpath": launchers[side].pythonpath,
                 "code_path": list(launchers[side].code_path),
-                "lockstep": req.lockstep, "budget_s": req.budget_s, "ab_id": stamp}
+                "lockstep": req.lockstep, "budget_s": req.budget_s, "ab_id": stamp,
+                "continues": prior.dirs if prior is not None else []}
         dirs[side], metas[side] = new_run_dir(root, f"{stamp}-{side}", suite, args, configs, envs[side],
                                               dir_name=side)
         held.enter_context(locked_run_dir(dirs[side]))  # one writer of each side, for the whole A/B
-    console.print(f"A/B {stamp}: {len(configs)} configs x {req.repeats} {'rounds' if req.lockstep else 'repeats'} x 2 "
+    console.print(f"A/B {stamp}: {len(configs)} configs x {repeats} {'rounds' if req.lockstep else 'repeats'} x 2 "
                   f"sides{f', then more while undecided, within {req.budget_s:g} s' if req.budget_s else ''} -> {root}",
                   highlight=False)
-    results: dict[str, list[Result]] = {side: [] for side in SIDES}
+    results: dict[str, list[Result]] = {side: list(prior.results[side]) if prior else [] for side in SIDES}
+    looks: list[dict[str, Any]] = list(prior.looks) if prior else []
+    before: set[tuple[str, int]] = set()  # the rounds continued, numbered before the new ones
+    if prior is not None:
+        before = {(c.config_id, r) for c in configs for r in range(prior.rounds)}
+        console.print(f"continuing {len(looks)} look(s) and {prior.rounds} round(s) of {', '.join(prior.dirs[-2:])}: "
+                      f"pooled with the new rounds, the next look at alpha {first_alpha:.3g}", highlight=False,
+                      soft_wrap=True)
     t0 = time.monotonic()
     runner = _Rounds(req, dirs, metas, envs, probes, launchers, console, results)
-    runner.run(plan(configs, req.repeats))
-    looks: list[dict[str, Any]] = []
+    runner.run(plan(configs, (prior.rounds if prior else 0) + repeats, before))
     comparison = None  # the last look's, when a look ended the rounds
-    while req.budget_s:
+    while req.budget_s or (prior is not None and len(looks) == len(prior.looks)):
         alpha_look = look_alpha(req.alpha, len(looks) + 1)
         try:
             at_look = compare(results["baseline"], results["candidate"], options.metric, options.threshold,
@@ -266,11 +343,13 @@ def _execute_ab(req: ABRequest, console: Console, held: ExitStack) -> int:
         rounds = max(r for _, r in done) + 1
         looks.append({"look": len(looks) + 1, "rounds": rounds, "alpha": alpha_look, "undecided": len(undecided)})
         elapsed = time.monotonic() - t0
-        fit = int((req.budget_s - elapsed) / (elapsed / len(done))) // max(1, len(undecided))
+        ran = len(done - before) or 1  # this A/B's own rounds took the time so far
+        fit = int(((req.budget_s or 0) - elapsed) / (elapsed / ran)) // max(1, len(undecided))
         # the rounds so far again (looks at doubling counts), as many as the budget allows, in whole bests-of
         more = min(rounds, fit) // req.best_of * req.best_of
         if not undecided or more < 1:
-            why = "every config decided" if not undecided else f"the budget ({req.budget_s:g} s) is spent"
+            why = ("every config decided" if not undecided else f"the budget ({req.budget_s:g} s) is spent"
+                   if req.budget_s else "no --budget for more rounds")
             console.print(f"look {len(looks)}: {rounds} rounds, alpha {alpha_look:.3g}: {why}", highlight=False)
             comparison = at_look
             break
@@ -290,12 +369,15 @@ def _execute_ab(req: ABRequest, console: Console, held: ExitStack) -> int:
                              best_of=req.best_of)
     reproduce = render.compare_command(str(dirs["baseline"]), str(dirs["candidate"]),
                                        replace(options, alpha=alpha_final), force=True)
+    if prior is not None:
+        reproduce += f" (this A/B's own rounds; its verdicts pool them with those of {', '.join(prior.dirs)})"
     power, triaged = render.show(console, comparison, labels, results["baseline"], results["candidate"], reproduce)
     if req.markdown:
         write_output(req.markdown, render.markdown(comparison, labels, power, triaged), "--markdown")
     if req.json:
         write_output(req.json, json_text({"baseline": str(dirs["baseline"]), "candidate": str(dirs["candidate"]),
                                           **comparison.to_dict(), "looks": looks, "triage": triaged,
+                                          "pooled_with": prior.dirs if prior is not None else [],
                                           "failed": [{"side": side, "config_id": r.config_id, "repeat": r.repeat,
                                                       "status": r.status, "reason": r.reason} for side, r in failed]}),
                      "--json")
