@@ -177,9 +177,9 @@ def test_ab_budget_looks_again_while_undecided_and_stops_at_the_budget(tmp_path,
 
 def test_ab_continue_pools_the_rounds_and_counts_the_looks_on(tmp_path, write_suite):
     """An A/A that the first A/B could not decide (threshold 0%: nothing is unchanged) is
-    continued: the new rounds are numbered after the first's and pooled with them, the next
-    look is at alpha / 4 (the first was at alpha / 2), and at a threshold of 3% the pooled
-    rounds decide it."""
+    continued twice: the new rounds are numbered after the earlier ones and pooled with all of
+    them, each look is at half the alpha of the one before (alpha / 2, / 4, / 8 over the three
+    A/Bs), and at a threshold of 3% the pooled rounds decide it."""
     suite = write_suite(SUITE)
     sides = ["--baseline-python", sys.executable, "--baseline-path", side_path(tmp_path, "a", 2.0),
              "--candidate-python", sys.executable, "--candidate-path", side_path(tmp_path, "b", 2.0)]
@@ -188,26 +188,33 @@ def test_ab_continue_pools_the_rounds_and_counts_the_looks_on(tmp_path, write_su
         return run_cli(["ab", str(suite), "--lockstep", *sides, "--repeats", "8", "--out", str(tmp_path / out),
                         "--json", str(tmp_path / f"{out}.json"), "--no-report", *extra], cwd=tmp_path, timeout=600)
 
-    first = ab("first", "--budget", "1s", "--threshold", "0%", "--noise-floor", "0%")
+    undecided = ["--budget", "1s", "--threshold", "0%", "--noise-floor", "0%"]
+    first = ab("first", *undecided)
     assert first.returncode == 0, first.stdout + first.stderr
     gate = json.loads((tmp_path / "first.json").read_text())
     assert gate["verdicts"][0]["verdict"] == "inconclusive" and [x["alpha"] for x in gate["looks"]] == [0.005]
-    then = ab("then", "--continue", str(tmp_path / "first.json"), "--threshold", "3%")
+    mid = ab("mid", "--continue", str(tmp_path / "first.json"), *undecided)
+    assert mid.returncode == 0 and "continuing 1 look(s) and 8 round(s)" in mid.stdout, mid.stdout + mid.stderr
+    then = ab("then", "--continue", str(tmp_path / "mid.json"), "--threshold", "3%")
     assert then.returncode == 0, then.stdout + then.stderr
-    assert "continuing 1 look(s) and 8 round(s)" in then.stdout and "next look at alpha 0.0025" in then.stdout
+    assert "continuing 2 look(s) and 16 round(s)" in then.stdout and "next look at alpha 0.00125" in then.stdout
     pooled = json.loads((tmp_path / "then.json").read_text())
-    assert [x["alpha"] for x in pooled["looks"]] == [0.005, 0.0025] and pooled["alpha"] == 0.0025
+    assert [x["alpha"] for x in pooled["looks"]] == [0.005, 0.0025, 0.00125] and pooled["alpha"] == 0.00125
     (v,) = pooled["verdicts"]
-    assert v["verdict"] == "unchanged" and v["n_baseline"] == v["n_current"] == 16
-    assert pooled["pooled_with"] == [gate["baseline"], gate["candidate"]]
+    assert v["verdict"] == "unchanged" and v["n_baseline"] == v["n_current"] == 24
+    between = json.loads((tmp_path / "mid.json").read_text())
+    assert pooled["pooled_with"] == [gate["baseline"], gate["candidate"], between["baseline"], between["candidate"]]
     new = [json.loads(x) for x in (Path(pooled["candidate"]) / "results.jsonl").read_text().splitlines()]
-    assert sorted(r["repeat"] for r in new) == list(range(8, 16))  # only the new rounds, numbered after the first's
+    assert sorted(r["repeat"] for r in new) == list(range(16, 24))  # only its own rounds, numbered after the rest
     # bad input: one line, exit 2, nothing run
     other = ["--candidate-path", side_path(tmp_path, "c", 2.0)]
     for extra, message in [(["--continue", str(tmp_path / "nope.json")], "not the --json of a gpubench ab"),
                            (["--continue", str(tmp_path / "first.json"), *other], "continue it with the same sides"),
                            (["--continue", str(tmp_path / "first.json"), "--set", "batch_size=4"],
-                            "continue it with the same suite and --set")]:
+                            "continue it with the same suite and --set"),
+                           (["--continue", str(tmp_path / "first.json"), "--alpha", "0.05"],
+                            "that A/B ran at alpha 0.01, not 0.05; give --alpha 0.01"),
+                           (["--continue", str(tmp_path / "then.json")], "every config of that A/B was decided")]:
         bad = ab("bad", *extra)
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr
     plain = run_cli(["ab", str(suite), *sides, "--continue", str(tmp_path / "first.json"), "--out",

@@ -203,9 +203,13 @@ class _Session:
         # second A/B judged alone would spend alpha again, and a noisy first half would be lost)
         first = next((s for s in self.bisection.steps + self.ends + self.confirm
                       if (s.baseline, s.candidate, s.attempt) == (base, cand, attempt - 1)), None) if attempt else None
-        prior = Path(first.ab_dir) / "ab.json" if first is not None and first.ab_dir else None
-        if prior is not None and not prior.is_file():
-            prior = None  # that A/B wrote no verdicts: this one starts afresh
+        prior = None
+        if first is not None:  # its directory under this bisection's, wherever the bisection was started from
+            prior = self.run_dir / "steps" / Path(first.ab_dir).name / "ab.json"
+            if first.verdict != "inconclusive" or not _undecided(prior):
+                self.console.print(f"{label}: the earlier A/B ({first.verdict}) left no undecided look to continue; "
+                                   "measured afresh, at alpha again", highlight=False, markup=False)
+                prior = None
         subject = git.git(self.repo, "show", "-s", "--format=%s", cand)
         self.console.print(f"{label}: {cand[:12]} ({subject}) against {base[:12]}"
                            + (f", measured again ({attempt + 1})" if attempt else ""), highlight=False, markup=False)
@@ -296,6 +300,16 @@ class _Session:
         for line in md.splitlines():
             self.console.print(line, highlight=False, markup=False, soft_wrap=True)
         return EXIT_NAMED if culprit is not None else EXIT_NOT_NAMED
+
+
+def _undecided(ab_json: Path) -> bool:
+    """Whether an A/B's JSON ends on a look with a config undecided (``ab --continue`` goes on
+    only with such an A/B)."""
+    try:
+        looks = json.loads(ab_json.read_text())["looks"]
+        return bool(looks) and int(looks[-1]["undecided"]) > 0
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False
 
 
 def _step_of(verdicts: Path, base: str, cand: str, attempt: int, ab_dir: str, seconds: float) -> Step:

@@ -73,23 +73,29 @@ class ABRequest:
 
 @dataclass
 class _Prior:
-    """A sequential lockstep A/B being continued: its rounds (pooled with the new ones, which
-    are numbered after them), its looks (the new looks are counted on from them) and the run
-    directories that hold its rounds."""
+    """A sequential lockstep A/B being continued: its rounds (and those of any A/B it continued
+    in turn; pooled with the new ones, which are numbered after them), its looks (the new looks
+    are counted on from them) and the run directories that hold its rounds, baseline then
+    candidate of each A/B, oldest first."""
 
     results: dict[str, list[Result]]
     looks: list[dict[str, Any]]
     rounds: int
     dirs: list[str]
 
-    @property
-    def done(self) -> set[tuple[str, int]]:
-        return {(r.config_id, r.repeat) for r in self.results["baseline"]}
+    def pairs(self, configs: list[Config]) -> int:
+        """The fewest rounds ok on both sides that a config has (what the first look pools for it)."""
+        def ok(side: str) -> set[tuple[str, int]]:
+            return {(r.config_id, r.repeat) for r in self.results[side] if r.ok}
+
+        both = ok("baseline") & ok("candidate")
+        return min((sum(1 for cid, _ in both if cid == c.config_id) for c in configs), default=0)
 
 
 def _prior(req: ABRequest, configs: list[Config], launchers: dict[str, Launcher]) -> _Prior | None:
-    """The A/B that ``--continue`` names, checked: the same sides and configs, lockstep, with
-    --budget's looks (an A/B judged at the whole alpha has none left to spend)."""
+    """The A/B that ``--continue`` names, checked: the same sides, configs and gate settings
+    that alpha's share depends on, lockstep, with --budget's looks (an A/B judged at the whole
+    alpha has none left to spend) and a config still undecided at its last look."""
     if req.prior is None:
         return None
     from gpubench.results.store import load_results, load_run
@@ -99,36 +105,51 @@ def _prior(req: ABRequest, configs: list[Config], launchers: dict[str, Launcher]
         raise InputError(f"{where}: needs --lockstep (the rounds of a lockstep A/B are continued paired)")
     try:
         earlier = json.loads(req.prior.read_text())
-        dirs = {side: Path(earlier[side]) for side in SIDES}
-        looks = list(earlier["looks"])
-        best_of = int(earlier.get("best_of", 1))
+        chain = [Path(d) for d in earlier.get("pooled_with", [])] + [Path(earlier[side]) for side in SIDES]
+        looks = [dict(x) for x in earlier["looks"]]
+        best_of, correction = int(earlier.get("best_of", 1)), str(earlier.get("correction", "bonferroni"))
+        spent = 2 * float(looks[0]["alpha"]) if looks else 0.0  # look 1 was at alpha / 2
+        undecided = int(looks[-1]["undecided"]) if looks else 0
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise InputError(f"{where}: not the --json of a gpubench ab ({type(e).__name__}); give the file an "
                          "ab --lockstep --budget wrote with --json") from None
     if not looks:
         raise InputError(f"{where}: that A/B was judged once at the whole alpha (no --budget), so none is left for "
                          "more rounds; continue an A/B run with --budget")
+    if undecided == 0:
+        raise InputError(f"{where}: every config of that A/B was decided at its last look; there is nothing to "
+                         "continue")
+    if abs(spent - req.alpha) > 1e-9 * req.alpha:
+        raise InputError(f"{where}: that A/B ran at alpha {spent:g}, not {req.alpha:g}; give --alpha {spent:g} (its "
+                         "looks spent that alpha's share)")
     if best_of != req.best_of:
         raise InputError(f"{where}: that A/B paired the best of {best_of} rounds; give --best-of {best_of}")
-    results = {}
+    if correction != req.correction:
+        raise InputError(f"{where}: that A/B corrected for many configs with {correction}; give --correction "
+                         f"{correction}")
+    results: dict[str, list[Result]] = {side: [] for side in SIDES}
     ids = {c.config_id for c in configs}
-    for side in SIDES:
-        args = load_run(dirs[side]).get("args") or {}
+    for i, run_dir in enumerate(chain):
+        side = SIDES[i % 2]
+        args = load_run(run_dir).get("args") or {}
         if not args.get("lockstep"):
-            raise InputError(f"{where}: {dirs[side]} is not a side of a lockstep A/B")
-        given = (launchers[side].python, launchers[side].pythonpath)
-        if (args.get("python"), args.get("pythonpath")) != given:
-            raise InputError(f"{where}: its {side} ran {args.get('python')} with PYTHONPATH "
-                             f"{args.get('pythonpath') or '(none)'}, not {given[0]} with {given[1] or '(none)'}; "
-                             "continue it with the same sides")
-        results[side] = load_results(dirs[side])
-        other = sorted({r.config_id for r in results[side]} - ids)
-        if other:
-            raise InputError(f"{where}: its {side} has config {other[0]}, which this suite and --set do not; "
-                             "continue it with the same suite and --set")
+            raise InputError(f"{where}: {run_dir} is not a side of a lockstep A/B")
+        ran = (args.get("python"), args.get("pythonpath"), list(args.get("code_path") or []))
+        given = (launchers[side].python, launchers[side].pythonpath, list(launchers[side].code_path))
+        if ran != given:
+            raise InputError(f"{where}: its {side} ({run_dir}) ran {ran[0]} with PYTHONPATH {ran[1] or '(none)'} and "
+                             f"code from {', '.join(ran[2]) or '(none)'}, not {given[0]} with {given[1] or '(none)'} "
+                             f"and {', '.join(given[2]) or '(none)'}; continue it with the same sides")
+        results[side] += load_results(run_dir)
+    for side in SIDES:
+        had = {r.config_id for r in results[side]}
+        if had != ids:
+            odd = sorted(had ^ ids)[0]
+            raise InputError(f"{where}: config {odd} is in {'that A/B' if odd in had else 'this suite'} but not in "
+                             f"{'this suite and --set' if odd in had else 'that A/B'}; continue it with the same "
+                             "suite and --set")
     rounds = max((r.repeat for r in results["baseline"]), default=-1) + 1
-    return _Prior(results, looks, rounds, [str(d) for d in earlier.get("pooled_with", [])]
-                  + [str(dirs[side]) for side in SIDES])
+    return _Prior(results, looks, rounds, [str(d) for d in chain])
 
 
 def _check_python(launcher: Launcher, side: str) -> None:
@@ -283,8 +304,9 @@ def _execute_ab(req: ABRequest, console: Console, held: ExitStack) -> int:
                    else look_alpha(req.alpha, 1) if req.budget_s else req.alpha)
     needed = repeats_for(first_alpha, len(configs), options.correction, req.lockstep, req.best_of)
     repeats = req.repeats
-    if prior is not None:  # the pooled rounds make the first look: as many new ones as it needs
-        repeats = max(req.repeats, needed - prior.rounds)
+    if prior is not None:  # the pooled rounds make the first look: as many new ones as it needs, in whole bests-of
+        repeats = max(req.repeats, needed - prior.pairs(configs))
+        repeats = -(-repeats // req.best_of) * req.best_of
     elif req.repeats < needed:
         raise InputError(f"--repeats {req.repeats}: comparing {len(configs)} config(s) at alpha {first_alpha:g}"
                          f"{' (the first look of --budget)' if req.budget_s else ''} needs at least {needed} "
@@ -307,7 +329,7 @@ def _execute_ab(req: ABRequest, console: Console, held: ExitStack) -> int:
     root = req.out / stamp
     dirs, metas = {}, {}
     for side in SIDES:
-        args = {"suite": req.suite, "set": req.sets, "repeats": req.repeats, "out": str(req.out), "ab_side": side,
+        args = {"suite": req.suite, "set": req.sets, "repeats": repeats, "out": str(req.out), "ab_side": side,
                 "python": launchers[side].python, "pythonpath": launchers[side].pythonpath,
                 "code_path": list(launchers[side].code_path),
                 "lockstep": req.lockstep, "budget_s": req.budget_s, "ab_id": stamp,
@@ -332,15 +354,16 @@ def _execute_ab(req: ABRequest, console: Console, held: ExitStack) -> int:
     comparison = None  # the last look's, when a look ended the rounds
     while req.budget_s or (prior is not None and len(looks) == len(prior.looks)):
         alpha_look = look_alpha(req.alpha, len(looks) + 1)
+        done = {(r.config_id, r.repeat) for r in results["baseline"]}
+        rounds = max((r for _, r in done), default=-1) + 1
         try:
             at_look = compare(results["baseline"], results["candidate"], options.metric, options.threshold,
                               options.noise_floor, alpha_look, SIDES, options.correction, paired=req.lockstep,
                               best_of=req.best_of)
-        except InputError:
-            break  # said again, with the whole run, below
+        except InputError:  # said again, with the whole run, below: at this look's alpha, which it spent
+            looks.append({"look": len(looks) + 1, "rounds": rounds, "alpha": alpha_look, "undecided": len(configs)})
+            break
         undecided = [v.config_id for v in at_look.verdicts if v.verdict == "inconclusive"]
-        done = {(r.config_id, r.repeat) for r in results["baseline"]}
-        rounds = max(r for _, r in done) + 1
         looks.append({"look": len(looks) + 1, "rounds": rounds, "alpha": alpha_look, "undecided": len(undecided)})
         elapsed = time.monotonic() - t0
         ran = len(done - before) or 1  # this A/B's own rounds took the time so far
@@ -359,7 +382,9 @@ def _execute_ab(req: ABRequest, console: Console, held: ExitStack) -> int:
     alpha_final = looks[-1]["alpha"] if looks else options.alpha
     for side in SIDES:
         finish_run_dir(dirs[side], metas[side])
-    failed = [(side, r) for side in SIDES for r in results[side] if r.status in FAILED_STATUSES]
+    # this A/B's own failed repeats (a continued A/B's were its to report)
+    failed = [(side, r) for side in SIDES for r in results[side][len(prior.results[side]) if prior else 0:]
+              if r.status in FAILED_STATUSES]
     for side, r in failed:
         console.print(f"[red]{r.status}[/red] ({side}) {r.config_id}: {r.reason}", highlight=False)
     labels = SIDES
@@ -375,7 +400,8 @@ def _execute_ab(req: ABRequest, console: Console, held: ExitStack) -> int:
     if req.markdown:
         write_output(req.markdown, render.markdown(comparison, labels, power, triaged), "--markdown")
     if req.json:
-        write_output(req.json, json_text({"baseline": str(dirs["baseline"]), "candidate": str(dirs["candidate"]),
+        write_output(req.json, json_text({"baseline": str(dirs["baseline"].resolve()),
+                                          "candidate": str(dirs["candidate"].resolve()),
                                           **comparison.to_dict(), "looks": looks, "triage": triaged,
                                           "pooled_with": prior.dirs if prior is not None else [],
                                           "failed": [{"side": side, "config_id": r.config_id, "repeat": r.repeat,
