@@ -3,10 +3,12 @@ user's PyTorch model (tests/scratch_repo.py) whose 11th of 16 commits adds about
 arithmetic to the training step, bisected from its first commit to its last.
 
     PYTHONPATH=. python benchmarks/bisect_scratch.py [--commits 16] [--culprit 11] [--repeats 6] [--alpha 0.05]
+                                                     [--runs 1]
 
 Prints the culprit named (and whether it is the right one), every step's verdict and the
 wall time of the whole bisection (the ends, ceil(log2 (commits - 1)) steps and the culprit
-against its parent).
+against its parent); with ``--runs N``, N bisections one after the other, then how many named
+the right commit.
 """
 
 from __future__ import annotations
@@ -33,7 +35,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--alpha", default="0.05")
     ap.add_argument("--budget", default="90")
+    ap.add_argument("--runs", type=int, default=1)
     a = ap.parse_args(argv)
+    outcomes = [bisect_once(a) for _ in range(a.runs)]
+    if a.runs > 1:
+        right = sum(o == "right" for o in outcomes)
+        print(f"{a.runs} bisections: {right} named the right commit; " + ", ".join(outcomes))
+    return 0 if all(o in ("right", "WRONG", "none") for o in outcomes) else 1
+
+
+def bisect_once(a: argparse.Namespace) -> str:
     with tempfile.TemporaryDirectory(prefix="gpubench-bisect-") as tmp:
         repo = Path(tmp) / "proj"
         shas = make_repo(repo, a.commits, a.culprit)
@@ -46,22 +57,23 @@ def main(argv: list[str] | None = None) -> int:
         took = time.perf_counter() - t0
         if proc.returncode not in (0, 1):
             print(proc.stdout[-2000:], proc.stderr[-2000:])
-            return proc.returncode
+            return f"exit {proc.returncode}"
         out = json.loads((repo / "out.json").read_text())
     named = out.get("culprit")
+    outcome = "none" if not named else "right" if named == shas[a.culprit - 1] else "WRONG"
     print(f"exit {proc.returncode}; culprit {named[:12] if named else None} (the injected one: "
-          f"{shas[a.culprit - 1][:12]}, {'right' if named == shas[a.culprit - 1] else 'WRONG'})")
+          f"{shas[a.culprit - 1][:12]}, {outcome})")
     confirm = [out["confirm"]] if out.get("confirm") else []
     for label, s in ([("ends", e) for e in out["ends"]] + [(f"step {i}", s) for i, s in enumerate(out["steps"], 1)]
                      + [("confirm", c) for c in confirm]):
         ratio = f"x{s['ratio']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}]" if s.get("ci_low") else "-"
         print(f"  {label}: {s['candidate'][:12]} vs {s['baseline'][:12]}: {s['verdict']} {ratio} "
-              f"({s['seconds']:.0f} s)")
+              f"({s['seconds']:.0f} s)" + (", with the rounds before it" if s.get("pooled") else ""))
     if out.get("warning"):
         print(f"  warning: {out['warning']}")
     print(f"{a.commits} commits, {len(out['steps'])} steps after the ends"
-          + (", then the culprit against its parent" if confirm else "") + f", {took:.0f} s in all")
-    return 0
+          + (", then the culprit against its parent" if confirm else "") + f", {took:.0f} s in all", flush=True)
+    return outcome
 
 
 if __name__ == "__main__":
