@@ -188,3 +188,15 @@ def test_series_side_by_side_add_up_a_step_they_share():
     assert [c.index for c in change_points(noisy)] == [25]
     with pytest.raises(ValueError, match="side by side"):
         change_points(np.ones((4, 4, 4)))
+
+
+def test_the_p_value_of_two_noiseless_levels_reads_as_a_bound_not_zero():
+    from gpubench.gate.changepoints import ChangePoint
+    from gpubench.history.changes import Step, p_text
+
+    def step(p: float, test: str) -> Step:
+        change = ChangePoint(5, 4, p, 0.6, 0.55, 0.65, 5, 5, test)
+        return Step("s", "c", "m", "throughput", "b", "a", 5, 10, 5, "regression", change)
+
+    assert p_text(step(0.0, "t")) == "< 1e-300 t"
+    assert p_text(step(0.0123, "permutation")) == "0.0123" and p_text(step(0.004, "together")) == "0.004 together"

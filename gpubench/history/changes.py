@@ -176,8 +176,10 @@ def _together(g: pd.DataFrame, order: list[str], metric: str, options: CheckOpti
 
 
 def p_text(step: Step) -> str:
-    """A step's p-value, marked t where Student's t tested a split too short for its permutations."""
-    return f"{step.change.p_value:.3g}" + {"t": " t", "together": " together"}.get(step.change.test, "")
+    """A step's p-value, marked t where Student's t tested a split too short for its permutations
+    (below the smallest double, as for two levels without noise, it reads ``< 1e-300``)."""
+    p = step.change.p_value
+    return (f"{p:.3g}" if p >= 1e-300 else "< 1e-300") + {"t": " t", "together": " together"}.get(step.change.test, "")
 
 
 def describe(step: Step) -> str:
