@@ -255,13 +255,13 @@ class _Session:
     def advise(self, cands: list[Candidate], skipped: list[Skipped], suite: Suite) -> int:
         base = self.base
         for c in list(cands):  # what cannot run here needs no worker: it does not apply, with the reason
-            resolved = pre_resolve(c.config, self.probes)
-            if resolved is not None:
-                skipped.append(Skipped(c.practice.name, c.practice.group, f"{resolved[0]}: {resolved[1]}"))
+            why = self.cannot_run(c.config)
+            if why is not None:
+                skipped.append(Skipped(c.practice.name, c.practice.group, why))
                 cands.remove(c)
-        refused = pre_resolve(base, self.probes)
+        refused = self.cannot_run(base)
         if refused is not None:
-            return self.baseline_failed(f"{refused[0]}: {refused[1]}", skipped)
+            return self.baseline_failed(refused, skipped)
         self.console.print(f"advise {self.meta['run_id']}: baseline {base.config_id}; {len(cands)} practice(s) to "
                            f"measure, within {self.req.budget_s:g} s -> {self.run_dir}", highlight=False)
         self.measure([base] + [c.config for c in cands], range(1))
@@ -277,12 +277,9 @@ class _Session:
             skipped += why_not
             for p in more:
                 made = _config_of(suite, self.req.sets, p, base)
-                if isinstance(made, str):
-                    skipped.append(Skipped(p.name, p.group, made))
-                    continue
-                resolved = pre_resolve(made, self.probes)
-                if resolved is not None:
-                    skipped.append(Skipped(p.name, p.group, f"{resolved[0]}: {resolved[1]}"))
+                why = made if isinstance(made, str) else self.cannot_run(made)
+                if why is not None or isinstance(made, str):
+                    skipped.append(Skipped(p.name, p.group, why or ""))
                     continue
                 cands.append(Candidate(p, made))
                 self.measure([made], range(1))
@@ -296,6 +293,12 @@ class _Session:
                  for c in cands if c not in live and c.practice.group != "probe"]
         combo = self.combination(rows, suite, compared)
         return self.finish(rank(rows), combo, skipped)
+
+    def cannot_run(self, config: Config) -> str | None:
+        """Why ``config`` cannot run here ("status: reason": no such framework, device or
+        combination), found without a worker; None when it can."""
+        resolved = pre_resolve(config, self.probes)
+        return f"{resolved[0]}: {resolved[1]}" if resolved is not None else None
 
     def beside_practices(self) -> list[Result]:
         """The baseline's repeats of the practices' rounds (not those beside the combination)."""
