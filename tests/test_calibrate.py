@@ -174,6 +174,7 @@ def test_calibrate_cpu_through_the_cli(tmp_path):
     assert cached["from_cache"] and cached["peak_tflops"] == entry["peak_tflops"]
 
 
+@pytest.mark.slow
 def test_a_framework_that_is_not_installed_is_skipped_with_the_reason(tmp_path):
     pytest.importorskip("torch")
     for name in ("tensorflow", "jax"):  # (JAX too: only PyTorch's kernels are left)
@@ -611,6 +612,7 @@ batch_size = [16, "max"]
 """
 
 
+@pytest.mark.slow
 def test_a_run_resolves_max_and_reports_mfu(tmp_path, write_suite):
     suite = write_suite(MAX_SUITE)
     proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--repeats", "2"], cwd=tmp_path,

@@ -117,6 +117,7 @@ def test_both_frameworks_run_the_same_config(tiny_run):
     assert tf_r["env"]["frameworks"]["tensorflow"]["build"]["keras"]
 
 
+@pytest.mark.slow
 def test_a_missing_framework_is_unavailable_with_the_install_command(tmp_path, write_suite):
     """TensorFlow made unimportable: its config ends unavailable with the install command and
     the other framework's config still trains (the fake one: which framework trains is not the

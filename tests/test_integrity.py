@@ -195,6 +195,7 @@ def test_a_second_writer_of_a_run_directory_is_refused_naming_the_holder(tmp_pat
     assert [r["config"]["workload_params"]["mode"] for r in result_lines(run_dir)] == [0]
 
 
+@pytest.mark.slow
 def test_two_resumes_of_one_directory_run_each_config_once(tmp_path, write_suite):
     suite = write_suite(FAKE + "[matrix]\nseed = [0, 1, 2]\n")
     out = tmp_path / "runs"
@@ -266,6 +267,7 @@ def _mount_tmpfs(where: Path, size: str) -> bool:
                           capture_output=True).returncode == 0
 
 
+@pytest.mark.slow
 def test_a_full_file_system_stops_the_sweep_and_resume_finishes_it(tmp_path, write_suite):
     """A real full file system (a small tmpfs, where this test may mount one): filled while the
     worker trains, so that its outcome cannot be written."""

@@ -197,6 +197,7 @@ def test_profile_traces_a_jax_config_and_tables_its_xla_instructions(tmp_path):
     assert "its phases cannot be timed apart" in proc.stdout
 
 
+@pytest.mark.slow
 def test_fp16_loss_scaling_follows_gradscalers_rule():
     """A step whose scaled gradients overflow is skipped (the weights and the optimizer state
     stay; batch norm's running statistics keep the forward's update, as under GradScaler) and

@@ -286,6 +286,7 @@ device = ["cpu", "cuda"]
     assert not (tmp_path / "runs2").exists()
 
 
+@pytest.mark.slow
 def test_profile_of_a_pipeline_config_profiles_rank_0_and_ends(tmp_path):
     """Every stage takes the profiled steps (they exchange activations), so rank 0's profiler
     pass cannot leave the other stages waiting until the timeout."""

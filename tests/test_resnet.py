@@ -136,7 +136,7 @@ def frameworks():
     return torch, tf
 
 
-@pytest.mark.parametrize("name", ["resnet18", "resnet50"])
+@pytest.mark.parametrize("name", ["resnet18", pytest.param("resnet50", marks=pytest.mark.slow)])
 def test_keras_model_counts_bn_settings_and_forward_flops(frameworks, name):
     _, tf = frameworks
     import keras
@@ -222,6 +222,7 @@ def test_resnet18_first_sgd_steps_give_the_same_losses_in_both_trainers(framewor
     assert a[-1] < a[0]  # and it trains
 
 
+@pytest.mark.slow
 def test_resnet50_same_logits_and_the_same_loss_after_an_sgd_step(frameworks):
     """ResNet-50 at batch 2, eagerly (tracing its training step would cost the test suite half
     a minute): training-mode logits (1e-4, see above: measured 2e-5), then one step of each

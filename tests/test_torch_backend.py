@@ -230,6 +230,7 @@ def test_a_language_model_runs_through_the_cli_with_tokens_per_second(tmp_path):
     assert "tokens/s" in proc.stdout
 
 
+@pytest.mark.slow
 def test_the_attention_setting_picks_the_kernel_and_says_what_cannot_run(tmp_path):
     """attention = math / flash / sdpa give the same logits here (the CPU has the math and the
     FlashAttention kernels); a kernel a device lacks, or a precision it cannot run, is refused
