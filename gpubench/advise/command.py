@@ -277,9 +277,12 @@ class _Session:
             skipped += why_not
             for p in more:
                 made = _config_of(suite, self.req.sets, p, base)
-                why = made if isinstance(made, str) else self.cannot_run(made)
-                if why is not None or isinstance(made, str):
-                    skipped.append(Skipped(p.name, p.group, why or ""))
+                if isinstance(made, str):
+                    skipped.append(Skipped(p.name, p.group, made))
+                    continue
+                why = self.cannot_run(made)
+                if why is not None:
+                    skipped.append(Skipped(p.name, p.group, why))
                     continue
                 cands.append(Candidate(p, made))
                 self.measure([made], range(1))
