@@ -127,6 +127,9 @@ def gpubench_benchmark(benchmark: Any) -> Callable[..., TrainingRound]:
         benchmark.extra_info.update({"config_id": config.config_id, "samples_per_round": round_.samples_per_round,
                                      "steps_per_round": steps_per_round})
         benchmark.pedantic(round_, rounds=rounds, iterations=1, warmup_rounds=warmup_rounds)
+        if benchmark.stats is None:  # --benchmark-disable, or pytest-xdist's workers: the round ran once, untimed
+            pytest.skip(f"gpubench_benchmark: {config.config_id} trained, untimed: pytest-benchmark is disabled "
+                        "here (--benchmark-disable, or pytest-xdist's -n, under which it times nothing)")
         median = benchmark.stats.stats.median
         round_.throughput = round_.samples_per_round / median
         benchmark.extra_info["throughput_median"] = round_.throughput

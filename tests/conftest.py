@@ -16,6 +16,17 @@ except ImportError:
 REPO = Path(__file__).resolve().parent.parent
 
 
+def requires(*packages: str) -> None:
+    """Skip the test where a package is not installed, without importing it here (importorskip
+    would: seconds for a framework, and an import of torchvision that gpubench's own loader makes
+    work where its compiled operators do not load beside this torch)."""
+    import importlib.util
+
+    missing = [p for p in packages if importlib.util.find_spec(p) is None]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)}")
+
+
 def _has_cuda() -> bool:
     try:
         import torch
@@ -42,7 +53,9 @@ def _calibration_cache(tmp_path_factory):
 
 def plugin_env(**extra: str) -> dict[str, str]:
     """Environment for a gpubench subprocess that loads the fake test backend."""
-    env = dict(os.environ)
+    # not pytest-xdist's worker variables: a pytest started by a test is a session of its own
+    # (pytest-benchmark would disable itself there, as it does in xdist's workers)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST_", "PYTEST_CURRENT_TEST"))}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["GPUBENCH_PLUGINS"] = "tests.plugins.fake"
     env.update(extra)

@@ -149,6 +149,12 @@ def test_pytest_benchmark_fixture_and_compare_fail(tmp_path):
     slow = run_pytest(tmp_path, "-k", "not bad", "--benchmark-compare", "--benchmark-compare-fail=median:5%",
                       BS="320", FAKE_STEP_SLEEP_MS="5")
     assert slow.returncode != 0 and "Performance has regressed" in slow.stdout + slow.stderr
+    # with pytest-benchmark disabled (as under pytest-xdist), the model still trains, and the test
+    # says why it has no figure instead of failing on the missing statistics
+    off = run_pytest(tmp_path, "-k", "not bad", "--benchmark-disable", "-rs")
+    assert off.returncode == 0 and "2 skipped" in off.stdout, off.stdout + off.stderr
+    assert "gpubench_benchmark: fault_mode0-fake-cpu-bs8-fp32-single trained, untimed: pytest-benchmark is disabled" \
+        in off.stdout
 
 
 def test_pytest_plugin_bad_settings_fail_with_one_line(tmp_path):

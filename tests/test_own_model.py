@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tomllib
 
-from tests.conftest import REPO, plugin_env, run_cli
+from tests.conftest import REPO, plugin_env, requires, run_cli
 
 torch = pytest.importorskip("torch")
 
@@ -309,8 +309,7 @@ input_shape = [[32, 32, 3]]
 
 @pytest.mark.slow
 def test_run_trains_zoo_models_by_name(tmp_path):
-    for package in ("torchvision", "timm", "transformers", "tensorflow"):
-        pytest.importorskip(package)
+    requires("torchvision", "timm", "transformers", "tensorflow")
     (tmp_path / "zoo.toml").write_text(ZOO_SUITE)
     proc = run_cli(["run", "zoo.toml", "--out", "runs", "--no-calibrate"], cwd=tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -338,8 +337,7 @@ def test_ab_and_profile_take_zoo_models_by_name(tmp_path):
     """The gate and the profiler on a model of each zoo: both sides train every one (nothing of
     the user's to import: the zoos' models come from the installed packages), and each profile
     has its trace and operator table."""
-    for package in ("torchvision", "timm", "transformers", "tensorflow"):
-        pytest.importorskip(package)
+    requires("torchvision", "timm", "transformers", "tensorflow")
     (tmp_path / "zoo.toml").write_text(ZOO_SUITE)
     proc = run_cli(["ab", "zoo.toml", "--repeats", "3", "--alpha", "0.5", "--set", "steps=2", "--out", "runs", "--no-report",
                     "--json", "gate.json"], cwd=tmp_path, timeout=900)
@@ -400,9 +398,9 @@ def test_a_model_that_cannot_be_built_is_one_line_before_anything_runs(project, 
 def test_each_model_problem_has_its_line(project, monkeypatch, workload, extra, message):
     """What the check child says for each problem (the same code, in this process)."""
     if workload.startswith("hf:"):
-        pytest.importorskip("transformers")
+        requires("transformers")
     if workload.startswith("torchvision:"):
-        pytest.importorskip("torchvision")
+        requires("torchvision")
     from gpubench.runner.models import check_here
     from gpubench.suite import load_suite
 
@@ -465,8 +463,7 @@ def test_bad(gpubench_benchmark):
 
 @pytest.mark.slow
 def test_pytest_fixture_times_the_users_model_and_zoo_models(project):
-    for package in ("torchvision", "timm", "transformers", "tensorflow"):
-        pytest.importorskip(package)
+    requires("torchvision", "timm", "transformers", "tensorflow")
     (project / "test_fixture.py").write_text(FIXTURE_TEST)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "test_fixture.py",
                            "--rootdir", str(project)], cwd=project, env=plugin_env(), capture_output=True, text=True,

@@ -9,8 +9,11 @@ backward) at batch 2, halved: PyTorch's own count, from the operators the model 
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -86,7 +89,10 @@ def native_model(config: Config) -> NativeModel:
     ref = parse_workload(config.workload, sorted(WORKLOADS))
     if ref.kind == "builtin":
         return _builtin(get_workload(config.workload).spec(**dict(config.workload_params)), config)
+    stubbed = torchvision_without_its_operators()  # before the factory's or zoo's imports, which may import it
     build, task, facts = _source(ref, config)
+    if stubbed:
+        facts["notes"] = [stubbed]
     loss = import_function(config.loss, "loss") if config.loss != "cross_entropy" else None
     batch_fn = import_function(config.batches, "batches") if config.batches else None
     probe = build()
@@ -105,6 +111,36 @@ def native_model(config: Config) -> NativeModel:
     del probe
     return NativeModel(build=build, make_batches=pool_maker(task, batch_fn, config.batches, config.seed), facts=facts,
                        loss=loss, sequential=sequential)
+
+
+_STUBS: list[Any] = []  # the Library holding the stand-in schemas: deleting it would undefine them
+
+
+def torchvision_without_its_operators() -> str | None:
+    """Let torchvision import where its compiled operators do not load: PyPI's torchvision is built
+    against PyPI's CUDA build of torch and does not load beside a CPU build (nor beside any other
+    torch than its own). Its models need none of those operators (detection's nms, roi_align, ...),
+    but its import registers two of them (nms, qnms) by name and fails where they are not defined
+    ("operator torchvision::nms does not exist"). Defined here as schemas without kernels, they let
+    the import go on; calling an operator still raises torchvision's own "Couldn't load custom C++
+    ops". Returns what was done, for the result's notes, or None where nothing needed doing."""
+    if _STUBS or "torchvision" in sys.modules or (spec := importlib.util.find_spec("torchvision")) is None:
+        return None
+    found = [p for d in spec.submodule_search_locations or () for p in Path(d).glob("_C.*")
+             if p.suffix in (".so", ".pyd")]
+    if not found:
+        return None
+    try:
+        torch.ops.load_library(str(found[0]))  # what torchvision's import does first
+        return None
+    except OSError as e:
+        why = str(e).splitlines()[0][:200]
+    lib = torch.library.Library("torchvision", "FRAGMENT")
+    for op in ("nms", "qnms"):
+        lib.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _STUBS.append(lib)
+    return (f"torchvision's compiled operators did not load beside torch {torch.__version__} ({why}): its models "
+            "train without them; its detection operators (nms, roi_align, ...) are unavailable")
 
 
 def _rank() -> int:
