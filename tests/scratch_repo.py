@@ -1,8 +1,10 @@
 """A scratch git repository for ``gpubench bisect``: a user's project (a PyTorch model named in
 its suite as ``mynet:net``) over ``commits`` commits, one of which (``culprit``, 1-based) adds
-real work to the model's forward pass: a matrix product of the batch with a 256 x 1024 buffer,
-which made the training step a tenth slower on this project's 2-vCPU VM (gpubench ab --lockstep,
-8 rounds: -10.0% [-17.2%, -4.2%]). The others change a notes file. Used by the tests and by
+real work to the model's forward pass: a matrix product of the batch with a 256 x ``cols`` buffer.
+At 1024 columns (benchmarks/bisect_scratch.py) it made the training step a tenth slower on this
+project's 2-vCPU VM (gpubench ab --lockstep, 8 rounds: -10.0% [-17.2%, -4.2%]); at 4096 (the
+tests', which want every A/B decided at its first look) about twice as slow (gpubench run: 8.0 ms a
+step against 16 ms). The others change a notes file. Used by the tests and by
 benchmarks/bisect_scratch.py."""
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def git(repo: Path, *args: str) -> str:
                           env=env).stdout.strip()
 
 
-def make_repo(path: Path, commits: int = 16, culprit: int | None = 11) -> list[str]:
+def make_repo(path: Path, commits: int = 16, culprit: int | None = 11, cols: int = 1024) -> list[str]:
     """The repository in ``path``; its commits' hashes, oldest first."""
     path.mkdir(parents=True)
     git(path, "init", "-q", "-b", "main")
@@ -67,7 +69,7 @@ def make_repo(path: Path, commits: int = 16, culprit: int | None = 11) -> list[s
     shas = []
     for i in range(1, commits + 1):
         slow = culprit is not None and i >= culprit
-        (path / "mynet.py").write_text(MODEL.format(cols=1024 if slow else 0))
+        (path / "mynet.py").write_text(MODEL.format(cols=cols if slow else 0))
         with (path / "notes.txt").open("a") as f:
             f.write(f"note {i}\n")
         git(path, "add", "-A")

@@ -306,6 +306,13 @@ framework = ["tensorflow"]
 input_shape = [[32, 32, 3]]
 """
 
+GPT2_LINES = '"args.n_layer" = [1]\n"args.n_embd" = [32]\n"args.n_head" = [2]\ninput_shape = [[16]]'
+# a small Hugging Face model alone, and with a keras.applications one
+GPT2_SUITE = f'name = "gpt2"\n[defaults]\n{fast_lines()}\n[matrix]\nworkload = ["hf:gpt2"]\n{GPT2_LINES}\n'
+GPT2_KERAS_SUITE = (f'name = "two"\n[defaults]\n{fast_lines()}\n[matrix]\nworkload = ["keras:MobileNetV3Small"]\n'
+                    'framework = ["tensorflow"]\ninput_shape = [[32, 32, 3]]\nnum_classes = [10]\n'
+                    f'[[matrix.include]]\nworkload = ["hf:gpt2"]\nframework = ["torch"]\nnum_classes = [0]\n{GPT2_LINES}\n')
+
 
 @pytest.mark.slow
 def test_run_trains_zoo_models_by_name(tmp_path):
@@ -327,6 +334,16 @@ def test_run_trains_zoo_models_by_name(tmp_path):
     assert gpt["task"] == "tokens" and gpt["input_shape"] == [16] and gpt["num_classes"] == 50257
     assert results["timm:test_vit"]["model"]["input_shape"] == [3, 160, 160]  # the model's own default
     mobilenet = results["torchvision:mobilenet_v3_small"]["model"]
+    # where torchvision's compiled operators do not load beside this torch (PyPI's torchvision is
+    # built for PyPI's CUDA torch; the tests install the CPU build), its models still train, and
+    # the result says so
+    plain = subprocess.run([sys.executable, "-c", "import torchvision"], capture_output=True, text=True)
+    if plain.returncode != 0:
+        assert "operator torchvision::nms does not exist" in plain.stderr, plain.stderr[-500:]
+        (note,) = mobilenet["notes"]
+        assert note.startswith("torchvision's compiled operators did not load beside torch ") and "unavailable" in note
+    else:
+        assert "notes" not in mobilenet
     # a depthwise network trains at about 3x its forward FLOPs (2x for the first layer), not 35x
     assert 2 * mobilenet["forward_flops_per_sample"] < mobilenet["flops_per_sample"] < 3 * mobilenet[
         "forward_flops_per_sample"]
@@ -334,26 +351,29 @@ def test_run_trains_zoo_models_by_name(tmp_path):
 
 @pytest.mark.slow
 def test_ab_and_profile_take_zoo_models_by_name(tmp_path):
-    """The gate and the profiler on a model of each zoo: both sides train every one (nothing of
-    the user's to import: the zoos' models come from the installed packages), and each profile
-    has its trace and operator table."""
-    requires("torchvision", "timm", "transformers", "tensorflow")
-    (tmp_path / "zoo.toml").write_text(ZOO_SUITE)
-    proc = run_cli(["ab", "zoo.toml", "--repeats", "3", "--alpha", "0.5", "--set", "steps=2", "--out", "runs", "--no-report",
-                    "--json", "gate.json"], cwd=tmp_path, timeout=900)
+    """The gate and the profiler on zoo models: both sides of an A/B train a Hugging Face model
+    (nothing of the user's to import: the zoos' models come from the installed packages), and the
+    profiler traces it and a keras.applications model (each framework's profiler). Every zoo's
+    models are built and trained by test_run_trains_zoo_models_by_name; what comes after the
+    model is built is the same for every source."""
+    requires("transformers", "tensorflow")
+    (tmp_path / "zoo.toml").write_text(GPT2_SUITE)
+    (tmp_path / "two.toml").write_text(GPT2_KERAS_SUITE)
+    proc = run_cli(["ab", "zoo.toml", "--repeats", "3", "--alpha", "0.5", "--set", "steps=2", "--out", "runs",
+                    "--no-report", "--json", "gate.json"], cwd=tmp_path, timeout=900)
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr  # a verdict either way, never an error
     verdicts = {v["config_id"]: v["verdict"] for v in json.loads((tmp_path / "gate.json").read_text())["verdicts"]}
-    assert len(verdicts) == 4 and all(v in ("unchanged", "inconclusive", "improved", "regressed")
+    assert len(verdicts) == 1 and all(v in ("unchanged", "inconclusive", "improved", "regressed")
                                       for v in verdicts.values()), verdicts
     (root,) = (tmp_path / "runs").iterdir()
     for side in ("baseline", "candidate"):
         lines = [json.loads(line) for line in (root / side / "results.jsonl").read_text().splitlines()]
-        assert sorted({r["config"]["workload"] for r in lines if r["status"] == "ok"}) == [
-            "hf:gpt2", "keras:MobileNetV3Small", "timm:test_vit", "torchvision:mobilenet_v3_small"], side
-    proc = run_cli(["profile", "zoo.toml", "--out", "prof", "--steps", "2", "--no-report"], cwd=tmp_path, timeout=900)
+        assert [r["config"]["workload"] for r in lines if r["status"] == "ok"] == ["hf:gpt2"] * 3, side
+    proc = run_cli(["profile", "two.toml", "--out", "prof",
+                    "--steps", "2", "--no-report"], cwd=tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     profiled = sorted(p.name for p in (tmp_path / "prof").glob("*/profile/*") if (p / "top_ops.json").is_file())
-    assert len(profiled) == 4 and any(p.startswith("hf.gpt2") for p in profiled), profiled
+    assert len(profiled) == 2 and profiled[0].startswith("hf.gpt2") and profiled[1].startswith("keras."), profiled
     for config_dir in (tmp_path / "prof").glob("*/profile/*"):
         assert json.loads((config_dir / "top_ops.json").read_text()), config_dir.name
         assert (config_dir / "trace.json").is_file() or list((config_dir / "torch").glob("*.pt.trace.json"))
