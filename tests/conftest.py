@@ -47,8 +47,14 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True, scope="session")
 def _calibration_cache(tmp_path_factory):
     """Every gpubench the tests start caches device peaks in one fresh directory of the test
-    session (calibrated once, by the first run that needs it), never in the user's cache."""
-    os.environ["GPUBENCH_CACHE_DIR"] = str(tmp_path_factory.mktemp("gpubench-cache"))
+    session (calibrated once, by the first run that needs it), never in the user's cache; under
+    pytest-xdist, one directory for all the session's workers (their common temporary root)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    cache = root / "gpubench-cache"
+    cache.mkdir(exist_ok=True)
+    os.environ["GPUBENCH_CACHE_DIR"] = str(cache)
 
 
 def plugin_env(**extra: str) -> dict[str, str]:

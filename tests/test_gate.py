@@ -513,6 +513,31 @@ def test_triage_of_a_different_driver_and_of_no_difference():
     assert lines[0] == "no difference in the recorded environment or telemetry: the code is the likelier cause"
 
 
+def test_triage_names_the_users_model_file_only_where_the_sides_differ():
+    """A factory's file (its SHA-1) on each side: named where the two differ, not where they
+    are the same code in two checkouts."""
+    from gpubench.config import Config
+    from gpubench.gate.triage import triage
+    from tests.conftest import make_result
+
+    config = Config(workload="mymodels:net", input_shape=(3, 8, 8))
+
+    def side(sha1: str, file: str) -> list[Result]:
+        found = [make_result(config, rate=100.0 + i, repeat=i) for i in range(3)]
+        for r in found:
+            r.model = {"origin": {"module": "mymodels", "function": "net", "file": file, "file_sha1": sha1}}
+        return found
+
+    labels = ("baseline", "candidate")
+    same = triage(side("a" * 40, "/base/mymodels.py"), side("a" * 40, "/head/mymodels.py"), config.config_id, labels,
+                  "x")
+    assert same and not any(x.startswith("model code:") for x in same)
+    changed = triage(side("a" * 40, "/base/mymodels.py"), side("b" * 40, "/head/mymodels.py"), config.config_id,
+                     labels, "x")
+    assert ("model code: mymodels.net differs: /base/mymodels.py (sha1 aaaaaaaaaa, baseline) vs /head/mymodels.py "
+            "(sha1 bbbbbbbbbb, candidate)") in changed
+
+
 def test_compare_prints_the_triage_of_each_regressed_config(tmp_path):
     rng = np.random.default_rng(10)
     a = write_run(tmp_path / "a", {"cnn": lognormal(rng, 10, 0.02), "mlp": lognormal(rng, 10, 0.02)},

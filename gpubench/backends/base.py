@@ -19,6 +19,8 @@ from gpubench.measure.trainer import Lap, ProfilingUnavailable, Trainer, no_lap
 from gpubench.options import Capabilities
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from gpubench.config import Config
     from gpubench.workloads.base import WorkloadSpec
     from gpubench.workloads.data import Batches
@@ -182,9 +184,11 @@ class Backend(ABC):
         """(status, reason) when the config cannot run here ('unavailable' or 'unsupported');
         starts with ``unsupported``."""
 
-    def native(self, config: Config) -> NativeModel:
+    def native(self, config: Config, counts: Path | None = None) -> NativeModel:
         """The config's model source as this framework's model (imports the user's factory or
-        the zoo; raises for a factory that returns no model of this framework). By default a
+        the zoo; raises for a factory that returns no model of this framework). ``counts``: the
+        run's directory of FLOP counts, where a backend that counts a model on the host keeps
+        the count for the run's other workers (``workloads.source.counted_once``). By default a
         backend trains the built-in workloads only, translating their spec in ``build``
         (``NativeModel.spec``; ``build()`` gives the spec back)."""
         from gpubench.workloads import get_workload

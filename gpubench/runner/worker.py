@@ -227,18 +227,19 @@ def build_trainer(backend: Any, native: Any, config: Config, rank: int, world: i
     return backend.build(native, config, batches), batches.nbytes
 
 
-def run_config(config: Config, profile: dict[str, Any] | None = None, memory_history: dict[str, Any] | None = None
-               ) -> tuple[Outcome, dict[str, Any] | None]:
+def run_config(config: Config, profile: dict[str, Any] | None = None, memory_history: dict[str, Any] | None = None,
+               counts: Path | None = None) -> tuple[Outcome, dict[str, Any] | None]:
     """Train and measure one config: (its outcome, its telemetry timeline or None). Never
     raises for a config's failure: every one becomes a status. With ``profile``
     (``gpubench profile``: ``steps``, ``dir``, ``rel``), NVTX ranges mark the phases and the
     profiling passes follow the measured windows; with ``memory_history`` (``dir``, ``rel``)
-    the device allocator's history is recorded from before the build (runner.memory_history)."""
+    the device allocator's history is recorded from before the build (runner.memory_history);
+    ``counts``: the run's directory of model FLOP counts (a model counted once a run)."""
     backend, refused = admit(config)
     if refused is not None:
         return refused, None
     try:
-        native = backend.native(config)
+        native = backend.native(config, counts)
     except Exception as e:  # noqa: BLE001 - a factory or zoo model that cannot be built: the config's error
         missing = zoo_unavailable(config)
         if missing:
@@ -370,7 +371,9 @@ def main(argv: list[str]) -> int:
 
     load_plugins()
     config = Config.from_dict(job["config"])
-    outcome, timeline = run_config(config, options.get("profile"), options.get("memory_history"))
+    # the run's FLOP counts of its models, beside the jobs' work directories (run_dir/.work/JOB)
+    outcome, timeline = run_config(config, options.get("profile"), options.get("memory_history"),
+                                   counts=workdir.parent / "model-flops")
     if options.get(NODE_ENV) and rank_of(config)[0] == 0:  # run elsewhere: the fingerprint of the node it ran on
         outcome.runtime = {**(outcome.runtime or {}), NODE_ENV: _node_env(config.framework)}
     code = _write_outcome(workdir, config, outcome, timeline)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import importlib
+import json
 import re
 import subprocess
 import sys
@@ -27,6 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gpubench.config import Config
+from gpubench.files import write_text_atomic
 
 
 @dataclass(frozen=True)
@@ -181,3 +185,36 @@ def _git(file: Path) -> dict[str, Any]:
 
 __all__ = ["ZOOS", "ModelRef", "SourceError", "Zoo", "check_arguments", "code_origin",
            "import_function", "is_function_ref", "nearest", "parse_workload"]
+
+
+def counted_once(directory: Path | None, config: Config, facts: dict[str, Any], framework_version: str,
+                 count: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A factory's or a zoo's model's FLOP count (``count()``: the backend's), counted by the
+    first worker of a run that builds the model and read back by the others from ``directory``
+    (the run's; None: counted here). The count is one training step on the host at a fixed
+    batch, the same for every config that builds the same model from the same code: every
+    setting that reaches the model (not the batch, precision or device), the factory file's
+    SHA-1 or the zoo's version and the framework's version make the key. Counting costs a
+    worker seconds (PyTorch's FlopCounterMode imports its compiler stack, then steps the model
+    on the host), which every repeat of every config paid again."""
+    if directory is None:
+        return count()
+    key = {"workload": config.workload, "framework": config.framework, "params": config.workload_params,
+           "input_shape": config.input_shape, "num_classes": config.num_classes, "batches": config.batches,
+           "loss": config.loss, "seed": config.seed, "file_sha1": (facts.get("origin") or {}).get("file_sha1"),
+           "zoo_version": facts.get("version"), "framework_version": framework_version}
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    path = directory / f"flops-{digest}.json"
+    try:
+        found = json.loads(path.read_text())
+        if isinstance(found, dict) and "flops_per_sample" in found:
+            return found
+    except (OSError, ValueError):
+        pass
+    found = count()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps(found))
+    except OSError:  # a full disk or a read-only run directory: the next worker counts again
+        pass
+    return found

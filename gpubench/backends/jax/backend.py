@@ -11,6 +11,8 @@ from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo
 from gpubench.options import PRECISIONS, Capabilities, device_index, device_kind, parse_parallelism
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from gpubench.backends.base import NativeModel, Trainer
     from gpubench.config import Config
     from gpubench.workloads.base import WorkloadSpec
@@ -189,14 +191,14 @@ class JaxBackend(Backend):
         self._pinned = n
         return None
 
-    def native(self, config: Config) -> NativeModel:
+    def native(self, config: Config, counts: Path | None = None) -> NativeModel:
         import_jax()
         kind, n = parse_parallelism(config.parallelism)
         if kind == "dp" and device_kind(config.device) == "cpu":
             host_devices(n)
         from gpubench.backends.jax.native import native_model
 
-        return native_model(config)
+        return native_model(config, counts)
 
     def build(self, model: NativeModel | WorkloadSpec, config: Config, batches: Batches) -> Trainer:
         kind, n = parse_parallelism(config.parallelism)

@@ -11,6 +11,7 @@ matrix multiplies and convolutions as 2 per multiply-add, and the elementwise op
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -22,7 +23,14 @@ from gpubench.backends.jax.model import JaxModel, Policy, cross_entropy, logits_
 from gpubench.config import Config
 from gpubench.workloads import WORKLOADS, get_workload
 from gpubench.workloads.data import SyntheticTask, make_batches, pool_maker, sample_batch, tree_map
-from gpubench.workloads.source import SourceError, check_arguments, code_origin, import_function, parse_workload
+from gpubench.workloads.source import (
+    SourceError,
+    check_arguments,
+    code_origin,
+    counted_once,
+    import_function,
+    parse_workload,
+)
 
 FLOP_COUNT_BATCH = 2
 _TRAIN_FLAGS = {"train": True, "training": True, "deterministic": False}  # the value in a training pass
@@ -66,7 +74,8 @@ def flax_model(module: Any, sample: Any, seed: int) -> JaxModel:
     return JaxModel(params, state, apply)
 
 
-def native_model(config: Config) -> NativeModel:
+def native_model(config: Config, counts: Path | None = None) -> NativeModel:
+    """The config's model, its data and its facts; ``counts``: the run's FLOP counts (counted_once)."""
     ref = parse_workload(config.workload, sorted(WORKLOADS))
     if ref.kind == "builtin":
         spec = get_workload(config.workload).spec(**dict(config.workload_params))
@@ -113,7 +122,7 @@ def native_model(config: Config) -> NativeModel:
         task = SyntheticTask(task.input_shape, config.num_classes or classes)
         facts.update(input_shape=list(task.input_shape), num_classes=task.num_classes, task=task.kind)
         x, y = sample_batch(task, None, "", FLOP_COUNT_BATCH, config.seed).sample(FLOP_COUNT_BATCH)
-    facts.update(train_flops(model, x, y, loss))
+    facts.update(counted_once(counts, config, facts, jax.__version__, lambda: train_flops(model, x, y, loss)))
     # a fresh initialisation per build, not the probe's arrays: the trainer donates its parameters
     return NativeModel(build=lambda: flax_model(module, x, config.seed),
                        make_batches=pool_maker(task, batch_fn, config.batches, config.seed), facts=facts, loss=loss)

@@ -13,6 +13,7 @@ import importlib.util
 import math
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from gpubench.workloads.source import (
     SourceError,
     check_arguments,
     code_origin,
+    counted_once,
     import_function,
     nearest,
     parse_workload,
@@ -85,7 +87,9 @@ def cross_entropy(out: Any, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.float(), y)
 
 
-def native_model(config: Config) -> NativeModel:
+def native_model(config: Config, counts: Path | None = None) -> NativeModel:
+    """The config's model, its data and its facts; ``counts``: where the run keeps the FLOP counts
+    of its models, so that a model is counted once a run (``counted_once``)."""
     ref = parse_workload(config.workload, sorted(WORKLOADS))
     if ref.kind == "builtin":
         return _builtin(get_workload(config.workload).spec(**dict(config.workload_params)), config)
@@ -106,7 +110,8 @@ def native_model(config: Config) -> NativeModel:
         facts["task"] = task.kind
     sample = sample_batch(task, batch_fn, config.batches, FLOP_COUNT_BATCH, config.seed)
     if _rank() == 0:  # the result's facts are rank 0's: the other ranks of a ddp:N config skip the count
-        facts.update(count_train_flops(probe, sample, loss or cross_entropy))
+        facts.update(counted_once(counts, config, facts, torch.__version__,
+                                  partial(count_train_flops, probe, sample, loss or cross_entropy)))
     sequential = isinstance(probe, nn.Sequential)
     del probe
     return NativeModel(build=build, make_batches=pool_maker(task, batch_fn, config.batches, config.seed), facts=facts,

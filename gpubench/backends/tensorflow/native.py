@@ -14,6 +14,8 @@ gpubench.backends.tensorflow.flops counts one training step's FLOPs at batch 2.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import keras
@@ -30,6 +32,7 @@ from gpubench.workloads.source import (
     SourceError,
     check_arguments,
     code_origin,
+    counted_once,
     import_function,
     nearest,
     parse_workload,
@@ -64,7 +67,8 @@ def _builtin(spec: WorkloadSpec, config: Config) -> NativeModel:
                        facts=spec.facts(), spec=spec, sequential=True, channels_first_data=True)
 
 
-def native_model(config: Config) -> NativeModel:
+def native_model(config: Config, counts: Path | None = None) -> NativeModel:
+    """The config's model, its data and its facts; ``counts``: the run's FLOP counts (counted_once)."""
     ref = parse_workload(config.workload, sorted(WORKLOADS))
     if ref.kind == "builtin":
         return _builtin(get_workload(config.workload).spec(**dict(config.workload_params)), config)
@@ -85,16 +89,20 @@ def native_model(config: Config) -> NativeModel:
     # trainable parameters, as PyTorch and the specs count them (not batch norm's moving statistics)
     facts["params"] = int(sum(np.prod(v.shape) for v in probe.trainable_variables))
     loss = _keras_order(user_loss) if user_loss is not None else builtin_loss()
-    from gpubench.backends.tensorflow.flops import keras_train_flops
-
-    flops, how = keras_train_flops(probe, x, y, loss)
-    facts.update({"flops_per_sample": flops, "flops_counted_by" if flops is not None else "flops_note": how})
+    facts.update(counted_once(counts, config, facts, tf.__version__, partial(_train_flops, probe, x, y, loss)))
     del probe
     keras.backend.clear_session()
     policy = POLICIES.get(config.precision)
     return NativeModel(build=lambda: _built(make, policy, config.seed),
                        make_batches=pool_maker(task, batch_fn, config.batches, config.seed), facts=facts,
                        loss=_keras_order(user_loss) if user_loss is not None else None)
+
+
+def _train_flops(model: Any, x: Any, y: Any, loss: Any) -> dict[str, Any]:
+    from gpubench.backends.tensorflow.flops import keras_train_flops
+
+    flops, how = keras_train_flops(model, x, y, loss)
+    return {"flops_per_sample": flops, "flops_counted_by" if flops is not None else "flops_note": how}
 
 
 def _keras_order(fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
