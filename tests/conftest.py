@@ -35,7 +35,17 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's loadgroup reads the groups
 def pytest_collection_modifyitems(config, items):
+    # the tests of a module that share a module-scoped fixture (one run, one server, one Slurm
+    # cluster: seconds to minutes each) run on one pytest-xdist worker (-n 2 --dist loadgroup),
+    # so that the fixture is made once, not once per worker
+    for item in items:
+        defs = getattr(item, "_fixtureinfo", None)
+        shared = defs is not None and any(d.scope == "module" for name in item.fixturenames
+                                           for d in defs.name2fixturedefs.get(name, ()))
+        if shared and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="no CUDA GPU here")

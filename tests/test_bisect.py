@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -90,61 +91,92 @@ def test_not_a_git_repository_exits_2(tmp_path):
 
 @pytest.mark.slow
 def test_bisect_names_the_commit_that_slowed_the_users_model(tmp_path):
-    """Four commits, the third twice as slow (every A/B decided at its first look): the ends, two
-    midpoints (the culprit found against the good commit, two back), then the culprit against its
-    parent (the confirming A/B)."""
+    """Three commits, the second twice as slow (each A/B decided at its first look): the ends,
+    then the midpoint against the good commit, in real PyTorch workers in cached worktrees.
+    What the search decides from each verdict (a culprit confirmed against its parent, an
+    inconclusive A/B continued, the ends not reproducing) is test_the_search_on_scripted_ab_verdicts'."""
     pytest.importorskip("torch")
     repo = tmp_path / "proj"
-    shas = make_repo(repo, commits=4, culprit=3, cols=4096)
+    shas = make_repo(repo, commits=3, culprit=2, cols=4096)
     proc = run_cli(["bisect", "suite.toml", "--good", shas[0], "--bad", shas[-1], "--repeats", "6", "--alpha", "0.05",
                     "--budget", "60", "--json", "bisect.json", "--markdown", "bisect.md"], cwd=repo, env=plain_env(),
                    timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = json.loads((repo / "bisect.json").read_text())
-    assert out["named"] and out["culprit"] == shas[2]
+    assert out["named"] and out["culprit"] == shas[1]
     info = out["culprit_info"]
     assert info["subject"] == "mynet: keep the batch's product with a padding buffer"
     assert info["author"] == "Scratch Author <author@example.com>" and "mynet.py" in info["diffstat"]
-    # the 3 commits after the good one: ceil(log2 3) midpoints (a step measured again is one midpoint)
-    assert len({(s["baseline"], s["candidate"]) for s in out["steps"]}) == math.ceil(math.log2(3))
+    assert [(s["baseline"], s["candidate"], s["verdict"]) for s in out["steps"]] == [(shas[0], shas[1], "regressed")]
+    # the slowdown named is the culprit's own, against its parent (the good commit here)
     assert out["slowdown"]["verdict"] == "regressed" and out["slowdown"]["ratio"] < 0.97
-    # the slowdown named is the culprit's own, against its parent: a confirming A/B, since the
-    # step that found it was against an older commit
-    assert out["slowdown"]["baseline"] == shas[1] and out["parent"] == shas[1] and "warning" not in out
-    assert out["confirm"]["baseline"] == shas[1] and out["confirm"]["candidate"] == shas[2]
+    assert out["slowdown"]["baseline"] == shas[0] == out["parent"] and "warning" not in out and not out["confirm"]
     md = (repo / "bisect.md").read_text()
-    assert f"**Culprit: {shas[2][:12]}**" in md and f"| confirm | {shas[2][:12]} | {shas[1][:12]} | regressed |" in md
+    assert f"**Culprit: {shas[1][:12]}**" in md and f"| 1 | {shas[1][:12]} | {shas[0][:12]} | regressed |" in md
     # the worktrees are cached: a second bisection of part of the range makes none again
     trees = sorted(p.name for p in (repo / ".gpubench" / "worktrees").iterdir())
-    assert len(trees) == len({s["candidate"] for s in out["steps"]} | {shas[0], shas[-1]})
+    assert len(trees) == 3
     listed = subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True, text=True).stdout
     assert listed.count("\n") == len(trees) + 1
 
 
-@pytest.mark.slow
-def test_an_inconclusive_measurement_is_continued_and_a_slowdown_that_does_not_reproduce_is_said(tmp_path):
-    """Threshold 0%: an A/A cannot be called unchanged, so the ends stay inconclusive; measured
-    again, their A/B is continued: the second verdict pools the first's rounds, its looks
-    counted on (so the two together spend alpha once). Then the search stops there, exit 1: the
-    slowdown did not reproduce at the ends, so nothing is bisected."""
-    pytest.importorskip("torch")
+def _scripted_bisect(tmp_path, monkeypatch, verdicts: dict) -> tuple[int, dict, list, list[str]]:
+    """gpubench bisect of the scratch repository with each A/B's verdict scripted: ``verdicts``
+    maps (candidate index, baseline index, attempt) to a verdict and ratio. Returns the exit
+    code, bisect.json, every A/B asked for (candidate, baseline, the JSON it continued) and the
+    commits."""
+    from rich.console import Console
+
+    import gpubench.runner.ab as ab
+    from gpubench.bisect.command import BisectRequest, execute_bisect
+
     repo = tmp_path / "proj"
-    shas = make_repo(repo, commits=2, culprit=None)
-    proc = run_cli(["bisect", "suite.toml", "--good", shas[0], "--bad", shas[-1], "--repeats", "6", "--alpha", "0.05",
-                    "--budget", "15", "--threshold", "0%", "--noise-floor", "0%", "--json", "bisect.json",
-                    "--markdown", "bisect.md"], cwd=repo, env=plain_env(), timeout=900)
-    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = json.loads((repo / "bisect.json").read_text())
+    shas = make_repo(repo, commits=4, culprit=3)
+    asked: list = []
+
+    def scripted(req, console) -> int:
+        cand, base = (next(i for i, sha in enumerate(shas) if sha.startswith(Path(x.pythonpath).name))
+                      for x in (req.candidate, req.baseline))
+        attempt = sum(1 for c, b, _ in asked if (c, b) == (cand, base))
+        asked.append((cand, base, req.prior))
+        verdict, ratio = verdicts[(cand, base, attempt)]
+        req.json.parent.mkdir(parents=True, exist_ok=True)
+        req.json.write_text(json.dumps({"verdicts": [{"config_id": "c", "verdict": verdict, "ratio": ratio,
+                                                      "ci_low": ratio - 0.05, "ci_high": ratio + 0.05}],
+                                        "looks": [{"undecided": int(verdict == "inconclusive")}]}))
+        return 0
+
+    monkeypatch.setattr(ab, "execute_ab", scripted)
+    monkeypatch.chdir(repo)
+    req = BisectRequest(suite="suite.toml", good=shas[0], bad=shas[-1], repo=repo, repeats=6, alpha=0.05,
+                        json=tmp_path / "out.json")
+    code = execute_bisect(req, Console(file=open(tmp_path / "console.txt", "w"), width=200))  # noqa: SIM115
+    return code, json.loads((tmp_path / "out.json").read_text()), asked, shas
+
+
+def test_the_search_on_scripted_ab_verdicts(tmp_path, monkeypatch):
+    """bisect's decisions from each A/B's verdict, the A/Bs scripted (real git, worktrees and
+    files): the ends inconclusive, then measured again by continuing that A/B (its JSON the
+    prior); the culprit found against the good commit two back, so confirmed against its parent;
+    and, in a second history, the ends unchanged: nothing bisected, exit 1."""
+    # shas 0..3: the culprit is 2 (the third commit)
+    code, out, asked, shas = _scripted_bisect(tmp_path / "a", monkeypatch, {
+        (3, 0, 0): ("inconclusive", 0.97), (3, 0, 1): ("regressed", 0.5),  # the ends, twice
+        (2, 0, 0): ("regressed", 0.5), (1, 0, 0): ("unchanged", 1.0),  # the steps
+        (2, 1, 0): ("regressed", 0.5)})  # the culprit against its parent
+    assert code == 0 and out["named"] and out["culprit"] == shas[2] and out["parent"] == shas[1]
+    assert [(c, b) for c, b, _ in asked] == [(3, 0), (3, 0), (2, 0), (1, 0), (2, 1)]
     first, second = out["ends"]
-    assert first["verdict"] == second["verdict"] == "inconclusive"
-    assert not out["named"] and "did not reproduce at the ends" in out["why_not"] and out["steps"] == []
-    assert "No commit named: the slowdown did not reproduce at the ends" in proc.stdout
-    assert second["attempt"] == 1 and second["pooled"] == first["ab_dir"] and not first["pooled"]
-    a, b = (json.loads((repo / s["ab_dir"] / "ab.json").read_text()) for s in (first, second))
-    assert b["looks"][:len(a["looks"])] == a["looks"] and len(b["looks"]) > len(a["looks"])
-    assert b["alpha"] < a["alpha"] and b["pooled_with"] == [a["baseline"], a["candidate"]]
-    assert b["verdicts"][0]["n_baseline"] > a["verdicts"][0]["n_baseline"]
-    assert "inconclusive (with the rounds before it)" in (repo / "bisect.md").read_text()
+    assert asked[0][2] is None and asked[1][2] == Path(first["ab_dir"]) / "ab.json"
+    assert second["pooled"] == first["ab_dir"] and second["attempt"] == 1
+    assert out["confirm"]["baseline"] == shas[1] and out["slowdown"]["baseline"] == shas[1] and "warning" not in out
+    md = (tmp_path / "a" / "proj" / Path(out["ends"][0]["ab_dir"]).parents[1] / "bisect.md").read_text()
+    assert "| ends | " in md and "regressed (with the rounds before it)" in md and "| confirm |" in md
+
+    monkeypatch.undo()
+    code, out, asked, shas = _scripted_bisect(tmp_path / "b", monkeypatch, {(3, 0, 0): ("unchanged", 1.0)})
+    assert code == 1 and not out["named"] and out["steps"] == [] and len(asked) == 1
+    assert out["why_not"].startswith("the slowdown did not reproduce at the ends: the bad revision is unchanged")
 
 
 def test_the_end_names_the_slowdown_against_the_parent_and_warns_where_it_did_not_confirm():

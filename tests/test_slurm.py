@@ -275,8 +275,10 @@ parallelism = "ddp:1"
 framework = "tensorflow"
 parallelism = "multiworker:1"
 """)
+    # one job at a time: the two-node jobs would otherwise share the two nodes, four ranks on a
+    # 2-core host beside the other tests
     proc = gpubench(cluster, tmp_path, "run", str(suite), "--launcher", "slurm", "--nnodes", "2", "--out", "runs",
-                    "--no-report")
+                    "--no-report", "--max-parallel", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     found = {r["config"]["parallelism"]: r for r in result_lines(run_dir)}
