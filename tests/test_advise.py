@@ -259,23 +259,24 @@ def test_payback_in_baseline_steps():
 # --- real small models (slow) ----------------------------------------------------------------
 
 @pytest.mark.slow
-def test_advise_on_a_users_own_model_measures_the_optimizers_and_the_memory_format(tmp_path):
-    """The example project's model (a factory), the optimizer implementations and the memory
-    format measured against it in real PyTorch workers, as advise measures any model."""
+def test_advise_on_a_users_own_model_measures_the_optimizer_implementations(tmp_path):
+    """The example project's model (a factory), the optimizer implementations measured against
+    it in real PyTorch workers, as advise measures any model (how each practice group is judged,
+    ranked and combined: the fake backend's tests above; channels-last's effect on a model:
+    test_compile's)."""
     pytest.importorskip("torch")
     example = REPO / "examples" / "own-model"
     proc = run_cli(["advise", str(example / "suite.toml"), "--set", "precision=fp32", "--only", "optimizer",
-                    "--only", "memory_format", "--budget", "60", "--out", str(tmp_path / "runs"), "--no-report"],
-                   cwd=tmp_path, env=plain_env())
+                    "--budget", "60", "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path, env=plain_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
     rows = rows_by_name(advice_of(run_dir))
-    assert set(rows) == {"optimizer fused", "optimizer foreach", "memory format channels-last"}
+    assert set(rows) == {"optimizer fused", "optimizer foreach"}
     for r in rows.values():
         assert r["config_id"].startswith("mymodels.small_convnet") and min(r["repeats"]) >= 2 and r["speedup"] > 0
         assert r["verdict"] in ("improved", "unchanged", "inconclusive", "regressed")
-    for name in ("optimizer fused", "optimizer foreach"):  # the same arithmetic as the baseline's optimizer
-        assert rows[name]["loss_ratio"] == pytest.approx(1.0, abs=0.01), rows[name]
+        # the same arithmetic as the baseline's optimizer, after the same steps
+        assert r["loss_ratio"] == pytest.approx(1.0, abs=0.01), r
 
 
 def test_the_python_call_returns_the_ranked_table(tmp_path):

@@ -620,7 +620,9 @@ def test_a_run_resolves_max_and_reports_mfu(tmp_path, write_suite):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
     results = result_lines(run_dir)
-    (cal_file,) = (p for p in (cache.cache_dir().glob("calibration-cpu-*.json")))  # the test session's cache
+    # the test session's cache (other tests' keys may have files there too: the run names its own)
+    cal_file = Path(results[0]["metrics"]["peak"]["cache_file"])
+    assert cal_file.parent == cache.cache_dir() and cal_file.name.startswith("calibration-cpu-")
     peak = json.loads(cal_file.read_text())["peak_tflops"]["fp32"]
     for r in results:
         m = r["metrics"]

@@ -316,7 +316,7 @@ GPT2_SUITE = f'name = "gpt2"\n[defaults]\n{fast_lines()}\n[matrix]\nworkload = [
 
 
 @pytest.mark.slow
-def test_run_trains_zoo_models_by_name(tmp_path):
+def test_run_and_profile_train_zoo_models_by_name(tmp_path):
     requires("torchvision", "timm", "transformers", "tensorflow")
     (tmp_path / "zoo.toml").write_text(ZOO_SUITE)
     proc = run_cli(["run", "zoo.toml", "--out", "runs", "--no-calibrate"], cwd=tmp_path, timeout=900)
@@ -348,35 +348,15 @@ def test_run_trains_zoo_models_by_name(tmp_path):
     # a depthwise network trains at about 3x its forward FLOPs (2x for the first layer), not 35x
     assert 2 * mobilenet["forward_flops_per_sample"] < mobilenet["flops_per_sample"] < 3 * mobilenet[
         "forward_flops_per_sample"]
-
-
-@pytest.mark.slow
-def test_ab_and_profile_take_zoo_models_by_name(tmp_path):
-    """The gate and the profiler on a zoo's model: both sides of an A/B train a Hugging Face model
-    (nothing of the user's to import: the zoos' models come from the installed packages), and the
-    profiler traces it. Every zoo's models are built and trained by
-    test_run_trains_zoo_models_by_name, and each framework's profiler is test_profile's; what
-    comes after the model is built is the same for every source."""
-    requires("transformers")
-    (tmp_path / "zoo.toml").write_text(GPT2_SUITE)
-    proc = run_cli(["ab", "zoo.toml", "--repeats", "3", "--alpha", "0.5", "--set", "steps=2", "--out", "runs",
-                    "--no-report", "--json", "gate.json"], cwd=tmp_path, timeout=900)
-    assert proc.returncode in (0, 1), proc.stdout + proc.stderr  # a verdict either way, never an error
-    verdicts = {v["config_id"]: v["verdict"] for v in json.loads((tmp_path / "gate.json").read_text())["verdicts"]}
-    assert len(verdicts) == 1 and all(v in ("unchanged", "inconclusive", "improved", "regressed")
-                                      for v in verdicts.values()), verdicts
-    (root,) = (tmp_path / "runs").iterdir()
-    for side in ("baseline", "candidate"):
-        lines = [json.loads(line) for line in (root / side / "results.jsonl").read_text().splitlines()]
-        assert [r["config"]["workload"] for r in lines if r["status"] == "ok"] == ["hf:gpt2"] * 3, side
-    proc = run_cli(["profile", "zoo.toml", "--out", "prof",
-                    "--steps", "2", "--no-report"], cwd=tmp_path, timeout=900)
+    # the profiler on a zoo's model (each framework's profiler is test_profile's; the gate on a model
+    # that imports nothing of the user's is the fake backend's, test_ab_and_plugin's)
+    (tmp_path / "gpt2.toml").write_text(GPT2_SUITE)
+    proc = run_cli(["profile", "gpt2.toml", "--out", "prof", "--steps", "2", "--no-report"], cwd=tmp_path,
+                   timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    profiled = sorted(p.name for p in (tmp_path / "prof").glob("*/profile/*") if (p / "top_ops.json").is_file())
-    assert len(profiled) == 1 and profiled[0].startswith("hf.gpt2"), profiled
-    for config_dir in (tmp_path / "prof").glob("*/profile/*"):
-        assert json.loads((config_dir / "top_ops.json").read_text()), config_dir.name
-        assert (config_dir / "trace.json").is_file() or list((config_dir / "torch").glob("*.pt.trace.json"))
+    (config_dir,) = (p for p in (tmp_path / "prof").glob("*/profile/*") if (p / "top_ops.json").is_file())
+    assert config_dir.name.startswith("hf.gpt2") and json.loads((config_dir / "top_ops.json").read_text())
+    assert list((config_dir / "torch").glob("*.pt.trace.json")), list(config_dir.iterdir())
 
 
 BAD_MODELS = [
@@ -534,7 +514,7 @@ def _ab_of_a_slower_change(tmp_path) -> subprocess.CompletedProcess:
     # so drift of a shared CI machine lands on both (6 unpaired repeats once called the same code
     # "improved" there)
     return run_cli(["ab", "head/suite.toml", "--baseline-path", "base", "--candidate-path", "head", "--lockstep",
-                    "--repeats", "8", "--set", "precision=fp32", "--set", "steps=4", "--set", "windows=2", "--set", "warmup_steps=1",
+                    "--repeats", "6", "--alpha", "0.05", "--set", "precision=fp32", "--set", "steps=4", "--set", "windows=2", "--set", "warmup_steps=1",
                     "--out", "runs", "--no-report", "--json", "gate.json"], cwd=tmp_path, timeout=900)
 
 
