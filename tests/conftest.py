@@ -58,12 +58,14 @@ def pytest_collection_modifyitems(config, items):
 def _calibration_cache(tmp_path_factory):
     """Every gpubench the tests start caches device peaks in one fresh directory of the test
     session (calibrated once, by the first run that needs it), never in the user's cache; under
-    pytest-xdist, one directory for all the session's workers (their common temporary root)."""
+    pytest-xdist, one directory for all the session's workers (their common temporary root).
+    GPUBENCH_TEST_CACHE_DIR names another (.ci/run: one for its two test sessions, so that the
+    slow tests do not calibrate the machine the default tests calibrated)."""
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent
-    cache = root / "gpubench-cache"
-    cache.mkdir(exist_ok=True)
+    cache = Path(os.environ.get("GPUBENCH_TEST_CACHE_DIR") or root / "gpubench-cache")
+    cache.mkdir(parents=True, exist_ok=True)
     os.environ["GPUBENCH_CACHE_DIR"] = str(cache)
 
 

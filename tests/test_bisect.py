@@ -99,8 +99,8 @@ def test_bisect_names_the_commit_that_slowed_the_users_model(tmp_path):
     repo = tmp_path / "proj"
     shas = make_repo(repo, commits=3, culprit=2, cols=4096)
     proc = run_cli(["bisect", "suite.toml", "--good", shas[0], "--bad", shas[-1], "--repeats", "6", "--alpha", "0.05",
-                    "--budget", "60", "--json", "bisect.json", "--markdown", "bisect.md"], cwd=repo, env=plain_env(),
-                   timeout=900)
+                    "--budget", "60", "--set", "steps=10", "--set", "windows=3", "--json", "bisect.json",
+                    "--markdown", "bisect.md"], cwd=repo, env=plain_env(), timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = json.loads((repo / "bisect.json").read_text())
     assert out["named"] and out["culprit"] == shas[1]
