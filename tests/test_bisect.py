@@ -91,7 +91,7 @@ def test_not_a_git_repository_exits_2(tmp_path):
 
 @pytest.mark.slow
 def test_bisect_names_the_commit_that_slowed_the_users_model(tmp_path):
-    """Three commits, the second twice as slow (each A/B decided at its first look): the ends,
+    """Three commits, the second twice as slow: the ends,
     then the midpoint against the good commit, in real PyTorch workers in cached worktrees.
     What the search decides from each verdict (a culprit confirmed against its parent, an
     inconclusive A/B continued, the ends not reproducing) is test_the_search_on_scripted_ab_verdicts'."""
@@ -107,12 +107,17 @@ def test_bisect_names_the_commit_that_slowed_the_users_model(tmp_path):
     info = out["culprit_info"]
     assert info["subject"] == "mynet: keep the batch's product with a padding buffer"
     assert info["author"] == "Scratch Author <author@example.com>" and "mynet.py" in info["diffstat"]
-    assert [(s["baseline"], s["candidate"], s["verdict"]) for s in out["steps"]] == [(shas[0], shas[1], "regressed")]
+    # one A/B of the midpoint against the good commit: regressed, at its first look or after looks
+    # the noise left inconclusive (a slower CI machine's case), each continued with the rounds before
+    steps = [(s["baseline"], s["candidate"], s["verdict"]) for s in out["steps"]]
+    assert steps[-1] == (shas[0], shas[1], "regressed")
+    assert all(step == (shas[0], shas[1], "inconclusive") for step in steps[:-1]), steps
     # the slowdown named is the culprit's own, against its parent (the good commit here)
     assert out["slowdown"]["verdict"] == "regressed" and out["slowdown"]["ratio"] < 0.97
     assert out["slowdown"]["baseline"] == shas[0] == out["parent"] and "warning" not in out and not out["confirm"]
     md = (repo / "bisect.md").read_text()
-    assert f"**Culprit: {shas[1][:12]}**" in md and f"| 1 | {shas[1][:12]} | {shas[0][:12]} | regressed |" in md
+    assert f"**Culprit: {shas[1][:12]}**" in md
+    assert f"| {len(steps)} | {shas[1][:12]} | {shas[0][:12]} | regressed" in md
     # the worktrees are cached: a second bisection of part of the range makes none again
     trees = sorted(p.name for p in (repo / ".gpubench" / "worktrees").iterdir())
     assert len(trees) == 3
