@@ -23,6 +23,7 @@ from gpubench.options import (
     DATA_MODES,
     DATASETS,
     DISTRIBUTED_KINDS,
+    INPUT_KINDS,
     LOSSES,
     MAX_DEVICES,
     MAX_MICROBATCHES,
@@ -250,6 +251,19 @@ class Config:
         0, check=("int", 0), hashed_when_set=True, used_when=_own_model,
         help=('a model that is not a built-in workload: the classes of the synthetic task its outputs score (0:'
               " the model's own, where it declares them)"))
+    input_kind: str = setting(
+        "auto", check=("values", "input kind", INPUT_KINDS), hashed_when_set=True, used_when=_own_model,
+        help=("a model that is not a built-in workload, on gpubench's synthetic data: `tokens` (integer token "
+              "sequences of `input_shape = [T]` over a vocabulary of `num_classes`, a learnable next-token task "
+              "with (batch, T) targets, and tokens/s), `features` (float arrays of `input_shape`, a class per "
+              "sample), `auto` (tokens where the model's first layer is an embedding, said in the run's notes; "
+              "else features)"))
+    loss_output: str = setting(
+        "", check=("loss_output",), named="changed", hashed_when_set=True, used_when=_own_model,
+        help=("a model that computes its own loss: where its output holds it, a field or key name (`loss`: "
+              "`out.loss`, `out[\"loss\"]`) or a tuple's position (`1`: nanoGPT's `(logits, loss)`); the model "
+              "is called with the targets after the inputs (`model(x, y)`) unless a batch function puts them "
+              "among the inputs; the loss key is then not used"))
     batches: str = setting(
         "", check=("function", "batches"), named="changed", hashed_when_set=True, used_when=_own_model,
         help=('your batch function `"module:function"`: called with a batch size, returns (inputs, targets), '
@@ -431,6 +445,9 @@ COLUMNS = tuple(f.name for f in SETTING_FIELDS if f.metadata["column"])
 # order a config's problems are reported
 BACKEND_CHECKED = tuple(f.name for f in SETTING_FIELDS if f.metadata["check"] is not None
                         and f.metadata["check"][0] in ("declared", "declared_or_function", "parallelism"))
+# those of them that also take the user's function ("module:function")
+FUNCTION_CHECKED = tuple(f.name for f in SETTING_FIELDS if f.metadata["check"] is not None
+                         and f.metadata["check"][0] == "declared_or_function")
 
 
 def _ALWAYS(c: Config) -> bool:

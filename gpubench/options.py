@@ -34,6 +34,12 @@ OPTIMIZER_SETTINGS: dict[str, dict[str, float]] = {
     "sgd": {"momentum": 0.9},
 }
 LOSSES = ("cross_entropy",)
+# what a model that is not a built-in trains on, without a batch function: auto (tokens where its
+# first layer is an embedding), features (float arrays, a class per sample), tokens (next-token task)
+INPUT_KINDS = ("auto", "features", "tokens")
+# the value a backend declares for a setting that also takes the user's function ("module:function":
+# a loss), where it calls that function (a loss of your own: every built-in backend)
+USER_FUNCTION = "module:function"
 # none: eager PyTorch / a TensorFlow graph tf.function; xla: TensorFlow jit_compile; the
 # torch-compile values: torch.compile with that mode; cuda-graph: the whole PyTorch step
 # captured as one CUDA graph
@@ -152,7 +158,7 @@ class Capabilities:
     dataset: tuple[str, ...] = DATASETS
     checkpointing: tuple[str, ...] = ("none",)
     optimizer: tuple[str, ...] = OPTIMIZERS
-    loss: tuple[str, ...] = LOSSES
+    loss: tuple[str, ...] = (*LOSSES, USER_FUNCTION)
     notes: Mapping[str, str] = field(default_factory=dict)
     # a setting declared later, whose values the backends declare (gpubench.config.setting with a
     # "declared" check), by name: the values this backend supports (none listed: none)
@@ -170,15 +176,20 @@ class Capabilities:
         values: tuple[str, ...] = getattr(self, setting)
         return values
 
-    def problem(self, framework: str, config: Settings, checked: Sequence[str]) -> str | None:
+    def problem(self, framework: str, config: Settings, checked: Sequence[str],
+                functions: Sequence[str] = ()) -> str | None:
         """Why ``framework`` cannot run ``config`` by these declarations, or None. ``checked``: the
         settings whose values a backend declares, in the order problems are reported
-        (``gpubench.config.BACKEND_CHECKED``, derived from the settings' declarations)."""
+        (``gpubench.config.BACKEND_CHECKED``, derived from the settings' declarations);
+        ``functions``: those of them that also take the user's function, asked as
+        ``USER_FUNCTION`` (``gpubench.config.FUNCTION_CHECKED``)."""
         kind = device_kind(config.device)
         for setting in checked:
             if not config.uses(setting):  # a setting the config does not use is not asked (a cnn's attention)
                 continue
             value = getattr(config, setting)
+            if setting in functions and ":" in str(value):  # the user's "module:function"
+                value = USER_FUNCTION
             if setting == "parallelism":
                 value = parse_parallelism(value)[0]
                 allowed = self.parallelism

@@ -177,6 +177,16 @@ def _function_ref(key: str) -> Check:
     return check
 
 
+def _loss_output(v: Any) -> str:
+    """``loss_output``: a field or key name, or a tuple's position (an integer, or its digits)."""
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return str(v)
+    if isinstance(v, str) and (v == "" or v.isdigit() or v.isidentifier()):
+        return v
+    raise ValueError(f"loss_output: expected the name of the output's field or key holding the loss (\"loss\") or "
+                     f"a tuple's position (1), got {v!r}")
+
+
 def _loss(v: Any) -> str:
     if isinstance(v, str) and is_function_ref(v):
         return v
@@ -237,6 +247,8 @@ def _check_of(name: str, spec: tuple[Any, ...]) -> tuple[Check, Callable[[str], 
         return numbers[kind], _parse_number
     if kind == "input_shape":
         return _input_shape, _input_shape
+    if kind == "loss_output":
+        return _loss_output, str
     checks: dict[str, Callable[[], Check]] = {
         "workload": lambda: _workload,
         "registered": lambda: Choice(name, lambda: sorted(BACKENDS)),

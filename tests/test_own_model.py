@@ -113,6 +113,109 @@ def test_a_loss_function_with_a_builtin_workload_is_unsupported():
                       "mlp is a built-in workload, trained with cross_entropy")
 
 
+# --- language models and models that compute their own loss ------------------------------------------
+
+CORPUS = REPO / "tests" / "corpus"
+GPT = {"workload": "gpt:gpt", "input_shape": (64,)}
+
+
+def _gpt_flops(t: int = 64, d: int = 64, vocab: int = 256, layers: int = 2) -> int:
+    """tests/corpus/gpt.py's forward FLOPs per sample: each block's qkv, projection and MLP and
+    attention's two products (causal or not, the kernels compute the whole square), then the head."""
+    block = 2 * t * d * 3 * d + 2 * t * d * d + 2 * 2 * t * d * 4 * d + 2 * 2 * t * t * d
+    return layers * block + 2 * t * d * vocab
+
+
+def test_a_gpt_as_nanogpt_writes_it_trains_on_tokens_with_its_own_loss(monkeypatch):
+    """A GPT that returns (logits, loss) given targets and the last position's logits without
+    (nanoGPT's forward), on fused attention: its first layer, an embedding, makes it a token
+    model (said in its notes); loss_output = 1 trains the loss it computes, the targets passed
+    after the inputs; its FLOPs count attention whatever kernel runs."""
+    from gpubench.backends.pytorch.native import native_model
+    from gpubench.config import Config
+
+    monkeypatch.syspath_prepend(str(CORPUS))
+    native = native_model(Config(**GPT, loss_output="1"))
+    facts = native.facts
+    assert (facts["task"], facts["num_classes"], facts["input_shape"]) == ("tokens", 256, [64])
+    assert facts["notes"][0].startswith("input_kind = auto: the model's first layer is an embedding "
+                                        "(Embedding(256, 64))")
+    assert facts["forward_flops_per_sample"] == _gpt_flops() and facts["flops_per_sample"] == 3 * _gpt_flops()
+    pool = native.make_batches(4, 1)
+    (tokens, targets), y = pool.x, pool.y
+    assert tokens.dtype == np.int64 and tokens.shape[1:] == (4, 64) and np.array_equal(targets, y)
+    assert np.array_equal(tokens[:, :, 1:], y[:, :, :-1])  # the next-token task: targets shifted by one
+    loss = native.loss(native.build()(*map(torch_tensor, (tokens[0], targets[0]))), None).detach()
+    assert loss.shape == () and abs(float(loss) - np.log(256)) < 0.5  # about uniform at the start
+
+
+def torch_tensor(a):
+    import torch
+
+    return torch.from_numpy(a)
+
+
+LOSSES = """
+import torch
+
+def per_sample(outputs, targets):
+    return torch.nn.functional.cross_entropy(outputs[0][:, -1], targets[:, -1], reduction="none")  # one a sample
+
+def not_finite(outputs, targets):
+    return outputs[0].sum() * float("nan")
+"""
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({}, "the model's scores [2, 1, 256] do not fit the targets [2, 64] (cross_entropy takes (batch, classes) for "
+         "(batch,), or (batch, time, vocabulary) for (batch, time)); it returned tuple (Tensor [2, 1, 256], NoneType);"
+         ' use a batch function whose targets fit the output (batches = "module:function"), the loss the model '
+         'computes (loss_output = "<field>"'),
+    ({"loss_output": "2"}, "loss_output = '2': the model's output has no position 2 holding a loss; it returned "
+                           "tuple (Tensor [2, 64, 256], Tensor [])"),
+    ({"loss_output": "loss"}, "loss_output = 'loss': the model's output has no field 'loss' holding a loss"),
+    ({"loss_output": "1", "loss": "lossfns:per_sample"}, "the model's own loss or yours, not both"),
+    ({"loss": "lossfns:per_sample"}, "loss 'lossfns:per_sample': gave an array of shape [2] for a batch of 2; a "
+                                     "loss is one number"),
+    ({"loss": "lossfns:not_finite"}, "loss 'lossfns:not_finite': gave nan for a batch of 2 at the initial weights"),
+    ({"input_shape": (4, 64)}, "input_kind = tokens takes input_shape = [T], a sequence's length; got [4, 64]"),
+    ({"input_kind": "features"}, "the model does not take input_shape [64] (batch first): RuntimeError: Expected "
+                                 "tensor for argument #1 'indices'"),
+])
+def test_a_language_model_that_cannot_train_is_one_line(tmp_path, monkeypatch, settings, message):
+    from gpubench.config import Config
+    from gpubench.runner.models import check_here
+
+    (tmp_path / "lossfns.py").write_text(LOSSES)
+    monkeypatch.syspath_prepend(str(CORPUS))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = Config(**{**GPT, "input_kind": "tokens" if "input_shape" in settings else "auto", **settings})
+    problem = check_here([config.to_dict()])
+    assert problem is not None and problem.startswith("workload 'gpt:gpt': ") and message in problem, problem
+
+
+def test_tokens_for_a_model_that_takes_no_integers_is_one_line(monkeypatch):
+    from gpubench.config import Config
+    from gpubench.runner.models import check_here
+
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    config = Config(workload="mymodels:small_convnet", input_kind="tokens", input_shape=(16,), num_classes=10)
+    problem = check_here([config.to_dict()])
+    assert problem is not None and "the model does not take integer token batches of shape [2, 16] (input_kind = " \
+        "tokens): RuntimeError" in problem, problem
+
+
+def test_a_user_loss_applies_in_every_framework_that_declares_it():
+    """The declared capability: a factory's config with the user's loss is supported by each
+    framework (a built-in workload's is not: it trains with cross_entropy)."""
+    from gpubench.backends import get_backend
+    from gpubench.config import Config
+
+    for name in ("torch", "tensorflow", "jax"):
+        config = Config(workload="m:f", framework=name, loss="m:my_loss")
+        assert get_backend(name).unsupported(config) is None, name
+
+
 # --- what gpubench counts ------------------------------------------------------------------------
 
 def _small_convnet(width: int):
@@ -193,6 +296,7 @@ input_shape = [[3, 16, 16]]
 [[matrix.include]]
 workload = ["mymodels:tagger"]
 batches = ["mymodels:tagger_batches"]
+loss = ["mymodels:my_loss"]
 checkpointing = ["none", "activations"]
 precision = ["fp32"]
 input_shape = [[12]]
@@ -223,6 +327,7 @@ framework = ["tensorflow"]
 precision = ["fp32"]
 input_shape = [[20]]
 num_classes = [10]
+loss = ["more_models:keras_loss"]
 """
 
 MORE_MODELS = """
@@ -232,6 +337,10 @@ import keras
 def keras_unbuilt():
     # no Input: Keras makes the weights on the first call
     return keras.Sequential([keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])
+
+
+def keras_loss(outputs, targets):
+    return keras.ops.mean(keras.losses.sparse_categorical_crossentropy(targets, outputs, from_logits=True))
 """
 
 
@@ -256,8 +365,11 @@ def test_run_trains_the_users_own_models(project):
     assert model["origin"]["file"] == str((project / "mymodels.py").resolve())
     assert len(model["origin"]["file_sha1"]) == 40
     assert by[("mymodels:small_convnet", "amp-bf16", "single", "none", "torch")]["status"] == "ok"
-    tagger = by[("mymodels:tagger", "fp32", "single", "none", "torch")]
-    assert tagger["status"] == "ok" and tagger["model"]["flops_per_sample"] > 0
+    tagger = by[("mymodels:tagger", "fp32", "single", "none", "torch")]  # trained with the user's loss
+    assert tagger["status"] == "ok" and tagger["config"]["loss"] == "mymodels:my_loss", tagger.get("reason")
+    # its LSTM has no formula in PyTorch's counter: no FLOPs, no MFU, said why (never a count without it)
+    assert tagger["model"]["flops_per_sample"] is None and "mkldnn_rnn_layer" in tagger["model"]["flops_note"]
+    assert "no MFU for mymodels:tagger: no count: FlopCounterMode has no formula" in " ".join(proc.stdout.split())
     # settings that cannot apply to a user's model are unsupported, with the reason
     checkpointed = by[("mymodels:tagger", "fp32", "single", "activations", "torch")]
     assert checkpointed["status"] == "unsupported" and "torch.nn.Sequential" in checkpointed["reason"]
@@ -271,8 +383,8 @@ def test_run_trains_the_users_own_models(project):
     assert mixed["status"] == "ok" and mixed["runtime"]["mixed_precision_policy"] == "mixed_bfloat16"
     mirrored = by[("mymodels:keras_convnet", "fp32", "mirrored:2", "none", "tensorflow")]
     assert mirrored["status"] == "ok", mirrored.get("reason")
-    unbuilt = by[("more_models:keras_unbuilt", "fp32", "single", "none", "tensorflow")]
-    assert unbuilt["status"] == "ok", unbuilt.get("reason")
+    unbuilt = by[("more_models:keras_unbuilt", "fp32", "single", "none", "tensorflow")]  # with the user's loss
+    assert unbuilt["status"] == "ok" and unbuilt["config"]["loss"] == "more_models:keras_loss", unbuilt.get("reason")
     assert unbuilt["model"]["params"] == 20 * 32 + 32 + 32 * 10 + 10  # trainable weights, once built
     keras_model = by[("mymodels:keras_convnet", "fp32", "single", "none", "tensorflow")]
     assert keras_model["status"] == "ok", keras_model.get("reason")
@@ -367,7 +479,7 @@ BAD_MODELS = [
     ("mymodels:small_convnet", "args.depth = 2", "cannot be called with args.depth: got an unexpected keyword"),
     ("mymodels:small_convnet", "num_classes = 10\ninput_shape = [16, 16, 3]",
      "the model does not take input_shape [16, 16, 3] (batch first): RuntimeError: Given groups=1"),
-    ("mymodels:small_convnet", "num_classes = 7", "the model gives 10 outputs per sample; num_classes = 7"),
+    ("mymodels:small_convnet", "num_classes = 7", "the model gives 10 scores per sample; num_classes = 7"),
     ("hf:gpt2", "args.n_layers = 2\ninput_shape = [8]", "args.n_layers: gpt2's config has no field 'n_layers'; "
                                                            "nearest: n_layer"),
     ("torchvision:resnet5", "", "torchvision has no model 'resnet5'; nearest: resnet50"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from gpubench.backends.base import Backend
 from gpubench.backends.registry import BACKENDS, load_class, register_backend, zoo_framework
 from gpubench.config import SETTING_FIELDS
+from gpubench.options import USER_FUNCTION
 
 # the framework every other one is compared against in reports ("JAX over PyTorch")
 REFERENCE_FRAMEWORK = "torch"
@@ -25,8 +26,9 @@ _BUILT_IN: dict[str, tuple[str, ...]] = {
 
 def declared_values(setting: str) -> list[str]:
     """Every value of ``setting`` that some registered backend supports: what a suite may ask
-    for (built-in values first, then any a plugin's backend adds)."""
-    declared = {v for name in BACKENDS for v in backend_class(name).capabilities.values(setting)}
+    for (built-in values first, then any a plugin's backend adds; a user's function, which the
+    suite checks as one, is not among them)."""
+    declared = {v for name in BACKENDS for v in backend_class(name).capabilities.values(setting)} - {USER_FUNCTION}
     return [v for v in _BUILT_IN[setting] if v in declared] + sorted(declared - set(_BUILT_IN[setting]))
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 # the Trainer interface lives beside the measurement loop; plugins import it from here
-from gpubench.config import BACKEND_CHECKED
+from gpubench.config import BACKEND_CHECKED, FUNCTION_CHECKED
 from gpubench.measure.trainer import Lap, ProfilingUnavailable, Trainer, no_lap
 from gpubench.options import Capabilities
 
@@ -162,7 +162,8 @@ class Backend(ABC):
         elif ":" in config.loss:
             return (f"loss = {config.loss}: a loss function of your own applies to your own model or a zoo's; "
                     f"{config.workload} is a built-in workload, trained with cross_entropy")
-        return self.capabilities.problem(self.name, config, BACKEND_CHECKED) or self.static_unsupported(config)
+        return (self.capabilities.problem(self.name, config, BACKEND_CHECKED, FUNCTION_CHECKED)
+                or self.static_unsupported(config))
 
     def share_process(self) -> None:
         """Prepare to train in a process that other frameworks may share (the pytest fixture

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gpubench.workloads.data import TOKEN_KINDS
+
 if TYPE_CHECKING:
     from gpubench.results.result import Result
 
@@ -90,7 +92,7 @@ def _tokens_per_sample(r: Result) -> int | None:
     """A language model's tokens a sample (its sequence length): the built-in spec's figure, or
     the length of a token task's input (a Hugging Face model by name); None for other models."""
     n = r.get("model", "tokens_per_sample")
-    if n is None and r.get("model", "task") == "tokens":
+    if n is None and r.get("model", "task") in TOKEN_KINDS:
         shape = r.get("model", "input_shape")
         n = shape[0] if isinstance(shape, list) and shape else None
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None

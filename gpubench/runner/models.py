@@ -24,7 +24,7 @@ from gpubench.config import Config
 from gpubench.errors import InputError
 from gpubench.launch import Launcher, dying_with_parent
 from gpubench.workloads import WORKLOADS
-from gpubench.workloads.source import parse_workload
+from gpubench.workloads.source import model_key, parse_workload
 
 CHECK_TIMEOUT_S = 600
 
@@ -52,13 +52,6 @@ def zoo_unavailable(config: Config) -> str | None:
     return zoo.unavailable()
 
 
-def _model_key(config: Config) -> Config:
-    """The settings that decide whether a model can be built (not its batch, precision...)."""
-    return Config(workload=config.workload, framework=config.framework, workload_params=config.workload_params,
-                  input_shape=config.input_shape, num_classes=config.num_classes, batches=config.batches,
-                  loss=config.loss, seed=config.seed)
-
-
 def check_models(configs: list[Config], source: str, launcher: Launcher, skip_frameworks: set[str]) -> None:
     """InputError for the first of the configs' own models that cannot be built (see the module
     docstring); built-in workloads, zoo models whose package is missing and frameworks in
@@ -71,7 +64,7 @@ def check_models(configs: list[Config], source: str, launcher: Launcher, skip_fr
 
         if get_backend(c.framework).unsupported(c):  # the config ends unsupported, with its reason
             continue
-        key = _model_key(c)
+        key = model_key(c)
         if key not in todo.setdefault(c.framework, []):
             todo[c.framework].append(key)
     for framework, keys in todo.items():

@@ -96,9 +96,13 @@ def summary_table(results: list[Result]) -> Table:
     recalibrate where a result achieved more than its device's peak."""
     repeats = any(r.repeat for r in results)
     above = [r for r in results if r.get("metrics", "throughput") and BY_NAME["above_peak"].value(r)]
-    caption = (f"MFU 'above peak': {len(above)} result(s) achieved more TFLOP/s than the calibrated peak, which is "
-               f"therefore no ceiling (a stale calibration, or other load while it was measured); recalibrate with: "
-               f"{RECALIBRATE}" if above else None)
+    lines = [f"MFU 'above peak': {len(above)} result(s) achieved more TFLOP/s than the calibrated peak, which is "
+             f"therefore no ceiling (a stale calibration, or other load while it was measured); recalibrate with: "
+             f"{RECALIBRATE}"] if above else []
+    uncounted = {r.config["workload"]: note for r in results if r.get("metrics", "throughput")
+                 and (note := r.get("model", "flops_note")) and not r.get("model", "flops_per_sample")}
+    lines += [f"no MFU for {workload}: {note}" for workload, note in uncounted.items()]
+    caption = "\n".join(lines) or None
     table = Table(title="gpubench results", title_justify="left", caption=caption, caption_justify="left")
     table.add_column("config", no_wrap=True)
     if repeats:

@@ -108,18 +108,24 @@ class Task(Protocol):
     def num_classes(self) -> int: ...
 
 
+TOKEN_KINDS = ("tokens", "sequences")  # tasks whose inputs are token ids: a sample is a sequence
+
+
 @dataclass(frozen=True)
 class SyntheticTask:
     """A Task for a model that is not a built-in workload."""
 
     input_shape: Shape
     num_classes: int
-    kind: str = "classes"  # or "tokens": next-token prediction
+    # "classes": float inputs, a class each; "tokens": next-token prediction over a vocabulary of
+    # num_classes; "sequences": token sequences over ``vocab``, a class each
+    kind: str = "classes"
+    vocab: int = 0
 
 
 def pool_batches(spec: Task, batch_size: int) -> int:
     """How many distinct batches the device-resident pool holds for this batch size."""
-    tokens = getattr(spec, "kind", "classes") == "tokens"
+    tokens = getattr(spec, "kind", "classes") in TOKEN_KINDS
     sample_bytes = 16 * math.prod(spec.input_shape) if tokens else 4 * math.prod(spec.input_shape) + 8
     samples = min(MAX_TOKEN_SEQUENCES if tokens else MAX_SAMPLES, DATA_BYTES_BUDGET // sample_bytes)
     return max(2, samples // batch_size)
@@ -138,6 +144,17 @@ def synthetic_tokens(vocab: int, seq_len: int, batch_size: int, n_batches: int, 
     noise = rng.random(seq.shape) < LABEL_NOISE
     seq = np.where(noise, rng.integers(0, vocab, size=seq.shape, dtype=np.int64), seq)
     return Batches(x=np.ascontiguousarray(seq[..., :-1]), y=np.ascontiguousarray(seq[..., 1:]))
+
+
+def synthetic_sequences(vocab: int, seq_len: int, classes: int, batch_size: int, n_batches: int,
+                        seed: int) -> Batches:
+    """A learnable classification of token sequences: random tokens over ``vocab``, the class of a
+    sequence its first token's residue modulo ``classes`` (10% of the classes random)."""
+    rng = np.random.default_rng([seed, 3])
+    x = rng.integers(0, vocab, size=(n_batches, batch_size, seq_len), dtype=np.int64)
+    y = x[..., 0] % classes
+    noise = rng.random(y.shape) < LABEL_NOISE
+    return Batches(x=x, y=np.where(noise, rng.integers(0, classes, size=y.shape, dtype=np.int64), y))
 
 
 def token_loss_floor(vocab: int) -> float:
@@ -214,6 +231,8 @@ def task_batches(spec: Task, batch_size: int, n_batches: int, seed: int) -> Batc
     task, the class templates otherwise."""
     if getattr(spec, "kind", "classes") == "tokens":
         return synthetic_tokens(spec.num_classes, spec.input_shape[0], batch_size, n_batches, seed)
+    if isinstance(spec, SyntheticTask) and spec.kind == "sequences":
+        return synthetic_sequences(spec.vocab, spec.input_shape[0], spec.num_classes, batch_size, n_batches, seed)
     return synthetic_batches(spec, batch_size, n_batches, seed)
 
 

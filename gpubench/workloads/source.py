@@ -21,16 +21,18 @@ import difflib
 import hashlib
 import importlib
 import json
+import math
 import re
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpubench.config import Config
 from gpubench.files import write_text_atomic
+from gpubench.workloads.data import Batches, SyntheticTask, pool_maker, sample_batch
 
 
 @dataclass(frozen=True)
@@ -183,8 +185,199 @@ def _git(file: Path) -> dict[str, Any]:
     return {"git_commit": commit, "git_dirty": bool(status)}
 
 
-__all__ = ["ZOOS", "ModelRef", "SourceError", "Zoo", "check_arguments", "code_origin",
-           "import_function", "is_function_ref", "nearest", "parse_workload"]
+# --- a model that is not a built-in meets its task: the checks of the pre-run build --------------
+# Framework-neutral: each backend runs the model forward on one small batch and hands the shapes
+# and values here, so that every framework refuses the same mistakes with the same line.
+
+# what a model whose output does not fit gpubench's cross-entropy can do instead
+CHOICES = ('a batch function whose targets fit the output (batches = "module:function"), the loss the model computes '
+           '(loss_output = "<field>" or a tuple\'s position), or your loss (loss = "module:function")')
+
+
+def describe(out: Any, depth: int = 0) -> str:
+    """A model's output in a few words: each array's shape, in the structure it came in."""
+    shape = getattr(out, "shape", None)
+    if shape is not None and not isinstance(out, (tuple, list, Mapping)):
+        return f"{type(out).__name__} {list(shape)}"
+    if depth > 2:
+        return type(out).__name__
+    if isinstance(out, Mapping):
+        inner = ", ".join(f"{k}: {describe(v, depth + 1)}" for k, v in list(out.items())[:6])
+        return f"{type(out).__name__} {{{inner}}}"
+    if isinstance(out, (tuple, list)):
+        return f"{type(out).__name__} ({', '.join(describe(v, depth + 1) for v in out[:6])})"
+    fields = getattr(out, "__dataclass_fields__", None)
+    if fields:
+        inner = ", ".join(f"{k}: {describe(getattr(out, k, None), depth + 1)}" for k in list(fields)[:6])
+        return f"{type(out).__name__} {{{inner}}}"
+    return type(out).__name__
+
+
+def output_field(out: Any, name: str) -> Any:
+    """The part of a model's output ``loss_output`` names: a tuple's position (digits), else a
+    key of a mapping (a Hugging Face output is one) or an attribute (a dataclass's field)."""
+    if name.isdigit():
+        if isinstance(out, (tuple, list)) and int(name) < len(out) and out[int(name)] is not None:
+            return out[int(name)]
+    elif isinstance(out, Mapping):
+        if out.get(name) is not None:
+            return out[name]
+    elif getattr(out, name, None) is not None:
+        return getattr(out, name)
+    what = f"position {name}" if name.isdigit() else f"field {name!r}"
+    raise SourceError(f"loss_output = {name!r}: the model's output has no {what} holding a loss; it returned "
+                      f"{describe(out)}")
+
+
+def output_loss(name: str) -> Callable[[Any, Any], Any]:
+    """``loss_output``'s loss: the one the model computed, read from its output (the targets
+    went in with the inputs)."""
+    def loss(out: Any, _targets: Any) -> Any:
+        return output_field(out, name)
+    return loss
+
+
+def config_loss(config: Config) -> Callable[[Any, Any], Any] | None:
+    """The loss a config of a model that is not a built-in trains with, in gpubench's order
+    ``(outputs, targets)``: the user's function, the model's own (``loss_output``), or None
+    (the framework's cross-entropy)."""
+    if config.loss_output:
+        if config.loss != "cross_entropy":
+            raise SourceError(f"workload {config.workload!r}: loss = {config.loss} and loss_output = "
+                              f"{config.loss_output!r}: the model's own loss or yours, not both")
+        return output_loss(config.loss_output)
+    return import_function(config.loss, "loss") if config.loss != "cross_entropy" else None
+
+
+def own_batches(task: SyntheticTask | None, batch_fn: Callable[[int], Any] | None, config: Config
+                ) -> tuple[Callable[[int, int], Batches], Batches]:
+    """(``make_batches(batch, group)``, one batch of 2 for the pre-run checks and the FLOP count)
+    of a model that is not a built-in: the batch function's, else the synthetic task's; with
+    ``loss_output`` and no batch function, the targets go in after the inputs."""
+    make = pool_maker(task, batch_fn, config.batches, config.seed)
+    sample = sample_batch(task, batch_fn, config.batches, 2, config.seed)
+    if not config.loss_output or batch_fn is not None:
+        return make, sample
+    return (lambda batch, group: targets_in_inputs(make(batch, group))), targets_in_inputs(sample)
+
+
+def targets_in_inputs(batches: Batches) -> Batches:
+    """Batches whose inputs carry the targets after them, for a model that computes its own loss
+    (``model(x, y)``): the inputs become the pair (inputs, targets)."""
+    return Batches(x=(batches.x, batches.y), y=batches.y)
+
+
+def check_scores(workload: str, out: Any, scores: tuple[int, ...], targets: tuple[int, ...]) -> None:
+    """SourceError unless the model's scores fit gpubench's cross-entropy against the targets:
+    (batch, classes) for (batch,), or (batch, time, vocabulary) for (batch, time)."""
+    if len(scores) == len(targets) + 1 and tuple(scores[:-1]) == tuple(targets):
+        return
+    raise SourceError(f"workload {workload!r}: the model's scores {list(scores)} do not fit the targets "
+                      f"{list(targets)} (cross_entropy takes (batch, classes) for (batch,), or (batch, time, "
+                      f"vocabulary) for (batch, time)); it returned {describe(out)}; use {CHOICES}")
+
+
+def check_first_batch(config: Config, task: SyntheticTask | None, out: Any,
+                      loss: tuple[tuple[int, ...], float] | None, scores: tuple[int, ...] | None,
+                      targets: tuple[int, ...] | None) -> None:
+    """SourceError, the pre-run check's one line, unless what a model gave on its first batch of
+    2 can train: its loss (a user's or ``loss_output``'s: (shape, first value)) one finite
+    number; else its scores (their shape; None: ``out`` holds none) fit the targets (their shape;
+    None: a structure only the user's loss reads) and the task's classes or vocabulary."""
+    if loss is not None:
+        check_loss(config, *loss)
+        return
+    if scores is None:
+        raise SourceError(f"workload {config.workload!r}: the model returned {describe(out)}, which holds no "
+                          f"scores; use {CHOICES}")
+    if targets is None:
+        return
+    check_scores(config.workload, out, scores, targets)
+    if task is not None and scores[-1] != task.num_classes:
+        per = "position" if task.kind == "tokens" else "sample"
+        raise SourceError(f"workload {config.workload!r}: the model gives {scores[-1]} scores per {per}; "
+                          f"num_classes = {task.num_classes}")
+
+
+def check_loss(config: Config, shape: tuple[int, ...], value: float) -> None:
+    """SourceError unless the loss of one batch (a user's ``loss`` or ``loss_output``'s) is one
+    finite number."""
+    what = (f"workload {config.workload!r}: "
+            + (f"loss_output = {config.loss_output!r}" if config.loss_output else f"loss {config.loss!r}"))
+    if math.prod(shape) != 1:
+        raise SourceError(f"{what}: gave an array of shape {list(shape)} for a batch of 2; a loss is one number (a "
+                          "scalar: take the mean over the batch)")
+    if not math.isfinite(value):
+        raise SourceError(f"{what}: gave {value} for a batch of 2 at the initial weights; a loss must be finite")
+
+
+def token_task(config: Config, shape: tuple[int, ...], vocab: int | None, first: str,
+               scores: tuple[int, ...] | None, notes: list[str]) -> SyntheticTask | None:
+    """The task of token ids a factory's model of input ``shape`` trains on, or None (features):
+    where ``input_kind`` says tokens, or (``auto``) where the model's first layer is an embedding
+    (``first``, of ``vocab`` rows; None: no embedding), said in ``notes``. ``scores``: the shape
+    of the model's scores on 2 sequences of token ids (None: it gave none). Scores per position
+    make the next-token task over a vocabulary of ``num_classes`` (else the embedding's rows and
+    the scores', the fewer); scores per sequence a class per sequence (``num_classes``, else the
+    scores')."""
+    if config.input_kind == "features" or (config.input_kind == "auto" and vocab is None):
+        return None
+    if len(shape) != 1:
+        if config.input_kind == "auto":
+            return None
+        raise SourceError(f"workload {config.workload!r}: input_kind = tokens takes input_shape = [T], a "
+                          f"sequence's length; got {list(shape)}")
+    if scores is not None and len(scores) == 2:
+        classes = config.num_classes or scores[-1]
+        if not vocab:
+            raise SourceError(f"workload {config.workload!r}: input_kind = tokens: the model gives a class per "
+                              "sequence, and its vocabulary is unknown (its first layer is no embedding); name a "
+                              'batch function (batches = "module:function")')
+        task = SyntheticTask(shape, classes, kind="sequences", vocab=vocab)
+        what = f"a class of {classes} per sequence of {shape[0]} tokens over a vocabulary of {vocab}"
+    else:
+        known = [n for n in (vocab, scores[-1] if scores else None) if n]
+        size = config.num_classes or (min(known) if known else 0)
+        if not size:
+            raise SourceError(f"workload {config.workload!r}: input_kind = tokens: set num_classes (the vocabulary)")
+        task = SyntheticTask(shape, size, kind="tokens")
+        what = f"next-token prediction over sequences of {shape[0]} tokens of a vocabulary of {size}"
+    if config.input_kind == "auto":
+        notes.append(f"input_kind = auto: the model's first layer is an embedding ({first}), so it trains on "
+                     f"integer token ids: {what}; input_kind = \"features\" gives it float arrays")
+    return task
+
+
+def input_problem(config: Config, task: SyntheticTask | None, error: BaseException) -> SourceError:
+    """The one line for a model that fails on its first batch."""
+    text = str(error).splitlines()[0] if str(error) else ""
+    if task is None:
+        what = f"the batches of {config.batches!r}"
+    elif task.kind == "tokens":
+        what = f"integer token batches of shape [2, {task.input_shape[0]}] (input_kind = tokens)"
+    else:
+        what = f"input_shape {list(task.input_shape)} (batch first)"
+    hint = ('; a model of token ids takes input_kind = "tokens"' if task is not None and task.kind != "tokens"
+            and len(task.input_shape) == 1 and config.input_kind != "features" else "")
+    return SourceError(f"workload {config.workload!r}: the model does not take {what}: {type(error).__name__}: "
+                       f"{text}{hint}")
+
+
+__all__ = ["CHOICES", "MODEL_SETTINGS", "ZOOS", "ModelRef", "SourceError", "Zoo", "check_arguments",
+           "check_first_batch", "check_loss", "check_scores", "code_origin", "config_loss", "describe",
+           "import_function", "input_problem", "is_function_ref", "model_key", "nearest", "output_field",
+           "output_loss", "own_batches", "parse_workload", "targets_in_inputs", "token_task"]
+
+
+# the settings that reach a model that is not a built-in (how it is built, what it is fed, its loss),
+# not the batch, precision or device: its pre-run check is made once for them, its FLOPs counted once
+MODEL_SETTINGS = ("workload", "framework", "workload_params", "input_shape", "num_classes", "input_kind", "batches",
+                  "loss", "loss_output", "seed")
+
+
+def model_key(config: Config) -> Config:
+    """The config with only its ``MODEL_SETTINGS`` (the others at their defaults)."""
+    return Config(**{name: getattr(config, name) for name in MODEL_SETTINGS})
 
 
 def counted_once(directory: Path | None, config: Config, facts: dict[str, Any], framework_version: str,
@@ -199,10 +392,9 @@ def counted_once(directory: Path | None, config: Config, facts: dict[str, Any], 
     on the host), which every repeat of every config paid again."""
     if directory is None:
         return count()
-    key = {"workload": config.workload, "framework": config.framework, "params": config.workload_params,
-           "input_shape": config.input_shape, "num_classes": config.num_classes, "batches": config.batches,
-           "loss": config.loss, "seed": config.seed, "file_sha1": (facts.get("origin") or {}).get("file_sha1"),
-           "zoo_version": facts.get("version"), "framework_version": framework_version}
+    key = {**{name: getattr(config, name) for name in MODEL_SETTINGS},
+           "file_sha1": (facts.get("origin") or {}).get("file_sha1"), "zoo_version": facts.get("version"),
+           "framework_version": framework_version}
     digest = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
     path = directory / f"flops-{digest}.json"
     try:

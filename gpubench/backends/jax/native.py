@@ -22,14 +22,21 @@ from gpubench.backends.base import NativeModel, Unsupported
 from gpubench.backends.jax.model import JaxModel, Policy, cross_entropy, logits_of, spec_model
 from gpubench.config import Config
 from gpubench.workloads import WORKLOADS, get_workload
-from gpubench.workloads.data import SyntheticTask, make_batches, pool_maker, sample_batch, tree_map
+from gpubench.workloads.data import SyntheticTask, make_batches, tree_map
 from gpubench.workloads.source import (
+    CHOICES,
     SourceError,
     check_arguments,
+    check_first_batch,
     code_origin,
+    config_loss,
     counted_once,
+    describe,
     import_function,
+    input_problem,
+    own_batches,
     parse_workload,
+    token_task,
 )
 
 FLOP_COUNT_BATCH = 2
@@ -94,38 +101,86 @@ def native_model(config: Config, counts: Path | None = None) -> NativeModel:
     if not isinstance(module, nn.Module):
         raise SourceError(f"workload {config.workload!r}: the factory returned {type(module).__name__}, not a "
                           "flax.linen.Module (framework = jax)")
-    loss = import_function(config.loss, "loss") if config.loss != "cross_entropy" else None
+    loss = config_loss(config)
     batch_fn = import_function(config.batches, "batches") if config.batches else None
-    task = None
+    task: SyntheticTask | None = None
+    notes: list[str] = []
     if batch_fn is None:
         if not config.input_shape:
             raise SourceError(f"workload {config.workload!r}: a Flax module declares no input; give input_shape "
                               "(one sample, in the module's own layout: [32, 32, 3] for an NHWC image model)")
-        task = SyntheticTask(tuple(config.input_shape), config.num_classes or 0)
+        # a module declares no layers before it is initialised: tokens only where the suite says
+        task = (_token_task(module, config, notes) if config.input_kind == "tokens" else None) or SyntheticTask(
+            tuple(config.input_shape), config.num_classes or 0)
     facts: dict[str, Any] = {"source": "factory", "identical": False, "origin": code_origin(fn)}
-    probe_x = sample_batch(task if task is None or task.num_classes else SyntheticTask(task.input_shape, 2),
-                           batch_fn, config.batches, FLOP_COUNT_BATCH, config.seed)
-    x, y = probe_x.sample(FLOP_COUNT_BATCH)
+    # the classes unknown: initialised on a task of 2, then read from the module's output
+    first = task if task is None or task.num_classes else SyntheticTask(task.input_shape, 2)
+    make, sample = own_batches(first, batch_fn, config)
+    x, y = sample.sample(FLOP_COUNT_BATCH)
     try:
         model = flax_model(module, x, config.seed)
         out, _ = model.apply(model.params, model.state, tree_map(jnp.asarray, x), False, None, None, False)
     except Exception as e:  # noqa: BLE001 - the user's module and the data do not fit: say so in one line
-        raise SourceError(f"workload {config.workload!r}: the module does not take input_shape "
-                          f"{list(config.input_shape)} (batch first): {type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''}") from None
+        raise input_problem(config, first, e) from None
     facts["params"] = int(sum(np.prod(a.shape) for a in jax.tree_util.tree_leaves(model.params)))
     if task is not None:
-        classes = int(np.shape(out if loss is not None else logits_of(out))[-1])
-        if config.num_classes and classes != config.num_classes and loss is None:
-            raise SourceError(f"workload {config.workload!r}: the model gives {classes} outputs per sample; "
-                              f"num_classes = {config.num_classes}")
-        task = SyntheticTask(task.input_shape, config.num_classes or classes)
+        if not task.num_classes:
+            try:
+                task = SyntheticTask(task.input_shape, int(np.shape(logits_of(out))[-1]), task.kind)
+            except TypeError:
+                raise SourceError(f"workload {config.workload!r}: the module returned {describe(out)}, which holds "
+                                  f"no scores; set num_classes, or use {CHOICES}") from None
+            make, sample = own_batches(task, None, config)
+            x, y = sample.sample(FLOP_COUNT_BATCH)
         facts.update(input_shape=list(task.input_shape), num_classes=task.num_classes, task=task.kind)
-        x, y = sample_batch(task, None, "", FLOP_COUNT_BATCH, config.seed).sample(FLOP_COUNT_BATCH)
+    _check_first_batch(model, x, y, loss, config, task)
+    if notes:
+        facts["notes"] = notes
     facts.update(counted_once(counts, config, facts, jax.__version__, lambda: train_flops(model, x, y, loss)))
     # a fresh initialisation per build, not the probe's arrays: the trainer donates its parameters
-    return NativeModel(build=lambda: flax_model(module, x, config.seed),
-                       make_batches=pool_maker(task, batch_fn, config.batches, config.seed), facts=facts, loss=loss)
+    return NativeModel(build=lambda: flax_model(module, x, config.seed), make_batches=make, facts=facts, loss=loss)
+
+
+def _token_task(module: Any, config: Config, notes: list[str]) -> SyntheticTask | None:
+    """``input_kind = "tokens"``: the module initialised on 2 sequences of token ids, its scores'
+    shape and its first embedding's rows (an ``nn.Embed``'s ``embedding``) decide the task."""
+    shape = tuple(config.input_shape)
+    scores, vocab = None, None
+    if len(shape) == 1:
+        try:
+            model = flax_model(module, np.zeros((FLOP_COUNT_BATCH, *shape), np.int32), config.seed)
+            out, _ = model.apply(model.params, model.state, jnp.zeros((FLOP_COUNT_BATCH, *shape), jnp.int32), False,
+                                 None, None, False)
+            scores = tuple(np.shape(logits_of(out)))
+            tables = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(model.params)
+                      if getattr(path[-1], "key", None) == "embedding"]
+            vocab = int(tables[0].shape[0]) if tables else None
+        except Exception:  # noqa: BLE001 - it takes no token ids; the first batch's check says so
+            pass
+    return token_task(config, shape, vocab, "nn.Embed", scores, notes)
+
+
+def _check_first_batch(model: JaxModel, x: Any, y: Any, loss: Any, config: Config, task: SyntheticTask | None) -> None:
+    """The module on a batch of 2 of what it trains on, before any config trains: it takes the
+    inputs, and its scores fit the targets (cross-entropy) or its loss is one finite number;
+    else SourceError, the pre-run check's one line."""
+    try:
+        out, _ = model.apply(model.params, model.state, tree_map(jnp.asarray, x), False, None, None, False)
+        value = loss(out, tree_map(jnp.asarray, y)) if loss is not None else None
+    except SourceError as e:  # loss_output names nothing the model returned
+        raise SourceError(f"workload {config.workload!r}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the module rejects the input, or the loss its output: say which
+        raise input_problem(config, task, e) from None
+    loss_value = None
+    if value is not None:
+        array = np.asarray(value)
+        loss_value = (tuple(array.shape), float(array.reshape(-1)[0]) if array.size else 0.0)
+    try:
+        scores: tuple[int, ...] | None = tuple(np.shape(logits_of(out)))
+    except TypeError:
+        scores = None
+    check_first_batch(config, task, out, loss_value, scores,
+                      None if isinstance(y, (tuple, list, dict)) else tuple(np.shape(y)))
 
 
 def train_flops(model: JaxModel, x: Any, y: Any, loss: Any) -> dict[str, Any]:

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpubench.backends.base import NativeModel
 from gpubench.config import Config
@@ -31,20 +32,25 @@ from gpubench.workloads.data import (
     Tree,
     make_batches,
     one_batch,
-    pool_maker,
-    sample_batch,
     tree_leaves,
     tree_map,
 )
 from gpubench.workloads.source import (
+    CHOICES,
     ModelRef,
     SourceError,
     check_arguments,
+    check_first_batch,
     code_origin,
+    config_loss,
     counted_once,
+    describe,
     import_function,
+    input_problem,
     nearest,
+    own_batches,
     parse_workload,
+    token_task,
 )
 
 FLOP_COUNT_BATCH = 2
@@ -95,27 +101,30 @@ def native_model(config: Config, counts: Path | None = None) -> NativeModel:
         return _builtin(get_workload(config.workload).spec(**dict(config.workload_params)), config)
     stubbed = torchvision_without_its_operators()  # before the factory's or zoo's imports, which may import it
     build, task, facts = _source(ref, config)
-    if stubbed:
-        facts["notes"] = [stubbed]
-    loss = import_function(config.loss, "loss") if config.loss != "cross_entropy" else None
+    notes: list[str] = []
+    loss = config_loss(config)
     batch_fn = import_function(config.batches, "batches") if config.batches else None
     probe = build()
     if not isinstance(probe, nn.Module):
         raise SourceError(f"workload {config.workload!r}: the factory returned {type(probe).__name__}, not a "
                           "torch.nn.Module (framework = torch)")
     facts["params"] = sum(p.numel() for p in probe.parameters())
+    if stubbed and "torchvision" in sys.modules:  # the model (or its zoo) imported torchvision: say how it ran
+        notes.append(stubbed)
     if batch_fn is None:
-        task = _with_classes(task, probe, config)
+        task = _task(task, probe, config, notes, ref.kind == "factory")
         facts["input_shape"], facts["num_classes"] = list(task.input_shape), task.num_classes
         facts["task"] = task.kind
-    sample = sample_batch(task, batch_fn, config.batches, FLOP_COUNT_BATCH, config.seed)
+    make, sample = own_batches(task, batch_fn, config)
+    _check_first_batch(probe, sample, loss, config, task if batch_fn is None else None)
+    if notes:
+        facts["notes"] = notes
     if _rank() == 0:  # the result's facts are rank 0's: the other ranks of a ddp:N config skip the count
         facts.update(counted_once(counts, config, facts, torch.__version__,
                                   partial(count_train_flops, probe, sample, loss or cross_entropy)))
     sequential = isinstance(probe, nn.Sequential)
     del probe
-    return NativeModel(build=build, make_batches=pool_maker(task, batch_fn, config.batches, config.seed), facts=facts,
-                       loss=loss, sequential=sequential)
+    return NativeModel(build=build, make_batches=make, facts=facts, loss=loss, sequential=sequential)
 
 
 _STUBS: list[Any] = []  # the Library holding the stand-in schemas: deleting it would undefine them
@@ -277,33 +286,87 @@ def _hf(ref: ModelRef, config: Config, kwargs: dict[str, Any], facts: dict[str, 
                       f"modelling head or an image classification head; {ref.name} has none of them")
 
 
-def _with_classes(task: SyntheticTask | None, model: nn.Module, config: Config) -> SyntheticTask:
-    """The task with its classes: the suite's, else the size of the model's last output
-    dimension; either way the model is run forward on two samples, so that an input it does
-    not take, or outputs that are not the task's classes, are refused before any config runs."""
+def _first_layer(model: nn.Module) -> nn.Module | None:
+    """The model's first module without children, in the order its modules were registered."""
+    return next((m for m in model.modules() if next(m.children(), None) is None), None)
+
+
+def _task(task: SyntheticTask | None, model: nn.Module, config: Config, notes: list[str],
+          factory: bool) -> SyntheticTask:
+    """The synthetic task a model trains on without a batch function: a factory's token task
+    (``token_task``), else its classes: the suite's, else the size of the model's last output
+    dimension, read from a forward pass on two samples of zeros."""
+    if factory and task is not None:
+        first = _first_layer(model)
+        vocab = first.num_embeddings if isinstance(first, (nn.Embedding, nn.EmbeddingBag)) else None
+        on_tokens = _scores_on_tokens(model, task.input_shape) if config.input_kind != "features" and (
+            vocab or config.input_kind == "tokens") else None
+        tokens = token_task(config, tuple(task.input_shape), vocab, repr(first), on_tokens, notes)
+        if tokens is not None:
+            return tokens
     assert task is not None  # no batch function: the task is known
-    x = (torch.from_numpy(one_batch(task, FLOP_COUNT_BATCH, config.seed).x[0]) if task.num_classes
-         else torch.from_numpy(np.zeros((FLOP_COUNT_BATCH, *task.input_shape), np.float32)))
+    if task.num_classes:
+        return task
+    zeros = torch.zeros((FLOP_COUNT_BATCH, *task.input_shape))
     model.eval()
     try:
         with torch.no_grad(), torch.random.fork_rng():
-            out = logits_of(call_model(model, x))
+            out = call_model(model, zeros)
     except Exception as e:  # noqa: BLE001 - the model rejects the input: say which shape
-        text = str(e).splitlines()[0] if str(e) else ""
-        raise SourceError(f"workload {config.workload!r}: the model does not take input_shape "
-                          f"{list(task.input_shape)} (batch first): {type(e).__name__}: {text}") from None
+        raise input_problem(config, task, e) from None
     finally:
         model.train()
-    want = 3 if task.kind == "tokens" else 2
-    if out.dim() != want:
-        what = "(batch, time, vocabulary)" if task.kind == "tokens" else "(batch, classes)"
-        raise SourceError(f"workload {config.workload!r}: output of shape {list(out.shape)} for a batch of "
-                          f"{FLOP_COUNT_BATCH}; the synthetic task needs {what}: set num_classes, or name a batch "
-                          "function and a loss")
-    if task.num_classes and int(out.shape[-1]) != task.num_classes:
-        raise SourceError(f"workload {config.workload!r}: the model gives {int(out.shape[-1])} outputs per sample; "
-                          f"num_classes = {task.num_classes}")
-    return SyntheticTask(task.input_shape, task.num_classes or int(out.shape[-1]), task.kind)
+    try:
+        scores = logits_of(out)
+    except TypeError:
+        raise SourceError(f"workload {config.workload!r}: the model returned {describe(out)}, which holds no "
+                          f"scores; set num_classes, or use {CHOICES}") from None
+    return SyntheticTask(task.input_shape, int(scores.shape[-1]), task.kind)
+
+
+def _scores_on_tokens(model: nn.Module, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The shape of the model's scores on 2 sequences of token ids (zeros), or None where it
+    takes no such input or gives no scores."""
+    if len(shape) != 1:
+        return None
+    model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng():
+            return tuple(logits_of(call_model(model, torch.zeros((FLOP_COUNT_BATCH, *shape), dtype=torch.long))).shape)
+    except Exception:  # noqa: BLE001 - not a token model; the first batch's check says what it takes
+        return None
+    finally:
+        model.train()
+
+
+def _check_first_batch(model: nn.Module, sample: Batches, loss: Callable[[Any, Any], Any] | None, config: Config,
+                       task: SyntheticTask | None) -> None:
+    """The model on a batch of 2 of what it trains on, before any config trains: it takes the
+    inputs, and its scores fit the targets (gpubench's cross-entropy) or its loss is one finite
+    number (``loss``, ``loss_output``); else SourceError, the pre-run check's one line."""
+    x, y = sample.sample(FLOP_COUNT_BATCH)
+    x, y = tree_map(torch.from_numpy, x), tree_map(torch.from_numpy, y)
+    model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng():
+            out = call_model(model, x)
+            if loss is not None:
+                value = loss(out, y)
+    except SourceError as e:  # loss_output names nothing the model returned
+        raise SourceError(f"workload {config.workload!r}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the model rejects the input, or the loss its output: say which
+        raise input_problem(config, task, e) from None
+    finally:
+        model.train()
+    loss_value = None
+    if loss is not None:
+        value = torch.as_tensor(value).detach().float()
+        loss_value = (tuple(value.shape), float(value.reshape(-1)[0]) if value.numel() else 0.0)
+    try:
+        scores: tuple[int, ...] | None = tuple(logits_of(out).shape)
+    except TypeError:
+        scores = None
+    check_first_batch(config, task, out, loss_value, scores, tuple(y.shape) if isinstance(y, torch.Tensor) else None)
 
 
 def _conv_backward_flops(grad_out_shape: Any, x_shape: Any, w_shape: Any, _bias: Any, _stride: Any, _padding: Any,
@@ -323,6 +386,7 @@ def count_train_flops(model: nn.Module, sample: Batches, loss_fn: Callable[[Any,
     """``flops_per_sample`` of one training step (forward, loss, backward; not the optimizer)
     counted by FlopCounterMode at batch 2, halved; or ``flops_per_sample`` None and why. The
     model's buffers (batch norm statistics) and gradients are put back as they were."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
     x, y = sample.sample(FLOP_COUNT_BATCH)
@@ -330,8 +394,11 @@ def count_train_flops(model: nn.Module, sample: Batches, loss_fn: Callable[[Any,
     n = int(tree_leaves(x)[0].shape[0])
     saved = [b.detach().clone() for b in model.buffers()]
     counter = FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: _conv_backward_flops})
+    seen = _OpsSeen()
     try:
-        with torch.random.fork_rng(), counter:
+        # attention by its math kernel, two matrix products the counter counts: the fused kernels'
+        # count would depend on which one runs (the CPU's flash kernel has no formula in the counter)
+        with torch.random.fork_rng(), sdpa_kernel(SDPBackend.MATH), counter, seen:
             loss = loss_fn(call_model(model, x), y)
             loss.backward()
     except Exception as e:  # noqa: BLE001 - the count is a measurement aid; the training will say more
@@ -349,20 +416,44 @@ def count_train_flops(model: nn.Module, sample: Batches, loss_fn: Callable[[Any,
     fwd = _forward_flops(model, x)
     out: dict[str, Any] = {"flops_per_sample": total // n if total % n == 0 else math.ceil(total / n),
                            "flops_counted_by": "torch.utils.flop_counter.FlopCounterMode over one training step "
-                                               f"(forward, loss, backward) at batch {n}, divided by {n}; convolution "
-                                               "backward counted with its groups"}
+                                               f"(forward, loss, backward) at batch {n}, divided by {n}; attention "
+                                               "by its math kernel; convolution backward counted with its groups"}
+    uncounted = sorted(str(op) for op in seen.ops - set(counter.flop_registry) if _HEAVY.search(str(op)))
+    if uncounted:  # a count without them would make MFU silently low: none, and why
+        return {"flops_per_sample": None, "flops_uncounted": uncounted,
+                "flops_partial_per_sample": out["flops_per_sample"],
+                "flops_note": f"no count: FlopCounterMode has no formula for {', '.join(uncounted)} (their FLOPs "
+                              "would be left out, and MFU low)"}
     if fwd is not None:
         out["forward_flops_per_sample"] = fwd // n
     return out
 
 
+# operators that do a model's matrix work (matrix products, convolutions, attention, recurrent
+# layers): one the counter has no formula for makes the count partial
+_HEAVY = re.compile(r"mm|conv|attention|transformer|matmul|einsum|linear|rnn|lstm|gru", re.I)
+
+
+class _OpsSeen(TorchDispatchMode):
+    """The operators a block of code ran (their overload packets)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[Any] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops.add(func._overloadpacket)
+        return func(*args, **(kwargs or {}))
+
+
 def _forward_flops(model: nn.Module, x: Tree) -> int | None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
     saved = [b.detach().clone() for b in model.buffers()]
     try:
-        with torch.no_grad(), torch.random.fork_rng(), counter:
+        with torch.no_grad(), torch.random.fork_rng(), sdpa_kernel(SDPBackend.MATH), counter:
             call_model(model, x)
     except Exception:  # noqa: BLE001 - the training count stands without it
         return None

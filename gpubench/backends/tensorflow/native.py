@@ -26,16 +26,23 @@ from gpubench.backends.base import NativeModel
 from gpubench.config import Config
 from gpubench.workloads import WORKLOADS, get_workload
 from gpubench.workloads.base import WorkloadSpec
-from gpubench.workloads.data import SyntheticTask, make_batches, pool_maker, sample_batch
+from gpubench.workloads.data import SyntheticTask, make_batches
 from gpubench.workloads.source import (
+    CHOICES,
     ModelRef,
     SourceError,
     check_arguments,
+    check_first_batch,
     code_origin,
+    config_loss,
     counted_once,
+    describe,
     import_function,
+    input_problem,
     nearest,
+    own_batches,
     parse_workload,
+    token_task,
 )
 
 POLICIES = {"amp-fp16": "mixed_float16", "amp-bf16": "mixed_bfloat16"}
@@ -73,19 +80,22 @@ def native_model(config: Config, counts: Path | None = None) -> NativeModel:
     if ref.kind == "builtin":
         return _builtin(get_workload(config.workload).spec(**dict(config.workload_params)), config)
     make, facts = _source(ref, config)
-    user_loss = import_function(config.loss, "loss") if config.loss != "cross_entropy" else None
+    user_loss = config_loss(config)
     batch_fn = import_function(config.batches, "batches") if config.batches else None
     probe = _built(make, None, config.seed)
     if not isinstance(probe, keras.Model):
         raise SourceError(f"workload {config.workload!r}: the factory returned {type(probe).__name__}, not a "
                           "keras.Model (framework = tensorflow)")
+    notes: list[str] = []
     task = None
     if batch_fn is None:
-        task = _task(probe, config)
+        task = _task(probe, config, notes, ref.kind == "factory")
         facts.update(input_shape=list(task.input_shape), num_classes=task.num_classes, task=task.kind)
-    x, y = sample_batch(task, batch_fn, config.batches, FLOP_COUNT_BATCH, config.seed).sample(FLOP_COUNT_BATCH)
-    if not probe.built:  # a model that declares no input builds its weights on its first call
-        probe(x, training=False)
+    make_batches, sample = own_batches(task, batch_fn, config)
+    x, y = sample.sample(FLOP_COUNT_BATCH)
+    _check_first_batch(probe, x, y, user_loss, config, task)  # (a model that declares no input is built by it)
+    if notes:
+        facts["notes"] = notes
     # trainable parameters, as PyTorch and the specs count them (not batch norm's moving statistics)
     facts["params"] = int(sum(np.prod(v.shape) for v in probe.trainable_variables))
     loss = _keras_order(user_loss) if user_loss is not None else builtin_loss()
@@ -93,9 +103,30 @@ def native_model(config: Config, counts: Path | None = None) -> NativeModel:
     del probe
     keras.backend.clear_session()
     policy = POLICIES.get(config.precision)
-    return NativeModel(build=lambda: _built(make, policy, config.seed),
-                       make_batches=pool_maker(task, batch_fn, config.batches, config.seed), facts=facts,
+    return NativeModel(build=lambda: _built(make, policy, config.seed), make_batches=make_batches, facts=facts,
                        loss=_keras_order(user_loss) if user_loss is not None else None)
+
+
+def _check_first_batch(model: Any, x: Any, y: Any, loss: Callable[[Any, Any], Any] | None, config: Config,
+                       task: SyntheticTask | None) -> None:
+    """The model on a batch of 2 of what it trains on, before any config trains: it takes the
+    inputs, and its output fits the targets (Keras' sparse cross-entropy) or its loss is one
+    finite number; else SourceError, the pre-run check's one line."""
+    try:
+        out = model(x, training=False)
+        value = loss(out, y) if loss is not None else None
+    except SourceError as e:  # loss_output names nothing the model returned
+        raise SourceError(f"workload {config.workload!r}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the model rejects the input, or the loss its output: say which
+        raise input_problem(config, task, e) from None
+    loss_value = None
+    if value is not None:
+        array = np.asarray(value)
+        loss_value = (tuple(array.shape), float(array.reshape(-1)[0]) if array.size else 0.0)
+    shape = getattr(out, "shape", None)
+    scores = tuple(int(d) for d in shape) if shape is not None else None
+    check_first_batch(config, task, out, loss_value, scores,
+                      None if isinstance(y, (tuple, list, dict)) else tuple(np.shape(y)))
 
 
 def _train_flops(model: Any, x: Any, y: Any, loss: Any) -> dict[str, Any]:
@@ -144,9 +175,10 @@ def _source(ref: ModelRef, config: Config) -> tuple[Callable[[], Any], dict[str,
                                  "version": keras.__version__}
 
 
-def _task(model: Any, config: Config) -> SyntheticTask:
-    """The synthetic task: one sample's shape (the suite's, else the model's declared input) and
-    the classes (the suite's, else the model's last output dimension)."""
+def _task(model: Any, config: Config, notes: list[str], factory: bool) -> SyntheticTask:
+    """The synthetic task: one sample's shape (the suite's, else the model's declared input); a
+    factory's token task (``token_task``: an embedding as its first layer); else the classes (the
+    suite's, else the model's last output dimension, from a forward pass on zeros)."""
     shape = tuple(config.input_shape)
     if not shape:
         declared = getattr(model, "input_shape", None) if model.built else None
@@ -154,20 +186,31 @@ def _task(model: Any, config: Config) -> SyntheticTask:
             raise SourceError(f"workload {config.workload!r}: the model declares no fixed input shape; set "
                               "input_shape (one sample, channels last, e.g. [32, 32, 3])")
         shape = tuple(int(d) for d in declared[1:])
-    classes = config.num_classes
+    if factory:
+        first = next((layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)), None)
+        vocab = int(first.input_dim) if isinstance(first, keras.layers.Embedding) else None
+        name = f"{type(first).__name__}({vocab}, {first.output_dim})" if vocab and first is not None else ""
+        scores = None
+        if len(shape) == 1 and config.input_kind != "features" and (vocab or config.input_kind == "tokens"):
+            try:
+                scores = tuple(int(d) for d in model(np.zeros((FLOP_COUNT_BATCH, *shape), np.int32),
+                                                     training=False).shape)
+            except Exception:  # noqa: BLE001 - not a token model; the first batch's check says what it takes
+                scores = None
+        tokens = token_task(config, shape, vocab, name, scores, notes)
+        if tokens is not None:
+            return tokens
+    task = SyntheticTask(shape, config.num_classes)
+    if config.num_classes:
+        return task
     try:
         out = model(np.zeros((FLOP_COUNT_BATCH, *shape), np.float32), training=False)
     except Exception as e:  # noqa: BLE001 - the model rejects the input: say which shape
-        raise SourceError(f"workload {config.workload!r}: the model does not take input_shape {list(shape)} "
-                          f"(batch first): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
-    if len(out.shape) != 2:
-        raise SourceError(f"workload {config.workload!r}: output of shape {list(out.shape)} for a batch of "
-                          f"{FLOP_COUNT_BATCH}; the synthetic task needs (batch, classes): name a batch function "
-                          "and a loss")
-    if classes and int(out.shape[1]) != classes:
-        raise SourceError(f"workload {config.workload!r}: the model gives {int(out.shape[1])} outputs per sample; "
-                          f"num_classes = {classes}")
-    return SyntheticTask(shape, classes or int(out.shape[1]))
+        raise input_problem(config, task, e) from None
+    if getattr(out, "shape", None) is None:
+        raise SourceError(f"workload {config.workload!r}: the model returned {describe(out)}, not one array of "
+                          f"scores; set num_classes, or use {CHOICES}")
+    return SyntheticTask(shape, int(out.shape[-1]))
 
 
 __all__ = ["POLICIES", "as_native", "builtin_loss", "native_model"]

@@ -1,0 +1,93 @@
+"""The acceptance corpus: small model definitions of the shapes users write (tests/corpus/), each
+written for these tests, each built and trained by its framework's backend as a worker does.
+
+- gpt.py: a GPT as nanoGPT writes one, ``(logits, loss)`` outputs, fused attention;
+- encoder.py: an encoder of a dict of inputs (token ids, an attention mask), a dict output;
+- twoinput.py: two inputs as a tuple, a dataclass output;
+- keras_text.py: a Keras subclassed model of token ids, a class per sequence;
+- flax_lm.py: a Flax language model with dropout.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, requires, result_lines, run_cli
+
+CORPUS = REPO / "tests" / "corpus"
+
+# (framework, settings, the task the model trains on, what its first training steps must show)
+MODELS = {
+    "gpt": ("torch", {"workload": "gpt:gpt", "input_shape": (64,), "loss_output": "1"}, "tokens"),
+    "encoder": ("torch", {"workload": "encoder:encoder", "batches": "encoder:encoder_batches"}, None),
+    "two_input": ("torch", {"workload": "twoinput:two_input", "batches": "twoinput:two_input_batches"}, None),
+    "keras_text": ("tensorflow", {"workload": "keras_text:text_classifier", "input_shape": (32,)}, "sequences"),
+    "flax_lm": ("jax", {"workload": "flax_lm:flax_lm", "input_shape": (32,), "input_kind": "tokens"}, "tokens"),
+}
+PACKAGES = {"torch": "torch", "tensorflow": "tensorflow", "jax": "flax"}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_each_corpus_model_builds_counts_and_trains(monkeypatch, name):
+    """Built as the worker builds it (its task told from the model, its FLOPs counted), then
+    three training steps: a finite loss, and the token models' tasks of token ids."""
+    from gpubench.backends import get_backend
+    from gpubench.config import Config
+
+    framework, settings, task = MODELS[name]
+    requires(PACKAGES[framework])
+    monkeypatch.syspath_prepend(str(CORPUS))
+    config = Config(framework=framework, batch_size=8, lr=1e-3, **settings)
+    backend = get_backend(framework)
+    assert backend.unsupported(config) is None
+    native = backend.native(config)
+    facts = native.facts
+    assert facts.get("task") == task and facts["params"] > 0
+    assert facts["flops_per_sample"] and facts["flops_per_sample"] > 0, facts.get("flops_note")
+    if task is not None:
+        assert facts["input_shape"] == list(settings["input_shape"])
+    if task == "sequences":  # Keras' embedding first, a class per sequence: said in the notes
+        assert facts["num_classes"] == 4 and "a class of 4 per sequence of 32 tokens over a vocabulary of 128" \
+            in facts["notes"][0]
+    pool = native.make_batches(8, 1)
+    trainer = backend.build(native, config, pool)
+    losses = []
+    for _ in range(3):
+        trainer.step()
+        losses.append(trainer.read_loss())
+    assert all(math.isfinite(v) for v in losses), losses
+    x = pool.x[0] if isinstance(pool.x, tuple) else pool.x
+    if task is not None:
+        assert isinstance(x, np.ndarray) and x.dtype.kind == "i"
+
+
+@pytest.mark.slow
+def test_the_language_model_example_of_the_docs_runs_as_documented(tmp_path):
+    """docs/own-model.md's language model: its suite, as written there, trains the corpus GPT on
+    tokens with its own loss (tokens/s, attention's FLOPs counted); without loss_output the
+    check before the run gives the page's line, exit 2, and makes no run."""
+    doc = (REPO / "docs" / "own-model.md").read_text()
+    suite = re.search(r"```toml\n# lm.toml\n(.*?)```", doc, re.S).group(1)
+    refused = re.search(r"Without `loss_output` the check.*?```text\n(.*?)\n```", doc, re.S).group(1)
+    shutil.copy(CORPUS / "gpt.py", tmp_path / "gpt.py")
+    (tmp_path / "lm.toml").write_text(suite)
+    fast = [a for kv in ("steps=3", "windows=2", "warmup_steps=1") for a in ("--set", kv)]
+    proc = run_cli(["run", "lm.toml", "--out", "runs", "--no-calibrate", "--no-report", *fast], cwd=tmp_path,
+                   timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    results = result_lines(run_dir)
+    assert [r["config"]["precision"] for r in results] == ["fp32", "amp-bf16"]
+    for r in results:
+        assert r["status"] == "ok" and r["model"]["task"] == "tokens" and r["model"]["flops_per_sample"] == 50331648
+    assert "tokens/s" in proc.stdout
+    (tmp_path / "lm.toml").write_text("".join(line for line in suite.splitlines(True) if "loss_output" not in line))
+    shutil.rmtree(tmp_path / "runs")
+    proc = run_cli(["run", "lm.toml", "--out", "runs", "--no-calibrate"], cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == refused, proc.stderr
+    assert not (tmp_path / "runs").exists()
