@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import signal
 import subprocess
 import sys
@@ -259,24 +260,29 @@ def test_payback_in_baseline_steps():
 # --- real small models (slow) ----------------------------------------------------------------
 
 @pytest.mark.slow
-def test_advise_on_a_users_own_model_measures_the_optimizer_implementations(tmp_path):
-    """The example project's model (a factory), the optimizer implementations measured against
-    it in real PyTorch workers, as advise measures any model (how each practice group is judged,
+def test_advise_on_a_users_language_model_measures_precision_and_the_optimizer(tmp_path):
+    """The acceptance corpus' GPT (a factory of token ids that computes its own loss:
+    tests/corpus/gpt.py), bf16 autocast and the optimizer implementations measured against it in
+    real PyTorch workers, as advise measures any model (how each practice group is judged,
     ranked and combined: the fake backend's tests above; channels-last's effect on a model:
     test_compile's)."""
     pytest.importorskip("torch")
-    example = REPO / "examples" / "own-model"
-    proc = run_cli(["advise", str(example / "suite.toml"), "--set", "precision=fp32", "--only", "optimizer",
-                    "--budget", "60", "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path, env=plain_env())
+    from tests.test_corpus import CORPUS, CORPUS_SUITE
+
+    shutil.copy(CORPUS / "gpt.py", tmp_path / "gpt.py")
+    (tmp_path / "corpus.toml").write_text(CORPUS_SUITE)
+    proc = run_cli(["advise", "corpus.toml", "--set", "workload=gpt:gpt", "--only", "precision", "--only",
+                    "optimizer", "--budget", "60", "--out", "runs", "--no-report"], cwd=tmp_path, env=plain_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
     rows = rows_by_name(advice_of(run_dir))
-    assert set(rows) == {"optimizer fused", "optimizer foreach"}
+    assert set(rows) == {"precision amp-bf16", "optimizer fused", "optimizer foreach"}
     for r in rows.values():
-        assert r["config_id"].startswith("mymodels.small_convnet") and min(r["repeats"]) >= 2 and r["speedup"] > 0
+        assert r["config_id"].startswith("gpt.gpt-torch-cpu") and min(r["repeats"]) >= 2 and r["speedup"] > 0
         assert r["verdict"] in ("improved", "unchanged", "inconclusive", "regressed")
-        # the same arithmetic as the baseline's optimizer, after the same steps
-        assert r["loss_ratio"] == pytest.approx(1.0, abs=0.01), r
+        # the same model learning as the baseline does after the same steps (bf16's rounding included)
+        assert r["loss_ratio"] == pytest.approx(1.0, abs=0.05), r
+    assert "does not apply: precision amp-fp16: unsupported" in proc.stdout
 
 
 def test_the_python_call_returns_the_ranked_table(tmp_path):

@@ -13,11 +13,13 @@ from __future__ import annotations
 import math
 import re
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, requires, result_lines, run_cli
+from tests.conftest import REPO, plugin_env, requires, result_lines, run_cli
 
 CORPUS = REPO / "tests" / "corpus"
 
@@ -91,3 +93,107 @@ def test_the_language_model_example_of_the_docs_runs_as_documented(tmp_path):
     proc = run_cli(["run", "lm.toml", "--out", "runs", "--no-calibrate"], cwd=tmp_path, timeout=300)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == refused, proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+# every corpus model in one suite: each command below takes them all in one invocation
+CORPUS_SUITE = """
+name = "corpus"
+[defaults]
+batch_size = 8
+warmup_steps = 1
+steps = 3
+windows = 2
+threads = 1
+[matrix]
+workload = ["gpt:gpt"]
+input_shape = [[64]]
+loss_output = ["1"]
+[[matrix.include]]
+workload = ["encoder:encoder"]
+batches = ["encoder:encoder_batches"]
+loss_output = [""]
+[[matrix.include]]
+workload = ["twoinput:two_input"]
+batches = ["twoinput:two_input_batches"]
+loss_output = [""]
+[[matrix.include]]
+workload = ["keras_text:text_classifier"]
+framework = ["tensorflow"]
+input_shape = [[32]]
+loss_output = [""]
+[[matrix.include]]
+workload = ["flax_lm:flax_lm"]
+framework = ["jax"]
+input_shape = [[32]]
+input_kind = ["tokens"]
+loss_output = [""]
+"""
+TOKEN_MODELS = {"gpt:gpt", "keras_text:text_classifier", "flax_lm:flax_lm"}
+
+
+@pytest.fixture
+def corpus_project(tmp_path):
+    """The corpus' model files and its suite, as a user's project."""
+    for path in CORPUS.glob("*.py"):
+        shutil.copy(path, tmp_path / path.name)
+    (tmp_path / "corpus.toml").write_text(CORPUS_SUITE)
+    return tmp_path
+
+
+@pytest.mark.slow
+def test_run_and_profile_take_every_corpus_model(corpus_project):
+    """``run``, then ``profile``, of the five models in real workers: each trains (a finite loss,
+    a FLOP count, tokens/s for the token models) and each profile has its operator table."""
+    requires("tensorflow", "flax")
+    proc = run_cli(["run", "corpus.toml", "--out", "runs", "--no-calibrate", "--no-report"], cwd=corpus_project,
+                   timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = (corpus_project / "runs").iterdir()
+    results = {r["config"]["workload"]: r for r in result_lines(run_dir)}
+    assert len(results) == 5
+    for workload, r in results.items():
+        assert r["status"] == "ok", (workload, r.get("reason"))
+        assert math.isfinite(r["metrics"]["loss"]["last"]) and r["model"]["flops_per_sample"] > 0, workload
+        assert (r["model"].get("task") in ("tokens", "sequences")) == (workload in TOKEN_MODELS), workload
+    assert results["gpt:gpt"]["model"]["flops_per_sample"] == 50331648  # attention counted (tests/test_own_model.py)
+    assert proc.stdout.count("tokens/s,") == 3  # the progress line of each token model
+    proc = run_cli(["profile", "corpus.toml", "--out", "profiles", "--steps", "2", "--no-report"], cwd=corpus_project,
+                   timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (profile_dir,) = (corpus_project / "profiles").iterdir()
+    profiled = result_lines(profile_dir)
+    assert sorted(r["config"]["workload"] for r in profiled) == sorted(results)
+    for r in profiled:
+        assert r["status"] == "ok" and r["profile"]["top_cpu"], (r["config_id"], r.get("reason"))
+        assert (profile_dir / "profile" / r["config_id"] / "top_ops.md").is_file()
+
+
+FIXTURE_TEST = """
+import math
+
+import pytest
+
+MODELS = [
+    dict(workload="gpt:gpt", input_shape=(64,), loss_output="1"),
+    dict(workload="encoder:encoder", batches="encoder:encoder_batches"),
+    dict(workload="twoinput:two_input", batches="twoinput:two_input_batches"),
+    dict(workload="keras_text:text_classifier", framework="tensorflow", input_shape=(32,)),
+    dict(workload="flax_lm:flax_lm", framework="jax", input_shape=(32,), input_kind="tokens"),
+]
+
+
+@pytest.mark.parametrize("settings", MODELS, ids=lambda s: s["workload"])
+def test_corpus(gpubench_benchmark, settings):
+    step = gpubench_benchmark(**settings, batch_size=8, threads=1, steps_per_round=2, rounds=3, warmup_rounds=1)
+    assert step.throughput > 0 and math.isfinite(step.loss()) and step.model["flops_per_sample"] > 0
+"""
+
+
+@pytest.mark.slow
+def test_the_pytest_fixture_times_every_corpus_model(corpus_project):
+    requires("tensorflow", "flax")
+    (corpus_project / "test_fixture.py").write_text(FIXTURE_TEST)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_fixture.py",
+                           "--rootdir", str(corpus_project)], cwd=corpus_project, env=plugin_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert "5 passed" in proc.stdout, proc.stdout + proc.stderr

@@ -149,6 +149,19 @@ def test_a_gpt_as_nanogpt_writes_it_trains_on_tokens_with_its_own_loss(monkeypat
     assert loss.shape == () and abs(float(loss) - np.log(256)) < 0.5  # about uniform at the start
 
 
+def test_attention_is_counted_whatever_kernel_computes_it(monkeypatch):
+    """The same GPT with fused attention (on the CPU, a flash kernel the counter has no formula
+    for) and with its two products written out: the same FLOPs, so an A/B of the two compares
+    TFLOP/s as it compares speed."""
+    from gpubench.backends.pytorch.native import native_model
+    from gpubench.config import Config
+
+    monkeypatch.syspath_prepend(str(CORPUS))
+    for attention in ("sdpa", "manual"):
+        native = native_model(Config(**GPT, loss_output="1", workload_params=(("attention", attention),)))
+        assert native.facts["flops_per_sample"] == 3 * _gpt_flops(), attention
+
+
 def torch_tensor(a):
     import torch
 
