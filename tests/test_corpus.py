@@ -30,6 +30,9 @@ MODELS = {
     "two_input": ("torch", {"workload": "twoinput:two_input", "batches": "twoinput:two_input_batches"}, None),
     "keras_text": ("tensorflow", {"workload": "keras_text:text_classifier", "input_shape": (32,)}, "sequences"),
     "flax_lm": ("jax", {"workload": "flax_lm:flax_lm", "input_shape": (32,), "input_kind": "tokens"}, "tokens"),
+    # the same module given the targets: the loss it computes (loss_output), in JAX
+    "flax_lm_own_loss": ("jax", {"workload": "flax_lm:flax_lm", "input_shape": (32,), "input_kind": "tokens",
+                                 "loss_output": "1"}, "tokens"),
 }
 PACKAGES = {"torch": "torch", "tensorflow": "tensorflow", "jax": "flax"}
 
@@ -141,9 +144,9 @@ def corpus_project(tmp_path):
 
 
 @pytest.mark.slow
-def test_run_and_profile_take_every_corpus_model(corpus_project):
-    """``run``, then ``profile``, of the five models in real workers: each trains (a finite loss,
-    a FLOP count, tokens/s for the token models) and each profile has its operator table."""
+def test_run_takes_every_corpus_model(corpus_project):
+    """``run`` of the five models in real workers: each trains (a finite loss, a FLOP count,
+    tokens/s for the token models)."""
     requires("tensorflow", "flax")
     proc = run_cli(["run", "corpus.toml", "--out", "runs", "--no-calibrate", "--no-report"], cwd=corpus_project,
                    timeout=900)
@@ -157,15 +160,23 @@ def test_run_and_profile_take_every_corpus_model(corpus_project):
         assert (r["model"].get("task") in ("tokens", "sequences")) == (workload in TOKEN_MODELS), workload
     assert results["gpt:gpt"]["model"]["flops_per_sample"] == 50331648  # attention counted (tests/test_own_model.py)
     assert proc.stdout.count("tokens/s,") == 3  # the progress line of each token model
+
+
+@pytest.mark.slow
+def test_profile_takes_every_corpus_model(corpus_project):
+    """``profile`` of the five models: each has its operator table, PyTorch's traces their steps."""
+    requires("tensorflow", "flax")
     proc = run_cli(["profile", "corpus.toml", "--out", "profiles", "--steps", "2", "--no-report"], cwd=corpus_project,
                    timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (profile_dir,) = (corpus_project / "profiles").iterdir()
     profiled = result_lines(profile_dir)
-    assert sorted(r["config"]["workload"] for r in profiled) == sorted(results)
+    assert len(profiled) == 5
     for r in profiled:
         assert r["status"] == "ok" and r["profile"]["top_cpu"], (r["config_id"], r.get("reason"))
         assert (profile_dir / "profile" / r["config_id"] / "top_ops.md").is_file()
+    traces = list(profile_dir.rglob("rank0.pt.trace.json"))  # PyTorch's three: their steps marked
+    assert len(traces) == 3 and all("ProfilerStep#" in t.read_text() for t in traces)
 
 
 FIXTURE_TEST = """
@@ -191,9 +202,23 @@ def test_corpus(gpubench_benchmark, settings):
 
 @pytest.mark.slow
 def test_the_pytest_fixture_times_every_corpus_model(corpus_project):
-    requires("tensorflow", "flax")
-    (corpus_project / "test_fixture.py").write_text(FIXTURE_TEST)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_fixture.py",
-                           "--rootdir", str(corpus_project)], cwd=corpus_project, env=plugin_env(),
-                          capture_output=True, text=True, timeout=600)
-    assert "5 passed" in proc.stdout, proc.stdout + proc.stderr
+    """The pytest fixture in one pytest process, as a user's test suite runs it: the corpus and the
+    example project's models (a batch function, a zoo's language model, Keras beside PyTorch),
+    and a misspelt factory that fails its test with one line."""
+    from tests.test_own_model import EXAMPLE
+    from tests.test_own_model import FIXTURE_TEST as EXAMPLE_FIXTURE_TEST
+
+    requires("tensorflow", "flax", "transformers")
+    shutil.copy(EXAMPLE / "mymodels.py", corpus_project / "mymodels.py")
+    (corpus_project / "test_corpus_fixture.py").write_text(FIXTURE_TEST)
+    (corpus_project / "test_example_fixture.py").write_text(EXAMPLE_FIXTURE_TEST)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+                           "test_corpus_fixture.py", "test_example_fixture.py", "--rootdir", str(corpus_project)],
+                          cwd=corpus_project, env=plugin_env(), capture_output=True, text=True, timeout=600)
+    assert "1 failed, 9 passed" in proc.stdout, proc.stdout + proc.stderr
+    assert "During handling" not in proc.stdout
+    assert "gpubench_benchmark: workload 'mymodels:nope': module mymodels has no 'nope'" in proc.stdout
+    counted = dict(re.findall(r"FLOPS (\S+) (\S+)", proc.stdout))
+    # the tagger's LSTM has no formula in PyTorch's counter: no count rather than a low one
+    assert counted["mymodels:tagger"] == "None", counted
+    assert int(counted["hf:gpt2"]) > 0 and int(counted["mymodels:keras_convnet"]) > 0, counted

@@ -207,6 +207,107 @@ def test_a_language_model_that_cannot_train_is_one_line(tmp_path, monkeypatch, s
     assert problem is not None and problem.startswith("workload 'gpt:gpt': ") and message in problem, problem
 
 
+ODD_MODELS = """
+import numpy as np
+import torch
+from torch import nn
+
+
+class Conditioned(nn.Module):  # an embedding made first, for a condition, and float features in
+    def __init__(self):
+        super().__init__()
+        self.cond = nn.Embedding(10, 16)
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc(x) + self.cond.weight[0, :4]
+
+
+class OwnLossClassifier(nn.Module):  # token ids in, a class per sequence, its loss from the targets
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(100, 32), nn.Linear(32, 4)
+
+    def forward(self, x, y):
+        logits = self.head(self.embed(x).mean(dim=1))
+        return logits, nn.functional.cross_entropy(logits, y)
+
+
+class Upsampler(nn.Module):  # a bilinear upsampling, which is no matrix work
+    def __init__(self):
+        super().__init__()
+        self.conv, self.head = nn.Conv2d(3, 4, 3, padding=1), nn.Linear(4 * 16 * 16, 5)
+
+    def forward(self, x):
+        up = nn.functional.interpolate(self.conv(x), scale_factor=2, mode="bilinear")
+        return self.head(nn.functional.avg_pool2d(up, 2).flatten(1))
+
+
+def conditioned():
+    return Conditioned()
+
+
+def own_loss_classifier():
+    return OwnLossClassifier()
+
+
+def upsampler():
+    return Upsampler()
+
+
+def soft_labels(batch_size):  # class probabilities as targets: torch's cross-entropy takes them
+    rng = np.random.default_rng(batch_size)
+    p = rng.random((batch_size, 10)).astype(np.float32)
+    return rng.standard_normal((batch_size, 16)).astype(np.float32), p / p.sum(axis=1, keepdims=True)
+
+
+def with_dict(batch_size):
+    return soft_labels(batch_size)[0], {"probs": soft_labels(batch_size)[1]}
+
+
+def linear():
+    return nn.Linear(16, 10)
+
+
+def pair_loss(outputs, targets):
+    return outputs.sum(), {"logs": 1}
+"""
+
+
+@pytest.mark.parametrize("settings, expected", [
+    # an embedding first that takes no token ids: features, as before input_kind
+    (dict(workload="odd:conditioned", input_shape=(16,), num_classes=4), ("classes", None)),
+    # a model of token ids whose forward wants the targets: probed with them, a class per sequence
+    (dict(workload="odd:own_loss_classifier", input_shape=(16,), num_classes=4, loss_output="1"),
+     ("sequences", None)),
+    # a batch function's targets the framework's loss takes (class probabilities) are not refused
+    (dict(workload="odd:linear", batches="odd:soft_labels"), (None, None)),
+    # bilinear upsampling leaves the count whole
+    (dict(workload="odd:upsampler", input_shape=(3, 16, 16), num_classes=5), ("classes", None)),
+    # a loss that gives a pair, not a number
+    (dict(workload="odd:linear", batches="odd:soft_labels", loss="odd:pair_loss"),
+     (None, "loss 'odd:pair_loss': gave tuple (Tensor [], dict {logs: int}); a loss is one number")),
+    # the framework's loss on targets it cannot take: what failed, and the choices
+    (dict(workload="odd:linear", batches="odd:with_dict"),
+     (None, "cross_entropy failed on the scores [2, 10] and the targets of the batch function")),
+])
+def test_models_of_other_shapes_meet_their_tasks(tmp_path, monkeypatch, settings, expected):
+    from gpubench.backends.pytorch.native import native_model
+    from gpubench.config import Config
+    from gpubench.workloads.source import SourceError
+
+    (tmp_path / "odd.py").write_text(ODD_MODELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "odd", raising=False)
+    task, message = expected
+    if message:
+        with pytest.raises(SourceError, match=re.escape(message)):
+            native_model(Config(**settings))
+        return
+    facts = native_model(Config(**settings)).facts
+    assert facts.get("task") == task and facts["flops_per_sample"] > 0, facts
+
+
 def test_tokens_for_a_model_that_takes_no_integers_is_one_line(monkeypatch):
     from gpubench.config import Config
     from gpubench.runner.models import check_here
@@ -554,6 +655,7 @@ def test_a_zoo_whose_package_is_missing_is_unavailable_with_its_pip_line(monkeyp
     assert pre_resolve(Config(workload="mymodels:net", input_shape=(3, 8, 8)), {}) is None  # a factory: imported
 
 
+# the example project's tests of the pytest fixture (run with the corpus': tests/test_corpus.py)
 FIXTURE_TEST = """
 import pytest
 
@@ -587,20 +689,6 @@ def test_bad(gpubench_benchmark):
 
 
 @pytest.mark.slow
-def test_pytest_fixture_times_the_users_model_and_zoo_models(project):
-    requires("transformers", "tensorflow")
-    (project / "test_fixture.py").write_text(FIXTURE_TEST)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "test_fixture.py",
-                           "--rootdir", str(project)], cwd=project, env=plugin_env(), capture_output=True, text=True,
-                          timeout=600)
-    assert "1 failed, 4 passed" in proc.stdout, proc.stdout + proc.stderr
-    assert "During handling" not in proc.stdout
-    counted = dict(re.findall(r"FLOPS (\S+) (\d+)", proc.stdout))
-    assert len(counted) == 3 and all(int(v) > 0 for v in counted.values()), counted
-    assert "gpubench_benchmark: workload 'mymodels:nope': module mymodels has no 'nope'" in proc.stdout
-
-
-@pytest.mark.slow
 def test_python_api_returns_the_reports_table(project, monkeypatch):
     from gpubench.api import benchmark
 
@@ -611,16 +699,6 @@ def test_python_api_returns_the_reports_table(project, monkeypatch):
                                         "mymodels.small_convnet_width16-torch-cpu-bs4-fp32-single-threads=1"]
     assert list(table["status"]) == ["ok", "ok"] and (table["throughput"] > 0).all()
     assert table["flops_per_sample"].iloc[1] > table["flops_per_sample"].iloc[0]
-
-
-@pytest.mark.slow
-def test_profile_traces_the_users_model(project):
-    (project / "p.toml").write_text(f'[defaults]\nworkload = "mymodels:small_convnet"\ninput_shape = [3, 16, 16]\n'
-                                    f"{fast_lines()}\n")
-    proc = run_cli(["profile", "p.toml", "--out", "prof", "--steps", "2"], cwd=project, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    traces = list((project / "prof").rglob("rank0.pt.trace.json"))
-    assert traces and "ProfilerStep#" in traces[0].read_text()
 
 
 # --- the gate on the user's code -----------------------------------------------------------------------

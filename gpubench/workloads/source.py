@@ -189,6 +189,7 @@ def _git(file: Path) -> dict[str, Any]:
 # Framework-neutral: each backend runs the model forward on one small batch and hands the shapes
 # and values here, so that every framework refuses the same mistakes with the same line.
 
+FIRST_BATCH = 2  # the samples of the batch a model is first run on, checked and counted
 # what a model whose output does not fit gpubench's cross-entropy can do instead
 CHOICES = ('a batch function whose targets fit the output (batches = "module:function"), the loss the model computes '
            '(loss_output = "<field>" or a tuple\'s position), or your loss (loss = "module:function")')
@@ -242,6 +243,9 @@ def config_loss(config: Config) -> Callable[[Any, Any], Any] | None:
     ``(outputs, targets)``: the user's function, the model's own (``loss_output``), or None
     (the framework's cross-entropy)."""
     if config.loss_output:
+        if ":" in config.workload and config.workload.partition(":")[0] in ZOOS:
+            raise SourceError(f"workload {config.workload!r}: loss_output applies to your factory's model, which "
+                              "takes the targets as you wrote it; a zoo's model trains with gpubench's loss or yours")
         if config.loss != "cross_entropy":
             raise SourceError(f"workload {config.workload!r}: loss = {config.loss} and loss_output = "
                               f"{config.loss_output!r}: the model's own loss or yours, not both")
@@ -277,33 +281,107 @@ def check_scores(workload: str, out: Any, scores: tuple[int, ...], targets: tupl
                       f"vocabulary) for (batch, time)); it returned {describe(out)}; use {CHOICES}")
 
 
-def check_first_batch(config: Config, task: SyntheticTask | None, out: Any,
-                      loss: tuple[tuple[int, ...], float] | None, scores: tuple[int, ...] | None,
+def check_first_batch(config: Config, task: SyntheticTask | None, forward: Callable[[], Any],
+                      scores_of: Callable[[Any], tuple[int, ...] | None], loss: Callable[[Any], Any], own: bool,
                       targets: tuple[int, ...] | None) -> None:
+    """The model on its first batch of 2, before any config trains (each backend's ``forward()``
+    of the batch, ``scores_of(output)``: the shape of its scores or None, and ``loss(output)``:
+    the config's loss against the batch's targets, of shape ``targets`` or a structure: None):
+    SourceError, the pre-run check's one line, where it takes not the inputs, where the loss
+    fails on its output or is not one finite number, or where its scores do not fit the task."""
+    try:
+        out = forward()
+    except Exception as e:  # noqa: BLE001 - the model rejects the input: say which
+        raise input_problem(config, task, e) from None
+    scores = scores_of(out)
+    try:
+        raw = loss(out)
+    except SourceError as e:  # loss_output names nothing the model returned
+        raise SourceError(f"workload {config.workload!r}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the loss fails on the output: say how
+        raise loss_problem(config, out, scores, targets, e) from None
+    try:
+        value = loss_value(raw)
+    except (TypeError, ValueError):
+        raise SourceError(f"workload {config.workload!r}: {_loss_named(config)}: gave {describe(raw)}; a loss is one "
+                          "number (a scalar)") from None
+    _check_first_output(config, task, out, value, scores, own)
+
+
+def _loss_named(config: Config) -> str:
+    return f"loss_output = {config.loss_output!r}" if config.loss_output else f"loss {config.loss!r}"
+
+
+def _check_first_output(config: Config, task: SyntheticTask | None, out: Any, loss: tuple[tuple[int, ...], float],
+                        scores: tuple[int, ...] | None, own: bool) -> None:
     """SourceError, the pre-run check's one line, unless what a model gave on its first batch of
-    2 can train: its loss (a user's or ``loss_output``'s: (shape, first value)) one finite
-    number; else its scores (their shape; None: ``out`` holds none) fit the targets (their shape;
-    None: a structure only the user's loss reads) and the task's classes or vocabulary."""
-    if loss is not None:
+    2 can train: ``loss`` (its shape, its first value) one finite number where it is the user's
+    or the model's own (``own``); on gpubench's synthetic data (``task``) the scores (their
+    shape) also fit the task's targets and its classes (a vocabulary: at least its size)."""
+    if own:
         check_loss(config, *loss)
+        return
+    if task is None:  # the batch function's targets, which the framework's cross-entropy took
         return
     if scores is None:
         raise SourceError(f"workload {config.workload!r}: the model returned {describe(out)}, which holds no "
                           f"scores; use {CHOICES}")
-    if targets is None:
-        return
+    targets = (FIRST_BATCH, *task.input_shape) if task.kind == "tokens" else (FIRST_BATCH,)
     check_scores(config.workload, out, scores, targets)
-    if task is not None and scores[-1] != task.num_classes:
+    n = scores[-1]
+    if n < task.num_classes or (task.kind != "tokens" and n != task.num_classes):
         per = "position" if task.kind == "tokens" else "sample"
-        raise SourceError(f"workload {config.workload!r}: the model gives {scores[-1]} scores per {per}; "
-                          f"num_classes = {task.num_classes}")
+        raise SourceError(f"workload {config.workload!r}: the model gives {n} scores per {per}; num_classes = "
+                          f"{task.num_classes}")
+
+
+def loss_problem(config: Config, out: Any, scores: tuple[int, ...] | None, targets: tuple[int, ...] | None,
+                 error: BaseException) -> SourceError:
+    """The one line for a loss that fails on the model's first output: the user's (what it was
+    given), or the framework's cross-entropy (the scores against the targets, and the choices)."""
+    text = str(error).splitlines()[0] if str(error) else ""
+    if config.loss_output or config.loss != "cross_entropy":
+        return SourceError(f"workload {config.workload!r}: {_loss_named(config)} failed on the model's output "
+                           f"({describe(out)}): "
+                           f"{type(error).__name__}: {text}")
+    if scores is None:
+        return SourceError(f"workload {config.workload!r}: the model returned {describe(out)}, which holds no "
+                           f"scores; use {CHOICES}")
+    if targets is not None:
+        try:
+            check_scores(config.workload, out, scores, targets)
+        except SourceError as e:
+            return e
+    return SourceError(f"workload {config.workload!r}: cross_entropy failed on the scores {list(scores)} and the "
+                       f"targets {list(targets) if targets is not None else 'of the batch function'}: "
+                       f"{type(error).__name__}: {text}; use {CHOICES}")
+
+
+def loss_value(value: Any) -> tuple[tuple[int, ...], float]:
+    """A loss as (its shape, its first value as a float; nan where it holds none), from any
+    framework's array or a number; TypeError for what is neither (a tuple, a dict)."""
+    import numpy as np
+
+    array = np.asarray(value.detach().float().cpu() if hasattr(value, "detach") else value, dtype=np.float64)
+    return tuple(array.shape), float(array.reshape(-1)[0]) if array.size else math.nan
+
+
+def probe_targets(config: Config, shape: tuple[int, ...], tokens: bool) -> list[Any]:
+    """What a probe of the model passes after its inputs: nothing, or, for a model that computes
+    its own loss (``loss_output``) and wants targets, zeros of each shape they may have (a class
+    per position of a sequence, a class per sample)."""
+    import numpy as np
+
+    if not config.loss_output:
+        return [None]
+    per_sample = np.zeros((FIRST_BATCH,), np.int64)
+    return [None, np.zeros((FIRST_BATCH, *shape), np.int64), per_sample] if tokens else [None, per_sample]
 
 
 def check_loss(config: Config, shape: tuple[int, ...], value: float) -> None:
     """SourceError unless the loss of one batch (a user's ``loss`` or ``loss_output``'s) is one
     finite number."""
-    what = (f"workload {config.workload!r}: "
-            + (f"loss_output = {config.loss_output!r}" if config.loss_output else f"loss {config.loss!r}"))
+    what = f"workload {config.workload!r}: {_loss_named(config)}"
     if math.prod(shape) != 1:
         raise SourceError(f"{what}: gave an array of shape {list(shape)} for a batch of 2; a loss is one number (a "
                           "scalar: take the mean over the batch)")
@@ -320,8 +398,8 @@ def token_task(config: Config, shape: tuple[int, ...], vocab: int | None, first:
     make the next-token task over a vocabulary of ``num_classes`` (else the embedding's rows and
     the scores', the fewer); scores per sequence a class per sequence (``num_classes``, else the
     scores')."""
-    if config.input_kind == "features" or (config.input_kind == "auto" and vocab is None):
-        return None
+    if config.input_kind == "features" or (config.input_kind == "auto" and (vocab is None or scores is None)):
+        return None  # (auto: an embedding first that takes no token ids is some other model's: features)
     if len(shape) != 1:
         if config.input_kind == "auto":
             return None
@@ -357,16 +435,17 @@ def input_problem(config: Config, task: SyntheticTask | None, error: BaseExcepti
         what = f"integer token batches of shape [2, {task.input_shape[0]}] (input_kind = tokens)"
     else:
         what = f"input_shape {list(task.input_shape)} (batch first)"
-    hint = ('; a model of token ids takes input_kind = "tokens"' if task is not None and task.kind != "tokens"
+    hint = ('; a model of token ids takes input_kind = "tokens"' if task is not None and task.kind == "classes"
             and len(task.input_shape) == 1 and config.input_kind != "features" else "")
     return SourceError(f"workload {config.workload!r}: the model does not take {what}: {type(error).__name__}: "
                        f"{text}{hint}")
 
 
-__all__ = ["CHOICES", "MODEL_SETTINGS", "ZOOS", "ModelRef", "SourceError", "Zoo", "check_arguments",
+__all__ = ["CHOICES", "FIRST_BATCH", "MODEL_SETTINGS", "ZOOS", "ModelRef", "SourceError", "Zoo", "check_arguments",
            "check_first_batch", "check_loss", "check_scores", "code_origin", "config_loss", "describe",
-           "import_function", "input_problem", "is_function_ref", "model_key", "nearest", "output_field",
-           "output_loss", "own_batches", "parse_workload", "targets_in_inputs", "token_task"]
+           "import_function", "input_problem", "is_function_ref", "model_key",
+           "nearest", "output_field", "output_loss", "own_batches", "parse_workload", "probe_targets",
+           "targets_in_inputs", "token_task"]
 
 
 # the settings that reach a model that is not a built-in (how it is built, what it is fed, its loss),

@@ -36,6 +36,7 @@ from gpubench.workloads.source import (
     input_problem,
     own_batches,
     parse_workload,
+    probe_targets,
     token_task,
 )
 
@@ -127,7 +128,7 @@ def native_model(config: Config, counts: Path | None = None) -> NativeModel:
         if not task.num_classes:
             try:
                 task = SyntheticTask(task.input_shape, int(np.shape(logits_of(out))[-1]), task.kind)
-            except TypeError:
+            except (TypeError, IndexError):  # no scores, or a scalar first
                 raise SourceError(f"workload {config.workload!r}: the module returned {describe(out)}, which holds "
                                   f"no scores; set num_classes, or use {CHOICES}") from None
             make, sample = own_batches(task, None, config)
@@ -142,44 +143,53 @@ def native_model(config: Config, counts: Path | None = None) -> NativeModel:
 
 
 def _token_task(module: Any, config: Config, notes: list[str]) -> SyntheticTask | None:
-    """``input_kind = "tokens"``: the module initialised on 2 sequences of token ids, its scores'
-    shape and its first embedding's rows (an ``nn.Embed``'s ``embedding``) decide the task."""
+    """``input_kind = "tokens"``: the module initialised on 2 sequences of token ids (and zero
+    targets where it computes its own loss: ``probe_targets``); its scores' shape and its first
+    embedding's rows (the first ``nn.Embed`` it made) decide the task."""
     shape = tuple(config.input_shape)
     scores, vocab = None, None
-    if len(shape) == 1:
+    for y in probe_targets(config, shape, tokens=True) if len(shape) == 1 else []:
+        tokens = np.zeros((FLOP_COUNT_BATCH, *shape), np.int32)
+        x = tokens if y is None else (tokens, y)
         try:
-            model = flax_model(module, np.zeros((FLOP_COUNT_BATCH, *shape), np.int32), config.seed)
-            out, _ = model.apply(model.params, model.state, jnp.zeros((FLOP_COUNT_BATCH, *shape), jnp.int32), False,
-                                 None, None, False)
-            scores = tuple(np.shape(logits_of(out)))
-            tables = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(model.params)
-                      if getattr(path[-1], "key", None) == "embedding"]
-            vocab = int(tables[0].shape[0]) if tables else None
-        except Exception:  # noqa: BLE001 - it takes no token ids; the first batch's check says so
-            pass
+            model = flax_model(module, x, config.seed)
+            out, _ = model.apply(model.params, model.state, tree_map(jnp.asarray, x), False, None, None, False)
+            scores = tuple(np.shape(logits_of(out))) or None
+        except Exception:  # noqa: BLE001 - not this way; none: the first batch's check says why
+            continue
+        vocab = _first_embedding_rows(model.params)
+        break
     return token_task(config, shape, vocab, "nn.Embed", scores, notes)
+
+
+def _first_embedding_rows(params: Any) -> int | None:
+    """The rows of the first ``embedding`` table in the order the module made its parameters (a
+    dict's own order: jax's tree functions sort the names)."""
+    if isinstance(params, dict) or hasattr(params, "items"):
+        for name, value in params.items():
+            if name == "embedding" and hasattr(value, "shape"):
+                return int(value.shape[0])
+            found = _first_embedding_rows(value)
+            if found is not None:
+                return found
+    return None
 
 
 def _check_first_batch(model: JaxModel, x: Any, y: Any, loss: Any, config: Config, task: SyntheticTask | None) -> None:
     """The module on a batch of 2 of what it trains on, before any config trains: it takes the
-    inputs, and its scores fit the targets (cross-entropy) or its loss is one finite number;
-    else SourceError, the pre-run check's one line."""
-    try:
-        out, _ = model.apply(model.params, model.state, tree_map(jnp.asarray, x), False, None, None, False)
-        value = loss(out, tree_map(jnp.asarray, y)) if loss is not None else None
-    except SourceError as e:  # loss_output names nothing the model returned
-        raise SourceError(f"workload {config.workload!r}: {e}") from None
-    except Exception as e:  # noqa: BLE001 - the module rejects the input, or the loss its output: say which
-        raise input_problem(config, task, e) from None
-    loss_value = None
-    if value is not None:
-        array = np.asarray(value)
-        loss_value = (tuple(array.shape), float(array.reshape(-1)[0]) if array.size else 0.0)
-    try:
-        scores: tuple[int, ...] | None = tuple(np.shape(logits_of(out)))
-    except TypeError:
-        scores = None
-    check_first_batch(config, task, out, loss_value, scores,
+    inputs, and its loss (cross-entropy, the user's, the module's own) is one finite number
+    (``check_first_batch``)."""
+    def scores_of(out: Any) -> tuple[int, ...] | None:
+        try:
+            shape = tuple(np.shape(logits_of(out)))
+        except TypeError:
+            return None
+        return shape or None  # (a scalar holds no scores)
+
+    targets = tree_map(jnp.asarray, y)
+    check_first_batch(config, task, lambda: model.apply(model.params, model.state, tree_map(jnp.asarray, x), False,
+                                                        None, None, False)[0], scores_of,
+                      lambda out: (loss or cross_entropy)(out, targets), loss is not None,
                       None if isinstance(y, (tuple, list, dict)) else tuple(np.shape(y)))
 
 

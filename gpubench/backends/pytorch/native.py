@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import re
 import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -44,12 +44,12 @@ from gpubench.workloads.source import (
     code_origin,
     config_loss,
     counted_once,
-    describe,
     import_function,
     input_problem,
     nearest,
     own_batches,
     parse_workload,
+    probe_targets,
     token_task,
 )
 
@@ -299,7 +299,7 @@ def _task(task: SyntheticTask | None, model: nn.Module, config: Config, notes: l
     if factory and task is not None:
         first = _first_layer(model)
         vocab = first.num_embeddings if isinstance(first, (nn.Embedding, nn.EmbeddingBag)) else None
-        on_tokens = _scores_on_tokens(model, task.input_shape) if config.input_kind != "features" and (
+        on_tokens = _scores_on_tokens(model, config, task.input_shape) if config.input_kind != "features" and (
             vocab or config.input_kind == "tokens") else None
         tokens = token_task(config, tuple(task.input_shape), vocab, repr(first), on_tokens, notes)
         if tokens is not None:
@@ -307,34 +307,44 @@ def _task(task: SyntheticTask | None, model: nn.Module, config: Config, notes: l
     assert task is not None  # no batch function: the task is known
     if task.num_classes:
         return task
-    zeros = torch.zeros((FLOP_COUNT_BATCH, *task.input_shape))
-    model.eval()
-    try:
-        with torch.no_grad(), torch.random.fork_rng():
-            out = call_model(model, zeros)
-    except Exception as e:  # noqa: BLE001 - the model rejects the input: say which shape
-        raise input_problem(config, task, e) from None
-    finally:
-        model.train()
-    try:
-        scores = logits_of(out)
-    except TypeError:
-        raise SourceError(f"workload {config.workload!r}: the model returned {describe(out)}, which holds no "
-                          f"scores; set num_classes, or use {CHOICES}") from None
-    return SyntheticTask(task.input_shape, int(scores.shape[-1]), task.kind)
+    scores = _probe(model, config, np.zeros((FLOP_COUNT_BATCH, *task.input_shape), np.float32), tokens=False)
+    if isinstance(scores, BaseException):
+        raise input_problem(config, task, scores) from None
+    if scores is None:
+        raise SourceError(f"workload {config.workload!r}: the model gives no scores on input_shape "
+                          f"{list(task.input_shape)}; set num_classes, or use {CHOICES}")
+    return SyntheticTask(task.input_shape, int(scores[-1]), task.kind)
 
 
-def _scores_on_tokens(model: nn.Module, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+def _scores_on_tokens(model: nn.Module, config: Config, shape: tuple[int, ...]) -> tuple[int, ...] | None:
     """The shape of the model's scores on 2 sequences of token ids (zeros), or None where it
     takes no such input or gives no scores."""
     if len(shape) != 1:
         return None
+    scores = _probe(model, config, np.zeros((FLOP_COUNT_BATCH, *shape), np.int64), tokens=True)
+    return None if isinstance(scores, BaseException) else scores
+
+
+def _probe(model: nn.Module, config: Config, x: np.ndarray, tokens: bool) -> tuple[int, ...] | BaseException | None:
+    """The shape of the model's scores on ``x`` (with zero targets after it where the model
+    computes its own loss and takes them: ``probe_targets``), None where it gives none, or the
+    error of the first way of calling it that failed."""
+    first: BaseException | None = None
     model.eval()
     try:
-        with torch.no_grad(), torch.random.fork_rng():
-            return tuple(logits_of(call_model(model, torch.zeros((FLOP_COUNT_BATCH, *shape), dtype=torch.long))).shape)
-    except Exception:  # noqa: BLE001 - not a token model; the first batch's check says what it takes
-        return None
+        for y in probe_targets(config, tuple(x.shape[1:]), tokens):
+            inputs = torch.from_numpy(x) if y is None else (torch.from_numpy(x), torch.from_numpy(y))
+            try:
+                with torch.no_grad(), torch.random.fork_rng():
+                    out = call_model(model, inputs)
+            except Exception as e:  # noqa: BLE001 - not this way: the next one, or say why
+                first = first or e
+                continue
+            try:
+                return tuple(logits_of(out).shape)
+            except TypeError:
+                return None
+        return first
     finally:
         model.train()
 
@@ -342,31 +352,26 @@ def _scores_on_tokens(model: nn.Module, shape: tuple[int, ...]) -> tuple[int, ..
 def _check_first_batch(model: nn.Module, sample: Batches, loss: Callable[[Any, Any], Any] | None, config: Config,
                        task: SyntheticTask | None) -> None:
     """The model on a batch of 2 of what it trains on, before any config trains: it takes the
-    inputs, and its scores fit the targets (gpubench's cross-entropy) or its loss is one finite
-    number (``loss``, ``loss_output``); else SourceError, the pre-run check's one line."""
+    inputs, and its loss (gpubench's cross-entropy, the user's, the model's own) is one finite
+    number (on gpubench's data, its scores also fit the task: ``check_first_batch``); else
+    SourceError, the pre-run check's one line."""
     x, y = sample.sample(FLOP_COUNT_BATCH)
     x, y = tree_map(torch.from_numpy, x), tree_map(torch.from_numpy, y)
+
+    def scores_of(out: Any) -> tuple[int, ...] | None:
+        try:
+            return tuple(logits_of(out).shape)
+        except TypeError:
+            return None
+
     model.eval()
     try:
         with torch.no_grad(), torch.random.fork_rng():
-            out = call_model(model, x)
-            if loss is not None:
-                value = loss(out, y)
-    except SourceError as e:  # loss_output names nothing the model returned
-        raise SourceError(f"workload {config.workload!r}: {e}") from None
-    except Exception as e:  # noqa: BLE001 - the model rejects the input, or the loss its output: say which
-        raise input_problem(config, task, e) from None
+            check_first_batch(config, task, lambda: call_model(model, x), scores_of,
+                              lambda out: (loss or cross_entropy)(out, y), loss is not None,
+                              tuple(y.shape) if isinstance(y, torch.Tensor) else None)
     finally:
         model.train()
-    loss_value = None
-    if loss is not None:
-        value = torch.as_tensor(value).detach().float()
-        loss_value = (tuple(value.shape), float(value.reshape(-1)[0]) if value.numel() else 0.0)
-    try:
-        scores: tuple[int, ...] | None = tuple(logits_of(out).shape)
-    except TypeError:
-        scores = None
-    check_first_batch(config, task, out, loss_value, scores, tuple(y.shape) if isinstance(y, torch.Tensor) else None)
 
 
 def _conv_backward_flops(grad_out_shape: Any, x_shape: Any, w_shape: Any, _bias: Any, _stride: Any, _padding: Any,
@@ -418,7 +423,7 @@ def count_train_flops(model: nn.Module, sample: Batches, loss_fn: Callable[[Any,
                            "flops_counted_by": "torch.utils.flop_counter.FlopCounterMode over one training step "
                                                f"(forward, loss, backward) at batch {n}, divided by {n}; attention "
                                                "by its math kernel; convolution backward counted with its groups"}
-    uncounted = sorted(str(op) for op in seen.ops - set(counter.flop_registry) if _HEAVY.search(str(op)))
+    uncounted = sorted(str(op) for op in seen.ops - set(counter.flop_registry) if _heavy(op))
     if uncounted:  # a count without them would make MFU silently low: none, and why
         return {"flops_per_sample": None, "flops_uncounted": uncounted,
                 "flops_partial_per_sample": out["flops_per_sample"],
@@ -429,9 +434,17 @@ def count_train_flops(model: nn.Module, sample: Batches, loss_fn: Callable[[Any,
     return out
 
 
-# operators that do a model's matrix work (matrix products, convolutions, attention, recurrent
-# layers): one the counter has no formula for makes the count partial
-_HEAVY = re.compile(r"mm|conv|attention|transformer|matmul|einsum|linear|rnn|lstm|gru", re.I)
+# the words of the operators that do a model's matrix work (matrix products, convolutions,
+# attention, recurrent layers), whole words of their names (aten.mkldnn_rnn_layer: mkldnn, rnn,
+# layer; not aten.upsample_bilinear2d's bilinear2d): one the counter has no formula for makes
+# the count partial
+_HEAVY_WORDS = {"mm", "bmm", "addmm", "addbmm", "baddbmm", "matmul", "einsum", "linear", "conv1d", "conv2d",
+                "conv3d", "convolution", "attention", "transformer", "rnn", "lstm", "gru"}
+
+
+def _heavy(op: Any) -> bool:
+    """Whether an operator (an overload packet, ``aten.<name>``) does a model's matrix work."""
+    return bool(_HEAVY_WORDS.intersection(str(op).rpartition(".")[2].lower().split("_")))
 
 
 class _OpsSeen(TorchDispatchMode):
@@ -442,7 +455,7 @@ class _OpsSeen(TorchDispatchMode):
         self.ops: set[Any] = set()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.ops.add(func._overloadpacket)
+        self.ops.add(getattr(func, "_overloadpacket", func))
         return func(*args, **(kwargs or {}))
 
 

@@ -42,6 +42,7 @@ from gpubench.workloads.source import (
     nearest,
     own_batches,
     parse_workload,
+    probe_targets,
     token_task,
 )
 
@@ -110,23 +111,15 @@ def native_model(config: Config, counts: Path | None = None) -> NativeModel:
 def _check_first_batch(model: Any, x: Any, y: Any, loss: Callable[[Any, Any], Any] | None, config: Config,
                        task: SyntheticTask | None) -> None:
     """The model on a batch of 2 of what it trains on, before any config trains: it takes the
-    inputs, and its output fits the targets (Keras' sparse cross-entropy) or its loss is one
-    finite number; else SourceError, the pre-run check's one line."""
-    try:
-        out = model(x, training=False)
-        value = loss(out, y) if loss is not None else None
-    except SourceError as e:  # loss_output names nothing the model returned
-        raise SourceError(f"workload {config.workload!r}: {e}") from None
-    except Exception as e:  # noqa: BLE001 - the model rejects the input, or the loss its output: say which
-        raise input_problem(config, task, e) from None
-    loss_value = None
-    if value is not None:
-        array = np.asarray(value)
-        loss_value = (tuple(array.shape), float(array.reshape(-1)[0]) if array.size else 0.0)
-    shape = getattr(out, "shape", None)
-    scores = tuple(int(d) for d in shape) if shape is not None else None
-    check_first_batch(config, task, out, loss_value, scores,
-                      None if isinstance(y, (tuple, list, dict)) else tuple(np.shape(y)))
+    inputs, and its loss (Keras' sparse cross-entropy, the user's, the model's own) is one finite
+    number (``check_first_batch``)."""
+    def scores_of(out: Any) -> tuple[int, ...] | None:
+        shape = getattr(out, "shape", None)
+        return tuple(int(d) for d in shape) if shape is not None else None
+
+    keras_loss = _keras_order(loss) if loss is not None else builtin_loss()
+    check_first_batch(config, task, lambda: model(x, training=False), scores_of, lambda out: keras_loss(y, out),
+                      loss is not None, None if isinstance(y, (tuple, list, dict)) else tuple(np.shape(y)))
 
 
 def _train_flops(model: Any, x: Any, y: Any, loss: Any) -> dict[str, Any]:
@@ -191,12 +184,15 @@ def _task(model: Any, config: Config, notes: list[str], factory: bool) -> Synthe
         vocab = int(first.input_dim) if isinstance(first, keras.layers.Embedding) else None
         name = f"{type(first).__name__}({vocab}, {first.output_dim})" if vocab and first is not None else ""
         scores = None
-        if len(shape) == 1 and config.input_kind != "features" and (vocab or config.input_kind == "tokens"):
+        wanted = len(shape) == 1 and config.input_kind != "features" and (vocab or config.input_kind == "tokens")
+        for y in probe_targets(config, shape, tokens=True) if wanted else []:
+            ids = np.zeros((FLOP_COUNT_BATCH, *shape), np.int32)
             try:
-                scores = tuple(int(d) for d in model(np.zeros((FLOP_COUNT_BATCH, *shape), np.int32),
-                                                     training=False).shape)
-            except Exception:  # noqa: BLE001 - not a token model; the first batch's check says what it takes
-                scores = None
+                out = model(ids if y is None else (ids, y), training=False)
+            except Exception:  # noqa: BLE001 - not this way; none: the first batch's check says what it takes
+                continue
+            scores = tuple(int(d) for d in out.shape) if getattr(out, "shape", None) is not None else None
+            break
         tokens = token_task(config, shape, vocab, name, scores, notes)
         if tokens is not None:
             return tokens
