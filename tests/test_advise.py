@@ -267,12 +267,13 @@ def test_advise_on_a_users_language_model_measures_precision_and_the_optimizer(t
     ranked and combined: the fake backend's tests above; channels-last's effect on a model:
     test_compile's)."""
     pytest.importorskip("torch")
-    from tests.test_corpus import CORPUS, CORPUS_SUITE
+    from tests.test_corpus import CORPUS, CORPUS_SUITE, FAST
 
     shutil.copy(CORPUS / "gpt.py", tmp_path / "gpt.py")
     (tmp_path / "corpus.toml").write_text(CORPUS_SUITE)
-    proc = run_cli(["advise", "corpus.toml", "--set", "workload=gpt:gpt", "--only", "precision", "--only",
-                    "optimizer", "--budget", "60", "--out", "runs", "--no-report"], cwd=tmp_path, env=plain_env())
+    proc = run_cli(["advise", "corpus.toml", "--set", "workload=gpt:gpt", "--set", "precision=fp32", *FAST, "--only",
+                    "precision", "--only", "optimizer", "--budget", "60", "--out", "runs", "--no-report"], cwd=tmp_path,
+                   env=plain_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
     rows = rows_by_name(advice_of(run_dir))

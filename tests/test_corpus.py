@@ -37,7 +37,9 @@ MODELS = {
 PACKAGES = {"torch": "torch", "tensorflow": "tensorflow", "jax": "flax"}
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+# here in pytest's process: PyTorch's (quick to import), and Flax's with its own loss (no end-to-end
+# test has it); Keras' and the plain Flax model are test_run_takes_every_corpus_model's
+@pytest.mark.parametrize("name", ["gpt", "encoder", "two_input", "flax_lm_own_loss"])
 def test_each_corpus_model_builds_counts_and_trains(monkeypatch, name):
     """Built as the worker builds it (its task told from the model, its FLOPs counted), then
     three training steps: a finite loss, and the token models' tasks of token ids."""
@@ -56,9 +58,6 @@ def test_each_corpus_model_builds_counts_and_trains(monkeypatch, name):
     assert facts["flops_per_sample"] and facts["flops_per_sample"] > 0, facts.get("flops_note")
     if task is not None:
         assert facts["input_shape"] == list(settings["input_shape"])
-    if task == "sequences":  # Keras' embedding first, a class per sequence: said in the notes
-        assert facts["num_classes"] == 4 and "a class of 4 per sequence of 32 tokens over a vocabulary of 128" \
-            in facts["notes"][0]
     pool = native.make_batches(8, 1)
     trainer = backend.build(native, config, pool)
     losses = []
@@ -71,66 +70,57 @@ def test_each_corpus_model_builds_counts_and_trains(monkeypatch, name):
         assert isinstance(x, np.ndarray) and x.dtype.kind == "i"
 
 
-@pytest.mark.slow
-def test_the_language_model_example_of_the_docs_runs_as_documented(tmp_path):
-    """docs/own-model.md's language model: its suite, as written there, trains the corpus GPT on
-    tokens with its own loss (tokens/s, attention's FLOPs counted); without loss_output the
-    check before the run gives the page's line, exit 2, and makes no run."""
+def _docs_example() -> tuple[str, str]:
+    """docs/own-model.md's language model: its suite (lm.toml) and the line that refuses it
+    without loss_output."""
     doc = (REPO / "docs" / "own-model.md").read_text()
     suite = re.search(r"```toml\n# lm.toml\n(.*?)```", doc, re.S).group(1)
     refused = re.search(r"Without `loss_output` the check.*?```text\n(.*?)\n```", doc, re.S).group(1)
+    return suite, refused
+
+
+@pytest.mark.slow
+def test_the_docs_language_model_without_its_loss_output_is_the_pages_line(tmp_path):
+    """The page's suite without loss_output: the check before the run gives the page's line,
+    exit 2, and makes no run (the suite as written trains in test_run_takes_every_corpus_model)."""
+    suite, refused = _docs_example()
     shutil.copy(CORPUS / "gpt.py", tmp_path / "gpt.py")
-    (tmp_path / "lm.toml").write_text(suite)
-    fast = [a for kv in ("steps=3", "windows=2", "warmup_steps=1") for a in ("--set", kv)]
-    proc = run_cli(["run", "lm.toml", "--out", "runs", "--no-calibrate", "--no-report", *fast], cwd=tmp_path,
-                   timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (run_dir,) = (tmp_path / "runs").iterdir()
-    results = result_lines(run_dir)
-    assert [r["config"]["precision"] for r in results] == ["fp32", "amp-bf16"]
-    for r in results:
-        assert r["status"] == "ok" and r["model"]["task"] == "tokens" and r["model"]["flops_per_sample"] == 50331648
-    assert "tokens/s" in proc.stdout
     (tmp_path / "lm.toml").write_text("".join(line for line in suite.splitlines(True) if "loss_output" not in line))
-    shutil.rmtree(tmp_path / "runs")
     proc = run_cli(["run", "lm.toml", "--out", "runs", "--no-calibrate"], cwd=tmp_path, timeout=300)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == refused, proc.stderr
     assert not (tmp_path / "runs").exists()
 
 
-# every corpus model in one suite: each command below takes them all in one invocation
-CORPUS_SUITE = """
-name = "corpus"
-[defaults]
-batch_size = 8
-warmup_steps = 1
-steps = 3
-windows = 2
-threads = 1
-[matrix]
-workload = ["gpt:gpt"]
-input_shape = [[64]]
-loss_output = ["1"]
+# every corpus model in one suite, each command below takes them all in one invocation: the
+# language model of docs/own-model.md's suite as written there (the GPT at two precisions), then
+# the others, at fp32
+OTHERS = """
 [[matrix.include]]
 workload = ["encoder:encoder"]
 batches = ["encoder:encoder_batches"]
 loss_output = [""]
+precision = ["fp32"]
 [[matrix.include]]
 workload = ["twoinput:two_input"]
 batches = ["twoinput:two_input_batches"]
 loss_output = [""]
+precision = ["fp32"]
 [[matrix.include]]
 workload = ["keras_text:text_classifier"]
 framework = ["tensorflow"]
 input_shape = [[32]]
 loss_output = [""]
+precision = ["fp32"]
 [[matrix.include]]
 workload = ["flax_lm:flax_lm"]
 framework = ["jax"]
 input_shape = [[32]]
 input_kind = ["tokens"]
 loss_output = [""]
+precision = ["fp32"]
 """
+CORPUS_SUITE = _docs_example()[0] + OTHERS
+FAST = [a for kv in ("steps=3", "windows=2", "warmup_steps=1", "threads=1", "batch_size=8") for a in ("--set", kv)]
 TOKEN_MODELS = {"gpt:gpt", "keras_text:text_classifier", "flax_lm:flax_lm"}
 
 
@@ -148,26 +138,32 @@ def test_run_takes_every_corpus_model(corpus_project):
     """``run`` of the five models in real workers: each trains (a finite loss, a FLOP count,
     tokens/s for the token models)."""
     requires("tensorflow", "flax")
-    proc = run_cli(["run", "corpus.toml", "--out", "runs", "--no-calibrate", "--no-report"], cwd=corpus_project,
-                   timeout=900)
+    proc = run_cli(["run", "corpus.toml", "--out", "runs", "--no-calibrate", "--no-report", *FAST],
+                   cwd=corpus_project, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = (corpus_project / "runs").iterdir()
-    results = {r["config"]["workload"]: r for r in result_lines(run_dir)}
-    assert len(results) == 5
+    lines = result_lines(run_dir)
+    # the docs' suite: the GPT at fp32 and amp-bf16, on tokens with its own loss
+    assert [r["config"]["precision"] for r in lines if r["config"]["workload"] == "gpt:gpt"] == ["fp32", "amp-bf16"]
+    results = {r["config"]["workload"]: r for r in lines}  # (the GPT's amp-bf16 result)
+    assert len(lines) == 6 and len(results) == 5
     for workload, r in results.items():
         assert r["status"] == "ok", (workload, r.get("reason"))
         assert math.isfinite(r["metrics"]["loss"]["last"]) and r["model"]["flops_per_sample"] > 0, workload
         assert (r["model"].get("task") in ("tokens", "sequences")) == (workload in TOKEN_MODELS), workload
     assert results["gpt:gpt"]["model"]["flops_per_sample"] == 50331648  # attention counted (tests/test_own_model.py)
-    assert proc.stdout.count("tokens/s,") == 3  # the progress line of each token model
+    keras_text = results["keras_text:text_classifier"]["model"]  # an embedding first, a class per sequence
+    assert keras_text["task"] == "sequences" and keras_text["num_classes"] == 4
+    assert "a class of 4 per sequence of 32 tokens over a vocabulary of 128" in keras_text["notes"][0]
+    assert proc.stdout.count("tokens/s,") == 4  # the progress line of each token model's config
 
 
 @pytest.mark.slow
 def test_profile_takes_every_corpus_model(corpus_project):
     """``profile`` of the five models: each has its operator table, PyTorch's traces their steps."""
     requires("tensorflow", "flax")
-    proc = run_cli(["profile", "corpus.toml", "--out", "profiles", "--steps", "2", "--no-report"], cwd=corpus_project,
-                   timeout=900)
+    proc = run_cli(["profile", "corpus.toml", "--out", "profiles", "--steps", "2", "--no-report", *FAST, "--set",
+                    "precision=fp32"], cwd=corpus_project, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (profile_dir,) = (corpus_project / "profiles").iterdir()
     profiled = result_lines(profile_dir)
