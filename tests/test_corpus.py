@@ -58,6 +58,8 @@ def test_each_corpus_model_builds_counts_and_trains(monkeypatch, name):
     assert facts["flops_per_sample"] and facts["flops_per_sample"] > 0, facts.get("flops_note")
     if task is not None:
         assert facts["input_shape"] == list(settings["input_shape"])
+    else:  # a batch function's: tokens/s where its inputs are token ids (the encoder's ids and mask, 32 each)
+        assert facts.get("tokens_per_sample") == {"encoder": 32}.get(name), facts
     pool = native.make_batches(8, 1)
     trainer = backend.build(native, config, pool)
     losses = []

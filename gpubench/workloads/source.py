@@ -32,7 +32,7 @@ from typing import Any
 
 from gpubench.config import Config
 from gpubench.files import write_text_atomic
-from gpubench.workloads.data import Batches, SyntheticTask, pool_maker, sample_batch
+from gpubench.workloads.data import Batches, SyntheticTask, pool_maker, sample_batch, tree_leaves
 
 
 @dataclass(frozen=True)
@@ -253,13 +253,19 @@ def config_loss(config: Config) -> Callable[[Any, Any], Any] | None:
     return import_function(config.loss, "loss") if config.loss != "cross_entropy" else None
 
 
-def own_batches(task: SyntheticTask | None, batch_fn: Callable[[int], Any] | None, config: Config
-                ) -> tuple[Callable[[int, int], Batches], Batches]:
+def own_batches(task: SyntheticTask | None, batch_fn: Callable[[int], Any] | None, config: Config,
+                facts: dict[str, Any] | None = None) -> tuple[Callable[[int, int], Batches], Batches]:
     """(``make_batches(batch, group)``, one batch of 2 for the pre-run checks and the FLOP count)
     of a model that is not a built-in: the batch function's, else the synthetic task's; with
-    ``loss_output`` and no batch function, the targets go in after the inputs."""
+    ``loss_output`` and no batch function, the targets go in after the inputs. A batch function
+    whose inputs are token ids (integer arrays of (batch, T), every one of the same T) puts
+    ``tokens_per_sample`` T in ``facts``: its results have tokens/s."""
     make = pool_maker(task, batch_fn, config.batches, config.seed)
     sample = sample_batch(task, batch_fn, config.batches, 2, config.seed)
+    if batch_fn is not None and facts is not None:
+        lengths = {leaf.shape[2] for leaf in tree_leaves(sample.x) if leaf.ndim == 3 and leaf.dtype.kind in "iu"}
+        if len(lengths) == 1:
+            facts["tokens_per_sample"] = int(lengths.pop())
     if not config.loss_output or batch_fn is not None:
         return make, sample
     return (lambda batch, group: targets_in_inputs(make(batch, group))), targets_in_inputs(sample)

@@ -116,7 +116,7 @@ def native_model(config: Config, counts: Path | None = None) -> NativeModel:
     facts: dict[str, Any] = {"source": "factory", "identical": False, "origin": code_origin(fn)}
     # the classes unknown: initialised on a task of 2, then read from the module's output
     first = task if task is None or task.num_classes else SyntheticTask(task.input_shape, 2)
-    make, sample = own_batches(first, batch_fn, config)
+    make, sample = own_batches(first, batch_fn, config, facts)
     x, y = sample.sample(FLOP_COUNT_BATCH)
     try:
         model = flax_model(module, x, config.seed)

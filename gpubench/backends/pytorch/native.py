@@ -115,7 +115,7 @@ def native_model(config: Config, counts: Path | None = None) -> NativeModel:
         task = _task(task, probe, config, notes, ref.kind == "factory")
         facts["input_shape"], facts["num_classes"] = list(task.input_shape), task.num_classes
         facts["task"] = task.kind
-    make, sample = own_batches(task, batch_fn, config)
+    make, sample = own_batches(task, batch_fn, config, facts)
     _check_first_batch(probe, sample, loss, config, task if batch_fn is None else None)
     if notes:
         facts["notes"] = notes

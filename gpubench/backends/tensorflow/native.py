@@ -92,7 +92,7 @@ def native_model(config: Config, counts: Path | None = None) -> NativeModel:
     if batch_fn is None:
         task = _task(probe, config, notes, ref.kind == "factory")
         facts.update(input_shape=list(task.input_shape), num_classes=task.num_classes, task=task.kind)
-    make_batches, sample = own_batches(task, batch_fn, config)
+    make_batches, sample = own_batches(task, batch_fn, config, facts)
     x, y = sample.sample(FLOP_COUNT_BATCH)
     _check_first_batch(probe, x, y, user_loss, config, task)  # (a model that declares no input is built by it)
     if notes:
