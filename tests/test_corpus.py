@@ -138,7 +138,7 @@ def corpus_project(tmp_path):
 @pytest.mark.slow
 def test_run_takes_every_corpus_model(corpus_project):
     """``run`` of the five models in real workers: each trains (a finite loss, a FLOP count,
-    tokens/s for the token models)."""
+    tokens/s for the models of token ids)."""
     requires("tensorflow", "flax")
     proc = run_cli(["run", "corpus.toml", "--out", "runs", "--no-calibrate", "--no-report", *FAST],
                    cwd=corpus_project, timeout=900)
@@ -157,7 +157,8 @@ def test_run_takes_every_corpus_model(corpus_project):
     keras_text = results["keras_text:text_classifier"]["model"]  # an embedding first, a class per sequence
     assert keras_text["task"] == "sequences" and keras_text["num_classes"] == 4
     assert "a class of 4 per sequence of 32 tokens over a vocabulary of 128" in keras_text["notes"][0]
-    assert proc.stdout.count("tokens/s,") == 4  # the progress line of each token model's config
+    # the progress line of each config on token ids: the GPT's two, Keras', Flax's and the encoder's
+    assert proc.stdout.count("tokens/s,") == 5
 
 
 @pytest.mark.slow
