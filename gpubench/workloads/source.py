@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from gpubench.config import Config
 from gpubench.files import write_text_atomic
 from gpubench.workloads.data import Batches, SyntheticTask, pool_maker, sample_batch, tree_leaves
@@ -243,7 +245,7 @@ def config_loss(config: Config) -> Callable[[Any, Any], Any] | None:
     ``(outputs, targets)``: the user's function, the model's own (``loss_output``), or None
     (the framework's cross-entropy)."""
     if config.loss_output:
-        if ":" in config.workload and config.workload.partition(":")[0] in ZOOS:
+        if parse_workload(config.workload, []).zoo is not None:
             raise SourceError(f"workload {config.workload!r}: loss_output applies to your factory's model, which "
                               "takes the targets as you wrote it; a zoo's model trains with gpubench's loss or yours")
         if config.loss != "cross_entropy":
@@ -261,7 +263,7 @@ def own_batches(task: SyntheticTask | None, batch_fn: Callable[[int], Any] | Non
     whose inputs are token ids (integer arrays of (batch, T), every one of the same T) puts
     ``tokens_per_sample`` T in ``facts``: its results have tokens/s."""
     make = pool_maker(task, batch_fn, config.batches, config.seed)
-    sample = sample_batch(task, batch_fn, config.batches, 2, config.seed)
+    sample = sample_batch(task, batch_fn, config.batches, FIRST_BATCH, config.seed)
     if batch_fn is not None and facts is not None:
         lengths = {leaf.shape[2] for leaf in tree_leaves(sample.x) if leaf.ndim == 3 and leaf.dtype.kind in "iu"}
         if len(lengths) == 1:
@@ -366,22 +368,31 @@ def loss_problem(config: Config, out: Any, scores: tuple[int, ...] | None, targe
 def loss_value(value: Any) -> tuple[tuple[int, ...], float]:
     """A loss as (its shape, its first value as a float; nan where it holds none), from any
     framework's array or a number; TypeError for what is neither (a tuple, a dict)."""
-    import numpy as np
-
     array = np.asarray(value.detach().float().cpu() if hasattr(value, "detach") else value, dtype=np.float64)
     return tuple(array.shape), float(array.reshape(-1)[0]) if array.size else math.nan
 
 
-def probe_targets(config: Config, shape: tuple[int, ...], tokens: bool) -> list[Any]:
-    """What a probe of the model passes after its inputs: nothing, or, for a model that computes
-    its own loss (``loss_output``) and wants targets, zeros of each shape they may have (a class
-    per position of a sequence, a class per sample)."""
-    import numpy as np
-
-    if not config.loss_output:
-        return [None]
-    per_sample = np.zeros((FIRST_BATCH,), np.int64)
-    return [None, np.zeros((FIRST_BATCH, *shape), np.int64), per_sample] if tokens else [None, per_sample]
+def probe_scores(config: Config, x: np.ndarray, tokens: bool, run: Callable[[Any], Any],
+                 scores_of: Callable[[Any], tuple[int, ...] | None]) -> tuple[int, ...] | BaseException | None:
+    """The shape of a model's scores on the batch ``x`` (``run(inputs)``: the framework's forward
+    pass; ``scores_of(output)``: its scores' shape or None), before the task is known. A model
+    that computes its own loss (``loss_output``) is also called with zero targets after ``x``,
+    of each shape they may have (a class per position of a sequence, a class per sample), the
+    first way that works giving the answer. None where the output holds no scores; the first
+    call's error where no way works."""
+    targets: list[Any] = [None]
+    if config.loss_output:
+        per_sample = np.zeros((x.shape[0],), np.int64)
+        targets += [np.zeros(x.shape, np.int64), per_sample] if tokens else [per_sample]
+    first: BaseException | None = None
+    for y in targets:
+        try:
+            out = run(x if y is None else (x, y))
+        except Exception as e:  # noqa: BLE001 - not this way: the next one, or say why
+            first = first or e
+            continue
+        return scores_of(out)
+    return first
 
 
 def check_loss(config: Config, shape: tuple[int, ...], value: float) -> None:
@@ -389,10 +400,11 @@ def check_loss(config: Config, shape: tuple[int, ...], value: float) -> None:
     finite number."""
     what = f"workload {config.workload!r}: {_loss_named(config)}"
     if math.prod(shape) != 1:
-        raise SourceError(f"{what}: gave an array of shape {list(shape)} for a batch of 2; a loss is one number (a "
-                          "scalar: take the mean over the batch)")
+        raise SourceError(f"{what}: gave an array of shape {list(shape)} for a batch of {FIRST_BATCH}; a loss is one "
+                          "number (a scalar: take the mean over the batch)")
     if not math.isfinite(value):
-        raise SourceError(f"{what}: gave {value} for a batch of 2 at the initial weights; a loss must be finite")
+        raise SourceError(f"{what}: gave {value} for a batch of {FIRST_BATCH} at the initial weights; a loss must "
+                          "be finite")
 
 
 def token_task(config: Config, shape: tuple[int, ...], vocab: int | None, first: str,
@@ -438,7 +450,7 @@ def input_problem(config: Config, task: SyntheticTask | None, error: BaseExcepti
     if task is None:
         what = f"the batches of {config.batches!r}"
     elif task.kind == "tokens":
-        what = f"integer token batches of shape [2, {task.input_shape[0]}] (input_kind = tokens)"
+        what = f"integer token batches of shape [{FIRST_BATCH}, {task.input_shape[0]}] (input_kind = tokens)"
     else:
         what = f"input_shape {list(task.input_shape)} (batch first)"
     hint = ('; a model of token ids takes input_kind = "tokens"' if task is not None and task.kind == "classes"
@@ -450,7 +462,7 @@ def input_problem(config: Config, task: SyntheticTask | None, error: BaseExcepti
 __all__ = ["CHOICES", "FIRST_BATCH", "MODEL_SETTINGS", "ZOOS", "ModelRef", "SourceError", "Zoo", "check_arguments",
            "check_first_batch", "check_loss", "check_scores", "code_origin", "config_loss", "describe",
            "import_function", "input_problem", "is_function_ref", "model_key",
-           "nearest", "output_field", "output_loss", "own_batches", "parse_workload", "probe_targets",
+           "nearest", "output_field", "output_loss", "own_batches", "parse_workload", "probe_scores",
            "targets_in_inputs", "token_task"]
 
 

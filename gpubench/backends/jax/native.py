@@ -25,6 +25,7 @@ from gpubench.workloads import WORKLOADS, get_workload
 from gpubench.workloads.data import SyntheticTask, make_batches, tree_map
 from gpubench.workloads.source import (
     CHOICES,
+    FIRST_BATCH,
     SourceError,
     check_arguments,
     check_first_batch,
@@ -36,11 +37,11 @@ from gpubench.workloads.source import (
     input_problem,
     own_batches,
     parse_workload,
-    probe_targets,
+    probe_scores,
     token_task,
 )
 
-FLOP_COUNT_BATCH = 2
+FLOP_COUNT_BATCH = FIRST_BATCH  # the first batch's samples (own_batches), counted and checked
 _TRAIN_FLAGS = {"train": True, "training": True, "deterministic": False}  # the value in a training pass
 
 
@@ -143,29 +144,28 @@ def native_model(config: Config, counts: Path | None = None) -> NativeModel:
 
 
 def _token_task(module: Any, config: Config, notes: list[str]) -> SyntheticTask | None:
-    """``input_kind = "tokens"``: the module initialised on 2 sequences of token ids (and zero
-    targets where it computes its own loss: ``probe_targets``); its scores' shape and its first
-    embedding's rows (the first ``nn.Embed`` it made) decide the task."""
+    """``input_kind = "tokens"``: the module initialised on 2 sequences of token ids
+    (``probe_scores``); its scores' shape and its first embedding's rows (the first ``nn.Embed``
+    it made) decide the task."""
     shape = tuple(config.input_shape)
-    scores, vocab = None, None
-    for y in probe_targets(config, shape, tokens=True) if len(shape) == 1 else []:
-        tokens = np.zeros((FLOP_COUNT_BATCH, *shape), np.int32)
-        x = tokens if y is None else (tokens, y)
-        try:
-            model = flax_model(module, x, config.seed)
-            out, _ = model.apply(model.params, model.state, tree_map(jnp.asarray, x), False, None, None, False)
-            scores = tuple(np.shape(logits_of(out))) or None
-        except Exception:  # noqa: BLE001 - not this way; none: the first batch's check says why
-            continue
-        vocab = _first_embedding_rows(model.params)
-        break
+    made: list[JaxModel] = []
+
+    def run(inputs: Any) -> Any:
+        made[:] = [flax_model(module, inputs, config.seed)]
+        return made[0].apply(made[0].params, made[0].state, tree_map(jnp.asarray, inputs), False, None, None,
+                             False)[0]
+
+    found = probe_scores(config, np.zeros((FLOP_COUNT_BATCH, *shape), np.int32), True, run, _scores_of) if len(
+        shape) == 1 else None
+    scores = None if isinstance(found, BaseException) else found  # (none: no token ids; the first batch says why)
+    vocab = _first_embedding_rows(made[0].params) if made and not isinstance(found, BaseException) else None
     return token_task(config, shape, vocab, "nn.Embed", scores, notes)
 
 
 def _first_embedding_rows(params: Any) -> int | None:
     """The rows of the first ``embedding`` table in the order the module made its parameters (a
     dict's own order: jax's tree functions sort the names)."""
-    if isinstance(params, dict) or hasattr(params, "items"):
+    if hasattr(params, "items"):
         for name, value in params.items():
             if name == "embedding" and hasattr(value, "shape"):
                 return int(value.shape[0])
@@ -179,18 +179,20 @@ def _check_first_batch(model: JaxModel, x: Any, y: Any, loss: Any, config: Confi
     """The module on a batch of 2 of what it trains on, before any config trains: it takes the
     inputs, and its loss (cross-entropy, the user's, the module's own) is one finite number
     (``check_first_batch``)."""
-    def scores_of(out: Any) -> tuple[int, ...] | None:
-        try:
-            shape = tuple(np.shape(logits_of(out)))
-        except TypeError:
-            return None
-        return shape or None  # (a scalar holds no scores)
-
     targets = tree_map(jnp.asarray, y)
     check_first_batch(config, task, lambda: model.apply(model.params, model.state, tree_map(jnp.asarray, x), False,
-                                                        None, None, False)[0], scores_of,
+                                                        None, None, False)[0], _scores_of,
                       lambda out: (loss or cross_entropy)(out, targets), loss is not None,
                       None if isinstance(y, (tuple, list, dict)) else tuple(np.shape(y)))
+
+
+def _scores_of(out: Any) -> tuple[int, ...] | None:
+    """The shape of the scores in a module's output (``logits_of``), or None where it holds none
+    (a scalar first holds none)."""
+    try:
+        return tuple(np.shape(logits_of(out))) or None
+    except TypeError:
+        return None
 
 
 def train_flops(model: JaxModel, x: Any, y: Any, loss: Any) -> dict[str, Any]:

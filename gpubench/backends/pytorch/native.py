@@ -37,6 +37,7 @@ from gpubench.workloads.data import (
 )
 from gpubench.workloads.source import (
     CHOICES,
+    FIRST_BATCH,
     ModelRef,
     SourceError,
     check_arguments,
@@ -49,11 +50,11 @@ from gpubench.workloads.source import (
     nearest,
     own_batches,
     parse_workload,
-    probe_targets,
+    probe_scores,
     token_task,
 )
 
-FLOP_COUNT_BATCH = 2
+FLOP_COUNT_BATCH = FIRST_BATCH  # the first batch's samples (own_batches), counted and checked
 DEFAULT_IMAGE = (3, 224, 224)
 DEFAULT_TOKENS = 128  # a language model's sequence length where the suite gives none (at most its context)
 
@@ -326,27 +327,24 @@ def _scores_on_tokens(model: nn.Module, config: Config, shape: tuple[int, ...]) 
 
 
 def _probe(model: nn.Module, config: Config, x: np.ndarray, tokens: bool) -> tuple[int, ...] | BaseException | None:
-    """The shape of the model's scores on ``x`` (with zero targets after it where the model
-    computes its own loss and takes them: ``probe_targets``), None where it gives none, or the
-    error of the first way of calling it that failed."""
-    first: BaseException | None = None
+    """``probe_scores`` of the model in eval mode, without gradients, the random state put back."""
+    def run(inputs: Any) -> Any:
+        with torch.no_grad(), torch.random.fork_rng():
+            return call_model(model, tree_map(torch.from_numpy, inputs))
+
     model.eval()
     try:
-        for y in probe_targets(config, tuple(x.shape[1:]), tokens):
-            inputs = torch.from_numpy(x) if y is None else (torch.from_numpy(x), torch.from_numpy(y))
-            try:
-                with torch.no_grad(), torch.random.fork_rng():
-                    out = call_model(model, inputs)
-            except Exception as e:  # noqa: BLE001 - not this way: the next one, or say why
-                first = first or e
-                continue
-            try:
-                return tuple(logits_of(out).shape)
-            except TypeError:
-                return None
-        return first
+        return probe_scores(config, x, tokens, run, _scores_of)
     finally:
         model.train()
+
+
+def _scores_of(out: Any) -> tuple[int, ...] | None:
+    """The shape of the scores in a model's output (``logits_of``), or None where it holds none."""
+    try:
+        return tuple(logits_of(out).shape)
+    except TypeError:
+        return None
 
 
 def _check_first_batch(model: nn.Module, sample: Batches, loss: Callable[[Any, Any], Any] | None, config: Config,
@@ -357,17 +355,10 @@ def _check_first_batch(model: nn.Module, sample: Batches, loss: Callable[[Any, A
     SourceError, the pre-run check's one line."""
     x, y = sample.sample(FLOP_COUNT_BATCH)
     x, y = tree_map(torch.from_numpy, x), tree_map(torch.from_numpy, y)
-
-    def scores_of(out: Any) -> tuple[int, ...] | None:
-        try:
-            return tuple(logits_of(out).shape)
-        except TypeError:
-            return None
-
     model.eval()
     try:
         with torch.no_grad(), torch.random.fork_rng():
-            check_first_batch(config, task, lambda: call_model(model, x), scores_of,
+            check_first_batch(config, task, lambda: call_model(model, x), _scores_of,
                               lambda out: (loss or cross_entropy)(out, y), loss is not None,
                               tuple(y.shape) if isinstance(y, torch.Tensor) else None)
     finally:
@@ -418,7 +409,6 @@ def count_train_flops(model: nn.Module, sample: Batches, loss_fn: Callable[[Any,
     if total <= 0:
         return {"flops_per_sample": None, "flops_note": "no count: FlopCounterMode saw no matrix multiply or "
                                                         "convolution"}
-    fwd = _forward_flops(model, x)
     out: dict[str, Any] = {"flops_per_sample": total // n if total % n == 0 else math.ceil(total / n),
                            "flops_counted_by": "torch.utils.flop_counter.FlopCounterMode over one training step "
                                                f"(forward, loss, backward) at batch {n}, divided by {n}; attention "
@@ -429,6 +419,7 @@ def count_train_flops(model: nn.Module, sample: Batches, loss_fn: Callable[[Any,
                 "flops_partial_per_sample": out["flops_per_sample"],
                 "flops_note": f"no count: FlopCounterMode has no formula for {', '.join(uncounted)} (their FLOPs "
                               "would be left out, and MFU low)"}
+    fwd = _forward_flops(model, x)
     if fwd is not None:
         out["forward_flops_per_sample"] = fwd // n
     return out

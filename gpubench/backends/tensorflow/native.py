@@ -29,6 +29,7 @@ from gpubench.workloads.base import WorkloadSpec
 from gpubench.workloads.data import SyntheticTask, make_batches
 from gpubench.workloads.source import (
     CHOICES,
+    FIRST_BATCH,
     ModelRef,
     SourceError,
     check_arguments,
@@ -36,18 +37,17 @@ from gpubench.workloads.source import (
     code_origin,
     config_loss,
     counted_once,
-    describe,
     import_function,
     input_problem,
     nearest,
     own_batches,
     parse_workload,
-    probe_targets,
+    probe_scores,
     token_task,
 )
 
 POLICIES = {"amp-fp16": "mixed_float16", "amp-bf16": "mixed_bfloat16"}
-FLOP_COUNT_BATCH = 2
+FLOP_COUNT_BATCH = FIRST_BATCH  # the first batch's samples (own_batches), counted and checked
 DEFAULT_IMAGE = (224, 224, 3)
 
 
@@ -113,12 +113,8 @@ def _check_first_batch(model: Any, x: Any, y: Any, loss: Callable[[Any, Any], An
     """The model on a batch of 2 of what it trains on, before any config trains: it takes the
     inputs, and its loss (Keras' sparse cross-entropy, the user's, the model's own) is one finite
     number (``check_first_batch``)."""
-    def scores_of(out: Any) -> tuple[int, ...] | None:
-        shape = getattr(out, "shape", None)
-        return tuple(int(d) for d in shape) if shape is not None else None
-
     keras_loss = _keras_order(loss) if loss is not None else builtin_loss()
-    check_first_batch(config, task, lambda: model(x, training=False), scores_of, lambda out: keras_loss(y, out),
+    check_first_batch(config, task, lambda: model(x, training=False), _scores_of, lambda out: keras_loss(y, out),
                       loss is not None, None if isinstance(y, (tuple, list, dict)) else tuple(np.shape(y)))
 
 
@@ -184,29 +180,30 @@ def _task(model: Any, config: Config, notes: list[str], factory: bool) -> Synthe
         vocab = int(first.input_dim) if isinstance(first, keras.layers.Embedding) else None
         name = f"{type(first).__name__}({vocab}, {first.output_dim})" if vocab and first is not None else ""
         scores = None
-        wanted = len(shape) == 1 and config.input_kind != "features" and (vocab or config.input_kind == "tokens")
-        for y in probe_targets(config, shape, tokens=True) if wanted else []:
-            ids = np.zeros((FLOP_COUNT_BATCH, *shape), np.int32)
-            try:
-                out = model(ids if y is None else (ids, y), training=False)
-            except Exception:  # noqa: BLE001 - not this way; none: the first batch's check says what it takes
-                continue
-            scores = tuple(int(d) for d in out.shape) if getattr(out, "shape", None) is not None else None
-            break
+        if len(shape) == 1 and config.input_kind != "features" and (vocab or config.input_kind == "tokens"):
+            found = probe_scores(config, np.zeros((FLOP_COUNT_BATCH, *shape), np.int32), True,
+                                 lambda inputs: model(inputs, training=False), _scores_of)
+            scores = None if isinstance(found, BaseException) else found  # (none: not a token model)
         tokens = token_task(config, shape, vocab, name, scores, notes)
         if tokens is not None:
             return tokens
     task = SyntheticTask(shape, config.num_classes)
     if config.num_classes:
         return task
-    try:
-        out = model(np.zeros((FLOP_COUNT_BATCH, *shape), np.float32), training=False)
-    except Exception as e:  # noqa: BLE001 - the model rejects the input: say which shape
-        raise input_problem(config, task, e) from None
-    if getattr(out, "shape", None) is None:
-        raise SourceError(f"workload {config.workload!r}: the model returned {describe(out)}, not one array of "
-                          f"scores; set num_classes, or use {CHOICES}")
-    return SyntheticTask(shape, int(out.shape[-1]))
+    found = probe_scores(config, np.zeros((FLOP_COUNT_BATCH, *shape), np.float32), False,
+                         lambda inputs: model(inputs, training=False), _scores_of)
+    if isinstance(found, BaseException):  # the model rejects the input: say which shape
+        raise input_problem(config, task, found) from None
+    if found is None:
+        raise SourceError(f"workload {config.workload!r}: the model gives no scores (one array) on input_shape "
+                          f"{list(shape)}; set num_classes, or use {CHOICES}")
+    return SyntheticTask(shape, int(found[-1]))
+
+
+def _scores_of(out: Any) -> tuple[int, ...] | None:
+    """The shape of a Keras model's output, its scores (None: not one array)."""
+    shape = getattr(out, "shape", None)
+    return tuple(int(d) for d in shape) if shape is not None else None
 
 
 __all__ = ["POLICIES", "as_native", "builtin_loss", "native_model"]
