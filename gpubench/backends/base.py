@@ -185,11 +185,12 @@ class Backend(ABC):
         """(status, reason) when the config cannot run here ('unavailable' or 'unsupported');
         starts with ``unsupported``."""
 
-    def native(self, config: Config, counts: Path | None = None) -> NativeModel:
+    def native(self, config: Config, counts: Path | None = None, count: bool = True) -> NativeModel:
         """The config's model source as this framework's model (imports the user's factory or
         the zoo; raises for a factory that returns no model of this framework). ``counts``: the
         run's directory of FLOP counts, where a backend that counts a model on the host keeps
-        the count for the run's other workers (``workloads.source.counted_once``). By default a
+        the count for the run's other workers (``workloads.source.counted_once``); ``count``
+        False: no FLOP count (the pre-run check of a model, which the run counts). By default a
         backend trains the built-in workloads only, translating their spec in ``build``
         (``NativeModel.spec``; ``build()`` gives the spec back)."""
         from gpubench.workloads import get_workload

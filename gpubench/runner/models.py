@@ -7,7 +7,8 @@ exit 2), before a run directory is made.
 The models are built where they train: in a child process per framework (``python -m
 gpubench.runner.models``, the configs as JSON on stdin), with the worker's own path to the
 user's code, through the backend's ``native`` (what the worker calls first), so the check is the
-worker's own and the parent imports no framework.
+worker's own and the parent imports no framework. It does not count the model's FLOPs (a training
+step on the host, with PyTorch's compiler stack imported): the run's first worker does, once.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def check_here(keys: list[dict[str, Any]]) -> str | None:
         config = Config.from_dict(d)
         backend = get_backend(config.framework)
         try:
-            backend.native(config)
+            backend.native(config, count=False)  # the run counts the FLOPs, once (counted_once)
         except Unsupported:  # the config ends unsupported, with its reason, when it runs
             continue
         except ImportError as e:  # the framework or a package the user's module needs

@@ -191,14 +191,14 @@ class JaxBackend(Backend):
         self._pinned = n
         return None
 
-    def native(self, config: Config, counts: Path | None = None) -> NativeModel:
+    def native(self, config: Config, counts: Path | None = None, count: bool = True) -> NativeModel:
         import_jax()
         kind, n = parse_parallelism(config.parallelism)
         if kind == "dp" and device_kind(config.device) == "cpu":
             host_devices(n)
         from gpubench.backends.jax.native import native_model
 
-        return native_model(config, counts)
+        return native_model(config, counts, count)
 
     def build(self, model: NativeModel | WorkloadSpec, config: Config, batches: Batches) -> Trainer:
         kind, n = parse_parallelism(config.parallelism)

@@ -83,8 +83,9 @@ def flax_model(module: Any, sample: Any, seed: int) -> JaxModel:
     return JaxModel(params, state, apply)
 
 
-def native_model(config: Config, counts: Path | None = None) -> NativeModel:
-    """The config's model, its data and its facts; ``counts``: the run's FLOP counts (counted_once)."""
+def native_model(config: Config, counts: Path | None = None, count: bool = True) -> NativeModel:
+    """The config's model, its data and its facts; ``counts``: the run's FLOP counts (counted_once;
+    none with ``count`` False)."""
     ref = parse_workload(config.workload, sorted(WORKLOADS))
     if ref.kind == "builtin":
         spec = get_workload(config.workload).spec(**dict(config.workload_params))
@@ -138,7 +139,8 @@ def native_model(config: Config, counts: Path | None = None) -> NativeModel:
     _check_first_batch(model, x, y, loss, config, task)
     if notes:
         facts["notes"] = notes
-    facts.update(counted_once(counts, config, facts, jax.__version__, lambda: train_flops(model, x, y, loss)))
+    if count:
+        facts.update(counted_once(counts, config, facts, jax.__version__, lambda: train_flops(model, x, y, loss)))
     # a fresh initialisation per build, not the probe's arrays: the trainer donates its parameters
     return NativeModel(build=lambda: flax_model(module, x, config.seed), make_batches=make, facts=facts, loss=loss)
 

@@ -270,10 +270,10 @@ class TorchBackend(Backend):
         torch.set_num_threads(n)  # intra-op: the threads one operator's work is split over
         return None
 
-    def native(self, config: Config, counts: Path | None = None) -> NativeModel:
+    def native(self, config: Config, counts: Path | None = None, count: bool = True) -> NativeModel:
         from gpubench.backends.pytorch.native import native_model
 
-        return native_model(config, counts)
+        return native_model(config, counts, count)
 
     def build(self, model: NativeModel | WorkloadSpec, config: Config, batches: Batches) -> Trainer:
         from gpubench.backends.pytorch.native import as_native

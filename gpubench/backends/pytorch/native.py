@@ -94,9 +94,10 @@ def cross_entropy(out: Any, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.float(), y)
 
 
-def native_model(config: Config, counts: Path | None = None) -> NativeModel:
+def native_model(config: Config, counts: Path | None = None, count: bool = True) -> NativeModel:
     """The config's model, its data and its facts; ``counts``: where the run keeps the FLOP counts
-    of its models, so that a model is counted once a run (``counted_once``)."""
+    of its models, so that a model is counted once a run (``counted_once``; none with ``count``
+    False)."""
     ref = parse_workload(config.workload, sorted(WORKLOADS))
     if ref.kind == "builtin":
         return _builtin(get_workload(config.workload).spec(**dict(config.workload_params)), config)
@@ -120,7 +121,7 @@ def native_model(config: Config, counts: Path | None = None) -> NativeModel:
     _check_first_batch(probe, sample, loss, config, task if batch_fn is None else None)
     if notes:
         facts["notes"] = notes
-    if _rank() == 0:  # the result's facts are rank 0's: the other ranks of a ddp:N config skip the count
+    if count and _rank() == 0:  # the result's facts are rank 0's: the other ranks of a ddp:N config skip the count
         facts.update(counted_once(counts, config, facts, torch.__version__,
                                   partial(count_train_flops, probe, sample, loss or cross_entropy)))
     sequential = isinstance(probe, nn.Sequential)

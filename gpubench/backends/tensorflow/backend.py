@@ -166,7 +166,7 @@ class TensorFlowBackend(Backend):
                 return "TensorFlow's runtime had started before its thread pools could be set"
         return None
 
-    def native(self, config: Config, counts: Path | None = None) -> NativeModel:
+    def native(self, config: Config, counts: Path | None = None, count: bool = True) -> NativeModel:
         import_tf()
         kind, n = parse_parallelism(config.parallelism)
         if kind == "mirrored" and device_kind(config.device) == "cpu":  # before the model touches TensorFlow
@@ -175,7 +175,7 @@ class TensorFlowBackend(Backend):
             logical_cpus(n)
         from gpubench.backends.tensorflow.native import native_model
 
-        return native_model(config, counts)
+        return native_model(config, counts, count)
 
     def build(self, model: NativeModel | WorkloadSpec, config: Config, batches: Batches) -> Trainer:
         from gpubench.backends.tensorflow.trainer import TFTrainer

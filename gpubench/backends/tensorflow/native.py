@@ -75,8 +75,9 @@ def _builtin(spec: WorkloadSpec, config: Config) -> NativeModel:
                        facts=spec.facts(), spec=spec, sequential=True, channels_first_data=True)
 
 
-def native_model(config: Config, counts: Path | None = None) -> NativeModel:
-    """The config's model, its data and its facts; ``counts``: the run's FLOP counts (counted_once)."""
+def native_model(config: Config, counts: Path | None = None, count: bool = True) -> NativeModel:
+    """The config's model, its data and its facts; ``counts``: the run's FLOP counts (counted_once;
+    none with ``count`` False)."""
     ref = parse_workload(config.workload, sorted(WORKLOADS))
     if ref.kind == "builtin":
         return _builtin(get_workload(config.workload).spec(**dict(config.workload_params)), config)
@@ -100,7 +101,8 @@ def native_model(config: Config, counts: Path | None = None) -> NativeModel:
     # trainable parameters, as PyTorch and the specs count them (not batch norm's moving statistics)
     facts["params"] = int(sum(np.prod(v.shape) for v in probe.trainable_variables))
     loss = _keras_order(user_loss) if user_loss is not None else builtin_loss()
-    facts.update(counted_once(counts, config, facts, tf.__version__, partial(_train_flops, probe, x, y, loss)))
+    if count:
+        facts.update(counted_once(counts, config, facts, tf.__version__, partial(_train_flops, probe, x, y, loss)))
     del probe
     keras.backend.clear_session()
     policy = POLICIES.get(config.precision)
