@@ -111,6 +111,42 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
 }
 
 
+# each command's exit codes, at the end of its --help (and so in docs/reference/cli.md): every
+# command has 2 for bad input (one line naming what was wrong; nothing written), and those that
+# measure 130 (Ctrl-C) and 143 (SIGTERM): the finished measurements kept, a line saying how to go on
+BAD_INPUT = "2 bad input: one line naming what was wrong and what is allowed; nothing written"
+STOPPED = "130 Ctrl-C, 143 SIGTERM: what finished is kept, and a line says how to go on"
+MEASURED = "1 a config ended error or timeout, or nothing was measured (all unavailable, unsupported...)"
+EXIT_CODES: dict[str, tuple[str, ...]] = {
+    "run": ("0 every config that could run was measured", MEASURED, BAD_INPUT, STOPPED),
+    "report": ("0 the report written (a run with nothing measured too: its failures)", BAD_INPUT),
+    "compare": ("0 no config regressed", "1 a config regressed", BAD_INPUT),
+    "ab": ("0 no config regressed", "1 a config regressed, or a repeat of a side failed", BAD_INPUT, STOPPED),
+    "export": ("0 written", BAD_INPUT),
+    "baseline save": ("0 saved", BAD_INPUT),
+    "baseline list": ("0 listed", BAD_INPUT),
+    "list": ("0 listed", BAD_INPUT),
+    "find-batch": ("0 every search ended at an oom or the limit",
+                   "1 a search stopped on another status (the config unavailable, failed...)", BAD_INPUT, STOPPED),
+    "advise": ("0 the practices measured, whatever they did", "1 the baseline itself does not train", BAD_INPUT,
+               STOPPED),
+    "bisect": ("0 a commit named", "1 none named (not reproduced at the ends, or a step that stayed inconclusive)",
+               BAD_INPUT, STOPPED),
+    "profile": ("0 every config that could run was profiled", "1 a config ended error or timeout, its profiler "
+                "failed, or nothing was profiled", BAD_INPUT, STOPPED),
+    "calibrate": ("0 measured", "1 a measurement failed", BAD_INPUT),
+    "history ingest": ("0 recorded", BAD_INPUT),
+    "history list": ("0 listed", BAD_INPUT),
+    "history show": ("0 shown", BAD_INPUT),
+    "history export": ("0 written", BAD_INPUT),
+    "history report": ("0 written", BAD_INPUT),
+    "history check": ("0 no recent regression", "1 a regression among the --recent commits (with --bisect: or no "
+                      "commit named)", BAD_INPUT),
+    "history noise": ("0 measured", BAD_INPUT),
+    "env": ("0 printed", BAD_INPUT),
+}
+
+
 def iter_commands(parser: argparse.ArgumentParser, words: str = "") -> Iterator[tuple[str, argparse.ArgumentParser]]:
     """The parser and every sub-command's, depth first, in the order they were added, each with
     its words after ``gpubench`` (``""`` for the top level, ``"history list"``)."""
@@ -122,11 +158,15 @@ def iter_commands(parser: argparse.ArgumentParser, words: str = "") -> Iterator[
 
 
 def _add_examples(parser: argparse.ArgumentParser) -> None:
-    """Each command's examples as its --help epilog (kept as written: one per line)."""
+    """Each command's examples and exit codes as its --help epilog (kept as written: one per line)."""
     for words, command in iter_commands(parser):
-        examples = EXAMPLES.get(words)
-        if examples:
-            command.epilog = "examples:\n" + "\n".join(f"  {e}" for e in examples)
+        parts = []
+        if examples := EXAMPLES.get(words):
+            parts.append("examples:\n" + "\n".join(f"  {e}" for e in examples))
+        if codes := EXIT_CODES.get(words):
+            parts.append("exit codes:\n" + "\n".join(f"  {c}" for c in codes))
+        if parts:
+            command.epilog = "\n\n".join(parts)
             command.formatter_class = argparse.RawDescriptionHelpFormatter
 
 

@@ -4,7 +4,8 @@ written for these tests, each built and trained by its framework's backend as a 
 - gpt.py: a GPT as nanoGPT writes one, ``(logits, loss)`` outputs, fused attention;
 - encoder.py: an encoder of a dict of inputs (token ids, an attention mask), a dict output;
 - twoinput.py: two inputs as a tuple, a dataclass output;
-- keras_text.py: a Keras subclassed model of token ids, a class per sequence;
+- keras_text.py: a Keras subclassed model of token ids, a class per sequence, (logits, loss) given
+  the targets;
 - flax_lm.py: a Flax language model with dropout.
 """
 
@@ -95,7 +96,7 @@ def test_the_docs_language_model_without_its_loss_output_is_the_pages_line(tmp_p
 
 # every corpus model in one suite, each command below takes them all in one invocation: the
 # language model of docs/own-model.md's suite as written there (the GPT at two precisions), then
-# the others, at fp32
+# the others, at fp32 (Keras' with the loss it computes; the pytest fixture trains it with gpubench's)
 OTHERS = """
 [[matrix.include]]
 workload = ["encoder:encoder"]
@@ -111,7 +112,7 @@ precision = ["fp32"]
 workload = ["keras_text:text_classifier"]
 framework = ["tensorflow"]
 input_shape = [[32]]
-loss_output = [""]
+loss_output = ["1"]
 precision = ["fp32"]
 [[matrix.include]]
 workload = ["flax_lm:flax_lm"]
@@ -154,7 +155,8 @@ def test_run_takes_every_corpus_model(corpus_project):
         assert math.isfinite(r["metrics"]["loss"]["last"]) and r["model"]["flops_per_sample"] > 0, workload
         assert (r["model"].get("task") in ("tokens", "sequences")) == (workload in TOKEN_MODELS), workload
     assert results["gpt:gpt"]["model"]["flops_per_sample"] == 50331648  # attention counted (tests/test_own_model.py)
-    keras_text = results["keras_text:text_classifier"]["model"]  # an embedding first, a class per sequence
+    keras_text = results["keras_text:text_classifier"]["model"]  # an embedding first, a class per sequence,
+    assert results["keras_text:text_classifier"]["config"]["loss_output"] == "1"  # trained on its own loss
     assert keras_text["task"] == "sequences" and keras_text["num_classes"] == 4
     assert "a class of 4 per sequence of 32 tokens over a vocabulary of 128" in keras_text["notes"][0]
     # the progress line of each config on token ids: the GPT's two, Keras', Flax's and the encoder's

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from gpubench.cli import EXAMPLES, build_parser, iter_commands
+from gpubench.cli import EXAMPLES, EXIT_CODES, build_parser, iter_commands
 from gpubench.docgen import PAGES, main, stale
 from tests.conftest import REPO
 
@@ -61,7 +61,9 @@ def test_each_commands_help_ends_with_examples_that_parse(words, capsys):
     examples = EXAMPLES[words]
     assert 2 <= len(examples) <= 3, words
     parser = dict(iter_commands(build_parser()))[words]
-    assert parser.format_help().rstrip().endswith("examples:\n" + "\n".join(f"  {e}" for e in examples))
+    codes = EXIT_CODES.get(words)
+    tail = "\n\nexit codes:\n" + "\n".join(f"  {c}" for c in codes) if codes else ""
+    assert parser.format_help().rstrip().endswith("examples:\n" + "\n".join(f"  {e}" for e in examples) + tail)
     for example in examples:
         argv = shlex.split(example, comments=True)
         assert argv[0] == "gpubench"
@@ -70,8 +72,14 @@ def test_each_commands_help_ends_with_examples_that_parse(words, capsys):
         build_parser().parse_args(argv[1:])  # an unknown option or value exits 2 here
 
 
-def test_every_command_has_examples():
-    assert sorted(words for words, _ in iter_commands(build_parser())) == sorted(EXAMPLES)
+def test_every_command_has_examples_and_each_that_acts_its_exit_codes():
+    commands = sorted(words for words, _ in iter_commands(build_parser()))
+    assert commands == sorted(EXAMPLES)
+    groups = {"", "baseline", "history"}  # they only name a sub-command
+    assert sorted(EXIT_CODES) == [w for w in commands if w not in groups]
+    for words, codes in EXIT_CODES.items():  # each code once, in order; bad input everywhere
+        numbers = [int(c.split()[0].rstrip(",")) for c in codes]
+        assert numbers == sorted(set(numbers)) and 2 in numbers, words
 
 
 ISSUE = re.compile(r"\bissues? ?#?\d+|(?<![\w/&#])#\d+\b", re.IGNORECASE)

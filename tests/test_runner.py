@@ -72,6 +72,23 @@ def test_unavailable_and_unsupported_do_not_fail_the_run(tmp_path, write_suite):
         "unsupported", "fake does not support precision = tf32 on cpu; it supports: fp32 (the fake backend has no tf32)")
 
 
+def test_a_run_that_measures_nothing_exits_1_saying_so_and_still_has_its_report(tmp_path, write_suite):
+    """Every config unavailable or unsupported: exit 1 and one line counting the statuses; the
+    report (the run's own and `gpubench report`'s) is written, its failures listed, no charts."""
+    suite = write_suite(FAULTS.replace("mode = [0, 1, 2, 3, 4, 5]", 'mode = [0]\nprecision = ["fp32", "tf32"]'))
+    proc = run_cli(["run", str(suite), "--out", "runs", "--set", "device=cuda"], cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last == "nothing was measured: unavailable x1, unsupported x1 (the reasons above)", proc.stdout
+    assert "report not written" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    index = tmp_path / "reports" / run_dir.name / "index.html"
+    assert "no cuda device here; fake sees: cpu" in index.read_text()
+    assert list((index.parent / "charts").iterdir()) == []
+    again = run_cli(["report", str(run_dir), "--out", "again"], cwd=tmp_path)
+    assert again.returncode == 0 and (tmp_path / "again" / "summary.md").is_file(), again.stdout + again.stderr
+
+
 def test_repeats_run_in_rounds_each_in_a_fresh_process(tmp_path, write_suite):
     suite = write_suite(FAULTS.replace("[0, 1, 2, 3, 4, 5]", "[0]\nbatch_size = [4, 8]"))
     proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--repeats", "2", "--no-report"],

@@ -101,8 +101,8 @@ def _aggregate_group(g: pd.DataFrame) -> dict[str, Any]:
             continue
         if m.combine == "first":
             row[m.name] = _first(ok[m.name], g[m.name])
-        elif not len(ok):
-            continue
+        elif not len(ok):  # nothing measured: the column is still there (readers index it), empty
+            row[m.name] = None
         elif m.combine == "median":
             values = pd.to_numeric(ok[m.name], errors="coerce").dropna()
             row[m.name] = float(values.median()) if len(values) else None

@@ -12,7 +12,7 @@ SCHEMA_VERSION = 1
 SUPPORTED_SCHEMA_VERSIONS = (1,)
 
 STATUSES = ("ok", "oom", "unsupported", "unavailable", "diverged", "timeout", "error")
-FAILED_STATUSES = ("error", "timeout")  # the only ones that make `run` exit non-zero
+FAILED_STATUSES = ("error", "timeout")  # the statuses that make `run` exit 1 (as nothing measured does)
 
 
 def clean(obj: Any) -> Any:

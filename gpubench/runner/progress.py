@@ -133,6 +133,18 @@ def summary_table(results: list[Result]) -> Table:
     return table
 
 
+def nothing_measured(results: list[Result]) -> str | None:
+    """The line a command ends on when none of its results has a measurement (every config
+    unavailable, unsupported, failed...): the statuses counted; None when one has."""
+    if not results or any(r.get("metrics", "throughput") for r in results):
+        return None
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    return ("nothing was measured: " + ", ".join(f"{status} x{n}" for status, n in counts.items())
+            + " (the reasons above)")
+
+
 def unmeasured_lines(results: list[Result]) -> list[str]:
     """Configs without a measurement, grouped by (status, reason): one line per group."""
     groups: dict[tuple[str, str], list[str]] = {}

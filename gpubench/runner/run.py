@@ -44,7 +44,7 @@ from gpubench.runner.mfu import load_peaks, peak_devices
 from gpubench.runner.models import check_models, user_code_path
 from gpubench.runner.nodes import Nodes
 from gpubench.runner.probe import probe
-from gpubench.runner.progress import SweepDisplay, summary_table, unmeasured_lines
+from gpubench.runner.progress import SweepDisplay, nothing_measured, summary_table, unmeasured_lines
 from gpubench.runner.slurm import SlurmOptions
 from gpubench.runner.sweep import plan, pre_resolve, run_sweep
 from gpubench.suite import MAX_JOBS, Config, Suite, load_suite
@@ -378,6 +378,9 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
                   highlight=False)
     if req.report:
         write_report([run_dir], console)
+    if (nothing := nothing_measured(results)) is not None:
+        console.print(f"[red]{nothing}[/red]", highlight=False, soft_wrap=True)
+        return EXIT_FAILED
     return EXIT_FAILED if failed else EXIT_OK
 
 

@@ -1,5 +1,6 @@
 """A Keras subclassed model as users write one: an embedding, a 1-D convolution and pooling
-over the sequence, a class per sequence. Written for gpubench's tests."""
+over the sequence, a class per sequence; given its inputs with the targets, ``(tokens,
+targets)`` as Keras' one input, (logits, loss) as well. Written for gpubench's tests."""
 import keras
 
 
@@ -11,8 +12,13 @@ class TextClassifier(keras.Model):
         self.pool = keras.layers.GlobalAveragePooling1D()
         self.head = keras.layers.Dense(classes)
 
-    def call(self, tokens, training=False):
-        return self.head(self.pool(self.conv(self.embed(tokens))))
+    def call(self, inputs, training=False):
+        tokens, targets = inputs if isinstance(inputs, (tuple, list)) else (inputs, None)
+        logits = self.head(self.pool(self.conv(self.embed(tokens))))
+        if targets is None:
+            return logits
+        loss = keras.losses.sparse_categorical_crossentropy(targets, logits, from_logits=True)
+        return logits, keras.ops.mean(loss)
 
 
 def text_classifier(vocab=128, width=32, classes=4):
