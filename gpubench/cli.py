@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from rich.console import Console
 
 from gpubench import __version__
-from gpubench.errors import InputError, Stopped, os_error_line, stop_exit_code, stop_message, warn
+from gpubench.errors import InputError, Stopped, did_you_mean, os_error_line, stop_exit_code, stop_message, warn
 from gpubench.results.metrics import gate_metric_names
 from gpubench.runner.nodes import DEFAULT_MASTER_PORT, Nodes
 from gpubench.runner.run import EXIT_BAD_INPUT, RunRequest
@@ -50,7 +51,16 @@ class OneLineParser(argparse.ArgumentParser):
     this class too (add_subparsers makes its parsers of the parent's class)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}{self._typo(message)} (see {self.prog} --help)\n")
+
+    def _typo(self, message: str) -> str:
+        """``; did you mean run?`` for a misspelt command or choice, or option."""
+        if m := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message):
+            return did_you_mean(m.group(1), re.findall(r"'([^']*)'", m.group(2)))
+        if m := re.match(r"unrecognized arguments: (--?[\w-]+)", message):  # any command's option
+            return did_you_mean(m.group(1), [o for _, p in iter_commands(self) for a in p._actions
+                                             for o in a.option_strings if o.startswith("--")])
+        return ""
 
 
 # two or three examples at the end of each command's --help (keyed by the command's words after

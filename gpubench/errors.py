@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import errno
 import signal
 import sys
+from collections.abc import Iterable
 
 
 class InputError(Exception):
@@ -35,9 +37,16 @@ def os_error_line(e: OSError) -> str:
     return f"{where}: {e.strerror}" if where and e.strerror else str(e)
 
 
+def did_you_mean(value: object, allowed: Iterable[str]) -> str:
+    """`` (did you mean batch_size?)`` for a value close to one of ``allowed`` (a typo), else ``""``."""
+    near = difflib.get_close_matches(str(value), list(dict.fromkeys(allowed)), n=1, cutoff=0.6)
+    return f" (did you mean {near[0]}?)" if near else ""
+
+
 def choices_message(kind: str, value: object, allowed: list[str] | tuple[str, ...]) -> str:
-    """``unknown precision 'fp17'; expected one of: fp32, tf32, ...``"""
-    return f"unknown {kind} {value!r}; expected one of: {', '.join(allowed)}"
+    """``unknown precision 'fp17'; expected one of: fp32, tf32, ...``, with ``did you mean``
+    first where the value is a typo of one of them."""
+    return f"unknown {kind} {value!r}{did_you_mean(value, allowed)}; expected one of: {', '.join(allowed)}"
 
 
 def warn(message: str) -> None:

@@ -205,8 +205,13 @@ def test_ctrl_c_keeps_finished_results_and_says_how_to_resume(tmp_path, write_su
      "--set precision=fp17: unknown precision 'fp17'; expected one of: fp32, tf32, amp-fp16, amp-bf16"),
     (["run", "{suite}", "--set", "batch_size=0"], "--set batch_size=0: must be 1..2147483647 or \"max\", got 0"),
     (["run", "{suite}", "--set", "colour=red"], "--set colour=red: unknown key 'colour'"),
-    (["run", "{bad}"], "matrix.workload: unknown workload 'resnet9'"),
+    (["run", "{bad}"], "matrix.workload: unknown workload 'resnet9' (did you mean resnet50?)"),
     (["run"], "give a suite file"),
+    # a typo gets the name it was meant to be: a key, a value, a command, an option
+    (["run", "{suite}", "--set", "batch_sise=4"], "unknown key 'batch_sise' (did you mean batch_size?); expected"),
+    (["run", "{suite}", "--set", "framework=pytorch"], "unknown framework 'pytorch' (did you mean torch?)"),
+    (["rnu", "{suite}"], "(did you mean run?) (see gpubench --help)"),
+    (["run", "{suite}", "--repaets", "3"], "unrecognized arguments: --repaets 3 (did you mean --repeats?)"),
 ])
 def test_bad_input_exits_2_with_one_line_and_leaves_no_run_directory(tmp_path, write_suite, args, message):
     suite = write_suite(FAULTS)

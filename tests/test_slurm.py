@@ -256,7 +256,7 @@ def test_a_run_with_no_job_is_still_recorded_into_the_history(cluster, tmp_path,
     db = str(tmp_path / "history.db")
     proc = gpubench(cluster, tmp_path, "run", str(write_suite(TINY_MLP)), "--launcher", "slurm", "--nnodes", "2",
                     "--out", "runs", "--no-report", "--db", db)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "nothing was measured: unsupported x1" in proc.stdout, proc.stdout + proc.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert [r["status"] for r in result_lines(run_dir)] == ["unsupported"]
     listed = gpubench(cluster, tmp_path, "history", "list", "--db", db)

@@ -195,7 +195,7 @@ def test_the_gpu_suites_sweep_what_issue_8_names():
 @pytest.mark.parametrize("text, expected", [
     ("name = 'x'\n[matrix]\nworkload = ['cnn']\nprecision = ['fp17']",
      "matrix.precision: unknown precision 'fp17'; expected one of: fp32, tf32, amp-fp16, amp-bf16"),
-    ("[matrix]\nworkload = ['resnet9']", "matrix.workload: unknown workload 'resnet9'; expected one of: cnn, gpt, mlp"),
+    ("[matrix]\nworkload = ['resnet9']", "matrix.workload: unknown workload 'resnet9' (did you mean resnet50?); expected one of: cnn, gpt, mlp"),
     ("[matrix]\nworkload = 'cnn'\nframework = 'mxnet'", "matrix.framework: unknown framework 'mxnet'; expected one of:"),
     ("[matrix]\nworkload = 'cnn'\ndevice = 'tpu'", "matrix.device: unknown device 'tpu'; expected one of: cpu, cuda, cuda:N"),
     ("[matrix]\nworkload = 'cnn'\ndevice = 'cpu:1'", "matrix.device: unknown device 'cpu:1'"),
@@ -208,7 +208,7 @@ def test_the_gpu_suites_sweep_what_issue_8_names():
     ("[matrix]\nworkload = 'cnn'\npipeline_schedule = 'zb'", "matrix.pipeline_schedule: unknown pipeline schedule 'zb'; expected one of: gpipe, 1f1b"),
     ("[matrix]\nworkload = 'cnn'\noptimizer = 'lion'", "matrix.optimizer: unknown optimizer 'lion'; expected one of: adam, adamw, sgd"),
     ("[matrix]\nworkload = 'cnn'\nlr = 0", "matrix.lr: must be > 0, got 0"),
-    ("[matrix]\nworkload = 'cnn'\nbatchsize = 3", "matrix.batchsize: unknown key 'batchsize'; expected one of: workload,"),
+    ("[matrix]\nworkload = 'cnn'\nbatchsize = 3", "matrix.batchsize: unknown key 'batchsize' (did you mean batch_size?); expected one of: workload,"),
     ("[defaults]\nworkload = 'cnn'\nsteps = 0", "defaults.steps: must be >= 1, got 0"),
     ("[defaults]\nworkload = 'cnn'\nwarmup_steps = -1", "defaults.warmup_steps: must be >= 0, got -1"),
     ("[defaults]\nworkload = 'cnn'\ntimeout_s = -5", "defaults.timeout_s: must be > 0, got -5"),
@@ -292,7 +292,7 @@ batch_size = [512, 1024]
 @pytest.mark.parametrize("item, expected", [
     ("batch_size", "--set batch_size: expected KEY=VALUE[,VALUE...]"),
     ("=3", "--set =3: expected KEY=VALUE"),
-    ("batchsize=3", "--set batchsize=3: unknown key 'batchsize'; expected one of: workload, framework"),
+    ("batchsize=3", "--set batchsize=3: unknown key 'batchsize' (did you mean batch_size?); expected one of: workload, framework"),
     ("batch_size=abc", "--set batch_size=abc: expected an integer >= 1 or \"max\", got 'abc'"),
     ("batch_size=0", "--set batch_size=0: must be 1..2147483647 or \"max\", got 0"),
     ("precision=fp17", "--set precision=fp17: unknown precision 'fp17'; expected one of: fp32, tf32"),

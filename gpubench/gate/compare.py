@@ -38,7 +38,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpubench.errors import InputError
+from gpubench.errors import InputError, did_you_mean
 from gpubench.gate.stats import (
     Shift,
     benjamini_hochberg,
@@ -104,7 +104,8 @@ def gate_options(threshold: str, noise_floor: str, alpha: float, metric: str,
     if not 0 < alpha < 1:
         raise InputError(f"--alpha {alpha:g}: must be between 0 and 1")
     if metric not in GATE_METRICS:
-        raise InputError(f"--metric {metric}: expected one of: {', '.join(gate_metric_names())}")
+        raise InputError(f"--metric {metric}{did_you_mean(metric, GATE_METRICS)}: expected one of: "
+                         f"{', '.join(gate_metric_names())}")
     return options
 
 

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from gpubench.config import Config
+from gpubench.errors import did_you_mean
 from gpubench.files import write_text_atomic
 from gpubench.workloads.data import Batches, SyntheticTask, pool_maker, sample_batch, tree_leaves
 
@@ -87,7 +88,7 @@ def parse_workload(text: str, builtins: list[str]) -> ModelRef:
     forms = (f"expected one of: {', '.join(builtins)}; or a factory \"module:function\", or a zoo's model "
              f"\"zoo:name\" (zoos: {', '.join(ZOOS)})")
     if not sep:
-        raise ValueError(f"unknown workload {text!r}; {forms}")
+        raise ValueError(f"unknown workload {text!r}{did_you_mean(text, builtins)}; {forms}")
     if head in ZOOS:
         if not _ZOO_NAME.match(tail):
             raise ValueError(f"workload {text!r}: no model name after '{head}:'; {forms}")
