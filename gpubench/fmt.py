@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
+
+from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
 
 
 def _missing(v: Any) -> bool:
@@ -120,3 +124,54 @@ def md_cell(v: Any) -> str:
 def md_row(cells: Iterable[Any]) -> str:
     """One row of a markdown table, every cell through md_cell."""
     return "| " + " | ".join(md_cell(c) for c in cells) + " |"
+
+
+def short_names(ids: list[str], limit: int = 24) -> dict[str, str]:
+    """Each config id's name for a narrow terminal: the id without the dash-separated parts that
+    every id has (the device, the batch... where the sweep does not vary them), cut to ``limit``
+    characters; numbered where two would read the same. One id keeps its first part."""
+    parts = [i.split("-") for i in ids]
+    common = set(parts[0][1:]) if len(ids) == 1 else set(parts[0]).intersection(*parts[1:])
+    names = {}
+    for i, p in zip(ids, parts, strict=True):
+        kept = "-".join(x for x in p if x not in common) or p[0]
+        names[i] = kept if len(kept) <= limit else kept[:limit - 1] + "…"
+    if len(set(names.values())) < len(names):
+        names = {i: f"#{k} {n}" for k, (i, n) in enumerate(names.items(), 1)}
+    return names
+
+
+def fitted(console: Console, make: Callable[[Callable[[str], str], frozenset[str]], Table], ids: list[str],
+           droppable: tuple[str, ...] = ()) -> tuple[Table, list[str]]:
+    """A terminal table whose every column fits the console (a narrow terminal once made each
+    column of an 80-column table an ellipsis): ``make(name, dropped)`` builds it, each config
+    named by ``name(id)``, without the columns in ``dropped``. First with the full ids; where
+    that is too wide, with short names (``short_names``), then without the ``droppable``
+    columns, in order, until it fits. Returns the table and the lines to print below it: each
+    short name's full id, and the columns left out."""
+    def fits(table: Table) -> bool:  # every no-wrap cell whole, a wrapping column given 20 columns at most
+        kept = [column.max_width for column in table.columns]
+        for column in table.columns:
+            if not column.no_wrap:
+                column.max_width = min(column.max_width or 20, 20)
+        width = Measurement.get(console, console.options.update_width(10**5), table).maximum
+        for column, max_width in zip(table.columns, kept, strict=True):
+            column.max_width = max_width
+        return width <= console.width
+
+    table = make(str, frozenset())
+    if fits(table) or not ids:
+        return table, []
+    names = short_names(ids)
+    dropped: list[str] = []
+    table = make(names.__getitem__, frozenset())
+    for column in droppable:
+        if fits(table):
+            break
+        dropped.append(column)
+        table = make(names.__getitem__, frozenset(dropped))
+    lines = [f"  {names[i]} = {i}" for i in ids if names[i] != i]
+    lines = (["config ids:", *lines] if lines else []) + (
+        [f"left out at this terminal's width ({console.width} columns): {', '.join(dropped)} (every figure is in "
+         "the results and the report)"] if dropped else [])
+    return table, lines

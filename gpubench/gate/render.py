@@ -6,6 +6,7 @@ import math
 import re
 import statistics
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -64,15 +65,20 @@ def header(c: Comparison, labels: tuple[str, str]) -> str:
             f"{100 * c.threshold:g}%, noise floor {100 * c.noise_floor:g}%, alpha {c.alpha:g} ({correction}){pairs}")
 
 
-def table(c: Comparison) -> Table:
+def table(c: Comparison, label: Callable[[str], str] = str, dropped: frozenset[str] = frozenset()) -> Table:
+    """The verdicts, a config a row named by ``label(id)``, without the columns in ``dropped``
+    (the note wraps; every other cell stays on one line)."""
     t = Table(title_justify="left")
-    for col in ("config", "verdict", "baseline", "current", "change [CI]", "n", "note"):
-        t.add_column(col, no_wrap=col in ("config", "change [CI]"))
+    columns = [col for col in ("config", "verdict", "baseline", "current", "change [CI]", "n", "note")
+               if col not in dropped]
+    for col in columns:
+        t.add_column(col, no_wrap=col != "note")
     for v in c.verdicts:
         style = STYLE[v.verdict]
-        t.add_row(v.config_id, f"[{style}]{v.verdict}[/{style}]" if style else v.verdict,
-                  _value(v.baseline_median, c.metric), _value(v.current_median, c.metric), _change(v),
-                  f"{v.n_baseline}/{v.n_current}", v.note)
+        cells = {"config": label(v.config_id), "verdict": f"[{style}]{v.verdict}[/{style}]" if style else v.verdict,
+                 "baseline": _value(v.baseline_median, c.metric), "current": _value(v.current_median, c.metric),
+                 "change [CI]": _change(v), "n": f"{v.n_baseline}/{v.n_current}", "note": v.note}
+        t.add_row(*(cells[col] for col in columns))
     return t
 
 
@@ -88,7 +94,13 @@ def show(console: Console, c: Comparison, labels: tuple[str, str], base: list[Re
     see, the triage of each regressed config, and the counts; returns the power line and the
     triage, for the markdown and JSON."""
     console.print(header(c, labels), highlight=False, soft_wrap=True)
-    console.print(table(c))
+    # at a narrow terminal: short names, then without the repeats and the two medians (the
+    # change and its interval are the verdict's figures)
+    fitted, lines = fmt.fitted(console, lambda label, dropped: table(c, label, dropped),
+                               [v.config_id for v in c.verdicts], droppable=("n", "current", "baseline"))
+    console.print(fitted)
+    for line in lines:
+        console.print(line, highlight=False, soft_wrap=True)
     power = power_line(c)
     if power:
         console.print(power, highlight=False, soft_wrap=True)

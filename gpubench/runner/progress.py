@@ -4,6 +4,7 @@ a line per finished config, and the summary table."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from rich.console import Console
 from rich.markup import escape
@@ -91,9 +92,22 @@ SUMMARY_COLUMNS = (("samples/s", "throughput"), ("tokens/s", "tokens_per_s"), ("
 OPTIONAL_COLUMNS = ("tokens_per_s", "tensor_active_pct")
 
 
-def summary_table(results: list[Result]) -> Table:
-    """Measured configs (ok, diverged, partially measured) one row each; a caption says to
-    recalibrate where a result achieved more than its device's peak."""
+def print_summary(console: Console, results: list[Result]) -> None:
+    """The summary table, fitted to the terminal (fmt.fitted: short names for long ids, then
+    without the cold-start, interval, memory and cv columns, in that order, at a narrow width)."""
+    ids = list(dict.fromkeys(r.config_id for r in results if r.get("metrics", "throughput")))
+    table, lines = fmt.fitted(console, lambda name, dropped: summary_table(results, name, dropped), ids,
+                              droppable=("cold", "95% CI", "peak mem", "cv", "tensor %", "tokens/s"))
+    console.print(table)
+    for line in lines:
+        console.print(line, highlight=False, soft_wrap=True)
+
+
+def summary_table(results: list[Result], label: Callable[[str], str] = str,
+                  dropped: frozenset[str] = frozenset()) -> Table:
+    """Measured configs (ok, diverged, partially measured) one row each, named by ``label(id)``,
+    without the columns in ``dropped``; a caption says to recalibrate where a result achieved
+    more than its device's peak."""
     repeats = any(r.repeat for r in results)
     above = [r for r in results if r.get("metrics", "throughput") and BY_NAME["above_peak"].value(r)]
     lines = [f"MFU 'above peak': {len(above)} result(s) achieved more TFLOP/s than the calibrated peak, which is "
@@ -109,25 +123,26 @@ def summary_table(results: list[Result]) -> Table:
         table.add_column("rep", justify="right")
     table.add_column("status", no_wrap=True)
     # a language model's tokens/s beside samples/s, where the sweep has one
-    columns = [c for c in SUMMARY_COLUMNS
-               if c[1] not in OPTIONAL_COLUMNS or any(BY_NAME[c[1]].value(r) is not None for r in results)]
+    columns = [c for c in SUMMARY_COLUMNS if c[0] not in dropped
+               and (c[1] not in OPTIONAL_COLUMNS or any(BY_NAME[c[1]].value(r) is not None for r in results))]
+    interval = "95% CI" not in dropped
     for header, _ in columns:
         table.add_column(header, justify="right", no_wrap=True)
-        if header == "samples/s":
+        if header == "samples/s" and interval:
             table.add_column("95% CI", justify="right", no_wrap=True)
     for r in results:
         if not r.get("metrics", "throughput"):
             continue
         style = STATUS_STYLE.get(r.status, "")
         searched = r.get("metrics", "batch_search", "max_batch")
-        row = [r.config_id + (f" (bs {searched})" if searched else "")]
+        row = [label(r.config_id) + (f" (bs {searched})" if searched else "")]
         if repeats:
             row.append(str(r.repeat))
         row.append(f"[{style}]{r.status}[/{style}]" + (" [yellow]noisy[/yellow]" if BY_NAME["noisy"].value(r) else ""))
         for header, name in columns:
             flagged = name == "mfu" and BY_NAME["above_peak"].value(r)
             row.append("[yellow]above peak[/yellow]" if flagged else _show(name, r))
-            if header == "samples/s":
+            if header == "samples/s" and interval:
                 row.append(f"{_show('throughput_ci_low', r)}-{_show('throughput_ci_high', r)}")
         table.add_row(*row)
     return table

@@ -44,7 +44,7 @@ from gpubench.runner.mfu import load_peaks, peak_devices
 from gpubench.runner.models import check_models, user_code_path
 from gpubench.runner.nodes import Nodes
 from gpubench.runner.probe import probe
-from gpubench.runner.progress import SweepDisplay, nothing_measured, summary_table, unmeasured_lines
+from gpubench.runner.progress import SweepDisplay, nothing_measured, print_summary, unmeasured_lines
 from gpubench.runner.slurm import SlurmOptions
 from gpubench.runner.sweep import plan, pre_resolve, run_sweep
 from gpubench.suite import MAX_JOBS, Config, Suite, load_suite
@@ -370,7 +370,7 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
     results = existing + new
     if nodes.node_rank > 0:
         return _node_summary(new, run_dir, console)
-    console.print(summary_table(results))
+    print_summary(console, results)
     for line in unmeasured_lines(results):
         console.print(line, highlight=False, soft_wrap=True)
     failed = [r for r in results if r.status in FAILED_STATUSES]
