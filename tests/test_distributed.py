@@ -379,7 +379,7 @@ def test_a_rank_leaves_without_interpreter_teardown(tmp_path, monkeypatch, paral
     config = Config(workload="mlp", parallelism=parallelism)
     (tmp_path / "job.json").write_text(json.dumps({"config": config.to_dict(), "repeat": 0}))
     monkeypatch.setenv("RANK", rank)
-    monkeypatch.setattr(worker, "run_config", lambda config, profile, memory_history=None, counts=None: (
+    monkeypatch.setattr(worker, "run_config", lambda config, profile, memory_history=None, counts=None, phase=None: (
         Outcome(status=status, reason="x"), None))
     exits = []
     monkeypatch.setattr(worker.os, "_exit", exits.append)

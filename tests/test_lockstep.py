@@ -117,6 +117,10 @@ def test_ab_lockstep_pairs_the_rounds_and_gates(tmp_path, write_suite):
     assert {r["runtime"]["gpubench"]["path"] for r in sides["candidate"]} == {str(tmp_path / "cand" / "gpubench")}
     roles = [r["runtime"]["lockstep"]["role"] for r in sides["baseline"]]
     assert roles == ["first", "second"] * 4  # who begins alternates by round
+    # each progress line names the side that ran it, in the order the round began them
+    config_id = sides["baseline"][0]["config_id"]
+    assert f"[1/16] {config_id} (baseline): ok" in proc.stdout and f"[2/16] {config_id} (candidate): ok" in proc.stdout
+    assert f"[3/16] {config_id} r1 (candidate): ok" in proc.stdout
     # compare knows the two directories for the sides of one lockstep A/B, and pairs them too
     out = tmp_path / "again.json"
     again = run_cli(["compare", str(root / "baseline"), str(root / "candidate"), "--json", str(out)], cwd=tmp_path)

@@ -330,3 +330,22 @@ def test_a_worker_with_huge_pages_holds_its_memory_in_them(tmp_path, write_suite
         assert on["runtime"]["huge_pages"]["anon_huge_bytes"] >= 2 << 20  # at least one 2 MiB page
     else:
         assert on["status"] == "unsupported" and "huge_pages = transparent" in on["reason"]
+
+
+def test_a_worker_still_running_says_what_it_does(tmp_path, monkeypatch):
+    """A config that takes long (here one that hangs in its first step, until its timeout):
+    every HEARTBEAT_S a line with the time so far and the phase the worker is in."""
+    import gpubench.runner.job as job_module
+    from gpubench.config import Config
+    from gpubench.runner.job import Job
+
+    for key, value in plugin_env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(job_module, "HEARTBEAT_S", 1.0)
+    job = Job(Config(framework="fake", workload="fault", workload_params=(("mode", 2),), batch_size=8,
+                     timeout_s=5), 0)
+    beats: list[str] = []
+    outcome = job_module.run_worker(job, tmp_path, heartbeat=beats.append)
+    assert outcome.status == "timeout"
+    assert len(beats) >= 3 and all(b.startswith(f"  ... {job.name}: ") and " s so far; " in b for b in beats), beats
+    assert "; cold start (the first step), for " in beats[-1], beats

@@ -97,25 +97,29 @@ def window_steps(steps: int, window_s: float, step_ms: float) -> int:
 
 def run_loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int,
              observer: PhaseObserver | None = None, ranges: Ranges | None = None,
-             window_s: float = 0.0, turns: Turns | None = None) -> RawMeasurement:
+             window_s: float = 0.0, turns: Turns | None = None,
+             progress: Callable[[str], None] | None = None) -> RawMeasurement:
     """Cold start, warm-up, then ``windows`` timed windows of ``steps`` steps. With ``window_s``
     (seconds, 0: off) the warm-up stops once it has taken that long (after the trainer's own
     minimum), and every window takes the steps that fit in ``window_s`` at the warm-up's
     measured step time (at least MIN_WINDOW_STEPS): a slow config takes fewer steps, never
     fewer windows, and every window the same number of steps. With ``turns`` (lockstep), the
     worker trains only while it holds the token: it takes it before the cold start and hands
-    it over after the warm-up and after every window."""
+    it over after the warm-up and after every window. ``progress`` is told each phase as it
+    begins (outside the timed regions): the worker's heartbeat."""
     turns = turns or Turns()
     try:
         turns.begin()
-        return _loop(trainer, warmup_steps, steps, windows, observer, ranges, window_s, turns)
+        return _loop(trainer, warmup_steps, steps, windows, observer, ranges, window_s, turns,
+                     progress or (lambda phase: None))
     finally:
         turns.end()
 
 
 def _loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int, observer: PhaseObserver | None,
-          ranges: Ranges | None, window_s: float, turns: Turns) -> RawMeasurement:
+          ranges: Ranges | None, window_s: float, turns: Turns, progress: Callable[[str], None]) -> RawMeasurement:
     push, pop = (ranges or NO_RANGES).push, (ranges or NO_RANGES).pop
+    progress("cold start (the first step)")
     push("cold start")
     t0 = clock_ns()
     trainer.step()
@@ -130,6 +134,7 @@ def _loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int, observe
 
     step = trainer.step if ranges is None else ranged_step(trainer.step, ranges)
     wanted = max(warmup_steps, trainer.min_warmup_steps)
+    progress(f"warm-up (up to {wanted} steps)")
     push("warmup")
     t0 = clock_ns()
     deadline = t0 + int(window_s * 1e9) if window_s > 0 else None
@@ -150,6 +155,7 @@ def _loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int, observe
     compiles = trainer.compile_events()
     for w in range(windows):
         turns.swap()
+        progress(f"window {w + 1} of {windows} ({steps} steps each)")
         timer = trainer.step_timer(steps)
         mark = timer.mark
         if observer is not None:

@@ -255,19 +255,19 @@ class _Rounds:
                 order = SIDES if job.repeat % 2 == 0 else SIDES[::-1]  # A B, then B A, ...
                 if self.req.lockstep:
                     for side in order:
-                        display.started(k + order.index(side), job)
+                        display.started(k + order.index(side), job, side)
                     done = _lockstep_round(job, order, self.dirs, self.metas, self.envs, self.probes, self.launchers)
                     for side in order:
                         self.results[side].append(done[side])
-                        display.finished(k + order.index(side), job, done[side])
+                        display.finished(k + order.index(side), job, done[side], side)
                     k += 2
                     continue
                 for side in order:
-                    display.started(k, job)
+                    display.started(k, job, side)
                     (result,) = run_jobs([job], self.dirs[side], self.metas[side]["run_id"], self.envs[side],
                                          self.probes[side], launcher=self.launchers[side])
                     self.results[side].append(result)
-                    display.finished(k, job, result)
+                    display.finished(k, job, result, side)
                     k += 1
 
 

@@ -10,6 +10,8 @@ import json
 import shutil
 import signal
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,12 +115,44 @@ def log_tail_reason(run_dir: Path, log_rel: Path, reason: str) -> tuple[str, str
     return (reason + (f"; last output: {last.strip()[:300]}" if last else "")), "\n".join(tail)
 
 
+HEARTBEAT_S = 20.0  # a worker running longer says what it does this often (run_worker's ``heartbeat``)
+
+
+def heartbeat_line(job: Job, workdir: Path, elapsed_s: float) -> str:
+    """``mlp-torch-cpu-bs64-fp32-single: 40 s so far; window 2 of 3 (20 steps each), for 12 s``,
+    from the worker's phase file (runner.worker.PHASE_FILE)."""
+    try:
+        said = json.loads((workdir / "phase").read_text())
+        now = f"; {said['phase']}, for {max(0.0, time.time() - float(said['since'])):.0f} s"
+    except (OSError, ValueError, KeyError, TypeError):  # not begun yet, or being rewritten
+        now = "; starting"
+    return f"  ... {job.name}: {elapsed_s:.0f} s so far{now}"
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout_s: float, job: Job, workdir: Path,
+          heartbeat: Callable[[str], None] | None) -> None:
+    """Wait for the worker, telling ``heartbeat`` what it does every HEARTBEAT_S; TimeoutExpired
+    once ``timeout_s`` has passed."""
+    t0 = time.monotonic()
+    while True:
+        left = timeout_s - (time.monotonic() - t0)
+        try:
+            proc.wait(timeout=max(0.0, min(left, HEARTBEAT_S)) if heartbeat is not None else timeout_s)
+            return
+        except subprocess.TimeoutExpired:
+            elapsed = time.monotonic() - t0
+            if elapsed >= timeout_s or heartbeat is None:
+                raise
+            heartbeat(heartbeat_line(job, workdir, elapsed))
+
+
 def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: Nodes = Nodes(),
-               train: Config | None = None) -> Outcome:
+               train: Config | None = None, heartbeat: Callable[[str], None] | None = None) -> Outcome:
     """Run one job in a fresh process; its outcome, whatever happens to the worker. On
     node r > 0 of a multi-node run: this node's outcome (node 0 writes the result).
     ``train`` is the config the worker trains when it is not the job's own (a resolved
-    ``batch_size = "max"``); files are still named after the job."""
+    ``batch_size = "max"``); files are still named after the job. ``heartbeat``: told every
+    HEARTBEAT_S what a worker still running is doing (heartbeat_line)."""
     train = train or job.config
     workdir, log_rel = prepare_workdir(job, run_dir, train)
     oom_before = oom_kill_count()
@@ -132,7 +166,7 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: 
         if launcher.turns is not None:
             launcher.turns.close()
         try:
-            proc.wait(timeout=timeout_s)
+            _wait(proc, timeout_s, job, workdir, heartbeat)
         except subprocess.TimeoutExpired:
             kill_group(proc)
             shutil.rmtree(workdir, ignore_errors=True)

@@ -31,6 +31,7 @@ class LocalLauncher(JobLauncher):
     launcher: Launcher = field(default_factory=Launcher)
     nodes: Nodes = field(default_factory=Nodes)
     earlier: list[Result] = field(default_factory=list)
+    heartbeat: Callable[[str], None] | None = None  # a line every 20 s on a worker still running
     _done: list[Done] = field(default_factory=list)
 
     def room(self) -> bool:
@@ -54,7 +55,7 @@ class LocalLauncher(JobLauncher):
             outcome = run_at_max_batch(job, batch_search(config, self.launcher, self.earlier), self.run_dir,
                                        self.launcher)
         else:
-            outcome = run_worker(job, self.run_dir, self.launcher, self.nodes)
+            outcome = run_worker(job, self.run_dir, self.launcher, self.nodes, heartbeat=self.heartbeat)
         self._done.append(Done(k, job, outcome, started_at, time.perf_counter() - t0))
         return True
 
@@ -77,4 +78,4 @@ class Local(LauncherChoice):
 
     def start(self, ctx: LaunchContext) -> JobLauncher:
         return LocalLauncher(probes=ctx.probes, run_dir=ctx.run_dir, launcher=ctx.launcher, nodes=ctx.nodes,
-                             earlier=list(ctx.earlier))
+                             earlier=list(ctx.earlier), heartbeat=ctx.note)

@@ -65,14 +65,16 @@ class SweepDisplay:
         """A line between the finished configs' (above the progress bar on a terminal)."""
         (self.progress.console if self.progress else self.console).print(line, highlight=False, soft_wrap=True)
 
-    def started(self, k: int, job: Job) -> None:
+    def started(self, k: int, job: Job, side: str = "") -> None:
         if self.progress:
-            self.progress.update(self.task, description=job.config.config_id)
+            self.progress.update(self.task, description=job.config.config_id + (f" ({side})" if side else ""))
 
-    def finished(self, k: int, job: Job, result: Result) -> None:
+    def finished(self, k: int, job: Job, result: Result, side: str = "") -> None:
+        """The config's line; ``side``: which side of an A/B ran it."""
         status = result.status
         style = STATUS_STYLE.get(status, "")
         rep = f" r{job.repeat}" if job.repeat else ""
+        rep += f" ({side})" if side else ""
         line = (f"[{k + 1}/{self.total}] {job.config.config_id}{rep}: [{style}]{status}[/{style}] "
                 f"{escape(one_line(result))} ({result.duration_s or 0:.1f} s)")
         if self.progress:

@@ -16,7 +16,8 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from gpubench.backends import get_backend
 from gpubench.backends.base import Unsupported
 from gpubench.config import Config
 from gpubench.errors import EXIT_STORAGE, STORAGE_ERRNOS, STORAGE_LINE, warn
+from gpubench.files import write_text_atomic
 from gpubench.launch import RANKS_ENV, die_with_parent
 from gpubench.measure.loop import RawMeasurement, run_loop
 from gpubench.measure.stats import is_noisy, step_stats, throughput
@@ -228,17 +230,21 @@ def build_trainer(backend: Any, native: Any, config: Config, rank: int, world: i
 
 
 def run_config(config: Config, profile: dict[str, Any] | None = None, memory_history: dict[str, Any] | None = None,
-               counts: Path | None = None) -> tuple[Outcome, dict[str, Any] | None]:
+               counts: Path | None = None, phase: Callable[[str], None] = lambda text: None,
+               ) -> tuple[Outcome, dict[str, Any] | None]:
     """Train and measure one config: (its outcome, its telemetry timeline or None). Never
     raises for a config's failure: every one becomes a status. With ``profile``
     (``gpubench profile``: ``steps``, ``dir``, ``rel``), NVTX ranges mark the phases and the
     profiling passes follow the measured windows; with ``memory_history`` (``dir``, ``rel``)
     the device allocator's history is recorded from before the build (runner.memory_history);
-    ``counts``: the run's directory of model FLOP counts (a model counted once a run)."""
+    ``counts``: the run's directory of model FLOP counts (a model counted once a run);
+    ``phase`` is told what the worker is doing as each phase begins (its heartbeat)."""
+    phase("starting: importing the framework")
     backend, refused = admit(config)
     if refused is not None:
         return refused, None
     try:
+        phase("building the model")
         native = backend.native(config, counts)
     except Exception as e:  # noqa: BLE001 - a factory or zoo model that cannot be built: the config's error
         missing = zoo_unavailable(config)
@@ -261,16 +267,19 @@ def run_config(config: Config, profile: dict[str, Any] | None = None, memory_his
     recording = MemoryRecording(backend, config, memory_history, rank)
     try:
         t0 = time.perf_counter()
+        phase("setting up the trainer (data, optimizer, compilation)")
         trainer, memory["data_bytes"] = build_trainer(backend, native, config, rank, world, profile is not None)
         setup_ms = (time.perf_counter() - t0) * 1000.0
         with telemetry, rss.training():
             telemetry.raw = raw = run_loop(trainer, config.warmup_steps, config.steps, config.windows,
                                            telemetry.observer, ranges=trainer.ranges() if profile is not None else None,
-                                           window_s=config.window_s, turns=turns)
+                                           window_s=config.window_s, turns=turns, progress=phase)
         memory.update(trainer.memory())
         training_peak = rss.training_peak()
         if training_peak is not None:
             memory["train_peak_rss_bytes"] = training_peak
+        if profile is not None and not raw.diverged:
+            phase(f"profiling ({profile.get('steps')} steps)")
         profiled = _profile(trainer, raw, config, profile) if profile is not None and not raw.diverged else None
         ranks = rank_summaries(trainer, raw, config, rss) if config.distributed else None
         trainer.close()
@@ -358,6 +367,20 @@ def _check_ranks(out: Outcome, ranks: list[dict[str, Any]], config: Config) -> N
         out.status, out.reason = "error", "the ranks ended with different weights (data-parallel replicas diverged)"
 
 
+PHASE_FILE = "phase"  # in the job's work directory: what rank 0 is doing now, for the parent's heartbeat
+
+
+def _phase(workdir: Path, config: Config, text: str) -> None:
+    """Rank 0 says what it does now (``PHASE_FILE``: the phase and when it began); never fails
+    the config."""
+    if rank_of(config)[0] != 0:
+        return
+    try:
+        write_text_atomic(workdir / PHASE_FILE, json.dumps({"phase": text, "since": time.time()}))
+    except OSError:
+        pass
+
+
 def main(argv: list[str]) -> int:
     die_with_parent()  # a rank under a launcher: gone with it
     workdir = Path(argv[0])
@@ -373,7 +396,7 @@ def main(argv: list[str]) -> int:
     config = Config.from_dict(job["config"])
     # the run's FLOP counts of its models, beside the jobs' work directories (run_dir/.work/JOB)
     outcome, timeline = run_config(config, options.get("profile"), options.get("memory_history"),
-                                   counts=workdir.parent / "model-flops")
+                                   counts=workdir.parent / "model-flops", phase=partial(_phase, workdir, config))
     if options.get(NODE_ENV) and rank_of(config)[0] == 0:  # run elsewhere: the fingerprint of the node it ran on
         outcome.runtime = {**(outcome.runtime or {}), NODE_ENV: _node_env(config.framework)}
     code = _write_outcome(workdir, config, outcome, timeline)
