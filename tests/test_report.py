@@ -65,10 +65,13 @@ def test_csv_has_one_row_per_config_with_the_numbers(report_a):
 def test_markdown_speedups_and_failures(report_a):
     md = report_a.markdown.read_text()
     assert "8 configs: 6 ok, 1 unavailable, 1 error" in md
-    assert "| cnn-torch-cpu-bs32-amp-bf16-single | cnn-torch-cpu-bs32-fp32-single | 1.25x |" in md
-    assert "| cnn-torch-cpu-bs64-amp-bf16-single | cnn-torch-cpu-bs64-fp32-single | 1.60x |" in md
+    # each ratio with the range the two 95% intervals allow (end over opposite end), and what it
+    # decides: a noisy side makes the figure decide nothing
+    assert "| cnn-torch-cpu-bs32-amp-bf16-single | cnn-torch-cpu-bs32-fp32-single | 1.25x \\[1.23, 1.28] |" in md
+    assert ("| cnn-torch-cpu-bs64-amp-bf16-single | cnn-torch-cpu-bs64-fp32-single | 1.60x \\[1.57, 1.63] noisy |"
+            in md)
     # every framework over the reference one, PyTorch (was: PyTorch over TensorFlow, 0.50x)
-    assert "| cnn-tensorflow-cpu-bs32-fp32-single | cnn-torch-cpu-bs32-fp32-single | 2.00x |" in md
+    assert "| cnn-tensorflow-cpu-bs32-fp32-single | cnn-torch-cpu-bs32-fp32-single | 2.00x \\[1.96, 2.04] |" in md
     assert "| cnn-tensorflow-cpu-bs32-amp-bf16-single | error | ValueError: injected |" in md
     assert "| cnn-torch-cpu-bs64-amp-bf16-single | 1.60k/s \\[1.58k, 1.62k] * |" in md  # [ escaped (md_cell)
 
@@ -327,3 +330,27 @@ def test_tensor_core_activity_is_a_column_and_a_chart_against_mfu(tmp_path):
     assert "tensor %" in console.export_text()
     rep = report([gpu_result(64, 0.12, None), gpu_result(256, 0.31, None)], "none")
     assert "mfu_vs_tensor.png" not in [p.name for p in rep.charts] and "tensor %" not in rep.markdown.read_text()
+
+
+def test_a_speed_up_carries_its_range_and_whether_it_decides_anything():
+    """The ratio's range from the two 95% intervals (end over opposite end); decided only where
+    it excludes 1 and neither side is noisy: the chart colours only those."""
+    from gpubench.config import Config
+    from gpubench.results.frame import aggregate, results_frame
+    from gpubench.results.twins import COMPARISONS, speedup_text, speedups
+    from tests.conftest import make_result
+
+    results = []
+    for batch, (fp32, bf16, cv) in {32: (800, 1000, 0.01), 64: (1000, 1600, 0.15), 128: (1000, 1010, 0.01)}.items():
+        for precision, rate in (("fp32", fp32), ("amp-bf16", bf16)):
+            r = make_result(Config(workload="cnn", framework="torch", batch_size=batch, precision=precision), rate)
+            r.metrics["throughput"] = {"median": rate, "ci_low": rate * 0.97, "ci_high": rate * 1.03}
+            r.metrics["step_time_ms"]["cv"] = cv if precision != "fp32" else 0.01
+            r.metrics["noisy"] = r.metrics["step_time_ms"]["cv"] > 0.1  # as the worker records it
+            results.append(r)
+    precision = next(c for c in COMPARISONS if c.axis == "precision")
+    rows = {r["config_id"].split("-")[3]: r for _, r in speedups(aggregate(results_frame(results)), precision).iterrows()}
+    assert rows["bs32"]["speedup_low"] == pytest.approx(970 / 824) and rows["bs32"]["decided"]
+    assert speedup_text(rows["bs32"]) == "1.25x [1.18, 1.33]"
+    assert speedup_text(rows["bs64"]) == "1.60x [1.51, 1.70] noisy" and not rows["bs64"]["decided"]
+    assert speedup_text(rows["bs128"]) == "1.01x [0.95, 1.07] undecided" and not rows["bs128"]["decided"]

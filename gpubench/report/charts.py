@@ -18,7 +18,7 @@ import pandas as pd  # noqa: E402
 
 from gpubench.backends import colour, display_name  # noqa: E402
 from gpubench.files import write_atomic  # noqa: E402
-from gpubench.results.twins import COMPARISONS, speedups  # noqa: E402
+from gpubench.results.twins import COMPARISONS, speedup_text, speedups  # noqa: E402
 
 STYLE: dict[Any, Any] = {  # matplotlib rc settings
     "figure.dpi": 110,
@@ -218,17 +218,31 @@ def speedup_bars(configs: pd.DataFrame, path: Path) -> Path | None:
         for ax, (comparison, f) in zip(axes[:, 0], panels):
             labels = [(f"{r['run']}: " if len(runs) > 1 else "") + r["config_id"] for _, r in f.iterrows()]
             values = f["speedup"].to_numpy(dtype=float)
-            colors = ["tab:green" if v >= 1 else "tab:red" for v in values]
+            low = f["speedup_low"].to_numpy(dtype=float)
+            high = f["speedup_high"].to_numpy(dtype=float)
+            decided = f["decided"].fillna(False).astype(bool).to_numpy()
+            # colour only for a decided ratio (its range excludes 1, neither side noisy); grey and
+            # hatched otherwise, so that a point figure the noise allows either way reads as such
+            colors = ["tab:green" if d and v >= 1 else "tab:red" if d else "tab:gray" for v, d in zip(values, decided)]
             y = np.arange(len(values))
-            ax.barh(y, values, color=colors, alpha=0.8)
+            bars = ax.barh(y, values, color=colors, alpha=0.8)
+            for bar, d in zip(bars, decided):
+                if not d:
+                    bar.set_hatch("//")
+            known = ~(np.isnan(low) | np.isnan(high))
+            ax.errorbar(values[known], y[known], xerr=[values[known] - low[known], high[known] - values[known]],
+                        fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
             ax.axvline(1.0, color="black", linewidth=0.8)
             ax.set_yticks(y, labels, fontsize=7)
             ax.invert_yaxis()
-            for yi, v in zip(y, values):
-                ax.text(v, yi, f" {v:.2f}x", va="center", fontsize=7)
-            ax.set_xlabel("speed-up (x, throughput ratio; 1 = same speed)")
+            for yi, r in zip(y, (r for _, r in f.iterrows())):
+                end = r["speedup_high"] if pd.notna(r["speedup_high"]) else r["speedup"]
+                ax.text(end, yi, f" {speedup_text(r)}", va="center", fontsize=7)
+            ax.set_xlabel("speed-up (throughput ratio; 1 = same speed); whiskers: the range the two 95% "
+                          "intervals allow\ngrey, hatched: a noisy side, or a range that includes 1")
             ax.set_title(f"{comparison.title} ({comparison.short})")
-            ax.set_xlim(0, max(values.max() * 1.2, 1.2))
+            top = np.nanmax(np.concatenate([values, high])) if len(values) else 1.0
+            ax.set_xlim(0, max(top * 1.35, 1.2))
         fig.tight_layout()
         write_atomic(path, fig.savefig)
         plt.close(fig)

@@ -149,7 +149,7 @@ def speedup_table(configs: pd.DataFrame, comparison: twins.Twins, multi_run: boo
     if "scaling_efficiency" in frame and frame["scaling_efficiency"].notna().any():
         cols.append("scaling_efficiency")
     out = frame[cols].copy()
-    out["speedup"] = out["speedup"].map(fmt.ratio)
+    out["speedup"] = [twins.speedup_text(r) for _, r in frame.iterrows()]
     if "scaling_efficiency" in out:
         out["scaling_efficiency"] = out["scaling_efficiency"].map(fmt.pct)
     return out.rename(columns={"config_id": "config", "baseline_id": "baseline",

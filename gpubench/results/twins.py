@@ -17,9 +17,11 @@ summary.md. They never depend on the order in which the sweep ran its configs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
+from gpubench import fmt
 from gpubench.backends import REFERENCE_FRAMEWORK, display_name, uncompiled_note
 
 # what makes two configs "the same config" apart from the axis being compared
@@ -62,7 +64,8 @@ COMPARISONS = (
           "throughput with channels-last (NHWC) convolutions / contiguous (NCHW), same config",
           "above 1: channels-last is faster"),
 )
-SPEEDUP_COLUMNS = ["run", "workload_label", "config_id", "baseline_id", "speedup"]
+SPEEDUP_COLUMNS = ["run", "workload_label", "config_id", "baseline_id", "speedup", "speedup_low", "speedup_high",
+                   "decided", "noisy_pair"]
 
 
 def _pairs(configs: pd.DataFrame, axis: str, baseline: str) -> pd.DataFrame:
@@ -84,14 +87,21 @@ def _pairs(configs: pd.DataFrame, axis: str, baseline: str) -> pd.DataFrame:
 
 
 def speedups(configs: pd.DataFrame, comparison: Twins) -> pd.DataFrame:
-    """One row per (config, its twin): ``speedup`` = throughput / the twin's; for the
-    parallelism axis also ``devices`` and ``scaling_efficiency`` (None where the two trained
-    at different batches: two ``batch_size = "max"`` configs whose searches found different
-    ones)."""
+    """One row per (config, its twin): ``speedup`` = throughput / the twin's, ``speedup_low``
+    and ``speedup_high`` the range the two 95% intervals allow, ``noisy_pair`` where a side is
+    noisy, ``decided`` where the range excludes 1 and neither is; for the parallelism axis also
+    ``devices`` and ``scaling_efficiency`` (None where the two trained at different batches:
+    two ``batch_size = "max"`` configs whose searches found different ones)."""
     merged = _pairs(configs, comparison.axis, comparison.baseline)
     if merged.empty:
         return pd.DataFrame(columns=SPEEDUP_COLUMNS)
     merged["speedup"] = merged["throughput"] / merged["throughput_base"]
+    # the ratio's range from the two 95% intervals, end over opposite end (a bound, wider than
+    # the ratio's own interval): "decided" where it excludes 1 and neither side is noisy
+    merged["speedup_low"] = merged["throughput_ci_low"] / merged["throughput_ci_high_base"]
+    merged["speedup_high"] = merged["throughput_ci_high"] / merged["throughput_ci_low_base"]
+    merged["noisy_pair"] = merged["noisy"].fillna(False).astype(bool) | merged["noisy_base"].fillna(False).astype(bool)
+    merged["decided"] = ~merged["noisy_pair"] & ((merged["speedup_low"] > 1) | (merged["speedup_high"] < 1))
     merged = merged.rename(columns={"config_id_base": "baseline_id"})
     columns = list(SPEEDUP_COLUMNS)
     if comparison.axis == "parallelism":
@@ -99,6 +109,17 @@ def speedups(configs: pd.DataFrame, comparison: Twins) -> pd.DataFrame:
         merged["scaling_efficiency"] = (merged["speedup"] / merged["devices"]).where(same_batch)
         columns += ["devices", "scaling_efficiency"]
     return merged[columns].reset_index(drop=True)
+
+
+def speedup_text(row: Any) -> str:
+    """``1.42x [1.31, 1.55]`` (a ``speedups`` row), with ``noisy`` or ``undecided`` where the
+    figure decides nothing."""
+    text = fmt.ratio(row["speedup"])
+    if pd.notna(row.get("speedup_low")) and pd.notna(row.get("speedup_high")):
+        text += f" [{row['speedup_low']:.2f}, {row['speedup_high']:.2f}]"
+    if row.get("noisy_pair"):
+        return text + " noisy"
+    return text if row.get("decided") else text + " undecided"
 
 
 CHECKPOINTING_COLUMNS = ["run", "config_id", "baseline_id", "peak_source", "peak_bytes", "baseline_peak_bytes",
