@@ -354,3 +354,14 @@ def test_a_speed_up_carries_its_range_and_whether_it_decides_anything():
     assert speedup_text(rows["bs32"]) == "1.25x [1.18, 1.33]"
     assert speedup_text(rows["bs64"]) == "1.60x [1.51, 1.70] noisy" and not rows["bs64"]["decided"]
     assert speedup_text(rows["bs128"]) == "1.01x [0.95, 1.07] undecided" and not rows["bs128"]["decided"]
+
+
+def test_series_at_the_same_batch_are_nudged_apart_around_it():
+    """Three frameworks at the same throughput once drew one line: each series is moved a
+    fixed share of an octave sideways, centred on the true batch."""
+    from gpubench.report.charts import dodge
+
+    factors = [dodge(k, 3) for k in range(3)]
+    assert factors[1] == 1.0 and factors[0] * factors[2] == pytest.approx(1.0)
+    assert factors[0] < 1.0 < factors[2] and factors[2] == pytest.approx(2 ** 0.06)
+    assert dodge(0, 1) == 1.0

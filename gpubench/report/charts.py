@@ -62,6 +62,13 @@ def _series(ok: pd.DataFrame) -> list[str]:
     return [" ".join(x for x in (p if p != "single" else "", v) if x) for p, v in zip(par, ok["variant"])]
 
 
+def dodge(k: int, n: int, step: float = 0.06) -> float:
+    """The factor that moves series ``k`` of ``n`` sideways on a log-2 batch axis (centred, a
+    ``step`` of an octave apart), so that series at the same batch and value do not hide each
+    other; the ticks stay at the true batch sizes."""
+    return float(2 ** ((k - (n - 1) / 2) * step))
+
+
 def _lines_by_batch(configs: pd.DataFrame, value: str, path: Path, ylabel: str, title: str,
                     ci: tuple[str, str] | None = None, scale: float = 1.0) -> Path | None:
     ok = configs[configs[value].notna()]
@@ -78,8 +85,10 @@ def _lines_by_batch(configs: pd.DataFrame, value: str, path: Path, ylabel: str, 
             for j, device in enumerate(devices):
                 ax = axes[i][j]
                 g = ok[(ok["workload_label"] == workload) & (ok["device"] == device)]
-                for (run, fw, prec, var), s in g.groupby(["run", "framework", "precision", "series"], sort=True):
+                groups = list(g.groupby(["run", "framework", "precision", "series"], sort=True))
+                for k, ((run, fw, prec, var), s) in enumerate(groups):
                     s = s[s["batch_trained"].notna()].sort_values("batch_trained")
+                    x = s["batch_trained"].astype(float).to_numpy() * dodge(k, len(groups))
                     y = s[value].astype(float).to_numpy() * scale
                     style = RUN_LINESTYLES[runs.index(run) % len(RUN_LINESTYLES)]
                     label = _series_label(fw, prec, var, run if len(runs) > 1 else None)
@@ -89,16 +98,16 @@ def _lines_by_batch(configs: pd.DataFrame, value: str, path: Path, ylabel: str, 
                     if ci is not None:
                         lo = s[ci[0]].astype(float).to_numpy() * scale
                         hi = s[ci[1]].astype(float).to_numpy() * scale
-                        ax.errorbar(s["batch_trained"], y, yerr=[y - lo, hi - y], capsize=3, **kw)
+                        ax.errorbar(x, y, yerr=[y - lo, hi - y], capsize=3, alpha=0.85, **kw)
                     else:
-                        ax.plot(s["batch_trained"], y, **kw)
+                        ax.plot(x, y, alpha=0.85, **kw)
                 ax.set_xscale("log", base=2)
                 sizes = sorted(g["batch_trained"].dropna().unique())  # a "max" config at the batch it found
                 if sizes:
                     ax.set_xticks(sizes, [str(int(b)) for b in sizes])
                     ax.minorticks_off()
                 ax.set_title(f"{workload} on {device}")
-                ax.set_xlabel("batch size (per device and micro-batch)")
+                ax.set_xlabel("batch size (per device and micro-batch; series nudged apart)")
                 ax.set_ylabel(ylabel)
                 ax.set_ylim(bottom=0)
                 if ax.has_data():
