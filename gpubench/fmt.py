@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.measure import Measurement
-from rich.table import Table
+if TYPE_CHECKING:  # rich only where a table is fitted: the worker imports this module at its start
+    from rich.console import Console
+    from rich.table import Table
 
 
 def _missing(v: Any) -> bool:
@@ -149,6 +149,8 @@ def fitted(console: Console, make: Callable[[Callable[[str], str], frozenset[str
     that is too wide, with short names (``short_names``), then without the ``droppable``
     columns, in order, until it fits. Returns the table and the lines to print below it: each
     short name's full id, and the columns left out."""
+    from rich.measure import Measurement
+
     def fits(table: Table) -> bool:  # every no-wrap cell whole, a wrapping column given 20 columns at most
         kept = [column.max_width for column in table.columns]
         for column in table.columns:

@@ -116,13 +116,14 @@ def log_tail_reason(run_dir: Path, log_rel: Path, reason: str) -> tuple[str, str
 
 
 HEARTBEAT_S = 20.0  # a worker running longer says what it does this often (run_worker's ``heartbeat``)
+PHASE_FILE = "phase"  # in the job's work directory: what the worker's rank 0 does now, and since when
 
 
 def heartbeat_line(job: Job, workdir: Path, elapsed_s: float) -> str:
     """``mlp-torch-cpu-bs64-fp32-single: 40 s so far; window 2 of 3 (20 steps each), for 12 s``,
-    from the worker's phase file (runner.worker.PHASE_FILE)."""
+    from the worker's PHASE_FILE."""
     try:
-        said = json.loads((workdir / "phase").read_text())
+        said = json.loads((workdir / PHASE_FILE).read_text())
         now = f"; {said['phase']}, for {max(0.0, time.time() - float(said['since'])):.0f} s"
     except (OSError, ValueError, KeyError, TypeError):  # not begun yet, or being rewritten
         now = "; starting"

@@ -380,8 +380,7 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
         write_report([run_dir], console)
     if (nothing := nothing_measured(results)) is not None:
         console.print(f"[red]{nothing}[/red]", highlight=False, soft_wrap=True)
-        return EXIT_FAILED
-    return EXIT_FAILED if failed else EXIT_OK
+    return EXIT_FAILED if failed or nothing else EXIT_OK
 
 
 def _node_summary(outcomes: list[Result], run_dir: Path, console: Console) -> int:

@@ -37,6 +37,7 @@ from gpubench.measure.turns import Turns
 from gpubench.options import REPLICA_KINDS, parse_parallelism
 from gpubench.results.result import Outcome
 from gpubench.results.store import write_json_atomic
+from gpubench.runner.job import PHASE_FILE
 from gpubench.runner.launcher import NODE_ENV
 from gpubench.runner.memory_history import MemoryRecording
 from gpubench.runner.models import zoo_unavailable
@@ -278,9 +279,10 @@ def run_config(config: Config, profile: dict[str, Any] | None = None, memory_his
         training_peak = rss.training_peak()
         if training_peak is not None:
             memory["train_peak_rss_bytes"] = training_peak
+        profiled = None
         if profile is not None and not raw.diverged:
             phase(f"profiling ({profile.get('steps')} steps)")
-        profiled = _profile(trainer, raw, config, profile) if profile is not None and not raw.diverged else None
+            profiled = _profile(trainer, raw, config, profile)
         ranks = rank_summaries(trainer, raw, config, rss) if config.distributed else None
         trainer.close()
     except Exception as e:  # noqa: BLE001 - every failure must become a status
@@ -365,9 +367,6 @@ def _check_ranks(out: Outcome, ranks: list[dict[str, Any]], config: Config) -> N
     out.with_metrics(ranks_weights_identical=identical)
     if not identical and out.status == "ok":
         out.status, out.reason = "error", "the ranks ended with different weights (data-parallel replicas diverged)"
-
-
-PHASE_FILE = "phase"  # in the job's work directory: what rank 0 is doing now, for the parent's heartbeat
 
 
 def _phase(workdir: Path, config: Config, text: str) -> None:
