@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gpubench.advise.judge import Judging, Row, combine, judge, payback, rank
-from gpubench.advise.practices import Practice
+from gpubench.advise.practices import Practice, usable_cores
 from tests.conftest import REPO, make_result, plain_env, plugin_env, result_lines, run_cli
 
 SUITE = """
@@ -59,9 +59,12 @@ def test_advise_measures_ranks_and_guards_each_practice(advised):
     advice = advice_of(run_dir)
     rows = rows_by_name(advice)
     verdicts = {name: r["verdict"] for name, r in rows.items()}
+    # a CPU config: half the cores this process may use (the fake's steps sleep: the same speed)
+    threads = f"threads {max(1, usable_cores() // 2)}"
     assert verdicts == {"batch x2": "improved", "optimizer fused": "improved", "memory format channels-last":
                         "unchanged", "optimizer foreach": "unchanged", "compile xla": "regressed",
-                        "precision tf32": "learns worse", "precision amp-bf16": "diverged"}
+                        "precision tf32": "learns worse", "precision amp-bf16": "diverged", threads: "unchanged"}
+    assert rows[threads]["sets"] == {"threads": max(1, usable_cores() // 2)}
     # the known effects, inside each interval: a step of 1.4 ms against 2 ms, and twice the samples a step
     fused, batch, xla = rows["optimizer fused"], rows["batch x2"], rows["compile xla"]
     assert fused["ci_low"] <= 2 / 1.4 * 1.05 and fused["ci_high"] >= 2 / 1.4 * 0.9
@@ -126,6 +129,9 @@ def test_the_budget_bounds_the_rounds_and_an_undecided_practice_says_so(tmp_path
     (row,) = advice_of(run_dir)["rows"]
     assert row["verdict"] == "inconclusive" and "too few for an interval" in row["reason"]
     assert "the budget (3 s) is spent" in proc.stdout
+    # its figure marked undecided, and the best config "for now", never a plain verdict
+    assert "(undecided)" in proc.stdout and "best: the config as it is, for now" in proc.stdout
+    assert "undecided: memory format channels-last" in proc.stdout
     assert took < 60  # a few workers, not the rounds an interval needs
 
 
@@ -236,6 +242,43 @@ def test_rounds_that_drift_are_compared_paired():
     apart = [make_result(other_c, r.metrics["throughput"]["median"], repeat=100 + i) for i, r in enumerate(same)]
     unpaired = judge(p, base, apart, j, compared=2)
     assert not unpaired.paired and unpaired.verdict == "inconclusive"
+
+
+def test_an_undecided_practice_is_told_the_rounds_and_budget_that_would_decide_it(tmp_path):
+    """From the noise of its rounds: the rounds after which a practice as fast as measured is
+    likely decided (checked against fresh simulations of the gate's rule), and the --resume line."""
+    from dataclasses import replace
+
+    from gpubench.advise.command import budget_lines
+    from gpubench.advise.judge import guide
+    from gpubench.config import Config
+    from gpubench.gate.power import verdict_share
+    from gpubench.gate.stats import min_pairs
+
+    base_c = Config(framework="torch", workload="mlp", device="cpu")
+    other_c = replace(base_c, optimizer_impl="foreach")
+    j = Judging(alpha=0.05, threshold=0.03, noise_floor=0.01, loss_tolerance=0.10)
+    base = _results(base_c, [100, 92, 106, 97])
+    slower = _results(other_c, [84, 90, 88, 94])  # about 0.90x, a round's ratio wandering by ~9%
+    row = judge(Practice("optimizer foreach", "optimizer", (("optimizer_impl", "foreach"),)), base, slower, j,
+                compared=2)
+    assert row.verdict == "inconclusive" and row.spread == pytest.approx(0.0889, abs=0.001)
+    guide(row, 0.05 / 4 / 2, j)
+    need = row.rounds_needed
+    assert need is not None and need > min_pairs(2 * 0.05 / 8)  # more than the fewest an interval needs
+    decided = frozenset({"improved", "regressed", "unchanged"})
+    assert verdict_share(row.spread, need, row.speedup, 0.05 / 8, 0.03, 0.01, decided, 200, seed=7, paired=True) >= 0.7
+    assert verdict_share(row.spread, need // 2, row.speedup, 0.05 / 8, 0.03, 0.01, decided, 200, seed=7,
+                         paired=True) < 0.8
+    lines = budget_lines([row], 12.0, tmp_path / "RUN")
+    assert lines[0].startswith("undecided: optimizer foreach, 0.904x measured over 4 round(s) at 8.9% noise") and f"about {need - 4} more round(s)" in lines[0]
+    minutes = math.ceil(2 * (need - 4) * 12.0 / 60)
+    assert lines[1] == (f"to decide them: about {minutes} min more at 12 s a measurement; go on with: gpubench "
+                        f"advise --resume {tmp_path / 'RUN'} --budget {math.ceil(1.25 * 2 * (need - 4) * 12.0 / 60)}m")
+    # at the threshold: no number of rounds decides it
+    edge = Row("x", "optimizer", {}, "x", "inconclusive", speedup=1.03, repeats=(4, 4), spread=0.05)
+    guide(edge, 0.05 / 8, j)
+    assert edge.rounds_needed is None and "would not likely decide it" in budget_lines([edge], 12.0, tmp_path)[0]
 
 
 def test_rank_and_combine_take_the_best_of_each_group():

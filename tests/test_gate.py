@@ -469,28 +469,28 @@ def test_cli_a_result_line_of_the_wrong_shape_is_named_not_skipped(tmp_path):
 
 # --- triage of a regressed verdict ---------------------------------------------------------------
 
-def telemetry_of(sm_clock: float, throttled: float, power: float, machine_cpu: float) -> dict:
+def telemetry_of(sm_clock: float, throttled: float, power: float, others_cores: float) -> dict:
     return {"gpu": {"sm_clock_mean_mhz": sm_clock, "throttled_fraction": throttled, "util_mean": 95.0,
                     "power_mean_w": power},
-            "host": {"cpu_percent_mean": 100.0, "system_cpu_percent_mean": machine_cpu}}
+            "host": {"cpu_percent_mean": 100.0, "others_cores_mean": others_cores}}
 
 
 def test_triage_names_a_slower_clock_and_throttling_as_the_machine():
     from gpubench.gate.triage import triage
 
     rng = np.random.default_rng(8)
-    base = results({"cnn": lognormal(rng, 10, 0.02)}, telemetry=telemetry_of(1980, 0.0, 600, 10))
-    cur = results({"cnn": lognormal(rng, 10, 0.02, scale=880.0)}, telemetry=telemetry_of(1740, 0.4, 480, 10))
+    base = results({"cnn": lognormal(rng, 10, 0.02)}, telemetry=telemetry_of(1980, 0.0, 600, 0.1))
+    cur = results({"cnn": lognormal(rng, 10, 0.02, scale=880.0)}, telemetry=telemetry_of(1740, 0.4, 480, 0.1))
     lines = triage(base, cur, "cnn", ("baseline", "current"), "python -m gpubench compare a b")
     assert "telemetry: current's SM clock is 12.1% lower (1,740 MHz against 1,980)" in lines
     assert "telemetry: current's GPU power is 20.0% lower (480 W against 600)" in lines
     assert "telemetry: of its GPU samples throttled: 40% on current against 0% on baseline" in lines
     assert any(x.startswith("the machine, not the code, is the likelier cause") for x in lines)
     assert lines[-1] == "reproduce: python -m gpubench compare a b" and lines[-2].startswith("phases: ")
-    # a busier machine, same clocks: the machine again
-    busy = results({"cnn": lognormal(rng, 10, 0.02, scale=880.0)}, telemetry=telemetry_of(1980, 0.0, 600, 60))
+    # other processes busier, same clocks: the machine again
+    busy = results({"cnn": lognormal(rng, 10, 0.02, scale=880.0)}, telemetry=telemetry_of(1980, 0.0, 600, 0.9))
     lines = triage(base, busy, "cnn", ("baseline", "current"), "x")
-    assert "telemetry: CPU used on the whole machine: 60% on current against 10% on baseline" in lines
+    assert "telemetry: CPU other processes used (100% = one core): 90% on current against 10% on baseline" in lines
     assert any(x.startswith("the machine, not the code") for x in lines)
 
 
@@ -501,7 +501,7 @@ def test_triage_of_a_different_driver_and_of_no_difference():
     gpu_env = {**ENV, "gpus": [{"name": "NVIDIA H100 80GB HBM3", "driver": "580.159.04"}]}
     other = {**gpu_env, "gpus": [{"name": "NVIDIA H100 80GB HBM3", "driver": "575.57.08"}],
              "env_vars": {"OMP_NUM_THREADS": "4"}}
-    same = telemetry_of(1980, 0.0, 600, 10)
+    same = telemetry_of(1980, 0.0, 600, 0.1)
     base = results({"cnn": lognormal(rng, 10, 0.02)}, telemetry=same, env=gpu_env)
     cur = results({"cnn": lognormal(rng, 10, 0.02, scale=880.0)}, telemetry=same, env=other)
     lines = triage(base, cur, "cnn", ("baseline", "current"), "x")
@@ -541,9 +541,9 @@ def test_triage_names_the_users_model_file_only_where_the_sides_differ():
 def test_compare_prints_the_triage_of_each_regressed_config(tmp_path):
     rng = np.random.default_rng(10)
     a = write_run(tmp_path / "a", {"cnn": lognormal(rng, 10, 0.02), "mlp": lognormal(rng, 10, 0.02)},
-                  telemetry=telemetry_of(1980, 0.0, 600, 10))
+                  telemetry=telemetry_of(1980, 0.0, 600, 0.1))
     b = write_run(tmp_path / "b", {"cnn": lognormal(rng, 10, 0.02, scale=880.0), "mlp": lognormal(rng, 10, 0.02)},
-                  telemetry=telemetry_of(1740, 0.4, 600, 10))
+                  telemetry=telemetry_of(1740, 0.4, 600, 0.1))
     proc = run_cli(["compare", str(a), str(b), "--markdown", "t.md", "--json", "t.json"], cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     out = " ".join(proc.stdout.split())

@@ -121,6 +121,22 @@ def test_ab_lockstep_pairs_the_rounds_and_gates(tmp_path, write_suite):
     config_id = sides["baseline"][0]["config_id"]
     assert f"[1/16] {config_id} (baseline): ok" in proc.stdout and f"[2/16] {config_id} (candidate): ok" in proc.stdout
     assert f"[3/16] {config_id} r1 (candidate): ok" in proc.stdout
+    # the report of the two sides leads with the A/B's verdicts (its ab.json), the runs named by side
+    assert json.loads((root / "ab.json").read_text()) == gate
+    rep = run_cli(["report", str(root / "baseline"), str(root / "candidate"), "--out", "rep"], cwd=tmp_path)
+    assert rep.returncode == 0, rep.stdout + rep.stderr
+    html = (tmp_path / "rep" / "index.html").read_text()
+    assert f"<title>gpubench report: A/B {root.name}: candidate against baseline</title>" in html
+    assert '<h2 id="ab">A/B verdict: REGRESSION: 1 regressed</h2>' in html and "<td>regressed</td>" in html
+    assert "<th>candidate</th>" in html and "<th>change [CI]</th>" in html and "paired rounds" in html
+    assert "look 1: 8 rounds at alpha 0.005, 0 undecided" in html
+    assert "<th>baseline</th>" in html.split('id="summary"')[1]  # the runs side by side, named by side
+    md = (tmp_path / "rep" / "summary.md").read_text()
+    assert f"### A/B {root.name}: REGRESSION: 1 regressed" in md and "| regressed |" in md
+    (root / "ab.json").write_text("[1, 2]")  # damaged: the sides are still reported, with a warning
+    rep = run_cli(["report", str(root / "baseline"), str(root / "candidate"), "--out", "rep2"], cwd=tmp_path)
+    assert rep.returncode == 0 and "not an A/B's verdicts" in rep.stderr, rep.stderr
+    assert "are not there" in (tmp_path / "rep2" / "index.html").read_text()
     # compare knows the two directories for the sides of one lockstep A/B, and pairs them too
     out = tmp_path / "again.json"
     again = run_cli(["compare", str(root / "baseline"), str(root / "candidate"), "--json", str(out)], cwd=tmp_path)

@@ -190,6 +190,62 @@ def test_page_renders_in_headless_chromium(tmp_path, report_a):
     assert len(top.histogram()) == 256 and sum(1 for n in top.histogram() if n) > 50  # many shades: text, a chart
 
 
+AB_SUITE = """
+name = "ab-long"
+[defaults]
+framework = "fake-advise"
+workload = "fault"
+batch_size = 8
+warmup_steps = 1
+steps = 4
+windows = 2
+compile = "xla"
+memory_format = "channels-last"
+optimizer_impl = "foreach"
+threads = 1
+[matrix]
+mode = [0, 1]
+"""
+
+
+@pytest.mark.slow
+def test_an_ab_report_with_long_ids_and_a_failed_config_renders_in_chromium(tmp_path):
+    """The report a person opens after ``gpubench ab``: ids of ~100 characters, a config that
+    failed on both sides, the A/B's verdict leading; rendered in headless Chromium (the
+    screenshot is kept as the test's artifact: looked at in review)."""
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    (tmp_path / "s.toml").write_text(AB_SUITE)
+    py = sys.executable
+    proc = run_cli(["ab", "s.toml", "--lockstep", "--baseline-python", py, "--candidate-python", py, "--repeats", "5",
+                    "--alpha", "0.2", "--threshold", "10%", "--out", "runs"], cwd=tmp_path, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # the failed config fails the A/B
+    (page,) = (tmp_path / "reports").glob("*/index.html")
+    html = page.read_text()
+    long_id = "fault_mode0-fake-advise-cpu-bs8-fp32-single-compile=xla-memory_format=channels-last-threads=1-" \
+              "optimizer_impl=foreach"
+    assert f"<td>{long_id}</td>" in html  # the whole id, in the verdicts and the tables
+    assert '<h2 id="ab">A/B verdict: no regression: ' in html and "<th>candidate</th>" in html
+    assert "10 repeat(s) failed, so the A/B failed (exit 1)" in html  # mode 1, 5 rounds a side
+    failed = long_id.replace("mode0", "mode1")
+    assert "injected failure in build" in html.split('id="problems"')[1] and failed in html
+    if not shutil.which("chromium"):
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    shot = tmp_path / "ab.png"
+    shown = subprocess.run(["bash", str(REPO / "scripts" / "screenshot_report.sh"), str(page), str(shot), "2400"],
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    image = Image.open(shot).convert("L")
+    assert image.size == (1280, 2400)
+    top = image.crop((0, 0, 1280, 1200))
+    assert top.getextrema()[0] < 60 and sum(1 for n in top.histogram() if n) > 50  # text and tables, not blank
+    # nothing drawn past the page's column: the right margin (max-width 1200 px, centred) is blank
+    assert image.crop((1250, 0, 1280, 2400)).getextrema()[0] > 200
+
+
 def _timeline(gpu: bool) -> dict:
     """A synthetic timeline: cold start 0-50 ms, warm-up to 500 ms, two windows to 1.5 s;
     utilisation 5% outside the windows and 95% inside, power 100 W idle and 400 W busy."""

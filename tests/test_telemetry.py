@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -133,11 +135,12 @@ def test_energy_falls_back_to_integrated_power():
 
 def test_host_summary():
     windows = [(0, int(1e9))]
-    samples = [HostSample(int(t * 1e6), cpu_percent=c, rss_bytes=r, system_cpu_percent=50.0)
+    samples = [HostSample(int(t * 1e6), cpu_percent=c, rss_bytes=r, system_cpu_percent=50.0, others_cpu_percent=10.0)
                for t, c, r in ((-5, 0.0, 1), (100, 180.0, 500), (600, 200.0, 700))]
-    h = host_summary(samples, windows)
+    h = host_summary(samples, windows, 4)
     assert h == {"cpu_percent_mean": 190.0, "cpu_percent_max": 200.0, "rss_peak_bytes": 700,
-                 "system_cpu_percent_mean": 50.0, "samples": 2}
+                 "system_cpu_percent_mean": 50.0, "cores": 4, "others_cores_mean": 0.1, "shared_cores": False,
+                 "samples": 2}
 
 
 def session_run(nvml, device="cuda:0", uuid=None, ordinals=None, nodes=1):
@@ -259,7 +262,11 @@ def test_unofficial_pynvml_is_detected(monkeypatch):
     assert "pip uninstall -y pynvml && pip install nvidia-ml-py" in unofficial_pynvml_problem()
 
 
-def test_run_records_host_telemetry_and_a_timeline(tmp_path, write_suite):
+def test_run_records_host_telemetry_a_timeline_and_cores_it_shared(tmp_path, write_suite):
+    """A config measured while other processes keep every core busy is flagged ``shared`` in its
+    result, its terminal line, the summary and the report."""
+    import psutil
+
     suite = write_suite("""
 [defaults]
 framework = "fake"
@@ -272,8 +279,16 @@ interval_ms = 20
 [matrix]
 device = ["cpu"]
 """)
-    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--no-report"], cwd=tmp_path,
-                   env=plugin_env(FAKE_STEP_SLEEP_MS="5"))  # 2 windows of 100 steps of 5 ms
+    cores = psutil.cpu_count()
+    # at the lowest priority: they take only the CPU gpubench leaves, which keeps the test fast
+    hogs = [subprocess.Popen([sys.executable, "-c", "import os; os.nice(19)\nwhile True: pass"]) for _ in range(cores)]
+    try:
+        proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs")], cwd=tmp_path,
+                       env=plugin_env(FAKE_STEP_SLEEP_MS="5"))  # 2 windows of 100 steps of 5 ms
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
@@ -286,6 +301,51 @@ device = ["cpu"]
     assert t["host"]["rss_peak_bytes"] > 0 and 3 <= t["host"]["samples"] <= 6
     timeline = json.loads((run_dir / t["timeline"]).read_text())
     assert [p["name"] for p in timeline["phases"]][-1] == "window_1" and timeline["host"]
+    # the hogs are other processes: the sleeping worker shared the machine with them
+    host = t["host"]
+    assert host["cores"] == cores and host["others_cores_mean"] >= 0.5 * cores and host["shared_cores"] is True
+    assert "(shared cores: other processes used" in proc.stdout and " shared " in proc.stdout
+    warning = "1 of 1 measured configs shared their cores with other processes"
+    assert warning in proc.stderr
+    (report,) = (tmp_path / "reports").iterdir()
+    assert warning in (report / "summary.md").read_text()
+    html = (report / "index.html").read_text()
+    assert warning in html and "<h3>Shared cores</h3>" in html and "cores other processes used" in html
+
+
+def test_others_are_every_process_outside_the_workers_tree():
+    """The same busy child is the worker's own CPU to a reader rooted at its parent, and another
+    process's to a reader rooted elsewhere (what keeps a config's ranks and data workers out of
+    its contention)."""
+    from gpubench.telemetry.host import HostReader
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        mine, elsewhere = HostReader(tree_refresh_s=0.0), HostReader(idle.pid, tree_refresh_s=0.0)
+        time.sleep(0.6)
+        (a,) = mine.read()
+        (b,) = elsewhere.read()
+    finally:
+        for p in (busy, idle):
+            p.kill()
+            p.wait()
+    assert a.cpu_percent >= 25 and b.cpu_percent < 10  # the busy child is in the first tree only
+    assert b.others_cpu_percent - a.others_cpu_percent >= 25
+
+
+def test_shared_cores_rule():
+    from gpubench.telemetry.contention import shared_cores
+
+    assert shared_cores(1.0, 95.0, 2) is True
+    assert shared_cores(1.0, 60.0, 2) is False  # cores to spare: nobody waited
+    assert shared_cores(0.1, 99.0, 2) is False  # the config itself filled the machine
+    assert shared_cores(0.5, 99.0, 64) is False  # under 5% of 64 cores
+    assert shared_cores(None, 99.0, 2) is None
+    # too few readings inside the windows: no figure, and the reason
+    h = host_summary([HostSample(int(5e8), cpu_percent=10.0, rss_bytes=1, system_cpu_percent=99.0,
+                                 others_cpu_percent=180.0)], [(0, int(1e9))], 2)
+    assert h["others_cores_mean"] is None and h["shared_cores"] is None and "1 host reading(s)" in h["others_reason"]
 
 
 def test_telemetry_off(tmp_path, write_suite):

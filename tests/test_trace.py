@@ -115,3 +115,20 @@ def test_interval_subtraction_matches_a_grid_count():
         b = _union([(x, x + rng.randint(1, 20)) for x in (rng.randint(0, 200) for _ in range(rng.randint(0, 12)))])
         grid = sum(1 for t in range(0, 230) if any(x <= t < y for x, y in a) and not any(x <= t < y for x, y in b))
         assert _length(_minus(a, b)) == grid
+
+
+def test_a_cpu_reading_weighs_threads_against_the_cores_left():
+    """An oversubscribed config (more threads than the cores other processes left it) is read as
+    such, never told to add threads; more threads are suggested only where cores were free."""
+    host = {"span_ms": 5.0, "busy_share": 0.9, "idle_share": 0.1, "ops": 500, "short_ops": 5,
+            "short_op_share": 0.01, "short_op_time_share": 0.01, "short_us": 10.0}
+    figures = {"device": None, "host": host}
+    busy = reading(figures, {"threads": 2, "cores": 2, "others_cores": 1.0})
+    assert busy.startswith("oversubscribed: 2 threads on 2 cores, other processes using 1.0 of them")
+    assert "fewer threads (threads = 1)" in busy and "more threads" not in busy
+    assert reading(figures, {"threads": 16, "cores": 8, "others_cores": None}).startswith(
+        "oversubscribed: 16 threads on 8 cores, so threads wait")
+    full = reading(figures, {"threads": 2, "cores": 2, "others_cores": 0.1})
+    assert full.startswith("compute-bound on the CPU") and "more threads" not in full
+    room = reading(figures, {"threads": 2, "cores": 8, "others_cores": 0.0})
+    assert "more threads (2 of 8 cores in use)" in room

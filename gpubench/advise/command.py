@@ -27,15 +27,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from gpubench import fmt
-from gpubench.advise.judge import Judging, Row, combine, judge, rank
+from gpubench.advise.judge import Judging, Row, combine, guide, judge, rank
 from gpubench.advise.practices import GROUPS, Practice, Skipped, candidates, memory_followups, no_memory_limit
 from gpubench.config import Config
 from gpubench.env import fingerprint
 from gpubench.errors import InputError, stop_exit_code, stop_message
 from gpubench.files import write_text_atomic
 from gpubench.gate.compare import parse_fraction
+from gpubench.gate.power import MAX_REPEATS
 from gpubench.gate.stats import min_repeats
 from gpubench.launch import Launcher
+from gpubench.results.metrics import BY_NAME
 from gpubench.results.outputs import check_output_dir, check_output_file, write_output
 from gpubench.results.result import Result
 from gpubench.results.store import json_text, load_results, load_run, locked_run_dir
@@ -294,6 +296,8 @@ class _Session:
         rows = self.looks(live, compared)
         rows += [judge(c.practice, self.beside_practices(), self._of(c.config), self.judging, compared)
                  for c in cands if c not in live and c.practice.group != "probe"]
+        for r in rows:  # what an undecided practice would need, at the next look's level
+            guide(r, look_alpha(self.req.alpha, self.looks_done + 1) / compared, self.judging)
         combo = self.combination(rows, suite, compared)
         return self.finish(rank(rows), combo, skipped)
 
@@ -317,6 +321,7 @@ class _Session:
         reserve = 3 * min_repeats(2 * look_alpha(self.req.alpha, 2) / compared) if len(live) >= 2 else 0
         undecided = list(live)
         look, rows, target = 0, {}, 0
+        self.looks_done = 0
         while undecided:
             configs = [base] + [c.config for c in undecided]
             target = rounds if look == 0 else min(2 * target, target + max(1, self._fit(len(configs), reserve)))
@@ -331,6 +336,7 @@ class _Session:
                     self.measure(configs, range(k, k + 1))
                 k += 1
             look += 1
+            self.looks_done = look
             alpha_look = look_alpha(self.req.alpha, look)
             j = Judging(alpha_look, self.judging.threshold, self.judging.noise_floor, self.judging.loss_tolerance)
             for c in undecided:
@@ -409,7 +415,9 @@ class _Session:
                   "threshold": self.judging.threshold, "loss_tolerance": self.judging.loss_tolerance,
                   "rows": [r.to_dict() for r in rows], "combination": combo.to_dict() if combo else None,
                   "best": best.to_dict() if best else None, "best_lines": suite_lines(best),
-                  "skipped": [s.__dict__ for s in skipped]}
+                  "skipped": [s.__dict__ for s in skipped],
+                  "undecided": budget_lines(rows, self.seconds_a_config(), self.run_dir),
+                  "contention": contention_line(self.beside_practices())}
         md = markdown(advice)
         self.show(rows, combo, skipped, best)
         self.write(advice, md)
@@ -436,8 +444,18 @@ class _Session:
         self.console.print(table)
         for s in skipped:
             self.console.print(f"does not apply: {s.name}: {s.reason}", highlight=False, soft_wrap=True, markup=False)
-        for line in best_text(best):
+        for line in best_text(best, rows):
             self.console.print(line, highlight=False, soft_wrap=True, markup=False)
+        for line in [*budget_lines(rows, self.seconds_a_config(), self.run_dir),
+                     contention_line(self.beside_practices())]:
+            if line:
+                self.console.print(line, highlight=False, soft_wrap=True, markup=False)
+
+    def seconds_a_config(self) -> float:
+        """What one measurement costs here: the median wall time of the baseline's repeats
+        (process start included), else the pace of this call."""
+        durations = sorted(r.duration_s for r in self._of(self.base) if r.duration_s)
+        return durations[len(durations) // 2] if durations else self.per_job()
 
 
 def _ratio(v: float | None) -> str:
@@ -452,8 +470,54 @@ def row_cells(r: Row, label: str) -> list[str]:
     pays = ("-" if r.payback_steps is None or not r.helped else "never" if math.isinf(r.payback_steps)
             else "at once" if r.payback_steps == 0 else f"after {math.ceil(r.payback_steps)} step(s)")
     loss = f"{100 * (r.loss_ratio - 1):+.1f}%" if r.loss_ratio is not None else "-"
-    note = "; ".join(filter(None, [r.reason, r.caveat if r.helped else ""]))
-    return [label, r.practice, r.verdict, _ratio(r.speedup), interval, memory, cold, pays, loss, note]
+    needs = (f"likely decided after {r.rounds_needed} rounds" if r.rounds_needed is not None else
+             f"not likely decided within {MAX_REPEATS} rounds" if r.verdict == "inconclusive" and r.spread is not None
+             else "")
+    note = "; ".join(filter(None, [r.reason, needs, r.caveat if r.helped else ""]))
+    speedup = _ratio(r.speedup) + (" (undecided)" if r.verdict == "inconclusive" and r.speedup is not None else "")
+    return [label, r.practice, r.verdict, speedup, interval, memory, cold, pays, loss, note]
+
+
+def budget_lines(rows: list[Row], seconds_a_config: float, run_dir: Path) -> list[str]:
+    """For the practices left inconclusive: the rounds each would likely need at the noise
+    measured (``Row.rounds_needed``), and the line that goes on with a budget for them."""
+    undecided = [r for r in rows if r.verdict == "inconclusive"]
+    if not undecided:
+        return []
+    extra = {r.practice: max(0, r.rounds_needed - min(r.repeats)) for r in undecided if r.rounds_needed is not None}
+    lines = []
+    for r in undecided:
+        head = f"undecided: {r.practice}, {_ratio(r.speedup)} measured over {min(r.repeats)} round(s)"
+        if r.spread is None:
+            lines.append(f"{head}: too few ok repeats to measure its noise")
+        elif r.practice in extra:
+            more = (f"about {extra[r.practice]} more round(s) would likely decide it" if extra[r.practice] else
+                    "another look at more rounds would likely decide it")
+            lines.append(f"{head} at {100 * r.spread:.1f}% noise a round: {more}")
+        else:
+            lines.append(f"{head} at {100 * r.spread:.1f}% noise a round: {MAX_REPEATS} rounds would not likely "
+                         "decide it (a speed-up this close to the threshold, or noise this high, needs a quieter "
+                         "machine)")
+    if extra:
+        # each round measures the baseline beside every practice still undecided
+        seconds = (sum(extra.values()) + max(extra.values()) or len(extra) + 1) * seconds_a_config
+        lines.append(f"to decide them: about {math.ceil(seconds / 60)} min more at {seconds_a_config:.0f} s a "
+                     f"measurement; go on with: gpubench advise --resume {run_dir} --budget "
+                     f"{math.ceil(1.25 * seconds / 60)}m")
+    return lines
+
+
+def contention_line(baseline: list[Result]) -> str:
+    """A line where the baseline shared its cores with other processes in some round, else ""."""
+    shared = [r for r in baseline if r.ok and BY_NAME["shared_cores"].value(r)]
+    if not shared:
+        return ""
+    most = max(float(BY_NAME["others_cores"].value(r)) for r in shared)
+    return (f"a shared machine: {len(shared)} of the baseline's {sum(r.ok for r in baseline)} rounds ran while other "
+            f"processes used up to {most:.2g} cores; the rounds interleave the practices with the baseline, so the "
+            "verdicts compare like with like, but the figures are lower than an idle machine's"
+            + (" (a threads practice shows what fewer threads gain here)" if shared[0].config.get("device") == "cpu"
+               else ""))
 
 
 def suite_lines(best: Row | None) -> list[str]:
@@ -467,7 +531,11 @@ def fmt_toml(v: Any) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v) if isinstance(v, (int, float)) else f'"{v}"'
 
 
-def best_text(best: Row | None) -> list[str]:
+def best_text(best: Row | None, rows: list[Row]) -> list[str]:
+    undecided = sum(r.verdict == "inconclusive" for r in rows)
+    if best is None and undecided:
+        return [f"best: the config as it is, for now: no practice was decided faster, and {undecided} "
+                "undecided within the budget (the rounds they need below)"]
     if best is None:
         return ["best: the config as it is; no practice measured here made it faster beyond the threshold"]
     lines = [f"best: {best.practice}, {_ratio(best.speedup)} the baseline's throughput; in the suite's [defaults]:"]
@@ -499,6 +567,10 @@ def markdown(advice: dict[str, Any]) -> str:
         c = Row(**{**combo, "repeats": tuple(combo["repeats"]),
                    "payback_steps": math.inf if combo["payback_steps"] == "never" else combo["payback_steps"]})
         out.append(fmt.md_row(row_cells(c, "C")))
+    if advice.get("undecided"):
+        out += ["", "## Undecided", ""] + [f"- {line}" for line in advice["undecided"]]
+    if advice.get("contention"):
+        out += ["", f"Note: {advice['contention']}."]
     out += ["", "## Does not apply", ""] + [f"- {s['name']}: {s['reason']}" for s in advice["skipped"]]
     best = advice.get("best")
     out += ["", "## Best config", ""]

@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpubench.gate.compare import judge as gate_judge
-from gpubench.gate.stats import min_pairs, min_repeats, paired_shift, shift
+from gpubench.gate.power import GUIDE_POWER, rounds_to_decide
+from gpubench.gate.stats import min_pairs, min_repeats, paired_shift, pooled_log_sd, round_spread, shift
 from gpubench.results.metrics import BY_NAME
 from gpubench.results.result import Result
 
@@ -50,6 +51,8 @@ class Row:
     caveat: str = ""
     confidence: float | None = None  # of the interval: 1 - 2 alpha / the comparisons, at the look that judged it
     paired: bool = False  # judged on the per-round ratios (the practice's repeat beside the baseline's, same round)
+    spread: float | None = None  # the noise of a round's ratio practice / baseline (log-sd)
+    rounds_needed: int | None = None  # an inconclusive row: rounds likely to decide it at that noise (None: > 60)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -90,13 +93,16 @@ def judge(practice: Any, baseline: list[Result], results: list[Result], j: Judgi
     # so the rounds are compared paired wherever enough of them pair up
     by_round = {r.repeat: r for r in base_ok}
     pairs = [(by_round[r.repeat], r) for r in ok if r.repeat in by_round]
+    pb, pp = [float(THROUGHPUT.value(b)) for b, _ in pairs], [float(THROUGHPUT.value(p)) for _, p in pairs]
     if len(pairs) >= min_pairs(level):
         row.paired = True
-        s = paired_shift([float(THROUGHPUT.value(b)) for b, _ in pairs],
-                         [float(THROUGHPUT.value(p)) for _, p in pairs], level)
+        s = paired_shift(pb, pp, level)
     else:
-        s = shift([float(THROUGHPUT.value(r)) for r in base_ok],
-                  [float(THROUGHPUT.value(r)) for r in ok], level)
+        s = shift([float(THROUGHPUT.value(r)) for r in base_ok], [float(THROUGHPUT.value(r)) for r in ok], level)
+    # the noise of a round's ratio: measured on the pairs, else from each side's spread (two
+    # independent values: sqrt 2 times one's)
+    pooled = pooled_log_sd([[float(THROUGHPUT.value(r)) for r in rs] for rs in (base_ok, ok)])
+    row.spread = round_spread(pb, pp) if len(pairs) >= 2 else pooled * math.sqrt(2) if pooled is not None else None
     row.verdict = gate_judge(s, THROUGHPUT, j.threshold, j.noise_floor)
     row.speedup = s.ratio
     row.ci_low, row.ci_high = (s.ci_low, s.ci_high) if s.has_ci else (None, None)
@@ -113,6 +119,17 @@ def judge(practice: Any, baseline: list[Result], results: list[Result], j: Judgi
                                     _median(ok, "throughput"))
     _guard(row, base_ok, ok, results, j.loss_tolerance)
     return row
+
+
+def guide(row: Row, alpha_config: float, j: Judging) -> None:
+    """An inconclusive row's ``rounds_needed``: the rounds after which a practice whose true
+    speed-up is the one measured would likely (gate.power.GUIDE_POWER) be decided, paired
+    (advise's rounds measure the practice beside the baseline), at the noise of its rounds and
+    the next look's one-sided level ``alpha_config``."""
+    if row.verdict != "inconclusive" or row.speedup is None or row.spread is None:
+        return
+    row.rounds_needed = rounds_to_decide(row.spread, row.speedup, alpha_config, j.threshold, j.noise_floor,
+                                         paired=True, power=GUIDE_POWER)
 
 
 def payback(extra_cold_ms: float, base_step_ms: float | None, base_samples: float | None,

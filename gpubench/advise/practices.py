@@ -10,6 +10,7 @@ config (``runner.sweep.pre_resolve``), and what does not apply says why in one l
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,7 @@ from gpubench.config import Config
 from gpubench.options import device_kind, parse_parallelism
 
 # the groups, in the order the table lists what does not apply; a group is what --only / --skip name
-GROUPS = ("precision", "compile", "memory_format", "optimizer", "batch", "input", "memory")
+GROUPS = ("precision", "compile", "memory_format", "optimizer", "batch", "input", "threads", "memory")
 BATCH_FACTOR = 2
 LR_CAVEAT = (f"the learning rate is left as it is: with a batch {BATCH_FACTOR}x as large, training for real "
              "usually wants it raised (linear scaling, with warm-up), which advise does not do for you")
@@ -95,6 +96,7 @@ def candidates(base: Config) -> tuple[list[Practice], list[Skipped]]:
     else:
         skipped.append(Skipped("larger batch", "batch", f'batch_size = "{base.batch_size}" is searched already'))
     out += _input(base, skipped)
+    out += _threads(base, skipped)
     skipped.append(Skipped("data parallelism", "memory", "advise measures the config on its own device(s); compare "
                                                          "strategies with a sweep (parallelism = ddp:N, dp:N, ...)"))
     return out, skipped
@@ -120,6 +122,26 @@ def _input(base: Config, skipped: list[Skipped]) -> list[Practice]:
         out.append(Practice("resident data", "input", (("data", "device"),),
                             "the bound a faster input pipeline can reach: the batches made once, on the device"))
     return out
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _threads(base: Config, skipped: list[Skipped]) -> list[Practice]:
+    """On a CPU config: half the threads it trains with (the framework's default: every core
+    this process may use). Where other processes share the cores, fewer threads wait less for
+    one another; on an idle machine the practice shows what the extra threads buy."""
+    if device_kind(base.device) != "cpu":
+        skipped.append(Skipped("threads", "threads", f"a {device_kind(base.device)} config's CPU threads feed the "
+                                                     "device; advise measures threads on CPU configs"))
+        return []
+    now = base.threads or usable_cores()
+    if now < 2:
+        skipped.append(Skipped("threads", "threads", f"the config trains with {now} thread already"))
+        return []
+    return [Practice(f"threads {now // 2}", "threads", (("threads", now // 2),),
+                     "" if base.threads else f"the framework's default uses every core ({now})")]
 
 
 def memory_followups(base: Config) -> tuple[list[Practice], list[Skipped]]:

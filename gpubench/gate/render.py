@@ -75,11 +75,19 @@ def table(c: Comparison, label: Callable[[str], str] = str, dropped: frozenset[s
         t.add_column(col, no_wrap=col != "note")
     for v in c.verdicts:
         style = STYLE[v.verdict]
-        cells = {"config": label(v.config_id), "verdict": f"[{style}]{v.verdict}[/{style}]" if style else v.verdict,
-                 "baseline": _value(v.baseline_median, c.metric), "current": _value(v.current_median, c.metric),
-                 "change [CI]": _change(v), "n": f"{v.n_baseline}/{v.n_current}", "note": v.note}
-        t.add_row(*(cells[col] for col in columns))
+        row = {**cells(c, v), "config": label(v.config_id),
+               "verdict": f"[{style}]{v.verdict}[/{style}]" if style else v.verdict}
+        t.add_row(*(row[col] for col in columns))
     return t
+
+
+def cells(c: Comparison, v: ConfigVerdict) -> dict[str, str]:
+    """One verdict's row as text: config, verdict, the two medians, the change and its
+    interval, the repeats a side (n) and the note; the terminal table, the markdown and
+    ``gpubench ab``'s ab.json (its report's table) all show these."""
+    return {"config": v.config_id, "verdict": v.verdict, "baseline": _value(v.baseline_median, c.metric),
+            "current": _value(v.current_median, c.metric), "change [CI]": _change(v),
+            "n": f"{v.n_baseline}/{v.n_current}", "note": v.note}
 
 
 def triage_all(c: Comparison, base: list[Result], cur: list[Result], labels: tuple[str, str],
@@ -126,10 +134,9 @@ def markdown(c: Comparison, labels: tuple[str, str], power: str = "",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     order = {k: i for i, k in enumerate(("regressed", "inconclusive", "missing", "improved", "new", "unchanged"))}
     for v in sorted(c.verdicts, key=lambda v: order[v.verdict]):
-        verdict = f"**{v.verdict}**" if v.verdict == "regressed" else v.verdict
-        lines.append(fmt.md_row((v.config_id, verdict, _value(v.baseline_median, c.metric),
-                                 _value(v.current_median, c.metric), _change(v), f"{v.n_baseline}/{v.n_current}",
-                                 v.note)))
+        row = cells(c, v)
+        row["verdict"] = f"**{v.verdict}**" if v.verdict == "regressed" else v.verdict
+        lines.append(fmt.md_row(row.values()))
     for config_id, found in (triaged or {}).items():
         lines += ["", f"### Triage: {fmt.md_cell(config_id)}", "", *(f"- {fmt.md_cell(x)}" for x in found)]
     return "\n".join(lines) + "\n"

@@ -6,7 +6,7 @@ Three kinds of difference, each from what the results recorded:
   builds), and the threads, CPU affinity and Python of each side;
 - the telemetry, as the median over each side's repeats: the GPU's SM clock and power (a
   relative change), its utilisation and the share of samples it was throttled (in points),
-  and the host's CPU use by the benchmark and by the whole machine (in points);
+  and the host's CPU use by the benchmark and by the other processes (in points of a core);
 - the phases: results of ``gpubench run`` hold no per-phase times, so the triage gives the
   ``gpubench profile`` command that breaks a step into data, forward, backward and optimizer.
 
@@ -64,12 +64,13 @@ def _telemetry_lines(base: list[Result], cur: list[Result], labels: tuple[str, s
             ("throttled", ("telemetry", "gpu", "throttled_fraction"), 100.0, "of its GPU samples throttled"),
             ("GPU utilisation", ("telemetry", "gpu", "util_mean"), 1.0, "GPU utilisation"),
             ("benchmark CPU", ("telemetry", "host", "cpu_percent_mean"), 1.0, "CPU used by the benchmark"),
-            ("machine CPU", ("telemetry", "host", "system_cpu_percent_mean"), 1.0, "CPU used on the whole machine")):
+            ("others' CPU", ("telemetry", "host", "others_cores_mean"), 100.0,
+             "CPU other processes used (100% = one core)")):
         x, y = _median(base, path), _median(cur, path)
         if x is None or y is None or abs(y - x) * scale <= POINTS:
             continue
         lines.append(f"telemetry: {says}: {scale * y:.0f}% on {labels[1]} against {scale * x:.0f}% on {labels[0]}")
-        machine |= (name == "throttled" and y > x) or (name == "machine CPU" and y > x)
+        machine |= (name == "throttled" and y > x) or (name == "others' CPU" and y > x)
     return lines, machine
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -186,14 +187,47 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
-def reading(figures: dict[str, Any]) -> str:
+def oversubscription(cpu: dict[str, Any] | None) -> str | None:
+    """Why a CPU config's threads waited for cores, or None: ``cpu`` holds the ``threads`` it
+    trained with, the machine's ``cores`` and the cores other processes used over its measured
+    windows (``others_cores``, telemetry.host)."""
+    threads, cores = (cpu or {}).get("threads"), (cpu or {}).get("cores")
+    if not threads or not cores:
+        return None
+    others = (cpu or {}).get("others_cores") or 0.0
+    free = max(1, math.floor(cores - others + 0.25))  # the cores left to the config, a quarter core's slack
+    if threads <= free:
+        return None
+    busy = f", other processes using {others:.1f} of them" if others >= 0.25 else ""
+    return (f"oversubscribed: {threads} threads on {cores} cores{busy}, so threads wait for a core (and for "
+            f"each other at every operator); fewer threads (threads = {free}) may well be faster, which "
+            "gpubench advise measures")
+
+
+def _more_threads(cpu: dict[str, Any] | None) -> str:
+    """``, more threads (2 of 8 cores in use)`` where the config left cores free, else ""."""
+    threads, cores = (cpu or {}).get("threads"), (cpu or {}).get("cores")
+    if not threads or not cores:
+        return ", more threads"  # not known: the reading cannot rule them out
+    free = math.floor(cores - ((cpu or {}).get("others_cores") or 0.0) + 0.25)
+    return f", more threads ({threads} of {cores} cores in use)" if threads < free else ""
+
+
+def reading(figures: dict[str, Any], cpu: dict[str, Any] | None = None) -> str:
     """One line from a trace breakdown saying what limits the config, derived from the figures
-    (never guessed: each clause quotes the figure it rests on)."""
+    (never guessed: each clause quotes the figure it rests on). ``cpu``: a CPU config's
+    threads, the machine's cores and what other processes used of them (``oversubscription``):
+    an oversubscribed config is read as such first, and more threads are suggested only where
+    cores were free."""
     d = figures.get("device")
     if d is None:
         h = figures.get("host")
         if h is None:
             return "no reading: the trace holds neither device nor host operator events"
+        over = oversubscription(cpu)
+        if over is not None:
+            return (f"{over}; the profile itself: operators run {_pct(h['busy_share'])} of the profiled span, "
+                    f"idle {_pct(h['idle_share'])} between them")
         if h["short_op_time_share"] is not None and h["short_op_time_share"] >= 0.3:
             return (f"host-bound on small operators: {_pct(h['short_op_share'] or 0.0)} of the {h['ops']} top-level "
                     f"operators run under {h['short_us']:g} us and take {_pct(h['short_op_time_share'])} of operator "
@@ -202,7 +236,7 @@ def reading(figures: dict[str, Any]) -> str:
             return (f"the host is idle {_pct(h['idle_share'])} of the profiled span between operators (Python, "
                     "the input pipeline, waiting): device-resident data or a compiled step shortens it")
         return (f"compute-bound on the CPU: operators run {_pct(h['busy_share'])} of the profiled span; faster "
-                "kernels (bf16 where the CPU has it, more threads) are what is left")
+                f"kernels (bf16 where the CPU has it{_more_threads(cpu)}) are what is left")
     if d["idle_share"] >= 0.3 and d["idle_host_wait_share"] >= 0.5 * d["idle_share"]:
         return (f"launch-bound: the GPU is idle {_pct(d['idle_share'])} of the span, "
                 f"{_pct(d['idle_host_wait_share'])} waiting for the host to launch work; CUDA graphs or "

@@ -27,6 +27,7 @@ from gpubench.results.frame import CONFIG_COLUMNS
 from gpubench.results.metrics import METRICS
 from gpubench.results.outputs import check_output_dir
 from gpubench.results.store import RESULTS_FILE, decode_line, run_env
+from gpubench.telemetry import contention
 
 TEMPLATES = Path(__file__).parent / "templates"
 # one row per config: its identity and how its repeats went, then every metric of the registry
@@ -51,7 +52,40 @@ class Report:
 
 
 def default_out(data: ReportData, base: Path = Path("reports")) -> Path:
+    if data.ab is not None:  # the two sides of one A/B: under its id
+        name = str(data.ab["id"]).replace("/", "_")
+        return base / (name if name not in ("", ".", "..") else "ab")
     return base / "__".join(r.run_id.replace("/", "_") for r in data.runs)
+
+
+AB_COLUMNS = ("config", "verdict", "baseline", "current", "change [CI]", "n", "note")
+
+
+def ab_section(data: ReportData) -> dict[str, Any] | None:
+    """The verdicts of an A/B's two sides (its ab.json, written by ``gpubench ab`` with the
+    gate's own rows): the settings line, the decision, each config's verdict with both sides'
+    medians, the change and its interval, and the looks; None for other runs."""
+    if data.ab is None:
+        return None
+    v = data.ab["verdicts"]
+    out: dict[str, Any] = {"id": str(data.ab["id"]), "table": None, "header": "", "decision": "", "power": "",
+                           "looks": ""}
+    if v is None:
+        return out
+    table = v.get("table")
+    rows = [r for r in table if isinstance(r, dict)] if isinstance(table, list) else []
+    out["table"] = pd.DataFrame([{("candidate" if k == "current" else "repeats" if k == "n" else k): str(r.get(k, ""))
+                                  for k in AB_COLUMNS} for r in rows])
+    counts = v.get("counts") if isinstance(v.get("counts"), dict) else {}
+    failed = v.get("failed") if isinstance(v.get("failed"), list) else []
+    out["decision"] = (("REGRESSION: " if counts.get("regressed") else "no regression: ")
+                       + ", ".join(f"{n} {k}" for k, n in counts.items())
+                       + (f"; {len(failed)} repeat(s) failed, so the A/B failed (exit 1)" if failed else ""))
+    out["header"], out["power"] = str(v.get("header") or ""), str(v.get("power") or "")
+    looks = [x for x in v.get("looks") or [] if isinstance(x, dict) and isinstance(x.get("alpha"), (int, float))]
+    out["looks"] = "; ".join(f"look {x.get('look')}: {x.get('rounds')} rounds at alpha {x['alpha']:.3g}, "
+                             f"{x.get('undecided')} undecided" for x in looks)
+    return out
 
 
 def _html_table(df: pd.DataFrame) -> str:
@@ -222,6 +256,10 @@ def write_markdown(data: ReportData, path: Path) -> None:
         lines.append(f"> warning: {fmt.md_cell(w)}")
     if data.warnings:
         lines.append("")
+    ab = ab_section(data)
+    if ab is not None and ab["table"] is not None:
+        lines += [f"### A/B {fmt.md_cell(ab['id'])}: {fmt.md_cell(ab['decision'])}", "", fmt.md_cell(ab["header"]), "",
+                  tables.to_markdown(ab["table"]), *([fmt.md_cell(ab["looks"]), ""] if ab["looks"] else [])]
     ok = c[c["status"] == "ok"]
     table = pd.DataFrame({
         **({"run": ok["run"]} if data.multi_run else {}),
@@ -341,6 +379,8 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
 
     timelines, timeline_notes = _timelines(data)
     data.warnings.extend(timeline_notes)
+    if (busy := tables.shared_warning(c)) is not None:
+        data.warnings.append(busy)
     made = [p for p in (
         charts.throughput_vs_batch(c, chart_dir / "throughput_vs_batch.png"),
         charts.tokens_vs_seq_len(c, chart_dir / "tokens_vs_seq_len.png"),
@@ -367,8 +407,11 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
     ci_kind_notes = {"within-process": "within one process: one repeat per config",
                      "between-repeats": "between repeats: each repeat a fresh process"}
     ci_note = "; ".join(ci_kind_notes[k] for k in sorted(ci_kinds)) or ci_kind_notes["within-process"]
+    ab = ab_section(data)
     context = {
-        "title": ", ".join(r.run_id for r in data.runs),
+        "title": f"A/B {ab['id']}: candidate against baseline" if ab else ", ".join(r.run_id for r in data.runs),
+        "ab": ab,
+        "ab_table": _html_table(ab["table"]) if ab and ab["table"] is not None else None,
         "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "version": gpubench.__version__,
         "warnings": data.warnings,
@@ -393,6 +436,8 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
         "energy": {k: _html_table(v) for k, v in tables.energy_tables(c, multi).items()},
         "failures": _html_table(tables.failures(c, multi)),
         "noisy": _html_table(tables.noisy(c, multi)),
+        "shared": _html_table(tables.shared(c, multi)),
+        "shared_rule": contention.RULE,
         "runs": [{"run_id": r.run_id, "how": _how_measured(r.meta),
                   "machine": _machine_line(run_env(r.meta, r.results)),
                   "env": _env_table(run_env(r.meta, r.results)),

@@ -34,6 +34,52 @@ RUN_LINESTYLES = ["-", "--", ":", "-."]
 _MPL = tuple(int(x) for x in matplotlib.__version__.split(".")[:2])
 
 
+LABEL_WIDTH = 48  # characters a legend entry or tick label holds a line; longer ones wrap, never cut
+
+
+def _save(fig: Any, path: Path) -> None:
+    """The figure with everything drawn inside it (``bbox_inches="tight"``: a legend or label
+    outside the axes grows the image instead of being cut off), written atomically."""
+    write_atomic(path, lambda p: fig.savefig(p, format="png", bbox_inches="tight"))
+
+
+def wrap(label: str, width: int = LABEL_WIDTH) -> str:
+    """A label over lines of at most ``width`` characters, broken after a ``-`` or a space (within
+    a longer part after ``_`` or ``=``): a config id of 100 characters stays whole, on two or
+    three lines, never cut to an ellipsis."""
+    pieces = []
+    for piece in filter(None, re.findall(r"[^- ]*[- ]?", label)):  # after a dash or a space, else after _ or =
+        if len(piece) <= width:
+            pieces.append(piece)
+            continue
+        pieces += [x[i:i + width] for x in re.findall(r"[^_=]*[_=]?", piece) for i in range(0, len(x), width)]
+    lines = [""]
+    for piece in filter(None, pieces):
+        if lines[-1] and len(lines[-1]) + len(piece) > width:
+            lines.append("")
+        lines[-1] += piece
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _legends(fig: Any, axes: list[Any]) -> None:
+    """The legends of a laid-out figure (call after ``tight_layout``): inside each axes where
+    every label is short; else one legend for the figure, below it, its labels wrapped (every
+    panel draws a series alike, and a long label inside the axes would cover the data)."""
+    found: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            found.setdefault(label, handle)
+    if not found:
+        return
+    if all(len(label) <= 30 for label in found):
+        for ax in axes:
+            if ax.get_legend_handles_labels()[1]:
+                ax.legend(loc="best")
+        return
+    fig.legend(list(found.values()), [wrap(label) for label in found], loc="upper left", bbox_to_anchor=(0.01, 0.0),
+               ncol=2 if len(found) > 4 else 1, frameon=False)
+
+
 def _series_label(framework: str, precision: str, variant: str = "", run: str | None = None) -> str:
     label = f"{display_name(framework)} {precision}"
     if variant:
@@ -93,8 +139,10 @@ def _lines_by_batch(configs: pd.DataFrame, value: str, path: Path, ylabel: str, 
                     style = RUN_LINESTYLES[runs.index(run) % len(RUN_LINESTYLES)]
                     label = _series_label(fw, prec, var, run if len(runs) > 1 else None)
                     marker = VARIANT_MARKERS[variants.index(var) % len(VARIANT_MARKERS)]
+                    # a later run's markers hollow: two runs' points tell apart where no line joins them
                     kw: dict[str, Any] = {"color": _color(fw, prec), "linestyle": style, "marker": marker,
-                                          "markersize": 4, "label": label}
+                                          "markersize": 4, "label": label,
+                                          **({"markerfacecolor": "white"} if runs.index(run) % 2 else {})}
                     if ci is not None:
                         lo = s[ci[0]].astype(float).to_numpy() * scale
                         hi = s[ci[1]].astype(float).to_numpy() * scale
@@ -106,17 +154,18 @@ def _lines_by_batch(configs: pd.DataFrame, value: str, path: Path, ylabel: str, 
                 if sizes:
                     ax.set_xticks(sizes, [str(int(b)) for b in sizes])
                     ax.minorticks_off()
+                    # half an octave beyond the outer sizes: room for the nudged series at either end
+                    ax.set_xlim(sizes[0] / 2**0.5, sizes[-1] * 2**0.5)
                 ax.set_title(f"{workload} on {device}")
                 ax.set_xlabel("batch size (per device and micro-batch; series nudged apart)")
                 ax.set_ylabel(ylabel)
-                ax.set_ylim(bottom=0)
-                if ax.has_data():
-                    ax.legend(loc="best")
-                else:
+                ax.set_ylim(0, ax.get_ylim()[1] * 1.08)  # from 0, with room above the top whisker
+                if not ax.has_data():
                     ax.text(0.5, 0.5, "no measurements", ha="center", va="center", transform=ax.transAxes)
         fig.suptitle(title)
         fig.tight_layout()
-        write_atomic(path, fig.savefig)
+        _legends(fig, [ax for row in axes for ax in row])
+        _save(fig, path)
         plt.close(fig)
     return path
 
@@ -181,10 +230,10 @@ def tokens_vs_seq_len(configs: pd.DataFrame, path: Path) -> Path | None:
             ax.set_xlabel("sequence length (tokens)")
             ax.set_ylabel("tokens/s")
             ax.set_ylim(bottom=0)
-            ax.legend(loc="best")
         fig.suptitle("Language model: tokens/s vs sequence length (median, 95% CI)")
         fig.tight_layout()
-        write_atomic(path, fig.savefig)
+        _legends(fig, list(axes[:, 0]))
+        _save(fig, path)
         plt.close(fig)
     return path
 
@@ -206,10 +255,10 @@ def mfu_vs_tensor(configs: pd.DataFrame, path: Path) -> Path | None:
         ax.set_ylim(bottom=0)
         ax.set_xlabel("tensor-core activity (% of the time, NVML GPM)")
         ax.set_ylabel("MFU (% of the measured peak)")
-        ax.legend(loc="best")
         fig.suptitle("MFU against tensor-core activity, a point per config")
         fig.tight_layout()
-        write_atomic(path, fig.savefig)
+        _legends(fig, [ax])
+        _save(fig, path)
         plt.close(fig)
     return path
 
@@ -242,7 +291,7 @@ def speedup_bars(configs: pd.DataFrame, path: Path) -> Path | None:
             ax.errorbar(values[known], y[known], xerr=[values[known] - low[known], high[known] - values[known]],
                         fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
             ax.axvline(1.0, color="black", linewidth=0.8)
-            ax.set_yticks(y, labels, fontsize=7)
+            ax.set_yticks(y, [wrap(label, 60) for label in labels], fontsize=7)
             ax.invert_yaxis()
             for yi, r in zip(y, (r for _, r in f.iterrows())):
                 end = r["speedup_high"] if pd.notna(r["speedup_high"]) else r["speedup"]
@@ -253,7 +302,7 @@ def speedup_bars(configs: pd.DataFrame, path: Path) -> Path | None:
             top = np.nanmax(np.concatenate([values, high])) if len(values) else 1.0
             ax.set_xlim(0, max(top * 1.35, 1.2))
         fig.tight_layout()
-        write_atomic(path, fig.savefig)
+        _save(fig, path)
         plt.close(fig)
     return path
 
@@ -264,17 +313,22 @@ def step_time_boxes(step_times: dict[str, list[float]], path: Path) -> Path | No
     if not items:
         return None
     with plt.rc_context(STYLE):
-        fig, ax = plt.subplots(figsize=(9, max(2.2, 0.3 * len(items) + 1.2)))
+        lines = sum(wrap(k, 60).count("\n") + 1 for k, _ in items)  # a wrapped label's lines need room
+        fig, ax = plt.subplots(figsize=(9, max(2.2, 0.3 * len(items) + 0.12 * (lines - len(items)) + 1.2)))
         horizontal = {"orientation": "horizontal"} if _MPL >= (3, 10) else {"vert": False}
         ax.boxplot([v for _, v in items], whis=(5, 95), showfliers=True, flierprops={"markersize": 2, "alpha": 0.5},
                    **horizontal)
-        ax.set_yticks(np.arange(1, len(items) + 1), [k for k, _ in items], fontsize=7)
+        ax.set_yticks(np.arange(1, len(items) + 1), [wrap(k, 60) for k, _ in items], fontsize=7)
         ax.invert_yaxis()
-        ax.set_xscale("log")
-        ax.set_xlabel("step time (ms, log scale)")
+        values = np.concatenate([np.asarray(v, dtype=float) for _, v in items])
+        if values.min() > 0 and values.max() / values.min() >= 10:  # a log scale where the times span a decade
+            ax.set_xscale("log")
+            ax.set_xlabel("step time (ms, log scale)")
+        else:
+            ax.set_xlabel("step time (ms)")
         ax.set_title("Step-time distributions (box: IQR; whiskers: 5th-95th percentile; dots: outliers)")
         fig.tight_layout()
-        write_atomic(path, fig.savefig)
+        _save(fig, path)
         plt.close(fig)
     return path
 
@@ -289,7 +343,8 @@ PHASE_COLORS = {"cold_start": ("#bdbdbd", "cold start"), "warmup": ("#fdd0a2", "
 GPU_PANELS = [("util_gpu_pct", "GPU util (%)", 1.0), ("mem_used_bytes", "GPU memory (GiB)", 1 / 2**30),
               ("power_w", "power (W)", 1.0), ("sm_clock_mhz", "SM clock (MHz)", 1.0)]
 HOST_PANELS = [("cpu_percent", "worker CPU (%; 100 = 1 core)", 1.0), ("rss_bytes", "worker RSS (GiB)", 1 / 2**30),
-               ("system_cpu_percent", "machine CPU (%; 100 = all cores)", 1.0)]
+               ("system_cpu_percent", "machine CPU (%; 100 = all cores)", 1.0),
+               ("others_cpu_percent", "other processes' CPU (%; 100 = 1 core)", 1.0)]
 
 
 def _shade_phases(ax: Any, phases: list[dict[str, Any]]) -> None:
@@ -347,6 +402,6 @@ def telemetry_timelines(timelines: list[tuple[str, dict[str, Any]]], kind: str, 
         every = f", a sample every {interval:g} ms" if interval else ""
         fig.suptitle(("GPU telemetry (NVML" if kind == "gpu" else "Host telemetry (psutil") + f"{every})",
                      x=0.01, ha="left", fontsize=10)
-        write_atomic(path, fig.savefig)
+        _save(fig, path)
         plt.close(fig)
     return path

@@ -15,6 +15,7 @@ from gpubench.calibrate import RECALIBRATE
 from gpubench.config import MAX_BATCH
 from gpubench.results import twins
 from gpubench.results.metrics import BY_NAME
+from gpubench.telemetry import contention
 
 PEAK_SOURCES = {"device_allocator_peak": "device allocator peak",
                 "process_peak_rss_during_training": "process peak RSS while training",
@@ -178,10 +179,36 @@ def failures(configs: pd.DataFrame, multi_run: bool = False) -> pd.DataFrame:
 
 
 def noisy(configs: pd.DataFrame, multi_run: bool = False) -> pd.DataFrame:
-    flagged = configs[(configs["status"] == "ok") & configs["noisy"].fillna(False).astype(bool)]
+    flagged = _flagged(configs, "noisy")
     out = flagged[(["run"] if multi_run else []) + ["config_id", "step_cv"]].copy()
     out["step_cv"] = out["step_cv"].map(lambda v: cell("step_cv", v))
     return out.rename(columns={"config_id": "config", "step_cv": "cv of step times"}).reset_index(drop=True)
+
+
+def _flagged(configs: pd.DataFrame, name: str) -> pd.DataFrame:
+    return configs[(configs["status"] == "ok") & configs[name].fillna(False).astype(bool)] if name in configs \
+        else configs.iloc[0:0]
+
+
+def shared(configs: pd.DataFrame, multi_run: bool = False) -> pd.DataFrame:
+    """The configs that shared their cores with other processes (metric ``shared_cores``)."""
+    flagged = _flagged(configs, "shared_cores")
+    out = flagged[(["run"] if multi_run else []) + ["config_id", "others_cores"]].copy()
+    out["others_cores"] = out["others_cores"].map(lambda v: cell("others_cores", v))
+    return out.rename(columns={"config_id": "config", "others_cores": "cores other processes used"}) \
+        .reset_index(drop=True)
+
+
+def shared_warning(configs: pd.DataFrame) -> str | None:
+    """The report's warning where a measured config shared its cores, or None."""
+    flagged = _flagged(configs, "shared_cores")
+    if flagged.empty:
+        return None
+    measured = int((configs["status"] == "ok").sum())
+    return (f"{len(flagged)} of {measured} measured configs shared their cores with other processes (they used up "
+            f"to {cell('others_cores', flagged['others_cores'].max())} cores; {contention.RULE}): those figures "
+            "are lower than an idle machine's and compare fairly only with figures measured beside the same load "
+            "(the table under Problems names them)")
 
 
 def to_markdown(df: pd.DataFrame) -> str:

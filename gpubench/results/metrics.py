@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gpubench.telemetry import contention
 from gpubench.workloads.data import TOKEN_KINDS
 
 if TYPE_CHECKING:
@@ -133,6 +134,13 @@ METRICS: list[Metric] = [
     M("devices", ("metrics", "devices"), "", "", "count", "devices one step runs on (ranks, replicas or stages)",
       combine="first"),
     M("noisy", ("metrics", "noisy"), "", "", "flag", "step-time cv above 10%", combine="any"),
+    M("others_cores", ("telemetry", "host", "others_cores_mean"), "cores", "", "number",
+      "CPU cores every other process on the machine used during the measured windows (the machine's CPU less "
+      "the worker's process tree: its ranks and data workers are not others); null under "
+      f"{contention.MIN_HOST_SAMPLES} host readings inside them"),
+    M("shared_cores", ("telemetry", "host", "shared_cores"), "", "", "flag",
+      f"the config shared its cores with other processes over its measured windows ({contention.RULE}): its "
+      "figures are lower than an idle machine's", combine="any"),
     M("cold_start_ms", ("metrics", "cold_start_ms"), "ms", "lower", "ms",
       "the first training step (allocation, autotuning, compilation), synchronised"),
     M("setup_ms", ("metrics", "setup_ms"), "ms", "lower", "ms", "building model, optimizer and data on the device"),

@@ -24,6 +24,7 @@ from gpubench.results.schema import SUPPORTED_SCHEMA_VERSIONS, clean
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
 NODE_FILE = "node.jsonl"  # node r > 0 of a multi-node run: its own outcome of each config
+AB_FILE = "ab.json"  # gpubench ab: the verdicts, beside its two sides' run directories
 
 _fast_loads: Callable[[bytes], Any] | None
 try:  # a faster decoder of the same JSON, where installed (the history extra brings it)

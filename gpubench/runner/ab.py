@@ -31,13 +31,14 @@ from rich.console import Console
 from gpubench.config import Config
 from gpubench.env import fingerprint
 from gpubench.errors import InputError, warn
+from gpubench.files import write_text_atomic
 from gpubench.gate import render
 from gpubench.gate.compare import compare, fingerprint_differences, gate_options, repeats_for
 from gpubench.launch import Launcher, turn_pipes
 from gpubench.results.outputs import check_output_dir, check_output_file, write_output
 from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES
-from gpubench.results.store import json_text, locked_run_dir
+from gpubench.results.store import AB_FILE, json_text, locked_run_dir
 from gpubench.runner.job import Job
 from gpubench.runner.models import check_models, user_code_path
 from gpubench.runner.progress import SweepDisplay
@@ -399,14 +400,15 @@ def _execute_ab(req: ABRequest, console: Console, held: ExitStack) -> int:
     power, triaged = render.show(console, comparison, labels, results["baseline"], results["candidate"], reproduce)
     if req.markdown:
         write_output(req.markdown, render.markdown(comparison, labels, power, triaged), "--markdown")
+    verdicts = json_text({"baseline": str(dirs["baseline"].resolve()), "candidate": str(dirs["candidate"].resolve()),
+                          **comparison.to_dict(), "header": render.header(comparison, labels), "power": power,
+                          "table": [render.cells(comparison, v) for v in comparison.verdicts],
+                          "looks": looks, "triage": triaged, "pooled_with": prior.dirs if prior is not None else [],
+                          "failed": [{"side": side, "config_id": r.config_id, "repeat": r.repeat,
+                                      "status": r.status, "reason": r.reason} for side, r in failed]})
+    write_text_atomic(root / AB_FILE, verdicts)  # beside the two sides: what their report shows as the verdict
     if req.json:
-        write_output(req.json, json_text({"baseline": str(dirs["baseline"].resolve()),
-                                          "candidate": str(dirs["candidate"].resolve()),
-                                          **comparison.to_dict(), "looks": looks, "triage": triaged,
-                                          "pooled_with": prior.dirs if prior is not None else [],
-                                          "failed": [{"side": side, "config_id": r.config_id, "repeat": r.repeat,
-                                                      "status": r.status, "reason": r.reason} for side, r in failed]}),
-                     "--json")
+        write_output(req.json, verdicts, "--json")
     if req.junit:
         write_output(req.junit, render.junit(comparison, labels, power, triaged), "--junit")
     if req.report:

@@ -19,7 +19,7 @@ from gpubench.fmt import md_cell
 from gpubench.measure.breakdown import measure_breakdown
 from gpubench.measure.loop import NO_RANGES
 from gpubench.measure.ops import OpRow, markdown_table, summary, tables
-from gpubench.measure.trace import reading, trace_breakdown
+from gpubench.measure.trace import trace_breakdown
 from gpubench.measure.trainer import ProfilingUnavailable
 
 if TYPE_CHECKING:
@@ -84,9 +84,8 @@ def profile_trainer(trainer: Trainer, raw: RawMeasurement, config: Config, optio
 
 
 def _breakdown_of(trace: Path) -> dict[str, Any]:
-    """The trace's breakdown and its one-line reading (gpubench.measure.trace), or why there is
-    none: a trace in another format, or one without torch.profiler's event categories. Never
-    a failure of the profile."""
+    """The trace's breakdown (gpubench.measure.trace), or why there is none: a trace in another
+    format, or one without torch.profiler's event categories. Never a failure of the profile."""
     if trace.suffix != ".json":
         return {"trace_breakdown": None, "reading": None,
                 "trace_breakdown_reason": f"{trace.name}: the breakdown reads Chrome-format JSON traces"}
@@ -99,4 +98,5 @@ def _breakdown_of(trace: Path) -> dict[str, Any]:
         return {"trace_breakdown": None, "reading": None,
                 "trace_breakdown_reason": f"{trace.name}: no events of torch.profiler's categories (kernel, memcpy, "
                                           "cpu_op): this profiler's trace is shown as it is, without a breakdown"}
-    return {"trace_breakdown": figures, "reading": reading(figures), "trace_breakdown_reason": None}
+    # the reading is the worker's, which knows the threads and the machine's load (cpu_use)
+    return {"trace_breakdown": figures, "reading": None, "trace_breakdown_reason": None}

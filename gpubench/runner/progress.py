@@ -34,8 +34,16 @@ def one_line(result: Result) -> str:
                 + (f"{_show('tokens_per_s', result)} tokens/s, " if BY_NAME["tokens_per_s"].value(result) else "")
                 + f"step {_show('step_ms', result)}, "
                 f"cv {_show('step_cv', result)}")
-        return text + (" (noisy)" if BY_NAME["noisy"].value(result) else "")
+        return text + (" (noisy)" if BY_NAME["noisy"].value(result) else "") + shared_note(result)
     return result.reason
+
+
+def shared_note(result: Result) -> str:
+    """`` (shared cores: other processes used 0.9 of 2)`` where the config shared its cores."""
+    if not BY_NAME["shared_cores"].value(result):
+        return ""
+    return (f" (shared cores: other processes used {_show('others_cores', result)} of "
+            f"{result.get('telemetry', 'host', 'cores')})")
 
 
 class SweepDisplay:
@@ -140,7 +148,8 @@ def summary_table(results: list[Result], label: Callable[[str], str] = str,
         row = [label(r.config_id) + (f" (bs {searched})" if searched else "")]
         if repeats:
             row.append(str(r.repeat))
-        row.append(f"[{style}]{r.status}[/{style}]" + (" [yellow]noisy[/yellow]" if BY_NAME["noisy"].value(r) else ""))
+        row.append(f"[{style}]{r.status}[/{style}]" + (" [yellow]noisy[/yellow]" if BY_NAME["noisy"].value(r) else "")
+                   + (" [yellow]shared[/yellow]" if BY_NAME["shared_cores"].value(r) else ""))
         for header, name in columns:
             flagged = name == "mfu" and BY_NAME["above_peak"].value(r)
             row.append("[yellow]above peak[/yellow]" if flagged else _show(name, r))

@@ -33,8 +33,9 @@ from gpubench.files import write_text_atomic
 from gpubench.launch import RANKS_ENV, die_with_parent
 from gpubench.measure.loop import RawMeasurement, run_loop
 from gpubench.measure.stats import is_noisy, step_stats, throughput
+from gpubench.measure.trace import reading
 from gpubench.measure.turns import Turns
-from gpubench.options import REPLICA_KINDS, parse_parallelism
+from gpubench.options import REPLICA_KINDS, device_kind, parse_parallelism
 from gpubench.results.result import Outcome
 from gpubench.results.store import write_json_atomic
 from gpubench.runner.job import PHASE_FILE
@@ -173,6 +174,16 @@ def _profile(trainer: Any, raw: RawMeasurement, config: Config, options: dict[st
         raise RuntimeError(f"profiling failed: {_first_line(e)}") from e
 
 
+def cpu_use(config: Config, out: Outcome) -> dict[str, Any] | None:
+    """What a CPU config's profile reading weighs (measure.trace.oversubscription): the threads
+    it trained with, the machine's cores and the cores other processes used over its windows."""
+    if device_kind(config.device) != "cpu":
+        return None
+    host = (out.telemetry or {}).get("host") or {}
+    return {"threads": (out.runtime or {}).get("num_threads") or config.threads or None,
+            "cores": host.get("cores") or psutil.cpu_count(), "others_cores": host.get("others_cores_mean")}
+
+
 def rank_of(config: Config) -> tuple[int, int]:
     """(this process's rank, the number of ranks) for the config; (0, 1) unless distributed."""
     if not config.distributed:
@@ -302,6 +313,8 @@ def run_config(config: Config, profile: dict[str, Any] | None = None, memory_his
     if profiled is not None:
         out.with_metrics(**profiled[0])
         out.profile = profiled[1]
+        if out.profile is not None and out.profile.get("trace_breakdown") is not None:
+            out.profile["reading"] = reading(out.profile["trace_breakdown"], cpu_use(config, out))
     history = recording.finish()
     if history is not None:
         out.profile = {**(out.profile or {}), "memory_history": history}

@@ -70,6 +70,8 @@ class HostSample:
     cpu_percent: float | None = None  # the worker process tree; 100 = one core busy
     rss_bytes: int | None = None  # the worker process tree
     system_cpu_percent: float | None = None  # the whole machine, 100 = all cores busy
+    # every other process on the machine (the machine's CPU less the worker tree's), 100 = one core
+    others_cpu_percent: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

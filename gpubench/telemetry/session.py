@@ -45,7 +45,8 @@ class TelemetrySession:
         self.reader: NvmlReader | None = None
         self.counters: list[tuple[list[int | None], list[int | None]]] = []
         self._window_start: list[int | None] | None = None
-        self.host = PeriodicSampler("host", self.host_interval_s, HostReader(host_pid).read)
+        self.host_reader = HostReader(host_pid)
+        self.host = PeriodicSampler("host", self.host_interval_s, self.host_reader.read)
         self.gpu: PeriodicSampler | None = None
         if device_kind(device) != "cuda":
             self.gpu_reason = "not a GPU config"
@@ -107,7 +108,7 @@ class TelemetrySession:
         summary: dict[str, Any] = {
             "interval_ms": self.interval_s * 1000.0,
             "host_interval_ms": self.host_interval_s * 1000.0,
-            "host": host_summary(host_samples, windows),
+            "host": host_summary(host_samples, windows, self.host_reader.cores),
             "gpu": None,
             "gpu_reason": self.gpu_reason,
             "errors": self.errors + [f"host sampler: {e}" for e in self.host.errors],

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from gpubench.telemetry.base import GpuSample, HostSample
+from gpubench.telemetry.contention import MIN_HOST_SAMPLES, shared_cores
 from gpubench.telemetry.nvml import THROTTLE_MASK
 
 Window = tuple[int, int]  # start_ns, end_ns
@@ -203,13 +204,27 @@ def gpu_summary(samples: Sequence[GpuSample], windows: list[Window],
     }
 
 
-def host_summary(samples: Sequence[HostSample], windows: list[Window]) -> dict[str, Any]:
+def host_summary(samples: Sequence[HostSample], windows: list[Window], cores: int) -> dict[str, Any]:
+    """The worker tree's CPU and memory over the windows, the machine's CPU and what the other
+    processes used of its ``cores`` (``others_cores_mean``, in cores; None, with the reason,
+    where the windows held fewer than ``MIN_HOST_SAMPLES`` readings)."""
     w = inside(samples, windows)
+    others = _values(w, "others_cpu_percent")
+    system = _mean(_values(w, "system_cpu_percent"))
+    enough = len(others) >= MIN_HOST_SAMPLES
+    others_cores = float(others.mean()) / 100.0 if enough else None
     cpu = _values(w, "cpu_percent")
-    return {
+    out: dict[str, Any] = {
         "cpu_percent_mean": _mean(cpu),
         "cpu_percent_max": _max(cpu),
         "rss_peak_bytes": int(m) if (m := _max(_values(w, "rss_bytes"))) is not None else None,
-        "system_cpu_percent_mean": _mean(_values(w, "system_cpu_percent")),
+        "system_cpu_percent_mean": system,
+        "cores": cores,
+        "others_cores_mean": others_cores,
+        "shared_cores": shared_cores(others_cores, system if enough else None, cores),
         "samples": len(w),
     }
+    if not enough:
+        out["others_reason"] = (f"{len(others)} host reading(s) inside the measured windows, under the "
+                                f"{MIN_HOST_SAMPLES} a contention figure needs (longer windows give it)")
+    return out
