@@ -472,7 +472,7 @@ def test_cli_a_result_line_of_the_wrong_shape_is_named_not_skipped(tmp_path):
 def telemetry_of(sm_clock: float, throttled: float, power: float, others_cores: float) -> dict:
     return {"gpu": {"sm_clock_mean_mhz": sm_clock, "throttled_fraction": throttled, "util_mean": 95.0,
                     "power_mean_w": power},
-            "host": {"cpu_percent_mean": 100.0, "others_cores_mean": others_cores}}
+            "host": {"cpu_percent_mean": 100.0, "others_cores": others_cores}}
 
 
 def test_triage_names_a_slower_clock_and_throttling_as_the_machine():

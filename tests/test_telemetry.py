@@ -11,6 +11,7 @@ import pytest
 
 from gpubench.measure.loop import Phase
 from gpubench.telemetry.base import GpuSample, HostSample, PeriodicSampler
+from gpubench.telemetry.host import Totals
 from gpubench.telemetry.nvml import NvmlReader, nvml_index, unofficial_pynvml_problem
 from gpubench.telemetry.session import TelemetrySession
 from gpubench.telemetry.summary import gpu_energy, gpu_summary, host_summary, windows_of
@@ -135,12 +136,16 @@ def test_energy_falls_back_to_integrated_power():
 
 def test_host_summary():
     windows = [(0, int(1e9))]
-    samples = [HostSample(int(t * 1e6), cpu_percent=c, rss_bytes=r, system_cpu_percent=50.0, others_cpu_percent=10.0)
+    samples = [HostSample(int(t * 1e6), cpu_percent=c, rss_bytes=r, system_cpu_percent=50.0)
                for t, c, r in ((-5, 0.0, 1), (100, 180.0, 500), (600, 200.0, 700))]
-    h = host_summary(samples, windows, 4)
+    h = host_summary(samples, windows)
     assert h == {"cpu_percent_mean": 190.0, "cpu_percent_max": 200.0, "rss_peak_bytes": 700,
-                 "system_cpu_percent_mean": 50.0, "cores": 4, "others_cores_mean": 0.1, "shared_cores": False,
-                 "samples": 2}
+                 "system_cpu_percent_mean": 50.0, "samples": 2}
+    # over the windows' span (1 s): the machine 3.8 of 4 cores busy, the worker tree 1.5 of them
+    span = (Totals(0, 10.0, 100.0, 400.0, 4), Totals(int(1e9), 11.5, 103.8, 404.0, 4))
+    h = host_summary(samples, windows, span)
+    assert h["machine_busy_pct"] == pytest.approx(95.0) and h["others_cores"] == pytest.approx(2.3)
+    assert h["shared_cores"] is True and h["cores"] == 4 and h["span_s"] == 1.0
 
 
 def session_run(nvml, device="cuda:0", uuid=None, ordinals=None, nodes=1):
@@ -303,7 +308,8 @@ device = ["cpu"]
     assert [p["name"] for p in timeline["phases"]][-1] == "window_1" and timeline["host"]
     # the hogs are other processes: the sleeping worker shared the machine with them
     host = t["host"]
-    assert host["cores"] == cores and host["others_cores_mean"] >= 0.5 * cores and host["shared_cores"] is True
+    assert host["cores"] == cores and host["others_cores"] >= 0.5 * cores and host["shared_cores"] is True
+    assert host["span_s"] >= 1.0 and host["machine_busy_pct"] >= 90
     assert "(shared cores: other processes used" in proc.stdout and " shared " in proc.stdout
     warning = "1 of 1 measured configs shared their cores with other processes"
     assert warning in proc.stderr
@@ -342,10 +348,10 @@ def test_shared_cores_rule():
     assert shared_cores(0.1, 99.0, 2) is False  # the config itself filled the machine
     assert shared_cores(0.5, 99.0, 64) is False  # under 5% of 64 cores
     assert shared_cores(None, 99.0, 2) is None
-    # too few readings inside the windows: no figure, and the reason
-    h = host_summary([HostSample(int(5e8), cpu_percent=10.0, rss_bytes=1, system_cpu_percent=99.0,
-                                 others_cpu_percent=180.0)], [(0, int(1e9))], 2)
-    assert h["others_cores_mean"] is None and h["shared_cores"] is None and "1 host reading(s)" in h["others_reason"]
+    # windows too short for the 10 ms ticks: no figure, and the reason
+    span = (Totals(0, 1.0, 10.0, 20.0, 2), Totals(int(0.05e9), 1.0, 10.1, 20.1, 2))
+    h = host_summary([], [(0, int(0.05e9))], span)
+    assert h["others_cores"] is None and h["shared_cores"] is None and "span 0.05 s, under the 0.1 s" in h["others_reason"]
 
 
 def test_telemetry_off(tmp_path, write_suite):

@@ -64,7 +64,7 @@ def _telemetry_lines(base: list[Result], cur: list[Result], labels: tuple[str, s
             ("throttled", ("telemetry", "gpu", "throttled_fraction"), 100.0, "of its GPU samples throttled"),
             ("GPU utilisation", ("telemetry", "gpu", "util_mean"), 1.0, "GPU utilisation"),
             ("benchmark CPU", ("telemetry", "host", "cpu_percent_mean"), 1.0, "CPU used by the benchmark"),
-            ("others' CPU", ("telemetry", "host", "others_cores_mean"), 100.0,
+            ("others' CPU", ("telemetry", "host", "others_cores"), 100.0,
              "CPU other processes used (100% = one core)")):
         x, y = _median(base, path), _median(cur, path)
         if x is None or y is None or abs(y - x) * scale <= POINTS:

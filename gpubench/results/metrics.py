@@ -134,10 +134,10 @@ METRICS: list[Metric] = [
     M("devices", ("metrics", "devices"), "", "", "count", "devices one step runs on (ranks, replicas or stages)",
       combine="first"),
     M("noisy", ("metrics", "noisy"), "", "", "flag", "step-time cv above 10%", combine="any"),
-    M("others_cores", ("telemetry", "host", "others_cores_mean"), "cores", "", "number",
-      "CPU cores every other process on the machine used during the measured windows (the machine's CPU less "
-      "the worker's process tree: its ranks and data workers are not others); null under "
-      f"{contention.MIN_HOST_SAMPLES} host readings inside them"),
+    M("others_cores", ("telemetry", "host", "others_cores"), "cores", "", "number",
+      "CPU cores every other process on the machine used over the measured windows, first start to last end (the "
+      "machine's busy cores less the worker's process tree: its ranks and data workers are not others); null "
+      f"over a span under {contention.MIN_SPAN_S:g} s"),
     M("shared_cores", ("telemetry", "host", "shared_cores"), "", "", "flag",
       f"the config shared its cores with other processes over its measured windows ({contention.RULE}): its "
       "figures are lower than an idle machine's", combine="any"),

@@ -181,7 +181,7 @@ def cpu_use(config: Config, out: Outcome) -> dict[str, Any] | None:
         return None
     host = (out.telemetry or {}).get("host") or {}
     return {"threads": (out.runtime or {}).get("num_threads") or config.threads or None,
-            "cores": host.get("cores") or psutil.cpu_count(), "others_cores": host.get("others_cores_mean")}
+            "cores": host.get("cores") or psutil.cpu_count(), "others_cores": host.get("others_cores")}
 
 
 def rank_of(config: Config) -> tuple[int, int]:

@@ -4,7 +4,9 @@ and what every other process used of it (contention)."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import psutil
 
@@ -12,6 +14,15 @@ from gpubench.telemetry.base import HostSample, now_ns
 
 MIN_CPU_INTERVAL_S = 0.05  # a shorter interval has no meaningful CPU % (10 ms ticks)
 MAX_READ_SHARE = 0.25  # a reading that took longer than this share of its interval is dropped
+
+
+@dataclass(frozen=True)
+class Totals:
+    t_ns: int
+    tree_cpu_s: float  # user + system seconds of the worker's process tree
+    machine_busy_s: float  # the machine's busy CPU seconds (every core)
+    machine_total_s: float
+    cores: int
 
 
 def _busy_total(t: object) -> tuple[float, float]:
@@ -56,18 +67,34 @@ class HostReader:
         self._last_cpu_s: dict[int, float] = {}  # per pid: user + system seconds at the last reading
         self._last_ns: int | None = None
         self._last_machine: tuple[float, float] | None = None  # busy and total CPU seconds of the machine
+        self._lock = threading.Lock()  # the sampler thread and the training thread (totals) share the tree
         self._snapshot()  # primes the CPU-time counters (and lists the tree)
 
-    def _tree(self) -> list[psutil.Process]:
-        now = self.clock()
-        if self._refreshed_ns is not None and now - self._refreshed_ns < self.tree_refresh_ns:
-            return self._members
-        self._refreshed_ns = now
-        try:
-            self._members = [self.root, *self.root.children(recursive=True)]
-        except psutil.Error:
-            self._members = [self.root]
-        return self._members
+    def _tree(self, refresh: bool = True) -> list[psutil.Process]:
+        with self._lock:
+            now = self.clock()
+            if not refresh or (self._refreshed_ns is not None and now - self._refreshed_ns < self.tree_refresh_ns):
+                return list(self._members)
+            self._refreshed_ns = now
+            try:
+                self._members = [self.root, *self.root.children(recursive=True)]
+            except psutil.Error:
+                self._members = [self.root]
+            return list(self._members)
+
+    def totals(self, refresh: bool = True) -> Totals:
+        """The tree's and the machine's CPU seconds now (``Totals``), for a figure over an exact
+        span (telemetry.summary.contention: the measured windows, first start to last end);
+        ``refresh=False`` reads the processes known already (no scan of the machine's)."""
+        cpu = 0.0
+        for p in self._tree(refresh):
+            try:
+                t = p.cpu_times()
+            except psutil.Error:
+                continue
+            cpu += t.user + t.system
+        busy, total = _busy_total(psutil.cpu_times())
+        return Totals(self.clock(), cpu, busy, total, self.cores)
 
     def _snapshot(self) -> tuple[float | None, float | None, int, int, int]:
         """(CPU % of the tree since the last snapshot or None, the machine's CPU % over the same

@@ -14,7 +14,7 @@ from typing import Any
 from gpubench.measure.loop import Phase
 from gpubench.options import device_index, device_kind
 from gpubench.telemetry.base import PeriodicSampler
-from gpubench.telemetry.host import HostReader
+from gpubench.telemetry.host import HostReader, Totals
 from gpubench.telemetry.nvml import NvmlReader, as_text, load_nvml, nvml_index
 from gpubench.telemetry.summary import AVERAGING_S, gpu_summary, host_summary, windows_of
 
@@ -46,6 +46,8 @@ class TelemetrySession:
         self.counters: list[tuple[list[int | None], list[int | None]]] = []
         self._window_start: list[int | None] | None = None
         self.host_reader = HostReader(host_pid)
+        self._span_start: Totals | None = None
+        self._span_end: Totals | None = None
         self.host = PeriodicSampler("host", self.host_interval_s, self.host_reader.read)
         self.gpu: PeriodicSampler | None = None
         if device_kind(device) != "cuda":
@@ -82,7 +84,10 @@ class TelemetrySession:
     # --- the measurement loop's observer: energy counters at window boundaries ---------------
 
     def on_phase(self, name: str, edge: str) -> None:
-        if self.reader is None or not name.startswith("window_"):
+        if not name.startswith("window_"):
+            return
+        self._host_span(edge)
+        if self.reader is None:
             return
         try:
             reading = self.reader.energy_mj()
@@ -94,6 +99,17 @@ class TelemetrySession:
         elif self._window_start is not None:
             self.counters.append((self._window_start, reading))
             self._window_start = None
+
+    def _host_span(self, edge: str) -> None:
+        """The CPU totals as the first window begins and as each ends (the last end stays):
+        contention over exactly the measured span, whatever the sampler's interval."""
+        try:
+            if edge == "start" and self._span_start is None:
+                self._span_start = self.host_reader.totals()
+            elif edge == "end" and self._span_start is not None:
+                self._span_end = self.host_reader.totals(refresh=False)
+        except Exception as e:  # noqa: BLE001
+            self.errors.append(f"host CPU totals: {type(e).__name__}: {e}")
 
     # --- results ---------------------------------------------------------------------------
 
@@ -108,7 +124,8 @@ class TelemetrySession:
         summary: dict[str, Any] = {
             "interval_ms": self.interval_s * 1000.0,
             "host_interval_ms": self.host_interval_s * 1000.0,
-            "host": host_summary(host_samples, windows, self.host_reader.cores),
+            "host": host_summary(host_samples, windows, (self._span_start, self._span_end)
+                                 if self._span_start is not None and self._span_end is not None else None),
             "gpu": None,
             "gpu_reason": self.gpu_reason,
             "errors": self.errors + [f"host sampler: {e}" for e in self.host.errors],

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from gpubench.telemetry.base import GpuSample, HostSample
-from gpubench.telemetry.contention import MIN_HOST_SAMPLES, shared_cores
+from gpubench.telemetry.contention import over_span
+from gpubench.telemetry.host import Totals
 from gpubench.telemetry.nvml import THROTTLE_MASK
 
 Window = tuple[int, int]  # start_ns, end_ns
@@ -204,27 +205,22 @@ def gpu_summary(samples: Sequence[GpuSample], windows: list[Window],
     }
 
 
-def host_summary(samples: Sequence[HostSample], windows: list[Window], cores: int) -> dict[str, Any]:
-    """The worker tree's CPU and memory over the windows, the machine's CPU and what the other
-    processes used of its ``cores`` (``others_cores_mean``, in cores; None, with the reason,
-    where the windows held fewer than ``MIN_HOST_SAMPLES`` readings)."""
+def host_summary(samples: Sequence[HostSample], windows: list[Window],
+                 span: tuple[Totals, Totals] | None = None) -> dict[str, Any]:
+    """The worker tree's CPU and memory over the windows (the sampler's readings), and what the
+    machine and the other processes did over exactly the windows' span (``span``: the CPU
+    totals read as the first window began and the last ended; contention.over_span)."""
     w = inside(samples, windows)
-    others = _values(w, "others_cpu_percent")
-    system = _mean(_values(w, "system_cpu_percent"))
-    enough = len(others) >= MIN_HOST_SAMPLES
-    others_cores = float(others.mean()) / 100.0 if enough else None
     cpu = _values(w, "cpu_percent")
     out: dict[str, Any] = {
         "cpu_percent_mean": _mean(cpu),
         "cpu_percent_max": _max(cpu),
         "rss_peak_bytes": int(m) if (m := _max(_values(w, "rss_bytes"))) is not None else None,
-        "system_cpu_percent_mean": system,
-        "cores": cores,
-        "others_cores_mean": others_cores,
-        "shared_cores": shared_cores(others_cores, system if enough else None, cores),
+        "system_cpu_percent_mean": _mean(_values(w, "system_cpu_percent")),
         "samples": len(w),
     }
-    if not enough:
-        out["others_reason"] = (f"{len(others)} host reading(s) inside the measured windows, under the "
-                                f"{MIN_HOST_SAMPLES} a contention figure needs (longer windows give it)")
+    if span is not None:
+        a, b = span
+        out.update(over_span((b.t_ns - a.t_ns) / 1e9, b.tree_cpu_s - a.tree_cpu_s, b.machine_busy_s - a.machine_busy_s,
+                             b.machine_total_s - a.machine_total_s, b.cores))
     return out
