@@ -356,3 +356,17 @@ print(json.dumps({{"practice": list(table["practice"]), "verdict": list(table["v
     assert got["verdict"] == ["improved", "unchanged"] and all(v > 0 for v in got["ci_low"])
     assert got["best"] == "optimizer fused" and got["lines"] == ['optimizer_impl = "fused"']
     assert Path(got["run_dir"]).is_dir() and "one value each" in got["refused"]
+
+
+def test_a_baseline_that_shared_its_cores_is_said_to_have():
+    from gpubench.advise.command import contention_line
+    from gpubench.config import Config
+
+    base_c = Config(framework="torch", workload="mlp", device="cpu")
+    quiet = _results(base_c, [100, 101, 99])
+    assert contention_line(quiet) == ""
+    for r, others in zip(quiet, (1.6, 0.1, 1.2)):
+        r.telemetry = {"host": {"cores": 2, "others_cores": others, "shared_cores": others > 1}}
+    line = contention_line(quiet)
+    assert line.startswith("a shared machine: 2 of the baseline's 3 rounds ran while other processes used up to 1.6 "
+                           "cores") and "a threads practice" in line

@@ -421,3 +421,18 @@ def test_series_at_the_same_batch_are_nudged_apart_around_it():
     assert factors[1] == 1.0 and factors[0] * factors[2] == pytest.approx(1.0)
     assert factors[0] < 1.0 < factors[2] and factors[2] == pytest.approx(2 ** 0.06)
     assert dodge(0, 1) == 1.0
+
+
+def test_chart_labels_wrap_whole_never_cut():
+    """A chart's legend entry or tick label of any length is kept whole over lines of at most the
+    width (the long ids of a factory with a batch function once read `fake-advise fp32 compile=…`
+    for both sides of an A/B)."""
+    from gpubench.report.charts import wrap
+
+    label = ("fault_mode0-fake-advise-cpu-bs8-fp32-single-compile=xla-memory_format=channels-last-threads=1-"
+             "optimizer_impl=foreach-batches=gptfactory.token_batches_with_targets (candidate)")
+    lines = wrap(label, 48).split("\n")
+    assert "".join(lines) == label.replace(" ", "")  # every character kept, a line break for the space
+    assert all(len(line) <= 48 for line in lines) and len(lines) == 5 and lines[-1] == "(candidate)"
+    assert wrap("x" * 100, 48).split("\n") == ["x" * 48, "x" * 48, "x" * 4]
+    assert wrap("PyTorch fp32") == "PyTorch fp32"
