@@ -370,6 +370,41 @@ def test_a_deeply_nested_line_is_one_line_not_a_recursion_error(tmp_path, finish
     assert proc.returncode == 2 and "run.json: unreadable run file: nested deeper" in proc.stderr, proc.stderr
 
 
+def test_a_lock_or_results_file_that_is_a_link_is_never_written_through(tmp_path, finished_run):
+    """Anyone who can write into a shared run directory could point its .lock or results.jsonl at
+    a file of whoever resumes it: the resume refuses in one line, and the file is as it was."""
+    mine = tmp_path / "mine.txt"
+    mine.write_text("my own file\n")
+    for name in (".lock", "results.jsonl"):
+        run_dir = tmp_path / f"link{name}"
+        shutil.copytree(finished_run, run_dir)
+        lines = (run_dir / "results.jsonl").read_text()
+        if name == "results.jsonl":  # the results moved aside, the name a link to another's file
+            (run_dir / "results.jsonl").rename(run_dir / "kept.jsonl")
+        (run_dir / name).unlink(missing_ok=True)
+        (run_dir / name).symlink_to(mine)
+        proc = run_cli(["run", "--resume", str(run_dir), "--no-report"], cwd=tmp_path)
+        assert proc.returncode == 2 and f"{run_dir / name}: a symbolic link" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and mine.read_text() == "my own file\n"
+        if name == ".lock":
+            assert (run_dir / "results.jsonl").read_text() == lines
+
+
+def test_a_results_file_that_is_a_fifo_or_a_device_is_one_line_not_a_hang(tmp_path, finished_run):
+    for kind in ("fifo", "zero"):
+        run_dir = tmp_path / kind
+        shutil.copytree(finished_run, run_dir)
+        (run_dir / "results.jsonl").unlink()
+        if kind == "fifo":
+            os.mkfifo(run_dir / "results.jsonl")
+            said = "not a regular file"
+        else:
+            (run_dir / "results.jsonl").symlink_to("/dev/zero")
+            said = "a symbolic link"
+        proc = run_cli(["compare", str(run_dir), str(finished_run)], cwd=tmp_path, timeout=60)
+        assert proc.returncode == 2 and f"{run_dir / 'results.jsonl'}: {said}" in proc.stderr, proc.stderr
+
+
 def test_a_deep_value_inside_an_object_is_refused_too():
     from gpubench.results.store import decode_line
 

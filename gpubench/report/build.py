@@ -18,6 +18,7 @@ import gpubench
 from gpubench import fmt
 from gpubench.calibrate import kernel_label
 from gpubench.env import emulation_note
+from gpubench.errors import InputError
 from gpubench.files import write_text_atomic
 from gpubench.measure.allocations import history_line, oom_line
 from gpubench.report import breakdown, charts, tables
@@ -26,7 +27,7 @@ from gpubench.results import twins
 from gpubench.results.frame import CONFIG_COLUMNS
 from gpubench.results.metrics import METRICS
 from gpubench.results.outputs import check_output_dir
-from gpubench.results.store import RESULTS_FILE, decode_line, run_env
+from gpubench.results.store import RESULTS_FILE, decode_line, read_own, run_env
 from gpubench.telemetry import contention
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -346,10 +347,10 @@ def _advice(data: ReportData) -> list[dict[str, Any]]:
     out = []
     for run in data.runs:
         path = run.path / "advice.json"
-        if not path.is_file():
+        if not os.path.lexists(path):
             continue
         try:
-            advice = json.loads(path.read_text())
+            advice = json.loads(read_own(path))
             rows = [*(advice.get("rows") or []), *([advice["combination"]] if advice.get("combination") else [])]
             frame = pd.DataFrame([{"practice": r["practice"], "verdict": r["verdict"],
                                    "speed-up": fmt.ratio(r.get("speedup")),
@@ -363,8 +364,9 @@ def _advice(data: ReportData) -> list[dict[str, Any]]:
                         "failed": advice.get("baseline_failed"),
                         "skipped": [f"{s['name']}: {s['reason']}" for s in advice.get("skipped") or []],
                         "best": (advice.get("best") or {}).get("practice"), "lines": advice.get("best_lines") or []})
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            data.warnings.append(f"{path}: unreadable ({type(e).__name__}); the advice is left out of the report")
+        except (OSError, ValueError, KeyError, TypeError, RecursionError, InputError) as e:
+            data.warnings.append(f"{path}: unreadable ({type(e).__name__}: {e}); the advice is left out of the "
+                                 "report")
     return out
 
 

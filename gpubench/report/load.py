@@ -17,7 +17,7 @@ import pandas as pd
 from gpubench.errors import InputError
 from gpubench.results.frame import aggregate, results_frame
 from gpubench.results.result import Result
-from gpubench.results.store import AB_FILE, RESULTS_FILE, load_results, load_run
+from gpubench.results.store import AB_FILE, RESULTS_FILE, load_results, load_run, read_own
 
 
 @dataclass
@@ -91,12 +91,12 @@ def _ab_of(runs: list[RunData], notes: list[str]) -> dict[str, Any] | None:
         r.run_id = str(side)
     path = runs[0].path.resolve().parent / AB_FILE
     try:
-        verdicts = json.loads(path.read_text())
+        verdicts = json.loads(read_own(path))
     except FileNotFoundError:
         notes.append(f"{path}: missing (an A/B that did not finish); the report shows the two sides without verdicts")
         verdicts = None
-    except (OSError, ValueError, RecursionError) as e:
-        notes.append(f"{path}: unreadable ({type(e).__name__}); the report shows the two sides without verdicts")
+    except (OSError, ValueError, RecursionError, InputError) as e:
+        notes.append(f"{path}: unreadable ({e}); the report shows the two sides without verdicts")
         verdicts = None
     if verdicts is not None and not (isinstance(verdicts, dict) and isinstance(verdicts.get("verdicts"), list)):
         notes.append(f"{path}: not an A/B's verdicts (no verdicts list); the report shows the two sides without them")

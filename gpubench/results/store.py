@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -92,6 +93,41 @@ def _write_all(fd: int, data: bytes) -> None:
         data = data[n:]
 
 
+def open_own(path: Path, flags: int, mode: int = 0o644, run_dir: Path | None = None) -> int:
+    """``os.open`` of a file of a run directory, never through a symbolic link and only as a
+    regular file: anyone who can write into a shared run directory could otherwise point
+    ``.lock`` or ``results.jsonl`` at a file of whoever resumes it (which the lock's write or an
+    append would overwrite), or at a FIFO or ``/dev/zero`` that a reader waits on or reads
+    without end. With ``run_dir``, the folders between it and the file (``logs/``) are not
+    links either (the run directory itself may be: its path is the user's). Either is one line
+    (InputError); other OSErrors are the caller's."""
+    folder = path.parent
+    while run_dir is not None and folder != run_dir and run_dir in folder.parents:
+        if folder.is_symlink():
+            raise InputError(f"{folder}: a symbolic link; gpubench reads and writes a run directory's files only "
+                             "where they are, never through a link (replace it with the folder)")
+        folder = folder.parent
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise InputError(f"{path}: a symbolic link; gpubench reads and writes a run directory's files only where "
+                             "they are, never through a link (remove it)") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InputError(f"{path}: not a regular file (a FIFO, a device or a directory); gpubench reads and writes "
+                         "only regular files in a run directory")
+    return fd
+
+
+def read_own(path: Path) -> bytes:
+    """The whole of a run directory's file (``open_own``)."""
+    fd = open_own(path, os.O_RDONLY)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
 def result_line(result: Result) -> str:
     """A result as its line of results.jsonl (without the newline)."""
     return json.dumps(clean(result.to_json()), separators=(",", ":"))
@@ -103,7 +139,7 @@ def append_result(run_dir: Path, result: Result, name: str = RESULTS_FILE) -> No
     file that already ends in half a line (a killed run not yet resumed) is not appended to."""
     path = run_dir / name
     line = (result_line(result) + "\n").encode()
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = open_own(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
     try:
         start = os.fstat(fd).st_size
         if start and os.pread(fd, 1, start - 1) != b"\n":
@@ -149,7 +185,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     if not run_dir.is_dir():
         raise InputError(f"{run_dir}: no such run directory")
     try:
-        meta = decode_line(path.read_bytes())
+        meta = decode_line(read_own(path))
     except FileNotFoundError:
         raise InputError(f"{path}: missing; is {run_dir} a gpubench run directory?") from None
     except (OSError, ValueError) as e:
@@ -186,11 +222,11 @@ def read_results(run_dir: Path, repair: bool = False, strict: bool = True,
     at all is an InputError either way. Warnings go to ``warn`` (the user's stderr unless the
     caller collects them, as the report does)."""
     path = run_dir / RESULTS_FILE
-    if not path.exists():
+    if not os.path.lexists(path):  # a link, even a dangling one, is said so (open_own)
         return []
     try:
-        raw = path.read_bytes()
-    except OSError as e:  # a directory, no permission: not a line to skip
+        raw = read_own(path)
+    except OSError as e:  # no permission: not a line to skip
         raise InputError(f"{path}: unreadable results file: {e.strerror or e}") from None
     lines = raw.split(b"\n")
     results: list[tuple[str, Result]] = []
@@ -210,8 +246,11 @@ def read_results(run_dir: Path, repair: bool = False, strict: bool = True,
             if is_last and not raw.endswith(b"\n"):
                 warn(f"{path}:{i}: skipping a truncated last line (a run killed while writing)")
                 if repair:
-                    with open(path, "r+b") as f:
-                        f.truncate(start)
+                    fd = open_own(path, os.O_RDWR)
+                    try:
+                        os.ftruncate(fd, start)
+                    finally:
+                        os.close(fd)
                 break
             _problem(f"{path}:{i}: corrupt result line: {e}", strict, warn)
             continue
@@ -258,7 +297,7 @@ def locked_run_dir(run_dir: Path) -> Iterator[None]:
     the kernel releases when the holder dies, however it dies."""
     path = run_dir / LOCK_FILE
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_own(path, os.O_RDWR | os.O_CREAT)
     except OSError as e:
         raise InputError(f"{path}: cannot open the run directory's lock: {e.strerror or e}") from None
     try:
@@ -300,7 +339,7 @@ def superseded_lines(run_dir: Path) -> tuple[str, ...]:
     """The result lines a run moved out (``supersede``), as written; none where it moved none.
     An unreadable file is an InputError naming it."""
     try:
-        text = (run_dir / SUPERSEDED_FILE).read_text(encoding="utf-8")
+        text = read_own(run_dir / SUPERSEDED_FILE).decode("utf-8")
     except FileNotFoundError:
         return ()
     except (OSError, ValueError) as e:
@@ -316,7 +355,8 @@ def supersede(run_dir: Path, drop: Callable[[Result], bool]) -> int:
     moved = [line for line, r in found if drop(r)]
     if not moved:
         return 0
-    with open(run_dir / SUPERSEDED_FILE, "a", encoding="utf-8") as f:
+    with os.fdopen(open_own(run_dir / SUPERSEDED_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a",
+                   encoding="utf-8") as f:
         f.write("".join(line + "\n" for line in moved))
         f.flush()
         os.fsync(f.fileno())

@@ -7,6 +7,7 @@ outcome says so (``error`` with the child's traceback, ``timeout``, ``oom``).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -21,7 +22,7 @@ from gpubench.errors import EXIT_STORAGE, STORAGE_LINE, StorageError
 from gpubench.hugepages import worker_env
 from gpubench.launch import Launcher, dying_with_parent
 from gpubench.results.result import Outcome
-from gpubench.results.store import slug
+from gpubench.results.store import open_own, slug
 from gpubench.runner.nodes import Nodes
 from gpubench.runner.process import kill_group, oom_kill_count, storage_problem, worker_command
 
@@ -160,7 +161,8 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: 
     timeout_s = train.timeout_s
     env = launcher.env()
     env.update(worker_env(train.huge_pages, env))  # read as the worker starts
-    with open(run_dir / log_rel, "wb") as log:
+    log_fd = open_own(run_dir / log_rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, run_dir=run_dir)
+    with os.fdopen(log_fd, "wb") as log:
         proc = subprocess.Popen(dying_with_parent(worker_command(launcher, workdir, train, nodes)),
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=env, pass_fds=launcher.pass_fds)
