@@ -8,12 +8,13 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 import tomllib
 
-from tests.conftest import REPO, plugin_env, requires, run_cli
+from tests.conftest import REPO, plugin_env, requires, result_lines, run_cli
 
 torch = pytest.importorskip("torch")
 
@@ -801,3 +802,76 @@ def test_a_users_model_compiles_as_a_builtin_does(monkeypatch, framework, worklo
     np.testing.assert_allclose(fast, plain, rtol=1e-4)
     assert plain[-1] < plain[0]
     assert trainer.describe()["compile"]["setting"] == compiled
+
+
+HOSTILE_FACTORIES = """
+import os, subprocess, sys, time
+import torch
+
+sys.stdout.write("loading the models...")  # no newline, at import
+
+
+def _net():
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 10))
+
+
+def exits():
+    sys.exit(7)
+
+
+def dies():
+    os._exit(3)
+
+
+def hangs():
+    time.sleep(600)
+
+
+def spawns():
+    subprocess.Popen(["sleep", "317"])  # holds the check's stdout, were it a pipe
+    return _net()
+"""
+
+
+@pytest.mark.parametrize("factory, message", [
+    ("dies", "checking the torch models failed: the check ended with exit code 3 while building workload 'facs:dies'"),
+    ("hangs", "checking the torch models: building workload 'facs:hangs' took longer than 8 s (the configs' "
+              "timeout_s); stopped"),
+    ("spawns", None),
+])
+def test_the_model_check_survives_what_a_factory_does(tmp_path, factory, message):
+    """A factory module that writes to stdout without a newline (each of these), a factory that
+    ends the process, hangs or starts a background process: the pre-run check answers on a
+    channel of its own, within the configs' timeout_s, names the workload and the exit code,
+    and kills what the factory left running (a sys.exit is named in the check itself: below)."""
+    (tmp_path / "facs.py").write_text(HOSTILE_FACTORIES)
+    (tmp_path / "s.toml").write_text(f'[defaults]\nworkload = "facs:{factory}"\nframework = "torch"\n'
+                                     'input_shape = [1, 4, 4]\nnum_classes = 10\nbatch_size = 4\nsteps = 2\n'
+                                     'windows = 1\nwarmup_steps = 1\ntimeout_s = 8\n')
+    t0 = time.monotonic()
+    proc = run_cli(["run", "s.toml", "--out", "runs", "--no-report", "--no-calibrate"], cwd=tmp_path, timeout=120)
+    took = time.monotonic() - t0
+    assert "Traceback" not in proc.stderr, proc.stderr
+    if message is None:  # the check passed, the config trained
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        (run_dir,) = (tmp_path / "runs").iterdir()
+        assert [r["status"] for r in result_lines(run_dir)] == ["ok"]
+    else:
+        assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1], proc.stderr
+        assert not (tmp_path / "runs").exists()
+    assert took < 60  # never the old fixed 600 s, nor the background sleep's 317
+    # nothing the factory started outlives the check or the config's worker
+    import psutil
+
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "317"]]
+
+
+def test_a_factory_that_calls_sys_exit_is_named_with_its_code(tmp_path, monkeypatch):
+    from gpubench.config import Config
+    from gpubench.runner.models import check_here
+
+    (tmp_path / "facs.py").write_text(HOSTILE_FACTORIES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "facs", raising=False)
+    config = Config(workload="facs:exits", framework="torch", input_shape=(1, 4, 4), num_classes=10)
+    assert check_here([config.to_dict()]) == "workload 'facs:exits': called sys.exit(7) while it was built"

@@ -178,6 +178,9 @@ def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: 
         except BaseException:
             kill_group(proc)
             raise
+        # what the config left running in its session (a factory's background process) ends with it:
+        # it would share the machine with the next config's measurement
+        kill_group(proc, grace_s=1.0)
     found = collect_outcome(job, run_dir, workdir, log_rel)
     if found is not None:
         return found
