@@ -195,6 +195,29 @@ def test_ab_budget_looks_again_while_undecided_and_stops_at_the_budget(tmp_path,
 
 
 
+@pytest.mark.parametrize("text, message", [
+    ("[1, 2]", "the file: expected a JSON object, not a list"),
+    ('"x"', "the file: expected a JSON object, not a str"),
+    ("null", "the file: expected a JSON object, not a NoneType"),
+    ('{"baseline": "a", "candidate": "b", "looks": [{"alpha": NaN, "undecided": 1, "rounds": 8}]}',
+     "looks[0].alpha: expected a number from 1e-300 to 0.5"),
+    ('{"baseline": "a", "candidate": "b", "looks": [{"alpha": 0.005, "undecided": Infinity, "rounds": 8}]}',
+     "looks[0].undecided: expected an integer from 0 to 1e+09"),
+    ('{"baseline": "a", "candidate": "b", "looks": [{"alpha": 0.005, "undecided": -1, "rounds": 8}]}',
+     "looks[0].undecided: expected an integer from 0 to 1e+09"),
+    ('{"baseline": "a", "candidate": "b", "looks": [{"alpha": 1e400, "undecided": 1, "rounds": 8}]}',
+     "looks[0].alpha: expected a number"),
+    ('{"baseline": 3, "candidate": "b", "looks": []}', "baseline: expected the path of its run directory"),
+])
+def test_a_damaged_continue_file_is_one_line(tmp_path, write_suite, text, message):
+    (tmp_path / "bad.json").write_text(text)
+    proc = run_cli(["ab", str(write_suite(SUITE)), "--lockstep", "--baseline-python", sys.executable,
+                    "--candidate-python", sys.executable, "--continue", str(tmp_path / "bad.json"), "--out",
+                    str(tmp_path / "runs")], cwd=tmp_path)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 def test_ab_continue_pools_the_rounds_and_counts_the_looks_on(tmp_path, write_suite):
     """An A/A that the first A/B could not decide (threshold 0%: nothing is unchanged) is
     continued twice: the new rounds are numbered after the earlier ones and pooled with all of
@@ -242,7 +265,10 @@ def test_ab_continue_pools_the_rounds_and_counts_the_looks_on(tmp_path, write_su
                             "continue it with the same suite and --set"),
                            (["--continue", str(tmp_path / "first.json"), "--alpha", "0.05"],
                             "that A/B ran at alpha 0.01, not 0.05; give --alpha 0.01"),
-                           (["--continue", str(tmp_path / "then.json")], "every config of that A/B was decided")]:
+                           (["--continue", str(tmp_path / "then.json")], "every config of that A/B was decided"),
+                           # continued once (by mid): its next looks' alpha is spent
+                           (["--continue", str(tmp_path / "first.json"), *undecided],
+                            "that A/B was continued already")]:
         bad = ab("bad", *extra)
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr
     plain = run_cli(["ab", str(suite), *sides, "--continue", str(tmp_path / "first.json"), "--out",

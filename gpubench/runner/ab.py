@@ -18,6 +18,7 @@ looks are counted on, so the two together still raise a false alarm at most alph
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import time
 from contextlib import ExitStack
@@ -47,6 +48,7 @@ from gpubench.runner.sweep import plan, run_jobs
 from gpubench.suite import MAX_BATCH, load_suite
 
 SIDES = ("baseline", "candidate")
+CONTINUED_FILE = "continued.json"  # beside the sides of an A/B that --continue went on with
 
 
 @dataclass
@@ -106,14 +108,13 @@ def _prior(req: ABRequest, configs: list[Config], launchers: dict[str, Launcher]
         raise InputError(f"{where}: needs --lockstep (the rounds of a lockstep A/B are continued paired)")
     try:
         earlier = json.loads(req.prior.read_text())
-        chain = [Path(d) for d in earlier.get("pooled_with", [])] + [Path(earlier[side]) for side in SIDES]
-        looks = [dict(x) for x in earlier["looks"]]
-        best_of, correction = int(earlier.get("best_of", 1)), str(earlier.get("correction", "bonferroni"))
-        spent = 2 * float(looks[0]["alpha"]) if looks else 0.0  # look 1 was at alpha / 2
-        undecided = int(looks[-1]["undecided"]) if looks else 0
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise InputError(f"{where}: not the --json of a gpubench ab ({type(e).__name__}); give the file an "
                          "ab --lockstep --budget wrote with --json") from None
+    chain, looks, best_of, correction = _continued_fields(earlier, where)
+    spent = 2 * float(looks[0]["alpha"]) if looks else 0.0  # look 1 was at alpha / 2
+    undecided = int(looks[-1]["undecided"]) if looks else 0
+
     if not looks:
         raise InputError(f"{where}: that A/B was judged once at the whole alpha (no --budget), so none is left for "
                          "more rounds; continue an A/B run with --budget")
@@ -149,8 +150,48 @@ def _prior(req: ABRequest, configs: list[Config], launchers: dict[str, Launcher]
             raise InputError(f"{where}: config {odd} is in {'that A/B' if odd in had else 'this suite'} but not in "
                              f"{'this suite and --set' if odd in had else 'that A/B'}; continue it with the same "
                              "suite and --set")
+    taken = Path(chain[-2]).parent / CONTINUED_FILE
+    if taken.exists():
+        raise InputError(f"{where}: that A/B was continued already ({taken}), which spent its next looks' alpha; "
+                         "continue the A/B that continued it (its --json)")
     rounds = max((r.repeat for r in results["baseline"]), default=-1) + 1
     return _Prior(results, looks, rounds, [str(d) for d in chain])
+
+
+def _continued_fields(earlier: Any, where: str) -> tuple[list[Path], list[dict[str, Any]], int, str]:
+    """The fields of an ab --json that a continuation rests on, each checked by type and range
+    (a hand-edited or damaged file is one line naming the field): the run directories (pooled
+    ones first, then baseline and candidate), the looks, best-of and the correction."""
+    def bad(field: str, wanted: str) -> InputError:
+        return InputError(f"{where}: {field}: expected {wanted}; give the file an ab --lockstep --budget wrote with "
+                          "--json")
+
+    def number(value: Any, field: str, lo: float, hi: float, integer: bool = False) -> float:
+        ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+        if isinstance(value, bool) or not ok or not math.isfinite(value) or not lo <= value <= hi:
+            raise bad(field, f"{'an integer' if integer else 'a number'} from {lo:g} to {hi:g}")
+        return float(value)
+
+    if not isinstance(earlier, dict):
+        raise bad("the file", f"a JSON object, not a {type(earlier).__name__}")
+    pooled = earlier.get("pooled_with", [])
+    if not isinstance(pooled, list) or not all(isinstance(d, str) and d for d in pooled) or len(pooled) % 2:
+        raise bad("pooled_with", "a list of run directories, a baseline and a candidate each")
+    for side in SIDES:
+        if not isinstance(earlier.get(side), str) or not earlier[side]:
+            raise bad(side, "the path of its run directory")
+    looks = earlier.get("looks")
+    if not isinstance(looks, list) or not all(isinstance(x, dict) for x in looks):
+        raise bad("looks", "a list of objects")
+    for k, x in enumerate(looks):
+        number(x.get("alpha"), f"looks[{k}].alpha", 1e-300, 0.5)
+        number(x.get("undecided"), f"looks[{k}].undecided", 0, 10**9, integer=True)
+        number(x.get("rounds"), f"looks[{k}].rounds", 0, 10**9, integer=True)
+    best_of = int(number(earlier.get("best_of", 1), "best_of", 1, 10**6, integer=True))
+    correction = earlier.get("correction", "bonferroni")
+    if correction not in ("bonferroni", "bh"):
+        raise bad("correction", "bonferroni or bh")
+    return [Path(d) for d in [*pooled, earlier["baseline"], earlier["candidate"]]], looks, best_of, correction
 
 
 def _check_python(launcher: Launcher, side: str) -> None:
@@ -407,6 +448,8 @@ def _execute_ab(req: ABRequest, console: Console, held: ExitStack) -> int:
                           "failed": [{"side": side, "config_id": r.config_id, "repeat": r.repeat,
                                       "status": r.status, "reason": r.reason} for side, r in failed]})
     write_text_atomic(root / AB_FILE, verdicts)  # beside the two sides: what their report shows as the verdict
+    if prior is not None:  # its next looks' alpha is spent: a second continuation of it is refused (_prior)
+        write_text_atomic(Path(prior.dirs[-2]).parent / CONTINUED_FILE, json_text({"by": str(root.resolve())}))
     if req.json:
         write_output(req.json, verdicts, "--json")
     if req.junit:
