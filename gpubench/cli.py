@@ -18,6 +18,7 @@ from gpubench.errors import InputError, Stopped, did_you_mean, os_error_line, st
 from gpubench.results.metrics import gate_metric_names
 from gpubench.runner.nodes import DEFAULT_MASTER_PORT, Nodes
 from gpubench.runner.run import EXIT_BAD_INPUT, RunRequest
+from gpubench.suite import MAX_JOBS, MAX_PLANNED
 
 if TYPE_CHECKING:
     from gpubench.runner.slurm import SlurmOptions
@@ -42,6 +43,14 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _max_jobs(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_PLANNED:
+        raise argparse.ArgumentTypeError(f"at most {MAX_PLANNED:,} (planning holds every config in memory, about 4 KB "
+                                         f"each), got {value:,}")
     return value
 
 
@@ -240,9 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--retry-failed", action="store_true",
                      help="with --resume: run the config repeats that ended error or timeout again (their results "
                           "move to RUN_DIR/superseded.jsonl)")
-    run.add_argument("--max-jobs", type=_positive_int, metavar="N",
-                     help="refuse a sweep of more than N config repeats (configs x repeats), checked before anything "
-                          "is expanded (default 10000)")
+    run.add_argument("--max-jobs", type=_max_jobs, metavar="N",
+                     help=f"refuse a sweep of more than N config repeats (configs x repeats), checked before anything "
+                          f"is expanded (default {MAX_JOBS:,}; at most {MAX_PLANNED:,}: planning holds every config in "
+                          "memory)")
     run.add_argument("--no-report", action="store_true", help="do not write the HTML/CSV/markdown report")
     run.add_argument("--require-idle-gpu", action="store_true",
                      help="refuse to measure (exit 2, the processes listed) when another process uses a GPU the "

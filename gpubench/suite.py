@@ -298,6 +298,9 @@ def _check_value(key: str, value: Any) -> Any:
 # of seconds to minutes, so this is a day or more of training, and a matrix far above it is a
 # mistake (10^10 points would take the machine's memory before the first config ran)
 MAX_JOBS = 10_000
+# the most config repeats a sweep may have whatever --max-jobs says: planning holds every config
+# in memory (about 4 KB each: 0.4 GB here), and a sweep beyond it would run for months
+MAX_PLANNED = 100_000
 
 _TOP_KEYS = ("name", "description", "defaults", "matrix", "telemetry")
 _TELEMETRY_KEYS = {"interval_ms": "telemetry_interval_ms"}  # [telemetry] key -> setting
@@ -339,8 +342,8 @@ class Suite:
         data = {"name": d.get("name"), "description": d.get("description", ""), "defaults": d.get("defaults", {}),
                 "matrix": {**matrix, "include": d.get("include", []), "exclude": d.get("exclude", [])}}
         max_jobs = d.get("max_jobs", MAX_JOBS)
-        if isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or max_jobs < 1:
-            raise InputError(f"{where}.max_jobs: expected an integer >= 1, got {max_jobs!r}")
+        if isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or not 1 <= max_jobs <= MAX_PLANNED:
+            raise InputError(f"{where}.max_jobs: expected an integer from 1 to {MAX_PLANNED:,}, got {max_jobs!r}")
         suite = parse_suite(data, where, max_jobs=max_jobs)
         overrides = {k: _values(f"{where}.overrides.{k}", k, v) for k, v in _table(d, "overrides", where).items()}
         source = d.get("source")
@@ -392,14 +395,17 @@ class Suite:
         """Refuse a sweep of more than ``max_jobs`` config repeats before anything is built (a
         matrix of 10^10 points would otherwise take the machine's memory), naming the axes."""
         points = self.size()
-        if points * repeats <= self.max_jobs:
+        if points * repeats <= min(self.max_jobs, MAX_PLANNED):
             return
         axes = ", ".join(f"{a} {len(self.matrix[a])}" for a in _ordered_axes(self.matrix)) or "none"
         extra = f", {len(self.include)} include entries" if self.include else ""
         times = f" x {repeats} repeats = {points * repeats:,} jobs" if repeats > 1 else ""
         raise InputError(f"{self.source}: the sweep has up to {points:,} points (before exclude){times} "
-                         f"(matrix axes and their lengths: {axes}{extra}), above the cap of {self.max_jobs:,} "
-                         f"config repeats; narrow it with --set, or raise the cap with --max-jobs N")
+                         f"(matrix axes and their lengths: {axes}{extra}), above the cap of "
+                         f"{min(self.max_jobs, MAX_PLANNED):,} config repeats; narrow it with --set"
+                         + (", or raise the cap with --max-jobs N" if self.max_jobs < MAX_PLANNED else
+                            f" (no sweep may have more than {MAX_PLANNED:,}: planning holds every config in memory, "
+                            "about 4 KB each)"))
 
     def expand(self) -> list[Config]:
         """All configs of the sweep, in a stable order, without duplicates, each with an id no
@@ -585,6 +591,8 @@ def load_suite(name_or_path: str, max_jobs: int = MAX_JOBS) -> Suite:
         raise InputError(f"{src}: invalid TOML: {e}") from None
     except RecursionError:
         raise InputError(f"{src}: invalid TOML: nested too deeply") from None
+    except ValueError as e:  # tomllib's own, past its checks: an integer of more than 4300 digits
+        raise InputError(f"{src}: invalid TOML: {str(e).split(';')[0]}") from None
     suite = parse_suite(data, src, default_name=path.stem, max_jobs=max_jobs)
     # a typo check for a hand-written file; a stored suite (run.json) may hold a parameter that a
     # --set narrowing left without its workload

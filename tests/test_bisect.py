@@ -223,3 +223,14 @@ def test_resume_reuses_both_confirming_measurements():
     session.stored_confirm = [Step(**first.to_dict()), Step(**second.to_dict())]
     assert session.measure("p" * 40, "c" * 40, 0, "confirm") == first
     assert session.measure("p" * 40, "c" * 40, 1, "confirm") == second
+
+
+@pytest.mark.slow  # a virtual environment is made first (ensurepip: 10-15 s)
+def test_a_failing_setup_is_one_line_naming_the_command_and_its_exit(tmp_path):
+    from gpubench.bisect.git import environment
+    from gpubench.errors import InputError
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    with pytest.raises(InputError, match=r"--setup 'exit 7' failed in .*tree with exit 7 \(log: .*setup.log\)"):
+        environment(tree, "exit 7", tmp_path / "cache", tmp_path / "setup.log")

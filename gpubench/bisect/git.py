@@ -96,12 +96,13 @@ def environment(tree: Path, setup: str, cache: Path, log: Path) -> str:
         made = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(env_dir)], stdout=out,
                               stderr=subprocess.STDOUT)
         if made.returncode != 0:
-            raise RuntimeError(f"python -m venv {env_dir} failed (log: {log})")
+            raise InputError(f"python -m venv {env_dir} failed (log: {log})")
         env = {**os.environ, "PATH": f"{env_dir / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
                "VIRTUAL_ENV": str(env_dir)}
         ran = subprocess.run(setup, shell=True, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT)
     if ran.returncode != 0:
-        raise RuntimeError(f"--setup {setup!r} failed in {tree} with exit {ran.returncode} (log: {log})")
+        raise InputError(f"--setup {setup!r} failed in {tree} with exit {ran.returncode} (log: {log}); fix the "
+                         "command, or bisect a range whose commits it sets up")
     ready.write_text(setup + "\n")
     return str(python)
 
