@@ -179,6 +179,7 @@ def test_a_baseline_that_does_not_train_exits_1(tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["--set", "batch_size=8,16"], "advise measures one config; with these --set the suite makes 2"),
     (["--only", "speed"], "--only speed: unknown practice group; one of: precision, compile"),
+    (["--only", "batch", "--skip", "batch"], "every group named is skipped, so nothing would be measured"),
     (["--set", "batch_size=max"], 'batch_size: "max" is not for gpubench advise'),
     (["--alpha", "0.7"], "--alpha 0.7: must be above 0 and below 0.5"),
     (["--loss-tolerance", "lots"], "--loss-tolerance lots: expected a percentage"),

@@ -275,11 +275,18 @@ def test_a_lock_held_past_the_timeout_is_one_line(tmp_path, gb, history_db, monk
             holder.execute(sa.text("INSERT INTO machines (machine_key, hostname, cpu_model, first_seen) "
                                    "VALUES ('held', 'h', 'c', 'now')"))
         proc = gb(["history", "ingest", str(QUICK), "--db", history_db])
+        # a run recording into it: refused at the start, and no run directory is left behind
+        for key, value in plugin_env().items():
+            monkeypatch.setenv(key, value)
+        (tmp_path / "s.toml").write_text(FAKE)
+        ran = gb(["run", "s.toml", "--out", "runs", "--no-report", "--no-calibrate", "--db", history_db])
         holder.rollback()
     engine.dispose()
     assert proc.returncode == 2, proc.stdout + proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("gpubench: error: history database") and ("locked" in line or "lock timeout" in line)
+    assert ran.returncode == 2 and "history database" in ran.stderr, ran.stdout + ran.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
     proc = gb(["history", "ingest", str(QUICK), "--db", history_db])
     assert proc.returncode == 0 and f"{len(result_lines(QUICK))} result(s) added" in proc.stdout
 

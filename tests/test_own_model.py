@@ -584,6 +584,8 @@ BAD_MODELS = [
     ("mymodels:small_convnet", "num_classes = 7", "the model gives 10 scores per sample; num_classes = 7"),
     ("hf:gpt2", "args.n_layers = 2\ninput_shape = [8]", "args.n_layers: gpt2's config has no field 'n_layers'; "
                                                            "nearest: n_layer"),
+    ("hf:gpt2", "args.n_layer = -1\ninput_shape = [8]", "args.n_layer = -1: gpt2's n_layer is a count, at least 1 "
+                                                        "(its default: 12)"),
     ("torchvision:resnet5", "", "torchvision has no model 'resnet5'; nearest: resnet50"),
     ("hf:gtp2", "", "Transformers has no model type 'gtp2'; nearest: gpt2"),
 ]

@@ -105,6 +105,9 @@ def _check_groups(req: AdviseRequest) -> None:
         for name in names:
             if name not in GROUPS:
                 raise InputError(f"{option} {name}: unknown practice group; one of: {', '.join(GROUPS)}")
+    if req.only and all(g in req.skip for g in req.only):
+        raise InputError(f"--only {' '.join(req.only)} with --skip {' '.join(req.skip)}: every group named is skipped, "
+                         "so nothing would be measured; leave out one of them")
 
 
 def _wanted(group: str, req: AdviseRequest) -> bool:

@@ -7,6 +7,7 @@ bad input never leaves a run directory behind.
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -302,6 +303,7 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
     peaks = (load_peaks(peak_devices(runnable), console)
              if req.calibrate and nodes.node_rank == 0 and local else {})
     now = datetime.now(timezone.utc)
+    fresh = run_dir is None
     if run_dir is None:
         args: dict[str, Any] = {"suite": req.suite, "set": req.sets, "repeats": repeats, "out": str(req.out)}
         if code_path:
@@ -324,8 +326,13 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
                   f"-> {run_dir}", highlight=False)
     # a new remote run is recorded once its fingerprint is known (its first job's node's), or at
     # its end if no job's worker told it
-    recorder = (history.begin(meta, existing, req.tags, str(run_dir))
-                if history is not None and (meta.get("env") or local) else None)
+    try:
+        recorder = (history.begin(meta, existing, req.tags, str(run_dir))
+                    if history is not None and (meta.get("env") or local) else None)
+    except BaseException:
+        if fresh:  # a history that cannot be written at the start (a locked database): no run is left behind
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     so_far: list[Result] = []
 
     def record_late() -> None:

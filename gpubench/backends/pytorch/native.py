@@ -242,6 +242,11 @@ def _timm(ref: ModelRef, config: Config, kwargs: dict[str, Any], facts: dict[str
     return _seeded(make, config.seed), SyntheticTask(tuple(shape), config.num_classes), facts
 
 
+def _a_count(field: str) -> bool:
+    """A config field that counts layers or heads (0 of them builds no model worth training)."""
+    return any(word in field for word in ("layer", "head"))
+
+
 def _hf(ref: ModelRef, config: Config, kwargs: dict[str, Any], facts: dict[str, Any]) -> Any:
     import transformers
     from transformers import AutoConfig
@@ -259,6 +264,12 @@ def _hf(ref: ModelRef, config: Config, kwargs: dict[str, Any], facts: dict[str, 
         fields = [k for k in vars(defaults) if not k.startswith("_")]
         raise SourceError(f"workload {ref.text!r}: args.{unknown[0]}: {ref.name}'s config has no field "
                           f"{unknown[0]!r}{nearest(unknown[0], fields)}")
+    for k, v in kwargs.items():  # Transformers takes n_layer = -1 and builds a model of no layers
+        default = getattr(defaults, k)
+        if isinstance(v, int) and not isinstance(v, bool) and isinstance(default, int) and \
+                not isinstance(default, bool) and default > 0 and (v < 0 or (v == 0 and _a_count(k))):
+            raise SourceError(f"workload {ref.text!r}: args.{k} = {v}: {ref.name}'s {k} is "
+                              f"{'a count, at least 1' if _a_count(k) else 'at least 0'} (its default: {default})")
     try:
         cfg = AutoConfig.for_model(ref.name, **kwargs)
     except Exception as e:  # noqa: BLE001 - a bad config argument: say which
