@@ -14,7 +14,17 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from rich.console import Console
 
 from gpubench import __version__
-from gpubench.errors import InputError, Stopped, did_you_mean, os_error_line, stop_exit_code, stop_message, warn
+from gpubench.errors import (
+    InputError,
+    Stopped,
+    did_you_mean,
+    error_line,
+    os_error_line,
+    printable,
+    stop_exit_code,
+    stop_message,
+    warn,
+)
 from gpubench.results.metrics import gate_metric_names
 from gpubench.runner.nodes import DEFAULT_MASTER_PORT, Nodes
 from gpubench.runner.run import EXIT_BAD_INPUT, RunRequest
@@ -60,7 +70,8 @@ class OneLineParser(argparse.ArgumentParser):
     this class too (add_subparsers makes its parsers of the parent's class)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}{self._typo(message)} (see {self.prog} --help)\n")
+        self.exit(EXIT_BAD_INPUT, printable(f"{self.prog}: error: {message}{self._typo(message)} (see {self.prog} "
+                                            "--help)") + "\n")
 
     def _typo(self, message: str) -> str:
         """``; did you mean run?`` for a misspelt command or choice, or option."""
@@ -720,10 +731,10 @@ def _main(argv: list[str] | None) -> int:
             show_env(console, args.json)
             return 0
     except InputError as e:
-        print(f"gpubench: error: {e}", file=sys.stderr)
+        print(error_line(e), file=sys.stderr)
         return EXIT_BAD_INPUT
     except OSError as e:  # a path that cannot be read or written and was not checked first: one line
-        print(f"gpubench: error: {os_error_line(e)}", file=sys.stderr)
+        print(error_line(os_error_line(e)), file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Stopped)
         stop_message(e)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import errno
+import re
 import signal
 import sys
 from collections.abc import Iterable
@@ -49,14 +50,29 @@ def choices_message(kind: str, value: object, allowed: list[str] | tuple[str, ..
     return f"unknown {kind} {value!r}{did_you_mean(value, allowed)}; expected one of: {', '.join(allowed)}"
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters written out (``\\x1b``): a message quotes what the
+    user gave (a --set value, a file's content), and a terminal would obey an escape sequence
+    in it (clear the screen, recolour, retitle) instead of showing it."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def error_line(message: object) -> str:
+    """The one line a command ends on for bad input."""
+    return printable(f"gpubench: error: {message}")
+
+
 def warn(message: str) -> None:
     """A warning for the user: one line on stderr, so that stdout keeps only the results."""
-    print(f"gpubench: warning: {message}", file=sys.stderr)
+    print(printable(f"gpubench: warning: {message}"), file=sys.stderr)
 
 
 def note(message: str) -> None:
     """Something the user should know before a run starts: one line on stderr, like a warning."""
-    print(f"gpubench: note: {message}", file=sys.stderr)
+    print(printable(f"gpubench: note: {message}"), file=sys.stderr)
 
 
 class Stopped(KeyboardInterrupt):

@@ -40,6 +40,14 @@ def test_usage_errors_are_one_line_naming_the_help(tmp_path, args, message):
     assert line.startswith(message) and line.endswith(f"(see {prog} --help)")
 
 
+def test_what_the_user_gave_is_echoed_without_its_escape_sequences(tmp_path):
+    """A --set value (or an argument) holding a terminal escape sequence is shown written out,
+    never sent to the terminal to obey."""
+    for args in (["run", "suites/quick.toml", "--set", "precision=fp3\x1b[31mRED"], ["run", "--max-jobs", "\x1b[2J"]):
+        proc = run_cli(args, cwd=REPO)
+        assert proc.returncode == 2 and "\x1b" not in proc.stderr and "\\x1b[" in proc.stderr, proc.stderr
+
+
 def test_help_still_shows_the_usage(tmp_path):
     proc = run_cli(["compare", "--help"], cwd=tmp_path)
     assert proc.returncode == 0 and "usage: gpubench compare" in proc.stdout and "from 0% to below 100%" in proc.stdout
