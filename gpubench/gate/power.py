@@ -13,6 +13,8 @@ rate is found by bisection.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from gpubench.gate.compare import judge
@@ -65,7 +67,12 @@ def rounds_to_decide(sigma: float, ratio: float, alpha_config: float, threshold:
         return verdict_share(sigma, n, ratio, alpha_config, threshold, noise_floor, decided, trials,
                              paired=paired) >= power
 
-    lo = (min_pairs if paired else min_repeats)(2 * alpha_config)
+    return _fewest(enough, (min_pairs if paired else min_repeats)(2 * alpha_config))
+
+
+def _fewest(enough: Callable[[int], bool], lo: int) -> int | None:
+    """The fewest repeats from ``lo`` to MAX_REPEATS that are ``enough`` (power grows with the
+    repeats: bisected); None where even MAX_REPEATS is not."""
     hi = MAX_REPEATS
     if not enough(hi):
         return None
@@ -107,12 +114,4 @@ def repeats_needed(sigma: float, slowdown: float, alpha_config: float, threshold
     def enough(n: int) -> bool:
         return caught_share(sigma, n, slowdown, alpha_config, threshold, noise_floor, trials) >= power
 
-    lo, hi = min_repeats(2 * alpha_config), MAX_REPEATS  # power grows with the repeats: bisect
-    if not enough(hi):
-        return None
-    if enough(lo):
-        return lo
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
-    return hi
+    return _fewest(enough, min_repeats(2 * alpha_config))
