@@ -139,6 +139,16 @@ def test_a_huge_matrix_is_refused_before_it_is_built(tmp_path, write_suite):
     line = proc.stderr.strip()
     assert len(line.splitlines()) == 1 and "up to 10,000,000,000 points" in line and "seed 100, steps 100" in line
     assert "--max-jobs N" in line and not (tmp_path / "runs").exists()
+    # whatever --max-jobs says: the plan is bounded (every config is held in memory while planned)
+    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--max-jobs", "100000000000000"], cwd=tmp_path)
+    assert proc.returncode == 2 and "argument --max-jobs: at most 100,000" in proc.stderr, proc.stderr
+    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--max-jobs", "100000"], cwd=tmp_path)
+    assert proc.returncode == 2 and "no sweep may have more than 100,000" in proc.stderr, proc.stderr
+    # an integer of 5001 digits: tomllib's own limit, as one line
+    suite.write_text(FAKE.replace("batch_size = 8", "batch_size = " + "9" * 5001))
+    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs")], cwd=tmp_path)
+    assert proc.returncode == 2 and "invalid TOML: Exceeds the limit (4300 digits)" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()
 
 
 def test_repeats_and_parallelism_are_bounded_and_the_cap_can_be_raised(tmp_path, write_suite):
