@@ -275,10 +275,9 @@ def test_a_lock_held_past_the_timeout_is_one_line(tmp_path, gb, history_db, monk
             holder.execute(sa.text("INSERT INTO machines (machine_key, hostname, cpu_model, first_seen) "
                                    "VALUES ('held', 'h', 'c', 'now')"))
         proc = gb(["history", "ingest", str(QUICK), "--db", history_db])
-        # a run recording into it: refused at the start, and no run directory is left behind
-        for key, value in plugin_env().items():
-            monkeypatch.setenv(key, value)
-        (tmp_path / "s.toml").write_text(FAKE)
+        # a run recording into it: refused at the start, and no run directory is left behind (a
+        # built-in workload: the fake backend's plugin would stay registered in this process)
+        (tmp_path / "s.toml").write_text('[defaults]\nframework = "torch"\nworkload = "mlp"\nsteps = 2\n')
         ran = gb(["run", "s.toml", "--out", "runs", "--no-report", "--no-calibrate", "--db", history_db])
         holder.rollback()
     engine.dispose()

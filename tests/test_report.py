@@ -139,9 +139,10 @@ def test_lines_of_the_wrong_shape_and_an_unreadable_results_file_are_warnings(tm
     assert "results.jsonl:1: 'run_id' missing; a result line needs" in text
     assert "results.jsonl:2: 'metrics' is str \"x\", not an object or null" in text
     assert "run.json: not a run file: expected a JSON object" in text
-    assert f"{unreadable / 'results.jsonl'}: unreadable results file: Is a directory; no results from this run" in text
+    assert (f"{unreadable / 'results.jsonl'}: not a regular file (a FIFO, a device or a directory); gpubench reads and "
+            "writes only regular files in a run directory; no results from this run") in text
     assert len(list(csv.DictReader(rep.csv.open()))) == 6
-    with pytest.raises(InputError, match=r"nothing to report: .*results\.jsonl: unreadable results file"):
+    with pytest.raises(InputError, match=r"nothing to report: .*results\.jsonl: not a regular file"):
         build_report([unreadable], tmp_path / "out2")
 
 
