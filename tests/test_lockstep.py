@@ -218,6 +218,7 @@ def test_a_damaged_continue_file_is_one_line(tmp_path, write_suite, text, messag
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow  # three lockstep A/Bs of 8 rounds
 def test_ab_continue_pools_the_rounds_and_counts_the_looks_on(tmp_path, write_suite):
     """An A/A that the first A/B could not decide (threshold 0%: nothing is unchanged) is
     continued twice: the new rounds are numbered after the earlier ones and pooled with all of
