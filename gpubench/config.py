@@ -84,8 +84,9 @@ class Config:
 
     workload: str = setting(
         check=("workload",), named="axis",
-        help=("the model: a built-in workload (`cnn`, `mlp`, `resnet18`, `resnet50`, and plugins' workloads), "
-              'your factory `"module:function"` returning a `torch.nn.Module` or `keras.Model` (its keyword '
+        help=("the model: a built-in workload (`cnn`, `mlp`, `resnet18`, `resnet50`, `gpt`, `vit`, and plugins' "
+              'workloads: `gpubench list` names them), your factory `"module:function"` returning a model of the '
+              'config\'s framework (a `torch.nn.Module`, a `keras.Model`, a `flax.linen.Module`; its keyword '
               'arguments from `args.<name>` keys), or a zoo\'s model: `"torchvision:<name>"`, `"timm:<name>"`, '
               '`"hf:<model type>"` (Transformers, default config), `"keras:<application>"` (random weights)'))
     framework: str = setting(

@@ -37,22 +37,25 @@ def test_the_generated_pages_format_defaults_as_a_suite_writes_them():
 def test_each_suite_keys_help_names_every_value_it_allows():
     # in a fresh interpreter: gpubench's own values (a plugin loaded by another test adds some)
     code = ("from gpubench.suite import SETTINGS, Choice\n"
+            "from gpubench.workloads import WORKLOADS\n"
             "for s in SETTINGS.values():\n"
             "    if isinstance(s.check, Choice):\n"
-            "        print(s.name, *s.check.values())\n")
+            "        print(s.name, *s.check.values())\n"
+            "print('workload', *WORKLOADS)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True,
                          env={k: v for k, v in os.environ.items() if k != "GPUBENCH_PLUGINS"}).stdout
     from gpubench.suite import SETTINGS
 
     allowed = {name: values for name, *values in (line.split() for line in out.splitlines())}
-    assert all(len(allowed.get(k, [])) >= 2 for k in ("optimizer", "precision", "compile", "pipeline_schedule"))
+    builtins = allowed.pop("workload")
+    assert len(builtins) >= 6 and all(len(allowed.get(k, [])) >= 2 for k in ("optimizer", "precision", "compile", "pipeline_schedule"))
     missing = [f"{name}: {v}" for name, values in allowed.items() for v in values
                if f"`{v}`" not in SETTINGS[name].help]
     assert missing == []
     # the workload is a built-in, a factory or a zoo's model: its help names each built-in and zoo
     from gpubench.workloads.source import ZOOS
 
-    assert [w for w in ("cnn", "mlp", "resnet18", "resnet50") if f"`{w}`" not in SETTINGS["workload"].help] == []
+    assert [w for w in builtins if f"`{w}`" not in SETTINGS["workload"].help] == []  # the registry's, every one
     assert [z for z in ZOOS if f'`"{z}:' not in SETTINGS["workload"].help] == []
 
 

@@ -112,6 +112,6 @@ def test_profile_memory_history_on_a_framework_without_one_says_why(tmp_path):
     (r,) = result_lines(run_dir)
     assert r["profile"]["memory_history"] == {
         "file": None, "reason": "the fake backend records no allocator history (PyTorch's CUDA caching allocator "
-                                "has one: framework = pytorch, device = cuda)"}
+                                "has one: framework = torch, device = cuda)"}
     assert r["runtime"]["memory_history"]["recorded"] is False
     assert "no memory history: the fake backend records no allocator history" in proc.stdout.replace("\n", " ")

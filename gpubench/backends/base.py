@@ -224,7 +224,7 @@ class Backend(ABC):
         """``gpubench profile --memory-history``: why this framework cannot record its device
         allocator's history for this config, or None when ``start_memory_history`` does."""
         return (f"the {self.name} backend records no allocator history (PyTorch's CUDA caching allocator has one: "
-                "framework = pytorch, device = cuda)")
+                "framework = torch, device = cuda)")
 
     def start_memory_history(self, config: Config, max_entries: int) -> None:
         """Record every allocation and free from now on, with its stack, keeping the last
