@@ -95,6 +95,11 @@ def emulation_note(configs: Iterable[_Config], env: dict[str, Any], ran: bool = 
             f"{'ran' if ran else 'will run'} emulated, often several times slower than fp32")
 
 
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity), else the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

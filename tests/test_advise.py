@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from gpubench.advise.judge import Judging, Row, combine, judge, payback, rank
-from gpubench.advise.practices import Practice, usable_cores
+from gpubench.advise.practices import Practice
+from gpubench.env import usable_cores
 from tests.conftest import REPO, make_result, plain_env, plugin_env, result_lines, run_cli
 
 SUITE = """

@@ -10,11 +10,11 @@ config (``runner.sweep.pre_resolve``), and what does not apply says why in one l
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 from gpubench.config import Config
+from gpubench.env import usable_cores
 from gpubench.options import device_kind, parse_parallelism
 
 # the groups, in the order the table lists what does not apply; a group is what --only / --skip name
@@ -122,10 +122,6 @@ def _input(base: Config, skipped: list[Skipped]) -> list[Practice]:
         out.append(Practice("resident data", "input", (("data", "device"),),
                             "the bound a faster input pipeline can reach: the batches made once, on the device"))
     return out
-
-
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _threads(base: Config, skipped: list[Skipped]) -> list[Practice]:

@@ -36,7 +36,7 @@ import gpubench
 from gpubench.backends import BACKENDS, REFERENCE_FRAMEWORK, backend_class
 from gpubench.backends.base import Backend
 from gpubench.calibrate.datasheet import Datasheet, datasheet_for
-from gpubench.env import cpu_model
+from gpubench.env import cpu_model, usable_cores
 from gpubench.errors import warn
 from gpubench.launch import Launcher, dying_with_parent
 from gpubench.measure.kernels import PRECISIONS
@@ -120,7 +120,7 @@ def calibration_key(device: str) -> dict[str, Any]:
     for cls in calibrating_backends().values():
         key.update(cls.calibration_key())
     if kind == "cpu":
-        key["cpu_affinity"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        key["cpu_affinity"] = usable_cores()
         key["thread_env"] = {k: os.environ[k] for k in _THREAD_VARS if k in os.environ}
         return key
     from gpubench.telemetry.nvml import gpu_inventory, nvml_index

@@ -25,7 +25,6 @@ import itertools
 import json
 import math
 import multiprocessing
-import os
 import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -399,8 +398,9 @@ def ingest_runs(engine: sa.Engine, url: str, run_dirs: Sequence[Path], tags: dic
     directories and write it, whole runs in transactions of about BATCH_BYTES of results.jsonl
     (a commit per run costs more than the run's rows on SQLite); the database orders the
     writers (SQLite: each transaction begun IMMEDIATE waits for the lock)."""
-    workers = workers if workers is not None else len(os.sched_getaffinity(0)) if hasattr(
-        os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from gpubench.env import usable_cores  # psutil, which nothing else of the history needs
+
+    workers = workers if workers is not None else usable_cores()
     if workers < 2 or len(run_dirs) < PARALLEL_MIN_RUNS:
         for d in run_dirs:
             yield (d, *ingest(engine, url, d, tags))
