@@ -84,33 +84,33 @@ class HostReader:
 
     def totals(self, refresh: bool = True) -> Totals:
         """The tree's and the machine's CPU seconds now (``Totals``), for a figure over an exact
-        span (telemetry.summary.contention: the measured windows, first start to last end);
+        span (contention.over_span: the measured windows, first start to last end);
         ``refresh=False`` reads the processes known already (no scan of the machine's)."""
-        cpu = 0.0
+        cpu_s, _ = self._read_tree(refresh, rss=False)
+        busy, total = _busy_total(psutil.cpu_times())
+        return Totals(self.clock(), sum(cpu_s.values()), busy, total, self.cores)
+
+    def _read_tree(self, refresh: bool, rss: bool) -> tuple[dict[int, float], int]:
+        """(per pid of the tree: user + system seconds, the tree's RSS bytes, or 0 without ``rss``);
+        a process that ended meanwhile is left out."""
+        cpu_s: dict[int, float] = {}
+        total_rss = 0
         for p in self._tree(refresh):
             try:
-                t = p.cpu_times()
+                with p.oneshot():
+                    t = p.cpu_times()
+                    total_rss += p.memory_info().rss if rss else 0
             except psutil.Error:
                 continue
-            cpu += t.user + t.system
-        busy, total = _busy_total(psutil.cpu_times())
-        return Totals(self.clock(), cpu, busy, total, self.cores)
+            cpu_s[p.pid] = t.user + t.system
+        return cpu_s, total_rss
 
     def _snapshot(self) -> tuple[float | None, float | None, int, int, int]:
         """(CPU % of the tree since the last snapshot or None, the machine's CPU % over the same
         interval or None, RSS bytes, start ns, end ns)."""
         start = self.clock()
         machine = _busy_total(psutil.cpu_times())
-        cpu_s: dict[int, float] = {}
-        rss = 0
-        for p in self._tree():
-            try:
-                with p.oneshot():
-                    t = p.cpu_times()
-                    rss += p.memory_info().rss
-            except psutil.Error:
-                continue
-            cpu_s[p.pid] = t.user + t.system
+        cpu_s, rss = self._read_tree(refresh=True, rss=True)
         end = self.clock()
         percent = system = None
         if self._last_ns is not None and self._last_machine is not None:
