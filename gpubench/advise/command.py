@@ -413,16 +413,17 @@ class _Session:
             best = combo
         elif helped:
             best = helped[0]
+        undecided = budget_lines(rows, self.seconds_a_config(), self.run_dir)
+        contention = contention_line(self.beside_practices())
         advice = {"baseline": self.base.config_id, "budget_s": self.req.budget_s, "elapsed_s": round(self.elapsed()),
                   "alpha": self.req.alpha, "final_alpha": self.final_alpha,
                   "threshold": self.judging.threshold, "loss_tolerance": self.judging.loss_tolerance,
                   "rows": [r.to_dict() for r in rows], "combination": combo.to_dict() if combo else None,
                   "best": best.to_dict() if best else None, "best_lines": suite_lines(best),
                   "skipped": [s.__dict__ for s in skipped],
-                  "undecided": budget_lines(rows, self.seconds_a_config(), self.run_dir),
-                  "contention": contention_line(self.beside_practices())}
+                  "undecided": undecided, "contention": contention}
         md = markdown(advice)
-        self.show(rows, combo, skipped, best)
+        self.show(rows, combo, skipped, best, [*undecided, contention])
         self.write(advice, md)
         return EXIT_OK
 
@@ -434,7 +435,10 @@ class _Session:
         if self.req.json:
             write_output(self.req.json, json_text(advice), "--json")
 
-    def show(self, rows: list[Row], combo: Row | None, skipped: list[Skipped], best: Row | None) -> None:
+    def show(self, rows: list[Row], combo: Row | None, skipped: list[Skipped], best: Row | None,
+             after: list[str]) -> None:
+        """The ranked table, what does not apply, the best config, then ``after`` (the undecided
+        practices' rounds and the machine's contention, as advice.json holds them)."""
         table = Table(title=f"advice for {self.base.config_id} (speed-up: throughput / the baseline's; its "
                             "interval's confidence: 1 - 2 alpha / the comparisons, at the look that decided it; "
                             "paired: on the per-round ratios)",
@@ -449,8 +453,7 @@ class _Session:
             self.console.print(f"does not apply: {s.name}: {s.reason}", highlight=False, soft_wrap=True, markup=False)
         for line in best_text(best, rows):
             self.console.print(line, highlight=False, soft_wrap=True, markup=False)
-        for line in [*budget_lines(rows, self.seconds_a_config(), self.run_dir),
-                     contention_line(self.beside_practices())]:
+        for line in after:
             if line:
                 self.console.print(line, highlight=False, soft_wrap=True, markup=False)
 

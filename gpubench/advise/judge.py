@@ -101,8 +101,10 @@ def judge(practice: Any, baseline: list[Result], results: list[Result], j: Judgi
         s = shift([float(THROUGHPUT.value(r)) for r in base_ok], [float(THROUGHPUT.value(r)) for r in ok], level)
     # the noise of a round's ratio: measured on the pairs, else from each side's spread (two
     # independent values: sqrt 2 times one's)
-    pooled = pooled_log_sd([[float(THROUGHPUT.value(r)) for r in rs] for rs in (base_ok, ok)])
-    row.spread = round_spread(pb, pp) if len(pairs) >= 2 else pooled * math.sqrt(2) if pooled is not None else None
+    if len(pairs) >= 2:
+        row.spread = round_spread(pb, pp)
+    elif (pooled := pooled_log_sd([[float(THROUGHPUT.value(r)) for r in rs] for rs in (base_ok, ok)])) is not None:
+        row.spread = pooled * math.sqrt(2)
     row.verdict = gate_judge(s, THROUGHPUT, j.threshold, j.noise_floor)
     row.speedup = s.ratio
     row.ci_low, row.ci_high = (s.ci_low, s.ci_high) if s.has_ci else (None, None)
