@@ -248,7 +248,7 @@ SUMMARY_COLUMNS = (("step", "step_ms"), ("cv", "step_cv"), ("peak memory", "peak
                    ("TFLOP/s", "achieved_tflops"), ("MFU", "mfu"))
 
 
-def write_markdown(data: ReportData, path: Path) -> None:
+def write_markdown(data: ReportData, path: Path, ab: dict[str, Any] | None = None) -> None:
     """A compact summary fit for a CI job summary or a PR comment. Run ids, warnings and notes
     are data (a results file's lines, an exception's message): each goes through fmt.md_cell."""
     c = data.configs
@@ -257,8 +257,7 @@ def write_markdown(data: ReportData, path: Path) -> None:
         lines.append(f"> warning: {fmt.md_cell(w)}")
     if data.warnings:
         lines.append("")
-    ab = ab_section(data)
-    if ab is not None and ab["table"] is not None:
+    if ab is not None and ab["table"] is not None:  # ab_section's, made once for the page and this
         lines += [f"### A/B {fmt.md_cell(ab['id'])}: {fmt.md_cell(ab['decision'])}", "", fmt.md_cell(ab["header"]), "",
                   tables.to_markdown(ab["table"]), *([fmt.md_cell(ab["looks"]), ""] if ab["looks"] else [])]
     ok = c[c["status"] == "ok"]
@@ -451,5 +450,5 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
     csv = out / "results.csv"
     write_csv(data, csv)
     md = out / "summary.md"
-    write_markdown(data, md)
+    write_markdown(data, md, ab)
     return Report(out=out, index=index, csv=csv, markdown=md, charts=made, warnings=data.warnings)

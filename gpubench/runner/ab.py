@@ -114,7 +114,6 @@ def _prior(req: ABRequest, configs: list[Config], launchers: dict[str, Launcher]
     chain, looks, best_of, correction = _continued_fields(earlier, where)
     spent = 2 * float(looks[0]["alpha"]) if looks else 0.0  # look 1 was at alpha / 2
     undecided = int(looks[-1]["undecided"]) if looks else 0
-
     if not looks:
         raise InputError(f"{where}: that A/B was judged once at the whole alpha (no --budget), so none is left for "
                          "more rounds; continue an A/B run with --budget")
@@ -150,12 +149,18 @@ def _prior(req: ABRequest, configs: list[Config], launchers: dict[str, Launcher]
             raise InputError(f"{where}: config {odd} is in {'that A/B' if odd in had else 'this suite'} but not in "
                              f"{'this suite and --set' if odd in had else 'that A/B'}; continue it with the same "
                              "suite and --set")
-    taken = Path(chain[-2]).parent / CONTINUED_FILE
+    taken = continued_marker(chain[-2])
     if taken.exists():
         raise InputError(f"{where}: that A/B was continued already ({taken}), which spent its next looks' alpha; "
                          "continue the A/B that continued it (its --json)")
     rounds = max((r.repeat for r in results["baseline"]), default=-1) + 1
     return _Prior(results, looks, rounds, [str(d) for d in chain])
+
+
+def continued_marker(baseline_dir: Path) -> Path:
+    """Where an A/B whose baseline side is ``baseline_dir`` is marked as continued (CONTINUED_FILE,
+    beside its sides)."""
+    return baseline_dir.parent / CONTINUED_FILE
 
 
 def _continued_fields(earlier: Any, where: str) -> tuple[list[Path], list[dict[str, Any]], int, str]:
@@ -449,7 +454,7 @@ def _execute_ab(req: ABRequest, console: Console, held: ExitStack) -> int:
                                       "status": r.status, "reason": r.reason} for side, r in failed]})
     write_text_atomic(root / AB_FILE, verdicts)  # beside the two sides: what their report shows as the verdict
     if prior is not None:  # its next looks' alpha is spent: a second continuation of it is refused (_prior)
-        write_text_atomic(Path(prior.dirs[-2]).parent / CONTINUED_FILE, json_text({"by": str(root.resolve())}))
+        write_text_atomic(continued_marker(Path(prior.dirs[-2])), json_text({"by": str(root.resolve())}))
     if req.json:
         write_output(req.json, verdicts, "--json")
     if req.junit:
