@@ -187,17 +187,25 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
-def oversubscription(cpu: dict[str, Any] | None) -> str | None:
-    """Why a CPU config's threads waited for cores, or None: ``cpu`` holds the ``threads`` it
-    trained with, the machine's ``cores`` and the cores other processes used over its measured
-    windows (``others_cores``, telemetry.host)."""
+def _room(cpu: dict[str, Any] | None) -> tuple[int, int, float, int] | None:
+    """(threads, cores, the cores other processes used, the cores left to the config, a quarter
+    core's slack and at least 1) from a CPU config's ``cpu`` (``threads``, the machine's
+    ``cores``, ``others_cores`` over its measured windows: telemetry.host); None where the
+    threads or the cores are not known."""
     threads, cores = (cpu or {}).get("threads"), (cpu or {}).get("cores")
     if not threads or not cores:
         return None
     others = (cpu or {}).get("others_cores") or 0.0
-    free = max(1, math.floor(cores - others + 0.25))  # the cores left to the config, a quarter core's slack
-    if threads <= free:
+    return threads, cores, others, max(1, math.floor(cores - others + 0.25))
+
+
+def oversubscription(cpu: dict[str, Any] | None) -> str | None:
+    """Why a CPU config's threads waited for cores (more of them than the cores left to it), or
+    None (``_room``)."""
+    room = _room(cpu)
+    if room is None or room[0] <= room[3]:
         return None
+    threads, cores, others, free = room
     busy = f", other processes using {others:.1f} of them" if others >= 0.25 else ""
     return (f"oversubscribed: {threads} threads on {cores} cores{busy}, so threads wait for a core (and for "
             f"each other at every operator); fewer threads (threads = {free}) may well be faster, which "
@@ -206,10 +214,10 @@ def oversubscription(cpu: dict[str, Any] | None) -> str | None:
 
 def _more_threads(cpu: dict[str, Any] | None) -> str:
     """``, more threads (2 of 8 cores in use)`` where the config left cores free, else ""."""
-    threads, cores = (cpu or {}).get("threads"), (cpu or {}).get("cores")
-    if not threads or not cores:
+    room = _room(cpu)
+    if room is None:
         return ", more threads"  # not known: the reading cannot rule them out
-    free = math.floor(cores - ((cpu or {}).get("others_cores") or 0.0) + 0.25)
+    threads, cores, _, free = room
     return f", more threads ({threads} of {cores} cores in use)" if threads < free else ""
 
 
