@@ -313,12 +313,13 @@ def step_time_boxes(step_times: dict[str, list[float]], path: Path) -> Path | No
     if not items:
         return None
     with plt.rc_context(STYLE):
-        lines = sum(wrap(k, 60).count("\n") + 1 for k, _ in items)  # a wrapped label's lines need room
+        labels = [wrap(k, 60) for k, _ in items]
+        lines = sum(label.count("\n") + 1 for label in labels)  # a wrapped label's lines need room
         fig, ax = plt.subplots(figsize=(9, max(2.2, 0.3 * len(items) + 0.12 * (lines - len(items)) + 1.2)))
         horizontal = {"orientation": "horizontal"} if _MPL >= (3, 10) else {"vert": False}
         ax.boxplot([v for _, v in items], whis=(5, 95), showfliers=True, flierprops={"markersize": 2, "alpha": 0.5},
                    **horizontal)
-        ax.set_yticks(np.arange(1, len(items) + 1), [wrap(k, 60) for k, _ in items], fontsize=7)
+        ax.set_yticks(np.arange(1, len(items) + 1), labels, fontsize=7)
         ax.invert_yaxis()
         values = np.concatenate([np.asarray(v, dtype=float) for _, v in items])
         if values.min() > 0 and values.max() / values.min() >= 10:  # a log scale where the times span a decade
