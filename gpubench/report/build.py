@@ -25,7 +25,7 @@ from gpubench.report import breakdown, charts, tables
 from gpubench.report.load import ReportData, load_report_data
 from gpubench.results import twins
 from gpubench.results.frame import CONFIG_COLUMNS
-from gpubench.results.metrics import METRICS
+from gpubench.results.metrics import METRICS, SUMMARY_COLUMNS
 from gpubench.results.outputs import check_output_dir
 from gpubench.results.store import RESULTS_FILE, decode_line, read_own, run_env
 from gpubench.telemetry import contention
@@ -243,9 +243,21 @@ def peaks_used(data: ReportData) -> pd.DataFrame:
     return pd.DataFrame(list(rows.values()))
 
 
-# summary.md's columns after the throughput: (header, registry metric)
-SUMMARY_COLUMNS = (("step", "step_ms"), ("cv", "step_cv"), ("peak memory", "peak_memory_bytes"),
-                   ("TFLOP/s", "achieved_tflops"), ("MFU", "mfu"))
+def _summary_cells(ok: pd.DataFrame) -> list[tuple[str, list[str]]]:
+    """summary.md's metric columns (SUMMARY_COLUMNS), each (header, cells) of the ok configs."""
+    out = []
+    for c in SUMMARY_COLUMNS:
+        if not c.markdown or (c.optional and (c.metric not in ok or not ok[c.metric].notna().any())):
+            continue
+        if c.metric == "throughput":
+            out.append(("samples/s (95% CI)", [fmt.rate_ci(r.throughput, r.throughput_ci_low, r.throughput_ci_high)
+                                               + (" *" if r.noisy else "") for r in ok.itertuples()]))
+        elif c.metric == "mfu":
+            out.append((c.header, ["above peak" if tables.above_peak(r) else tables.cell("mfu", r["mfu"])
+                                   for _, r in ok.iterrows()]))
+        else:
+            out.append((c.long or c.header, [tables.cell(c.metric, v).removesuffix(" TFLOP/s") for v in ok[c.metric]]))
+    return out
 
 
 def write_markdown(data: ReportData, path: Path, ab: dict[str, Any] | None = None) -> None:
@@ -261,19 +273,8 @@ def write_markdown(data: ReportData, path: Path, ab: dict[str, Any] | None = Non
         lines += [f"### A/B {fmt.md_cell(ab['id'])}: {fmt.md_cell(ab['decision'])}", "", fmt.md_cell(ab["header"]), "",
                   tables.to_markdown(ab["table"]), *([fmt.md_cell(ab["looks"]), ""] if ab["looks"] else [])]
     ok = c[c["status"] == "ok"]
-    table = pd.DataFrame({
-        **({"run": ok["run"]} if data.multi_run else {}),
-        "config": ok["config_id"],
-        "samples/s (95% CI)": [fmt.rate_ci(r.throughput, r.throughput_ci_low, r.throughput_ci_high)
-                               + (" *" if r.noisy else "") for r in ok.itertuples()],
-        **({"tokens/s": ok["tokens_per_s"].map(lambda v: tables.cell("tokens_per_s", v))}
-           if "tokens_per_s" in ok and ok["tokens_per_s"].notna().any() else {}),  # a language model's
-        **{header: ok[name].map(lambda v, name=name: tables.cell(name, v).removesuffix(" TFLOP/s"))
-           for header, name in SUMMARY_COLUMNS if name != "mfu"},
-        "MFU": ["above peak" if tables.above_peak(r) else tables.cell("mfu", r["mfu"]) for _, r in ok.iterrows()],
-        **({"tensor %": ok["tensor_active_pct"].map(lambda v: tables.cell("tensor_active_pct", v))}
-           if "tensor_active_pct" in ok and ok["tensor_active_pct"].notna().any() else {}),  # a GPU's GPM counter
-    })
+    table = pd.DataFrame({**({"run": ok["run"]} if data.multi_run else {}), "config": ok["config_id"],
+                          **{header: cells for header, cells in _summary_cells(ok)}})
     lines += [tables.to_markdown(table), "`*` noisy (cv of step times > 10%); TFLOP/s: model training FLOPs x "
               "samples/s; MFU: of the measured peak at the config's precision (`gpubench calibrate`)", ""]
     if (above := tables.above_peak_note(ok)) is not None:

@@ -231,6 +231,30 @@ BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
 GATE_METRICS: dict[str, Metric] = {n: m for m in METRICS if m.gate for n in (m.name, m.alias) if n}
 
 
+
+@dataclass(frozen=True)
+class SummaryColumn:
+    """A metric column of a run's summary: the terminal's table (``terminal``) and summary.md
+    (``markdown``, under ``long`` where it differs from ``header``). ``optional``: shown only
+    where some result has the figure (a language model's tokens/s, a GPU's GPM counter)."""
+
+    header: str
+    metric: str
+    optional: bool = False
+    terminal: bool = True
+    markdown: bool = True
+    long: str = ""
+
+
+# the summary's metric columns, in order, declared once for the terminal table and summary.md
+SUMMARY_COLUMNS = (SummaryColumn("samples/s", "throughput"), SummaryColumn("tokens/s", "tokens_per_s", optional=True),
+                   SummaryColumn("step", "step_ms"), SummaryColumn("cv", "step_cv"),
+                   SummaryColumn("cold", "cold_start_ms", markdown=False),
+                   SummaryColumn("peak mem", "peak_memory_bytes", long="peak memory"),
+                   SummaryColumn("TFLOP/s", "achieved_tflops", terminal=False), SummaryColumn("MFU", "mfu"),
+                   SummaryColumn("tensor %", "tensor_active_pct", optional=True))
+
+
 def register_metric(m: Metric) -> None:
     """Add a metric (a plugin's figure): from then on the frame, the CSV, the summaries and,
     where ``gate``, ``compare --metric`` know it."""

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from gpubench import fmt
 from gpubench.calibrate import RECALIBRATE
-from gpubench.results.metrics import BY_NAME
+from gpubench.results.metrics import BY_NAME, SUMMARY_COLUMNS
 from gpubench.results.result import Result
 from gpubench.runner.job import Job
 
@@ -94,14 +94,6 @@ class SweepDisplay:
             self.console.print(f"{line} eta {eta:.0f} s", highlight=False, soft_wrap=True)
 
 
-# the summary table's metric columns: (header, metric)
-SUMMARY_COLUMNS = (("samples/s", "throughput"), ("tokens/s", "tokens_per_s"), ("step", "step_ms"), ("cv", "step_cv"),
-                   ("cold", "cold_start_ms"), ("peak mem", "peak_memory_bytes"), ("MFU", "mfu"),
-                   ("tensor %", "tensor_active_pct"))
-# columns shown only where some result has the figure (a language model's; a GPU's GPM counters)
-OPTIONAL_COLUMNS = ("tokens_per_s", "tensor_active_pct")
-
-
 def print_summary(console: Console, results: list[Result]) -> None:
     """The summary table, fitted to the terminal (fmt.fitted: short names for long ids, then
     without the cold-start, interval, memory and cv columns, in that order, at a narrow width)."""
@@ -133,8 +125,8 @@ def summary_table(results: list[Result], label: Callable[[str], str] = str,
         table.add_column("rep", justify="right")
     table.add_column("status", no_wrap=True)
     # a language model's tokens/s beside samples/s, where the sweep has one
-    columns = [c for c in SUMMARY_COLUMNS if c[0] not in dropped
-               and (c[1] not in OPTIONAL_COLUMNS or any(BY_NAME[c[1]].value(r) is not None for r in results))]
+    columns = [(c.header, c.metric) for c in SUMMARY_COLUMNS if c.terminal and c.header not in dropped
+               and (not c.optional or any(BY_NAME[c.metric].value(r) is not None for r in results))]
     interval = "95% CI" not in dropped
     for header, _ in columns:
         table.add_column(header, justify="right", no_wrap=True)
