@@ -285,11 +285,13 @@ def test_a_backend_that_cannot_set_its_threads_makes_the_config_unsupported(monk
         def is_oom(self, exc): return False
 
     monkeypatch.setattr(worker, "get_backend", lambda name: Plain())
-    _, refused = worker.admit(Config(workload="mlp", framework="plain", threads=2))
-    _, admitted = worker.admit(Config(workload="mlp", framework="plain"))
-    assert refused is not None and refused.status == "unsupported"
+    from gpubench.results.result import Outcome
+
+    refused = worker.admit(Config(workload="mlp", framework="plain", threads=2))
+    admitted = worker.admit(Config(workload="mlp", framework="plain"))
+    assert isinstance(refused, Outcome) and refused.status == "unsupported"
     assert refused.reason == "the plain backend cannot set its CPU thread count"
-    assert admitted is None
+    assert isinstance(admitted, Plain)
 
 
 def test_huge_pages_go_into_the_workers_environment_and_are_refused_where_thp_is_off(tmp_path, monkeypatch):

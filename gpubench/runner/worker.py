@@ -19,14 +19,14 @@ import traceback
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 import gpubench
 from gpubench import hugepages
 from gpubench.backends import get_backend
-from gpubench.backends.base import Unsupported
+from gpubench.backends.base import Backend, NativeModel, Trainer, Unsupported
 from gpubench.config import Config
 from gpubench.errors import EXIT_STORAGE, STORAGE_ERRNOS, STORAGE_LINE, warn
 from gpubench.files import write_text_atomic
@@ -42,6 +42,9 @@ from gpubench.runner.job import PHASE_FILE
 from gpubench.runner.launcher import NODE_ENV
 from gpubench.runner.memory_history import MemoryRecording
 from gpubench.runner.models import zoo_unavailable
+
+if TYPE_CHECKING:
+    from gpubench.telemetry.session import TelemetrySession
 
 
 def _peak_rss_bytes() -> int:
@@ -121,9 +124,9 @@ class Telemetry:
     sampler watches the launcher's process tree, which holds every rank). Stopped whatever
     happens; a sampler problem never fails the config: it becomes ``telemetry.errors``."""
 
-    def __init__(self, backend: Any, config: Config, rank: int) -> None:
+    def __init__(self, backend: Backend, config: Config, rank: int) -> None:
         self.backend, self.config, self.rank = backend, config, rank
-        self.session: Any = None
+        self.session: TelemetrySession | None = None
         self.raw: RawMeasurement | None = None
         self.block: dict[str, Any] | None = None
         self.timeline: dict[str, Any] | None = None
@@ -144,7 +147,7 @@ class Telemetry:
         return self
 
     @property
-    def observer(self) -> Any:
+    def observer(self) -> TelemetrySession | None:
         """What the loop tells of each window's start and end (energy counters)."""
         return self.session
 
@@ -164,7 +167,8 @@ class Telemetry:
             self.block = {"gpu": None, "gpu_reason": None, "errors": [f"telemetry failed: {type(e).__name__}: {e}"]}
 
 
-def _profile(trainer: Any, raw: RawMeasurement, config: Config, options: dict[str, Any]) -> Any:
+def _profile(trainer: Trainer, raw: RawMeasurement, config: Config, options: dict[str, Any]
+             ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The profiling passes; a failure there fails the config, saying where it came from."""
     from gpubench.runner.profiling import profile_trainer
 
@@ -191,7 +195,7 @@ def rank_of(config: Config) -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), config.devices
 
 
-def rank_summaries(trainer: Any, raw: RawMeasurement, config: Config, rss: PeakRss) -> list[dict[str, Any]]:
+def rank_summaries(trainer: Trainer, raw: RawMeasurement, config: Config, rss: PeakRss) -> list[dict[str, Any]]:
     """Every rank's own figures, gathered in rank order (a collective, after the windows)."""
     median = step_stats(raw.step_times_ms).median if raw.step_times_ms else None
     mine = {"rank": trainer.rank, "node": int(os.environ.get("GROUP_RANK", "0")), "host": socket.gethostname(),
@@ -202,28 +206,28 @@ def rank_summaries(trainer: Any, raw: RawMeasurement, config: Config, rss: PeakR
     return gathered
 
 
-def admit(config: Config) -> tuple[Any, Outcome | None]:
-    """(the config's backend, or None; the outcome of a config that cannot run here, or None)."""
+def admit(config: Config) -> Backend | Outcome:
+    """The config's backend, or the outcome of a config that cannot run here."""
     try:
         backend = get_backend(config.framework)
     except KeyError as e:
-        return None, Outcome(status="error", reason=str(e.args[0]))
+        return Outcome(status="error", reason=str(e.args[0]))
     try:
         verdict = backend.check(config)
     except ImportError as e:
-        return backend, Outcome(status="unavailable", reason=f"{config.framework} is not installed ({e}); install "
-                                                              f"with: {backend.install_hint}")
+        return Outcome(status="unavailable", reason=f"{config.framework} is not installed ({e}); install with: "
+                                                    f"{backend.install_hint}")
     if verdict is not None:
-        return backend, Outcome(status=verdict[0], reason=verdict[1])
+        return Outcome(status=verdict[0], reason=verdict[1])
     reason = (config.topology_unsupported() or hugepages.unavailable(config.huge_pages)
               or (backend.set_threads(config.threads) if config.threads else None))
     if reason:
-        return backend, Outcome(status="unsupported", reason=reason)
-    return backend, None
+        return Outcome(status="unsupported", reason=reason)
+    return backend
 
 
-def build_trainer(backend: Any, native: Any, config: Config, rank: int, world: int, profiling: bool
-                  ) -> tuple[Any, int]:
+def build_trainer(backend: Backend, native: NativeModel, config: Config, rank: int, world: int, profiling: bool
+                  ) -> tuple[Trainer, int]:
     """The trainer with its share of the data: each rank keeps its own share of a global batch
     (ddp, multiworker), or one process takes them all at once (dp, mirrored); every pipeline
     stage sees the whole batch (the first feeds its inputs, the last its labels). Returns the
@@ -252,9 +256,9 @@ def run_config(config: Config, profile: dict[str, Any] | None = None, memory_his
     ``counts``: the run's directory of model FLOP counts (a model counted once a run);
     ``phase`` is told what the worker is doing as each phase begins (its heartbeat)."""
     phase("starting: importing the framework")
-    backend, refused = admit(config)
-    if refused is not None:
-        return refused, None
+    backend = admit(config)
+    if isinstance(backend, Outcome):
+        return backend, None
     try:
         phase("building the model")
         native = backend.native(config, counts)
@@ -327,7 +331,7 @@ def run_config(config: Config, profile: dict[str, Any] | None = None, memory_his
     return out, telemetry.timeline
 
 
-def _failure(e: BaseException, backend: Any, trainer: Any, memory: dict[str, int], rss: PeakRss,
+def _failure(e: BaseException, backend: Backend, trainer: Trainer | None, memory: dict[str, int], rss: PeakRss,
              model: dict[str, Any], recording: MemoryRecording | None) -> Outcome:
     """The outcome of a config whose build, training or profiling raised: ``oom`` with the
     memory figures known so far and the allocator's state at the failure (``metrics.oom``,
