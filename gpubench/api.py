@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.errors import InputError
+from gpubench.gate import THRESHOLD
 
 
 def _code_path(refs: list[str]) -> tuple[str, ...]:
@@ -78,7 +79,7 @@ def benchmark(workload: str | list[str], *, repeats: int = 1, out: str | Path = 
 
 
 def advise(workload: str, *, budget_s: float = 900.0, only: list[str] | None = None, skip: list[str] | None = None,
-           alpha: float = 0.05, threshold: str = "3%", loss_tolerance: str = "10%", out: str | Path = "runs",
+           alpha: float = 0.05, threshold: str = THRESHOLD, loss_tolerance: str = "10%", out: str | Path = "runs",
            name: str = "notebook", report: bool = False, quiet: bool = True, **settings: Any) -> Any:
     """``gpubench advise`` on ``workload`` with ``settings`` (one config: no lists), from a
     notebook: the practices that apply, each measured against the config in fresh worker

@@ -1,538 +1,23 @@
-"""Command line: argparse sub-commands that hand over to the modules doing the work."""
+"""Command line: each command's handler, which hands its options over to the module doing the
+work (the parser, the examples and the exit codes are gpubench.commands')."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
 
 from rich.console import Console
 
-from gpubench import __version__
-from gpubench.errors import (
-    InputError,
-    Stopped,
-    did_you_mean,
-    error_line,
-    os_error_line,
-    printable,
-    stop_exit_code,
-    stop_message,
-    warn,
-)
-from gpubench.results.metrics import gate_metric_names
+from gpubench.commands import build_parser, gate_fields
+from gpubench.errors import InputError, Stopped, error_line, os_error_line, stop_exit_code, stop_message, warn
+from gpubench.launch import Launcher
+from gpubench.runner.launcher import LauncherChoice
 from gpubench.runner.nodes import DEFAULT_MASTER_PORT, Nodes
 from gpubench.runner.run import EXIT_BAD_INPUT, RunRequest
-from gpubench.suite import MAX_JOBS, MAX_PLANNED
-
-if TYPE_CHECKING:
-    from gpubench.runner.slurm import SlurmOptions
-
-METRIC_HELP = f"the metric to gate on, one of: {', '.join(gate_metric_names())} (default throughput)"
-
-
-def _duration(text: str) -> float:
-    """``600``, ``600s``, ``10m``, ``1h`` -> seconds (argparse type)."""
-    import re
-
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", text)
-    if not m or float(m.group(1)) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a time such as 600, 600s or 10m")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _max_jobs(text: str) -> int:
-    value = _positive_int(text)
-    if value > MAX_PLANNED:
-        raise argparse.ArgumentTypeError(f"at most {MAX_PLANNED:,} (planning holds every config in memory, about 4 KB "
-                                         f"each), got {value:,}")
-    return value
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Usage errors in one line on stderr, exit 2: what is wrong and where the usage is (the
-    usage block argparse prints first buries the error in CI logs). Sub-command parsers are of
-    this class too (add_subparsers makes its parsers of the parent's class)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_BAD_INPUT, printable(f"{self.prog}: error: {message}{self._typo(message)} (see {self.prog} "
-                                            "--help)") + "\n")
-
-    def _typo(self, message: str) -> str:
-        """``; did you mean run?`` for a misspelt command or choice, or option."""
-        if m := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message):
-            return did_you_mean(m.group(1), re.findall(r"'([^']*)'", m.group(2)))
-        if m := re.match(r"unrecognized arguments: (--?[\w-]+)", message):  # any command's option
-            return did_you_mean(m.group(1), [o for _, p in iter_commands(self) for a in p._actions
-                                             for o in a.option_strings if o.startswith("--")])
-        return ""
-
-
-# two or three examples at the end of each command's --help (keyed by the command's words after
-# "gpubench"; "" is gpubench --help itself)
-EXAMPLES: dict[str, tuple[str, ...]] = {
-    "": ("gpubench run suites/quick.toml                      # train the quick suite, write the report",
-         "gpubench compare runs/main-run runs/my-branch-run   # did my branch make training slower?",
-         "gpubench run --help                                 # a command's options and examples"),
-    "run": ("gpubench run suites/quick.toml",
-            "gpubench run suites/frameworks.toml --set device=cuda --set batch_size=256,1024 --repeats 3",
-            "gpubench run suites/parallel.toml --launcher slurm --nnodes 2 --partition gpu --out /shared/runs"),
-    "report": ("gpubench report runs/quick-20261125-101500",
-               "gpubench report runs/before runs/after --out reports/before-after   # side by side"),
-    "compare": ("gpubench compare runs/baseline runs/candidate",
-                "gpubench compare main runs/candidate --threshold 5% --markdown summary.md   # a saved baseline",
-                "gpubench compare runs/baseline runs/candidate --metric peak_memory_bytes"),
-    "ab": ("gpubench ab suites/quick.toml --set device=cpu --baseline-python ../main/.venv/bin/python "
-           "--candidate-python .venv/bin/python --repeats 12",
-           "gpubench ab suites/quick.toml --set workload=mlp --set device=cpu --set batch_size=256 "
-           "--baseline-python py-a --candidate-python py-b --lockstep --repeats 12 --budget 9m --junit ab.xml"),
-    "export": ("gpubench export runs/quick-20261125-101500 --format pytest-benchmark --out bench.json",
-               "gpubench export runs/quick-20261125-101500 --format github-action --out action.json"),
-    "baseline": ("gpubench baseline save runs/quick-20261125-101500 main",
-                 "gpubench baseline list"),
-    "baseline save": ("gpubench baseline save runs/quick-20261125-101500 main",
-                      "gpubench baseline save runs/quick-20261126-090000 main --force   # replace it"),
-    "baseline list": ("gpubench baseline list", "gpubench baseline list --baselines-dir ci/baselines"),
-    "list": ("gpubench list", "gpubench list --suites-dir my-suites"),
-    "find-batch": ("gpubench find-batch suites/quick.toml --set device=cuda",
-                   "gpubench find-batch suites/resnet.toml --set device=cuda --limit 4096 --json batches.json"),
-    "advise": ("gpubench advise suites/quick.toml --set workload=mlp --set framework=torch --set device=cpu",
-               "gpubench advise my_suite.toml --set device=cuda --budget 20m --skip compile --markdown advice.md",
-               "gpubench advise --resume runs/mymodel-advise-20261127-101500-3f2a9c"),
-    "bisect": ("gpubench bisect suite.toml --good v1.4 --bad main --set device=cuda",
-               "gpubench bisect suites/quick.toml --set workload=mlp --set device=cpu --set batch_size=256 "
-               "--good HEAD~16 --bad HEAD --budget 5m --markdown bisect.md",
-               "gpubench bisect --resume runs/bisect-1a2b3c4d-5e6f7a8b-20261127-101500"),
-    "profile": ("gpubench profile suites/quick.toml --set workload=cnn --set framework=torch",
-                "gpubench profile suites/quick.toml --set device=cuda --steps 10"),
-    "calibrate": ("gpubench calibrate", "gpubench calibrate --device cuda --force   # measure again"),
-    "history": ("gpubench history ingest runs/* --db history.db",
-                "gpubench history check --db history.db",
-                "gpubench history report --db history.db --out reports/history"),
-    "history ingest": ("gpubench history ingest runs/* --db history.db --tag branch=main",
-                       "gpubench history ingest runs/quick-20261125-101500 --db postgresql://bench@db/gpubench"),
-    "history list": ("gpubench history list --db history.db", "gpubench history list --suite quick --since 2026-11-01"),
-    "history show": ("gpubench history show --db history.db --config cnn-torch",
-                     "gpubench history show --config cnn-torch --metric throughput --metric peak_memory_bytes"),
-    "history export": ("gpubench history export --db history.db --out history.csv",
-                       "gpubench history export --suite quick --out quick.json"),
-    "history report": ("gpubench history report --db history.db --out reports/history",
-                       "gpubench history report --suite quick --pin cnn-torch-cpu --out reports/history"),
-    "history check": ("gpubench history check --db history.db",
-                      "gpubench history check --suite quick --threshold 5% --json changes.json"),
-    "history noise": ("gpubench history noise --db history.db",
-                      "gpubench history noise --suite quick --effect 5% --json noise.json"),
-    "env": ("gpubench env", "gpubench env --json"),
-}
-
-
-# each command's exit codes, at the end of its --help (and so in docs/reference/cli.md): every
-# command has 2 for bad input (one line naming what was wrong; nothing written), and those that
-# measure 130 (Ctrl-C) and 143 (SIGTERM): the finished measurements kept, a line saying how to go on
-BAD_INPUT = "2 bad input: one line naming what was wrong and what is allowed; nothing written"
-STOPPED = "130 Ctrl-C, 143 SIGTERM: what finished is kept, and a line says how to go on"
-MEASURED = "1 a config ended error or timeout, or nothing was measured (all unavailable, unsupported...)"
-EXIT_CODES: dict[str, tuple[str, ...]] = {
-    "run": ("0 every config that could run was measured", MEASURED, BAD_INPUT, STOPPED),
-    "report": ("0 the report written (a run with nothing measured too: its failures)", BAD_INPUT),
-    "compare": ("0 no config regressed", "1 a config regressed", BAD_INPUT),
-    "ab": ("0 no config regressed", "1 a config regressed, or a repeat of a side failed", BAD_INPUT, STOPPED),
-    "export": ("0 written", BAD_INPUT),
-    "baseline save": ("0 saved", BAD_INPUT),
-    "baseline list": ("0 listed", BAD_INPUT),
-    "list": ("0 listed", BAD_INPUT),
-    "find-batch": ("0 every search ended at an oom or the limit",
-                   "1 a search stopped on another status (the config unavailable, failed...)", BAD_INPUT, STOPPED),
-    "advise": ("0 the practices measured, whatever they did", "1 the baseline itself does not train", BAD_INPUT,
-               STOPPED),
-    "bisect": ("0 a commit named", "1 none named (not reproduced at the ends, or a step that stayed inconclusive)",
-               BAD_INPUT, STOPPED),
-    "profile": ("0 every config that could run was profiled", "1 a config ended error or timeout, its profiler "
-                "failed, or nothing was profiled", BAD_INPUT, STOPPED),
-    "calibrate": ("0 measured", "1 a measurement failed", BAD_INPUT),
-    "history ingest": ("0 recorded", BAD_INPUT),
-    "history list": ("0 listed", BAD_INPUT),
-    "history show": ("0 shown", BAD_INPUT),
-    "history export": ("0 written", BAD_INPUT),
-    "history report": ("0 written", BAD_INPUT),
-    "history check": ("0 no recent regression", "1 a regression among the --recent commits (with --bisect: or no "
-                      "commit named)", BAD_INPUT),
-    "history noise": ("0 measured", BAD_INPUT),
-    "env": ("0 printed", BAD_INPUT),
-}
-
-
-def iter_commands(parser: argparse.ArgumentParser, words: str = "") -> Iterator[tuple[str, argparse.ArgumentParser]]:
-    """The parser and every sub-command's, depth first, in the order they were added, each with
-    its words after ``gpubench`` (``""`` for the top level, ``"history list"``)."""
-    yield words, parser
-    for action in parser._actions:  # argparse keeps sub-parsers only here
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                yield from iter_commands(sub, f"{words} {name}".strip())
-
-
-def _add_examples(parser: argparse.ArgumentParser) -> None:
-    """Each command's examples and exit codes as its --help epilog (kept as written: one per line)."""
-    for words, command in iter_commands(parser):
-        parts = []
-        if examples := EXAMPLES.get(words):
-            parts.append("examples:\n" + "\n".join(f"  {e}" for e in examples))
-        if codes := EXIT_CODES.get(words):
-            parts.append("exit codes:\n" + "\n".join(f"  {c}" for c in codes))
-        if parts:
-            command.epilog = "\n\n".join(parts)
-            command.formatter_class = argparse.RawDescriptionHelpFormatter
-
-
-# the gate's options, declared once for every command that gates (compare, ab): the dest of each
-# is the field of the command's request it fills (gate_fields)
-GATE_FIELDS = ("threshold", "noise_floor", "alpha", "correction", "metric", "markdown", "json", "junit")
-
-
-def _add_gate_statistics(parser: argparse.ArgumentParser, figures_only: bool = False) -> None:
-    """--threshold, --noise-floor and --alpha; ``figures_only`` where a command computes with the
-    gate's figures rather than gating (history noise)."""
-    if figures_only:
-        parser.add_argument("--threshold", default="3%", help="the gate's threshold (default 3%%)")
-        parser.add_argument("--noise-floor", default="1%", help="the gate's noise floor (default 1%%)")
-        parser.add_argument("--alpha", type=float, default=0.01, help="the gate's alpha (default 0.01)")
-        return
-    parser.add_argument("--threshold", default="3%", help="slowdown that matters, from 0%% to below 100%%, e.g. 3%% "
-                                                          "(default 3%%)")
-    parser.add_argument("--noise-floor", default="1%", help="changes inside this are noise, from 0%% up to the "
-                                                            "threshold (default 1%%)")
-    parser.add_argument("--alpha", type=float, default=0.01,
-                        help="error rate over the configs compared, as --correction says (default 0.01)")
-
-
-def _add_gate_options(parser: argparse.ArgumentParser, json_help: str) -> None:
-    """The options of a command that gives verdicts: its statistics, the metric, and the reports
-    it writes (GATE_FIELDS)."""
-    _add_gate_statistics(parser)
-    parser.add_argument("--correction", choices=["bonferroni", "bh"], default="bonferroni",
-                        help="bonferroni: alpha bounds the chance of any false regressed verdict (default); bh: "
-                             "Benjamini-Hochberg, alpha bounds the expected share of false ones (more power on a "
-                             "sweep)")
-    parser.add_argument("--metric", default="throughput", help=METRIC_HELP)
-    parser.add_argument("--markdown", type=Path, metavar="FILE", help="write a markdown summary (CI job summary)")
-    parser.add_argument("--json", type=Path, metavar="FILE", help=json_help)
-    parser.add_argument("--junit", type=Path, metavar="FILE",
-                        help="write the verdicts as a JUnit XML test report (a config per test case; regressed fails)")
-
-
-def gate_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The gate's options as a request's keyword arguments."""
-    return {name: getattr(args, name) for name in GATE_FIELDS}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="gpubench", description="Benchmark deep-learning training.")
-    parser.add_argument("--version", action="version", version=f"gpubench {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    run = sub.add_parser("run", help="run a suite: one isolated process per config")
-    run.add_argument("suite", nargs="?", help="suite file, or a name in suites/ (optional with --resume)")
-    run.add_argument("--out", type=Path, default=Path("runs"), help="where run directories go (default: runs)")
-    run.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=V1[,V2...]",
-                     help="override or narrow a matrix axis or a default, e.g. --set batch_size=64")
-    run.add_argument("--repeats", type=_positive_int, metavar="N",
-                     help="run each config N times, each in a fresh process (default 1)")
-    run.add_argument("--telemetry-interval-ms", type=int, metavar="MS",
-                     help="telemetry sampling interval (default: the suite's [telemetry] interval_ms, else 100; "
-                          "0 = off); the same as --set telemetry_interval_ms=MS")
-    run.add_argument("--resume", type=Path, metavar="RUN_DIR", help="complete an interrupted run")
-    run.add_argument("--retry-failed", action="store_true",
-                     help="with --resume: run the config repeats that ended error or timeout again (their results "
-                          "move to RUN_DIR/superseded.jsonl)")
-    run.add_argument("--max-jobs", type=_max_jobs, metavar="N",
-                     help=f"refuse a sweep of more than N config repeats (configs x repeats), checked before anything "
-                          f"is expanded (default {MAX_JOBS:,}; at most {MAX_PLANNED:,}: planning holds every config in "
-                          "memory)")
-    run.add_argument("--no-report", action="store_true", help="do not write the HTML/CSV/markdown report")
-    run.add_argument("--require-idle-gpu", action="store_true",
-                     help="refuse to measure (exit 2, the processes listed) when another process uses a GPU the "
-                          "sweep's CUDA configs train on; without it each finding of the clean-machine check is a "
-                          "warning")
-    run.add_argument("--no-calibrate", action="store_true",
-                     help="no device peaks (results get achieved_tflops but no mfu); by default they come from the "
-                          "calibration cache, measured once per machine when missing (see gpubench calibrate)")
-    run.add_argument("--db", metavar="URL", help="also record each result into this results history as it finishes: "
-                                                 "a file path, sqlite:///PATH or postgresql://USER@HOST/NAME (default "
-                                                 "without --db: no history; GPUBENCH_DB names one for every run)")
-    run.add_argument("--tag", dest="tags", action="append", default=[], metavar="KEY=VALUE",
-                     help="a label kept with the run in run.json and the history (repeatable)")
-    run.add_argument("--nnodes", type=int, default=1, metavar="N",
-                     help="multi-node run: distributed configs run N x their processes, on N nodes (default 1); "
-                          "by hand: start the same command on every node with --node-rank; with --launcher slurm: "
-                          "each such config is one job on N nodes")
-    run.add_argument("--node-rank", type=int, default=0, metavar="R", help="this node's rank, 0..N-1 (node 0 "
-                                                                           "writes the results)")
-    run.add_argument("--master-addr", metavar="HOST", help="node 0's address, reachable from every node")
-    run.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT, metavar="P",
-                     help=f"the rendezvous port on node 0 (default {DEFAULT_MASTER_PORT})")
-    slurm = run.add_argument_group("Slurm (--launcher slurm: every config repeat a batch job)")
-    slurm.add_argument("--launcher", choices=["local", "slurm"], default="local",
-                       help="local: each config in a process here (default); slurm: each a Slurm job")
-    slurm.add_argument("--partition", help="sbatch --partition")
-    slurm.add_argument("--account", help="sbatch --account")
-    slurm.add_argument("--time", metavar="LIMIT", help="sbatch --time for every job (default: each config's "
-                                                       "timeout_s, in whole minutes)")
-    slurm.add_argument("--gpus-per-node", type=_positive_int, metavar="N",
-                       help="sbatch --gpus-per-node for every job (default: the GPUs each CUDA config uses)")
-    slurm.add_argument("--max-parallel", type=_positive_int, metavar="K", help="at most K jobs queued or running")
-    slurm.add_argument("--sbatch-arg", dest="sbatch_args", action="append", default=[], metavar="ARG",
-                       help="passed to sbatch as an #SBATCH line, e.g. --sbatch-arg=--qos=high (repeatable)")
-
-    rep = sub.add_parser("report", help="HTML (self-contained), PNG charts, CSV and markdown from run directories")
-    rep.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
-                     help="one run, or several to put side by side")
-    rep.add_argument("--out", type=Path, help="output directory (default: reports/<run_id>)")
-
-    cmp = sub.add_parser("compare", help="regression gate: compare a run against a baseline, config by config")
-    cmp.add_argument("baseline", help="run directory or saved baseline name")
-    cmp.add_argument("current", help="run directory or saved baseline name")
-    _add_gate_options(cmp, json_help="write the verdicts as JSON")
-    cmp.add_argument("--best-of", type=_positive_int, default=1, metavar="K",
-                     help="paired rounds (the two run directories of one ab --lockstep): each side's best of K "
-                          "consecutive rounds makes one pair (default 1)")
-    cmp.add_argument("--force", action="store_true", help="compare even if the environments differ")
-    cmp.add_argument("--baselines-dir", type=Path, default=Path(".gpubench/baselines"))
-
-    ab = sub.add_parser("ab", help="same-job A/B: each config alternately under two environments, then compare")
-    ab.add_argument("suite", help="suite file, or a name in suites/")
-    ab.add_argument("--baseline-python", default=sys.executable, metavar="PY",
-                    help="interpreter of the baseline environment (default: this one)")
-    ab.add_argument("--candidate-python", default=sys.executable, metavar="PY",
-                    help="interpreter of the candidate environment (default: this one)")
-    ab.add_argument("--baseline-path", metavar="DIR",
-                    help="the baseline's checkout: of gpubench (the side imports that gpubench), or of your project "
-                         "(the side imports your model code from it, and the suite's factories from its copy of the "
-                         "suite's directory)")
-    ab.add_argument("--candidate-path", metavar="DIR",
-                    help="the candidate's checkout, as --baseline-path (default: the working directory's code)")
-    ab.add_argument("--repeats", type=_positive_int, default=10, metavar="N", help="repeats per side (default 10)")
-    ab.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=V1[,V2...]")
-    ab.add_argument("--out", type=Path, default=Path("runs"))
-    _add_gate_options(ab, json_help="write the verdicts (and any failed repeats) as JSON")
-    ab.add_argument("--lockstep", action="store_true",
-                    help="run the two sides of each round at once, taking turns window by window, and compare the "
-                         "rounds paired (the gate for a noisy machine; one process a side, not for distributed "
-                         "configs)")
-    ab.add_argument("--budget", type=_duration, metavar="TIME",
-                    help="sequential: after the --repeats rounds, run more rounds of the undecided configs (doubling) "
-                         "until each is decided or this time (600, 600s, 10m) is spent; each look tests at alpha/2^k, "
-                         "so the false-alarm rate stays within alpha")
-    ab.add_argument("--best-of", type=_positive_int, default=1, metavar="K",
-                    help="with --lockstep: each side's best of K consecutive rounds makes one pair, so that a worker "
-                         "that was slow for its whole life does not decide a pair (default 1)")
-    ab.add_argument("--continue", dest="prior", type=Path, metavar="AB_JSON",
-                    help="go on with an A/B that ended undecided (the --json of an ab --lockstep --budget of the same "
-                         "sides, suite and --set): its rounds are pooled with the new ones and its looks counted on, "
-                         "so the two together keep the false-alarm rate within alpha")
-    ab.add_argument("--no-report", action="store_true")
-
-    exp = sub.add_parser("export", help="a run's results as pytest-benchmark JSON or GitHub benchmark-action JSON")
-    exp.add_argument("run_dir", type=Path)
-    exp.add_argument("--format", required=True, choices=["pytest-benchmark", "github-action"])
-    exp.add_argument("--out", type=Path, metavar="FILE", help="default: stdout")
-
-    base = sub.add_parser("baseline", help="save or list named baselines")
-    base_sub = base.add_subparsers(dest="action", required=True)
-    save = base_sub.add_parser("save", help="save RUN_DIR as baseline NAME")
-    save.add_argument("run_dir", type=Path)
-    save.add_argument("name")
-    save.add_argument("--force", action="store_true", help="replace an existing baseline of that name")
-    save.add_argument("--baselines-dir", type=Path, default=Path(".gpubench/baselines"))
-    blist = base_sub.add_parser("list", help="list saved baselines")
-    blist.add_argument("--baselines-dir", type=Path, default=Path(".gpubench/baselines"))
-
-    lst = sub.add_parser("list", help="suites, workloads, frameworks and the devices detected here")
-    lst.add_argument("--suites-dir", type=Path, metavar="DIR", help="where the suites are (default: suites/ here, "
-                                                                    "if there is one)")
-
-    fb = sub.add_parser("find-batch", help="the largest batch that fits, per config: doubling then bisection, "
-                                           "a fresh process per probe")
-    fb.add_argument("suite", help="suite file, or a name in suites/ (its batch sizes are where the search starts)")
-    fb.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=V1[,V2...]")
-    fb.add_argument("--limit", type=_positive_int, default=1 << 20, metavar="N",
-                    help="largest batch to try (default 1048576)")
-    fb.add_argument("--json", type=Path, metavar="FILE", help="write every search and its probes as JSON")
-
-    adv = sub.add_parser("advise", help="measure the training practices that apply to one config on this machine "
-                                        "(precision, compilation, memory format, optimizer, batch, input, memory), "
-                                        "ranked with the gate's statistics; the best combination measured")
-    adv.add_argument("suite", nargs="?", default="", help="suite file, or a name in suites/ (one config, after --set)")
-    adv.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                     help="narrow the suite to one config, e.g. --set framework=torch")
-    adv.add_argument("--out", type=Path, default=Path("runs"), help="where the run directory goes (default: runs)")
-    adv.add_argument("--budget", type=_duration, default=900.0, metavar="TIME",
-                     help="time for the measurements (900, 900s, 15m; default 15m): clear cases decide at the first "
-                          "look, undecided ones get more rounds while it lasts")
-    adv.add_argument("--alpha", type=float, default=0.05,
-                     help="error rate of an improved (or regressed) call over all the practices (default 0.05)")
-    adv.add_argument("--threshold", default="3%", help="the smallest speed-up (or slowdown) called one (default 3%%)")
-    adv.add_argument("--noise-floor", default="1%", help="the gate's noise floor (default 1%%)")
-    adv.add_argument("--loss-tolerance", default="10%",
-                     help="how far above the baseline's the loss after the same steps may end for a practice that "
-                          "learns as well (default 10%%)")
-    adv.add_argument("--only", action="append", default=[], metavar="GROUP",
-                     help="measure only this group of practices (repeatable): precision, compile, memory_format, "
-                          "optimizer, batch, input, memory")
-    adv.add_argument("--skip", action="append", default=[], metavar="GROUP", help="leave this group out (repeatable)")
-    adv.add_argument("--markdown", type=Path, metavar="FILE", help="write the advice as markdown (a CI summary)")
-    adv.add_argument("--json", type=Path, metavar="FILE", help="write the advice as JSON")
-    adv.add_argument("--resume", type=Path, metavar="DIR", help="go on with an interrupted advise's run directory")
-    adv.add_argument("--no-report", action="store_true", help="do not write the HTML/CSV/markdown report")
-
-    bis = sub.add_parser("bisect", help="find the commit that made training slower: a lockstep A/B of the ends, "
-                                        "then of each midpoint against the last good commit, in cached worktrees")
-    bis.add_argument("suite", nargs="?", default="", help="suite file (in the repository: each side reads its own "
-                                                          "commit's copy), or a name in suites/")
-    bis.add_argument("--good", default="", metavar="REV", help="a revision without the slowdown")
-    bis.add_argument("--bad", default="", metavar="REV", help="a later revision with it")
-    bis.add_argument("--repo", type=Path, default=Path("."), metavar="DIR",
-                     help="the git repository: gpubench's own checkout, or your project whose model the suite names "
-                          "(default: here)")
-    bis.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=V1[,V2...]")
-    bis.add_argument("--out", type=Path, default=Path("runs"), help="where the bisection's directory goes")
-    bis.add_argument("--cache", type=Path, default=Path(".gpubench") / "worktrees", metavar="DIR",
-                     help="where each commit's worktree (and --setup environment) is kept and reused "
-                          "(default .gpubench/worktrees)")
-    bis.add_argument("--repeats", type=_positive_int, default=10, metavar="N",
-                     help="lockstep rounds of each A/B's first look (default 10)")
-    bis.add_argument("--budget", type=_duration, default=300.0, metavar="TIME",
-                     help="each A/B: more rounds while undecided, within this time (default 5m)")
-    bis.add_argument("--threshold", default="auto",
-                     help="the smallest slowdown an A/B calls one; auto (the default): 3%% at the ends, then half "
-                          "the slowdown the ends measured (at least 2%%)")
-    bis.add_argument("--noise-floor", default="1%", help="the gate's noise floor (default 1%%)")
-    bis.add_argument("--alpha", type=float, default=0.01, help="each A/B's alpha (default 0.01)")
-    bis.add_argument("--setup", default="", metavar="CMD",
-                     help="make an environment per worktree with this command (e.g. 'pip install -e .'), run once "
-                          "per hash of the dependency files; default: this interpreter, the worktree first on the path")
-    bis.add_argument("--markdown", type=Path, metavar="FILE", help="write the outcome as markdown (a CI summary)")
-    bis.add_argument("--json", type=Path, metavar="FILE", help="write the outcome as JSON")
-    bis.add_argument("--resume", type=Path, metavar="DIR", help="go on with an interrupted bisection's directory")
-
-    prof = sub.add_parser("profile", help="profile each config in a fresh process: operator tables, a trace, "
-                                          "NVTX ranges on CUDA, the where-time-goes breakdown")
-    prof.add_argument("suite", help="suite file, or a name in suites/")
-    prof.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=V1[,V2...]",
-                      help="override or narrow a matrix axis or a default, e.g. --set framework=torch")
-    prof.add_argument("--out", type=Path, default=Path("runs"), help="where run directories go (default: runs)")
-    prof.add_argument("--steps", type=_positive_int, default=10, metavar="N",
-                      help="steps of the breakdown pass and of the profiler pass (default 10)")
-    prof.add_argument("--memory-history", action="store_true",
-                      help="record the device allocator's history (PyTorch on CUDA) from before the model is built: "
-                           "profile/<config>/memory_snapshot.pickle, for pytorch.org/memory_viz, and its largest "
-                           "allocations in the result")
-    prof.add_argument("--no-report", action="store_true", help="do not write the HTML/CSV/markdown report")
-    cal = sub.add_parser("calibrate", help="measure this machine's peaks (matmul FLOP/s per precision, memory "
-                                           "bandwidth) once, cached per environment; MFU is against them")
-    cal.add_argument("--device", dest="devices", action="append", metavar="cpu|cuda|cuda:N",
-                     help="device to calibrate (repeatable; gpu and gpu:N are aliases, as in suites; default: cpu, "
-                          "and cuda:0 where NVML lists a GPU)")
-    cal.add_argument("--force", action="store_true", help="measure again even if cached")
-    cal.add_argument("--json", type=Path, metavar="FILE", help="write the figures (and datasheet labels) as JSON")
-
-    hist = sub.add_parser("history", help="the results history: record runs, list, show and export them, chart "
-                                           "them, find where they stepped")
-    hist_sub = hist.add_subparsers(dest="action", required=True)
-    db_help = ("the history: a file path, sqlite:///PATH or postgresql://USER@HOST[:PORT]/NAME (default: "
-               "$GPUBENCH_DB, else .gpubench/history.db)")
-    h_ingest = hist_sub.add_parser("ingest", help="record existing run directories (a run already there adds nothing)")
-    h_ingest.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
-    h_ingest.add_argument("--tag", dest="tags", action="append", default=[], metavar="KEY=VALUE",
-                          help="a label for these runs (repeatable)")
-    for name, text in (("list", "runs in the history, newest first"),
-                       ("show", "results in the history, oldest first"),
-                       ("export", "results in the history as CSV or Parquet (one row per result)"),
-                       ("report", "a self-contained HTML dashboard: each config's metrics over the commits, per "
-                                  "machine, and the latest value against the previous and the best"),
-                       ("check", "the commits where a metric's series stepped (E-Divisive means); exit 1 when a "
-                                 "regression is among a series' newest commits"),
-                       ("noise", "each config's noise per machine, from results of the same commit, and the "
-                                 "smallest slowdown the gate catches with it")):
-        h = hist_sub.add_parser(name, help=text)
-        h.add_argument("--suite", help="only runs of this suite")
-        h.add_argument("--config", help="only configs whose id contains this text")
-        h.add_argument("--machine", help="only runs on this machine (hostname, or a machine key's prefix)")
-        h.add_argument("--branch", help="only runs of this branch")
-        h.add_argument("--since", metavar="DATE", help="only runs created at or after this ISO date or time")
-        if name in ("show", "report", "check", "noise"):
-            h.add_argument("--metric", dest="metrics", action="append", default=[],
-                           help="a metric to show (repeatable; default "
-                                + {"show": "throughput and step_ms",
-                                   "report": "throughput, and mfu and tensor_active_pct where results have them"}
-                                .get(name, "throughput") + ")")
-        if name in ("report", "check"):
-            h.add_argument("--p-value", type=float, default=0.01, help="a step's significance (default 0.01)")
-            h.add_argument("--permutations", type=int, default=199, help="of the permutation test (default 199)")
-            h.add_argument("--min-size", type=int, default=3, metavar="N",
-                           help="commits on each side of a step, at least (default 3)")
-            h.add_argument("--threshold", default="3%", help="a step smaller than this is small, neither a "
-                                                            "regression nor an improvement (default 3%%)")
-            h.add_argument("--recent", type=int, default=5, metavar="N",
-                           help="a regression among a series' newest N commits fails the check (default 5)")
-            h.add_argument("--last", type=int, default=300, metavar="N",
-                           help="search only the newest N commits of each series (default 300; 0: all, whose cost "
-                                "grows as the square of the commits)")
-            h.add_argument("--together", action="store_true",
-                           help="search the configs of each suite and machine together: a step that one change "
-                                "made in many configs adds up over them (more power near the noise; a step in one "
-                                "config among many has less)")
-        if name == "noise":
-            h.add_argument("--repeats", type=int, default=10, metavar="N", help="repeats a side (default 10)")
-            h.add_argument("--configs", type=int, default=1, metavar="K",
-                           help="configs compared at once: alpha / K per config (default 1)")
-            _add_gate_statistics(h, figures_only=True)
-            h.add_argument("--effect", default="5%", help="the slowdown whose repeats are asked for (default 5%%)")
-        if name in ("check", "noise"):
-            h.add_argument("--json", type=Path, metavar="FILE", help="write what is printed as JSON")
-        if name == "check":
-            h.add_argument("--bisect", metavar="SUITE",
-                           help="then bisect the newest regression found: gpubench bisect SUITE from the commit "
-                                "before the step to the commit after it (in --repo)")
-            h.add_argument("--bisect-set", dest="bisect_sets", action="append", default=[], metavar="KEY=V",
-                           help="--set for the bisection's suite (repeatable): narrow it to the regressed config")
-            h.add_argument("--repo", type=Path, default=Path("."), metavar="DIR",
-                           help="the git repository the history's commits are of (default: here)")
-            h.add_argument("--bisect-budget", type=_duration, default=300.0, metavar="TIME",
-                           help="each A/B of the bisection: more rounds while undecided, within this time "
-                                "(default 5m)")
-        if name == "report":
-            h.add_argument("--no-changes", action="store_true", help="do not look for change points")
-        if name == "report":
-            h.add_argument("--out", type=Path, default=Path("reports") / "history", metavar="DIR",
-                           help="where the dashboard goes (default reports/history)")
-            h.add_argument("--pin", dest="pinned", action="append", default=[], metavar="CONFIG",
-                           help="a config id to show first in each suite (repeatable)")
-        if name == "export":
-            h.add_argument("--out", type=Path, required=True, metavar="FILE", help="FILE.csv, or FILE.parquet "
-                                                                                    "(needs pyarrow)")
-    for h in (h_ingest, *(hist_sub.choices[n] for n in ("list", "show", "export", "report", "check", "noise"))):
-        h.add_argument("--db", metavar="URL", help=db_help)
-
-    env = sub.add_parser("env", help="print the environment fingerprint")
-    env.add_argument("--json", action="store_true", help="as JSON")
-    _add_examples(parser)
-    return parser
 
 
 def _raise_stopped(signum: int, _frame: object) -> None:
@@ -558,8 +43,10 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
-def slurm_options(args: argparse.Namespace) -> SlurmOptions | None:
-    """--launcher slurm's options; the Slurm options without it are an error naming them."""
+def launcher_choice(args: argparse.Namespace) -> LauncherChoice | None:
+    """--launcher's choice with its options (None: local, the default); the Slurm options without
+    --launcher slurm are an error naming them. ``--nnodes`` (run's) is under Slurm the nodes each
+    distributed config's job spans."""
     from gpubench.runner.slurm import SlurmOptions
 
     given = [f"--{k.replace('_', '-')}" for k in ("partition", "account", "time", "gpus_per_node", "max_parallel")
@@ -570,15 +57,35 @@ def slurm_options(args: argparse.Namespace) -> SlurmOptions | None:
         return None
     by_hand = [f"--{k.replace('_', '-')}" for k, default in (("node_rank", 0), ("master_addr", None),
                                                              ("master_port", DEFAULT_MASTER_PORT))
-               if getattr(args, k) != default]
+               if getattr(args, k, default) != default]
     if by_hand:
         raise InputError(f"{', '.join(by_hand)}: not with --launcher slurm (Slurm places the nodes; give --nnodes N "
                          "for distributed configs spanning N nodes)")
-    if args.nnodes < 1:
-        raise InputError(f"--nnodes: expected an integer >= 1, got {args.nnodes}")
+    nnodes = getattr(args, "nnodes", 1)
+    if nnodes < 1:
+        raise InputError(f"--nnodes: expected an integer >= 1, got {nnodes}")
     return SlurmOptions(partition=args.partition, account=args.account, time=args.time,
-                        gpus_per_node=args.gpus_per_node, max_parallel=args.max_parallel or 0, nodes=args.nnodes,
+                        gpus_per_node=args.gpus_per_node, max_parallel=args.max_parallel or 0, nodes=nnodes,
                         sbatch_args=tuple(args.sbatch_args))
+
+
+Handler = Callable[[argparse.Namespace, Console], int]
+
+
+def _run(args: argparse.Namespace, console: Console) -> int:
+    from gpubench.history.db import ENV_VAR
+    from gpubench.provenance import parse_tags
+    from gpubench.runner.run import execute
+
+    sets = args.sets + ([] if args.telemetry_interval_ms is None
+                        else [f"telemetry_interval_ms={args.telemetry_interval_ms}"])
+    choice = launcher_choice(args)  # under Slurm, --nnodes is the nodes each distributed job spans
+    nodes = Nodes() if choice else Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port)
+    return execute(RunRequest(suite=args.suite, out=args.out, sets=sets, repeats=args.repeats, resume=args.resume,
+                              report=not args.no_report, calibrate=not args.no_calibrate, nodes=nodes,
+                              db=args.db or os.environ.get(ENV_VAR) or None, tags=parse_tags(args.tags),
+                              launcher=choice, max_jobs=args.max_jobs, retry_failed=args.retry_failed,
+                              require_idle_gpu=args.require_idle_gpu), console)
 
 
 def _history_bisect(args: argparse.Namespace, console: Console) -> Callable[[str, str], int]:
@@ -591,6 +98,166 @@ def _history_bisect(args: argparse.Namespace, console: Console) -> Callable[[str
     return bisect
 
 
+def _history(args: argparse.Namespace, console: Console) -> int:
+    from gpubench.history.db import require_history
+    from gpubench.provenance import parse_tags
+
+    require_history()
+    from gpubench.gate.compare import gate_options, parse_fraction
+    from gpubench.history.changes import CheckOptions
+    from gpubench.history.command import HistoryRequest, check_options, noise_options, run_history
+    from gpubench.history.noise import NoiseOptions
+    from gpubench.history.query import Filters
+
+    filters = Filters(*(getattr(args, k, None) for k in ("suite", "config", "machine", "branch", "since")))
+    check = CheckOptions()
+    if args.action in ("report", "check"):
+        check = check_options(args.p_value, args.permutations, args.min_size,
+                              parse_fraction(args.threshold, "--threshold"), args.recent, args.last, args.together)
+    noise = NoiseOptions()
+    if args.action == "noise":
+        gate = gate_options(args.threshold, args.noise_floor, args.alpha, "throughput")
+        noise = noise_options(args.repeats, args.alpha, args.configs, gate.threshold, gate.noise_floor, args.effect)
+    return run_history(HistoryRequest(
+        action=args.action, db=args.db, run_dirs=getattr(args, "run_dirs", []),
+        tags=parse_tags(getattr(args, "tags", [])), filters=filters, metrics=getattr(args, "metrics", []),
+        out=getattr(args, "out", None), pinned=getattr(args, "pinned", []), check=check,
+        json=getattr(args, "json", None), changes=not getattr(args, "no_changes", False), noise=noise,
+        bisect=_history_bisect(args, console) if getattr(args, "bisect", None) else None), console)
+
+
+def _report(args: argparse.Namespace, console: Console) -> int:
+    from gpubench.report.build import build_report
+
+    report = build_report(args.run_dirs, args.out)
+    for warning in report.warnings:
+        warn(warning)
+    console.print(f"report: {report.index}\n  charts: {len(report.charts)} PNG in {report.index.parent / 'charts'}"
+                  f"\n  csv: {report.csv}\n  markdown: {report.markdown}", highlight=False)
+    return 0
+
+
+def _compare(args: argparse.Namespace, console: Console) -> int:
+    from gpubench.gate.command import CompareRequest, run_compare
+
+    return run_compare(CompareRequest(baseline=args.baseline, current=args.current, **gate_fields(args),
+                                      force=args.force, baselines_dir=args.baselines_dir, best_of=args.best_of),
+                       console)
+
+
+def _ab(args: argparse.Namespace, console: Console) -> int:
+    from gpubench.gate.command import junit_on_bad_input
+    from gpubench.runner.ab import ABRequest, execute_ab
+
+    with junit_on_bad_input(args.junit, "ab"):  # bad input (exit 2) still writes --junit
+        return execute_ab(ABRequest(
+            suite=args.suite, baseline=_baseline_side(args, console),
+            candidate=Launcher(args.candidate_python, args.candidate_path), out=args.out, sets=args.sets,
+            repeats=args.repeats, **gate_fields(args), report=not args.no_report, lockstep=args.lockstep,
+            budget_s=args.budget, best_of=args.best_of, prior=args.prior, launcher=launcher_choice(args)), console)
+
+
+def _baseline_side(args: argparse.Namespace, console: Console) -> Launcher:
+    """ab's baseline side: --baseline-python and --baseline-path, or --baseline-ref's commit (the
+    merge base of HEAD with it) in a cached worktree, made as gpubench bisect makes its commits'."""
+    if args.baseline_ref is None:
+        return Launcher(args.baseline_python, args.baseline_path)
+    if args.baseline_path is not None or args.baseline_python != sys.executable:
+        raise InputError(f"--baseline-ref {args.baseline_ref}: not with --baseline-path or --baseline-python (the "
+                         "baseline is that commit's worktree, with the --setup environment)")
+    from gpubench.bisect import git
+
+    repo = git.toplevel(Path("."), "--baseline-ref (the working directory)")
+    ref = git.resolve(repo, args.baseline_ref, "--baseline-ref")
+    base = git.git(repo, "merge-base", git.resolve(repo, "HEAD", "--baseline-ref (HEAD)"), ref)
+    cache = args.cache if args.cache.is_absolute() else Path.cwd() / args.cache
+    side = git.checkout(repo, base, cache, args.setup, cache / "setup.log")
+    console.print(f"baseline: {base[:12]} ({'the merge base of HEAD and ' if base != ref else ''}"
+                  f"{args.baseline_ref}: {git.git(repo, 'show', '-s', '--format=%s', base)}), in {side.pythonpath}",
+                  highlight=False, markup=False)
+    return side
+
+
+def _find_batch(args: argparse.Namespace, console: Console) -> int:
+    from gpubench.runner.find_batch_command import FindBatchRequest, run_find_batch
+
+    return run_find_batch(FindBatchRequest(args.suite, args.sets, args.limit, args.json, args.out,
+                                           launcher_choice(args)), console)
+
+
+def _bisect(args: argparse.Namespace, console: Console) -> int:
+    from gpubench.bisect.command import BisectRequest, execute_bisect
+
+    if args.resume is None and not (args.suite and args.good and args.bad):
+        raise InputError("gpubench bisect: give a suite, --good REV and --bad REV (or --resume DIR)")
+    return execute_bisect(BisectRequest(
+        suite=args.suite, good=args.good, bad=args.bad, repo=args.repo, sets=args.sets, out=args.out,
+        cache=args.cache, repeats=args.repeats, budget_s=args.budget, threshold=args.threshold,
+        noise_floor=args.noise_floor, alpha=args.alpha, setup=args.setup, markdown=args.markdown,
+        json=args.json, resume=args.resume), console)
+
+
+def _advise(args: argparse.Namespace, console: Console) -> int:
+    from gpubench.advise.command import AdviseRequest, execute_advise
+
+    if not args.suite and args.resume is None:
+        raise InputError("gpubench advise: give a suite (or --resume DIR)")
+    return execute_advise(AdviseRequest(
+        suite=args.suite, sets=args.sets, out=args.out, budget_s=args.budget, alpha=args.alpha,
+        threshold=args.threshold, noise_floor=args.noise_floor, loss_tolerance=args.loss_tolerance,
+        only=args.only, skip=args.skip, markdown=args.markdown, json=args.json, report=not args.no_report,
+        resume=args.resume, launcher=launcher_choice(args)), console)
+
+
+def _profile(args: argparse.Namespace, console: Console) -> int:
+    from gpubench.profile.command import ProfileRequest, execute_profile
+
+    return execute_profile(ProfileRequest(suite=args.suite, out=args.out, sets=args.sets, steps=args.steps,
+                                          report=not args.no_report, memory_history=args.memory_history,
+                                          launcher=launcher_choice(args)), console)
+
+
+def _calibrate(args: argparse.Namespace, console: Console) -> int:
+    from gpubench.calibrate.command import run_calibrate
+
+    return run_calibrate(args.devices, args.force, args.json, console)
+
+
+def _export(args: argparse.Namespace, console: Console) -> int:
+    from gpubench.gate.export import run_export
+
+    return run_export(args.run_dir, args.format, args.out)
+
+
+def _baseline(args: argparse.Namespace, console: Console) -> int:
+    from gpubench.gate.command import run_baseline
+
+    return run_baseline(args.action, getattr(args, "run_dir", None), getattr(args, "name", None),
+                        args.baselines_dir, getattr(args, "force", False), console)
+
+
+def _list(args: argparse.Namespace, console: Console) -> int:
+    from gpubench.inventory import show_list
+
+    show_list(console, args.suites_dir)
+    return 0
+
+
+def _env(args: argparse.Namespace, console: Console) -> int:
+    from gpubench.inventory import show_env
+
+    show_env(console, args.json)
+    return 0
+
+
+# each command's handler, by the command's name (gpubench.commands.build_parser has the same names)
+HANDLERS: dict[str, Handler] = {
+    "run": _run, "history": _history, "report": _report, "compare": _compare, "ab": _ab,
+    "find-batch": _find_batch, "bisect": _bisect, "advise": _advise, "profile": _profile, "calibrate": _calibrate,
+    "export": _export, "baseline": _baseline, "list": _list, "env": _env,
+}
+
+
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     console = Console()
@@ -600,136 +267,7 @@ def _main(argv: list[str] | None) -> int:
         from gpubench.plugins import load_plugins
 
         load_plugins()
-        if args.command == "run":
-            from gpubench.runner.run import execute
-
-            sets = args.sets + ([] if args.telemetry_interval_ms is None
-                                else [f"telemetry_interval_ms={args.telemetry_interval_ms}"])
-            slurm = slurm_options(args)  # under Slurm, --nnodes is the nodes each distributed job spans
-            nodes = Nodes() if slurm else Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port)
-            from gpubench.history.db import ENV_VAR
-            from gpubench.provenance import parse_tags
-
-            return execute(RunRequest(suite=args.suite, out=args.out, sets=sets, repeats=args.repeats,
-                                      resume=args.resume, report=not args.no_report,
-                                      calibrate=not args.no_calibrate, nodes=nodes,
-                                      db=args.db or os.environ.get(ENV_VAR) or None,
-                                      tags=parse_tags(args.tags), launcher=slurm, max_jobs=args.max_jobs,
-                                      retry_failed=args.retry_failed, require_idle_gpu=args.require_idle_gpu),
-                           console)
-        if args.command == "history":
-            from gpubench.history.db import require_history
-            from gpubench.provenance import parse_tags
-
-            require_history()
-            from gpubench.history.changes import CheckOptions
-            from gpubench.history.command import HistoryRequest, run_history
-            from gpubench.history.noise import NoiseOptions
-            from gpubench.history.query import Filters
-
-            filters = Filters(*(getattr(args, k, None) for k in ("suite", "config", "machine", "branch", "since")))
-            check = CheckOptions()
-            if args.action in ("report", "check"):
-                from gpubench.gate.compare import parse_fraction
-                from gpubench.history.command import check_options
-
-                check = check_options(args.p_value, args.permutations, args.min_size,
-                                      parse_fraction(args.threshold, "--threshold"), args.recent, args.last,
-                                      args.together)
-            noise = NoiseOptions()
-            if args.action == "noise":
-                from gpubench.gate.compare import gate_options
-                from gpubench.history.command import noise_options
-
-                gate = gate_options(args.threshold, args.noise_floor, args.alpha, "throughput")
-                noise = noise_options(args.repeats, args.alpha, args.configs, gate.threshold, gate.noise_floor,
-                                      args.effect)
-            return run_history(HistoryRequest(
-                action=args.action, db=args.db, run_dirs=getattr(args, "run_dirs", []),
-                tags=parse_tags(getattr(args, "tags", [])), filters=filters, metrics=getattr(args, "metrics", []),
-                out=getattr(args, "out", None), pinned=getattr(args, "pinned", []), check=check,
-                json=getattr(args, "json", None), changes=not getattr(args, "no_changes", False), noise=noise,
-                bisect=_history_bisect(args, console) if getattr(args, "bisect", None) else None), console)
-        if args.command == "report":
-            from gpubench.report.build import build_report
-
-            report = build_report(args.run_dirs, args.out)
-            for warning in report.warnings:
-                warn(warning)
-            console.print(f"report: {report.index}\n  charts: {len(report.charts)} PNG in "
-                          f"{report.index.parent / 'charts'}"
-                          f"\n  csv: {report.csv}\n  markdown: {report.markdown}", highlight=False)
-            return 0
-        if args.command == "compare":
-            from gpubench.gate.command import CompareRequest, run_compare
-
-            return run_compare(CompareRequest(baseline=args.baseline, current=args.current, **gate_fields(args),
-                                              force=args.force, baselines_dir=args.baselines_dir,
-                                              best_of=args.best_of), console)
-        if args.command == "ab":
-            from gpubench.gate.command import junit_on_bad_input
-            from gpubench.launch import Launcher
-            from gpubench.runner.ab import ABRequest, execute_ab
-
-            with junit_on_bad_input(args.junit, "ab"):  # bad input (exit 2) still writes --junit
-                return execute_ab(ABRequest(
-                    suite=args.suite, baseline=Launcher(args.baseline_python, args.baseline_path),
-                    candidate=Launcher(args.candidate_python, args.candidate_path), out=args.out, sets=args.sets,
-                    repeats=args.repeats, **gate_fields(args), report=not args.no_report, lockstep=args.lockstep,
-                    budget_s=args.budget, best_of=args.best_of, prior=args.prior), console)
-        if args.command == "find-batch":
-            from gpubench.runner.find_batch_command import run_find_batch
-
-            return run_find_batch(args.suite, args.sets, args.limit, args.json, console)
-        if args.command == "bisect":
-            from gpubench.bisect.command import BisectRequest, execute_bisect
-
-            if args.resume is None and not (args.suite and args.good and args.bad):
-                raise InputError("gpubench bisect: give a suite, --good REV and --bad REV (or --resume DIR)")
-            return execute_bisect(BisectRequest(
-                suite=args.suite, good=args.good, bad=args.bad, repo=args.repo, sets=args.sets, out=args.out,
-                cache=args.cache, repeats=args.repeats, budget_s=args.budget, threshold=args.threshold,
-                noise_floor=args.noise_floor, alpha=args.alpha, setup=args.setup, markdown=args.markdown,
-                json=args.json, resume=args.resume), console)
-        if args.command == "advise":
-            from gpubench.advise.command import AdviseRequest, execute_advise
-
-            if not args.suite and args.resume is None:
-                raise InputError("gpubench advise: give a suite (or --resume DIR)")
-            return execute_advise(AdviseRequest(
-                suite=args.suite, sets=args.sets, out=args.out, budget_s=args.budget, alpha=args.alpha,
-                threshold=args.threshold, noise_floor=args.noise_floor, loss_tolerance=args.loss_tolerance,
-                only=args.only, skip=args.skip, markdown=args.markdown, json=args.json, report=not args.no_report,
-                resume=args.resume), console)
-        if args.command == "profile":
-            from gpubench.profile.command import ProfileRequest, execute_profile
-
-            return execute_profile(ProfileRequest(suite=args.suite, out=args.out, sets=args.sets, steps=args.steps,
-                                                  report=not args.no_report,
-                                                  memory_history=args.memory_history), console)
-        if args.command == "calibrate":
-            from gpubench.calibrate.command import run_calibrate
-
-            return run_calibrate(args.devices, args.force, args.json, console)
-        if args.command == "export":
-            from gpubench.gate.export import run_export
-
-            return run_export(args.run_dir, args.format, args.out)
-        if args.command == "baseline":
-            from gpubench.gate.command import run_baseline
-
-            return run_baseline(args.action, getattr(args, "run_dir", None), getattr(args, "name", None),
-                                args.baselines_dir, getattr(args, "force", False), console)
-        if args.command == "list":
-            from gpubench.inventory import show_list
-
-            show_list(console, args.suites_dir)
-            return 0
-        if args.command == "env":
-            from gpubench.inventory import show_env
-
-            show_env(console, args.json)
-            return 0
+        return HANDLERS[args.command](args, console)
     except InputError as e:
         print(error_line(e), file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -739,4 +277,3 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Stopped)
         stop_message(e)
         return stop_exit_code(e)
-    raise AssertionError(f"unhandled command {args.command}")

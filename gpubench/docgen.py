@@ -34,7 +34,7 @@ def _fixed_width(formatter: Any) -> Any:
 
 def cli_reference() -> str:
     """Every command's ``--help``, as a terminal of HELP_COLUMNS columns prints it."""
-    from gpubench.cli import build_parser, iter_commands
+    from gpubench.commands import build_parser, iter_commands
 
     out = ["# Command-line reference\n", GENERATED.format(source="gpubench/cli.py's parsers"),
            "Every command and sub-command with its `--help` text. Bad input (an unknown option or value, a "

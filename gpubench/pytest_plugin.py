@@ -34,6 +34,8 @@ from typing import Any
 
 import pytest
 
+from gpubench.gate import ALPHA, NOISE_FLOOR, THRESHOLD
+
 
 class TrainingRound:
     """``steps_per_round`` training steps followed by a device synchronisation."""
@@ -168,8 +170,8 @@ def gpubench_ab(request: Any, tmp_path: Path) -> Callable[..., ABGate]:
     regressed, or a repeat that failed, fails the test with the verdict table."""
 
     def run(baseline_path: str | None = None, candidate_path: str | None = None, repeats: int = 12,
-            lockstep: bool = True, budget: str | None = "9m", threshold: str = "3%", noise_floor: str = "1%",
-            alpha: float = 0.01, fail: bool = True, **settings: Any) -> ABGate:
+            lockstep: bool = True, budget: str | None = "9m", threshold: str = THRESHOLD,
+            noise_floor: str = NOISE_FLOOR, alpha: float = ALPHA, fail: bool = True, **settings: Any) -> ABGate:
         baseline_path = baseline_path or request.config.getoption("gpubench_baseline_path")
         if not baseline_path:
             pytest.skip("gpubench_ab: no baseline checkout (give --gpubench-baseline-path DIR or baseline_path=)")

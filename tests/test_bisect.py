@@ -234,3 +234,42 @@ def test_a_failing_setup_is_one_line_naming_the_command_and_its_exit(tmp_path):
     tree.mkdir()
     with pytest.raises(InputError, match=r"--setup 'exit 7' failed in .*tree with exit 7 \(log: .*setup.log\)"):
         environment(tree, "exit 7", tmp_path / "cache", tmp_path / "setup.log")
+
+
+@pytest.mark.slow
+def test_ab_against_the_commit_a_branch_forked_from_in_a_fresh_clone(tmp_path):
+    """gpubench ab --baseline-ref main in a fresh clone of a user's project, on a branch whose
+    commit makes the model twice as slow: the baseline is the merge base (main's head, not a
+    main that moved on since), checked out in bisect's worktree cache; the A/B says regressed."""
+    pytest.importorskip("torch")
+    origin = tmp_path / "origin"
+    shas = make_repo(origin, commits=2, culprit=None)
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(origin), str(clone)], check=True)
+    git = ["git", "-C", str(clone), "-c", "user.name=Dev", "-c", "user.email=dev@example.com"]
+    subprocess.run([*git, "switch", "-q", "-c", "slower"], check=True)
+    from tests.scratch_repo import MODEL
+
+    (clone / "mynet.py").write_text(MODEL.format(cols=4096))
+    subprocess.run([*git, "commit", "-q", "-am", "mynet: the slower model"], check=True)
+    (origin / "notes.txt").write_text("main moved on\n")  # main moves on after the branch forked
+    subprocess.run(["git", "-C", str(origin), "-c", "user.name=Dev", "-c", "user.email=dev@example.com", "commit",
+                    "-q", "-am", "notes: main moved on"], check=True)
+    subprocess.run([*git, "fetch", "-q"], check=True)
+    bad = run_cli(["ab", "suite.toml", "--baseline-ref", "nope"], cwd=clone, env=plain_env())
+    assert bad.returncode == 2 and bad.stderr.startswith("gpubench: error: --baseline-ref nope: not a commit of")
+    both = run_cli(["ab", "suite.toml", "--baseline-ref", "main", "--baseline-path", "."], cwd=clone, env=plain_env())
+    assert both.returncode == 2 and "not with --baseline-path or --baseline-python" in both.stderr
+    proc = run_cli(["ab", "suite.toml", "--baseline-ref", "origin/main", "--lockstep", "--repeats", "4", "--alpha",
+                    "0.2", "--budget", "60", "--set", "steps=10", "--set", "windows=2", "--json", "ab.json",
+                    "--no-report"], cwd=clone, env=plain_env(), timeout=600)
+    assert f"baseline: {shas[-1][:12]} (the merge base of HEAD and origin/main: notes: line 2), in " in proc.stdout, \
+        proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = json.loads((clone / "ab.json").read_text())
+    assert [v["verdict"] for v in out["verdicts"]] == ["regressed"], proc.stdout[-3000:]
+    assert proc.returncode == 1  # a config regressed
+    args = json.loads((Path(out["baseline"]) / "run.json").read_text())["args"]
+    tree = (clone / ".gpubench" / "worktrees" / shas[-1][:16]).resolve()
+    assert args["code_path"] == [str(tree)], args  # the user's model imported from the merge base's worktree
+    assert subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True
+                          ).stdout.strip() == shas[-1]

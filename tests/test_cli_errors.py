@@ -16,7 +16,8 @@ from gpubench.calibrate import cache
 from gpubench.calibrate.command import check_devices, run_calibrate
 from gpubench.errors import InputError
 from gpubench.measure.kernels import available_devices
-from gpubench.runner.run import RunRequest, _prepare, write_report
+from gpubench.runner.run import RunRequest, _prepare
+from gpubench.runner.session import write_report
 from gpubench.suite import Suite, parse_suite
 from tests.conftest import REPO, plain_env, run_cli
 from tests.test_outputs import write_run

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from gpubench.cli import EXAMPLES, EXIT_CODES, build_parser, iter_commands
+from gpubench.commands import EXAMPLES, EXIT_CODES, build_parser, iter_commands
 from gpubench.docgen import PAGES, main, stale
 from tests.conftest import REPO
 
@@ -110,7 +110,8 @@ def _gpubench_commands(text: str) -> list[list[str]]:
     return commands
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md", "docs/index.md"])
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md", "docs/index.md", "docs/running.md",
+                                  "docs/distributed.md"])
 def test_the_commands_a_newcomer_copies_parse(page):
     commands = _gpubench_commands((REPO / page).read_text())
     assert commands

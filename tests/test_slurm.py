@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -389,3 +390,89 @@ def test_a_node_whose_fingerprint_fails_keeps_its_outcome(monkeypatch):
     assert worker._node_env("torch") == {"hostname": socket.gethostname(),
                                          "fingerprint_error": "RuntimeError: CUDA error: an illegal memory access was "
                                                               "encountered"}
+
+
+# --- every measuring command under --launcher slurm (gpubench.runner.session) -------------
+
+ONE_FAKE = SWEEP.replace("mode = [0, 1, 2]", "mode = [0]")
+
+
+def slurm_jobs_of(run_dir) -> list[str]:
+    return sorted(p.name for p in (run_dir / "slurm").iterdir())
+
+
+@pytest.mark.slow
+def test_find_batch_probes_as_slurm_jobs(cluster, tmp_path, write_suite):
+    proc = gpubench(cluster, tmp_path, "find-batch", str(write_suite(ONE_FAKE)), "--launcher", "slurm",
+                    "--out", "runs", "--json", "fb.json", FAKE_MAX_BATCH="12")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (s,) = json.loads((tmp_path / "fb.json").read_text())
+    assert (s["max_batch"], s["first_oom"]) == (12, 13)
+    assert [p["batch_size"] for p in s["probes"]] == [8, 16, 12, 14, 13]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    probes = result_lines(run_dir)  # each probe a result of the run directory, from its Slurm job on a node
+    assert [r["config"]["batch_size"] for r in probes] == [8, 16, 12, 14, 13]
+    assert all(r["runtime"]["slurm"]["state"] == "COMPLETED" and r["env"]["hostname"] in ("node1", "node2")
+               for r in probes)
+    assert len(slurm_jobs_of(run_dir)) == 5
+
+
+def test_a_lockstep_ab_under_slurm_is_refused_in_one_line(cluster, tmp_path, write_suite):
+    proc = gpubench(cluster, tmp_path, "ab", str(write_suite(ONE_FAKE)), "--launcher", "slurm", "--lockstep",
+                    "--out", "runs")
+    assert proc.returncode == 2 and proc.stderr.startswith(
+        "gpubench: error: --lockstep with --launcher slurm: the two sides of a lockstep round take turns on one "
+        "machine"), proc.stderr
+    assert proc.stderr.count("\n") == 1 and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_ab_alternates_its_sides_as_slurm_jobs(cluster, tmp_path, write_suite):
+    suite = str(write_suite(ONE_FAKE))
+    proc = gpubench(cluster, tmp_path, "ab", suite, "--launcher", "slurm", "--out", "runs", "--repeats", "3",
+                    "--alpha", "0.2", "--threshold", "50%", "--no-report", "--json", "ab.json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    verdicts = json.loads((tmp_path / "ab.json").read_text())
+    assert [v["verdict"] for v in verdicts["verdicts"]] == ["unchanged"] and not verdicts["failed"]  # A/A
+    job_ids = {}
+    for side in ("baseline", "candidate"):
+        run_dir = Path(verdicts[side])
+        results = result_lines(run_dir)
+        assert all(r["runtime"]["slurm"]["state"] == "COMPLETED" for r in results)
+        job_ids[side] = {r["repeat"]: int(r["runtime"]["slurm"]["job_id"]) for r in results}
+        assert json.loads((run_dir / "run.json").read_text())["args"]["slurm"]["nodes"] == 1
+        assert len(slurm_jobs_of(run_dir)) == 3
+    # one job at a time, A B, then B A, then A B: Slurm numbered them in that order
+    order = sorted((job_ids[side][k], side[0]) for side in job_ids for k in job_ids[side])
+    assert "".join(side for _, side in order) == "bccbbc", order
+
+
+@pytest.mark.slow
+def test_advise_measures_its_practices_as_slurm_jobs(cluster, tmp_path):
+    from tests.test_advise import SUITE as ADVISE_SUITE
+
+    (tmp_path / "s.toml").write_text(ADVISE_SUITE)
+    proc = gpubench(cluster, tmp_path, "advise", "s.toml", "--launcher", "slurm", "--only", "precision",
+                    "--budget", "120", "--threshold", "10%", "--no-report", timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    advice = json.loads((run_dir / "advice.json").read_text())
+    assert {r["practice"] for r in advice["rows"]} and all(r["verdict"] for r in advice["rows"])
+    results = result_lines(run_dir)
+    assert len({r["config_id"] for r in results}) >= 2  # the baseline and a practice, each from its Slurm jobs
+    assert all(r["runtime"]["slurm"]["state"] == "COMPLETED" for r in results)
+    assert json.loads((run_dir / "run.json").read_text())["args"]["slurm"]["max_parallel"] == 0
+
+
+@pytest.mark.slow
+def test_profile_runs_its_profiler_in_a_slurm_job(cluster, tmp_path, write_suite):
+    pytest.importorskip("torch")
+    suite = write_suite(TINY_MLP.replace("tiny", "slurmprof") + 'framework = "torch"\ndevice = "cpu"\n')
+    proc = gpubench(cluster, tmp_path, "profile", str(suite), "--launcher", "slurm", "--steps", "2", "--out", "runs",
+                    "--no-report")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    (r,) = result_lines(run_dir)
+    assert r["runtime"]["slurm"]["state"] == "COMPLETED" and r["env"]["hostname"] in ("node1", "node2")
+    assert r["profile"]["files"] and all((run_dir / rel).is_file() for rel in r["profile"]["files"].values())
+    assert r["metrics"]["breakdown"]["step_ms"] > 0

@@ -136,9 +136,9 @@ def test_gpubench_run_knows_a_launcher_only_by_its_choice(tmp_path, write_suite,
     check or calibration here: its jobs run elsewhere)."""
     from rich.console import Console
 
-    from gpubench.runner import run
+    from gpubench.runner import run, session
 
-    monkeypatch.setitem(run.LAUNCHERS, "elsewhere", Elsewhere)
+    monkeypatch.setitem(session.LAUNCHERS, "elsewhere", Elsewhere)
     STARTED.clear()
     suite = write_suite('name = "s"\n[defaults]\nworkload = "mlp"\nsteps = 2\n[matrix]\nseed = [0, 1, 2]\n')
     console = Console(file=open(tmp_path / "out.txt", "w"), width=200)  # noqa: SIM115 - closed with the test

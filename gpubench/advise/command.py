@@ -30,24 +30,25 @@ from gpubench import fmt
 from gpubench.advise.judge import Judging, Row, combine, guide, judge, rank
 from gpubench.advise.practices import GROUPS, Practice, Skipped, candidates, memory_followups, no_memory_limit
 from gpubench.config import Config
-from gpubench.env import fingerprint
 from gpubench.errors import InputError, stop_exit_code, stop_message
 from gpubench.files import write_text_atomic
+from gpubench.gate import NOISE_FLOOR, THRESHOLD
 from gpubench.gate.compare import parse_fraction
 from gpubench.gate.power import MAX_REPEATS
 from gpubench.gate.stats import min_repeats
 from gpubench.launch import Launcher
 from gpubench.results.metrics import BY_NAME
-from gpubench.results.outputs import check_output_dir, check_output_file, write_output
+from gpubench.results.outputs import check_output_file, write_output
 from gpubench.results.result import Result
-from gpubench.results.store import json_text, load_results, load_run, locked_run_dir
+from gpubench.results.store import json_text, load_results, load_run
 from gpubench.runner.ab import look_alpha
 from gpubench.runner.job import Job
-from gpubench.runner.models import check_models, user_code_path
-from gpubench.runner.progress import SweepDisplay
-from gpubench.runner.run import check_data, finish_run_dir, new_run_dir, probe_frameworks, write_report
-from gpubench.runner.sweep import pre_resolve, run_jobs
-from gpubench.suite import MAX_BATCH, Suite, load_suite
+from gpubench.runner.launcher import LauncherChoice
+from gpubench.runner.local import Local
+from gpubench.runner.models import user_code_path
+from gpubench.runner.session import Session, load, resumed_choice
+from gpubench.runner.sweep import pre_resolve
+from gpubench.suite import MAX_BATCH, Suite
 
 ADVICE_JSON, ADVICE_MD = "advice.json", "advice.md"
 COMBINATION_ROUNDS = 1000  # the combination's rounds (and the baseline's beside it) are numbered from here
@@ -61,8 +62,8 @@ class AdviseRequest:
     out: Path = Path("runs")
     budget_s: float = 900.0
     alpha: float = 0.05
-    threshold: str = "3%"
-    noise_floor: str = "1%"
+    threshold: str = THRESHOLD
+    noise_floor: str = NOISE_FLOOR
     loss_tolerance: str = "10%"
     only: list[str] = field(default_factory=list)  # practice groups to measure (none: all)
     skip: list[str] = field(default_factory=list)  # practice groups not to measure
@@ -71,6 +72,7 @@ class AdviseRequest:
     report: bool = True
     resume: Path | None = None
     code_path: tuple[str, ...] | None = None  # where workers import the user's code (the Python API)
+    launcher: LauncherChoice | None = None  # --launcher and its options (None: this machine, or a resumed run's)
 
 
 @dataclass
@@ -97,6 +99,7 @@ def _resumed(req: AdviseRequest) -> tuple[AdviseRequest, list[Result]]:
             setattr(req, key, stored[key])
     if isinstance(args.get("code_path"), list):
         req.code_path = tuple(str(p) for p in args["code_path"])
+    req.launcher = resumed_choice(req.launcher, args, req.resume)
     return req, load_results(req.resume, strict=False)
 
 
@@ -145,7 +148,7 @@ def _advise(req: AdviseRequest, console: Console, held: ExitStack) -> int:
     judging = Judging(req.alpha, parse_fraction(req.threshold, "--threshold"),
                       parse_fraction(req.noise_floor, "--noise-floor"),
                       parse_fraction(req.loss_tolerance, "--loss-tolerance"))
-    suite = load_suite(req.suite).with_overrides(req.sets)
+    suite = load(req.suite, req.sets)
     configs = suite.expand()
     if len(configs) != 1:
         shown = ", ".join(c.config_id for c in configs[:3]) + (", ..." if len(configs) > 3 else "")
@@ -158,11 +161,11 @@ def _advise(req: AdviseRequest, console: Console, held: ExitStack) -> int:
     if base.distributed:
         raise InputError(f"{suite.source}: parallelism: advise measures a config on one process; {base.parallelism} "
                          "starts several (advise its single-device config)")
-    check_data([base], suite.source)
+    code_path = req.code_path if req.code_path is not None else user_code_path([base], suite.source)
+    run = Session(console, req.launcher or Local(), Launcher(code_path=code_path))
+    run.check([base], suite.source, req.out, fresh=req.resume is None)
     for path, option in ((req.markdown, "--markdown"), (req.json, "--json")):
         check_output_file(path, option)
-    if req.resume is None:
-        check_output_dir(req.out, "--out")
     practices, skipped = candidates(base)
     cands: list[Candidate] = []
     for p in practices:
@@ -177,43 +180,34 @@ def _advise(req: AdviseRequest, console: Console, held: ExitStack) -> int:
         else:
             cands.append(Candidate(p, made))
     skipped = [s for s in skipped if _wanted(s.group, req)]
-    code_path = req.code_path if req.code_path is not None else user_code_path([base], suite.source)
-    launcher = Launcher(code_path=code_path)
-    probes = probe_frameworks([base], console, launcher)
-    check_models([base], suite.source, launcher, skip_frameworks={n for n, p in probes.items() if not p.available})
-    env = fingerprint({k: p.to_dict() for k, p in probes.items()})
+    run.probe([base], suite.source)
     if req.resume is not None:
-        run_dir, meta = req.resume, load_run(req.resume)
+        run.reopen(held, req.resume)
     else:
         args: dict[str, Any] = {"suite": req.suite, "set": req.sets, "out": str(req.out), "repeats": 1,
                                 "advise": {k: getattr(req, k) for k in STORED}}
-        if code_path:
-            args["code_path"] = list(code_path)
-        now = datetime.now(timezone.utc)
-        run_dir, meta = new_run_dir(req.out, f"{suite.name}-advise-{now:%Y%m%d-%H%M%S}", suite, args,
-                                    [base] + [c.config for c in cands], env)
-    held.enter_context(locked_run_dir(run_dir))
-    session = _Session(req, console, run_dir, meta, env, probes, launcher, base, judging, earlier)
+        run.open(held, req.out, f"{suite.name}-advise-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}", suite, args,
+                 [base] + [c.config for c in cands])
+    session = _Session(req, run, base, judging, earlier)
     try:
         code = session.advise(cands, skipped, suite)
     except KeyboardInterrupt as e:
-        stop_message(e, f"what was measured is in {run_dir}; go on with: gpubench advise --resume {run_dir}")
+        stop_message(e, f"what was measured is in {run.run_dir}; go on with: gpubench advise --resume {run.run_dir}")
         return stop_exit_code(e)
-    finish_run_dir(run_dir, meta)
+    run.finish()
     if req.report:
-        write_report([run_dir], console)
-    console.print(f"run directory: {run_dir}", highlight=False)
+        run.report()
+    console.print(f"run directory: {run.run_dir}", highlight=False)
     return code
 
 
 class _Session:
-    """One advise's measurements and decisions."""
+    """One advise's measurements and decisions, in the run directory of ``run``."""
 
-    def __init__(self, req: AdviseRequest, console: Console, run_dir: Path, meta: dict[str, Any],
-                 env: dict[str, Any], probes: dict[str, Any], launcher: Launcher, base: Config, judging: Judging,
+    def __init__(self, req: AdviseRequest, run: Session, base: Config, judging: Judging,
                  earlier: list[Result]) -> None:
-        self.req, self.console, self.run_dir, self.meta = req, console, run_dir, meta
-        self.env, self.probes, self.launcher, self.base, self.judging = env, probes, launcher, base, judging
+        self.req, self.run, self.console, self.run_dir = req, run, run.console, run.run_dir
+        self.base, self.judging = base, judging
         self.results: dict[str, list[Result]] = {}
         for r in earlier:
             self.results.setdefault(r.config_id, []).append(r)
@@ -236,14 +230,11 @@ class _Session:
             jobs += [Job(c, k) for c in configs[turn:] + configs[:turn] if not self._has(c, k)]
         if not jobs:
             return
-        with SweepDisplay(self.console, len(jobs)) as display:
-            for i, job in enumerate(jobs):
-                display.started(i, job)
-                (result,) = run_jobs([job], self.run_dir, self.meta["run_id"], self.env, self.probes,
-                                     launcher=self.launcher)
-                self._of(job.config).append(result)
-                self.jobs_run += 1
-                display.finished(i, job, result)
+        def finished(result: Result) -> None:
+            self.results.setdefault(result.config_id, []).append(result)
+            self.jobs_run += 1
+
+        self.run.sweep(jobs, finished)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
@@ -267,7 +258,7 @@ class _Session:
         refused = self.cannot_run(base)
         if refused is not None:
             return self.baseline_failed(refused, skipped)
-        self.console.print(f"advise {self.meta['run_id']}: baseline {base.config_id}; {len(cands)} practice(s) to "
+        self.console.print(f"advise {self.run.meta['run_id']}: baseline {base.config_id}; {len(cands)} practice(s) to "
                            f"measure, within {self.req.budget_s:g} s -> {self.run_dir}", highlight=False)
         self.measure([base] + [c.config for c in cands], range(1))
         first = self._of(base)
@@ -307,7 +298,7 @@ class _Session:
     def cannot_run(self, config: Config) -> str | None:
         """Why ``config`` cannot run here ("status: reason": no such framework, device or
         combination), found without a worker; None when it can."""
-        resolved = pre_resolve(config, self.probes)
+        resolved = pre_resolve(config, self.run.probes)
         return f"{resolved[0]}: {resolved[1]}" if resolved is not None else None
 
     def beside_practices(self) -> list[Result]:
@@ -375,7 +366,7 @@ class _Session:
                 self.console.print(f"combination {name}: {e}; without {chosen[-1].practice}", highlight=False)
                 chosen = chosen[:-1]
                 continue
-            resolved = pre_resolve(config, self.probes)
+            resolved = pre_resolve(config, self.run.probes)
             if resolved is not None:
                 self.console.print(f"combination {name}: {resolved[1]}; without {chosen[-1].practice}",
                                    highlight=False)

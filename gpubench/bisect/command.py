@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -28,6 +27,7 @@ from gpubench.bisect import git
 from gpubench.bisect.search import Bisection, Step
 from gpubench.errors import InputError, stop_exit_code, stop_message
 from gpubench.files import write_text_atomic
+from gpubench.gate import ALPHA, NOISE_FLOOR, THRESHOLD
 from gpubench.launch import Launcher
 from gpubench.results.outputs import check_output_dir, check_output_file, write_output
 from gpubench.results.store import json_text, locked_run_dir
@@ -49,8 +49,8 @@ class BisectRequest:
     repeats: int = 10  # lockstep rounds of each A/B's first look
     budget_s: float = 300.0  # each A/B: more rounds while undecided, within this time
     threshold: str = "auto"  # auto: the ends at 3%, then each step at half the slowdown the ends measured
-    noise_floor: str = "1%"
-    alpha: float = 0.01
+    noise_floor: str = NOISE_FLOOR
+    alpha: float = ALPHA
     setup: str = ""  # a command that makes each worktree's environment (run once per dependency hash)
     markdown: Path | None = None
     json: Path | None = None
@@ -149,12 +149,9 @@ class _Session:
             "ends": [s.to_dict() for s in self.ends], "confirm_steps": [s.to_dict() for s in self.confirm],
             **self.bisection.to_dict()}))
 
-    def tree(self, sha: str) -> tuple[Path, str]:
-        """The worktree of ``sha`` and the Python its side runs."""
-        path = git.worktree(self.repo, sha, self.cache)
-        python = (git.environment(path, self.req.setup, self.cache, self.run_dir / "setup.log") if self.req.setup
-                  else sys.executable)
-        return path, python
+    def side(self, sha: str) -> Launcher:
+        """How the side of ``sha`` runs: its worktree and Python."""
+        return git.checkout(self.repo, sha, self.cache, self.req.setup, self.run_dir / "setup.log")
 
     def against_the_ends(self, step: Step) -> Step:
         """An inconclusive step whose interval still tells which end the midpoint is at: its
@@ -184,7 +181,7 @@ class _Session:
             return self.req.threshold
         ratio = self.ends[-1].ratio if self.ends and self.ends[-1].verdict == "regressed" else None
         if ratio is None:
-            return "3%"
+            return THRESHOLD
         return f"{max(2.0, 50 * (1 - ratio)):.2f}%"
 
     def measure(self, base: str, cand: str, attempt: int, label: str) -> Step:
@@ -195,8 +192,8 @@ class _Session:
             return earlier
         from gpubench.runner.ab import ABRequest, execute_ab
 
-        (base_tree, base_py), (cand_tree, cand_py) = self.tree(base), self.tree(cand)
-        suite = str(base_tree / self.suite_rel) if self.suite_rel is not None else self.req.suite
+        baseline, candidate = self.side(base), self.side(cand)
+        suite = str(Path(str(baseline.pythonpath)) / self.suite_rel) if self.suite_rel is not None else self.req.suite
         out = self.run_dir / "steps" / f"{label}-{cand[:8]}-vs-{base[:8]}-{attempt}"
         verdicts = out / "ab.json"
         # measured again: the earlier A/B continued, its rounds pooled and its looks counted on (a
@@ -214,8 +211,7 @@ class _Session:
         self.console.print(f"{label}: {cand[:12]} ({subject}) against {base[:12]}"
                            + (f", measured again ({attempt + 1})" if attempt else ""), highlight=False, markup=False)
         t0 = time.monotonic()
-        execute_ab(ABRequest(suite=suite, baseline=Launcher(python=base_py, pythonpath=str(base_tree)),
-                             candidate=Launcher(python=cand_py, pythonpath=str(cand_tree)), out=out, sets=self.req.sets,
+        execute_ab(ABRequest(suite=suite, baseline=baseline, candidate=candidate, out=out, sets=self.req.sets,
                              repeats=self.req.repeats, threshold=self.step_threshold(),
                              noise_floor=self.req.noise_floor,
                              alpha=self.req.alpha, json=verdicts, report=False, lockstep=True,

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from gpubench.errors import InputError
+from gpubench.launch import Launcher
 
 # what decides a worktree's environment (--setup): the same files, the same environment
 DEPENDENCY_FILES = ("pyproject.toml", "setup.py", "setup.cfg", "requirements.txt", "requirements-dev.txt",
@@ -26,10 +27,10 @@ def git(repo: Path, *args: str, check: bool = True) -> str:
     return proc.stdout.strip()
 
 
-def toplevel(repo: Path) -> Path:
+def toplevel(repo: Path, option: str = "--repo") -> Path:
     proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise InputError(f"--repo {repo}: not a git repository")
+        raise InputError(f"{option} {repo}: not a git repository")
     return Path(proc.stdout.strip())
 
 
@@ -105,6 +106,13 @@ def environment(tree: Path, setup: str, cache: Path, log: Path) -> str:
                          "command, or bisect a range whose commits it sets up")
     ready.write_text(setup + "\n")
     return str(python)
+
+
+def checkout(repo: Path, sha: str, cache: Path, setup: str, log: Path) -> Launcher:
+    """How a side runs ``sha``: its worktree (cached) first on the path, with the Python of its
+    ``setup`` environment, or this one where there is no setup."""
+    tree = worktree(repo, sha, cache)
+    return Launcher(python=environment(tree, setup, cache, log) if setup else sys.executable, pythonpath=str(tree))
 
 
 def describe(repo: Path, sha: str) -> dict[str, str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 
 from gpubench.errors import InputError, os_error_line, warn
-from gpubench.gate import render
+from gpubench.gate import ALPHA, NOISE_FLOOR, THRESHOLD, render
 from gpubench.gate.compare import compare, fingerprint_differences, gate_options
 from gpubench.gate.sides import Side, list_baselines, resolve, save_baseline
 from gpubench.results.outputs import check_output_dir, check_output_file, write_output
@@ -24,9 +24,9 @@ EXIT_OK, EXIT_REGRESSED = 0, 1
 class CompareRequest:
     baseline: str
     current: str
-    threshold: str = "3%"
-    noise_floor: str = "1%"
-    alpha: float = 0.01
+    threshold: str = THRESHOLD
+    noise_floor: str = NOISE_FLOOR
+    alpha: float = ALPHA
     metric: str = "throughput"
     markdown: Path | None = None
     json: Path | None = None

@@ -8,6 +8,7 @@ with the trace and the operator tables. Each worker measures the config as ``run
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,28 +17,19 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from gpubench.env import fingerprint
 from gpubench.errors import stop_exit_code, stop_message
 from gpubench.launch import Launcher
 from gpubench.measure.allocations import history_line, oom_line
-from gpubench.results.outputs import check_output_dir
 from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES
-from gpubench.results.store import locked_run_dir, slug
+from gpubench.results.store import slug
 from gpubench.runner.job import Job
-from gpubench.runner.models import check_models, user_code_path
-from gpubench.runner.progress import SweepDisplay
-from gpubench.runner.run import (
-    EXIT_FAILED,
-    EXIT_OK,
-    check_data,
-    finish_run_dir,
-    new_run_dir,
-    probe_frameworks,
-    write_report,
-)
-from gpubench.runner.sweep import run_jobs
-from gpubench.suite import Config, load_suite
+from gpubench.runner.launcher import LauncherChoice
+from gpubench.runner.local import Local
+from gpubench.runner.models import user_code_path
+from gpubench.runner.run import EXIT_FAILED, EXIT_OK
+from gpubench.runner.session import Session, load
+from gpubench.suite import Config
 
 PRINTED_OPS = 10
 
@@ -50,6 +42,7 @@ class ProfileRequest:
     steps: int = 10
     report: bool = True
     memory_history: bool = False  # record the device allocator's history (runner.memory_history)
+    launcher: LauncherChoice | None = None  # --launcher and its options (None: this machine)
 
 
 def _jobs(configs: list[Any], run_dir: Path, steps: int, memory_history: bool = False) -> list[Job]:
@@ -64,44 +57,36 @@ def _jobs(configs: list[Any], run_dir: Path, steps: int, memory_history: bool = 
 
 
 def execute_profile(req: ProfileRequest, console: Console) -> int:
-    suite = load_suite(req.suite).with_overrides(req.sets)  # InputError -> exit 2, nothing written
+    suite = load(req.suite, req.sets)  # InputError -> exit 2, nothing written
     configs = suite.expand()
-    check_data(configs, suite.source)
-    check_output_dir(req.out, "--out")
-    launcher = Launcher(code_path=user_code_path(configs, suite.source))
-    probes = probe_frameworks(configs, console, launcher)
-    check_models(configs, suite.source, launcher, skip_frameworks={n for n, p in probes.items() if not p.available})
-    env = fingerprint({k: p.to_dict() for k, p in probes.items()})
-    now = datetime.now(timezone.utc)
+    session = Session(console, req.launcher or Local(), Launcher(code_path=user_code_path(configs, suite.source)))
+    session.check(configs, suite.source, req.out)
+    session.probe(configs, suite.source)
     args = {"suite": req.suite, "set": req.sets, "repeats": 1, "out": str(req.out), "profile_steps": req.steps,
             "memory_history": req.memory_history}
-    if launcher.code_path:
-        args["code_path"] = list(launcher.code_path)
-    run_dir, meta = new_run_dir(req.out, f"{suite.name}-profile-{now:%Y%m%d-%H%M%S}", suite, args, configs, env)
-    with locked_run_dir(run_dir):  # one writer while it is written
-        return _profile_run(req, console, configs, run_dir, meta, env, probes, launcher)
+    with ExitStack() as held:  # one writer while it is written
+        session.open(held, req.out, f"{suite.name}-profile-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}", suite, args,
+                     configs)
+        return _profile_run(req, session, configs)
 
 
-def _profile_run(req: ProfileRequest, console: Console, configs: list[Config], run_dir: Path, meta: dict[str, Any],
-                 env: dict[str, Any], probes: dict[str, Any], launcher: Launcher) -> int:
-    console.print(f"profile {meta['run_id']}: {len(configs)} configs, {req.steps} profiled steps each -> {run_dir}",
-                  highlight=False)
-    jobs = _jobs(configs, run_dir, req.steps, req.memory_history)
+def _profile_run(req: ProfileRequest, session: Session, configs: list[Config]) -> int:
+    console, run_dir = session.console, session.run_dir
+    console.print(f"profile {session.meta['run_id']}: {len(configs)} configs, {req.steps} profiled steps each -> "
+                  f"{run_dir}", highlight=False)
     try:
-        with SweepDisplay(console, len(jobs)) as display:
-            results = run_jobs(jobs, run_dir, meta["run_id"], env, probes, display.started, display.finished,
-                               launcher=launcher)
+        results = session.sweep(_jobs(configs, run_dir, req.steps, req.memory_history))
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (errors.Stopped)
         stop_message(e, f"finished configs are in {run_dir}")
         return stop_exit_code(e)
-    finish_run_dir(run_dir, meta)
+    session.finish()
     failed = 0
     for r in results:
         failed += _show(r, run_dir, console)
     profiled = sum(1 for r in results if r.get("profile", "files"))
     console.print(f"run directory: {run_dir}  (results.jsonl, profile/, logs/)", highlight=False)
     if req.report and any(r.ok for r in results):
-        write_report([run_dir], console)
+        session.report()
     if profiled == 0:
         console.print("[red]nothing was profiled[/red]", highlight=False)
     return EXIT_FAILED if failed or profiled == 0 else EXIT_OK

@@ -30,22 +30,30 @@ from typing import Any
 from rich.console import Console
 
 from gpubench.config import Config
-from gpubench.env import fingerprint
 from gpubench.errors import InputError, warn
 from gpubench.files import write_text_atomic
-from gpubench.gate import render
-from gpubench.gate.compare import compare, fingerprint_differences, gate_options, repeats_for
+from gpubench.gate import ALPHA, NOISE_FLOOR, THRESHOLD, render
+from gpubench.gate.compare import (
+    Comparison,
+    GateOptions,
+    compare,
+    fingerprint_differences,
+    gate_options,
+    repeats_for,
+)
 from gpubench.launch import Launcher, turn_pipes
-from gpubench.results.outputs import check_output_dir, check_output_file, write_output
+from gpubench.results.outputs import check_output_file, write_output
 from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES
-from gpubench.results.store import AB_FILE, json_text, locked_run_dir
+from gpubench.results.store import AB_FILE, json_text
 from gpubench.runner.job import Job
-from gpubench.runner.models import check_models, user_code_path
+from gpubench.runner.launcher import LauncherChoice
+from gpubench.runner.local import Local
+from gpubench.runner.models import user_code_path
 from gpubench.runner.progress import SweepDisplay
-from gpubench.runner.run import check_data, finish_run_dir, new_run_dir, probe_frameworks, write_report
-from gpubench.runner.sweep import plan, run_jobs
-from gpubench.suite import MAX_BATCH, load_suite
+from gpubench.runner.session import Session, load
+from gpubench.runner.sweep import plan
+from gpubench.suite import MAX_BATCH
 
 SIDES = ("baseline", "candidate")
 CONTINUED_FILE = "continued.json"  # beside the sides of an A/B that --continue went on with
@@ -59,9 +67,9 @@ class ABRequest:
     out: Path = Path("runs")
     sets: list[str] = field(default_factory=list)
     repeats: int = 10
-    threshold: str = "3%"
-    noise_floor: str = "1%"
-    alpha: float = 0.01
+    threshold: str = THRESHOLD
+    noise_floor: str = NOISE_FLOOR
+    alpha: float = ALPHA
     metric: str = "throughput"
     markdown: Path | None = None
     json: Path | None = None
@@ -72,6 +80,7 @@ class ABRequest:
     junit: Path | None = None
     best_of: int = 1  # lockstep: each side's best of k consecutive rounds makes one pair
     prior: Path | None = None  # the --json of a sequential lockstep A/B of the same sides to continue
+    launcher: LauncherChoice | None = None  # --launcher and its options (None: this machine)
 
 
 @dataclass
@@ -253,8 +262,7 @@ def side_code_paths(launchers: dict[str, Launcher], configs: list[Config], suite
     return out
 
 
-def _lockstep_round(job: Job, order: tuple[str, ...], dirs: dict[str, Path], metas: dict[str, Any],
-                    envs: dict[str, Any], probes: dict[str, Any], launchers: dict[str, Launcher]) -> dict[str, Result]:
+def _lockstep_round(job: Job, order: tuple[str, ...], sides: dict[str, Session]) -> dict[str, Result]:
     """One round in lockstep: both sides' workers at once, taking turns window by window
     through two pipes (gpubench.measure.turns); ``order[0]`` trains first."""
     from concurrent.futures import ThreadPoolExecutor
@@ -263,9 +271,7 @@ def _lockstep_round(job: Job, order: tuple[str, ...], dirs: dict[str, Path], met
 
     def side_round(side: str) -> Result:
         try:
-            (result,) = run_jobs([job], dirs[side], metas[side]["run_id"], envs[side], probes[side],
-                                 launcher=replace(launchers[side], turns=ends[side]))
-            return result
+            return sides[side].one(job, turns=ends[side])
         finally:  # a side that started no worker (its device missing, say) must not keep the other waiting
             ends[side].close()
 
@@ -286,12 +292,8 @@ class _Rounds:
     """Runs batches of jobs, both sides of each (in lockstep or one after the other),
     appending to ``results``."""
 
-    req: ABRequest
-    dirs: dict[str, Path]
-    metas: dict[str, Any]
-    envs: dict[str, Any]
-    probes: dict[str, Any]
-    launchers: dict[str, Launcher]
+    lockstep: bool
+    sides: dict[str, Session]
     console: Console
     results: dict[str, list[Result]]
 
@@ -300,10 +302,10 @@ class _Rounds:
             k = 0
             for job in jobs:
                 order = SIDES if job.repeat % 2 == 0 else SIDES[::-1]  # A B, then B A, ...
-                if self.req.lockstep:
+                if self.lockstep:
                     for side in order:
                         display.started(k + order.index(side), job, side)
-                    done = _lockstep_round(job, order, self.dirs, self.metas, self.envs, self.probes, self.launchers)
+                    done = _lockstep_round(job, order, self.sides)
                     for side in order:
                         self.results[side].append(done[side])
                         display.finished(k + order.index(side), job, done[side], side)
@@ -311,8 +313,7 @@ class _Rounds:
                     continue
                 for side in order:
                     display.started(k, job, side)
-                    (result,) = run_jobs([job], self.dirs[side], self.metas[side]["run_id"], self.envs[side],
-                                         self.probes[side], launcher=self.launchers[side])
+                    result = self.sides[side].one(job, note=display.note)
                     self.results[side].append(result)
                     display.finished(k, job, result, side)
                     k += 1
@@ -327,25 +328,15 @@ def execute_ab(req: ABRequest, console: Console) -> int:
 def _execute_ab(req: ABRequest, console: Console, held: ExitStack) -> int:
     options = gate_options(req.threshold, req.noise_floor, req.alpha, req.metric, req.correction,
                            req.best_of)  # before any run
-    if req.best_of > 1 and not req.lockstep:
-        raise InputError(f"--best-of {req.best_of}: needs --lockstep (the best of consecutive paired rounds)")
-    suite = load_suite(req.suite).with_overrides(req.sets)
-    suite.check_size(req.repeats)
+    suite = load(req.suite, req.sets, req.repeats)
     configs = suite.expand()
-    check_data(configs, suite.source)
-    searched = [c.config_id for c in configs if c.batch_size == MAX_BATCH]
-    if searched:  # each side's search could settle on another batch near the memory limit
-        raise InputError(f"{suite.source}: batch_size: \"max\" is not for gpubench ab, whose two sides must train "
-                         f"the same batch ({searched[0]}); find it with gpubench find-batch and give the number")
-    if req.lockstep:
-        distributed = [c.config_id for c in configs if c.distributed]
-        if distributed:
-            raise InputError(f"{suite.source}: --lockstep runs one process a side, not a distributed config's many "
-                             f"({distributed[0]}); leave out --lockstep, or the config")
+    _refuse(req, configs, suite.source)
     launchers = {"baseline": req.baseline, "candidate": req.candidate}
     for side, launcher in launchers.items():
         _check_python(launcher, side)
     launchers = side_code_paths(launchers, configs, suite.source)
+    sides = {side: Session(console, req.launcher or Local(), launchers[side], label=f"{side} ") for side in SIDES}
+    sides["baseline"].check(configs, suite.source, req.out)
     prior = _prior(req, configs, launchers)
     first_alpha = (look_alpha(req.alpha, len(prior.looks) + 1) if prior is not None
                    else look_alpha(req.alpha, 1) if req.budget_s else req.alpha)
@@ -358,47 +349,66 @@ def _execute_ab(req: ABRequest, console: Console, held: ExitStack) -> int:
         raise InputError(f"--repeats {req.repeats}: comparing {len(configs)} config(s) at alpha {first_alpha:g}"
                          f"{' (the first look of --budget)' if req.budget_s else ''} needs at least {needed} "
                          f"{'rounds' if req.lockstep else 'repeats per side'}")
-    check_output_dir(req.out, "--out")
-    check_output_file(req.markdown, "--markdown")
-    check_output_file(req.json, "--json")
-    check_output_file(req.junit, "--junit")
-    probes = {side: probe_frameworks(configs, console, launchers[side], label=f"{side} ") for side in SIDES}
-    for side in SIDES:  # each side's own models, built with its own code
-        check_models(configs, f"{suite.source} ({side}: {', '.join(launchers[side].code_path)})"
-                     if launchers[side].code_path else suite.source, launchers[side],
-                     skip_frameworks={name for name, p in probes[side].items() if not p.available})
-    envs = {side: fingerprint({k: p.to_dict() for k, p in probes[side].items()}) for side in SIDES}
-    for d in fingerprint_differences(envs["baseline"], envs["candidate"], {c.framework for c in configs}):
+    for path, option in ((req.markdown, "--markdown"), (req.json, "--json"), (req.junit, "--junit")):
+        check_output_file(path, option)
+    for side in SIDES:  # each side's own frameworks and models, built with its own code
+        sides[side].probe(configs, suite.source)
+    for d in fingerprint_differences(sides["baseline"].env, sides["candidate"].env, {c.framework for c in configs}):
         warn(f"environments differ (this may be the change under test): {d}")
-
     # unique, as a run's id is (two A/Bs started in the same second never share a directory or id)
     stamp = f"{suite.name}-ab-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
     root = req.out / stamp
-    dirs, metas = {}, {}
-    for side in SIDES:
+    for side in SIDES:  # each side locked for the whole A/B: one writer of each
         args = {"suite": req.suite, "set": req.sets, "repeats": repeats, "out": str(req.out), "ab_side": side,
                 "python": launchers[side].python, "pythonpath": launchers[side].pythonpath,
-                "code_path": list(launchers[side].code_path),
-                "lockstep": req.lockstep, "budget_s": req.budget_s, "ab_id": stamp,
-                "continues": prior.dirs if prior is not None else []}
-        dirs[side], metas[side] = new_run_dir(root, f"{stamp}-{side}", suite, args, configs, envs[side],
-                                              dir_name=side)
-        held.enter_context(locked_run_dir(dirs[side]))  # one writer of each side, for the whole A/B
+                "code_path": list(launchers[side].code_path), "lockstep": req.lockstep, "budget_s": req.budget_s,
+                "ab_id": stamp, "continues": prior.dirs if prior is not None else []}
+        sides[side].open(held, root, f"{stamp}-{side}", suite, args, configs, dir_name=side)
     console.print(f"A/B {stamp}: {len(configs)} configs x {repeats} {'rounds' if req.lockstep else 'repeats'} x 2 "
                   f"sides{f', then more while undecided, within {req.budget_s:g} s' if req.budget_s else ''} -> {root}",
                   highlight=False)
     results: dict[str, list[Result]] = {side: list(prior.results[side]) if prior else [] for side in SIDES}
+    looks, comparison = _rounds_and_looks(req, options, configs, repeats, prior, _Rounds(req.lockstep, sides, console,
+                                                                                          results))
+    for side in SIDES:
+        sides[side].finish()
+    return _conclude(req, options, sides, root, prior, results, looks, comparison)
+
+
+def _refuse(req: ABRequest, configs: list[Config], source: str) -> None:
+    """What an A/B cannot compare, in one line, before anything runs."""
+    if req.best_of > 1 and not req.lockstep:
+        raise InputError(f"--best-of {req.best_of}: needs --lockstep (the best of consecutive paired rounds)")
+    searched = [c.config_id for c in configs if c.batch_size == MAX_BATCH]
+    if searched:  # each side's search could settle on another batch near the memory limit
+        raise InputError(f"{source}: batch_size: \"max\" is not for gpubench ab, whose two sides must train "
+                         f"the same batch ({searched[0]}); find it with gpubench find-batch and give the number")
+    if req.lockstep and req.launcher is not None and req.launcher.remote:
+        raise InputError(f"--lockstep with --launcher {req.launcher.name}: the two sides of a lockstep round take "
+                         "turns on one machine through pipes, which jobs the scheduler places apart cannot share; "
+                         "leave out --lockstep (the rounds then alternate A B, B A as jobs), or run the A/B on a node")
+    if req.lockstep:
+        distributed = [c.config_id for c in configs if c.distributed]
+        if distributed:
+            raise InputError(f"{source}: --lockstep runs one process a side, not a distributed config's many "
+                             f"({distributed[0]}); leave out --lockstep, or the config")
+
+
+def _rounds_and_looks(req: ABRequest, options: GateOptions, configs: list[Config], repeats: int,
+                      prior: _Prior | None, runner: _Rounds) -> tuple[list[dict[str, Any]], Comparison | None]:
+    """The rounds, then (``--budget``, ``--continue``) the looks: more rounds of the undecided
+    configs while the budget lasts. The looks, and the last look's comparison where a look ended
+    the rounds."""
+    results = runner.results
     looks: list[dict[str, Any]] = list(prior.looks) if prior else []
     before: set[tuple[str, int]] = set()  # the rounds continued, numbered before the new ones
     if prior is not None:
         before = {(c.config_id, r) for c in configs for r in range(prior.rounds)}
-        console.print(f"continuing {len(looks)} look(s) and {prior.rounds} round(s) of {', '.join(prior.dirs[-2:])}: "
-                      f"pooled with the new rounds, the next look at alpha {first_alpha:.3g}", highlight=False,
-                      soft_wrap=True)
+        runner.console.print(f"continuing {len(looks)} look(s) and {prior.rounds} round(s) of "
+                             f"{', '.join(prior.dirs[-2:])}: pooled with the new rounds, the next look at alpha "
+                             f"{look_alpha(req.alpha, len(looks) + 1):.3g}", highlight=False, soft_wrap=True)
     t0 = time.monotonic()
-    runner = _Rounds(req, dirs, metas, envs, probes, launchers, console, results)
     runner.run(plan(configs, (prior.rounds if prior else 0) + repeats, before))
-    comparison = None  # the last look's, when a look ended the rounds
     while req.budget_s or (prior is not None and len(looks) == len(prior.looks)):
         alpha_look = look_alpha(req.alpha, len(looks) + 1)
         done = {(r.config_id, r.repeat) for r in results["baseline"]}
@@ -420,15 +430,22 @@ def _execute_ab(req: ABRequest, console: Console, held: ExitStack) -> int:
         if not undecided or more < 1:
             why = ("every config decided" if not undecided else f"the budget ({req.budget_s:g} s) is spent"
                    if req.budget_s else "no --budget for more rounds")
-            console.print(f"look {len(looks)}: {rounds} rounds, alpha {alpha_look:.3g}: {why}", highlight=False)
-            comparison = at_look
-            break
-        console.print(f"look {len(looks)}: {rounds} rounds, alpha {alpha_look:.3g}: {len(undecided)} undecided, "
-                      f"{more} more round(s)", highlight=False)
+            runner.console.print(f"look {len(looks)}: {rounds} rounds, alpha {alpha_look:.3g}: {why}",
+                                 highlight=False)
+            return looks, at_look
+        runner.console.print(f"look {len(looks)}: {rounds} rounds, alpha {alpha_look:.3g}: {len(undecided)} "
+                             f"undecided, {more} more round(s)", highlight=False)
         runner.run(plan([c for c in configs if c.config_id in undecided], rounds + more, done))
+    return looks, None
+
+
+def _conclude(req: ABRequest, options: GateOptions, sides: dict[str, Session], root: Path, prior: _Prior | None,
+              results: dict[str, list[Result]], looks: list[dict[str, Any]], comparison: Comparison | None) -> int:
+    """The verdicts: printed, written (--markdown, --json, --junit, ab.json beside the sides),
+    the report of the two sides; the exit code."""
+    console = sides["baseline"].console
+    dirs = {side: sides[side].run_dir for side in SIDES}
     alpha_final = looks[-1]["alpha"] if looks else options.alpha
-    for side in SIDES:
-        finish_run_dir(dirs[side], metas[side])
     # this A/B's own failed repeats (a continued A/B's were its to report)
     failed = [(side, r) for side in SIDES for r in results[side][len(prior.results[side]) if prior else 0:]
               if r.status in FAILED_STATUSES]
@@ -460,6 +477,6 @@ def _execute_ab(req: ABRequest, console: Console, held: ExitStack) -> int:
     if req.junit:
         write_output(req.junit, render.junit(comparison, labels, power, triaged), "--junit")
     if req.report:
-        write_report([dirs["baseline"], dirs["candidate"]], console, out=Path("reports") / stamp)
+        sides["baseline"].report([dirs["baseline"], dirs["candidate"]], out=Path("reports") / root.name)
     console.print(f"run directories: {dirs['baseline']} {dirs['candidate']}", highlight=False)
     return 1 if comparison.regressed or failed else 0

@@ -1,8 +1,14 @@
-"""``gpubench find-batch``: the largest batch per config of a suite."""
+"""``gpubench find-batch``: the largest batch per config of a suite, as a session of probes.
+
+Each probe is a job of a run directory (``<suite>-find-batch-...``: every probe's result, its
+log and memory), run where the launcher runs jobs: a worker process here, or a Slurm job on a
+node of the partition it searches for (``--launcher slurm``)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
 
 from rich.console import Console
@@ -11,44 +17,85 @@ from rich.table import Table
 from gpubench.errors import InputError
 from gpubench.launch import Launcher
 from gpubench.results.outputs import check_output_file, write_output
+from gpubench.results.result import Outcome
 from gpubench.results.store import json_text
-from gpubench.runner.find_batch import find_max_batch
-from gpubench.runner.models import check_models, user_code_path
-from gpubench.suite import MAX_BATCH, Config, load_suite
+from gpubench.runner.find_batch import Search, probe_config, search
+from gpubench.runner.job import Job
+from gpubench.runner.launcher import LauncherChoice
+from gpubench.runner.local import Local
+from gpubench.runner.models import user_code_path
+from gpubench.runner.session import Session, load
+from gpubench.suite import MAX_BATCH, Config
+
+DEFAULT_LIMIT = 1 << 20
 
 
-def run_find_batch(suite_name: str, sets: list[str], limit: int, json_path: Path | None, console: Console) -> int:
-    suite = load_suite(suite_name).with_overrides(sets)  # InputError -> exit 2 in the CLI
-    check_output_file(json_path, "--json")
+@dataclass
+class FindBatchRequest:
+    suite: str
+    sets: list[str] = field(default_factory=list)
+    limit: int = DEFAULT_LIMIT
+    json: Path | None = None
+    out: Path = Path("runs")
+    launcher: LauncherChoice | None = None  # --launcher and its options (None: this machine)
+
+
+def _starts(configs: list[Config]) -> list[Config]:
+    """One search per config apart from its batch size, from its smallest."""
     starts: dict[str, Config] = {}
-    for c in suite.expand():  # one search per config apart from its batch size, from its smallest
+    for c in configs:
         if c.batch_size == MAX_BATCH:
             c = replace(c, batch_size=c.max_batch_start)
         key = replace(c, batch_size=1).config_id
         if key not in starts or c.batch < starts[key].batch:
             starts[key] = c
-    too_big = [c for c in starts.values() if c.batch > limit]
+    return list(starts.values())
+
+
+def _search(session: Session, config: Config, limit: int) -> Search:
+    """One config's search, each probe a job of the session."""
+    def probe(b: int) -> Outcome:
+        c = probe_config(config, b)
+        session.console.print(f"  probe batch {c.batch_size}", highlight=False)
+        return session.one(Job(c, 0))
+
+    unit = config.pipeline_microbatches if config.pipelined else 1
+    good, bad, stopped, probes = search(probe, max(1, config.batch), limit, unit)
+    return Search(config.config_id, good, bad, stopped, probes)
+
+
+def run_find_batch(req: FindBatchRequest, console: Console) -> int:
+    suite = load(req.suite, req.sets)  # InputError -> exit 2 in the CLI
+    check_output_file(req.json, "--json")
+    starts = _starts(suite.expand())
+    too_big = [c for c in starts if c.batch > req.limit]
     if too_big:
-        raise InputError(f"--limit {limit}: below the batch the search starts from ({too_big[0].batch_size}, "
+        raise InputError(f"--limit {req.limit}: below the batch the search starts from ({too_big[0].batch_size}, "
                          f"{too_big[0].config_id}); give a larger --limit or a smaller batch_size")
-    launcher = Launcher(code_path=user_code_path(list(starts.values()), suite.source))
-    check_models(list(starts.values()), suite.source, launcher, skip_frameworks=set())
-    searches = []
-    for config in starts.values():
-        console.print(f"searching {config.config_id} from batch {config.batch_size} (limit {limit})",
-                      highlight=False)
-        s = find_max_batch(config, limit, launcher, on_probe=lambda c: console.print(f"  probe batch {c.batch_size}",
-                                                                          highlight=False))
-        searches.append(s)
-        console.print(f"  max batch {s.max_batch or '-'}, first oom {s.first_oom or '-'}"
-                      + (f"; stopped: {s.stopped}" if s.stopped else ""), highlight=False)
-        if json_path is not None:  # after every search: a command stopped midway keeps those done
-            write_output(json_path, json_text([x.to_dict() for x in searches]), "--json")
+    session = Session(console, req.launcher or Local(), Launcher(code_path=user_code_path(starts, suite.source)))
+    session.check(starts, suite.source, req.out)
+    session.probe(starts, suite.source)
+    searches: list[Search] = []
+    with ExitStack() as held:
+        session.open(held, req.out, f"{suite.name}-find-batch-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}", suite,
+                     {"suite": req.suite, "set": req.sets, "repeats": 1, "out": str(req.out),
+                      "find_batch_limit": req.limit}, starts)
+        for config in starts:
+            console.print(f"searching {config.config_id} from batch {config.batch_size} (limit {req.limit})",
+                          highlight=False)
+            s = _search(session, config, req.limit)
+            searches.append(s)
+            console.print(f"  max batch {s.max_batch or '-'}, first oom {s.first_oom or '-'}"
+                          + (f"; stopped: {s.stopped}" if s.stopped else ""), highlight=False)
+            if req.json is not None:  # after every search: a command stopped midway keeps those done
+                write_output(req.json, json_text([x.to_dict() for x in searches]), "--json")
+        session.finish()
     table = Table(title="largest batch that fits")
     for col in ("config (where the search started)", "max batch", "first oom", "probes", "note"):
         table.add_column(col, no_wrap=col.startswith("config"))
     for s in searches:
-        note = s.stopped or ("" if s.first_oom is not None else f"fits up to the limit {limit}")
+        note = s.stopped or ("" if s.first_oom is not None else f"fits up to the limit {req.limit}")
         table.add_row(s.config_id, str(s.max_batch or "-"), str(s.first_oom or "-"), str(len(s.probes)), note)
     console.print(table)
+    console.print(f"probes: {session.run_dir / 'results.jsonl'}", highlight=False)
     return 1 if any(s.stopped for s in searches) else 0

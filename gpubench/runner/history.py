@@ -9,7 +9,7 @@ directory still has every result (``gpubench history ingest`` adds them later).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +71,41 @@ class RunHistory:
         else:
             live.recorder.begin(existing)
         return live
+
+
+@dataclass
+class Recording:
+    """A run's results into its history as they come (``history`` None: no history). A run whose
+    jobs run on other machines is recorded once its fingerprint is known (its first job's
+    node's; ``meta`` is its run.json, which the session fills in), or at its end if no job's
+    worker told it; the results before that are recorded with it."""
+
+    history: RunHistory | None
+    meta: dict[str, Any]
+    earlier: list[Result]
+    tags: dict[str, str]
+    run_dir: str
+    live: LiveRecorder | None = None
+    so_far: list[Result] = field(default_factory=list)
+
+    def begin(self, known: bool) -> None:
+        """At the start, where the run's fingerprint is ``known`` (a local run's)."""
+        if self.history is not None and known:
+            self.live = self.history.begin(self.meta, self.earlier, self.tags, self.run_dir)
+
+    def record(self, result: Result) -> None:
+        self.so_far.append(result)
+        if self.live is not None:
+            self.live.record(result)
+        elif self.meta.get("env"):
+            self.late()
+
+    def late(self) -> None:
+        """Begin recording a started run (with its results so far) if it has not begun yet."""
+        if self.history is not None and self.live is None and (self.earlier or self.so_far):
+            self.live = self.history.begin(self.meta, self.earlier + self.so_far, self.tags, self.run_dir,
+                                           started=True)
+
+    def finish(self) -> None:
+        if self.live is not None:
+            self.live.finish(self.meta["finished_at"])

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -18,44 +16,34 @@ from typing import Any
 
 from rich.console import Console
 
-from gpubench.backends.base import ProbeInfo
-from gpubench.env import emulation_note, fingerprint
+from gpubench.env import emulation_note
 from gpubench.errors import InputError, StorageError, note, stop_exit_code, stop_message, warn
 from gpubench.launch import Launcher
-from gpubench.provenance import provenance
-from gpubench.results.outputs import check_output_dir
 from gpubench.results.result import Result
-from gpubench.results.schema import FAILED_STATUSES, SCHEMA_VERSION
+from gpubench.results.schema import FAILED_STATUSES
 from gpubench.results.store import (
     NODE_FILE,
     RETRIED_STATUSES,
     RUN_FILE,
     SUPERSEDED_FILE,
-    create_run_dir,
     load_results,
     load_run,
     locked_run_dir,
     supersede,
-    write_json_atomic,
 )
-from gpubench.runner.history import RunHistory
-from gpubench.runner.launcher import LaunchContext, LauncherChoice
+from gpubench.runner.history import Recording, RunHistory
+from gpubench.runner.launcher import LauncherChoice
 from gpubench.runner.local import Local
 from gpubench.runner.mfu import load_peaks, peak_devices
-from gpubench.runner.models import check_models, user_code_path
+from gpubench.runner.models import user_code_path
 from gpubench.runner.nodes import Nodes
-from gpubench.runner.probe import probe
-from gpubench.runner.progress import SweepDisplay, nothing_measured, print_summary, unmeasured_lines
-from gpubench.runner.slurm import SlurmOptions
-from gpubench.runner.sweep import plan, pre_resolve, run_sweep
+from gpubench.runner.progress import nothing_measured, print_summary, unmeasured_lines
+from gpubench.runner.session import Session, load, resumed_choice
+from gpubench.runner.sweep import plan, pre_resolve
 from gpubench.suite import MAX_JOBS, Config, Suite, load_suite
 from gpubench.telemetry.nvml import machine_findings, nvml_index
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
-# gpubench run --launcher NAME: the launchers, by name (a run.json's args keep a launcher's
-# options under its name, so that a resumed run continues under it)
-LAUNCHERS: dict[str, type[LauncherChoice]] = {"local": Local, "slurm": SlurmOptions}
-RUN_SUFFIX_CHARS = 6  # hex digits of the run's uuid in its id: 16.7 million ids a second
 
 
 @dataclass
@@ -80,73 +68,12 @@ class RunRequest:
     code_path: tuple[str, ...] | None = None
 
 
-def probe_frameworks(configs: list[Config], console: Console, launcher: Launcher = Launcher(),
-                     label: str = "") -> dict[str, ProbeInfo]:
-    """Probe every framework of the sweep, in parallel child processes."""
-    names = sorted({c.framework for c in configs})
-    with console.status(f"probing {', '.join(names)}..."), ThreadPoolExecutor(len(names)) as pool:
-        probes = dict(zip(names, pool.map(lambda n: probe(n, launcher), names)))
-    for name, p in probes.items():
-        console.print(f"{label}{name}: " + (f"{p.version}, devices: {', '.join(p.device_names())}" if p.available
-                                            else f"[yellow]unavailable[/yellow]: {p.reason}"), highlight=False)
-    return probes
-
-
-def new_run_dir(out: Path, run_id: str, suite: Suite, args: dict[str, Any], configs: list[Config],
-                env: dict[str, Any], tags: dict[str, str] | None = None,
-                dir_name: str | None = None, tail: str = "") -> tuple[Path, dict[str, Any]]:
-    """Make a run directory and its run.json (only once all input has been validated).
-
-    Every run is unique from its creation: run.json carries a random ``run_uuid`` (the key the
-    history records it by), and the run id is ``run_id`` with the first characters of that uuid
-    appended (then ``tail``: a node's ``-node<r>``), so that runs of one suite started in the same
-    second (CI jobs on one runner) never share an id. The directory is named after the run id,
-    or ``dir_name`` (an A/B's sides)."""
-    now = datetime.now(timezone.utc)
-    run_uuid = uuid.uuid4().hex
-    if dir_name is None:
-        run_dir = create_run_dir(out, f"{run_id}-{run_uuid[:RUN_SUFFIX_CHARS]}{tail}")
-        run_id = run_dir.name
-    else:
-        run_dir = create_run_dir(out, dir_name)
-    meta = {
-        "schema_version": SCHEMA_VERSION,
-        "run_id": run_id,
-        "run_uuid": run_uuid,
-        "created_at": now.isoformat(timespec="seconds"),
-        "suite": suite.to_dict(),
-        "args": args,
-        "configs": len(configs),
-        "env": env,
-        "provenance": provenance(),
-        "tags": tags or {},
-        "completed": False,
-    }
-    write_json_atomic(run_dir / RUN_FILE, meta)
-    return run_dir, meta
-
-
-def finish_run_dir(run_dir: Path, meta: dict[str, Any]) -> None:
-    meta["completed"] = True
-    meta["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    write_json_atomic(run_dir / RUN_FILE, meta)
-
-
 def _launcher_choice(req: RunRequest, run_dir: Path | None) -> LauncherChoice:
     """The launcher of this run: the one asked for, or on --resume the one the run was started
-    under (kept in run.json's args under its name), given new options where asked."""
-    args = (load_run(run_dir).get("args") or {}) if run_dir is not None else {}
-    stored = next((cls.from_stored(args[name]) for name, cls in LAUNCHERS.items()
-                   if isinstance(args.get(name), dict)), None)
-    if stored is None:
+    under, given new options where asked."""
+    if run_dir is None:
         return req.launcher or Local()
-    if req.launcher is None:
-        return stored
-    assert run_dir is not None
-    if type(req.launcher) is not type(stored):  # the configs' ids (nnodes) and jobs are the started launcher's
-        raise InputError(f"--resume {run_dir}: the run was started with --launcher {stored.name}, not "
-                         f"{req.launcher.name}; resume it under {stored.name}")
-    return req.launcher.resumed(stored, run_dir)
+    return resumed_choice(req.launcher, load_run(run_dir).get("args") or {}, run_dir) or Local()
 
 
 def _prepare(req: RunRequest, held: ExitStack) -> tuple[Suite, int, Path | None, list[Result]]:
@@ -158,10 +85,8 @@ def _prepare(req: RunRequest, held: ExitStack) -> tuple[Suite, int, Path | None,
             raise InputError("--retry-failed: only with --resume RUN_DIR (it runs that run's failed configs again)")
         if req.suite is None:
             raise InputError("run: give a suite file (e.g. suites/quick.toml), or --resume RUN_DIR")
-        suite = load_suite(req.suite, cap).with_overrides(req.sets)
         repeats = req.repeats or 1
-        suite.check_size(repeats)
-        return suite, repeats, None, []
+        return load(req.suite, req.sets, repeats, cap), repeats, None, []
     if req.nodes.multi:
         raise InputError(f"--resume {req.resume}: --nnodes cannot be combined with --resume; start the multi-node "
                          "run again on every node")
@@ -238,20 +163,6 @@ def clean_machine_check(configs: list[Config], env: dict[str, Any], require_idle
                          "wait for them to finish, or run without --require-idle-gpu to measure anyway")
 
 
-def check_data(configs: list[Config], source: str) -> None:
-    """MNIST configs need readable IDX files: check them before anything is written."""
-    from gpubench.workloads.mnist import IdxError, load_mnist
-
-    for data_dir in sorted({c.data_dir for c in configs if c.dataset == "mnist"}):
-        if not data_dir:
-            raise InputError(f"{source}: data_dir: dataset 'mnist' needs data_dir, the directory of the MNIST IDX "
-                             "files")
-        try:
-            load_mnist(data_dir)
-        except IdxError as e:
-            raise InputError(f"{source}: data_dir: {e}") from None
-
-
 def execute(req: RunRequest, console: Console) -> int:
     """Run (or resume) a sweep; the exit code. The run directory is locked while it is written."""
     with ExitStack() as held:
@@ -264,127 +175,87 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
     choice = _launcher_choice(req, run_dir)
     # every node expands the same suite: the same configs in the same order
     configs = [replace(c, nnodes=choice.nnodes(nodes)) for c in suite.expand()]
-    check_data(configs, suite.source)
-    choice.check(configs, run_dir or req.out, nodes)
+    session = Session(console, choice, Launcher(code_path=_code_path(req, run_dir, configs, suite.source)), nodes)
+    session.check(configs, suite.source, run_dir or req.out, fresh=run_dir is None)
     if run_dir is not None:
         existing = _resumed(run_dir, configs, existing, req.retry_failed)
-    if run_dir is None:
-        check_output_dir(req.out, "--out")
     history = RunHistory(req.db) if req.db is not None and nodes.node_rank == 0 else None
-    done = {(r.config_id, r.repeat) for r in existing}
-    jobs = plan(configs, repeats, done)
-    # the user's own code (factories, batch and loss functions) is imported from the suite's
-    # directory; a resumed run keeps the directory it started with
-    stored_path = (load_run(run_dir).get("args") or {}).get("code_path") if run_dir is not None else None
-    code_path = (tuple(str(p) for p in stored_path) if isinstance(stored_path, list)
-                 else req.code_path if req.code_path is not None else user_code_path(configs, suite.source))
-    launcher = Launcher(code_path=code_path)
-    # a remote launcher's jobs run on other machines: the frameworks, devices and models are
-    # theirs, checked by each job's worker where it runs
-    local = not choice.remote
-    probes = probe_frameworks(configs, console, launcher) if jobs and local else {}
-    if jobs and local:
-        check_models([job.config for job in jobs], suite.source, launcher,
-                     skip_frameworks={name for name, p in probes.items() if not p.available})
-    choice.check_jobs(jobs, launcher)
-    # a remote run's fingerprint is that of the node its first job ran on (each result has its
-    # own node's), written into run.json as that job ends
-    env = fingerprint({k: p.to_dict() for k, p in probes.items()}) if local else {}
-    runnable = [job.config for job in jobs if pre_resolve(job.config, probes) is None]
-    if (emulated := emulation_note(runnable, env)) is not None:
+    jobs = plan(configs, repeats, {(r.config_id, r.repeat) for r in existing})
+    session.probe(list({job.config.config_id: job.config for job in jobs}.values()), suite.source, jobs)
+    runnable = [job.config for job in jobs if pre_resolve(job.config, session.probes) is None]
+    if (emulated := emulation_note(runnable, session.env)) is not None:
         note(emulated)
-    if local:
-        clean_machine_check(runnable, env, req.require_idle_gpu)
+    if session.local:
+        clean_machine_check(runnable, session.env, req.require_idle_gpu)
     elif req.require_idle_gpu:
         warn(f"--require-idle-gpu: the jobs run on other machines ({choice.name}), whose GPUs are not read from here; "
              "each result's fingerprint has its node's GPU state")
     # only node 0 writes results, so only node 0 needs the peaks (a calibration on the others
     # would only delay their first rendezvous)
     peaks = (load_peaks(peak_devices(runnable), console)
-             if req.calibrate and nodes.node_rank == 0 and local else {})
-    now = datetime.now(timezone.utc)
-    fresh = run_dir is None
+             if req.calibrate and nodes.node_rank == 0 and session.local else {})
     if run_dir is None:
         args: dict[str, Any] = {"suite": req.suite, "set": req.sets, "repeats": repeats, "out": str(req.out)}
-        if code_path:
-            args["code_path"] = list(code_path)
         if nodes.multi:
             args["nodes"] = nodes.to_dict()
-        if (kept := choice.stored()) is not None:
-            args[choice.name] = kept
-        node = f"-node{nodes.node_rank}" if nodes.node_rank else ""
-        run_dir, meta = new_run_dir(req.out, f"{suite.name}-{now:%Y%m%d-%H%M%S}", suite, args, configs, env,
-                                    req.tags, tail=node)
-        held.enter_context(locked_run_dir(run_dir))
+        session.open(held, req.out, f"{suite.name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}", suite, args, configs,
+                     req.tags, tail=f"-node{nodes.node_rank}" if nodes.node_rank else "")
     else:
-        meta = load_run(run_dir)
-        meta.setdefault("resumed_at", []).append(now.isoformat(timespec="seconds"))
-        write_json_atomic(run_dir / RUN_FILE, meta)
-    run_id = meta["run_id"]
+        session.reopen(held, run_dir, locked=True)
     where = f" (node {nodes.node_rank} of {nodes.nnodes})" if nodes.multi else ""
-    console.print(f"run {run_id}{where}: {len(configs)} configs x {repeats} repeat(s), {len(jobs)} to run "
-                  f"-> {run_dir}", highlight=False)
-    # a new remote run is recorded once its fingerprint is known (its first job's node's), or at
-    # its end if no job's worker told it
+    console.print(f"run {session.meta['run_id']}{where}: {len(configs)} configs x {repeats} repeat(s), {len(jobs)} to "
+                  f"run -> {session.run_dir}", highlight=False)
+    recording = Recording(history, session.meta, existing, req.tags, str(session.run_dir))
     try:
-        recorder = (history.begin(meta, existing, req.tags, str(run_dir))
-                    if history is not None and (meta.get("env") or local) else None)
+        recording.begin(known=session.local or bool(session.meta.get("env")))
     except BaseException:
-        if fresh:  # a history that cannot be written at the start (a locked database): no run is left behind
-            shutil.rmtree(run_dir, ignore_errors=True)
+        if run_dir is None:  # a history that cannot be written at the start (a locked database): no run is left
+            shutil.rmtree(session.run_dir, ignore_errors=True)
         raise
-    so_far: list[Result] = []
-
-    def record_late() -> None:
-        nonlocal recorder
-        if history is not None and recorder is None and (existing or so_far):
-            recorder = history.begin(meta, existing + so_far, req.tags, str(run_dir), started=True)
-
-    cancelled = 0
     try:
-        with SweepDisplay(console, len(jobs)) as display:
-            def finished(k: int, job: Any, result: Result) -> None:
-                display.finished(k, job, result)
-                so_far.append(result)
-                if not local and not meta.get("env") and result.env:  # the first job's node's
-                    meta["env"] = result.env
-                    write_json_atomic(run_dir / RUN_FILE, meta)
-                    record_late()  # this result with the earlier ones
-                elif recorder is not None:
-                    recorder.record(result)
-            runner = choice.start(LaunchContext(run_dir=run_dir, launcher=launcher, probes=probes, nodes=nodes,
-                                                earlier=list(existing), total=len(jobs), note=display.note))
-            new = run_sweep(jobs, runner, run_dir, run_id, env, display.started, finished, peaks, nodes.node_rank)
-            cancelled = runner.cancelled
+        new = session.sweep(jobs, recording.record, earlier=existing, peaks=peaks)
     except StorageError:  # the machine's failure, not a config's: stop, nothing recorded for that job
-        record_late()
+        recording.late()
         raise
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (errors.Stopped)
-        record_late()
-        stop_message(e, f"finished configs are in {run_dir}/results.jsonl"
-                        f"{' and the history (the run marked incomplete)' if recorder is not None else ''}; "
-                        f"continue with: gpubench run --resume {run_dir}")
+        recording.late()
+        stop_message(e, f"finished configs are in {session.run_dir}/results.jsonl"
+                        f"{' and the history (the run marked incomplete)' if recording.live is not None else ''}; "
+                        f"continue with: gpubench run --resume {session.run_dir}")
         return stop_exit_code(e)
-    record_late()
-    if cancelled:
-        console.print(f"[yellow]{choice.cancelled_line(cancelled)}[/yellow] without a result; finished "
-                      f"configs are in {run_dir}/results.jsonl; continue with: gpubench run --resume {run_dir}",
-                      highlight=False, soft_wrap=True)
+    recording.late()
+    if session.cancelled:
+        console.print(f"[yellow]{choice.cancelled_line(session.cancelled)}[/yellow] without a result; finished "
+                      f"configs are in {session.run_dir}/results.jsonl; continue with: gpubench run --resume "
+                      f"{session.run_dir}", highlight=False, soft_wrap=True)
         return EXIT_INTERRUPTED
-    finish_run_dir(run_dir, meta)
-    if recorder is not None:
-        recorder.finish(meta["finished_at"])
-    results = existing + new
+    session.finish()
+    recording.finish()
     if nodes.node_rank > 0:
-        return _node_summary(new, run_dir, console)
+        return _node_summary(new, session.run_dir, console)
+    return _conclude(existing + new, session, req.report)
+
+
+def _code_path(req: RunRequest, run_dir: Path | None, configs: list[Config], source: str) -> tuple[str, ...]:
+    """Where the workers import the user's own code (factories, batch and loss functions) from:
+    the suite's directory, or the caller's (the Python API); a resumed run keeps its own."""
+    stored = (load_run(run_dir).get("args") or {}).get("code_path") if run_dir is not None else None
+    if isinstance(stored, list):
+        return tuple(str(p) for p in stored)
+    return req.code_path if req.code_path is not None else user_code_path(configs, source)
+
+
+def _conclude(results: list[Result], session: Session, report: bool) -> int:
+    """The summary of a finished run, its report, and its exit code."""
+    console, run_dir = session.console, session.run_dir
     print_summary(console, results)
     for line in unmeasured_lines(results):
         console.print(line, highlight=False, soft_wrap=True)
     failed = [r for r in results if r.status in FAILED_STATUSES]
     console.print(f"results: {run_dir / 'results.jsonl'}" + (f"  ([red]{len(failed)} failed[/red])" if failed else ""),
                   highlight=False)
-    if req.report:
-        write_report([run_dir], console)
+    if report:
+        session.report()
     if (nothing := nothing_measured(results)) is not None:
         console.print(f"[red]{nothing}[/red]", highlight=False, soft_wrap=True)
     return EXIT_FAILED if failed or nothing else EXIT_OK
@@ -398,18 +269,3 @@ def _node_summary(outcomes: list[Result], run_dir: Path, console: Console) -> in
     console.print(f"this node's outcomes: {run_dir / NODE_FILE}; the results and the report are on node 0"
                   + (f"  ([red]{len(failed)} failed[/red])" if failed else ""), highlight=False)
     return EXIT_FAILED if failed else EXIT_OK
-
-
-def write_report(run_dirs: list[Path], console: Console, out: Path | None = None) -> None:
-    """Write the report; a failure here is reported but never costs the results."""
-    from gpubench.report.build import build_report
-
-    try:
-        report = build_report(run_dirs, out)
-    except Exception as e:  # noqa: BLE001 - the run's results are safe on disk whatever happens here
-        warn(f"report not written: {type(e).__name__}: {e}; retry with: gpubench report "
-             f"{' '.join(map(str, run_dirs))}")
-        return
-    for warning in report.warnings:  # as `gpubench report` shows them
-        warn(warning)
-    console.print(f"report: {report.index}", highlight=False)
