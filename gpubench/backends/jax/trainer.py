@@ -5,6 +5,7 @@ program with its state donated, so a step is one dispatch and never waits for th
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from gpubench.backends.base import Lap, NativeModel, ProfilingUnavailable, Trainer, Unsupported
-from gpubench.backends.jax.model import JaxModel, cross_entropy, policy_for, spec_model
+from gpubench.backends.jax.model import JaxModel, Policy, cross_entropy, policy_for, spec_model
 from gpubench.config import Config
 from gpubench.measure.timers import StepTimer, WindowTimer
 from gpubench.options import OPTIMIZER_SETTINGS, device_index, device_kind, parse_parallelism
@@ -59,6 +60,63 @@ def devices_for(config: Config) -> list[Any]:
 
 def _finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree_util.tree_leaves(tree)]))
+
+
+def _step_function(model: JaxModel, loss_fn: Callable[..., jax.Array], optimizer: optax.GradientTransformation,
+                   policy: Policy, accum: int,
+                   scaled: bool, n: int, remat: bool, fed: bool) -> Callable[..., tuple[dict[str, Any], jax.Array]]:
+    """The training step jax.jit compiles: ``accum`` micro-batches (from the device-resident
+    batches, the step's index picking them, or ``fed`` from the host), one optimizer update from
+    their mean loss, with GradScaler's rule where ``scaled``."""
+    def loss_of(params: Any, bn: Any, x: Any, y: Any, key: jax.Array) -> tuple[jax.Array, Any]:
+        out, new_bn = model.apply(params, bn, x, True, policy, key, remat)
+        return loss_fn(out, y), new_bn
+
+    def update(carry: dict[str, Any], micro: list[tuple[jax.Array, jax.Array]]) -> tuple[dict[str, Any],
+                                                                                       jax.Array]:
+        """One optimizer update from the mean loss over ``micro`` (gradients summed)."""
+        params, bn, count, scale = carry["params"], carry["bn"], carry["count"], carry["scale"]
+        total, grads = jnp.zeros((), jnp.float32), None
+        for k, (x, y) in enumerate(micro):  # unrolled: accum is small and fixed
+            key = jax.random.fold_in(carry["key"], count + k)
+
+            def scaled_loss(p: Any, bn: Any = bn, x: jax.Array = x, y: jax.Array = y, key: jax.Array = key
+                            ) -> tuple[jax.Array, Any]:
+                loss, new_bn = loss_of(p, bn, x, y, key)
+                return loss * scale / len(micro), (loss, new_bn)
+
+            (_, (loss, bn)), g = jax.value_and_grad(scaled_loss, has_aux=True)(params)
+            grads = g if grads is None else jax.tree_util.tree_map(jnp.add, grads, g)
+            total = total + loss / len(micro)
+        grads = jax.tree_util.tree_map(lambda g: g / scale, grads)
+        updates, opt = optimizer.update(grads, carry["opt"], params)
+        new_params = optax.apply_updates(params, updates)
+        out = {**carry, "params": new_params, "opt": opt, "bn": bn, "count": count + len(micro)}
+        if scaled:  # GradScaler's rule: skip a step with non-finite gradients and halve the scale
+            ok = _finite(grads)
+            keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa: E731
+            good = jnp.where(ok, carry["good"] + 1, 0)
+            grow = good >= _SCALE_INTERVAL
+            # (the running statistics keep the forward's update, as with GradScaler, which
+            # skips only optimizer.step())
+            out.update(params=keep(new_params, params), opt=keep(opt, carry["opt"]),
+                       scale=jnp.where(ok, jnp.where(grow, scale * _SCALE_GROWTH, scale), scale * _SCALE_BACKOFF),
+                       good=jnp.where(grow, 0, good))
+        return out, total
+
+    def device_step(carry: dict[str, Any], xs: jax.Array, ys: jax.Array) -> tuple[dict[str, Any], jax.Array]:
+        micro = []
+        for k in range(accum):
+            i = (carry["count"] + k) % n
+            pick = lambda a, i=i: jax.lax.dynamic_index_in_dim(a, i, keepdims=False)  # noqa: E731
+            micro.append((tree_map(pick, xs), tree_map(pick, ys)))
+        return update(carry, micro)
+
+    def fed_step(carry: dict[str, Any], xs: Any, ys: Any) -> tuple[dict[str, Any], jax.Array]:
+        def micro(k: int) -> tuple[Any, Any]:
+            return tree_map(lambda a: a[k], xs), tree_map(lambda a: a[k], ys)
+        return update(carry, [micro(k) for k in range(accum)])
+    return fed_step if fed else device_step
 
 
 class JaxTrainer(Trainer):
@@ -109,72 +167,27 @@ class JaxTrainer(Trainer):
             self.x = jax.device_put(tree_map(np.asarray, batches.x), by_batch)
             self.y = jax.device_put(tree_map(np.asarray, batches.y), by_batch)
 
-        policy, accum, scaled, optimizer, n = self.policy, self.accum, self.scaled, self.optimizer, self.n_batches
-
-        def loss_of(params: Any, bn: Any, x: Any, y: Any, key: jax.Array) -> tuple[jax.Array, Any]:
-            out, new_bn = model.apply(params, bn, x, True, policy, key, remat)
-            return loss_fn(out, y), new_bn
-
-        def update(carry: dict[str, Any], micro: list[tuple[jax.Array, jax.Array]]) -> tuple[dict[str, Any],
-                                                                                           jax.Array]:
-            """One optimizer update from the mean loss over ``micro`` (gradients summed)."""
-            params, bn, count, scale = carry["params"], carry["bn"], carry["count"], carry["scale"]
-            total, grads = jnp.zeros((), jnp.float32), None
-            for k, (x, y) in enumerate(micro):  # unrolled: accum is small and fixed
-                key = jax.random.fold_in(carry["key"], count + k)
-
-                def scaled_loss(p: Any, bn: Any = bn, x: jax.Array = x, y: jax.Array = y, key: jax.Array = key
-                                ) -> tuple[jax.Array, Any]:
-                    loss, new_bn = loss_of(p, bn, x, y, key)
-                    return loss * scale / len(micro), (loss, new_bn)
-
-                (_, (loss, bn)), g = jax.value_and_grad(scaled_loss, has_aux=True)(params)
-                grads = g if grads is None else jax.tree_util.tree_map(jnp.add, grads, g)
-                total = total + loss / len(micro)
-            grads = jax.tree_util.tree_map(lambda g: g / scale, grads)
-            updates, opt = optimizer.update(grads, carry["opt"], params)
-            new_params = optax.apply_updates(params, updates)
-            out = {**carry, "params": new_params, "opt": opt, "bn": bn, "count": count + len(micro)}
-            if scaled:  # GradScaler's rule: skip a step with non-finite gradients and halve the scale
-                ok = _finite(grads)
-                keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa: E731
-                good = jnp.where(ok, carry["good"] + 1, 0)
-                grow = good >= _SCALE_INTERVAL
-                # (the running statistics keep the forward's update, as with GradScaler, which
-                # skips only optimizer.step())
-                out.update(params=keep(new_params, params), opt=keep(opt, carry["opt"]),
-                           scale=jnp.where(ok, jnp.where(grow, scale * _SCALE_GROWTH, scale), scale * _SCALE_BACKOFF),
-                           good=jnp.where(grow, 0, good))
-            return out, total
-
-        def device_step(carry: dict[str, Any], xs: jax.Array, ys: jax.Array) -> tuple[dict[str, Any], jax.Array]:
-            micro = []
-            for k in range(accum):
-                i = (carry["count"] + k) % n
-                pick = lambda a, i=i: jax.lax.dynamic_index_in_dim(a, i, keepdims=False)  # noqa: E731
-                micro.append((tree_map(pick, xs), tree_map(pick, ys)))
-            return update(carry, micro)
-
-        def fed_step(carry: dict[str, Any], xs: Any, ys: Any) -> tuple[dict[str, Any], jax.Array]:
-            def micro(k: int) -> tuple[Any, Any]:
-                return tree_map(lambda a: a[k], xs), tree_map(lambda a: a[k], ys)
-            return update(carry, [micro(k) for k in range(accum)])
-
+        step = _step_function(model, loss_fn, self.optimizer, self.policy, self.accum, self.scaled, self.n_batches,
+                              remat, self.pipeline)
         carry_sharding = jax.tree_util.tree_map(lambda _: replicated, self._carry)
-        self._step = jax.jit(fed_step if self.pipeline else device_step, donate_argnums=0,
+        self._step = jax.jit(step, donate_argnums=0,
                              in_shardings=(carry_sharding, by_batch, by_batch),
                              out_shardings=(carry_sharding, replicated))
         self._loss: jax.Array | None = None
+        self._info = self._runtime(remat)
+
+    def _runtime(self, remat: bool) -> dict[str, Any]:
+        """How the step was set up (the result's ``runtime``)."""
         distributed = (f"jax.jit over a Mesh of {len(self.devices)} devices: each global batch split on its "
                        "'data' axis, the parameters replicated; XLA inserts the gradient all-reduce (batch-norm "
                        "statistics are over the global batch)") if len(self.devices) > 1 else None
-        self._info = {
+        return {
             "optimizer_impl": "optax",
             "compute_dtype": jnp.dtype(self.policy.compute).name,
             "matmul_precision": str(self.policy.precision).rsplit(".", 1)[-1],
             "loss_scale": "dynamic (GradScaler's rule)" if self.scaled else None,
-            "tf32": config.precision == "tf32",
-            "compile": {"setting": config.compile,
+            "tf32": self.config.precision == "tf32",
+            "compile": {"setting": self.config.compile,
                         "how": "jax.jit: the whole step one XLA program; its compilation is in the cold start"},
             "step_timing": "window_mean",
             "grad_accum": self.accum,
