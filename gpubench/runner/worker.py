@@ -245,6 +245,30 @@ def build_trainer(backend: Backend, native: NativeModel, config: Config, rank: i
     return backend.build(native, config, batches), batches.nbytes
 
 
+def _input_refused(config: Config, native: NativeModel) -> Outcome | None:
+    """``unsupported`` for a model whose input the config's dataset cannot feed (MNIST's)."""
+    spec = native.spec
+    if config.dataset == "mnist" and (spec is None or spec.input_shape != (1, 28, 28) or spec.num_classes != 10):
+        takes = (f"{'x'.join(map(str, spec.input_shape))} and {spec.num_classes}" if spec is not None
+                 else "the input its source defines")
+        return Outcome(status="unsupported", reason=f"dataset mnist needs a 1x28x28 input and 10 classes; "
+                                                    f"{config.workload} takes {takes}")
+    return None
+
+
+def _worker_runtime(config: Config, turns: Turns) -> dict[str, Any]:
+    """What the worker itself adds to the runtime: which gpubench trained (gpubench ab: each
+    side's own checkout), the lockstep turns, what it held in huge pages as it finished."""
+    runtime: dict[str, Any] = {"gpubench": {"version": gpubench.__version__,
+                                            "path": str(Path(gpubench.__file__).resolve().parent)}}
+    if turns.describe() is not None:
+        runtime["lockstep"] = turns.describe()
+    if config.huge_pages != "off":
+        runtime["huge_pages"] = {"setting": config.huge_pages, "kernel": hugepages.kernel_mode(),
+                                 "anon_huge_bytes": hugepages.anon_huge_bytes()}
+    return runtime
+
+
 def run_config(config: Config, profile: dict[str, Any] | None = None, memory_history: dict[str, Any] | None = None,
                counts: Path | None = None, phase: Callable[[str], None] = lambda text: None,
                ) -> tuple[Outcome, dict[str, Any] | None]:
@@ -267,12 +291,8 @@ def run_config(config: Config, profile: dict[str, Any] | None = None, memory_his
         if missing:
             return Outcome(status="unavailable", reason=missing), None
         return _failure(e, backend, None, {}, PeakRss(), {"source": config.workload}, None), None
-    spec = native.spec
-    if config.dataset == "mnist" and (spec is None or spec.input_shape != (1, 28, 28) or spec.num_classes != 10):
-        takes = (f"{'x'.join(map(str, spec.input_shape))} and {spec.num_classes}" if spec is not None
-                 else "the input its source defines")
-        return Outcome(status="unsupported", reason=f"dataset mnist needs a 1x28x28 input and 10 classes; "
-                                                    f"{config.workload} takes {takes}"), None
+    if (refused := _input_refused(config, native)) is not None:
+        return refused, None
     model = dict(native.facts)
     memory: dict[str, int] = {"baseline_rss_bytes": psutil.Process().memory_info().rss}
     rss = PeakRss()
@@ -306,14 +326,7 @@ def run_config(config: Config, profile: dict[str, Any] | None = None, memory_his
     out = Outcome(status="ok", metrics={**metrics_from(raw, config, setup_ms), "memory": memory},
                   telemetry=telemetry.block, model=model, runtime=trainer.describe(), phases=phase_marks(raw))
     _note_compiles(out, raw)
-    # which gpubench trained (gpubench ab: each side's own checkout)
-    out.runtime = {**(out.runtime or {}), "gpubench": {"version": gpubench.__version__,
-                                                       "path": str(Path(gpubench.__file__).resolve().parent)}}
-    if turns.describe() is not None:
-        out.runtime["lockstep"] = turns.describe()
-    if config.huge_pages != "off":  # what the worker held in huge pages as it finished
-        out.runtime["huge_pages"] = {"setting": config.huge_pages, "kernel": hugepages.kernel_mode(),
-                                     "anon_huge_bytes": hugepages.anon_huge_bytes()}
+    out.runtime = {**(out.runtime or {}), **_worker_runtime(config, turns)}
     if profiled is not None:
         out.with_metrics(**profiled[0])
         out.profile = profiled[1]
