@@ -49,7 +49,7 @@ def setting(default: Any = MISSING, *, check: tuple[Any, ...] | None, help: str,
             used_when: Callable[[Any], bool] | None = None, named_when_used: bool = False,
             hashed_when_set: bool = False, column: bool = False) -> Any:
     """A suite key, declared once, as a field of Config: its default; ``check``, how a suite's
-    value is checked (gpubench.suite.CHECKS: ``("int", 1)``, ``("declared", kind, built-in
+    value is checked (gpubench.settings: ``("int", 1)``, ``("declared", kind, built-in
     values)`` for a setting whose values each backend declares it supports, ...; None: not a
     suite key); ``help`` (the Suite keys reference); ``named``, when the setting is in the
     config id: ``axis`` (always, an identity axis), ``changed`` (where it differs from its

@@ -61,10 +61,10 @@ def _default(name: str) -> str:
 
 def suite_keys_reference() -> str:
     """The keys a suite may set, each a default or a matrix axis."""
-    from gpubench.suite import SETTINGS
+    from gpubench.settings import SETTINGS
     from gpubench.workloads import WORKLOADS
 
-    out = ["# Suite keys\n", GENERATED.format(source="gpubench/suite.py's SETTINGS and the workloads' parameters"),
+    out = ["# Suite keys\n", GENERATED.format(source="gpubench/settings.py's SETTINGS and the workloads' parameters"),
            "Each key can be a single value in `[defaults]` or a list (one config per value) in `[matrix]`, and "
            "`gpubench run --set KEY=V1,V2` overrides or narrows it. How a suite file is laid out: "
            "[Suite files](../suites.md).\n",

@@ -36,7 +36,7 @@ def test_the_generated_pages_format_defaults_as_a_suite_writes_them():
 
 def test_each_suite_keys_help_names_every_value_it_allows():
     # in a fresh interpreter: gpubench's own values (a plugin loaded by another test adds some)
-    code = ("from gpubench.suite import SETTINGS, Choice\n"
+    code = ("from gpubench.settings import SETTINGS, Choice\n"
             "from gpubench.workloads import WORKLOADS\n"
             "for s in SETTINGS.values():\n"
             "    if isinstance(s.check, Choice):\n"
@@ -44,7 +44,7 @@ def test_each_suite_keys_help_names_every_value_it_allows():
             "print('workload', *WORKLOADS)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True,
                          env={k: v for k, v in os.environ.items() if k != "GPUBENCH_PLUGINS"}).stdout
-    from gpubench.suite import SETTINGS
+    from gpubench.settings import SETTINGS
 
     allowed = {name: values for name, *values in (line.split() for line in out.splitlines())}
     builtins = allowed.pop("workload")

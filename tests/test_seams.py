@@ -60,7 +60,7 @@ def test_every_suite_key_is_one_declaration():
     from gpubench.docgen import suite_keys_reference
     from gpubench.report.build import IDENTITY_CSV_COLUMNS
     from gpubench.results.frame import CONFIG_COLUMNS
-    from gpubench.suite import SETTINGS
+    from gpubench.settings import SETTINGS
 
     assert list(SETTINGS) == list(SUITE_KEYS) and "nnodes" not in SETTINGS  # a run's, not a suite's
     assert all(f.metadata["help"] for f in SETTING_FIELDS)

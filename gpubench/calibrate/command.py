@@ -23,7 +23,7 @@ from gpubench.errors import InputError
 from gpubench.measure.kernels import PRECISIONS
 from gpubench.results.outputs import check_output_file, write_output
 from gpubench.results.store import json_text
-from gpubench.suite import parse_device
+from gpubench.settings import parse_device
 
 
 def default_devices() -> list[str]:

@@ -12,16 +12,13 @@ from typing import Any
 from gpubench.backends import get_backend
 from gpubench.backends.base import ProbeInfo
 from gpubench.config import Config
-from gpubench.launch import Launcher
 from gpubench.options import device_kind
 from gpubench.results.result import Outcome, Result
 from gpubench.results.store import NODE_FILE, RESULTS_FILE, append_result
 from gpubench.runner.job import Job
 from gpubench.runner.launcher import Done, JobLauncher
-from gpubench.runner.local import LocalLauncher
 from gpubench.runner.mfu import mfu_metrics
 from gpubench.runner.models import zoo_unavailable
-from gpubench.runner.nodes import Nodes
 
 
 def plan(configs: list[Config], repeats: int, done: Collection[tuple[str, int]] = frozenset()) -> list[Job]:
@@ -128,14 +125,3 @@ def run_sweep(jobs: list[Job], launcher: JobLauncher, run_dir: Path, run_id: str
         launcher.cancel()
         raise
     return results
-
-
-def run_jobs(jobs: list[Job], run_dir: Path, run_id: str, env: dict[str, Any], probes: dict[str, ProbeInfo],
-             on_start: Callback | None = None, on_finish: FinishCallback | None = None,
-             earlier: list[Result] | None = None, launcher: Launcher = Launcher(),
-             peaks: dict[str, dict[str, Any]] | None = None, nodes: Nodes = Nodes()) -> list[Result]:
-    """Run the jobs in order on this machine (the local launcher), appending each result as it
-    finishes. ``earlier`` are results already in the run (when resuming), to reuse a
-    ``batch_size = "max"`` search; ``peaks`` are device calibrations, for MFU."""
-    local = LocalLauncher(probes=probes, run_dir=run_dir, launcher=launcher, nodes=nodes, earlier=list(earlier or []))
-    return run_sweep(jobs, local, run_dir, run_id, env, on_start, on_finish, peaks, nodes.node_rank)
