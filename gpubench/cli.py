@@ -14,7 +14,7 @@ from rich.console import Console
 
 from gpubench.commands import build_parser, gate_fields
 from gpubench.errors import InputError, Stopped, error_line, os_error_line, stop_exit_code, stop_message, warn
-from gpubench.launch import Launcher
+from gpubench.launch import Interpreter
 from gpubench.runner.launcher import LauncherChoice
 from gpubench.runner.nodes import DEFAULT_MASTER_PORT, Nodes
 from gpubench.runner.run import EXIT_BAD_INPUT, RunRequest
@@ -152,16 +152,16 @@ def _ab(args: argparse.Namespace, console: Console) -> int:
     with junit_on_bad_input(args.junit, "ab"):  # bad input (exit 2) still writes --junit
         return execute_ab(ABRequest(
             suite=args.suite, baseline=_baseline_side(args, console),
-            candidate=Launcher(args.candidate_python, args.candidate_path), out=args.out, sets=args.sets,
+            candidate=Interpreter(args.candidate_python, args.candidate_path), out=args.out, sets=args.sets,
             repeats=args.repeats, **gate_fields(args), report=not args.no_report, lockstep=args.lockstep,
             budget_s=args.budget, best_of=args.best_of, prior=args.prior, launcher=launcher_choice(args)), console)
 
 
-def _baseline_side(args: argparse.Namespace, console: Console) -> Launcher:
+def _baseline_side(args: argparse.Namespace, console: Console) -> Interpreter:
     """ab's baseline side: --baseline-python and --baseline-path, or --baseline-ref's commit (the
     merge base of HEAD with it) in a cached worktree, made as gpubench bisect makes its commits'."""
     if args.baseline_ref is None:
-        return Launcher(args.baseline_python, args.baseline_path)
+        return Interpreter(args.baseline_python, args.baseline_path)
     if args.baseline_path is not None or args.baseline_python != sys.executable:
         raise InputError(f"--baseline-ref {args.baseline_ref}: not with --baseline-path or --baseline-python (the "
                          "baseline is that commit's worktree, with the --setup environment)")

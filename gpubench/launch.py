@@ -34,7 +34,7 @@ def child_env() -> dict[str, str]:
 
 
 @dataclass(frozen=True)
-class Launcher:
+class Interpreter:
     """How to start a child: which Python, and where it finds gpubench. The default is this
     interpreter and this gpubench; ``gpubench ab`` launches two different ones."""
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubench.launch import Launcher, turn_pipes
+from gpubench.launch import Interpreter, turn_pipes
 from tests.conftest import REPO, run_cli
 from tests.test_ab_and_plugin import SUITE, side_path
 
@@ -38,7 +38,7 @@ open(sys.argv[1], "w").write(json.dumps({"spans": spans, "lockstep": turns.descr
 
 
 def start(tmp_path, name, ends, mode="run"):
-    launcher = Launcher(sys.executable, str(REPO), turns=ends)
+    launcher = Interpreter(sys.executable, str(REPO), turns=ends)
     proc = subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path / f"{name}.json"), mode],
                             env=launcher.env(), pass_fds=launcher.pass_fds)
     ends.close()
@@ -75,7 +75,7 @@ def test_no_lockstep_without_the_environment():
     turns.begin()
     turns.swap()
     turns.end()
-    assert turns.describe() is None and Launcher().pass_fds == () and "GPUBENCH_TURNS" not in Launcher().env()
+    assert turns.describe() is None and Interpreter().pass_fds == () and "GPUBENCH_TURNS" not in Interpreter().env()
 
 
 def ab_lockstep(tmp_path, write_suite, candidate_ms, *extra, candidate_checkout=None):

@@ -83,7 +83,7 @@ def test_a_distributed_kinds_processes_start_as_its_backend_declares(tmp_path, m
     """The runner starts a distributed config's ranks as its backend declares (RankStart): its
     node launcher with torchrun's flags, or each rank a process of gpubench.runner.ranks; here
     and under Slurm alike."""
-    from gpubench.launch import Launcher
+    from gpubench.launch import Interpreter
     from gpubench.runner.job import Job
     from gpubench.runner.nodes import Nodes
     from gpubench.runner.process import worker_command
@@ -92,19 +92,19 @@ def test_a_distributed_kinds_processes_start_as_its_backend_declares(tmp_path, m
     monkeypatch.setitem(BACKENDS, "declared", "tests.test_seams:_Declared")
     node = Config(workload="mlp", framework="declared", parallelism="ddp:2")
     rank = Config(workload="mlp", framework="declared", parallelism="multiworker:2")
-    command = worker_command(Launcher(), tmp_path, node)
+    command = worker_command(Interpreter(), tmp_path, node)
     assert command[command.index("-m") + 1:] == ["my_node_launcher", "--standalone", "--nnodes=1",
                                                  "--nproc-per-node=2", "-m", "gpubench.runner.worker", str(tmp_path)]
     two = Nodes(nnodes=2, node_rank=1, master_addr="node0", master_port=29600)
-    assert worker_command(Launcher(), tmp_path, node, two)[-8:-4] == [
+    assert worker_command(Interpreter(), tmp_path, node, two)[-8:-4] == [
         "--nnodes=2", "--node-rank=1", "--master-addr=node0", "--master-port=29600"]
-    command = worker_command(Launcher(), tmp_path, rank, two)
+    command = worker_command(Interpreter(), tmp_path, rank, two)
     assert command[command.index("-m") + 1:] == ["gpubench.runner.ranks", "--nproc-per-node=2", "--nnodes=2",
                                                  "--node-rank=1", "--master-addr=node0", "--master-port=29600",
                                                  str(tmp_path)]
 
     def script(config: Config) -> str:
-        return batch_script(Job(config, 0), tmp_path / "w", tmp_path / "l.log", Launcher(), SlurmOptions())
+        return batch_script(Job(config, 0), tmp_path / "w", tmp_path / "l.log", Interpreter(), SlurmOptions())
 
     across = script(replace(node, nnodes=2))
     assert "#SBATCH --ntasks-per-node=1" in across and "#SBATCH --cpus-per-task=2" in across

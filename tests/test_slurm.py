@@ -306,12 +306,12 @@ parallelism = "multiworker:1"
 def test_the_batch_script_asks_for_what_the_config_needs(tmp_path):
     from gpubench.config import Config
     from gpubench.errors import InputError
-    from gpubench.launch import Launcher
+    from gpubench.launch import Interpreter
     from gpubench.runner.job import Job
     from gpubench.runner.slurm import SlurmOptions, batch_script
 
     def script(config, **options):
-        return batch_script(Job(config, 0), tmp_path / "w", tmp_path / "l.log", Launcher(), SlurmOptions(**options))
+        return batch_script(Job(config, 0), tmp_path / "w", tmp_path / "l.log", Interpreter(), SlurmOptions(**options))
 
     ddp = script(Config(workload="mlp", device="cuda", parallelism="ddp:4", timeout_s=150, huge_pages="transparent"))
     assert "#SBATCH --gpus-per-node=4\n" in ddp and "#SBATCH --time=3\n" in ddp  # 150 s -> 3 minutes
@@ -338,10 +338,10 @@ def test_the_batch_script_asks_for_what_the_config_needs(tmp_path):
             "--kill-on-bad-exit=1 ") in tf
     # paths are quoted for the shell (a $ in one is not expanded) and for sbatch, a % in the log escaped
     odd = batch_script(Job(Config(workload="mlp", parallelism="ddp:1", nnodes=2), 0), tmp_path / "a $b",
-                       tmp_path / "my runs" / "50%.log", Launcher(), SlurmOptions())
+                       tmp_path / "my runs" / "50%.log", Interpreter(), SlurmOptions())
     assert f"'{tmp_path}/a $b'" in odd and f'--output="{tmp_path}/my runs/50%%.log"\n' in odd
     with pytest.raises(InputError, match="double quote"):
-        batch_script(Job(Config(workload="mlp"), 0), tmp_path, tmp_path / 'a"b.log', Launcher(), SlurmOptions())
+        batch_script(Job(Config(workload="mlp"), 0), tmp_path, tmp_path / 'a"b.log', Interpreter(), SlurmOptions())
     assert f"rm -f '{tmp_path}/a $b'/result*.json" in odd  # a requeued job's first outcomes go
     # a single-process config in a multi-node run asks for one node (its worker says unsupported)
     assert "#SBATCH --nodes=1\n" in script(Config(workload="mlp", nnodes=2))

@@ -36,7 +36,7 @@ from gpubench.gate import NOISE_FLOOR, THRESHOLD
 from gpubench.gate.compare import parse_fraction
 from gpubench.gate.power import MAX_REPEATS
 from gpubench.gate.stats import min_repeats
-from gpubench.launch import Launcher
+from gpubench.launch import Interpreter
 from gpubench.results.metrics import BY_NAME
 from gpubench.results.outputs import check_output_file, write_output
 from gpubench.results.result import Result
@@ -162,7 +162,7 @@ def _advise(req: AdviseRequest, console: Console, held: ExitStack) -> int:
         raise InputError(f"{suite.source}: parallelism: advise measures a config on one process; {base.parallelism} "
                          "starts several (advise its single-device config)")
     code_path = req.code_path if req.code_path is not None else user_code_path([base], suite.source)
-    run = Session(console, req.launcher or Local(), Launcher(code_path=code_path))
+    run = Session(console, req.launcher or Local(), Interpreter(code_path=code_path))
     run.check([base], suite.source, req.out, fresh=req.resume is None)
     for path, option in ((req.markdown, "--markdown"), (req.json, "--json")):
         check_output_file(path, option)

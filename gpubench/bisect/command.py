@@ -28,7 +28,7 @@ from gpubench.bisect.search import Bisection, Step
 from gpubench.errors import InputError, stop_exit_code, stop_message
 from gpubench.files import write_text_atomic
 from gpubench.gate import ALPHA, NOISE_FLOOR, THRESHOLD
-from gpubench.launch import Launcher
+from gpubench.launch import Interpreter
 from gpubench.results.outputs import check_output_dir, check_output_file, write_output
 from gpubench.results.store import json_text, locked_run_dir
 from gpubench.suite import load_suite
@@ -149,7 +149,7 @@ class _Session:
             "ends": [s.to_dict() for s in self.ends], "confirm_steps": [s.to_dict() for s in self.confirm],
             **self.bisection.to_dict()}))
 
-    def side(self, sha: str) -> Launcher:
+    def side(self, sha: str) -> Interpreter:
         """How the side of ``sha`` runs: its worktree and Python."""
         return git.checkout(self.repo, sha, self.cache, self.req.setup, self.run_dir / "setup.log")
 

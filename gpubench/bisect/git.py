@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from gpubench.errors import InputError
-from gpubench.launch import Launcher
+from gpubench.launch import Interpreter
 
 # what decides a worktree's environment (--setup): the same files, the same environment
 DEPENDENCY_FILES = ("pyproject.toml", "setup.py", "setup.cfg", "requirements.txt", "requirements-dev.txt",
@@ -108,11 +108,11 @@ def environment(tree: Path, setup: str, cache: Path, log: Path) -> str:
     return str(python)
 
 
-def checkout(repo: Path, sha: str, cache: Path, setup: str, log: Path) -> Launcher:
+def checkout(repo: Path, sha: str, cache: Path, setup: str, log: Path) -> Interpreter:
     """How a side runs ``sha``: its worktree (cached) first on the path, with the Python of its
     ``setup`` environment, or this one where there is no setup."""
     tree = worktree(repo, sha, cache)
-    return Launcher(python=environment(tree, setup, cache, log) if setup else sys.executable, pythonpath=str(tree))
+    return Interpreter(python=environment(tree, setup, cache, log) if setup else sys.executable, pythonpath=str(tree))
 
 
 def describe(repo: Path, sha: str) -> dict[str, str]:

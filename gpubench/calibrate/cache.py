@@ -38,7 +38,7 @@ from gpubench.backends.base import Backend
 from gpubench.calibrate.datasheet import Datasheet, datasheet_for
 from gpubench.env import cpu_model, usable_cores
 from gpubench.errors import warn
-from gpubench.launch import Launcher, dying_with_parent
+from gpubench.launch import Interpreter, dying_with_parent
 from gpubench.measure.kernels import PRECISIONS
 from gpubench.options import device_index, device_kind
 from gpubench.results.store import write_json_atomic
@@ -180,7 +180,7 @@ def read_cached(path: Path, key: dict[str, Any]) -> tuple[dict[str, Any] | None,
     return (None, problem) if problem else (entry, "")
 
 
-def run_child(module: str, device: str, launcher: Launcher) -> dict[str, Any]:
+def run_child(module: str, device: str, launcher: Interpreter) -> dict[str, Any]:
     """Run a calibration child (``python -m module device``); the JSON object it printed, or
     CalibrationError."""
     timeout_s = TIMEOUT_S[device_kind(device)]
@@ -202,7 +202,7 @@ def run_child(module: str, device: str, launcher: Launcher) -> dict[str, Any]:
     return out
 
 
-def framework_child(name: str, cls: type[Backend], device: str, launcher: Launcher) -> dict[str, Any]:
+def framework_child(name: str, cls: type[Backend], device: str, launcher: Interpreter) -> dict[str, Any]:
     """A framework's kernels beside the reference framework's, measured in a process of their
     own (its backend's ``calibration_module``); ``unavailable`` (with the reason) when it is not
     installed, cannot see the device, or its measurement failed: the calibration then goes on
@@ -275,7 +275,7 @@ def combine(torch_out: dict[str, Any], others: dict[str, dict[str, Any]]) -> dic
     }
 
 
-def measure_in_child(device: str, launcher: Launcher = Launcher()) -> dict[str, Any]:
+def measure_in_child(device: str, launcher: Interpreter = Interpreter()) -> dict[str, Any]:
     """Measure in fresh processes: the reference framework's kernels and the copy bandwidth, then
     every other framework's (where installed); the combined figures, or CalibrationError."""
     t0 = time.perf_counter()

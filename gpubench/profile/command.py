@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpubench.errors import stop_exit_code, stop_message
-from gpubench.launch import Launcher
+from gpubench.launch import Interpreter
 from gpubench.measure.allocations import history_line, oom_line
 from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES
@@ -59,7 +59,7 @@ def _jobs(configs: list[Any], run_dir: Path, steps: int, memory_history: bool = 
 def execute_profile(req: ProfileRequest, console: Console) -> int:
     suite = load(req.suite, req.sets)  # InputError -> exit 2, nothing written
     configs = suite.expand()
-    session = Session(console, req.launcher or Local(), Launcher(code_path=user_code_path(configs, suite.source)))
+    session = Session(console, req.launcher or Local(), Interpreter(code_path=user_code_path(configs, suite.source)))
     session.check(configs, suite.source, req.out)
     session.probe(configs, suite.source)
     args = {"suite": req.suite, "set": req.sets, "repeats": 1, "out": str(req.out), "profile_steps": req.steps,

@@ -41,7 +41,7 @@ from gpubench.gate.compare import (
     gate_options,
     repeats_for,
 )
-from gpubench.launch import Launcher, turn_pipes
+from gpubench.launch import Interpreter, turn_pipes
 from gpubench.results.outputs import check_output_file, write_output
 from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES
@@ -62,8 +62,8 @@ CONTINUED_FILE = "continued.json"  # beside the sides of an A/B that --continue 
 @dataclass
 class ABRequest:
     suite: str
-    baseline: Launcher
-    candidate: Launcher
+    baseline: Interpreter
+    candidate: Interpreter
     out: Path = Path("runs")
     sets: list[str] = field(default_factory=list)
     repeats: int = 10
@@ -104,7 +104,7 @@ class _Prior:
         return min((sum(1 for cid, _ in both if cid == c.config_id) for c in configs), default=0)
 
 
-def _prior(req: ABRequest, configs: list[Config], launchers: dict[str, Launcher]) -> _Prior | None:
+def _prior(req: ABRequest, configs: list[Config], launchers: dict[str, Interpreter]) -> _Prior | None:
     """The A/B that ``--continue`` names, checked: the same sides, configs and gate settings
     that alpha's share depends on, lockstep, with --budget's looks (an A/B judged at the whole
     alpha has none left to spend) and a config still undecided at its last look."""
@@ -208,7 +208,7 @@ def _continued_fields(earlier: Any, where: str) -> tuple[list[Path], list[dict[s
     return [Path(d) for d in [*pooled, earlier["baseline"], earlier["candidate"]]], looks, best_of, correction
 
 
-def _check_python(launcher: Launcher, side: str) -> None:
+def _check_python(launcher: Interpreter, side: str) -> None:
     import shutil
 
     if shutil.which(launcher.python) is None and not Path(launcher.python).is_file():
@@ -220,7 +220,8 @@ def _check_python(launcher: Launcher, side: str) -> None:
             raise InputError(f"--{side}-path {launcher.pythonpath}: no such directory: {part}")
 
 
-def side_code_paths(launchers: dict[str, Launcher], configs: list[Config], suite_source: str) -> dict[str, Launcher]:
+def side_code_paths(launchers: dict[str, Interpreter], configs: list[Config], suite_source: str
+                    ) -> dict[str, Interpreter]:
     """Each side imports the user's own code (a suite's factories) from its own checkout.
 
     ``--baseline-path`` / ``--candidate-path`` name checkouts (or several directories, joined as
@@ -234,10 +235,10 @@ def side_code_paths(launchers: dict[str, Launcher], configs: list[Config], suite
 
     code = user_code_path(configs, suite_source)
 
-    def parts(launcher: Launcher) -> list[str]:
+    def parts(launcher: Interpreter) -> list[str]:
         return [p for p in (launcher.pythonpath or "").split(os.pathsep) if p]
 
-    def project(launcher: Launcher) -> bool:
+    def project(launcher: Interpreter) -> bool:
         return bool(parts(launcher)) and not any((Path(p) / "gpubench" / "__init__.py").is_file()
                                                  for p in parts(launcher))
 

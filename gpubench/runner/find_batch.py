@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.config import MAX_BATCH, Config
-from gpubench.launch import Launcher
+from gpubench.launch import Interpreter
 from gpubench.results.result import Outcome, Result
 from gpubench.runner.job import Job, run_worker
 
@@ -80,7 +80,7 @@ def search(probe: Probe, start: int, limit: int, unit: int = 1
     return good, bad, "", probes
 
 
-def find_max_batch(config: Config, limit: int, launcher: Launcher = Launcher(),
+def find_max_batch(config: Config, limit: int, launcher: Interpreter = Interpreter(),
                    on_probe: Callable[[Config], None] | None = None) -> Search:
     work = Path(tempfile.mkdtemp(prefix="gpubench-find-batch-"))
     try:
@@ -97,7 +97,7 @@ def find_max_batch(config: Config, limit: int, launcher: Launcher = Launcher(),
     return Search(config.config_id, good, bad, stopped, probes)
 
 
-def batch_search(config: Config, launcher: Launcher = Launcher(),
+def batch_search(config: Config, launcher: Interpreter = Interpreter(),
                  earlier: Iterable[Result] = ()) -> dict[str, Any]:
     """For a ``batch_size = "max"`` config: the search's record (``metrics.batch_search``), from
     ``config.max_batch_start`` up to ``config.max_batch_limit``; reused from a result of the
@@ -113,7 +113,7 @@ def batch_search(config: Config, launcher: Launcher = Launcher(),
 
 
 def run_at_max_batch(job: Job, search: dict[str, Any], run_dir: Path,
-                     launcher: Launcher = Launcher()) -> Outcome:
+                     launcher: Interpreter = Interpreter()) -> Outcome:
     """The outcome of a ``"max"`` job trained at the batch its search found (the search
     recorded in ``metrics.batch_search``); ``oom`` (or the status that stopped the search)
     when no batch fitted."""

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpubench.errors import InputError
-from gpubench.launch import Launcher
+from gpubench.launch import Interpreter
 from gpubench.results.outputs import check_output_file, write_output
 from gpubench.results.result import Outcome
 from gpubench.results.store import json_text
@@ -72,7 +72,7 @@ def run_find_batch(req: FindBatchRequest, console: Console) -> int:
     if too_big:
         raise InputError(f"--limit {req.limit}: below the batch the search starts from ({too_big[0].batch_size}, "
                          f"{too_big[0].config_id}); give a larger --limit or a smaller batch_size")
-    session = Session(console, req.launcher or Local(), Launcher(code_path=user_code_path(starts, suite.source)))
+    session = Session(console, req.launcher or Local(), Interpreter(code_path=user_code_path(starts, suite.source)))
     session.check(starts, suite.source, req.out)
     session.probe(starts, suite.source)
     searches: list[Search] = []

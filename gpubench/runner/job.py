@@ -20,7 +20,7 @@ from typing import Any
 from gpubench.config import Config
 from gpubench.errors import EXIT_STORAGE, STORAGE_LINE, StorageError
 from gpubench.hugepages import worker_env
-from gpubench.launch import Launcher, dying_with_parent
+from gpubench.launch import Interpreter, dying_with_parent
 from gpubench.results.result import Outcome
 from gpubench.results.store import open_own, slug
 from gpubench.runner.nodes import Nodes
@@ -148,7 +148,7 @@ def _wait(proc: subprocess.Popen[bytes], timeout_s: float, job: Job, workdir: Pa
             heartbeat(heartbeat_line(job, workdir, elapsed))
 
 
-def run_worker(job: Job, run_dir: Path, launcher: Launcher = Launcher(), nodes: Nodes = Nodes(),
+def run_worker(job: Job, run_dir: Path, launcher: Interpreter = Interpreter(), nodes: Nodes = Nodes(),
                train: Config | None = None, heartbeat: Callable[[str], None] | None = None) -> Outcome:
     """Run one job in a fresh process; its outcome, whatever happens to the worker. On
     node r > 0 of a multi-node run: this node's outcome (node 0 writes the result).

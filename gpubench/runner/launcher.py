@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from gpubench.backends.base import ProbeInfo
 from gpubench.config import Config
-from gpubench.launch import Launcher
+from gpubench.launch import Interpreter
 from gpubench.results.result import Outcome, Result
 from gpubench.runner.job import Job
 from gpubench.runner.nodes import Nodes
@@ -89,7 +89,7 @@ class LaunchContext:
     already in the run (a resume), and where its progress lines go."""
 
     run_dir: Path
-    launcher: Launcher
+    interpreter: Interpreter
     probes: dict[str, ProbeInfo]
     nodes: Nodes
     earlier: list[Result]
@@ -117,7 +117,7 @@ class LauncherChoice(ABC):
         written; ``where``: the run directory, or the directory runs go to."""
         return None
 
-    def check_jobs(self, jobs: list[Job], launcher: Launcher) -> None:
+    def check_jobs(self, jobs: list[Job], launcher: Interpreter) -> None:
         """Check the jobs with whatever runs them (a scheduler's test submission), before
         anything is written."""
         return None

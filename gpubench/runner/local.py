@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from gpubench.config import MAX_BATCH
-from gpubench.launch import Launcher
+from gpubench.launch import Interpreter
 from gpubench.results.result import Outcome, Result
 from gpubench.runner.find_batch import batch_search, run_at_max_batch
 from gpubench.runner.job import Job, run_worker
@@ -28,7 +28,7 @@ class LocalLauncher(JobLauncher):
     search to reuse."""
 
     run_dir: Path = Path(".")
-    launcher: Launcher = field(default_factory=Launcher)
+    interpreter: Interpreter = field(default_factory=Interpreter)
     nodes: Nodes = field(default_factory=Nodes)
     earlier: list[Result] = field(default_factory=list)
     heartbeat: Callable[[str], None] | None = None  # a line every 20 s on a worker still running
@@ -52,10 +52,10 @@ class LocalLauncher(JobLauncher):
         if pre:
             outcome = Outcome(status=pre[0], reason=pre[1])
         elif config.batch_size == MAX_BATCH:
-            outcome = run_at_max_batch(job, batch_search(config, self.launcher, self.earlier), self.run_dir,
-                                       self.launcher)
+            outcome = run_at_max_batch(job, batch_search(config, self.interpreter, self.earlier), self.run_dir,
+                                       self.interpreter)
         else:
-            outcome = run_worker(job, self.run_dir, self.launcher, self.nodes, heartbeat=self.heartbeat)
+            outcome = run_worker(job, self.run_dir, self.interpreter, self.nodes, heartbeat=self.heartbeat)
         self._done.append(Done(k, job, outcome, started_at, time.perf_counter() - t0))
         return True
 
@@ -77,5 +77,5 @@ class Local(LauncherChoice):
     name = "local"
 
     def start(self, ctx: LaunchContext) -> JobLauncher:
-        return LocalLauncher(probes=ctx.probes, run_dir=ctx.run_dir, launcher=ctx.launcher, nodes=ctx.nodes,
+        return LocalLauncher(probes=ctx.probes, run_dir=ctx.run_dir, interpreter=ctx.interpreter, nodes=ctx.nodes,
                              earlier=list(ctx.earlier), heartbeat=ctx.note)

@@ -31,7 +31,7 @@ from gpubench.backends.base import Unsupported
 from gpubench.config import Config
 from gpubench.errors import InputError
 from gpubench.files import write_text_atomic
-from gpubench.launch import Launcher, dying_with_parent
+from gpubench.launch import Interpreter, dying_with_parent
 from gpubench.runner.process import kill_group
 from gpubench.workloads import WORKLOADS
 from gpubench.workloads.source import model_key, parse_workload
@@ -60,7 +60,7 @@ def zoo_unavailable(config: Config) -> str | None:
     return zoo.unavailable()
 
 
-def check_models(configs: list[Config], source: str, launcher: Launcher, skip_frameworks: set[str]) -> None:
+def check_models(configs: list[Config], source: str, launcher: Interpreter, skip_frameworks: set[str]) -> None:
     """InputError for the first of the configs' own models that cannot be built (see the module
     docstring); built-in workloads, zoo models whose package is missing and frameworks in
     ``skip_frameworks`` (not installed: their configs end ``unavailable``) are not checked."""
@@ -83,7 +83,7 @@ def check_models(configs: list[Config], source: str, launcher: Launcher, skip_fr
             raise InputError(f"{source}: {problem}")
 
 
-def _check_in_child(framework: str, keys: list[Config], launcher: Launcher, limit_s: float) -> str | None:
+def _check_in_child(framework: str, keys: list[Config], launcher: Interpreter, limit_s: float) -> str | None:
     with tempfile.TemporaryDirectory(prefix="gpubench-check-") as tmp:
         given, answer, output = Path(tmp) / "configs.json", Path(tmp) / "answer.json", Path(tmp) / "output.txt"
         given.write_text(json.dumps([k.to_dict() for k in keys]))

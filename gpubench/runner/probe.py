@@ -13,7 +13,7 @@ import sys
 
 from gpubench.backends import get_backend
 from gpubench.backends.base import ProbeInfo
-from gpubench.launch import Launcher, dying_with_parent
+from gpubench.launch import Interpreter, dying_with_parent
 
 PROBE_TIMEOUT_S = 180
 
@@ -26,7 +26,7 @@ def probe_here(name: str) -> ProbeInfo:
         return ProbeInfo(name, False, reason=f"{name} is not installed ({e}); install with: {backend.install_hint}")
 
 
-def probe(name: str, launcher: Launcher = Launcher()) -> ProbeInfo:
+def probe(name: str, launcher: Interpreter = Interpreter()) -> ProbeInfo:
     """Probe a framework in a child process (never raises)."""
     try:
         proc = subprocess.run(dying_with_parent(launcher.command("gpubench.runner.probe", name)), capture_output=True,

@@ -11,12 +11,12 @@ from pathlib import Path
 from gpubench.backends.registry import rank_start
 from gpubench.config import Config
 from gpubench.errors import STORAGE_ERRNOS
-from gpubench.launch import Launcher
+from gpubench.launch import Interpreter
 from gpubench.options import parse_parallelism
 from gpubench.runner.nodes import Nodes
 
 
-def worker_command(launcher: Launcher, workdir: Path, config: Config, nodes: Nodes = Nodes()) -> list[str]:
+def worker_command(launcher: Interpreter, workdir: Path, config: Config, nodes: Nodes = Nodes()) -> list[str]:
     """The command line of the worker for one job. A distributed config's ranks (N on this node)
     are started as its backend declares (gpubench.options.RankStart): by the backend's node
     launcher (a local rendezvous on a free port, or the static rendezvous of a multi-node run),

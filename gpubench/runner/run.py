@@ -18,7 +18,7 @@ from rich.console import Console
 
 from gpubench.env import emulation_note
 from gpubench.errors import InputError, StorageError, note, stop_exit_code, stop_message, warn
-from gpubench.launch import Launcher
+from gpubench.launch import Interpreter
 from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES
 from gpubench.results.store import (
@@ -175,7 +175,7 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
     choice = _launcher_choice(req, run_dir)
     # every node expands the same suite: the same configs in the same order
     configs = [replace(c, nnodes=choice.nnodes(nodes)) for c in suite.expand()]
-    session = Session(console, choice, Launcher(code_path=_code_path(req, run_dir, configs, suite.source)), nodes)
+    session = Session(console, choice, Interpreter(code_path=_code_path(req, run_dir, configs, suite.source)), nodes)
     session.check(configs, suite.source, run_dir or req.out, fresh=run_dir is None)
     if run_dir is not None:
         existing = _resumed(run_dir, configs, existing, req.retry_failed)

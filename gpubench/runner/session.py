@@ -30,7 +30,7 @@ from rich.console import Console
 from gpubench.backends.base import ProbeInfo
 from gpubench.env import fingerprint
 from gpubench.errors import InputError, warn
-from gpubench.launch import Launcher
+from gpubench.launch import Interpreter
 from gpubench.provenance import provenance
 from gpubench.results.outputs import check_output_dir
 from gpubench.results.result import Result
@@ -89,14 +89,14 @@ def check_data(configs: list[Config], source: str) -> None:
             raise InputError(f"{source}: data_dir: {e}") from None
 
 
-def probe_frameworks(configs: list[Config], console: Console, launcher: Launcher = Launcher(),
+def probe_frameworks(configs: list[Config], console: Console, interpreter: Interpreter = Interpreter(),
                      label: str = "") -> dict[str, ProbeInfo]:
     """Probe every framework of the configs, in parallel child processes."""
     names = sorted({c.framework for c in configs})
     if not names:
         return {}
     with console.status(f"probing {', '.join(names)}..."), ThreadPoolExecutor(len(names)) as pool:
-        probes = dict(zip(names, pool.map(lambda n: probe(n, launcher), names)))
+        probes = dict(zip(names, pool.map(lambda n: probe(n, interpreter), names)))
     for name, p in probes.items():
         console.print(f"{label}{name}: " + (f"{p.version}, devices: {', '.join(p.device_names())}" if p.available
                                             else f"[yellow]unavailable[/yellow]: {p.reason}"), highlight=False)
@@ -146,14 +146,14 @@ def write_report(run_dirs: list[Path], console: Console, out: Path | None = None
 class Session:
     """One run directory through the lifecycle, under the launcher the user chose.
 
-    ``launcher``: how the workers start (the interpreter and where they import the user's
+    ``interpreter``: how the workers start (the interpreter and where they import the user's
     code from); ``label``: what the probe lines begin with (an A/B's side). Set as the steps
     go: ``probes`` and ``env`` (this machine's; empty for a remote launcher), ``run_dir`` and
     ``meta`` (its run.json), ``cancelled`` (jobs cancelled without an outcome)."""
 
     console: Console
     choice: LauncherChoice = field(default_factory=Local)
-    launcher: Launcher = field(default_factory=Launcher)
+    interpreter: Interpreter = field(default_factory=Interpreter)
     nodes: Nodes = field(default_factory=Nodes)
     label: str = ""
     probes: dict[str, ProbeInfo] = field(default_factory=dict)
@@ -180,12 +180,12 @@ class Session:
         own test of them (a scheduler's test submission) instead. ``configs``: those that will
         run (none: nothing probed)."""
         if self.local and configs:
-            self.probes = probe_frameworks(configs, self.console, self.launcher, self.label)
-            where = (f"{source} ({self.label.strip()}: {', '.join(self.launcher.code_path)})"
-                     if self.label and self.launcher.code_path else source)
-            check_models(configs, where, self.launcher,
+            self.probes = probe_frameworks(configs, self.console, self.interpreter, self.label)
+            where = (f"{source} ({self.label.strip()}: {', '.join(self.interpreter.code_path)})"
+                     if self.label and self.interpreter.code_path else source)
+            check_models(configs, where, self.interpreter,
                          skip_frameworks={name for name, p in self.probes.items() if not p.available})
-        self.choice.check_jobs(jobs if jobs is not None else [Job(c, 0) for c in configs], self.launcher)
+        self.choice.check_jobs(jobs if jobs is not None else [Job(c, 0) for c in configs], self.interpreter)
         self.env = fingerprint({k: p.to_dict() for k, p in self.probes.items()}) if self.local else {}
 
     def open(self, held: ExitStack, out: Path, run_id: str, suite: Suite, args: dict[str, Any],
@@ -195,8 +195,8 @@ class Session:
         the user's code from and the launcher's options, which a resume keeps), locked for as long
         as ``held`` is."""
         args = dict(args)
-        if self.launcher.code_path:
-            args["code_path"] = list(self.launcher.code_path)
+        if self.interpreter.code_path:
+            args["code_path"] = list(self.interpreter.code_path)
         if (kept := self.choice.stored()) is not None:
             args[self.choice.name] = kept
         self.run_dir, self.meta = new_run_dir(out, run_id, suite, args, configs, self.env, tags, dir_name, tail)
@@ -217,8 +217,8 @@ class Session:
         """Step 10: the jobs, through the launcher (gpubench.runner.sweep.run_sweep), each result
         appended to the run as it ends. A remote run takes its fingerprint from its first result
         that has one (before ``on_finish`` hears of it). ``turns``: a lockstep side's pipe end."""
-        launcher = self.launcher if turns is None else replace(self.launcher, turns=turns)
-        runner = self.choice.start(LaunchContext(run_dir=self.run_dir, launcher=launcher, probes=self.probes,
+        interpreter = self.interpreter if turns is None else replace(self.interpreter, turns=turns)
+        runner = self.choice.start(LaunchContext(run_dir=self.run_dir, interpreter=interpreter, probes=self.probes,
                                                  nodes=self.nodes, earlier=list(earlier or []), total=len(jobs),
                                                  note=note))
 

@@ -40,7 +40,7 @@ from gpubench.backends.registry import rank_start
 from gpubench.config import MAX_BATCH, Config
 from gpubench.errors import InputError
 from gpubench.hugepages import worker_env
-from gpubench.launch import RANKS_ENV, Launcher
+from gpubench.launch import RANKS_ENV, Interpreter
 from gpubench.options import parse_parallelism
 from gpubench.results.result import Outcome, Result
 from gpubench.runner.job import Job, collect_outcome, log_tail_reason, prepare_workdir, storage_failure, tail_lines
@@ -99,7 +99,7 @@ class SlurmOptions(LauncherChoice):
             raise InputError(f"--launcher slurm: device: a numbered GPU ({numbered[0]}) is for a machine gpubench "
                              "runs on; under Slurm use device = \"cuda\": Slurm picks each job's GPUs")
 
-    def check_jobs(self, jobs: list[Job], launcher: Launcher) -> None:
+    def check_jobs(self, jobs: list[Job], launcher: Interpreter) -> None:
         check_submissions(jobs, launcher, self)
 
     def stored(self) -> dict[str, Any] | None:
@@ -123,7 +123,7 @@ class SlurmOptions(LauncherChoice):
     def start(self, ctx: LaunchContext) -> JobLauncher:
         total = ctx.total
         return SlurmLauncher(
-            run_dir=ctx.run_dir, options=self, launcher=ctx.launcher, on_note=ctx.note,
+            run_dir=ctx.run_dir, options=self, interpreter=ctx.interpreter, on_note=ctx.note,
             on_counts=lambda p, r, f, why: ctx.note(f"slurm: {p} pending, {r} running, {f} finished of {total}"
                                                     + (f" (pending: {why})" if why else "")))
 
@@ -153,7 +153,7 @@ def job_nodes(config: Config) -> int:
     return config.nnodes if config.distributed else 1
 
 
-def batch_script(job: Job, workdir: Path, log: Path, launcher: Launcher, options: SlurmOptions) -> str:
+def batch_script(job: Job, workdir: Path, log: Path, launcher: Interpreter, options: SlurmOptions) -> str:
     """The job's sbatch script: its resources as #SBATCH lines, then the worker under srun.
 
     A distributed config whose backend declares a node launcher (gpubench.options.RankStart;
@@ -239,7 +239,7 @@ def slurm_ranks(environ: dict[str, str]) -> dict[str, str]:
             "LOCAL_RANK": environ["SLURM_LOCALID"], "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(node)}
 
 
-def check_submissions(jobs: list[Job], launcher: Launcher, options: SlurmOptions) -> None:
+def check_submissions(jobs: list[Job], launcher: Interpreter, options: SlurmOptions) -> None:
     """``sbatch --test-only`` of every different request the sweep's scripts make, before
     anything is written: one Slurm refuses (unknown partition or account, too many GPUs) is
     one line, exit 2."""
@@ -373,7 +373,7 @@ class SlurmLauncher(JobLauncher):
 
     run_dir: Path = Path(".")
     options: SlurmOptions = field(default_factory=lambda: SlurmOptions())
-    launcher: Launcher = field(default_factory=Launcher)
+    interpreter: Interpreter = field(default_factory=Interpreter)
     on_counts: Callable[[int, int, int, str], None] | None = None
     on_note: Callable[[str], None] | None = None
     _live: dict[str, _Submitted] = field(default_factory=dict)
@@ -388,7 +388,7 @@ class SlurmLauncher(JobLauncher):
         workdir, log_rel = prepare_workdir(replace(job, options={**(job.options or {}), NODE_ENV: True}),
                                            self.run_dir)
         script = self.run_dir / "slurm" / f"{job.name}.sbatch"
-        script.write_text(batch_script(job, workdir, self.run_dir / log_rel, self.launcher, self.options))
+        script.write_text(batch_script(job, workdir, self.run_dir / log_rel, self.interpreter, self.options))
         proc = _slurm("sbatch", "--parsable", str(script))
         if proc.returncode != 0:
             message = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no reason given"
