@@ -13,8 +13,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from gpubench import __version__
+from gpubench.advise.practices import GROUPS
 from gpubench.errors import did_you_mean, printable
 from gpubench.gate import ALPHA, NOISE_FLOOR, THRESHOLD
+from gpubench.gate.compare import CORRECTIONS
+from gpubench.gate.export import FORMATS
 from gpubench.results.metrics import gate_metric_names
 from gpubench.runner.nodes import DEFAULT_MASTER_PORT
 from gpubench.runner.run import EXIT_BAD_INPUT
@@ -213,7 +216,7 @@ def _add_gate_options(parser: argparse.ArgumentParser, json_help: str) -> None:
     """The options of a command that gives verdicts: its statistics, the metric, and the reports
     it writes (GATE_FIELDS)."""
     _add_gate_statistics(parser)
-    parser.add_argument("--correction", choices=["bonferroni", "bh"], default="bonferroni",
+    parser.add_argument("--correction", choices=CORRECTIONS, default=CORRECTIONS[0],
                         help="bonferroni: alpha bounds the chance of any false regressed verdict (default); bh: "
                              "Benjamini-Hochberg, alpha bounds the expected share of false ones (more power on a "
                              "sweep)")
@@ -368,7 +371,7 @@ def _add_ab(sub: Any) -> None:
 def _add_export(sub: Any) -> None:
     exp = sub.add_parser("export", help="a run's results as pytest-benchmark JSON or GitHub benchmark-action JSON")
     exp.add_argument("run_dir", type=Path)
-    exp.add_argument("--format", required=True, choices=["pytest-benchmark", "github-action"])
+    exp.add_argument("--format", required=True, choices=FORMATS)
     exp.add_argument("--out", type=Path, metavar="FILE", help="default: stdout")
 
 
@@ -423,8 +426,7 @@ def _add_advise(sub: Any) -> None:
                      help="how far above the baseline's the loss after the same steps may end for a practice that "
                           "learns as well (default 10%%)")
     adv.add_argument("--only", action="append", default=[], metavar="GROUP",
-                     help="measure only this group of practices (repeatable): precision, compile, memory_format, "
-                          "optimizer, batch, input, memory")
+                     help=f"measure only this group of practices (repeatable): {', '.join(GROUPS)}")
     adv.add_argument("--skip", action="append", default=[], metavar="GROUP", help="leave this group out (repeatable)")
     adv.add_argument("--markdown", type=Path, metavar="FILE", help="write the advice as markdown (a CI summary)")
     adv.add_argument("--json", type=Path, metavar="FILE", help="write the advice as JSON")

@@ -125,3 +125,22 @@ def test_the_readme_is_short_and_shows_seven_recipes():
     recipes = readme.split("## Recipes", 1)[1].split("\n## ", 1)[0]
     assert len(re.findall(r"^\*\*[^*]+\*\*", recipes, re.M)) == 7
     assert len(_gpubench_commands(recipes)) >= 7
+
+
+def test_option_lists_are_the_registries_and_every_measuring_command_takes_a_launcher():
+    """The names a command's option lists (in its choices or its help) are exactly the
+    registries' (none missing, none that does not exist), and every command that measures takes
+    the same --launcher options."""
+    from gpubench.advise.practices import GROUPS
+    from gpubench.gate.compare import CORRECTIONS
+    from gpubench.gate.export import FORMATS
+    from gpubench.runner.session import LAUNCHERS
+
+    options = {(words, o): a for words, p in iter_commands(build_parser()) for a in p._actions for o in a.option_strings}
+    assert options[("advise", "--only")].help.split("(repeatable): ")[1].split(", ") == list(GROUPS)
+    assert tuple(options[("export", "--format")].choices) == FORMATS
+    assert tuple(options[("compare", "--correction")].choices) == tuple(options[("ab", "--correction")].choices) \
+        == CORRECTIONS
+    for command in ("run", "ab", "advise", "profile", "find-batch"):
+        assert list(options[(command, "--launcher")].choices) == list(LAUNCHERS), command
+        assert all((command, o) in options for o in ("--partition", "--max-parallel", "--sbatch-arg")), command
