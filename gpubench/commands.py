@@ -253,12 +253,22 @@ def add_launcher_options(parser: argparse.ArgumentParser) -> None:
                             "--sbatch-arg=--nodelist=gpu7 (repeatable)")
 
 
+SET_HELP = "override or narrow a matrix axis or a default, e.g. --set batch_size=64 (repeatable)"
+
+
+def add_suite_options(parser: argparse.ArgumentParser, out_help: str = "where run directories go (default: runs)",
+                      report: bool = True) -> None:
+    """--set, --out and (``report``) --no-report, for every command that runs a suite."""
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=V1[,V2...]", help=SET_HELP)
+    parser.add_argument("--out", type=Path, default=Path("runs"), help=out_help)
+    if report:
+        parser.add_argument("--no-report", action="store_true", help="do not write the HTML/CSV/markdown report")
+
+
 def _add_run(sub: Any) -> None:
     run = sub.add_parser("run", help="run a suite: one isolated process per config")
     run.add_argument("suite", nargs="?", help="suite file, or a name in suites/ (optional with --resume)")
-    run.add_argument("--out", type=Path, default=Path("runs"), help="where run directories go (default: runs)")
-    run.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=V1[,V2...]",
-                     help="override or narrow a matrix axis or a default, e.g. --set batch_size=64")
+    add_suite_options(run)
     run.add_argument("--repeats", type=_positive_int, metavar="N",
                      help="run each config N times, each in a fresh process (default 1)")
     run.add_argument("--telemetry-interval-ms", type=int, metavar="MS",
@@ -272,7 +282,6 @@ def _add_run(sub: Any) -> None:
                      help=f"refuse a sweep of more than N config repeats (configs x repeats), checked before anything "
                           f"is expanded (default {MAX_JOBS:,}; at most {MAX_PLANNED:,}: planning holds every config in "
                           "memory)")
-    run.add_argument("--no-report", action="store_true", help="do not write the HTML/CSV/markdown report")
     run.add_argument("--require-idle-gpu", action="store_true",
                      help="refuse to measure (exit 2, the processes listed) when another process uses a GPU the "
                           "sweep's CUDA configs train on; without it each finding of the clean-machine check is a "
@@ -330,6 +339,7 @@ def add_worktree_options(parser: argparse.ArgumentParser) -> None:
 def _add_ab(sub: Any) -> None:
     ab = sub.add_parser("ab", help="same-job A/B: each config alternately under two environments, then compare")
     ab.add_argument("suite", help="suite file, or a name in suites/")
+    add_suite_options(ab, "where the A/B's directory (its two sides) goes (default: runs)")
     ab.add_argument("--baseline-python", default=sys.executable, metavar="PY",
                     help="interpreter of the baseline environment (default: this one)")
     ab.add_argument("--candidate-python", default=sys.executable, metavar="PY",
@@ -346,8 +356,6 @@ def _add_ab(sub: Any) -> None:
                          "--setup) as gpubench bisect does; instead of --baseline-path and --baseline-python")
     add_worktree_options(ab)
     ab.add_argument("--repeats", type=_positive_int, default=10, metavar="N", help="repeats per side (default 10)")
-    ab.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=V1[,V2...]")
-    ab.add_argument("--out", type=Path, default=Path("runs"))
     _add_gate_options(ab, json_help="write the verdicts (and any failed repeats) as JSON")
     ab.add_argument("--lockstep", action="store_true",
                     help="run the two sides of each round at once, taking turns window by window, and compare the "
@@ -364,7 +372,6 @@ def _add_ab(sub: Any) -> None:
                     help="go on with an A/B that ended undecided (the --json of an ab --lockstep --budget of the same "
                          "sides, suite and --set): its rounds are pooled with the new ones and its looks counted on, "
                          "so the two together keep the false-alarm rate within alpha")
-    ab.add_argument("--no-report", action="store_true")
     add_launcher_options(ab)
 
 
@@ -397,12 +404,10 @@ def _add_find_batch(sub: Any) -> None:
     fb = sub.add_parser("find-batch", help="the largest batch that fits, per config: doubling then bisection, "
                                            "a fresh process per probe")
     fb.add_argument("suite", help="suite file, or a name in suites/ (its batch sizes are where the search starts)")
-    fb.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=V1[,V2...]")
+    add_suite_options(fb, "where the run directory of the probes goes (default: runs)", report=False)
     fb.add_argument("--limit", type=_positive_int, default=1 << 20, metavar="N",
                     help="largest batch to try (default 1048576)")
     fb.add_argument("--json", type=Path, metavar="FILE", help="write every search and its probes as JSON")
-    fb.add_argument("--out", type=Path, default=Path("runs"),
-                    help="where the run directory of the probes goes (default: runs)")
     add_launcher_options(fb)
 
 
@@ -411,9 +416,7 @@ def _add_advise(sub: Any) -> None:
                                         "(precision, compilation, memory format, optimizer, batch, input, memory), "
                                         "ranked with the gate's statistics; the best combination measured")
     adv.add_argument("suite", nargs="?", default="", help="suite file, or a name in suites/ (one config, after --set)")
-    adv.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                     help="narrow the suite to one config, e.g. --set framework=torch")
-    adv.add_argument("--out", type=Path, default=Path("runs"), help="where the run directory goes (default: runs)")
+    add_suite_options(adv, "where the run directory goes (default: runs)")
     adv.add_argument("--budget", type=_duration, default=900.0, metavar="TIME",
                      help="time for the measurements (900, 900s, 15m; default 15m): clear cases decide at the first "
                           "look, undecided ones get more rounds while it lasts")
@@ -431,7 +434,6 @@ def _add_advise(sub: Any) -> None:
     adv.add_argument("--markdown", type=Path, metavar="FILE", help="write the advice as markdown (a CI summary)")
     adv.add_argument("--json", type=Path, metavar="FILE", help="write the advice as JSON")
     adv.add_argument("--resume", type=Path, metavar="DIR", help="go on with an interrupted advise's run directory")
-    adv.add_argument("--no-report", action="store_true", help="do not write the HTML/CSV/markdown report")
     add_launcher_options(adv)
 
 
@@ -440,13 +442,12 @@ def _add_bisect(sub: Any) -> None:
                                         "then of each midpoint against the last good commit, in cached worktrees")
     bis.add_argument("suite", nargs="?", default="", help="suite file (in the repository: each side reads its own "
                                                           "commit's copy), or a name in suites/")
+    add_suite_options(bis, "where the bisection's directory goes (default: runs)", report=False)
     bis.add_argument("--good", default="", metavar="REV", help="a revision without the slowdown")
     bis.add_argument("--bad", default="", metavar="REV", help="a later revision with it")
     bis.add_argument("--repo", type=Path, default=Path("."), metavar="DIR",
                      help="the git repository: gpubench's own checkout, or your project whose model the suite names "
                           "(default: here)")
-    bis.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=V1[,V2...]")
-    bis.add_argument("--out", type=Path, default=Path("runs"), help="where the bisection's directory goes")
     bis.add_argument("--repeats", type=_positive_int, default=10, metavar="N",
                      help="lockstep rounds of each A/B's first look (default 10)")
     bis.add_argument("--budget", type=_duration, default=300.0, metavar="TIME",
@@ -466,16 +467,13 @@ def _add_profile(sub: Any) -> None:
     prof = sub.add_parser("profile", help="profile each config in a fresh process: operator tables, a trace, "
                                           "NVTX ranges on CUDA, the where-time-goes breakdown")
     prof.add_argument("suite", help="suite file, or a name in suites/")
-    prof.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=V1[,V2...]",
-                      help="override or narrow a matrix axis or a default, e.g. --set framework=torch")
-    prof.add_argument("--out", type=Path, default=Path("runs"), help="where run directories go (default: runs)")
+    add_suite_options(prof)
     prof.add_argument("--steps", type=_positive_int, default=10, metavar="N",
                       help="steps of the breakdown pass and of the profiler pass (default 10)")
     prof.add_argument("--memory-history", action="store_true",
                       help="record the device allocator's history (PyTorch on CUDA) from before the model is built: "
                            "profile/<config>/memory_snapshot.pickle, for pytorch.org/memory_viz, and its largest "
                            "allocations in the result")
-    prof.add_argument("--no-report", action="store_true", help="do not write the HTML/CSV/markdown report")
     add_launcher_options(prof)
 
 
