@@ -9,21 +9,25 @@ directory still has every result (``gpubench history ingest`` adds them later).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpubench.errors import warn
 from gpubench.results.result import Result
 
+if TYPE_CHECKING:
+    from gpubench.history.store import Recorder
+
 
 @dataclass
 class LiveRecorder:
-    recorder: Any  # gpubench.history.store.Recorder
+    recorder: Recorder
     run_dir_hint: str
     failed: bool = False
 
-    def _guard(self, what: str, fn: Any, *args: Any) -> None:
+    def _guard(self, what: str, fn: Callable[..., object], *args: Any) -> None:
         if self.failed:
             return
         from gpubench.history.db import HistoryError

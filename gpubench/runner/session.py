@@ -30,7 +30,7 @@ from rich.console import Console
 from gpubench.backends.base import ProbeInfo
 from gpubench.env import fingerprint
 from gpubench.errors import InputError, warn
-from gpubench.launch import Interpreter
+from gpubench.launch import Interpreter, TurnEnds
 from gpubench.provenance import provenance
 from gpubench.results.outputs import check_output_dir
 from gpubench.results.result import Result
@@ -213,7 +213,7 @@ class Session:
 
     def run(self, jobs: list[Job], on_start: Callback | None = None, on_finish: FinishCallback | None = None,
             earlier: list[Result] | None = None, peaks: dict[str, dict[str, Any]] | None = None,
-            note: Callable[[str], None] = lambda line: None, turns: Any = None) -> list[Result]:
+            note: Callable[[str], None] = lambda line: None, turns: TurnEnds | None = None) -> list[Result]:
         """Step 10: the jobs, through the launcher (gpubench.runner.sweep.run_sweep), each result
         appended to the run as it ends. A remote run takes its fingerprint from its first result
         that has one (before ``on_finish`` hears of it). ``turns``: a lockstep side's pipe end."""
@@ -235,7 +235,8 @@ class Session:
         finally:
             self.cancelled += runner.cancelled
 
-    def one(self, job: Job, note: Callable[[str], None] = lambda line: None, turns: Any = None) -> Result:
+    def one(self, job: Job, note: Callable[[str], None] = lambda line: None,
+            turns: TurnEnds | None = None) -> Result:
         """``run`` of one job, for a command that decides after each (ab's rounds); a job cancelled
         outside gpubench (``scancel``) stops the command as Ctrl-C does, what finished kept."""
         results = self.run([job], note=note, turns=turns)
