@@ -23,6 +23,8 @@ from gpubench.runner.nodes import DEFAULT_MASTER_PORT
 from gpubench.runner.run import EXIT_BAD_INPUT
 from gpubench.suite import MAX_JOBS, MAX_PLANNED
 
+# what add_subparsers returns: each command's _add_<command> adds its parser to it
+Subcommands = argparse._SubParsersAction  # noqa: SLF001 - argparse names no public type for it
 METRIC_HELP = f"the metric to gate on, one of: {', '.join(gate_metric_names())} (default throughput)"
 
 
@@ -265,7 +267,7 @@ def add_suite_options(parser: argparse.ArgumentParser, out_help: str = "where ru
         parser.add_argument("--no-report", action="store_true", help="do not write the HTML/CSV/markdown report")
 
 
-def _add_run(sub: Any) -> None:
+def _add_run(sub: Subcommands) -> None:
     run = sub.add_parser("run", help="run a suite: one isolated process per config")
     run.add_argument("suite", nargs="?", help="suite file, or a name in suites/ (optional with --resume)")
     add_suite_options(run)
@@ -306,14 +308,14 @@ def _add_run(sub: Any) -> None:
     add_launcher_options(run)
 
 
-def _add_report(sub: Any) -> None:
+def _add_report(sub: Subcommands) -> None:
     rep = sub.add_parser("report", help="HTML (self-contained), PNG charts, CSV and markdown from run directories")
     rep.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
                      help="one run, or several to put side by side")
     rep.add_argument("--out", type=Path, help="output directory (default: reports/<run_id>)")
 
 
-def _add_compare(sub: Any) -> None:
+def _add_compare(sub: Subcommands) -> None:
     cmp = sub.add_parser("compare", help="regression gate: compare a run against a baseline, config by config")
     cmp.add_argument("baseline", help="run directory or saved baseline name")
     cmp.add_argument("current", help="run directory or saved baseline name")
@@ -336,7 +338,7 @@ def add_worktree_options(parser: argparse.ArgumentParser) -> None:
                              "path")
 
 
-def _add_ab(sub: Any) -> None:
+def _add_ab(sub: Subcommands) -> None:
     ab = sub.add_parser("ab", help="same-job A/B: each config alternately under two environments, then compare")
     ab.add_argument("suite", help="suite file, or a name in suites/")
     add_suite_options(ab, "where the A/B's directory (its two sides) goes (default: runs)")
@@ -375,14 +377,14 @@ def _add_ab(sub: Any) -> None:
     add_launcher_options(ab)
 
 
-def _add_export(sub: Any) -> None:
+def _add_export(sub: Subcommands) -> None:
     exp = sub.add_parser("export", help="a run's results as pytest-benchmark JSON or GitHub benchmark-action JSON")
     exp.add_argument("run_dir", type=Path)
     exp.add_argument("--format", required=True, choices=FORMATS)
     exp.add_argument("--out", type=Path, metavar="FILE", help="default: stdout")
 
 
-def _add_baseline(sub: Any) -> None:
+def _add_baseline(sub: Subcommands) -> None:
     base = sub.add_parser("baseline", help="save or list named baselines")
     base_sub = base.add_subparsers(dest="action", required=True)
     save = base_sub.add_parser("save", help="save RUN_DIR as baseline NAME")
@@ -394,13 +396,13 @@ def _add_baseline(sub: Any) -> None:
     blist.add_argument("--baselines-dir", type=Path, default=Path(".gpubench/baselines"))
 
 
-def _add_list(sub: Any) -> None:
+def _add_list(sub: Subcommands) -> None:
     lst = sub.add_parser("list", help="suites, workloads, frameworks and the devices detected here")
     lst.add_argument("--suites-dir", type=Path, metavar="DIR", help="where the suites are (default: suites/ here, "
                                                                     "if there is one)")
 
 
-def _add_find_batch(sub: Any) -> None:
+def _add_find_batch(sub: Subcommands) -> None:
     fb = sub.add_parser("find-batch", help="the largest batch that fits, per config: doubling then bisection, "
                                            "a fresh process per probe")
     fb.add_argument("suite", help="suite file, or a name in suites/ (its batch sizes are where the search starts)")
@@ -411,7 +413,7 @@ def _add_find_batch(sub: Any) -> None:
     add_launcher_options(fb)
 
 
-def _add_advise(sub: Any) -> None:
+def _add_advise(sub: Subcommands) -> None:
     adv = sub.add_parser("advise", help="measure the training practices that apply to one config on this machine "
                                         "(precision, compilation, memory format, optimizer, batch, input, memory), "
                                         "ranked with the gate's statistics; the best combination measured")
@@ -437,7 +439,7 @@ def _add_advise(sub: Any) -> None:
     add_launcher_options(adv)
 
 
-def _add_bisect(sub: Any) -> None:
+def _add_bisect(sub: Subcommands) -> None:
     bis = sub.add_parser("bisect", help="find the commit that made training slower: a lockstep A/B of the ends, "
                                         "then of each midpoint against the last good commit, in cached worktrees")
     bis.add_argument("suite", nargs="?", default="", help="suite file (in the repository: each side reads its own "
@@ -463,7 +465,7 @@ def _add_bisect(sub: Any) -> None:
     bis.add_argument("--resume", type=Path, metavar="DIR", help="go on with an interrupted bisection's directory")
 
 
-def _add_profile(sub: Any) -> None:
+def _add_profile(sub: Subcommands) -> None:
     prof = sub.add_parser("profile", help="profile each config in a fresh process: operator tables, a trace, "
                                           "NVTX ranges on CUDA, the where-time-goes breakdown")
     prof.add_argument("suite", help="suite file, or a name in suites/")
@@ -477,7 +479,7 @@ def _add_profile(sub: Any) -> None:
     add_launcher_options(prof)
 
 
-def _add_calibrate(sub: Any) -> None:
+def _add_calibrate(sub: Subcommands) -> None:
     cal = sub.add_parser("calibrate", help="measure this machine's peaks (matmul FLOP/s per precision, memory "
                                            "bandwidth) once, cached per environment; MFU is against them")
     cal.add_argument("--device", dest="devices", action="append", metavar="cpu|cuda|cuda:N",
@@ -487,7 +489,7 @@ def _add_calibrate(sub: Any) -> None:
     cal.add_argument("--json", type=Path, metavar="FILE", help="write the figures (and datasheet labels) as JSON")
 
 
-def _add_history(sub: Any) -> None:
+def _add_history(sub: Subcommands) -> None:
     hist = sub.add_parser("history", help="the results history: record runs, list, show and export them, chart "
                                            "them, find where they stepped")
     hist_sub = hist.add_subparsers(dest="action", required=True)
@@ -567,7 +569,7 @@ def _add_history(sub: Any) -> None:
         h.add_argument("--db", metavar="URL", help=db_help)
 
 
-def _add_env(sub: Any) -> None:
+def _add_env(sub: Subcommands) -> None:
     env = sub.add_parser("env", help="print the environment fingerprint")
     env.add_argument("--json", action="store_true", help="as JSON")
 
