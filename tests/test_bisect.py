@@ -273,3 +273,23 @@ def test_ab_against_the_commit_a_branch_forked_from_in_a_fresh_clone(tmp_path):
     assert args["code_path"] == [str(tree)], args  # the user's model imported from the merge base's worktree
     assert subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True
                           ).stdout.strip() == shas[-1]
+
+
+def test_a_step_is_decided_against_the_ends_only_clear_of_their_whole_interval():
+    """An inconclusive midpoint is put on the good side only when its interval lies above the
+    ends' whole interval: the figures of a CI run where a midpoint interval of [0.49, 1.20]
+    against ends of x0.455 [0.42, 0.54] was once called unchanged (and the wrong commit named)."""
+    from types import SimpleNamespace
+
+    from gpubench.bisect.command import _Session
+
+    ends = Step("g", "b", "regressed", ratio=0.455, ci_low=0.421, ci_high=0.538)
+    session = SimpleNamespace(ends=[ends], req=SimpleNamespace(noise_floor="1%"))
+
+    def decide(low: float, high: float) -> str:
+        step = Step("g", "m", "inconclusive", ratio=(low + high) / 2, ci_low=low, ci_high=high)
+        return _Session.against_the_ends(session, step).verdict
+
+    assert decide(0.489, 1.203) == "inconclusive"  # reaches into the ends' interval: measured again
+    assert decide(0.55, 1.20) == "unchanged"  # clear of it
+    assert decide(0.30, 0.95) == "regressed"  # wholly slower than the good level

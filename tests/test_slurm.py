@@ -433,7 +433,8 @@ def test_ab_alternates_its_sides_as_slurm_jobs(cluster, tmp_path, write_suite):
                     "--alpha", "0.2", "--threshold", "50%", "--no-report", "--json", "ab.json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     verdicts = json.loads((tmp_path / "ab.json").read_text())
-    assert [v["verdict"] for v in verdicts["verdicts"]] == ["unchanged"] and not verdicts["failed"]  # A/A
+    # an A/A: never a change (three repeats a side on a busy machine may leave it undecided)
+    assert [v["verdict"] for v in verdicts["verdicts"]] in (["unchanged"], ["inconclusive"]) and not verdicts["failed"]
     job_ids = {}
     for side in ("baseline", "candidate"):
         run_dir = Path(verdicts[side])

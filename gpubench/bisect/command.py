@@ -155,19 +155,21 @@ class _Session:
 
     def against_the_ends(self, step: Step) -> Step:
         """An inconclusive step whose interval still tells which end the midpoint is at: its
-        whole interval above the slowdown the ends measured (faster than the bad level: on the
-        good side), or below 1 - the noise floor (slower than the good level: on the bad side).
-        The search looks for one step of the ends' size, so that is a decision, not a guess; an
-        interval that reaches both stays inconclusive."""
-        ends = self.ends[-1].ratio if self.ends else None
-        if step.verdict != "inconclusive" or ends is None or step.ci_low is None or step.ci_high is None:
+        whole interval above the ends' whole interval (faster than the bad commit measured, its
+        uncertainty counted: on the good side), or below 1 - the noise floor (slower than the
+        good level: on the bad side). The search looks for one step of the ends' size, so that is
+        a decision, not a guess; an interval that reaches either is measured again."""
+        end = self.ends[-1] if self.ends else None
+        bad_level = (end.ci_high if end.ci_high is not None else end.ratio) if end is not None else None
+        if step.verdict != "inconclusive" or bad_level is None or step.ci_low is None or step.ci_high is None:
             return step
         from gpubench.gate.compare import parse_fraction
 
         floor = parse_fraction(self.req.noise_floor, "--noise-floor")
-        if step.ci_low > ends and step.ci_high >= 1 - floor:
+        if step.ci_low > bad_level and step.ci_high >= 1 - floor:
             step.verdict = "unchanged"
-            step.decided = f"against the ends: its interval lies above the bad level x{ends:.3f}"
+            step.decided = (f"against the ends: its interval lies above the ends' interval (up to x{bad_level:.3f}), "
+                            "the bad level")
         elif step.ci_high < 1 - floor:
             step.verdict = "regressed"
             step.decided = f"against the ends: its interval lies below 1 - the noise floor ({100 * floor:g}%)"
