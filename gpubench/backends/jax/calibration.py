@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
+from types import ModuleType
 from typing import Any
 
 from gpubench.measure.kernels import (
@@ -29,7 +30,7 @@ from gpubench.options import device_index, device_kind
 OPS = ("matmul", "conv2d")
 
 
-def jax_kernels(jax: Any, device: Any, plan: Plan, precisions: list[str]) -> list[Kernel]:
+def jax_kernels(jax: ModuleType, device: Any, plan: Plan, precisions: list[str]) -> list[Kernel]:
     """The plan's JAX kernels at each precision, their inputs on ``device``."""
     import jax.numpy as jnp
     from jax import lax

@@ -9,7 +9,7 @@ norms' running statistics, one ``(mean, var)`` pair per batch-norm leaf of each 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +50,7 @@ class Policy:
     multiplies (HIGHEST: true fp32; DEFAULT: lets the GPU use TF32)."""
 
     compute: Any = jnp.float32
-    precision: Any = lax.Precision.HIGHEST
+    precision: lax.Precision = lax.Precision.HIGHEST
 
 
 def policy_for(precision: str) -> Policy:
@@ -246,7 +246,7 @@ class JaxModel:
 
     params: Any
     state: Any
-    apply: Any
+    apply: Callable[..., tuple[Any, Any]]
 
 
 def spec_model(spec: WorkloadSpec, seed: int, attention: str = "sdpa") -> JaxModel:

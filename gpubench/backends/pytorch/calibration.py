@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from types import ModuleType
 from typing import Any
 
 from gpubench.measure.kernels import (
@@ -41,7 +42,7 @@ OPS = {"cpu": ("linear", "conv2d"), "cuda": ("mm", "linear", "conv2d")}
 class CudaClock(HostClock):
     """CUDA events around the block: no host synchronisation inside it."""
 
-    def __init__(self, torch: Any) -> None:
+    def __init__(self, torch: ModuleType) -> None:
         self.torch = torch
 
     def time(self, fn: Call, n: int, sync: Call | None = None) -> float:
@@ -55,14 +56,14 @@ class CudaClock(HostClock):
         return start.elapsed_time(end) / 1000.0
 
 
-def _set_tf32(torch: Any, device: str, precision: str) -> None:
+def _set_tf32(torch: ModuleType, device: str, precision: str) -> None:
     """fp32 is true fp32 on a GPU (TF32 off for matmuls and cuDNN); tf32 turns it on."""
     if device_kind(device) == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
         torch.backends.cudnn.allow_tf32 = precision == "tf32"
 
 
-def torch_kernels(torch: Any, device: str, plan: Plan, precisions: list[str]) -> list[Kernel]:
+def torch_kernels(torch: ModuleType, device: str, plan: Plan, precisions: list[str]) -> list[Kernel]:
     """The plan's PyTorch kernels at each precision."""
     import contextlib
 
@@ -131,7 +132,7 @@ def torch_kernels(torch: Any, device: str, plan: Plan, precisions: list[str]) ->
     return out
 
 
-def _copy(torch: Any, device: str, plan: Plan, clock: HostClock) -> dict[str, Any]:
+def _copy(torch: ModuleType, device: str, plan: Plan, clock: HostClock) -> dict[str, Any]:
     nbytes = plan.copy_bytes
     if device_kind(device) == "cuda":
         free, _ = torch.cuda.mem_get_info(device_index(device))
@@ -145,7 +146,7 @@ def _copy(torch: Any, device: str, plan: Plan, clock: HostClock) -> dict[str, An
             "blocks_gbs": gbs, "calls_per_block": calls}
 
 
-def unsupported_precisions(torch: Any, device: str) -> dict[str, str]:
+def unsupported_precisions(torch: ModuleType, device: str) -> dict[str, str]:
     if device_kind(device) != "cuda":
         return {}
     major, minor = torch.cuda.get_device_capability(device_index(device))

@@ -6,7 +6,9 @@ that tools working on a Sequential (checkpoint_sequential, pipeline splits) see 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -33,6 +35,9 @@ from gpubench.workloads.base import (
     TransformerBlock,
     WorkloadSpec,
 )
+
+if TYPE_CHECKING:
+    from torch.nn.attention import SDPBackend
 
 
 class ResidualBlock(nn.Module):
@@ -89,8 +94,8 @@ class Block(nn.Module):
     def __init__(self, d: int, spec: TransformerBlock, attention: str = "sdpa") -> None:
         super().__init__()
         self.heads, self.causal = spec.heads, spec.causal
-        self.kernel: Any = None
-        self.restrict: Any = None
+        self.kernel: SDPBackend | None = None
+        self.restrict: Callable[..., AbstractContextManager[None]] | None = None
         if attention in ATTENTION_KERNELS:
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -105,7 +110,7 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(n, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        if self.kernel is None:
+        if self.kernel is None or self.restrict is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         else:
             with self.restrict(self.kernel):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
+from types import ModuleType
 from typing import Any
 
 from gpubench.measure.kernels import (
@@ -30,7 +31,7 @@ from gpubench.options import device_index, device_kind
 OPS = ("matmul", "conv2d")
 
 
-def tensorflow_kernels(tf: Any, plan: Plan, precisions: list[str]) -> list[Kernel]:
+def tensorflow_kernels(tf: ModuleType, plan: Plan, precisions: list[str]) -> list[Kernel]:
     """The plan's TensorFlow kernels at each precision (run inside ``tf.device``)."""
     errors = (tf.errors.OpError, RuntimeError, MemoryError)
 
