@@ -19,8 +19,10 @@ from gpubench.gate import ALPHA, NOISE_FLOOR, THRESHOLD
 from gpubench.gate.compare import CORRECTIONS
 from gpubench.gate.export import FORMATS
 from gpubench.results.metrics import gate_metric_names
+from gpubench.runner.find_batch_command import DEFAULT_LIMIT
 from gpubench.runner.nodes import DEFAULT_MASTER_PORT
 from gpubench.runner.run import EXIT_BAD_INPUT
+from gpubench.runner.session import LAUNCHERS
 from gpubench.suite import MAX_JOBS, MAX_PLANNED
 
 # what add_subparsers returns: each command's _add_<command> adds its parser to it
@@ -237,8 +239,6 @@ def gate_fields(args: argparse.Namespace) -> dict[str, Any]:
 def add_launcher_options(parser: argparse.ArgumentParser) -> None:
     """--launcher (the names from gpubench.runner.session.LAUNCHERS) and the Slurm launcher's
     options, for every command that measures."""
-    from gpubench.runner.session import LAUNCHERS
-
     slurm = parser.add_argument_group("launcher (--launcher slurm: every job a Slurm batch job)")
     slurm.add_argument("--launcher", choices=list(LAUNCHERS), default="local",
                        help="local: each job a process here (default); slurm: each a Slurm batch job, on a shared "
@@ -407,8 +407,8 @@ def _add_find_batch(sub: Subcommands) -> None:
                                            "a fresh process per probe")
     fb.add_argument("suite", help="suite file, or a name in suites/ (its batch sizes are where the search starts)")
     add_suite_options(fb, "where the run directory of the probes goes (default: runs)", report=False)
-    fb.add_argument("--limit", type=_positive_int, default=1 << 20, metavar="N",
-                    help="largest batch to try (default 1048576)")
+    fb.add_argument("--limit", type=_positive_int, default=DEFAULT_LIMIT, metavar="N",
+                    help=f"largest batch to try (default {DEFAULT_LIMIT})")
     fb.add_argument("--json", type=Path, metavar="FILE", help="write every search and its probes as JSON")
     add_launcher_options(fb)
 

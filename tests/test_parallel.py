@@ -340,13 +340,13 @@ def test_find_batch_json_keeps_the_searches_done_when_stopped_midway(tmp_path, w
     suite = write_suite('[defaults]\nworkload = "mlp"\nbatch_size = 8\n[matrix]\nprecision = ["fp32", "amp-bf16"]\n')
     done = []
 
-    def fake_search(session, config, limit):
+    def fake_search(config, limit, run_probe):
         if done:  # the second search: the command is stopped (a killed call, Ctrl-C)
             raise KeyboardInterrupt
         done.append(config.config_id)
         return Search(config.config_id, 64, 128, "", [{"batch_size": 8, "status": "ok"}])
 
-    monkeypatch.setattr(find_batch_command, "_search", fake_search)
+    monkeypatch.setattr(find_batch_command, "find_max_batch", fake_search)
     out = tmp_path / "fb.json"
     with open(tmp_path / "log", "w") as log, pytest.raises(KeyboardInterrupt):
         find_batch_command.run_find_batch(find_batch_command.FindBatchRequest(str(suite), [], 1024, out,

@@ -46,7 +46,7 @@ from gpubench.runner.job import Job
 from gpubench.runner.launcher import LauncherChoice
 from gpubench.runner.local import Local
 from gpubench.runner.models import user_code_path
-from gpubench.runner.session import Session, load, resumed_choice
+from gpubench.runner.session import Session, load, resumed_choice, resumed_code_path
 from gpubench.runner.sweep import pre_resolve
 from gpubench.suite import MAX_BATCH, Suite
 
@@ -97,8 +97,8 @@ def _resumed(req: AdviseRequest) -> tuple[AdviseRequest, list[Result]]:
     for key in STORED:
         if key in stored:
             setattr(req, key, stored[key])
-    if isinstance(args.get("code_path"), list):
-        req.code_path = tuple(str(p) for p in args["code_path"])
+    if (stored := resumed_code_path(args)) is not None:
+        req.code_path = stored
     req.launcher = resumed_choice(req.launcher, args, req.resume)
     return req, load_results(req.resume, strict=False)
 

@@ -45,7 +45,7 @@ class ProfileRequest:
     launcher: LauncherChoice | None = None  # --launcher and its options (None: this machine)
 
 
-def _jobs(configs: list[Any], run_dir: Path, steps: int, memory_history: bool = False) -> list[Job]:
+def _jobs(configs: list[Config], run_dir: Path, steps: int, memory_history: bool = False) -> list[Job]:
     jobs = []
     for c in configs:
         where = {"rel": f"profile/{slug(c.config_id)}", "dir": str((run_dir / "profile" / slug(c.config_id)).resolve())}

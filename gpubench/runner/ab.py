@@ -362,8 +362,8 @@ def _execute_ab(req: ABRequest, console: Console, held: ExitStack) -> int:
     for side in SIDES:  # each side locked for the whole A/B: one writer of each
         args = {"suite": req.suite, "set": req.sets, "repeats": repeats, "out": str(req.out), "ab_side": side,
                 "python": launchers[side].python, "pythonpath": launchers[side].pythonpath,
-                "code_path": list(launchers[side].code_path), "lockstep": req.lockstep, "budget_s": req.budget_s,
-                "ab_id": stamp, "continues": prior.dirs if prior is not None else []}
+                "lockstep": req.lockstep, "budget_s": req.budget_s, "ab_id": stamp,
+                "continues": prior.dirs if prior is not None else []}  # and code_path: Session.open
         sides[side].open(held, root, f"{stamp}-{side}", suite, args, configs, dir_name=side)
     console.print(f"A/B {stamp}: {len(configs)} configs x {repeats} {'rounds' if req.lockstep else 'repeats'} x 2 "
                   f"sides{f', then more while undecided, within {req.budget_s:g} s' if req.budget_s else ''} -> {root}",

@@ -80,20 +80,13 @@ def search(probe: Probe, start: int, limit: int, unit: int = 1
     return good, bad, "", probes
 
 
-def find_max_batch(config: Config, limit: int, launcher: Interpreter = Interpreter(),
-                   on_probe: Callable[[Config], None] | None = None) -> Search:
-    work = Path(tempfile.mkdtemp(prefix="gpubench-find-batch-"))
-    try:
-        def probe(b: int) -> Outcome:
-            c = probe_config(config, b)
-            if on_probe:
-                on_probe(c)
-            return run_worker(Job(c, 0), work, launcher)
-
-        unit = config.pipeline_microbatches if config.pipelined else 1
-        good, bad, stopped, probes = search(probe, max(1, config.batch), limit, unit)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+def find_max_batch(config: Config, limit: int, run_probe: Callable[[Config], Outcome]) -> Search:
+    """The search for ``config``: each probe's config (``probe_config``) run by ``run_probe``, a
+    worker in a temporary directory (a run's ``batch_size = "max"``) or a job of the session's
+    run directory (``gpubench find-batch``, on any launcher)."""
+    unit = config.pipeline_microbatches if config.pipelined else 1
+    good, bad, stopped, probes = search(lambda b: run_probe(probe_config(config, b)), max(1, config.batch), limit,
+                                        unit)
     return Search(config.config_id, good, bad, stopped, probes)
 
 
@@ -107,7 +100,12 @@ def batch_search(config: Config, launcher: Interpreter = Interpreter(),
         found = r.get("metrics", "batch_search")
         if r.config_hash == config.config_hash and found:
             return dict(found)
-    s = find_max_batch(replace(config, batch_size=config.max_batch_start), config.max_batch_limit, launcher)
+    work = Path(tempfile.mkdtemp(prefix="gpubench-find-batch-"))
+    try:
+        s = find_max_batch(replace(config, batch_size=config.max_batch_start), config.max_batch_limit,
+                           lambda c: run_worker(Job(c, 0), work, launcher))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return {"requested": MAX_BATCH, "start": config.max_batch_start, "limit": config.max_batch_limit,
             "max_batch": s.max_batch, "first_oom": s.first_oom, "stopped": s.stopped, "probes": s.probes}
 

@@ -19,7 +19,7 @@ from gpubench.launch import Interpreter
 from gpubench.results.outputs import check_output_file, write_output
 from gpubench.results.result import Outcome
 from gpubench.results.store import json_text
-from gpubench.runner.find_batch import Search, probe_config, search
+from gpubench.runner.find_batch import Search, find_max_batch
 from gpubench.runner.job import Job
 from gpubench.runner.launcher import LauncherChoice
 from gpubench.runner.local import Local
@@ -52,16 +52,10 @@ def _starts(configs: list[Config]) -> list[Config]:
     return list(starts.values())
 
 
-def _search(session: Session, config: Config, limit: int) -> Search:
-    """One config's search, each probe a job of the session."""
-    def probe(b: int) -> Outcome:
-        c = probe_config(config, b)
-        session.console.print(f"  probe batch {c.batch_size}", highlight=False)
-        return session.one(Job(c, 0))
-
-    unit = config.pipeline_microbatches if config.pipelined else 1
-    good, bad, stopped, probes = search(probe, max(1, config.batch), limit, unit)
-    return Search(config.config_id, good, bad, stopped, probes)
+def _probe(session: Session, config: Config) -> Outcome:
+    """One probe: a job of the session's run directory, where its launcher runs jobs."""
+    session.console.print(f"  probe batch {config.batch_size}", highlight=False)
+    return session.one(Job(config, 0))
 
 
 def run_find_batch(req: FindBatchRequest, console: Console) -> int:
@@ -83,7 +77,7 @@ def run_find_batch(req: FindBatchRequest, console: Console) -> int:
         for config in starts:
             console.print(f"searching {config.config_id} from batch {config.batch_size} (limit {req.limit})",
                           highlight=False)
-            s = _search(session, config, req.limit)
+            s = find_max_batch(config, req.limit, lambda c: _probe(session, c))
             searches.append(s)
             console.print(f"  max batch {s.max_batch or '-'}, first oom {s.first_oom or '-'}"
                           + (f"; stopped: {s.stopped}" if s.stopped else ""), highlight=False)

@@ -38,7 +38,7 @@ from gpubench.runner.mfu import load_peaks, peak_devices
 from gpubench.runner.models import user_code_path
 from gpubench.runner.nodes import Nodes
 from gpubench.runner.progress import nothing_measured, print_summary, unmeasured_lines
-from gpubench.runner.session import Session, load, resumed_choice
+from gpubench.runner.session import Session, load, resumed_choice, resumed_code_path
 from gpubench.runner.sweep import plan, pre_resolve
 from gpubench.suite import MAX_JOBS, Config, Suite, load_suite
 from gpubench.telemetry.nvml import machine_findings, nvml_index
@@ -239,9 +239,9 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
 def _code_path(req: RunRequest, run_dir: Path | None, configs: list[Config], source: str) -> tuple[str, ...]:
     """Where the workers import the user's own code (factories, batch and loss functions) from:
     the suite's directory, or the caller's (the Python API); a resumed run keeps its own."""
-    stored = (load_run(run_dir).get("args") or {}).get("code_path") if run_dir is not None else None
-    if isinstance(stored, list):
-        return tuple(str(p) for p in stored)
+    stored = resumed_code_path(load_run(run_dir).get("args") or {}) if run_dir is not None else None
+    if stored is not None:
+        return stored
     return req.code_path if req.code_path is not None else user_code_path(configs, source)
 
 

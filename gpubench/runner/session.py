@@ -68,6 +68,13 @@ def resumed_choice(given: LauncherChoice | None, args: dict[str, Any], run_dir: 
     return given.resumed(stored, run_dir)
 
 
+def resumed_code_path(args: dict[str, Any]) -> tuple[str, ...] | None:
+    """Where a resumed run's workers import the user's own code from: the directories its run.json's
+    ``args`` kept (``Session.open`` writes them), or None where it kept none."""
+    stored = args.get("code_path")
+    return tuple(str(p) for p in stored) if isinstance(stored, list) else None
+
+
 def load(suite: str, sets: list[str], repeats: int = 1, cap: int | None = None) -> Suite:
     """Step 1: the suite file with the command line's ``--set``, its size checked (InputError)."""
     loaded = (load_suite(suite) if cap is None else load_suite(suite, cap)).with_overrides(sets)
