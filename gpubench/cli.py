@@ -88,16 +88,6 @@ def _run(args: argparse.Namespace, console: Console) -> int:
                               require_idle_gpu=args.require_idle_gpu), console)
 
 
-def _history_bisect(args: argparse.Namespace, console: Console) -> Callable[[str, str], int]:
-    """``history check --bisect SUITE``: gpubench bisect of SUITE between two commits."""
-    def bisect(good: str, bad: str) -> int:
-        from gpubench.bisect.command import BisectRequest, execute_bisect
-
-        return execute_bisect(BisectRequest(suite=args.bisect, good=good, bad=bad, repo=args.repo,
-                                            sets=args.bisect_sets, budget_s=args.bisect_budget), console)
-    return bisect
-
-
 def _history(args: argparse.Namespace, console: Console) -> int:
     from gpubench.history.db import require_history
     from gpubench.provenance import parse_tags
@@ -118,12 +108,20 @@ def _history(args: argparse.Namespace, console: Console) -> int:
     if args.action == "noise":
         gate = gate_options(args.threshold, args.noise_floor, args.alpha, "throughput")
         noise = noise_options(args.repeats, args.alpha, args.configs, gate.threshold, gate.noise_floor, args.effect)
+
+    def bisect(good: str, bad: str) -> int:
+        """``history check --bisect SUITE``: gpubench bisect of SUITE between two commits."""
+        from gpubench.bisect.command import BisectRequest, execute_bisect
+
+        return execute_bisect(BisectRequest(suite=args.bisect, good=good, bad=bad, repo=args.repo,
+                                            sets=args.bisect_sets, budget_s=args.bisect_budget), console)
+
     return run_history(HistoryRequest(
         action=args.action, db=args.db, run_dirs=getattr(args, "run_dirs", []),
         tags=parse_tags(getattr(args, "tags", [])), filters=filters, metrics=getattr(args, "metrics", []),
         out=getattr(args, "out", None), pinned=getattr(args, "pinned", []), check=check,
         json=getattr(args, "json", None), changes=not getattr(args, "no_changes", False), noise=noise,
-        bisect=_history_bisect(args, console) if getattr(args, "bisect", None) else None), console)
+        bisect=bisect if getattr(args, "bisect", None) else None), console)
 
 
 def _report(args: argparse.Namespace, console: Console) -> int:

@@ -32,8 +32,6 @@ METRIC_HELP = f"the metric to gate on, one of: {', '.join(gate_metric_names())} 
 
 def _duration(text: str) -> float:
     """``600``, ``600s``, ``10m``, ``1h`` -> seconds (argparse type)."""
-    import re
-
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", text)
     if not m or float(m.group(1)) <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a time such as 600, 600s or 10m")
@@ -184,11 +182,9 @@ def iter_commands(parser: argparse.ArgumentParser, words: str = "") -> Iterator[
 def _add_examples(parser: argparse.ArgumentParser) -> None:
     """Each command's examples and exit codes as its --help epilog (kept as written: one per line)."""
     for words, command in iter_commands(parser):
-        parts = []
-        if examples := EXAMPLES.get(words):
-            parts.append("examples:\n" + "\n".join(f"  {e}" for e in examples))
-        if codes := EXIT_CODES.get(words):
-            parts.append("exit codes:\n" + "\n".join(f"  {c}" for c in codes))
+        parts = [f"{title}:\n" + "\n".join(f"  {line}" for line in lines)
+                 for title, lines in (("examples", EXAMPLES.get(words)), ("exit codes", EXIT_CODES.get(words)))
+                 if lines]
         if parts:
             command.epilog = "\n\n".join(parts)
             command.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -202,18 +198,14 @@ GATE_FIELDS = ("threshold", "noise_floor", "alpha", "correction", "metric", "mar
 def _add_gate_statistics(parser: argparse.ArgumentParser, figures_only: bool = False) -> None:
     """--threshold, --noise-floor and --alpha; ``figures_only`` where a command computes with the
     gate's figures rather than gating (history noise)."""
-    if figures_only:
-        parser.add_argument("--threshold", default=THRESHOLD, help=f"the gate's threshold (default {THRESHOLD}%)")
-        parser.add_argument("--noise-floor", default=NOISE_FLOOR,
-                            help=f"the gate's noise floor (default {NOISE_FLOOR}%)")
-        parser.add_argument("--alpha", type=float, default=ALPHA, help=f"the gate's alpha (default {ALPHA})")
-        return
-    parser.add_argument("--threshold", default=THRESHOLD,
-                        help=f"slowdown that matters, from 0%% to below 100%%, e.g. 3%% (default {THRESHOLD}%)")
-    parser.add_argument("--noise-floor", default=NOISE_FLOOR,
-                        help=f"changes inside this are noise, from 0%% up to the threshold (default {NOISE_FLOOR}%)")
-    parser.add_argument("--alpha", type=float, default=ALPHA,
-                        help=f"error rate over the configs compared, as --correction says (default {ALPHA})")
+    threshold, noise_floor, alpha = (
+        ("the gate's threshold", "the gate's noise floor", "the gate's alpha") if figures_only else
+        ("slowdown that matters, from 0%% to below 100%%, e.g. 3%%",
+         "changes inside this are noise, from 0%% up to the threshold",
+         "error rate over the configs compared, as --correction says"))
+    parser.add_argument("--threshold", default=THRESHOLD, help=f"{threshold} (default {THRESHOLD}%)")
+    parser.add_argument("--noise-floor", default=NOISE_FLOOR, help=f"{noise_floor} (default {NOISE_FLOOR}%)")
+    parser.add_argument("--alpha", type=float, default=ALPHA, help=f"{alpha} (default {ALPHA})")
 
 
 def _add_gate_options(parser: argparse.ArgumentParser, json_help: str) -> None:
@@ -493,8 +485,6 @@ def _add_history(sub: Subcommands) -> None:
     hist = sub.add_parser("history", help="the results history: record runs, list, show and export them, chart "
                                            "them, find where they stepped")
     hist_sub = hist.add_subparsers(dest="action", required=True)
-    db_help = ("the history: a file path, sqlite:///PATH or postgresql://USER@HOST[:PORT]/NAME (default: "
-               "$GPUBENCH_DB, else .gpubench/history.db)")
     h_ingest = hist_sub.add_parser("ingest", help="record existing run directories (a run already there adds nothing)")
     h_ingest.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
     h_ingest.add_argument("--tag", dest="tags", action="append", default=[], metavar="KEY=VALUE",
@@ -557,7 +547,6 @@ def _add_history(sub: Subcommands) -> None:
                                 "(default 5m)")
         if name == "report":
             h.add_argument("--no-changes", action="store_true", help="do not look for change points")
-        if name == "report":
             h.add_argument("--out", type=Path, default=Path("reports") / "history", metavar="DIR",
                            help="where the dashboard goes (default reports/history)")
             h.add_argument("--pin", dest="pinned", action="append", default=[], metavar="CONFIG",
@@ -565,8 +554,9 @@ def _add_history(sub: Subcommands) -> None:
         if name == "export":
             h.add_argument("--out", type=Path, required=True, metavar="FILE", help="FILE.csv, or FILE.parquet "
                                                                                     "(needs pyarrow)")
-    for h in (h_ingest, *(hist_sub.choices[n] for n in ("list", "show", "export", "report", "check", "noise"))):
-        h.add_argument("--db", metavar="URL", help=db_help)
+    for h in hist_sub.choices.values():
+        h.add_argument("--db", metavar="URL", help="the history: a file path, sqlite:///PATH or "
+                       "postgresql://USER@HOST[:PORT]/NAME (default: $GPUBENCH_DB, else .gpubench/history.db)")
 
 
 def _add_env(sub: Subcommands) -> None:
@@ -578,20 +568,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="gpubench", description="Benchmark deep-learning training.")
     parser.add_argument("--version", action="version", version=f"gpubench {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_run(sub)
-    _add_report(sub)
-    _add_compare(sub)
-    _add_ab(sub)
-    _add_export(sub)
-    _add_baseline(sub)
-    _add_list(sub)
-    _add_find_batch(sub)
-    _add_advise(sub)
-    _add_bisect(sub)
-    _add_profile(sub)
-    _add_calibrate(sub)
-    _add_history(sub)
-    _add_env(sub)
+    for add in (_add_run, _add_report, _add_compare, _add_ab, _add_export, _add_baseline, _add_list, _add_find_batch,
+                _add_advise, _add_bisect, _add_profile, _add_calibrate, _add_history, _add_env):
+        add(sub)
     _add_examples(parser)
     return parser
 

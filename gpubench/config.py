@@ -368,7 +368,7 @@ class Config:
         only in pipeline mode...), then the settings in ``id_keys`` (those that tell this config
         from another point of its sweep)."""
         named = [name for name in _ID_EXTRAS
-                 if getattr(self, name) != DEFAULTS[name] and _ID_ONLY_WHEN.get(name, _ALWAYS)(self)]
+                 if getattr(self, name) != DEFAULTS[name] and (name not in _NAMED_WHEN_USED or self.uses(name))]
         named += [name for name in self.id_keys if name not in named]
         return "-".join(f"{name}={_id_value(name, getattr(self, name))}" for name in named)
 
@@ -388,8 +388,8 @@ class Config:
         so that results of the same settings are one series wherever they ran."""
         d = self.to_dict()
         del d["id_keys"]
-        for name in _HASHED_WHEN_SET:  # settings added later: a config without them keeps its hash
-            if d[name] == _HASH_DEFAULTS[name]:
+        for name, default in _HASH_DEFAULTS.items():  # settings added later: a config without them keeps its hash
+            if d[name] == default:
                 del d[name]
         blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha1(blob).hexdigest()[:12]
@@ -429,15 +429,14 @@ DEFAULTS = {f.name: f.default for f in fields(Config)}
 # every declared setting (nnodes included: a run's, not a suite's), in declaration order
 SETTING_FIELDS: tuple[Field[Any], ...] = tuple(f for f in fields(Config) if f.metadata.get("setting"))
 SUITE_KEYS = tuple(f.name for f in SETTING_FIELDS if f.metadata["check"] is not None)
-# the identity axes, always in the id; the training settings named in the id where they differ
-# from their default (some only where they matter); every other setting may be named where a
-# sweep varies it (id_keys)
-ID_AXES = tuple(f.name for f in SETTING_FIELDS if f.metadata["named"] == "axis")
+# the training settings named in the id where they differ from their default (some only where
+# the config uses them); every setting but the identity axes, always in the id, may be named
+# where a sweep varies it (id_keys)
 _ID_EXTRAS = tuple(f.name for f in SETTING_FIELDS if f.metadata["named"] == "changed")
-NAMEABLE = tuple(f.name for f in SETTING_FIELDS if f.name not in ID_AXES)
+_NAMED_WHEN_USED = {f.name for f in SETTING_FIELDS if f.metadata["named_when_used"]}
+NAMEABLE = tuple(f.name for f in SETTING_FIELDS if f.metadata["named"] != "axis")
 # settings hashed only where set (added after results were recorded under hashes without them),
 # with their value as to_dict writes it
-_HASHED_WHEN_SET = tuple(f.name for f in SETTING_FIELDS if f.metadata["hashed_when_set"])
 _HASH_DEFAULTS: dict[str, Any] = {f.name: list(f.default) if isinstance(f.default, tuple) else f.default
                                   for f in SETTING_FIELDS if f.metadata["hashed_when_set"]}
 # the results frame's and results.csv's setting columns
@@ -450,13 +449,6 @@ BACKEND_CHECKED = tuple(f.name for f in SETTING_FIELDS if f.metadata["check"] is
 FUNCTION_CHECKED = tuple(f.name for f in SETTING_FIELDS if f.metadata["check"] is not None
                          and f.metadata["check"][0] == "declared_or_function")
 
-
-def _ALWAYS(c: Config) -> bool:
-    return True
-
-
-_ID_ONLY_WHEN: dict[str, Callable[[Config], bool]] = {
-    f.name: f.metadata["used_when"] for f in SETTING_FIELDS if f.metadata["named_when_used"]}
 # settings a config uses only where this holds (Config.normalised sets them to their default
 # elsewhere)
 _USED_ONLY_WHEN: dict[str, Callable[[Config], bool]] = {

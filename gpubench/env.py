@@ -3,6 +3,7 @@ on this CPU."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import socket
@@ -42,11 +43,8 @@ def parse_cpuinfo(text: str) -> tuple[str | None, set[str]]:
     /proc/cpuinfo text."""
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        key = key.strip().lower()
-        if key == "flags":
-            return "x86", set(value.split())
-        if key == "features":
-            return "arm", set(value.split())
+        if arch := {"flags": "x86", "features": "arm"}.get(key.strip().lower()):
+            return arch, set(value.split())
     return None, set()
 
 
@@ -101,12 +99,10 @@ def usable_cores() -> int:
 
 
 def cpu_model() -> str:
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return platform.processor() or platform.machine()
 
 

@@ -33,9 +33,7 @@ def show_list(console: Console, suites_dir: Path | None) -> None:
         raise InputError(f"--suites-dir {suites_dir}: "
                          + ("not a directory" if suites_dir.exists() else "no such directory"))
     suites_dir = suites_dir or DEFAULT_SUITES
-    suites = Table(title=f"suites ({suites_dir})")
-    for col in ("suite", "configs", "description"):
-        suites.add_column(col)
+    suites = Table("suite", "configs", "description", title=f"suites ({suites_dir})")
     for path in sorted(suites_dir.glob("*.toml")):
         try:
             s = load_suite(str(path))
@@ -44,18 +42,15 @@ def show_list(console: Console, suites_dir: Path | None) -> None:
             suites.add_row(path.stem, "[red]invalid[/red]", str(e))
     console.print(suites)
 
-    workloads = Table(title="workloads")
-    for col in ("workload", "parameters (default)", "params", "train FLOPs/sample", "description"):
-        workloads.add_column(col)
+    workloads = Table("workload", "parameters (default)", "params", "train FLOPs/sample", "description",
+                      title="workloads")
     for name, w in sorted(WORKLOADS.items()):
         spec = w.spec()
         params = ", ".join(f"{p.name}={p.default}" for p in w.params) or "-"
         workloads.add_row(name, params, f"{spec.params:,}", f"{spec.train_flops_per_sample:,}", w.description)
     console.print(workloads)
 
-    frameworks = Table(title="frameworks and devices (detected here)")
-    for col in ("framework", "version", "devices", "note"):
-        frameworks.add_column(col)
+    frameworks = Table("framework", "version", "devices", "note", title="frameworks and devices (detected here)")
     with console.status("probing frameworks..."):
         probes = probe_all()
     for name, p in probes.items():

@@ -23,16 +23,6 @@ WORKERS_ENV = "GPUBENCH_WORKERS"
 RANKS_ENV = "GPUBENCH_RANKS"
 
 
-def child_env() -> dict[str, str]:
-    """The parent's environment, with this gpubench importable (also when run as
-    ``PYTHONPATH=. python -m gpubench`` from a checkout)."""
-    env = dict(os.environ)
-    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if _PKG_ROOT not in parts:
-        env["PYTHONPATH"] = os.pathsep.join([_PKG_ROOT, *parts])
-    return env
-
-
 @dataclass(frozen=True)
 class Interpreter:
     """How to start a child: which Python, and where it finds gpubench. The default is this
@@ -50,12 +40,13 @@ class Interpreter:
     isolated: bool = False
 
     def env(self) -> dict[str, str]:
-        if self.pythonpath is None:
-            env = child_env()
+        env = dict(os.environ)
+        parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if self.pythonpath is None:  # this gpubench importable (also when run as PYTHONPATH=. python -m gpubench)
+            if _PKG_ROOT not in parts:
+                env["PYTHONPATH"] = os.pathsep.join([_PKG_ROOT, *parts])
         else:
-            env = dict(os.environ)
-            parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != _PKG_ROOT]
-            env["PYTHONPATH"] = os.pathsep.join([self.pythonpath, *parts])
+            env["PYTHONPATH"] = os.pathsep.join([self.pythonpath, *(p for p in parts if p != _PKG_ROOT)])
             # ``python -m`` puts the working directory first on sys.path, ahead of PYTHONPATH: run
             # from inside another checkout, the child would import that checkout's gpubench, not
             # this one's (Python 3.11+ honours this; older ones ignore it)

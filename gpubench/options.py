@@ -60,7 +60,6 @@ OPTIMIZER_IMPLS = ("auto", "for-loop", "foreach", "fused")
 # the workloads that compute attention: the built-in transformers, and a plugin's that says so
 # (gpubench.workloads.register_workload; a test holds the built-in ones to the registry)
 ATTENTION_WORKLOADS: set[str] = {"gpt", "vit"}
-DEVICE_KINDS = ("cpu", "cuda")
 
 
 # the largest N of "<kind>:N": devices or processes on one node (the largest machines have 8-16
@@ -80,10 +79,10 @@ def parse_parallelism(value: object) -> tuple[str, int]:
     kind, sep, n = value.partition(":") if isinstance(value, str) else ("", "", "")
     if value == "single":
         return "single", 1
-    if kind in PARALLEL_KINDS and sep and n.isascii() and n.isdigit() and 1 <= int(n) <= max_parallel(kind):
+    if kind in PARALLEL_KINDS and sep and n.isascii() and n.isdigit() and int(n) >= 1:
+        if int(n) > max_parallel(kind):
+            raise ValueError(f"parallelism {value!r}: N must be 1..{max_parallel(kind)} for {kind}")
         return kind, int(n)
-    if kind in PARALLEL_KINDS and sep and n.isascii() and n.isdigit() and int(n) > max_parallel(kind):
-        raise ValueError(f"parallelism {value!r}: N must be 1..{max_parallel(kind)} for {kind}")
     raise ValueError(f"unknown parallelism {value!r}; expected one of: {', '.join(PARALLELISMS)} (N >= 1; at most "
                      f"{MAX_DEVICES} devices or processes, {MAX_MICROBATCHES} grad-accum micro-batches)")
 
@@ -98,28 +97,11 @@ def device_index(device: str) -> int:
 
 
 class Settings(Protocol):
-    """The settings a capability check reads (a Config has them all)."""
+    """What a capability check reads of a config (a Config): its device, whether it uses a
+    setting, and the checked settings by name."""
 
     @property
     def device(self) -> str: ...
-    @property
-    def precision(self) -> str: ...
-    @property
-    def parallelism(self) -> str: ...
-    @property
-    def optimizer(self) -> str: ...
-    @property
-    def loss(self) -> str: ...
-    @property
-    def compile(self) -> str: ...
-    @property
-    def memory_format(self) -> str: ...
-    @property
-    def data(self) -> str: ...
-    @property
-    def dataset(self) -> str: ...
-    @property
-    def checkpointing(self) -> str: ...
     def uses(self, name: str) -> bool: ...
 
 

@@ -39,11 +39,7 @@ def ci_url(environ: Mapping[str, str]) -> str | None:
     if environ.get("GITHUB_RUN_ID") and environ.get("GITHUB_REPOSITORY"):
         server = environ.get("GITHUB_SERVER_URL", "https://github.com")
         return f"{server}/{environ['GITHUB_REPOSITORY']}/actions/runs/{environ['GITHUB_RUN_ID']}"
-    for _, _, links in _CI:
-        for name in links:
-            if environ.get(name):
-                return environ[name]
-    return None
+    return next((environ[name] for _, _, links in _CI for name in links if environ.get(name)), None)
 
 
 def provenance(cwd: Path | None = None, environ: Mapping[str, str] | None = None,

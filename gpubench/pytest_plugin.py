@@ -89,15 +89,14 @@ def gpubench_benchmark(benchmark: Any) -> Callable[..., TrainingRound]:
     and its keyword arguments as ``args={"width": 16}``)."""
     from gpubench.errors import InputError
     from gpubench.plugins import load_plugins
+    from gpubench.settings import flatten_args
     from gpubench.suite import checked_settings, config_from
 
     load_plugins()
 
     def run(steps_per_round: int = 10, rounds: int = 10, warmup_rounds: int = 2, **settings: Any) -> TrainingRound:
         try:
-            if isinstance(settings.get("args"), dict):
-                settings.update({f"args.{k}": v for k, v in settings.pop("args").items()})
-            settings = checked_settings("gpubench_benchmark", settings)
+            settings = checked_settings("gpubench_benchmark", flatten_args(settings))
             config = config_from(settings, "gpubench_benchmark")
         except (InputError, KeyError) as e:
             pytest.fail(str(e.args[0]), pytrace=False)
@@ -177,13 +176,14 @@ def gpubench_ab(request: Any, tmp_path: Path) -> Callable[..., ABGate]:
             pytest.skip("gpubench_ab: no baseline checkout (give --gpubench-baseline-path DIR or baseline_path=)")
         from gpubench.errors import InputError
         from gpubench.suite import suite_text
+        from gpubench.workloads.source import ZOOS
 
         try:
             text = suite_text("pytest-ab", settings)
         except InputError as e:
             pytest.fail(f"gpubench_ab: {e}", pytrace=False)
         workloads = settings.get("workload")
-        own = any(":" in str(w) and str(w).split(":")[0] not in ("torchvision", "timm", "hf", "keras")
+        own = any(":" in str(w) and str(w).split(":")[0] not in ZOOS
                   for w in (workloads if isinstance(workloads, list) else [workloads]))
         if own and candidate_path is None:  # the user's factory: the candidate is this project's checkout
             candidate_path = str(request.config.rootpath)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import Field, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from gpubench.backends import BACKENDS, declared_values
@@ -19,8 +19,6 @@ from gpubench.workloads.source import is_function_ref, parse_workload
 
 _DEVICE_RE = re.compile(r"^(cpu|cuda|gpu)(:(\d+))?$")
 
-
-# --- settings: type, check, default ------------------------------------------------------
 
 Check = Callable[[Any], Any]  # returns the normalised value or raises ValueError(message)
 
@@ -38,7 +36,6 @@ def _int(minimum: int, maximum: int = INT_MAX) -> Check:
             raise ValueError(f"must be <= {maximum}, got {v}")
         return v
     return check
-
 
 
 def _batch_size(v: Any) -> int | str:
@@ -93,12 +90,6 @@ class Choice:
         if not isinstance(v, str) or v not in options:
             raise ValueError(choices_message(self.kind, v, options))
         return v
-
-
-def _declared(setting: str) -> Callable[[], list[str]]:
-    """The values of ``setting`` that some registered backend supports (read when checked, so
-    that a plugin's backend can add values)."""
-    return lambda: declared_values(setting)
 
 
 def parse_device(v: Any) -> str:
@@ -166,19 +157,13 @@ def _loss(v: Any) -> str:
     if isinstance(v, str) and is_function_ref(v):
         return v
     try:
-        return Choice("loss", _declared("loss"))(v)
+        return Choice("loss", lambda: declared_values("loss"))(v)
     except ValueError as e:
         raise ValueError(f'{e}, or a function "module:function" (outputs, targets) -> loss') from None
 
 
 ARGS_PREFIX = "args."  # args.<name>: a factory's keyword argument
 ARG_RE = re.compile(r"^args\.[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def _factory_arg(v: Any) -> Any:
-    if isinstance(v, (bool, int, float, str)):
-        return v
-    raise ValueError(f"a factory's argument is a string, number or boolean, got {v!r}")
 
 
 def flatten_args(table: dict[str, Any]) -> dict[str, Any]:
@@ -230,7 +215,7 @@ def _check_of(name: str, spec: tuple[Any, ...]) -> tuple[Check, Callable[[str], 
         "device": lambda: parse_device,
         "parallelism": lambda: _parallelism,
         "string": lambda: _string,
-        "declared": lambda: Choice(args[0], _declared(name)),
+        "declared": lambda: Choice(args[0], lambda: declared_values(name)),  # the values some backend supports
         "declared_or_function": lambda: _loss,
         "values": lambda: Choice(args[0], tuple(args[1])),
         "function": lambda: _function_ref(args[0]),
@@ -240,13 +225,9 @@ def _check_of(name: str, spec: tuple[Any, ...]) -> tuple[Check, Callable[[str], 
     return checks[kind](), str
 
 
-def _declare(f: Field[Any]) -> Setting:
-    check, parse = _check_of(f.name, f.metadata["check"])
-    return Setting(f.name, check, parse, f.metadata["help"])
-
-
 # every suite key, from its one declaration (gpubench.config.setting)
-SETTINGS: dict[str, Setting] = {f.name: _declare(f) for f in SETTING_FIELDS if f.metadata["check"] is not None}
+SETTINGS: dict[str, Setting] = {f.name: Setting(f.name, *_check_of(f.name, f.metadata["check"]), f.metadata["help"])
+                                for f in SETTING_FIELDS if f.metadata["check"] is not None}
 
 
 def workload_param_names() -> list[str]:
@@ -262,9 +243,8 @@ def check_value(key: str, value: Any) -> Any:
     if key in SETTINGS:
         return SETTINGS[key].check(value)
     if ARG_RE.match(key):
-        return _factory_arg(value)
+        if not isinstance(value, (bool, int, float, str)):
+            raise ValueError(f"a factory's argument is a string, number or boolean, got {value!r}")
+        return value
     minimum = min(p.minimum for w in WORKLOADS.values() for p in w.params if p.name == key)
     return _int(minimum)(value)
-
-
-# --- the suite ------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import json
 import math
 import re
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,17 +74,8 @@ class Suite:
     max_jobs: int = MAX_JOBS  # the most config repeats a sweep of it may have (run --max-jobs)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "source": self.source,
-            "defaults": self.defaults,
-            "matrix": self.matrix,
-            "include": list(self.include),
-            "exclude": list(self.exclude),
-            "overrides": self.overrides,
-            "max_jobs": self.max_jobs,
-        }
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "include": list(self.include),
+                "exclude": list(self.exclude)}
 
     @staticmethod
     def from_dict(d: Any, src: str = "run.json") -> Suite:
@@ -168,7 +159,8 @@ class Suite:
         self.check_size()
         axes = _ordered_axes(self.matrix)
         base = [dict(zip(axes, combo)) for combo in itertools.product(*(self.matrix[a] for a in axes))]
-        points = [p for p in base if not any(_matches(p, e) for e in self.exclude)]
+        # exclude: the points that match every key an entry names
+        points = [p for p in base if not any(all(k in p and p[k] in vs for k, vs in e.items()) for e in self.exclude)]
         for included in self.include:
             entry = self._narrow(included)
             if entry is None:
@@ -179,14 +171,8 @@ class Suite:
             points += [dict(zip(keys, combo)) for combo in itertools.product(*lists)]
         if not points:
             raise InputError(f"{self.source}: the matrix is empty after include/exclude")
-        configs: list[Config] = []
-        seen: set[Config] = set()
-        for point in points:
-            config = self._config(point).normalised()
-            if config not in seen:
-                seen.add(config)
-                configs.append(config)
-        return name_differences(configs, self.source)
+        configs = dict.fromkeys(config_from({**self.defaults, **p}, self.source).normalised() for p in points)
+        return name_differences(list(configs), self.source)  # without duplicates, the first kept
 
     def _narrow(self, entry: dict[str, list[Any]]) -> dict[str, list[Any]] | None:
         out = {}
@@ -197,9 +183,6 @@ class Suite:
                     return None
             out[k] = vs
         return out
-
-    def _config(self, point: dict[str, Any]) -> Config:
-        return config_from({**self.defaults, **point}, self.source)
 
     def check_params_used(self, keys: set[str] | None = None, where: str | None = None) -> None:
         """A workload parameter no workload of the suite takes is a mistake (a typo, or the
@@ -269,11 +252,8 @@ def suite_text(name: str, settings: dict[str, Any]) -> str:
             raise InputError(f"{name}: {key}: expected a string, number or boolean, got {v!r}")
         return json.dumps(v)  # a JSON string, number or boolean is a TOML one
 
-    def line(k: str, v: Any) -> str:
-        return f"{json.dumps(k)} = {toml(k, v)}"
-
     lines = [f"name = {json.dumps(name)}", "[defaults]"]
-    lines += [line(k, v) for k, v in flat.items() if not isinstance(v, list)]
+    lines += [f"{json.dumps(k)} = {toml(k, v)}" for k, v in flat.items() if not isinstance(v, list)]
     lines += ["[matrix]"] + [f"{json.dumps(k)} = [{', '.join(toml(k, x) for x in v)}]"
                              for k, v in flat.items() if isinstance(v, list)]
     return "\n".join(lines) + "\n"
@@ -310,10 +290,6 @@ def _ordered_axes(matrix: dict[str, list[Any]]) -> list[str]:
     return [a for a in _AXIS_ORDER if a in matrix] + [a for a in matrix if a not in _AXIS_ORDER]
 
 
-def _matches(point: dict[str, Any], entry: dict[str, list[Any]]) -> bool:
-    return all(k in point and point[k] in vs for k, vs in entry.items())
-
-
 def _validated(where: str, key: str, value: Any) -> Any:
     try:
         return check_value(key, value)
@@ -323,18 +299,12 @@ def _validated(where: str, key: str, value: Any) -> Any:
 
 # --- loading --------------------------------------------------------------------------------
 
-def resolve_suite_path(name_or_path: str) -> Path:
-    """A path, or a bare suite name looked up as suites/<name>.toml."""
-    p = Path(name_or_path)
-    if p.exists() or p.suffix == ".toml" or "/" in name_or_path:
-        return p
-    return Path("suites") / f"{name_or_path}.toml"
-
-
 def load_suite(name_or_path: str, max_jobs: int = MAX_JOBS) -> Suite:
-    """A suite file, validated and expanded once (so that a bad one fails here); ``max_jobs``
-    bounds the sweep (--max-jobs)."""
-    path = resolve_suite_path(name_or_path)
+    """A suite file (a path, or a bare suite name looked up as suites/<name>.toml), validated and
+    expanded once (so that a bad one fails here); ``max_jobs`` bounds the sweep (--max-jobs)."""
+    path = Path(name_or_path)
+    if not (path.exists() or path.suffix == ".toml" or "/" in name_or_path):
+        path = Path("suites") / f"{name_or_path}.toml"
     src = str(path)
     if not path.is_file():
         raise InputError(f"{src}: no such suite file")
@@ -386,25 +356,22 @@ def parse_suite(data: dict[str, Any], src: str, default_name: str = "suite", max
             raise InputError(f"{where}: expected a single value (sweep lists belong in [matrix])")
         defaults[key] = _validated(where, key, value)
 
-    matrix_raw = _table(data, "matrix", src)
     matrix: dict[str, list[Any]] = {}
-    include: list[dict[str, list[Any]]] = []
-    exclude: list[dict[str, list[Any]]] = []
-    for key, value in flatten_args(matrix_raw).items():
-        if key in ("include", "exclude"):
-            target = include if key == "include" else exclude
+    entries: dict[str, list[dict[str, list[Any]]]] = {"include": [], "exclude": []}
+    for key, value in flatten_args(_table(data, "matrix", src)).items():
+        if key in entries:
             if not isinstance(value, list) or not all(isinstance(e, dict) for e in value):
                 raise InputError(f"{src}: matrix.{key}: expected a list of tables, e.g. [[matrix.{key}]]")
             for i, entry in enumerate(value):
                 if not entry:
                     raise InputError(f"{src}: matrix.{key}[{i}]: empty entry")
-                target.append({k: _values(f"{src}: matrix.{key}[{i}].{k}", k, v)
-                               for k, v in flatten_args(entry).items()})
+                entries[key].append({k: _values(f"{src}: matrix.{key}[{i}].{k}", k, v)
+                                     for k, v in flatten_args(entry).items()})
             continue
         matrix[key] = _values(f"{src}: matrix.{key}", key, value)
 
     suite = Suite(name=name, description=description, source=src, defaults=defaults, matrix=matrix,
-                  include=tuple(include), exclude=tuple(exclude), max_jobs=max_jobs)
+                  include=tuple(entries["include"]), exclude=tuple(entries["exclude"]), max_jobs=max_jobs)
     suite.expand()
     return suite
 

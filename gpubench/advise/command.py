@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,7 @@ from gpubench.suite import MAX_BATCH, Suite
 ADVICE_JSON, ADVICE_MD = "advice.json", "advice.md"
 COMBINATION_ROUNDS = 1000  # the combination's rounds (and the baseline's beside it) are numbered from here
 EXIT_OK, EXIT_BASELINE_FAILED = 0, 1
+COLUMNS = ("#", "practice", "verdict", "speed-up", "interval", "memory", "cold start", "pays back", "loss", "note")
 
 
 @dataclass
@@ -169,11 +170,10 @@ def _advise(req: AdviseRequest, console: Console, held: ExitStack) -> int:
     practices, skipped = candidates(base)
     cands: list[Candidate] = []
     for p in practices:
-        if not _wanted(p.group, req):
-            if p.group == "batch" and _wanted("memory", req):  # the memory group's probe
-                p = Practice(p.name, "probe", p.sets, p.caveat)
-            else:
-                continue
+        if p.group == "batch" and not _wanted("batch", req) and _wanted("memory", req):  # the memory group's probe
+            p = replace(p, group="probe")
+        elif not _wanted(p.group, req):
+            continue
         made = _config_of(suite, req.sets, p, base)
         if isinstance(made, str):
             skipped.append(Skipped(p.name, p.group, made))
@@ -255,8 +255,7 @@ class _Session:
             if why is not None:
                 skipped.append(Skipped(c.practice.name, c.practice.group, why))
                 cands.remove(c)
-        refused = self.cannot_run(base)
-        if refused is not None:
+        if (refused := self.cannot_run(base)) is not None:
             return self.baseline_failed(refused, skipped)
         self.console.print(f"advise {self.run.meta['run_id']}: baseline {base.config_id}; {len(cands)} practice(s) to "
                            f"measure, within {self.req.budget_s:g} s -> {self.run_dir}", highlight=False)
@@ -309,7 +308,6 @@ class _Session:
         """Rounds of the live practices with the baseline, and looks at them (alpha / 2^k) until
         each is decided or the budget is spent; the rows at the last look's level. A round
         missing from an interrupted advise (--resume) is measured again first."""
-        base = self.base
         rounds = min_repeats(2 * look_alpha(self.req.alpha, 1) / compared)
         # the combination's rounds (at a later look's level), kept for it
         reserve = 3 * min_repeats(2 * look_alpha(self.req.alpha, 2) / compared) if len(live) >= 2 else 0
@@ -317,7 +315,7 @@ class _Session:
         look, rows, target = 0, {}, 0
         self.looks_done = 0
         while undecided:
-            configs = [base] + [c.config for c in undecided]
+            configs = [self.base] + [c.config for c in undecided]
             target = rounds if look == 0 else min(2 * target, target + max(1, self._fit(len(configs), reserve)))
             k = 0
             # the first look's rounds are what any verdict needs: the combination's reserve
@@ -332,7 +330,7 @@ class _Session:
             look += 1
             self.looks_done = look
             alpha_look = look_alpha(self.req.alpha, look)
-            j = Judging(alpha_look, self.judging.threshold, self.judging.noise_floor, self.judging.loss_tolerance)
+            j = replace(self.judging, alpha=alpha_look)
             for c in undecided:
                 rows[c.config.config_id] = judge(c.practice, self.beside_practices(), self._of(c.config), j, compared)
             before = len(undecided)
@@ -356,20 +354,18 @@ class _Session:
         baseline in rounds of their own (None when fewer than two helped)."""
         chosen = combine(rows)
         while len(chosen) >= 2:
-            sets = [f"{k}={v}" for r in chosen for k, v in r.sets.items()]
             name = " + ".join(r.practice for r in chosen)
             practice = Practice(name, "combination", tuple((k, v) for r in chosen for k, v in r.sets.items()),
                                 "; ".join(dict.fromkeys(r.caveat for r in chosen if r.caveat)))
             try:
-                (config,) = suite.with_overrides(self.req.sets + sets).expand()
+                (config,) = suite.with_overrides(self.req.sets + practice.set_args).expand()
             except (InputError, ValueError) as e:
-                self.console.print(f"combination {name}: {e}; without {chosen[-1].practice}", highlight=False)
-                chosen = chosen[:-1]
-                continue
-            resolved = pre_resolve(config, self.run.probes)
-            if resolved is not None:
-                self.console.print(f"combination {name}: {resolved[1]}; without {chosen[-1].practice}",
-                                   highlight=False)
+                problem: str | None = str(e)
+            else:
+                resolved = pre_resolve(config, self.run.probes)
+                problem = resolved[1] if resolved is not None else None
+            if problem is not None:
+                self.console.print(f"combination {name}: {problem}; without {chosen[-1].practice}", highlight=False)
                 chosen = chosen[:-1]
                 continue
             base = self.base
@@ -381,8 +377,7 @@ class _Session:
                     if k > start and not self.fits(2):
                         break
                     self.measure([base, config], range(k, k + 1))
-            j = Judging(self.final_alpha, self.judging.threshold, self.judging.noise_floor,
-                        self.judging.loss_tolerance)
+            j = replace(self.judging, alpha=self.final_alpha)
             beside = [r for r in self._of(base) if r.repeat >= start]
             return judge(practice, beside, self._of(config), j, compared)
         return None
@@ -413,9 +408,8 @@ class _Session:
                   "best": best.to_dict() if best else None, "best_lines": suite_lines(best),
                   "skipped": [s.__dict__ for s in skipped],
                   "undecided": undecided, "contention": contention}
-        md = markdown(advice)
         self.show(rows, combo, skipped, best, [*undecided, contention])
-        self.write(advice, md)
+        self.write(advice, markdown(advice))
         return EXIT_OK
 
     def write(self, advice: dict[str, Any], md: str) -> None:
@@ -434,17 +428,12 @@ class _Session:
                             "interval's confidence: 1 - 2 alpha / the comparisons, at the look that decided it; "
                             "paired: on the per-round ratios)",
                       title_justify="left")
-        for col in ("#", "practice", "verdict", "speed-up", "interval", "memory", "cold start", "pays back", "loss",
-                    "note"):
+        for col in COLUMNS:
             table.add_column(col, overflow="fold")
         for i, r in enumerate(rows + ([combo] if combo else []), 1):
             table.add_row(*(escape(c) for c in row_cells(r, "C" if r is combo else str(i))))
         self.console.print(table)
-        for s in skipped:
-            self.console.print(f"does not apply: {s.name}: {s.reason}", highlight=False, soft_wrap=True, markup=False)
-        for line in best_text(best, rows):
-            self.console.print(line, highlight=False, soft_wrap=True, markup=False)
-        for line in after:
+        for line in [f"does not apply: {s.name}: {s.reason}" for s in skipped] + best_text(best, rows) + after:
             if line:
                 self.console.print(line, highlight=False, soft_wrap=True, markup=False)
 
@@ -543,27 +532,26 @@ def best_text(best: Row | None, rows: list[Row]) -> list[str]:
     return lines
 
 
+def _row(d: dict[str, Any]) -> Row:
+    """A row of advice.json (``Row.to_dict``) as a Row again."""
+    return Row(**{**d, "repeats": tuple(d["repeats"]),
+                  "payback_steps": math.inf if d["payback_steps"] == "never" else d["payback_steps"]})
+
+
 def markdown(advice: dict[str, Any]) -> str:
     """advice.md (and --markdown): the ranked table, the combination, what does not apply, the
     best config's lines."""
-    head = ["#", "practice", "verdict", "speed-up", "interval", "memory", "cold start", "pays back", "loss", "note"]
     out = [f"# gpubench advise: {advice['baseline']}", "",
            f"Each practice against the baseline (throughput ratio and its interval, whose confidence is "
            f"1 - 2 x {advice['alpha']:g} / 2^look / the comparisons; threshold {100 * advice['threshold']:g}%; loss "
            f"tolerance {100 * advice['loss_tolerance']:g}%), measured in {advice['elapsed_s']} s of a "
            f"{advice['budget_s']:g} s budget. Paired: judged on the ratios of the rounds, the practice's "
            "repeat against the baseline's beside it.", "",
-           fmt.md_row(head), "| " + " | ".join("---" for _ in head) + " |"]
-    rows = [Row(**{**r, "repeats": tuple(r["repeats"]),
-                   "payback_steps": math.inf if r["payback_steps"] == "never" else r["payback_steps"]})
-            for r in advice["rows"]]
-    combo = advice.get("combination")
-    for i, r in enumerate(rows, 1):
-        out.append(fmt.md_row(row_cells(r, str(i))))
-    if combo:
-        c = Row(**{**combo, "repeats": tuple(combo["repeats"]),
-                   "payback_steps": math.inf if combo["payback_steps"] == "never" else combo["payback_steps"]})
-        out.append(fmt.md_row(row_cells(c, "C")))
+           fmt.md_row(COLUMNS), "| " + " | ".join("---" for _ in COLUMNS) + " |"]
+    for i, r in enumerate(advice["rows"], 1):
+        out.append(fmt.md_row(row_cells(_row(r), str(i))))
+    if advice.get("combination"):
+        out.append(fmt.md_row(row_cells(_row(advice["combination"]), "C")))
     if advice.get("undecided"):
         out += ["", "## Undecided", ""] + [f"- {line}" for line in advice["undecided"]]
     if advice.get("contention"):

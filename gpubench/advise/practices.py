@@ -36,9 +36,6 @@ class Practice:
         """The practice as ``--set KEY=VALUE`` arguments."""
         return [f"{k}={v}" for k, v in self.sets]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "group": self.group, "sets": dict(self.sets), "caveat": self.caveat}
-
 
 @dataclass(frozen=True)
 class Skipped:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpubench.backends.base import Backend
-from gpubench.backends.registry import BACKENDS, load_class, register_backend, zoo_framework
+from gpubench.backends.registry import BACKENDS, declared, load_class, register_backend, zoo_framework
 from gpubench.config import SETTING_FIELDS
 from gpubench.options import USER_FUNCTION
 
@@ -13,8 +13,7 @@ REFERENCE_FRAMEWORK = "torch"
 
 def backend_class(name: str) -> type[Backend]:
     """The Backend class registered as ``name`` (its module is imported; its framework is not)."""
-    found: type[Backend] = load_class(name)
-    return found
+    return load_class(name)
 
 
 # the built-in values of each setting whose values the backends declare (its declaration in
@@ -39,32 +38,20 @@ def get_backend(name: str) -> Backend:
 def display_name(name: str) -> str:
     """The framework's name as reports print it (its backend's ``display_name``; the registry
     name where it sets none, or for a framework no longer registered)."""
-    try:
-        return backend_class(name).display_name or name
-    except (KeyError, ImportError, AttributeError):
-        return name
+    return declared(name, "display_name", "") or name
 
 
 def uncompiled_note() -> str:
     """What ``compile = none`` means in each registered framework that says, in one clause
     ("PyTorch's is eager; JAX's is already one XLA program (jax.jit)")."""
-    parts = []
-    for name in BACKENDS:
-        try:
-            how = backend_class(name).uncompiled
-        except (KeyError, ImportError, AttributeError):
-            continue
-        if how:
-            parts.append(f"{display_name(name)}'s is {how}")
-    return "; ".join(parts)
+    notes = {name: declared(name, "uncompiled", "") for name in BACKENDS}
+    return "; ".join(f"{display_name(name)}'s is {how}" for name, how in notes.items() if how)
 
 
 def colour(name: str, precision: str) -> str:
     """The chart colour of a framework at a precision (grey where its backend sets none)."""
-    try:
-        return backend_class(name).colours.get(precision, "#7f7f7f")
-    except (KeyError, ImportError, AttributeError):
-        return "#7f7f7f"
+    colours: dict[str, str] = declared(name, "colours", {})
+    return colours.get(precision, "#7f7f7f")
 
 
 __all__ = ["BACKENDS", "REFERENCE_FRAMEWORK", "Backend", "backend_class", "colour", "declared_values", "display_name",

@@ -9,9 +9,9 @@ one ``register_backend`` line.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeVar
 
 # the Trainer interface lives beside the measurement loop; plugins import it from here
 from gpubench.config import BACKEND_CHECKED, FUNCTION_CHECKED
@@ -26,7 +26,13 @@ if TYPE_CHECKING:
     from gpubench.workloads.data import Batches
 
 __all__ = ["Backend", "Capabilities", "DeviceInfo", "Lap", "NativeModel", "ProbeInfo", "ProfilingUnavailable",
-           "Trainer", "Unsupported", "no_lap"]
+           "Trainer", "Tree", "Unsupported", "no_lap", "spec_native"]
+
+A = TypeVar("A")
+# A nested structure of one framework's arrays (``Tree[torch.Tensor]``, ``Tree[np.ndarray]``): an
+# array, or a tuple, list or dict (a Flax FrozenDict) of such trees. A batch whose model takes
+# several inputs, JAX's parameters and optimizer state (pytrees), Keras' nests.
+Tree: TypeAlias = A | Sequence["Tree[A]"] | Mapping[str, "Tree[A]"]
 
 
 class Unsupported(Exception):
@@ -61,6 +67,18 @@ class NativeModel:
     channels_first_data: bool = False
 
 
+def spec_native(spec: WorkloadSpec, config: Config, build: Callable[[], object],
+                channels_first_data: bool = False) -> NativeModel:
+    """A built-in workload as a NativeModel: ``build`` makes the framework's model of ``spec``;
+    the data is gpubench's own for the spec, made for the config."""
+    from gpubench.workloads.data import make_batches
+
+    return NativeModel(build=build, facts=spec.facts(), spec=spec, sequential=True,
+                       channels_first_data=channels_first_data,
+                       make_batches=lambda batch, group: make_batches(spec, config.dataset, config.data_dir, batch,
+                                                                      config.seed, group))
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     name: str  # "cpu", "cuda:0", ...
@@ -83,14 +101,7 @@ class ProbeInfo:
         return [d.name for d in self.devices]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "framework": self.framework,
-            "available": self.available,
-            "reason": self.reason,
-            "version": self.version,
-            "devices": [vars(d) for d in self.devices],
-            "build": self.build,
-        }
+        return {**asdict(self), "devices": [asdict(d) for d in self.devices]}
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> ProbeInfo:
@@ -165,11 +176,10 @@ class Backend(ABC):
         return (self.capabilities.problem(self.name, config, BACKEND_CHECKED, FUNCTION_CHECKED)
                 or self.static_unsupported(config))
 
-    def share_process(self) -> None:
+    def share_process(self) -> None:  # noqa: B027 - an optional hook
         """Prepare to train in a process that other frameworks may share (the pytest fixture
         trains every framework in pytest's one process; a worker holds one framework). Nothing
         to do by default."""
-        return None
 
     @abstractmethod
     def static_unsupported(self, config: Config) -> str | None:
@@ -194,14 +204,11 @@ class Backend(ABC):
         backend trains the built-in workloads only, translating their spec in ``build``
         (``NativeModel.spec``; ``build()`` gives the spec back)."""
         from gpubench.workloads import get_workload
-        from gpubench.workloads.data import make_batches
 
         if ":" in config.workload:
             raise Unsupported(f"the {self.name} backend trains the built-in workloads only, not {config.workload}")
         spec = get_workload(config.workload).spec(**dict(config.workload_params))
-        return NativeModel(build=lambda: spec, facts=spec.facts(), spec=spec, sequential=True,
-                           make_batches=lambda batch, group: make_batches(spec, config.dataset, config.data_dir, batch,
-                                                                          config.seed, group))
+        return spec_native(spec, config, lambda: spec)
 
     @abstractmethod
     def build(self, model: NativeModel, config: Config, batches: Batches) -> Trainer:

@@ -7,7 +7,7 @@ imports no backend module at load time.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, TypeVar
 
 from gpubench.errors import choices_message
 from gpubench.options import RankStart, parse_parallelism
@@ -34,15 +34,21 @@ def load_class(name: str) -> Any:
     return getattr(importlib.import_module(module), cls)
 
 
+T = TypeVar("T")
+
+
+def declared(name: str, attribute: str, default: T) -> T:
+    """What the backend registered as ``name`` sets as ``attribute``; ``default`` where it sets
+    none, or where it cannot be loaded (a framework no longer registered, a plugin's module gone)."""
+    try:
+        return getattr(load_class(name), attribute, default)
+    except (KeyError, ImportError, AttributeError):
+        return default
+
+
 def zoo_framework(zoo: str) -> str | None:
     """The registered framework whose backend trains the models of ``zoo`` (``Backend.zoos``)."""
-    for name in BACKENDS:
-        try:
-            if zoo in getattr(load_class(name), "zoos", ()):
-                return name
-        except (KeyError, ImportError, AttributeError):
-            continue
-    return None
+    return next((name for name in BACKENDS if zoo in declared(name, "zoos", ())), None)
 
 
 def rank_start(framework: str, parallelism: str) -> RankStart:

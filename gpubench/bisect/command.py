@@ -28,9 +28,11 @@ from gpubench.bisect.search import Bisection, Step
 from gpubench.errors import InputError, stop_exit_code, stop_message
 from gpubench.files import write_text_atomic
 from gpubench.gate import ALPHA, NOISE_FLOOR, THRESHOLD
+from gpubench.gate.compare import parse_fraction, repeats_for
 from gpubench.launch import Interpreter
 from gpubench.results.outputs import check_output_dir, check_output_file, write_output
 from gpubench.results.store import json_text, locked_run_dir
+from gpubench.runner import ab
 from gpubench.suite import load_suite
 
 STATE = "bisect.json"
@@ -61,10 +63,6 @@ KEPT = ("suite", "good", "bad", "repo", "sets", "cache", "repeats", "budget_s", 
         "setup")
 
 
-def _stored(req: BisectRequest) -> dict[str, Any]:
-    return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(req).items() if k in KEPT}
-
-
 def execute_bisect(req: BisectRequest, console: Console) -> int:
     """The bisection; its exit code (0 a commit named, 1 none: not reproduced at the ends, or a
     step that stayed inconclusive). Bad input raises InputError (exit 2) before anything runs."""
@@ -90,23 +88,19 @@ def execute_bisect(req: BisectRequest, console: Console) -> int:
     if rel is not None and not git.has_file(repo, good, rel):
         raise InputError(f"{req.suite}: not in the good revision {good[:12]} (each step reads the suite as the "
                          "last good commit has it); commit it there, or give a suite outside the repository")
-    from gpubench.gate.compare import parse_fraction, repeats_for
-    from gpubench.runner.ab import look_alpha
-
     if req.threshold != "auto":
         parse_fraction(req.threshold, "--threshold")
     parse_fraction(req.noise_floor, "--noise-floor")
 
-    needed = repeats_for(look_alpha(req.alpha, 1), len(configs), "bonferroni", paired=True)
+    needed = repeats_for(ab.look_alpha(req.alpha, 1), len(configs), "bonferroni", paired=True)
     if req.repeats < needed:
         raise InputError(f"--repeats {req.repeats}: a lockstep A/B of {len(configs)} config(s) at alpha {req.alpha:g} "
-                         f"(its first look at {look_alpha(req.alpha, 1):g}) needs at least {needed} rounds")
+                         f"(its first look at {ab.look_alpha(req.alpha, 1):g}) needs at least {needed} rounds")
     for path, option in ((req.markdown, "--markdown"), (req.json, "--json")):
         check_output_file(path, option)
     if req.resume is None:
         check_output_dir(req.out, "--out")
-        stamp = f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
-        run_dir = req.out / f"bisect-{good[:8]}-{bad[:8]}-{stamp}"
+        run_dir = req.out / f"bisect-{good[:8]}-{bad[:8]}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
         run_dir.mkdir(parents=True)
     else:
         run_dir = req.resume
@@ -145,7 +139,8 @@ class _Session:
 
     def save(self) -> None:
         write_text_atomic(self.run_dir / STATE, json_text({
-            "request": _stored(self.req), "repo": str(self.repo), "good": self.good, "bad": self.bad,
+            "request": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self.req).items() if k in KEPT},
+            "repo": str(self.repo), "good": self.good, "bad": self.bad,
             "ends": [s.to_dict() for s in self.ends], "confirm_steps": [s.to_dict() for s in self.confirm],
             **self.bisection.to_dict()}))
 
@@ -163,8 +158,6 @@ class _Session:
         bad_level = (end.ci_high if end.ci_high is not None else end.ratio) if end is not None else None
         if step.verdict != "inconclusive" or bad_level is None or step.ci_low is None or step.ci_high is None:
             return step
-        from gpubench.gate.compare import parse_fraction
-
         floor = parse_fraction(self.req.noise_floor, "--noise-floor")
         if step.ci_low > bad_level and step.ci_high >= 1 - floor:
             step.verdict = "unchanged"
@@ -192,8 +185,6 @@ class _Session:
                         if (s.baseline, s.candidate, s.attempt) == (base, cand, attempt)), None)
         if earlier is not None:
             return earlier
-        from gpubench.runner.ab import ABRequest, execute_ab
-
         baseline, candidate = self.side(base), self.side(cand)
         suite = str(Path(str(baseline.pythonpath)) / self.suite_rel) if self.suite_rel is not None else self.req.suite
         out = self.run_dir / "steps" / f"{label}-{cand[:8]}-vs-{base[:8]}-{attempt}"
@@ -213,11 +204,11 @@ class _Session:
         self.console.print(f"{label}: {cand[:12]} ({subject}) against {base[:12]}"
                            + (f", measured again ({attempt + 1})" if attempt else ""), highlight=False, markup=False)
         t0 = time.monotonic()
-        execute_ab(ABRequest(suite=suite, baseline=baseline, candidate=candidate, out=out, sets=self.req.sets,
-                             repeats=self.req.repeats, threshold=self.step_threshold(),
-                             noise_floor=self.req.noise_floor,
-                             alpha=self.req.alpha, json=verdicts, report=False, lockstep=True,
-                             budget_s=self.req.budget_s, prior=prior), self.console)
+        ab.execute_ab(ab.ABRequest(suite=suite, baseline=baseline, candidate=candidate, out=out, sets=self.req.sets,
+                                   repeats=self.req.repeats, threshold=self.step_threshold(),
+                                   noise_floor=self.req.noise_floor,
+                                   alpha=self.req.alpha, json=verdicts, report=False, lockstep=True,
+                                   budget_s=self.req.budget_s, prior=prior), self.console)
         step = _step_of(verdicts, base, cand, attempt, str(out), time.monotonic() - t0)
         if prior is not None:
             step.pooled = str(prior.parent)

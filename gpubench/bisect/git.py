@@ -28,18 +28,17 @@ def git(repo: Path, *args: str, check: bool = True) -> str:
 
 
 def toplevel(repo: Path, option: str = "--repo") -> Path:
-    proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
-    if proc.returncode != 0:
+    top = git(repo, "rev-parse", "--show-toplevel", check=False)  # nothing on stdout where it fails
+    if not top:
         raise InputError(f"{option} {repo}: not a git repository")
-    return Path(proc.stdout.strip())
+    return Path(top)
 
 
 def resolve(repo: Path, rev: str, option: str) -> str:
-    proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
-                          capture_output=True, text=True)
-    if proc.returncode != 0 or not proc.stdout.strip():
+    sha = git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False)
+    if not sha:
         raise InputError(f"{option} {rev}: not a commit of {repo}")
-    return proc.stdout.strip()
+    return sha
 
 
 def commits_between(repo: Path, good: str, bad: str) -> list[str]:

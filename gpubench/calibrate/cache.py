@@ -54,8 +54,7 @@ _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 class CalibrationError(Exception):
     """No calibration: ``unavailable`` when the reference framework (PyTorch) or the device is
-    missing (bad input for
-    ``gpubench calibrate``), else the measurement failed."""
+    missing (bad input for ``gpubench calibrate``), else the measurement failed."""
 
     def __init__(self, message: str, unavailable: bool = False) -> None:
         super().__init__(message)

@@ -44,10 +44,6 @@ def check_devices(devices: list[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _num(v: float | None) -> str:
-    return "-" if v is None else f"{v:.4g}"
-
-
 def figures_table(calibrations: list[Calibration]) -> Table:
     """Measured figures and the kernel that set each, with the datasheet figure beside them
     where the GPU is in the table."""
@@ -70,7 +66,7 @@ def figures_table(calibrations: list[Calibration]) -> Table:
                      sheet.bandwidth_gbs if sheet else None))
         for i, (figure, measured, kernel, datasheet) in enumerate(rows):
             ratio = f"{measured / datasheet:.0%}" if measured and datasheet else "-"
-            table.add_row(label if i == 0 else "", figure, _num(measured), kernel,
+            table.add_row(label if i == 0 else "", figure, "-" if measured is None else f"{measured:.4g}", kernel,
                           f"{datasheet:g} (datasheet: {sheet.label})" if datasheet and sheet else "-", ratio)
     return table
 
@@ -99,8 +95,7 @@ def summary(cal: Calibration) -> dict[str, Any]:
 
 def run_calibrate(devices: list[str] | None, force: bool, json_path: Path | None, console: Console) -> int:
     """0 when every device calibrated; 2 when the reference framework (PyTorch) or a device is
-    missing; 1 when a
-    measurement failed."""
+    missing; 1 when a measurement failed."""
     wanted = check_devices(devices) if devices else default_devices()
     check_output_file(json_path, "--json")
     if reference().package_build() is None:
@@ -120,8 +115,7 @@ def run_calibrate(devices: list[str] | None, force: bool, json_path: Path | None
         how = (f"from the cache {cal.path} (measured {cal.entry.get('measured_at')}; --force measures again)"
                if cal.cached else f"{seconds}, cached in {cal.path}" if cal.saved
                else f"{seconds}, not cached (the warning above says why)")
-        console.print(f"{device}: {how}", highlight=False, soft_wrap=True)
-        for line in framework_lines(cal):
+        for line in [f"{device}: {how}", *framework_lines(cal)]:
             console.print(line, highlight=False, soft_wrap=True)
     if done:
         console.print(figures_table(done))

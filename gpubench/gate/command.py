@@ -13,7 +13,7 @@ from rich.console import Console
 from gpubench.errors import InputError, os_error_line, warn
 from gpubench.gate import ALPHA, NOISE_FLOOR, THRESHOLD, render
 from gpubench.gate.compare import compare, fingerprint_differences, gate_options
-from gpubench.gate.sides import Side, list_baselines, resolve, save_baseline
+from gpubench.gate.sides import DEFAULT_BASELINES, Side, list_baselines, resolve, save_baseline
 from gpubench.results.outputs import check_output_dir, check_output_file, write_output
 from gpubench.results.store import json_text
 
@@ -31,7 +31,7 @@ class CompareRequest:
     markdown: Path | None = None
     json: Path | None = None
     force: bool = False
-    baselines_dir: Path = Path(".gpubench/baselines")
+    baselines_dir: Path = DEFAULT_BASELINES
     correction: str = "bonferroni"
     junit: Path | None = None
     best_of: int = 1
@@ -85,12 +85,6 @@ def _compare(req: CompareRequest, console: Console) -> int:
     return EXIT_REGRESSED if result.regressed else EXIT_OK
 
 
-def bad_input_line(e: InputError | OSError) -> str:
-    """The line the CLI prints for bad input (after ``gpubench: error: ``): an OSError as its
-    file and reason, without the errno."""
-    return str(e) if isinstance(e, InputError) else os_error_line(e)
-
-
 @contextmanager
 def junit_on_bad_input(junit: Path | None, command: str) -> Iterator[None]:
     """``compare`` / ``ab`` with ``--junit FILE``: when the command ends as bad input (exit 2),
@@ -103,7 +97,9 @@ def junit_on_bad_input(junit: Path | None, command: str) -> Iterator[None]:
         if junit is not None:
             try:
                 check_output_file(junit, "--junit")
-                write_output(junit, render.junit_error(command, bad_input_line(e)), "--junit")
+                # the line the CLI prints: an OSError as its file and reason, without the errno
+                line = str(e) if isinstance(e, InputError) else os_error_line(e)
+                write_output(junit, render.junit_error(command, line), "--junit")
             except InputError:
                 pass  # FILE cannot be written: the error raised (about FILE, or the first problem) is all
         raise

@@ -125,9 +125,6 @@ class ConfigVerdict:
     # the rounds' log ratios
     noise: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class Comparison:
@@ -154,7 +151,7 @@ class Comparison:
                 "alpha_per_config": self.alpha_per_config, "correction": self.correction, "paired": self.paired,
                 "best_of": self.best_of,
                 "counts": self.counts(),
-                "verdicts": [v.to_dict() for v in self.verdicts]}
+                "verdicts": [asdict(v) for v in self.verdicts]}
 
 
 def _usable(r: Result, metric: Metric) -> float | None:
@@ -333,26 +330,19 @@ def setting_differences(baseline: list[Result], current: list[Result], config_id
     return f"settings differ: {', '.join(diffs)}" if diffs else ""
 
 
-FINGERPRINT_KEYS = ("cpu_model",)
-
-
 def fingerprint_differences(a: dict[str, Any], b: dict[str, Any], frameworks: set[str]) -> list[str]:
     """What differs between two environments in ways that change performance: the CPU model,
     the GPUs and their driver, and the versions (and CUDA builds) of the frameworks compared."""
     diffs = []
-    for key in FINGERPRINT_KEYS:
-        if a.get(key) != b.get(key):
-            diffs.append(f"{key}: {a.get(key)!r} vs {b.get(key)!r}")
+    if a.get("cpu_model") != b.get("cpu_model"):
+        diffs.append(f"cpu_model: {a.get('cpu_model')!r} vs {b.get('cpu_model')!r}")
     def gpus(env: dict[str, Any]) -> list[tuple[Any, Any]]:
         return [(g.get("name"), g.get("driver")) for g in env.get("gpus") or []]
     if gpus(a) != gpus(b):
         diffs.append(f"GPUs/driver: {gpus(a) or 'none'} vs {gpus(b) or 'none'}")
     for fw in sorted(frameworks):
-        pa, pb = dig(a, "frameworks", fw) or {}, dig(b, "frameworks", fw) or {}
-        for key in ("version",):
-            if pa.get(key) != pb.get(key):
-                diffs.append(f"{fw} {key}: {pa.get(key)} vs {pb.get(key)}")
-        for key in ("cuda", "cudnn"):
-            if (pa.get("build") or {}).get(key) != (pb.get("build") or {}).get(key):
-                diffs.append(f"{fw} {key}: {(pa.get('build') or {}).get(key)} vs {(pb.get('build') or {}).get(key)}")
+        pa, pb = dig(a, "frameworks", fw), dig(b, "frameworks", fw)
+        for key, path in (("version", ("version",)), ("cuda", ("build", "cuda")), ("cudnn", ("build", "cudnn"))):
+            if dig(pa, *path) != dig(pb, *path):
+                diffs.append(f"{fw} {key}: {dig(pa, *path)} vs {dig(pb, *path)}")
     return diffs

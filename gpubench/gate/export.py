@@ -28,7 +28,8 @@ from typing import Any
 
 import gpubench
 from gpubench.errors import InputError
-from gpubench.results.metrics import metric
+from gpubench.gate.sides import resolve
+from gpubench.results.metrics import BY_NAME
 from gpubench.results.outputs import check_output_file, write_output
 from gpubench.results.result import Result
 from gpubench.results.store import RESULTS_FILE, json_text
@@ -36,7 +37,7 @@ from gpubench.results.store import RESULTS_FILE, json_text
 FORMATS = ("pytest-benchmark", "github-action")
 
 
-THROUGHPUT, STEP = metric("throughput"), metric("step_ms")
+THROUGHPUT, STEP = BY_NAME["throughput"], BY_NAME["step_ms"]
 
 
 def _rate(r: Result) -> float | None:
@@ -64,11 +65,6 @@ def _rates(rs: list[Result]) -> list[float]:
     return [v for r in rs if (v := _rate(r)) is not None]
 
 
-def headline(rs: list[Result]) -> float:
-    """gpubench's throughput of a config: the median over its repeats (the report's figure)."""
-    return statistics.median(_rates(rs))
-
-
 def to_pytest_benchmark(results: list[Result], env: dict[str, Any], source: str = "results") -> dict[str, Any]:
     try:
         from pytest_benchmark import __version__ as pb_version
@@ -82,7 +78,7 @@ def to_pytest_benchmark(results: list[Result], env: dict[str, Any], source: str 
         for rate in rates:
             stats.update(1.0 / rate)  # seconds per sample: pytest-benchmark's "time" of a round
         d = stats.as_dict()
-        value = headline(rs)
+        value = statistics.median(rates)
         d["ops"], d["median"] = value, 1.0 / value  # gpubench's figure (module docstring)
         d["data"] = stats.data
         d["iterations"] = 1
@@ -119,7 +115,7 @@ def _spread(rs: list[Result], rates: list[float]) -> float | None:
     the result has none)."""
     if len(rates) > 1:
         return (max(rates) - min(rates)) / 2
-    low, high = metric("throughput_ci_low").value(rs[0]), metric("throughput_ci_high").value(rs[0])
+    low, high = BY_NAME["throughput_ci_low"].value(rs[0]), BY_NAME["throughput_ci_high"].value(rs[0])
     if isinstance(low, (int, float)) and isinstance(high, (int, float)) and math.isfinite(high - low):
         return (high - low) / 2
     return None
@@ -129,7 +125,7 @@ def to_github_action(results: list[Result], source: str = "results") -> list[dic
     out = []
     for config_id, rs in _ok_by_config(results, source).items():
         rates = _rates(rs)
-        entry: dict[str, Any] = {"name": config_id, "unit": "samples/s", "value": round(headline(rs), 3)}
+        entry: dict[str, Any] = {"name": config_id, "unit": "samples/s", "value": round(statistics.median(rates), 3)}
         spread = _spread(rs, rates)
         if spread is not None:  # "±N": the action reads the number after the sign
             entry["range"] = f"±{round(spread, 3)}"
@@ -142,8 +138,6 @@ def to_github_action(results: list[Result], source: str = "results") -> list[dic
 
 def run_export(run_dir: Path, fmt: str, out: Path | None) -> int:
     """``gpubench export``: to ``out`` (checked first, written atomically), else stdout."""
-    from gpubench.gate.sides import resolve
-
     check_output_file(out, "--out")
     side = resolve(str(run_dir), None)  # run directories only: export takes no baseline names
     source = str(side.path / RESULTS_FILE)

@@ -38,12 +38,8 @@ def verdict_share(sigma: float, repeats: int, ratio: float, alpha_config: float,
     rng = np.random.default_rng(seed)
     hits = 0
     for _ in range(trials):
-        if paired:
-            base = np.ones(repeats)
-            s = paired_shift(base, ratio * np.exp(rng.normal(0.0, sigma, repeats)), 2 * alpha_config)
-        else:
-            base = np.exp(rng.normal(0.0, sigma, repeats))
-            s = shift(base, ratio * np.exp(rng.normal(0.0, sigma, repeats)), 2 * alpha_config)
+        base = np.ones(repeats) if paired else np.exp(rng.normal(0.0, sigma, repeats))
+        s = (paired_shift if paired else shift)(base, ratio * np.exp(rng.normal(0.0, sigma, repeats)), 2 * alpha_config)
         hits += judge(s, GATE_METRICS["throughput"], threshold, noise_floor) in verdicts
     return hits / trials
 

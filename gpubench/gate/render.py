@@ -32,10 +32,6 @@ def change_text(ratio: float | None, low: float | None, high: float | None) -> s
     return text
 
 
-def _change(v: ConfigVerdict) -> str:
-    return change_text(v.ratio, v.ci_low, v.ci_high)
-
-
 def compare_command(baseline: str, current: str, o: GateOptions, force: bool) -> str:
     """The ``gpubench compare`` command, every gate option spelled out, that gives the same
     verdicts from the same results."""
@@ -86,14 +82,8 @@ def cells(c: Comparison, v: ConfigVerdict) -> dict[str, str]:
     interval, the repeats a side (n) and the note; the terminal table, the markdown and
     ``gpubench ab``'s ab.json (its report's table) all show these."""
     return {"config": v.config_id, "verdict": v.verdict, "baseline": _value(v.baseline_median, c.metric),
-            "current": _value(v.current_median, c.metric), "change [CI]": _change(v),
+            "current": _value(v.current_median, c.metric), "change [CI]": change_text(v.ratio, v.ci_low, v.ci_high),
             "n": f"{v.n_baseline}/{v.n_current}", "note": v.note}
-
-
-def triage_all(c: Comparison, base: list[Result], cur: list[Result], labels: tuple[str, str],
-               reproduce: str) -> dict[str, list[str]]:
-    """Each regressed config's triage (gate.triage)."""
-    return {v.config_id: triage(base, cur, v.config_id, labels, reproduce) for v in c.regressed}
 
 
 def show(console: Console, c: Comparison, labels: tuple[str, str], base: list[Result], cur: list[Result],
@@ -112,7 +102,7 @@ def show(console: Console, c: Comparison, labels: tuple[str, str], base: list[Re
     power = power_line(c)
     if power:
         console.print(power, highlight=False, soft_wrap=True)
-    triaged = triage_all(c, base, cur, labels, reproduce)
+    triaged = {v.config_id: triage(base, cur, v.config_id, labels, reproduce) for v in c.regressed}
     for config_id, lines in triaged.items():
         console.print(f"[red]triage[/red] {config_id}:", highlight=False, soft_wrap=True)
         for line in lines:
@@ -194,9 +184,9 @@ def junit(c: Comparison, labels: tuple[str, str], power: str = "",
             ET.SubElement(props, "property", name=name, value=value)
     for v in compared:
         case = ET.SubElement(suite, "testcase", classname=f"gpubench.{c.metric.name}", name=v.config_id)
-        line = (f"{v.verdict}: {_change(v)}; {labels[0]} {_value(v.baseline_median, c.metric)}, {labels[1]} "
-                f"{_value(v.current_median, c.metric)}, n {v.n_baseline}/{v.n_current}"
-                + (f"; {v.note}" if v.note else ""))
+        row = cells(c, v)
+        line = (f"{v.verdict}: {row['change [CI]']}; {labels[0]} {row['baseline']}, {labels[1]} {row['current']}, "
+                f"n {row['n']}" + (f"; {v.note}" if v.note else ""))
         if v.verdict == "regressed":
             ET.SubElement(case, "failure", message=line, type="regressed").text = "\n".join(
                 [line, *(triaged or {}).get(v.config_id, [])])

@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from statistics import NormalDist
 
 import numpy as np
 
@@ -53,8 +54,6 @@ def _interval_k(null: Null, alpha: float) -> int:
     cdf, mean, sd = null
     if cdf is not None:
         return int(np.searchsorted(cdf, alpha / 2, side="right"))
-    from statistics import NormalDist
-
     return max(0, int(math.floor(mean - NormalDist().inv_cdf(1 - alpha / 2) * sd)))
 
 
@@ -63,8 +62,6 @@ def _p_at_least(null: Null, w: int) -> float:
     cdf, mean, sd = null
     if cdf is not None:
         return float(1.0 - cdf[w - 1]) if w > 0 else 1.0
-    from statistics import NormalDist
-
     return float(1 - NormalDist().cdf((w - 0.5 - mean) / sd))
 
 
@@ -99,20 +96,20 @@ class Shift:
         return math.isfinite(self.ci_low) and math.isfinite(self.ci_high)
 
 
+def _hodges_lehmann(values: np.ndarray, k: int, n: int, m: int) -> Shift:
+    """A Shift from the sorted pairwise differences (or Walsh averages) of log values: their
+    median, and the k-th smallest and largest as the interval (NaN when k < 1)."""
+    lo, hi = (math.exp(values[k - 1]), math.exp(values[len(values) - k])) if k >= 1 else (math.nan, math.nan)
+    return Shift(math.exp(float(np.median(values))), lo, hi, n, m)
+
+
 def shift(baseline: list[float] | np.ndarray, current: list[float] | np.ndarray, alpha: float) -> Shift:
     a = np.log(np.asarray(baseline, dtype=float))
     b = np.log(np.asarray(current, dtype=float))
     n, m = len(a), len(b)
     if n == 0 or m == 0:
         raise ValueError("both sides need at least one value")
-    diffs = np.sort((b[None, :] - a[:, None]).ravel())
-    estimate = float(np.median(diffs))
-    k = _rank_k(n, m, alpha)
-    if k < 1:
-        lo = hi = math.nan
-    else:
-        lo, hi = math.exp(diffs[k - 1]), math.exp(diffs[len(diffs) - k])
-    return Shift(math.exp(estimate), lo, hi, n, m)
+    return _hodges_lehmann(np.sort((b[None, :] - a[:, None]).ravel()), _rank_k(n, m, alpha), n, m)
 
 
 def p_below(baseline: list[float] | np.ndarray, current: list[float] | np.ndarray, ratio0: float) -> float:
@@ -180,10 +177,7 @@ def paired_shift(baseline: list[float] | np.ndarray, current: list[float] | np.n
     distribution (normal approximation beyond SIGNED_RANK_EXACT_LIMIT pairs). What the two
     sides of a pair share (the machine's state while they ran) cancels in the ratio."""
     d = _paired_logs(baseline, current)
-    walsh = _walsh(d)
-    k = _walsh_k(len(d), alpha)
-    lo, hi = (math.exp(walsh[k - 1]), math.exp(walsh[len(walsh) - k])) if k >= 1 else (math.nan, math.nan)
-    return Shift(math.exp(float(np.median(walsh))), lo, hi, len(d), len(d))
+    return _hodges_lehmann(_walsh(d), _walsh_k(len(d), alpha), len(d), len(d))
 
 
 def paired_p_below(baseline: list[float] | np.ndarray, current: list[float] | np.ndarray, ratio0: float) -> float:

@@ -10,7 +10,7 @@ dashboard (``history report``) marks the same steps on its charts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -62,9 +62,7 @@ class Step:
         return self.kind == "regression" and self.from_end <= self.recent_window
 
     def to_dict(self) -> dict[str, Any]:
-        return {"suite": self.suite, "config_id": self.config_id, "machine": self.machine, "metric": self.metric,
-                "commit": self.commit, "previous_commit": self.previous_commit, "position": self.position,
-                "points": self.points, "from_end": self.from_end, "kind": self.kind,
+        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("change", "recent_window")},
                 "recent_regression": self.recent_regression, **self.change.to_dict()}
 
 
@@ -95,13 +93,8 @@ def find_steps(frame: pd.DataFrame, orders: dict[str, list[str]], metric: str,
     pts = series_points(frame, metric)
     if not options.together:
         return _alone(pts, orders, metric, options)
-    steps: list[Step] = []
-    short = 0
-    for (suite, _machine), g in pts.groupby(["suite", "machine"], sort=True):
-        found, n_short = _together(g, orders[str(suite)], metric, options)
-        steps += found
-        short += n_short
-    return steps, short
+    parts = [_together(g, orders[str(suite)], metric, options) for (suite, _), g in pts.groupby(["suite", "machine"])]
+    return [st for found, _ in parts for st in found], sum(short for _, short in parts)
 
 
 def _alone(pts: pd.DataFrame, orders: dict[str, list[str]], metric: str,

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from gpubench import fmt
 from gpubench.errors import InputError, warn
+from gpubench.files import write_atomic
 from gpubench.gate.power import MAX_REPEATS, MAX_SLOWDOWN
 from gpubench.history.changes import CheckOptions, Step, describe, find_steps, p_text
 from gpubench.history.dashboard import DEFAULT_METRICS, build_dashboard, commit_order, trend_frame
@@ -132,9 +133,8 @@ def run_history(req: HistoryRequest, console: Console) -> int:
             return 0
         if req.action == "list":
             frame = list_runs(engine, url, req.filters)
-            table = Table(title=f"runs in {display_url(url)}")
-            for col in ("run", "suite", "machine", "commit", "branch", "created", "complete", "results ok/all"):
-                table.add_column(col)
+            table = Table("run", "suite", "machine", "commit", "branch", "created", "complete", "results ok/all",
+                          title=f"runs in {display_url(url)}")
             for r in frame.itertuples():
                 table.add_row(r.run_id, r.suite, r.hostname, _cell(r.commit)[:12], _cell(r.branch), r.created_at,
                               "yes" if r.complete else "no", f"{int(r.ok or 0)}/{int(r.results)}")
@@ -157,17 +157,14 @@ def run_history(req: HistoryRequest, console: Console) -> int:
         if req.action == "export":
             assert out is not None
             out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_name(out.name + ".tmp")
             if out.suffix == ".parquet":
-                _write_parquet(frame, tmp)
+                write_atomic(out, lambda tmp: _write_parquet(frame, tmp))
             else:
-                frame.to_csv(tmp, index=False)
-            tmp.replace(out)
+                write_atomic(out, lambda tmp: frame.to_csv(tmp, index=False))
             console.print(f"{len(frame)} result(s) -> {out}", highlight=False)
             return 0
-        table = Table(title=f"results in {display_url(url)}")
-        for col in ("run", "commit", "machine", "config", "repeat", "status", *metrics):
-            table.add_column(col)
+        table = Table("run", "commit", "machine", "config", "repeat", "status", *metrics,
+                      title=f"results in {display_url(url)}")
         for _, r in frame.iterrows():
             figures = [fmt.metric(BY_NAME[m].kind, r.get(m)) if r["status"] == "ok" else "" for m in metrics]
             table.add_row(r["run_id"], _cell(r["commit"])[:12], r["machine"], r["config_id"], str(r["repeat"]),
@@ -200,10 +197,8 @@ def _noise(engine: Any, url: str, req: HistoryRequest, metrics: list[str], conso
         console.print("no commit has two results of one config on one machine: run with --repeats 2 or more "
                       "(or run the same commit twice) to measure the noise", highlight=False)
     else:
-        table = Table()
-        for col in ("suite", "config", "machine", "metric", "noise (cv)", "results / commits",
-                    f"caught 95% with {o.repeats} repeats", f"repeats for {100 * o.effect:g}%"):
-            table.add_column(col)
+        table = Table("suite", "config", "machine", "metric", "noise (cv)", "results / commits",
+                      f"caught 95% with {o.repeats} repeats", f"repeats for {100 * o.effect:g}%")
         for n in levels:
             table.add_row(n.suite, n.config_id, n.machine, n.metric, f"{100 * (math.exp(n.sigma) - 1):.1f}%",
                           f"{n.results} / {n.commits}",
@@ -214,7 +209,7 @@ def _noise(engine: Any, url: str, req: HistoryRequest, metrics: list[str], conso
             console.print(sentence(n, o), highlight=False, soft_wrap=True)
     if req.json:
         write_output(req.json, json_text({"history": display_url(url), "options": asdict(o),
-                                          "noise": [n.to_dict() for n in levels]}), "--json")
+                                          "noise": [asdict(n) for n in levels]}), "--json")
     return 0
 
 
@@ -223,12 +218,8 @@ def _check(engine: Any, url: str, req: HistoryRequest, metrics: list[str], conso
     series' newest commits; a history with nothing to check is bad input (exit 2)."""
     frame = _ok_results(engine, url, req, metrics, "check")
     orders = commit_order(frame)
-    steps: list[Step] = []
-    short = 0
-    for metric in metrics:
-        found, n_short = find_steps(frame, orders, metric, req.check)
-        steps += found
-        short += n_short
+    parts = [find_steps(frame, orders, metric, req.check) for metric in metrics]
+    steps, short = [st for found, _ in parts for st in found], sum(n for _, n in parts)
     o = req.check
     console.print(f"change points in {display_url(url)}: E-Divisive means, p <= {o.p_value:g} "
                   f"({o.permutations} permutations; a split too short for them, by Student's t where its sides do not "
@@ -240,9 +231,7 @@ def _check(engine: Any, url: str, req: HistoryRequest, metrics: list[str], conso
                   + (f"the newest {o.last} commits of each series searched" if o.last else "every commit searched"),
                   highlight=False, soft_wrap=True)
     if steps:
-        table = Table()
-        for col in ("suite", "config", "machine", "metric", "step at", "change [95% CI]", "p", "kind"):
-            table.add_column(col)
+        table = Table("suite", "config", "machine", "metric", "step at", "change [95% CI]", "p", "kind")
         for st in steps:
             kind = f"[red]{st.kind}, recent[/red]" if st.recent_regression else st.kind
             table.add_row(st.suite, st.config_id, st.machine, st.metric,

@@ -14,7 +14,6 @@ and listed per suite.
 from __future__ import annotations
 
 import base64
-import io
 import json
 import re
 from dataclasses import dataclass, field
@@ -94,7 +93,9 @@ def commit_order(frame: pd.DataFrame) -> dict[str, list[str]]:
     return {s: list(g["commit"]) for s, g in first.groupby("suite", sort=True)}
 
 
-def _chart(pts: pd.DataFrame, commits: list[str], metric: str, title: str, steps: list[Step] | None = None) -> bytes:
+def _chart(pts: pd.DataFrame, commits: list[str], metric: str, title: str, path: Path,
+           steps: list[Step] | None = None) -> bytes:
+    """The chart, written atomically to ``path`` as a PNG; returns its bytes (for the page)."""
     m = BY_NAME[metric]
     position = {c: i for i, c in enumerate(commits)}
     with plt.rc_context(STYLE):
@@ -118,10 +119,9 @@ def _chart(pts: pd.DataFrame, commits: list[str], metric: str, title: str, steps
         ax.set_title(title)
         ax.legend(loc="best", frameon=False)
         fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
+        write_atomic(path, lambda p: fig.savefig(p, format="png"))
         plt.close(fig)
-    return buf.getvalue()
+    return path.read_bytes()
 
 
 def _at(kind: str, point: pd.Series) -> str:
@@ -153,14 +153,6 @@ def latest_table(pts: pd.DataFrame, commits: list[str], metric: str) -> list[dic
     return rows
 
 
-def _write_png(path: Path, png: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(tmp: Path) -> None:
-        tmp.write_bytes(png)
-    write_atomic(path, write)
-
-
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:120]
 
@@ -182,9 +174,7 @@ def build_dashboard(engine: sa.Engine, url: str, out: Path, f: Filters | None = 
         warnings.append("no ok results in the history" + (" for these filters" if f != Filters() else ""))
     orders = commit_order(frame) if not frame.empty else {}
     known = set(frame["config_id"]) if not frame.empty else set()
-    for p in pinned:
-        if p not in known:
-            warnings.append(f"--pin {p}: no ok result of that config in the history")
+    warnings += [f"--pin {p}: no ok result of that config in the history" for p in pinned if p not in known]
     charts_dir = out / "charts"
     charts_dir.mkdir(parents=True, exist_ok=True)
     suites, n_charts = [], 0
@@ -207,10 +197,10 @@ def build_dashboard(engine: sa.Engine, url: str, out: Path, f: Filters | None = 
                 pts = by_metric[metric][by_metric[metric]["config_id"] == config]
                 if pts.empty:
                     continue
-                png = _chart(pts, commits, metric, f"{config}: {metric}",
-                             [st for st in steps if st.config_id == config and st.metric == metric])
                 name = f"{_slug(suite)}/{_slug(config)}-{metric}.png"
-                _write_png(charts_dir / name, png)
+                (charts_dir / name).parent.mkdir(parents=True, exist_ok=True)
+                png = _chart(pts, commits, metric, f"{config}: {metric}", charts_dir / name,
+                             [st for st in steps if st.config_id == config and st.metric == metric])
                 sections.append({"config": config, "metric": metric, "pinned": config in pinned, "name": name,
                                  "data": base64.b64encode(png).decode()})
                 n_charts += 1

@@ -31,6 +31,7 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 # gpubench was installed from
 INSTALL_HINT = "pip install 'sqlalchemy>=2.0' 'alembic>=1.12' 'orjson>=3.9'"
 POSTGRESQL_HINT = "pip install 'psycopg[binary]>=3.1'"
+UNKNOWN = "not a database this version knows; give a file path, sqlite:///PATH or postgresql://USER@HOST[:PORT]/NAME"
 
 
 class HistoryError(InputError):
@@ -48,8 +49,7 @@ def resolve_url(db: str | None, environ: dict[str, str] | None = None) -> str:
     if text.startswith(("postgresql+", "sqlite:")):
         return text
     if "://" in text:
-        raise HistoryError(f"--db {text}: not a database this version knows; give a file path, sqlite:///PATH or "
-                           "postgresql://USER@HOST[:PORT]/NAME")
+        raise HistoryError(f"--db {text}: {UNKNOWN}")
     return f"sqlite:///{Path(text).expanduser()}"
 
 
@@ -162,8 +162,7 @@ def make_engine(url: str) -> sa.Engine:
         return sa.create_engine(url, use_insertmanyvalues=False,
                                 connect_args={"connect_timeout": CONNECT_TIMEOUT_S,
                                               "options": f"-c lock_timeout={int(LOCK_TIMEOUT_S * 1000)}"})
-    raise HistoryError(f"--db {url}: not a database this version knows; give a file path, sqlite:///PATH or "
-                       "postgresql://USER@HOST[:PORT]/NAME")
+    raise HistoryError(f"--db {url}: {UNKNOWN}")
 
 
 def _while_busy(dbapi_connection: Any, statements: tuple[str, ...]) -> None:

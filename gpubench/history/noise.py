@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import pandas as pd
 
@@ -43,9 +42,6 @@ class Noise:
     commits: int  # commits with two or more results
     detectable: float | None  # the smallest slowdown caught POWER of the time (None: none up to 50%)
     repeats_for_effect: int | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 def pooled_noise(frame: pd.DataFrame, metric: str) -> pd.DataFrame:

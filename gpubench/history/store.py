@@ -51,10 +51,6 @@ from gpubench.results.store import (
     superseded_lines,
 )
 
-# the statuses ``gpubench run --resume --retry-failed`` runs again: the history replaces such a
-# row with the retried result, where it can tell that the run itself superseded it
-SUPERSEDABLE = RETRIED_STATUSES
-
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -272,15 +268,9 @@ class Recorder:
 
     def record(self, result: Result) -> bool:
         """One result, in a transaction of its own; False when the history has it already."""
-        return self.record_many([result]) == 1
-
-    def record_many(self, found: Sequence[Result]) -> int:
-        """Results in one transaction (one statement); returns how many were new."""
         assert self.run_pk is not None, "begin() first"
-        if not found:
-            return 0
         with translated_errors(self.url), self.engine.begin() as conn:
-            return self.insert_rows(conn, [_result_row(self.run_pk, r) for r in found])
+            return self.insert_rows(conn, [_result_row(self.run_pk, result)]) == 1
 
     def insert_rows(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> int:
         """Result rows (``_result_row``) into this run, in ``conn``'s transaction; returns how
@@ -320,7 +310,7 @@ class Recorder:
             if key not in stored or same_result(stored[key][1], row["doc"]):
                 continue
             status, doc = stored[key]
-            if status in SUPERSEDABLE and (self.meta.get("run_uuid") is not None
+            if status in RETRIED_STATUSES and (self.meta.get("run_uuid") is not None
                                            or any(same_result(doc, line) for line in self.superseded)):
                 conn.execute(results.update().where(results.c.run_pk == self.run_pk, results.c.config_id == key[0],
                                                     results.c.repeat == key[1])
@@ -348,10 +338,7 @@ def parsed_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]], tup
     an ingest (decoding, checking and taking the figures out of every line): a parallel ingest
     runs it in worker processes."""
     meta = load_run(run_dir)
-    try:
-        found = read_results(run_dir)
-    except ResultError as e:
-        raise HistoryError(str(e)) from None
+    found = read_results(run_dir)
     if not meta.get("env") and found:
         meta = {**meta, "env": run_env(meta, [r for _, r in found])}
     try:
@@ -373,18 +360,11 @@ def _write_parsed(conn: sa.Connection, engine: sa.Engine, url: str, meta: dict[s
     return added, len(rows) - added
 
 
-def record_parsed(engine: sa.Engine, url: str, meta: dict[str, Any], rows: list[dict[str, Any]],
-                  tags: dict[str, str] | None = None, source: str | None = None,
-                  superseded: tuple[str, ...] = ()) -> tuple[int, int]:
-    """A parsed run into the history, in one transaction: (results added, results it had)."""
-    with translated_errors(url), engine.begin() as conn:
-        return _write_parsed(conn, engine, url, meta, rows, tags, source=source, superseded=superseded)
-
-
 def ingest(engine: sa.Engine, url: str, run_dir: Path, tags: dict[str, str] | None = None) -> tuple[int, int]:
-    """Record a run directory: (results added, results the history had already)."""
+    """Record a run directory, in one transaction: (results added, results the history had already)."""
     meta, rows, superseded = parsed_run(run_dir)
-    return record_parsed(engine, url, meta, rows, tags, source=str(run_dir), superseded=superseded)
+    with translated_errors(url), engine.begin() as conn:
+        return _write_parsed(conn, engine, url, meta, rows, tags, source=str(run_dir), superseded=superseded)
 
 
 PARALLEL_MIN_RUNS = 8  # fewer run directories are ingested in this process: starting workers costs more

@@ -80,9 +80,7 @@ def _profile_run(req: ProfileRequest, session: Session, configs: list[Config]) -
         stop_message(e, f"finished configs are in {run_dir}")
         return stop_exit_code(e)
     session.finish()
-    failed = 0
-    for r in results:
-        failed += _show(r, run_dir, console)
+    failed = sum(_show(r, run_dir, console) for r in results)
     profiled = sum(1 for r in results if r.get("profile", "files"))
     console.print(f"run directory: {run_dir}  (results.jsonl, profile/, logs/)", highlight=False)
     if req.report and any(r.ok for r in results):
@@ -138,9 +136,8 @@ def breakdown_line(metrics: dict[str, Any]) -> str:
 
 def _ops_table(rows: list[dict[str, Any]], title: str) -> Table:
     table = Table(title=f"{title} (top {len(rows)})", title_justify="left")
-    table.add_column("operator", justify="left", overflow="fold")
-    table.add_column("calls", justify="right", overflow="fold")
-    table.add_column("self ms", justify="right", overflow="fold")
+    for col in ("operator", "calls", "self ms"):
+        table.add_column(col, justify="left" if col == "operator" else "right", overflow="fold")
     for r in rows:
         table.add_row(r["name"], str(r["calls"]), f"{r['self_ms']:.3f}")
     return table

@@ -15,20 +15,15 @@ import pandas as pd  # noqa: E402
 from gpubench import fmt  # noqa: E402
 from gpubench.files import write_atomic  # noqa: E402
 from gpubench.report.charts import STYLE  # noqa: E402
+from gpubench.report.tables import having  # noqa: E402
 
 SEGMENTS = [("data", "#9467bd"), ("forward", "#1f77b4"), ("backward", "#ff7f0e"), ("optimizer", "#2ca02c"),
             ("idle", "#c7c7c7")]
 
 
-def _with_breakdown(configs: pd.DataFrame) -> pd.DataFrame:
-    if "breakdown_forward_ms" not in configs:
-        return configs.iloc[0:0]
-    return configs[configs["breakdown_forward_ms"].notna()]
-
-
 def breakdown_table(configs: pd.DataFrame, multi_run: bool = False) -> pd.DataFrame:
     """ms per step: the measured step, each phase, idle and overlap; the timing method."""
-    rows = _with_breakdown(configs)
+    rows = having(configs, "breakdown_forward_ms")
     out = pd.DataFrame({**({"run": rows["run"]} if multi_run else {}), "config": rows["config_id"],
                         "step": rows["breakdown_step_ms"].map(fmt.ms)})
     for name in ("data", "forward", "backward", "optimizer", "idle", "overlap"):
@@ -40,7 +35,7 @@ def breakdown_table(configs: pd.DataFrame, multi_run: bool = False) -> pd.DataFr
 def breakdown_chart(configs: pd.DataFrame, path: Path) -> Path | None:
     """One horizontal bar per config: the shares of data / forward / backward / optimizer /
     idle in their sum, with the measured step time written at the bar's end."""
-    rows = _with_breakdown(configs)
+    rows = having(configs, "breakdown_forward_ms")
     if rows.empty:
         return None
     multi = rows["run"].nunique() > 1

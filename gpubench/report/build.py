@@ -38,10 +38,6 @@ IDENTITY_CSV_COLUMNS = ["run", "config_id", "config_hash", "workload", "workload
                         "status", "reason", "repeats", "repeats_ok", "ci_kind"]
 
 
-def csv_columns() -> list[str]:
-    return IDENTITY_CSV_COLUMNS + [m.name for m in METRICS]
-
-
 @dataclass
 class Report:
     out: Path
@@ -265,8 +261,7 @@ def write_markdown(data: ReportData, path: Path, ab: dict[str, Any] | None = Non
     are data (a results file's lines, an exception's message): each goes through fmt.md_cell."""
     c = data.configs
     lines = [f"## gpubench: {fmt.md_cell(', '.join(r.run_id for r in data.runs))}", "", fmt.md_cell(_counts(c)), ""]
-    for w in data.warnings:
-        lines.append(f"> warning: {fmt.md_cell(w)}")
+    lines += [f"> warning: {fmt.md_cell(w)}" for w in data.warnings]
     if data.warnings:
         lines.append("")
     if ab is not None and ab["table"] is not None:  # ab_section's, made once for the page and this
@@ -283,26 +278,20 @@ def write_markdown(data: ReportData, path: Path, ab: dict[str, Any] | None = Non
     if data.multi_run:
         side_by_side = tables.run_comparison(c, [r.run_id for r in data.runs])
         lines += ["### Runs side by side", "", tables.to_markdown(side_by_side)]
-    for comparison in twins.COMPARISONS:
-        t = tables.speedup_table(c, comparison, data.multi_run)
+    sections = [*((cmp.title, tables.speedup_table(c, cmp, data.multi_run)) for cmp in twins.COMPARISONS),
+                ("Activation checkpointing", tables.checkpointing_table(c, data.multi_run)),
+                ("Where time goes (ms per step, gpubench profile)", breakdown.breakdown_table(c, data.multi_run)),
+                ("Not measured", tables.failures(c, data.multi_run))]
+    for title, t in sections:
         if not t.empty:
-            lines += [f"### {comparison.title}", "", tables.to_markdown(t)]
-    checkpointing = tables.checkpointing_table(c, data.multi_run)
-    if not checkpointing.empty:
-        lines += ["### Activation checkpointing", "", tables.to_markdown(checkpointing)]
-    bd = breakdown.breakdown_table(c, data.multi_run)
-    if not bd.empty:
-        lines += ["### Where time goes (ms per step, gpubench profile)", "", tables.to_markdown(bd)]
-    bad = tables.failures(c, data.multi_run)
-    if not bad.empty:
-        lines += ["### Not measured", "", tables.to_markdown(bad)]
+            lines += [f"### {title}", "", tables.to_markdown(t)]
     write_text_atomic(path, "\n".join(lines) + "\n")
 
 
 def write_csv(data: ReportData, path: Path) -> None:
     c = data.configs.copy()
     params = sorted(col for col in c.columns if col.startswith("param_"))
-    cols = [col for col in csv_columns() if col in c.columns]
+    cols = [col for col in IDENTITY_CSV_COLUMNS + [m.name for m in METRICS] if col in c.columns]
     write_text_atomic(path, c[cols[:3] + params + cols[3:]].to_csv(index=False))
 
 

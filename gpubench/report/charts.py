@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+# colour: the same framework x precision has the same colour in every chart (its backend's)
 from gpubench.backends import colour, display_name  # noqa: E402
 from gpubench.files import write_atomic  # noqa: E402
 from gpubench.results.twins import COMPARISONS, speedup_text, speedups  # noqa: E402
@@ -39,8 +40,9 @@ LABEL_WIDTH = 48  # characters a legend entry or tick label holds a line; longer
 
 def _save(fig: Any, path: Path) -> None:
     """The figure with everything drawn inside it (``bbox_inches="tight"``: a legend or label
-    outside the axes grows the image instead of being cut off), written atomically."""
+    outside the axes grows the image instead of being cut off), written atomically; then closed."""
     write_atomic(path, lambda p: fig.savefig(p, format="png", bbox_inches="tight"))
+    plt.close(fig)
 
 
 def wrap(label: str, width: int = LABEL_WIDTH) -> str:
@@ -81,24 +83,11 @@ def _legends(fig: Any, axes: list[Any]) -> None:
 
 
 def _series_label(framework: str, precision: str, variant: str = "", run: str | None = None) -> str:
-    label = f"{display_name(framework)} {precision}"
-    if variant:
-        label += f" {variant}"
+    label = f"{display_name(framework)} {precision}" + (f" {variant}" if variant else "")
     return f"{label} ({run})" if run else label
 
 
 VARIANT_MARKERS = ["o", "s", "^", "D", "v", "P", "X"]
-
-
-def _color(framework: str, precision: str) -> Any:
-    """The same framework x precision has the same colour in every chart (its backend's)."""
-    return colour(framework, precision)
-
-
-def _grid(workloads: list[str], devices: list[str]):
-    fig, axes = plt.subplots(len(workloads), len(devices), figsize=(5.2 * len(devices), 3.4 * len(workloads)),
-                             squeeze=False)
-    return fig, axes
 
 
 def _series(ok: pd.DataFrame) -> list[str]:
@@ -126,7 +115,8 @@ def _lines_by_batch(configs: pd.DataFrame, value: str, path: Path, ylabel: str, 
     ok = ok.assign(series=_series(ok))
     variants = sorted(set(ok["series"]))
     with plt.rc_context(STYLE):
-        fig, axes = _grid(workloads, devices)
+        fig, axes = plt.subplots(len(workloads), len(devices), figsize=(5.2 * len(devices), 3.4 * len(workloads)),
+                                 squeeze=False)
         for i, workload in enumerate(workloads):
             for j, device in enumerate(devices):
                 ax = axes[i][j]
@@ -140,7 +130,7 @@ def _lines_by_batch(configs: pd.DataFrame, value: str, path: Path, ylabel: str, 
                     label = _series_label(fw, prec, var, run if len(runs) > 1 else None)
                     marker = VARIANT_MARKERS[variants.index(var) % len(VARIANT_MARKERS)]
                     # a later run's markers hollow: two runs' points tell apart where no line joins them
-                    kw: dict[str, Any] = {"color": _color(fw, prec), "linestyle": style, "marker": marker,
+                    kw: dict[str, Any] = {"color": colour(fw, prec), "linestyle": style, "marker": marker,
                                           "markersize": 4, "label": label,
                                           **({"markerfacecolor": "white"} if runs.index(run) % 2 else {})}
                     if ci is not None:
@@ -166,7 +156,6 @@ def _lines_by_batch(configs: pd.DataFrame, value: str, path: Path, ylabel: str, 
         fig.tight_layout()
         _legends(fig, [ax for row in axes for ax in row])
         _save(fig, path)
-        plt.close(fig)
     return path
 
 
@@ -218,7 +207,7 @@ def tokens_vs_seq_len(configs: pd.DataFrame, path: Path) -> Path | None:
                 y = g["tokens_per_s"].astype(float).to_numpy()
                 lo = g["throughput_ci_low"].astype(float).to_numpy() * n
                 hi = g["throughput_ci_high"].astype(float).to_numpy() * n
-                ax.errorbar(n, y, yerr=[y - lo, hi - y], capsize=3, color=_color(fw, prec),
+                ax.errorbar(n, y, yerr=[y - lo, hi - y], capsize=3, color=colour(fw, prec),
                             linestyle=RUN_LINESTYLES[runs.index(run) % len(RUN_LINESTYLES)],
                             marker=VARIANT_MARKERS[variants.index(var) % len(VARIANT_MARKERS)], markersize=4,
                             label=_series_label(fw, prec, var, run if len(runs) > 1 else None))
@@ -234,7 +223,6 @@ def tokens_vs_seq_len(configs: pd.DataFrame, path: Path) -> Path | None:
         fig.tight_layout()
         _legends(fig, list(axes[:, 0]))
         _save(fig, path)
-        plt.close(fig)
     return path
 
 
@@ -249,7 +237,7 @@ def mfu_vs_tensor(configs: pd.DataFrame, path: Path) -> Path | None:
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(6.2, 4.4))
         for (fw, prec), g in ok.groupby(["framework", "precision"], sort=True):
-            ax.scatter(g["tensor_active_pct"].astype(float), g["mfu"].astype(float) * 100, color=_color(fw, prec),
+            ax.scatter(g["tensor_active_pct"].astype(float), g["mfu"].astype(float) * 100, color=colour(fw, prec),
                        label=_series_label(fw, prec), s=24)
         ax.set_xlim(0, 100)
         ax.set_ylim(bottom=0)
@@ -259,7 +247,6 @@ def mfu_vs_tensor(configs: pd.DataFrame, path: Path) -> Path | None:
         fig.tight_layout()
         _legends(fig, [ax])
         _save(fig, path)
-        plt.close(fig)
     return path
 
 
@@ -303,7 +290,6 @@ def speedup_bars(configs: pd.DataFrame, path: Path) -> Path | None:
             ax.set_xlim(0, max(top * 1.35, 1.2))
         fig.tight_layout()
         _save(fig, path)
-        plt.close(fig)
     return path
 
 
@@ -330,7 +316,6 @@ def step_time_boxes(step_times: dict[str, list[float]], path: Path) -> Path | No
         ax.set_title("Step-time distributions (box: IQR; whiskers: 5th-95th percentile; dots: outliers)")
         fig.tight_layout()
         _save(fig, path)
-        plt.close(fig)
     return path
 
 
@@ -404,5 +389,4 @@ def telemetry_timelines(timelines: list[tuple[str, dict[str, Any]]], kind: str, 
         fig.suptitle(("GPU telemetry (NVML" if kind == "gpu" else "Host telemetry (psutil") + f"{every})",
                      x=0.01, ha="left", fontsize=10)
         _save(fig, path)
-        plt.close(fig)
     return path

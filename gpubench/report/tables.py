@@ -35,7 +35,12 @@ def batch_order(batch: object) -> tuple[int, int]:
 def _trained(r: pd.Series) -> str:
     """`` (bs 4096)`` after the cell of a ``"max"`` config: the batch its search found."""
     b = r.get("batch_trained")
-    return f" (bs {int(b)})" if r["batch_size"] == MAX_BATCH and b is not None and not pd.isna(b) else ""
+    return f" (bs {int(b)})" if r["batch_size"] == MAX_BATCH and pd.notna(b) else ""
+
+
+def having(configs: pd.DataFrame, name: str) -> pd.DataFrame:
+    """The rows with a value of ``name`` (none where no result has the column)."""
+    return configs[configs[name].notna()] if name in configs else configs.iloc[0:0]
 
 
 def _pivot(configs: pd.DataFrame, make_cell: Callable[[pd.Series], str], multi_run: bool) -> dict[str, pd.DataFrame]:
@@ -65,7 +70,7 @@ def _throughput_cell(r: pd.Series) -> str:
     text = fmt.rate_ci(r["throughput"], r["throughput_ci_low"], r["throughput_ci_high"])
     tokens = r.get("tokens_per_s")
     return (text + (" *" if r.get("noisy") else "") + (f" ({cell('tokens_per_s', tokens)} tokens/s)"
-                                                      if _known(tokens) else "") + _trained(r))
+                                                      if pd.notna(tokens) else "") + _trained(r))
 
 
 def throughput_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[str, pd.DataFrame]:
@@ -73,15 +78,11 @@ def throughput_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[st
     return _pivot(configs, _throughput_cell, multi_run)
 
 
-def _known(v: object) -> bool:
-    return v is not None and not pd.isna(v)
-
-
 def above_peak(r: pd.Series) -> bool:
     """Achieved more than the calibrated peak it was compared with (or an older result's stored
     MFU is above 100%): no MFU is shown for it, but the hint to recalibrate."""
     achieved, peak = r.get("achieved_tflops"), r.get("peak_tflops")
-    return bool(r.get("above_peak") or (_known(achieved) and _known(peak) and achieved > peak))
+    return bool(r.get("above_peak") or (pd.notna(achieved) and pd.notna(peak) and achieved > peak))
 
 
 def above_peak_note(configs: pd.DataFrame) -> str | None:
@@ -95,17 +96,14 @@ def above_peak_note(configs: pd.DataFrame) -> str | None:
 def flops_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[str, pd.DataFrame]:
     """Model TFLOP/s achieved, and MFU against the measured peak where there is one and it is
     not below what was achieved (then the hint to recalibrate instead)."""
-    if "achieved_tflops" not in configs or configs["achieved_tflops"].isna().all():
-        return {}
-
     def flops_cell(r: pd.Series) -> str:
         mfu = r.get("mfu")
         if above_peak(r):
             return (f"{cell('achieved_tflops', r['achieved_tflops'])}, above the calibrated peak "
                     f"({cell('peak_tflops', r['peak_tflops'])}): recalibrate with {RECALIBRATE}" + _trained(r))
-        return (cell("achieved_tflops", r["achieved_tflops"]) + ("" if not _known(mfu) else f", MFU {cell('mfu', mfu)}")
+        return (cell("achieved_tflops", r["achieved_tflops"]) + (f", MFU {cell('mfu', mfu)}" if pd.notna(mfu) else "")
                 + _trained(r))
-    return _pivot(configs[configs["achieved_tflops"].notna()], flops_cell, multi_run)
+    return _pivot(having(configs, "achieved_tflops"), flops_cell, multi_run)
 
 
 def memory_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[str, pd.DataFrame]:
@@ -114,8 +112,7 @@ def memory_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[str, p
         if r["status"] not in ("ok", "diverged"):
             return r["status"]
         return cell("peak_memory_bytes", r.get("peak_memory_bytes")) + _trained(r)
-    ok = configs[configs["peak_memory_bytes"].notna()] if "peak_memory_bytes" in configs else configs.iloc[0:0]
-    return _pivot(ok, memory_cell, multi_run)
+    return _pivot(having(configs, "peak_memory_bytes"), memory_cell, multi_run)
 
 
 def checkpointing_table(configs: pd.DataFrame, multi_run: bool = False) -> pd.DataFrame:
@@ -138,10 +135,8 @@ def checkpointing_table(configs: pd.DataFrame, multi_run: bool = False) -> pd.Da
 
 def energy_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[str, pd.DataFrame]:
     """Energy per sample, where GPU telemetry measured it."""
-    if "energy_per_sample_j" not in configs or configs["energy_per_sample_j"].isna().all():
-        return {}
-    has = configs[configs["energy_per_sample_j"].notna()]
-    return _pivot(has, lambda r: cell("energy_per_sample_j", r["energy_per_sample_j"]), multi_run)
+    energy = "energy_per_sample_j"
+    return _pivot(having(configs, energy), lambda r: cell(energy, r[energy]), multi_run)
 
 
 def speedup_table(configs: pd.DataFrame, comparison: twins.Twins, multi_run: bool = False) -> pd.DataFrame:

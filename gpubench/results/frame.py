@@ -128,7 +128,5 @@ def aggregate(frame: pd.DataFrame) -> pd.DataFrame:
     repeats."""
     if frame.empty:
         return frame
-    rows = []
-    for (run, config_id), g in frame.groupby(["run", "config_id"], sort=False):
-        rows.append({"run": run, "config_id": config_id, **_aggregate_group(g)})
-    return pd.DataFrame(rows)
+    groups = frame.groupby(["run", "config_id"], sort=False)
+    return pd.DataFrame([{"run": run, "config_id": config_id, **_aggregate_group(g)} for (run, config_id), g in groups])

@@ -66,27 +66,11 @@ class Metric:
         return ".".join(self.path) if self.path else "derived"
 
 
-def _peak_memory(r: Result) -> Any:
-    return r.peak_memory()[0]
-
-
-def _peak_memory_source(r: Result) -> Any:
-    return r.peak_memory()[1]
-
-
 def _above_peak(r: Result) -> bool:
     """The result says its peak is below what it achieved (or, written before that flag, its
     stored MFU is above 100%)."""
     mfu = r.get("metrics", "mfu")
     return bool(r.get("metrics", "peak_below_achieved")) or (isinstance(mfu, (int, float)) and mfu > 1)
-
-
-def _mfu(r: Result) -> Any:
-    return None if _above_peak(r) else r.get("metrics", "mfu")
-
-
-def _trained_batch(r: Result) -> Any:
-    return r.trained_batch()
 
 
 def _tokens_per_sample(r: Result) -> int | None:
@@ -149,10 +133,10 @@ METRICS: list[Metric] = [
     M("loss_fell", ("metrics", "loss", "fell"), "", "", "flag", "whether the loss went down", combine="all"),
     M("peak_memory_bytes", (), "bytes", "lower", "bytes",
       "the peak memory training needed: device allocator peak on a GPU, else the peak RSS while training "
-      "(else over the worker's life); peak_memory_source says which", gate=True, derive=_peak_memory,
+      "(else over the worker's life); peak_memory_source says which", gate=True, derive=lambda r: r.peak_memory()[0],
       alias="peak_memory"),
     M("peak_memory_source", (), "", "", "text", "which figure peak_memory_bytes is", combine="first",
-      derive=_peak_memory_source),
+      derive=lambda r: r.peak_memory()[1]),
     M("peak_rss_bytes", ("metrics", "memory", "peak_rss_bytes"), "bytes", "lower", "bytes",
       "worker peak RSS over its whole life"),
     M("train_peak_rss_bytes", ("metrics", "memory", "train_peak_rss_bytes"), "bytes", "lower", "bytes",
@@ -201,7 +185,7 @@ METRICS: list[Metric] = [
       "the measured peak MFU is against (gpubench calibrate)"),
     M("mfu", (), "", "higher", "pct",
       "achieved_tflops / peak_tflops; never above 100%: a result above its peak has none (above_peak)",
-      derive=_mfu),
+      derive=lambda r: None if _above_peak(r) else r.get("metrics", "mfu")),
     M("above_peak", (), "", "", "flag",
       "achieved more than the calibrated peak, which is then no ceiling: recalibrate (gpubench calibrate --force)",
       combine="any", derive=_above_peak),
@@ -209,7 +193,7 @@ METRICS: list[Metric] = [
       'batch_size = "max": the largest batch that trained', combine="first"),
     M("batch_trained", (), "samples", "", "count",
       'the batch a config trained at (a "max" config: the one its search found)', combine="first",
-      derive=_trained_batch),
+      derive=lambda r: r.trained_batch()),
     M("params", ("model", "params"), "", "", "count", "model parameters", combine="first"),
     M("flops_per_sample", ("model", "flops_per_sample"), "FLOP", "", "count",
       "training FLOPs per sample (forward + backward)", combine="first"),
@@ -229,7 +213,6 @@ METRICS: list[Metric] = [
 ]
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
 GATE_METRICS: dict[str, Metric] = {n: m for m in METRICS if m.gate for n in (m.name, m.alias) if n}
-
 
 
 @dataclass(frozen=True)
@@ -264,10 +247,6 @@ def register_metric(m: Metric) -> None:
     BY_NAME[m.name] = m
     if m.gate:
         GATE_METRICS.update({n: m for n in (m.name, m.alias) if n})
-
-
-def metric(name: str) -> Metric:
-    return BY_NAME[name]
 
 
 def gate_metric_names() -> list[str]:

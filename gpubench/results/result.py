@@ -56,11 +56,7 @@ class Outcome:
     def outcome_json(self) -> dict[str, Any]:
         """The outcome's keys as they appear in a result line (absent blocks left out)."""
         out: dict[str, Any] = {"status": self.status, "reason": self.reason, "metrics": self.metrics}
-        for name in _OPTIONAL_OUTCOME:
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = value
-        return out
+        return out | {name: v for name in _OPTIONAL_OUTCOME if (v := getattr(self, name)) is not None}
 
     @staticmethod
     def from_outcome_json(d: dict[str, Any]) -> Outcome:
@@ -135,10 +131,8 @@ class Result(Outcome):
                                "repeat": self.repeat, "config": self.config, **self.outcome_json()}
         if self.config_hash is None:
             del out["config_hash"]
-        for name in ("env", "started_at", "duration_s", "node_rank"):
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = value
+        out |= {name: v for name in ("env", "started_at", "duration_s", "node_rank")
+                if (v := getattr(self, name)) is not None}
         return {**out, **self.extra}
 
     @staticmethod
@@ -147,8 +141,7 @@ class Result(Outcome):
         shape (required keys and types, the statuses, the figures readers compute with)."""
         if not isinstance(d, dict):
             raise ResultError("not a JSON object")
-        problem = result_problem(d)
-        if problem:
+        if problem := result_problem(d):
             raise ResultError(problem)
         known = {f.name for f in fields(Result)} - {"extra"}
         values = {k: d[k] for k in known if k in d}

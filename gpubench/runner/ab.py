@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import secrets
+import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -45,7 +48,7 @@ from gpubench.launch import Interpreter, turn_pipes
 from gpubench.results.outputs import check_output_file, write_output
 from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES
-from gpubench.results.store import AB_FILE, json_text
+from gpubench.results.store import AB_FILE, json_text, load_results, load_run
 from gpubench.runner.job import Job
 from gpubench.runner.launcher import LauncherChoice
 from gpubench.runner.local import Local
@@ -110,8 +113,6 @@ def _prior(req: ABRequest, configs: list[Config], launchers: dict[str, Interpret
     alpha has none left to spend) and a config still undecided at its last look."""
     if req.prior is None:
         return None
-    from gpubench.results.store import load_results, load_run
-
     where = f"--continue {req.prior}"
     if not req.lockstep:
         raise InputError(f"{where}: needs --lockstep (the rounds of a lockstep A/B are continued paired)")
@@ -121,12 +122,11 @@ def _prior(req: ABRequest, configs: list[Config], launchers: dict[str, Interpret
         raise InputError(f"{where}: not the --json of a gpubench ab ({type(e).__name__}); give the file an "
                          "ab --lockstep --budget wrote with --json") from None
     chain, looks, best_of, correction = _continued_fields(earlier, where)
-    spent = 2 * float(looks[0]["alpha"]) if looks else 0.0  # look 1 was at alpha / 2
-    undecided = int(looks[-1]["undecided"]) if looks else 0
     if not looks:
         raise InputError(f"{where}: that A/B was judged once at the whole alpha (no --budget), so none is left for "
                          "more rounds; continue an A/B run with --budget")
-    if undecided == 0:
+    spent = 2 * float(looks[0]["alpha"])  # look 1 was at alpha / 2
+    if int(looks[-1]["undecided"]) == 0:
         raise InputError(f"{where}: every config of that A/B was decided at its last look; there is nothing to "
                          "continue")
     if abs(spent - req.alpha) > 1e-9 * req.alpha:
@@ -209,12 +209,8 @@ def _continued_fields(earlier: Any, where: str) -> tuple[list[Path], list[dict[s
 
 
 def _check_python(launcher: Interpreter, side: str) -> None:
-    import shutil
-
     if shutil.which(launcher.python) is None and not Path(launcher.python).is_file():
         raise InputError(f"--{side}-python {launcher.python}: no such interpreter")
-    import os
-
     for part in (launcher.pythonpath or "").split(os.pathsep) if launcher.pythonpath else []:
         if not Path(part).is_dir():
             raise InputError(f"--{side}-path {launcher.pythonpath}: no such directory: {part}")
@@ -231,8 +227,6 @@ def side_code_paths(launchers: dict[str, Interpreter], configs: list[Config], su
     is the working directory's): its directory, relative to that checkout, is where each side
     finds the factories in its own checkout. A suite outside every checkout gives both sides its
     own directory. Without user code in the suite the launchers are unchanged."""
-    import os
-
     code = user_code_path(configs, suite_source)
 
     def parts(launcher: Interpreter) -> list[str]:
@@ -266,8 +260,6 @@ def side_code_paths(launchers: dict[str, Interpreter], configs: list[Config], su
 def _lockstep_round(job: Job, order: tuple[str, ...], sides: dict[str, Session]) -> dict[str, Result]:
     """One round in lockstep: both sides' workers at once, taking turns window by window
     through two pipes (gpubench.measure.turns); ``order[0]`` trains first."""
-    from concurrent.futures import ThreadPoolExecutor
-
     ends = dict(zip(order, turn_pipes()))
 
     def side_round(side: str) -> Result:
@@ -288,36 +280,24 @@ def look_alpha(alpha: float, look: int) -> float:
     return alpha / 2 ** look
 
 
-@dataclass
-class _Rounds:
-    """Runs batches of jobs, both sides of each (in lockstep or one after the other),
-    appending to ``results``."""
-
-    lockstep: bool
-    sides: dict[str, Session]
-    console: Console
-    results: dict[str, list[Result]]
-
-    def run(self, jobs: list[Job]) -> None:
-        with SweepDisplay(self.console, 2 * len(jobs)) as display:
-            k = 0
-            for job in jobs:
-                order = SIDES if job.repeat % 2 == 0 else SIDES[::-1]  # A B, then B A, ...
-                if self.lockstep:
-                    for side in order:
-                        display.started(k + order.index(side), job, side)
-                    done = _lockstep_round(job, order, self.sides)
-                    for side in order:
-                        self.results[side].append(done[side])
-                        display.finished(k + order.index(side), job, done[side], side)
-                    k += 2
-                    continue
-                for side in order:
-                    display.started(k, job, side)
-                    result = self.sides[side].one(job, note=display.note)
-                    self.results[side].append(result)
-                    display.finished(k, job, result, side)
-                    k += 1
+def _rounds(jobs: list[Job], lockstep: bool, sides: dict[str, Session], results: dict[str, list[Result]]) -> None:
+    """Both sides of each job (in lockstep or one after the other), appended to ``results``."""
+    with SweepDisplay(sides["baseline"].console, 2 * len(jobs)) as display:
+        for n, job in enumerate(jobs):
+            order = SIDES if job.repeat % 2 == 0 else SIDES[::-1]  # A B, then B A, ...
+            if lockstep:
+                for i, side in enumerate(order):
+                    display.started(2 * n + i, job, side)
+                done = _lockstep_round(job, order, sides)
+                for i, side in enumerate(order):
+                    results[side].append(done[side])
+                    display.finished(2 * n + i, job, done[side], side)
+                continue
+            for i, side in enumerate(order):
+                display.started(2 * n + i, job, side)
+                result = sides[side].one(job, note=display.note)
+                results[side].append(result)
+                display.finished(2 * n + i, job, result, side)
 
 
 def execute_ab(req: ABRequest, console: Console) -> int:
@@ -369,8 +349,7 @@ def _execute_ab(req: ABRequest, console: Console, held: ExitStack) -> int:
                   f"sides{f', then more while undecided, within {req.budget_s:g} s' if req.budget_s else ''} -> {root}",
                   highlight=False)
     results: dict[str, list[Result]] = {side: list(prior.results[side]) if prior else [] for side in SIDES}
-    looks, comparison = _rounds_and_looks(req, options, configs, repeats, prior, _Rounds(req.lockstep, sides, console,
-                                                                                          results))
+    looks, comparison = _rounds_and_looks(req, options, configs, repeats, prior, sides, results)
     for side in SIDES:
         sides[side].finish()
     return _conclude(req, options, sides, root, prior, results, looks, comparison)
@@ -396,28 +375,27 @@ def _refuse(req: ABRequest, configs: list[Config], source: str) -> None:
 
 
 def _rounds_and_looks(req: ABRequest, options: GateOptions, configs: list[Config], repeats: int,
-                      prior: _Prior | None, runner: _Rounds) -> tuple[list[dict[str, Any]], Comparison | None]:
+                      prior: _Prior | None, sides: dict[str, Session], results: dict[str, list[Result]]
+                      ) -> tuple[list[dict[str, Any]], Comparison | None]:
     """The rounds, then (``--budget``, ``--continue``) the looks: more rounds of the undecided
     configs while the budget lasts. The looks, and the last look's comparison where a look ended
     the rounds."""
-    results = runner.results
+    console = sides["baseline"].console
     looks: list[dict[str, Any]] = list(prior.looks) if prior else []
     before: set[tuple[str, int]] = set()  # the rounds continued, numbered before the new ones
     if prior is not None:
         before = {(c.config_id, r) for c in configs for r in range(prior.rounds)}
-        runner.console.print(f"continuing {len(looks)} look(s) and {prior.rounds} round(s) of "
-                             f"{', '.join(prior.dirs[-2:])}: pooled with the new rounds, the next look at alpha "
-                             f"{look_alpha(req.alpha, len(looks) + 1):.3g}", highlight=False, soft_wrap=True)
+        console.print(f"continuing {len(looks)} look(s) and {prior.rounds} round(s) of "
+                      f"{', '.join(prior.dirs[-2:])}: pooled with the new rounds, the next look at alpha "
+                      f"{look_alpha(req.alpha, len(looks) + 1):.3g}", highlight=False, soft_wrap=True)
     t0 = time.monotonic()
-    runner.run(plan(configs, (prior.rounds if prior else 0) + repeats, before))
+    _rounds(plan(configs, (prior.rounds if prior else 0) + repeats, before), req.lockstep, sides, results)
     while req.budget_s or (prior is not None and len(looks) == len(prior.looks)):
         alpha_look = look_alpha(req.alpha, len(looks) + 1)
         done = {(r.config_id, r.repeat) for r in results["baseline"]}
         rounds = max((r for _, r in done), default=-1) + 1
         try:
-            at_look = compare(results["baseline"], results["candidate"], options.metric, options.threshold,
-                              options.noise_floor, alpha_look, SIDES, options.correction, paired=req.lockstep,
-                              best_of=req.best_of)
+            at_look = _compare(req, options, results, alpha_look)
         except InputError:  # said again, with the whole run, below: at this look's alpha, which it spent
             looks.append({"look": len(looks) + 1, "rounds": rounds, "alpha": alpha_look, "undecided": len(configs)})
             break
@@ -431,13 +409,19 @@ def _rounds_and_looks(req: ABRequest, options: GateOptions, configs: list[Config
         if not undecided or more < 1:
             why = ("every config decided" if not undecided else f"the budget ({req.budget_s:g} s) is spent"
                    if req.budget_s else "no --budget for more rounds")
-            runner.console.print(f"look {len(looks)}: {rounds} rounds, alpha {alpha_look:.3g}: {why}",
-                                 highlight=False)
+            console.print(f"look {len(looks)}: {rounds} rounds, alpha {alpha_look:.3g}: {why}", highlight=False)
             return looks, at_look
-        runner.console.print(f"look {len(looks)}: {rounds} rounds, alpha {alpha_look:.3g}: {len(undecided)} "
-                             f"undecided, {more} more round(s)", highlight=False)
-        runner.run(plan([c for c in configs if c.config_id in undecided], rounds + more, done))
+        console.print(f"look {len(looks)}: {rounds} rounds, alpha {alpha_look:.3g}: {len(undecided)} "
+                      f"undecided, {more} more round(s)", highlight=False)
+        more_jobs = plan([c for c in configs if c.config_id in undecided], rounds + more, done)
+        _rounds(more_jobs, req.lockstep, sides, results)
     return looks, None
+
+
+def _compare(req: ABRequest, options: GateOptions, results: dict[str, list[Result]], alpha: float) -> Comparison:
+    """The gate's verdicts on the two sides' results, at ``alpha``."""
+    return compare(results["baseline"], results["candidate"], options.metric, options.threshold, options.noise_floor,
+                   alpha, SIDES, options.correction, paired=req.lockstep, best_of=req.best_of)
 
 
 def _conclude(req: ABRequest, options: GateOptions, sides: dict[str, Session], root: Path, prior: _Prior | None,
@@ -452,20 +436,17 @@ def _conclude(req: ABRequest, options: GateOptions, sides: dict[str, Session], r
               if r.status in FAILED_STATUSES]
     for side, r in failed:
         console.print(f"[red]{r.status}[/red] ({side}) {r.config_id}: {r.reason}", highlight=False)
-    labels = SIDES
     if comparison is None:
-        comparison = compare(results["baseline"], results["candidate"], options.metric, options.threshold,
-                             options.noise_floor, alpha_final, labels, options.correction, paired=req.lockstep,
-                             best_of=req.best_of)
+        comparison = _compare(req, options, results, alpha_final)
     reproduce = render.compare_command(str(dirs["baseline"]), str(dirs["candidate"]),
                                        replace(options, alpha=alpha_final), force=True)
     if prior is not None:
         reproduce += f" (this A/B's own rounds; its verdicts pool them with those of {', '.join(prior.dirs)})"
-    power, triaged = render.show(console, comparison, labels, results["baseline"], results["candidate"], reproduce)
+    power, triaged = render.show(console, comparison, SIDES, results["baseline"], results["candidate"], reproduce)
     if req.markdown:
-        write_output(req.markdown, render.markdown(comparison, labels, power, triaged), "--markdown")
+        write_output(req.markdown, render.markdown(comparison, SIDES, power, triaged), "--markdown")
     verdicts = json_text({"baseline": str(dirs["baseline"].resolve()), "candidate": str(dirs["candidate"].resolve()),
-                          **comparison.to_dict(), "header": render.header(comparison, labels), "power": power,
+                          **comparison.to_dict(), "header": render.header(comparison, SIDES), "power": power,
                           "table": [render.cells(comparison, v) for v in comparison.verdicts],
                           "looks": looks, "triage": triaged, "pooled_with": prior.dirs if prior is not None else [],
                           "failed": [{"side": side, "config_id": r.config_id, "repeat": r.repeat,
@@ -476,7 +457,7 @@ def _conclude(req: ABRequest, options: GateOptions, sides: dict[str, Session], r
     if req.json:
         write_output(req.json, verdicts, "--json")
     if req.junit:
-        write_output(req.junit, render.junit(comparison, labels, power, triaged), "--junit")
+        write_output(req.junit, render.junit(comparison, SIDES, power, triaged), "--junit")
     if req.report:
         sides["baseline"].report([dirs["baseline"], dirs["candidate"]], out=Path("reports") / root.name)
     console.print(f"run directories: {dirs['baseline']} {dirs['candidate']}", highlight=False)

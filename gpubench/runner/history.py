@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpubench.errors import warn
+from gpubench.errors import InputError, warn
 from gpubench.results.result import Result
 
 if TYPE_CHECKING:
@@ -60,7 +60,6 @@ class RunHistory:
         a HistoryError (exit 2) before any training, or once the run is ``started`` (a Slurm run
         recorded from its first result, whose node's fingerprint is the run's) a warning, as a
         failure during the run is."""
-        from gpubench.errors import InputError
         from gpubench.history.store import Recorder
         from gpubench.results.store import superseded_lines
 

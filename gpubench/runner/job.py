@@ -86,10 +86,9 @@ def storage_failure(job: Job, run_dir: Path, log_rel: Path, exit_code: int | Non
 def collect_outcome(job: Job, run_dir: Path, workdir: Path, log_rel: Path) -> Outcome | None:
     """The outcome the worker wrote in ``workdir`` (its telemetry timeline moved into the run
     directory), or None when it wrote none; the work directory is removed either way."""
-    result_path = workdir / "result.json"
     # a distributed config where a rank other than 0 failed: that rank's failure is the cause
     # (rank 0 then fails in a collective, or is stopped by torchrun)
-    result_path = next(iter(sorted(workdir.glob("result-rank*.json"))), result_path)
+    result_path = next(iter(sorted(workdir.glob("result-rank*.json"))), workdir / "result.json")
     if not result_path.exists():
         shutil.rmtree(workdir, ignore_errors=True)
         return None

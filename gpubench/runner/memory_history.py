@@ -11,6 +11,7 @@ costs time on every allocation, so the measured figures of a recorded config are
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 from pathlib import Path
 from typing import Any
@@ -108,10 +109,8 @@ class MemoryRecording:
     def stop(self) -> None:
         if self.recording:
             self.recording = False
-            try:
+            with contextlib.suppress(Exception):  # the snapshot is taken; stopping is tidying up
                 self.backend.stop_memory_history(self.config)
-            except Exception:  # noqa: BLE001, S110 - the snapshot is taken; stopping is tidying up
-                pass
 
     def runtime(self) -> dict[str, Any] | None:
         """``runtime.memory_history``: that this config's figures carry the recording's cost."""

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpubench.backends import get_backend
 from gpubench.backends.base import Unsupported
 from gpubench.config import Config
 from gpubench.errors import InputError
@@ -69,8 +70,6 @@ def check_models(configs: list[Config], source: str, launcher: Interpreter, skip
     for c in configs:
         if ":" not in c.workload or c.framework in skip_frameworks or zoo_unavailable(c):
             continue
-        from gpubench.backends import get_backend
-
         if get_backend(c.framework).unsupported(c):  # the config ends unsupported, with its reason
             continue
         key = model_key(c)
@@ -126,8 +125,6 @@ def _answer(path: Path) -> dict[str, Any]:
 def check_here(keys: list[dict[str, Any]], progress: Callable[[str], None] | None = None) -> str | None:
     """In the child: build each model as the worker would; the first problem, or None.
     ``progress`` is told each workload before it is built."""
-    from gpubench.backends import get_backend
-
     for d in keys:
         config = Config.from_dict(d)
         backend = get_backend(config.framework)

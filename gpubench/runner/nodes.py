@@ -15,7 +15,7 @@ import json
 import re
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpubench.errors import InputError
@@ -72,8 +72,7 @@ class Nodes:
                 f"--master-port={self.master_port}"]
 
     def to_dict(self) -> dict[str, object]:
-        return {"nnodes": self.nnodes, "node_rank": self.node_rank, "master_addr": self.master_addr,
-                "master_port": self.master_port}
+        return asdict(self)
 
 
 class Skipped(RuntimeError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -53,10 +54,8 @@ def storage_problem(directory: Path) -> str | None:
             return f"{directory}: {e.strerror or e}"
         return None
     finally:
-        try:
+        with contextlib.suppress(OSError):
             probe.unlink()
-        except OSError:
-            pass
     return None
 
 
@@ -82,11 +81,9 @@ def oom_kill_count() -> int | None:
     """The kernel's OOM-kill counter for this cgroup (cgroup v2), or None if not readable.
 
     A worker killed by SIGKILL while this counter went up was killed for memory."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         for line in Path("/sys/fs/cgroup/memory.events").read_text().splitlines():
             key, _, value = line.partition(" ")
             if key == "oom_kill":
                 return int(value)
-    except (OSError, ValueError):
-        pass
     return None

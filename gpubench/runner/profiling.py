@@ -86,17 +86,16 @@ def profile_trainer(trainer: Trainer, raw: RawMeasurement, config: Config, optio
 def _breakdown_of(trace: Path) -> dict[str, Any]:
     """The trace's breakdown (gpubench.measure.trace), or why there is none: a trace in another
     format, or one without torch.profiler's event categories. Never a failure of the profile."""
+    figures, why = None, None
     if trace.suffix != ".json":
-        return {"trace_breakdown": None, "reading": None,
-                "trace_breakdown_reason": f"{trace.name}: the breakdown reads Chrome-format JSON traces"}
-    try:
-        figures = trace_breakdown(trace)
-    except Exception as e:  # noqa: BLE001 - an odd trace costs its breakdown, never the profile
-        return {"trace_breakdown": None, "reading": None,
-                "trace_breakdown_reason": f"{trace.name}: {type(e).__name__}: {e}"}
-    if figures["device"] is None and figures["host"] is None:
-        return {"trace_breakdown": None, "reading": None,
-                "trace_breakdown_reason": f"{trace.name}: no events of torch.profiler's categories (kernel, memcpy, "
-                                          "cpu_op): this profiler's trace is shown as it is, without a breakdown"}
+        why = f"{trace.name}: the breakdown reads Chrome-format JSON traces"
+    else:
+        try:
+            figures = trace_breakdown(trace)
+        except Exception as e:  # noqa: BLE001 - an odd trace costs its breakdown, never the profile
+            why = f"{trace.name}: {type(e).__name__}: {e}"
+    if figures is not None and figures["device"] is None and figures["host"] is None:
+        figures, why = None, (f"{trace.name}: no events of torch.profiler's categories (kernel, memcpy, cpu_op): "
+                              "this profiler's trace is shown as it is, without a breakdown")
     # the reading is the worker's, which knows the threads and the machine's load (cpu_use)
-    return {"trace_breakdown": figures, "reading": None, "trace_breakdown_reason": None}
+    return {"trace_breakdown": figures, "reading": None, "trace_breakdown_reason": why}

@@ -4,6 +4,7 @@ a line per finished config, and the summary table."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from rich.console import Console
@@ -156,9 +157,7 @@ def nothing_measured(results: list[Result]) -> str | None:
     unavailable, unsupported, failed...): the statuses counted; None when one has."""
     if not results or any(r.get("metrics", "throughput") for r in results):
         return None
-    counts: dict[str, int] = {}
-    for r in results:
-        counts[r.status] = counts.get(r.status, 0) + 1
+    counts = Counter(r.status for r in results)
     return ("nothing was measured: " + ", ".join(f"{status} x{n}" for status, n in counts.items())
             + " (the reasons above)")
 

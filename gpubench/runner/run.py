@@ -116,8 +116,7 @@ def _prepare(req: RunRequest, held: ExitStack) -> tuple[Suite, int, Path | None,
         raise InputError(f"--resume {req.resume}: the run was started with --repeats {stored_repeats}")
     suite.check_size(stored_repeats)
     held.enter_context(locked_run_dir(req.resume))
-    existing = load_results(req.resume, repair=True)
-    return suite, stored_repeats, req.resume, existing
+    return suite, stored_repeats, req.resume, load_results(req.resume, repair=True)
 
 
 def _resumed(run_dir: Path, configs: list[Config], existing: list[Result], retry_failed: bool) -> list[Result]:
@@ -231,9 +230,7 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
         return EXIT_INTERRUPTED
     session.finish()
     recording.finish()
-    if nodes.node_rank > 0:
-        return _node_summary(new, session.run_dir, console)
-    return _conclude(existing + new, session, req.report)
+    return _conclude(new if nodes.node_rank > 0 else existing + new, session, req.report)
 
 
 def _code_path(req: RunRequest, run_dir: Path | None, configs: list[Config], source: str) -> tuple[str, ...]:
@@ -246,26 +243,21 @@ def _code_path(req: RunRequest, run_dir: Path | None, configs: list[Config], sou
 
 
 def _conclude(results: list[Result], session: Session, report: bool) -> int:
-    """The summary of a finished run, its report, and its exit code."""
-    console, run_dir = session.console, session.run_dir
-    print_summary(console, results)
+    """The summary of a finished run, its report, and its exit code; on node r > 0 of a multi-node
+    run, the node's own outcome of each config (node 0 has the results and the report)."""
+    console, run_dir, node = session.console, session.run_dir, session.nodes.node_rank > 0
+    if not node:
+        print_summary(console, results)
     for line in unmeasured_lines(results):
         console.print(line, highlight=False, soft_wrap=True)
     failed = [r for r in results if r.status in FAILED_STATUSES]
-    console.print(f"results: {run_dir / 'results.jsonl'}" + (f"  ([red]{len(failed)} failed[/red])" if failed else ""),
-                  highlight=False)
+    where = (f"this node's outcomes: {run_dir / NODE_FILE}; the results and the report are on node 0" if node
+             else f"results: {run_dir / 'results.jsonl'}")
+    console.print(where + (f"  ([red]{len(failed)} failed[/red])" if failed else ""), highlight=False)
+    if node:
+        return EXIT_FAILED if failed else EXIT_OK
     if report:
         session.report()
     if (nothing := nothing_measured(results)) is not None:
         console.print(f"[red]{nothing}[/red]", highlight=False, soft_wrap=True)
     return EXIT_FAILED if failed or nothing else EXIT_OK
-
-
-def _node_summary(outcomes: list[Result], run_dir: Path, console: Console) -> int:
-    """Node r > 0 of a multi-node run: its own outcome of each config (node 0 has the results)."""
-    for line in unmeasured_lines(outcomes):
-        console.print(line, highlight=False, soft_wrap=True)
-    failed = [r for r in outcomes if r.status in FAILED_STATUSES]
-    console.print(f"this node's outcomes: {run_dir / NODE_FILE}; the results and the report are on node 0"
-                  + (f"  ([red]{len(failed)} failed[/red])" if failed else ""), highlight=False)
-    return EXIT_FAILED if failed else EXIT_OK

@@ -263,8 +263,7 @@ class Session:
 
     def finish(self) -> None:
         """Step 11: the run directory marked completed, with when."""
-        self.meta["completed"] = True
-        self.meta["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.meta.update(completed=True, finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         write_json_atomic(self.run_dir / RUN_FILE, self.meta)
 
     def report(self, run_dirs: list[Path] | None = None, out: Path | None = None) -> None:

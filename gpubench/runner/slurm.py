@@ -75,13 +75,6 @@ class SlurmOptions(LauncherChoice):
     sbatch_args: tuple[str, ...] = field(default_factory=tuple)  # passed through, e.g. "--qos=high"
     poll_s: float = 1.0
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "sbatch_args": list(self.sbatch_args)}
-
-    @staticmethod
-    def from_dict(d: dict[str, Any]) -> SlurmOptions:
-        return SlurmOptions(**{**d, "sbatch_args": tuple(d.get("sbatch_args") or ())})
-
     def nnodes(self, nodes: Nodes) -> int:
         return self.nodes
 
@@ -100,14 +93,34 @@ class SlurmOptions(LauncherChoice):
                              "runs on; under Slurm use device = \"cuda\": Slurm picks each job's GPUs")
 
     def check_jobs(self, jobs: list[Job], launcher: Interpreter) -> None:
-        check_submissions(jobs, launcher, self)
+        """``sbatch --test-only`` of every different request the sweep's scripts make, before
+        anything is written: one Slurm refuses (unknown partition or account, too many GPUs) is
+        one line, exit 2."""
+        asked: set[tuple[str, ...]] = set()
+        with tempfile.TemporaryDirectory(prefix="gpubench-slurm-") as tmp:
+            path = Path(tmp) / "test.sbatch"
+            for job in jobs:
+                if pre_resolve(job.config, {}) is not None:  # recorded without a job
+                    continue
+                script = batch_script(job, Path(tmp) / "work", Path(tmp) / "log", launcher, self)
+                request = tuple(line for line in script.splitlines() if line.startswith("#SBATCH")
+                                and not line.startswith(("#SBATCH --job-name=", "#SBATCH --output=")))
+                if request in asked:
+                    continue
+                asked.add(request)
+                path.write_text(script)
+                proc = _slurm("sbatch", "--test-only", str(path))
+                if proc.returncode != 0:
+                    lines = [x.removeprefix("sbatch: error: ").strip() for x in proc.stderr.splitlines() if x.strip()]
+                    raise InputError("--launcher slurm: Slurm refused the job "
+                                     f"({'; '.join(lines) or 'no reason given'})")
 
     def stored(self) -> dict[str, Any] | None:
-        return self.to_dict()
+        return {**asdict(self), "sbatch_args": list(self.sbatch_args)}
 
     @classmethod
     def from_stored(cls, stored: dict[str, Any]) -> LauncherChoice:
-        return cls.from_dict(stored)
+        return cls(**{**stored, "sbatch_args": tuple(stored.get("sbatch_args") or ())})
 
     def resumed(self, stored: LauncherChoice, where: Path) -> LauncherChoice:
         """New Slurm options for a Slurm run: the nodes each config spans stay (part of its id)."""
@@ -121,10 +134,9 @@ class SlurmOptions(LauncherChoice):
         return f"{n} Slurm job(s) cancelled (scancel)"
 
     def start(self, ctx: LaunchContext) -> JobLauncher:
-        total = ctx.total
         return SlurmLauncher(
             run_dir=ctx.run_dir, options=self, interpreter=ctx.interpreter, on_note=ctx.note,
-            on_counts=lambda p, r, f, why: ctx.note(f"slurm: {p} pending, {r} running, {f} finished of {total}"
+            on_counts=lambda p, r, f, why: ctx.note(f"slurm: {p} pending, {r} running, {f} finished of {ctx.total}"
                                                     + (f" (pending: {why})" if why else "")))
 
 
@@ -147,12 +159,6 @@ PORT_LINE = "port=$((20000 + SLURM_JOB_ID % 700 * 16))"
 HOSTS_ENV = "GPUBENCH_SLURM_HOSTS"  # the job's host names, comma-separated, in Slurm's order
 
 
-def job_nodes(config: Config) -> int:
-    """The nodes a config's job asks for: a distributed config's ``nnodes``, else one (a
-    single-process config in a multi-node run says ``unsupported`` where it runs)."""
-    return config.nnodes if config.distributed else 1
-
-
 def batch_script(job: Job, workdir: Path, log: Path, launcher: Interpreter, options: SlurmOptions) -> str:
     """The job's sbatch script: its resources as #SBATCH lines, then the worker under srun.
 
@@ -162,8 +168,11 @@ def batch_script(job: Job, workdir: Path, log: Path, launcher: Interpreter, opti
     whose every rank is a process of its own (TensorFlow's multiworker:N): N tasks per node,
     each a worker with its rank variables from Slurm's, and the backend's ``slurm_env``."""
     c = job.config
-    nodes = job_nodes(c)
+    # a distributed config's nnodes, else one (a single-process config in a multi-node run says
+    # ``unsupported`` where it runs)
+    nodes = c.nnodes if c.distributed else 1
     workdir, log = workdir.absolute(), log.absolute()  # whatever directory the job starts in
+    check_path(log)  # given in double quotes: sbatch splits an #SBATCH line at blanks outside them
     per_node = parse_parallelism(c.parallelism)[1] if c.distributed else 1
     start = rank_start(c.framework, c.parallelism) if c.distributed else None
     per_rank = start is not None and start.node_module is None
@@ -174,7 +183,7 @@ def batch_script(job: Job, workdir: Path, log: Path, launcher: Interpreter, opti
     # takes the job's count from SLURM_CPUS_PER_TASK, as srun of Slurm 22.05 does not itself)
     tasks, cpus = (per_node, 1) if per_rank else (1, per_node)
     lines = ["#!/bin/bash", f"#SBATCH --job-name=gpubench-{job.name}",
-             f"#SBATCH --output={_sbatch_quote(str(log).replace('%', '%%'))}",  # sbatch reads %j, %u...
+             f"#SBATCH --output=\"{str(log).replace('%', '%%')}\"",  # sbatch reads %j, %u...
              f"#SBATCH --nodes={nodes}", f"#SBATCH --ntasks-per-node={tasks}", f"#SBATCH --cpus-per-task={cpus}",
              f"#SBATCH --time={options.time or max(1, math.ceil(c.timeout_s / 60))}"]
     if gpus:
@@ -198,11 +207,9 @@ def batch_script(job: Job, workdir: Path, log: Path, launcher: Interpreter, opti
                   f'export {HOSTS_ENV}=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd,)',
                   srun + shlex.join(launcher.command("gpubench.runner.worker", str(workdir)))]
     elif nodes > 1 and start is not None and start.node_module is not None:
-        expanded = {"--rdzv-id=gpubench-$SLURM_JOB_ID", "--rdzv-endpoint=$head:$port"}  # the shell fills these in
+        expanded = ("--rdzv-id=gpubench-$SLURM_JOB_ID", "--rdzv-endpoint=$head:$port")  # the shell fills these in
         command = launcher.command(start.node_module, f"--nnodes={nodes}", f"--nproc-per-node={per_node}",
-                                   "--rdzv-backend=c10d",
-                                   "--rdzv-id=gpubench-$SLURM_JOB_ID", "--rdzv-endpoint=$head:$port", "-m",
-                                   "gpubench.runner.worker", str(workdir))
+                                   "--rdzv-backend=c10d", *expanded, "-m", "gpubench.runner.worker", str(workdir))
         lines += ['head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', PORT_LINE,
                   srun + " ".join(a if a in expanded else shlex.quote(a) for a in command)]
     else:
@@ -215,12 +222,6 @@ def check_path(path: Path) -> None:
     if '"' in str(path.absolute()) or "\\" in str(path.absolute()):
         raise InputError(f"--launcher slurm: {path}: a path with a double quote or a backslash cannot be given to "
                          "sbatch; choose another --out")
-
-
-def _sbatch_quote(path: str) -> str:
-    """A path for an #SBATCH line, in double quotes: sbatch splits the line at blanks outside them."""
-    check_path(Path(path))
-    return f'"{path}"'
 
 
 def slurm_ranks(environ: dict[str, str]) -> dict[str, str]:
@@ -237,29 +238,6 @@ def slurm_ranks(environ: dict[str, str]) -> dict[str, str]:
         node = sorted(hosts).index(hosts[node])
     return {"RANK": str(node * per_node + int(environ["SLURM_LOCALID"])), "WORLD_SIZE": environ["SLURM_NTASKS"],
             "LOCAL_RANK": environ["SLURM_LOCALID"], "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(node)}
-
-
-def check_submissions(jobs: list[Job], launcher: Interpreter, options: SlurmOptions) -> None:
-    """``sbatch --test-only`` of every different request the sweep's scripts make, before
-    anything is written: one Slurm refuses (unknown partition or account, too many GPUs) is
-    one line, exit 2."""
-    asked: set[tuple[str, ...]] = set()
-    with tempfile.TemporaryDirectory(prefix="gpubench-slurm-") as tmp:
-        path = Path(tmp) / "test.sbatch"
-        for job in jobs:
-            if pre_resolve(job.config, {}) is not None:  # recorded without a job
-                continue
-            script = batch_script(job, Path(tmp) / "work", Path(tmp) / "log", launcher, options)
-            request = tuple(line for line in script.splitlines() if line.startswith("#SBATCH")
-                            and not line.startswith(("#SBATCH --job-name=", "#SBATCH --output=")))
-            if request in asked:
-                continue
-            asked.add(request)
-            path.write_text(script)
-            proc = _slurm("sbatch", "--test-only", str(path))
-            if proc.returncode != 0:
-                lines = [x.removeprefix("sbatch: error: ").strip() for x in proc.stderr.splitlines() if x.strip()]
-                raise InputError(f"--launcher slurm: Slurm refused the job ({'; '.join(lines) or 'no reason given'})")
 
 
 def _states(ids: list[str]) -> dict[str, tuple[str, str]] | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,7 @@ def plan(configs: list[Config], repeats: int, done: Collection[tuple[str, int]] 
 
 def device_present(device: str, probe: ProbeInfo) -> bool:
     names = probe.device_names()
-    if device in names:
-        return True
-    return ":" not in device and any(device_kind(n) == device for n in names)
+    return device in names or (":" not in device and any(device_kind(n) == device for n in names))
 
 
 def pre_resolve(config: Config, probes: dict[str, ProbeInfo]) -> tuple[str, str] | None:
@@ -43,8 +42,7 @@ def pre_resolve(config: Config, probes: dict[str, ProbeInfo]) -> tuple[str, str]
     reason = config.topology_unsupported() or get_backend(config.framework).unsupported(config)
     if reason:
         return ("unsupported", reason)
-    missing = zoo_unavailable(config)
-    if missing:
+    if missing := zoo_unavailable(config):
         return ("unavailable", missing)
     if probe is not None and not device_present(config.device, probe):
         return ("unavailable", f"no {config.device} device here; {config.framework} sees: "
@@ -58,14 +56,6 @@ FinishCallback = Callable[[int, Job, Result], None]
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _starter(on_start: Callback | None, k: int, job: Job) -> Callable[[], None]:
-    """``on_start(k, job)`` as the launcher calls it once the job has started."""
-    def started() -> None:
-        if on_start is not None:
-            on_start(k, job)
-    return started
 
 
 def run_sweep(jobs: list[Job], launcher: JobLauncher, run_dir: Path, run_id: str, env: dict[str, Any],
@@ -103,7 +93,7 @@ def run_sweep(jobs: list[Job], launcher: JobLauncher, run_dir: Path, run_id: str
         while queue or launcher.in_flight():
             while queue and launcher.room() and not refused:
                 k, job = queue.pop(0)
-                started = _starter(on_start, k, job)
+                started: Callable[[], None] = partial(on_start, k, job) if on_start is not None else lambda: None
                 pre = pre_resolve(job.config, launcher.probes)
                 if pre is not None:
                     started()

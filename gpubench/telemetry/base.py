@@ -15,13 +15,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
-from gpubench.measure.clocks import clock_ns
-
 T = TypeVar("T")
 
 
-GPM_KEYS = ("gpm_period_ns", "sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "tensor_hmma_pct", "dram_bw_pct",
-            "fp32_pct", "fp16_pct", "pcie_tx_mib_s", "pcie_rx_mib_s", "nvlink_tx_mib_s", "nvlink_rx_mib_s")
+# the GPM figures of a sample (GpuSample's fields below gpm_period_ns)
+GPM_FIELDS = ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "tensor_hmma_pct", "dram_bw_pct", "fp32_pct",
+              "fp16_pct", "pcie_tx_mib_s", "pcie_rx_mib_s", "nvlink_tx_mib_s", "nvlink_rx_mib_s")
 
 
 @dataclass
@@ -59,7 +58,7 @@ class GpuSample:
         GPM would double the timeline with nulls)."""
         d = asdict(self)
         if self.gpm_period_ns is None:
-            for name in GPM_KEYS:
+            for name in ("gpm_period_ns", *GPM_FIELDS):
                 d.pop(name, None)
         return d
 
@@ -127,7 +126,3 @@ class PeriodicSampler(Generic[T]):
         self._thread.join(timeout=5 + 2 * self.interval_s)
         self._take()  # a last sample at the end
         return self.samples
-
-
-def now_ns() -> int:
-    return clock_ns()

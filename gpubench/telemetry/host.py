@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import psutil
 
-from gpubench.telemetry.base import HostSample, now_ns
+from gpubench.measure.clocks import clock_ns
+from gpubench.telemetry.base import HostSample
 
 MIN_CPU_INTERVAL_S = 0.05  # a shorter interval has no meaningful CPU % (10 ms ticks)
 MAX_READ_SHARE = 0.25  # a reading that took longer than this share of its interval is dropped
@@ -57,7 +58,7 @@ class HostReader:
     """
 
     def __init__(self, pid: int | None = None, tree_refresh_s: float = 1.0,
-                 clock: Callable[[], int] = now_ns) -> None:
+                 clock: Callable[[], int] = clock_ns) -> None:
         self.root = psutil.Process(pid or os.getpid())
         self.cores = psutil.cpu_count() or 1
         self.clock = clock
@@ -124,12 +125,10 @@ class HostReader:
         return percent, system, rss, start, end
 
     def read(self) -> list[HostSample]:
+        # no machine figure where the tree has none (over too short an interval it means as little), nor
+        # where /proc/stat did not move (a tick is 10 ms); both are counted in 10 ms ticks: a small negative
+        # difference is rounding
         percent, system, rss, _, end = self._snapshot()
-        if percent is None:  # over too short an interval the machine's figure means as little
-            return [HostSample(t_ns=end, rss_bytes=rss)]
-        if system is None:  # /proc/stat did not move (a tick is 10 ms)
-            return [HostSample(t_ns=end, cpu_percent=percent, rss_bytes=rss)]
-        # both counted in 10 ms ticks: a small negative difference is rounding
-        others = max(0.0, system * self.cores - percent)
+        others = None if percent is None or system is None else max(0.0, system * self.cores - percent)
         return [HostSample(t_ns=end, cpu_percent=percent, rss_bytes=rss, system_cpu_percent=system,
                            others_cpu_percent=others)]

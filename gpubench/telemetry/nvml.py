@@ -10,7 +10,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from gpubench.telemetry.base import GpuSample, now_ns
+from gpubench.measure.clocks import clock_ns
+from gpubench.telemetry.base import GpuSample
 
 # NVML GPM metric ids (nvml.h's NVML_GPM_METRIC_*) of the GpuSample fields they fill
 GPM_METRICS = {"sm_active_pct": 2, "sm_occupancy_pct": 3, "tensor_active_pct": 5, "tensor_hmma_pct": 7,
@@ -162,11 +163,8 @@ def gpu_inventory(nvml: Any = None) -> tuple[list[dict[str, Any]], str | None]:
         return [], reason
     try:
         driver = as_text(nvml.nvmlSystemGetDriverVersion())
-        try:
-            cuda_driver = nvml.nvmlSystemGetCudaDriverVersion()
-            cuda_driver_str: str | None = f"{cuda_driver // 1000}.{cuda_driver % 1000 // 10}"
-        except Exception:
-            cuda_driver_str = None
+        cuda = _maybe(nvml.nvmlSystemGetCudaDriverVersion)
+        cuda_driver = None if cuda is None else f"{cuda // 1000}.{cuda % 1000 // 10}"
         gpus: list[dict[str, Any]] = []
         for i in range(nvml.nvmlDeviceGetCount()):
             h = nvml.nvmlDeviceGetHandleByIndex(i)
@@ -180,17 +178,14 @@ def gpu_inventory(nvml: Any = None) -> tuple[list[dict[str, Any]], str | None]:
                 "memory_total_bytes": int(nvml.nvmlDeviceGetMemoryInfo(h).total),
                 "pci_bus_id": as_text(nvml.nvmlDeviceGetPciInfo(h).busId),
                 "driver": driver,
-                "cuda_driver": cuda_driver_str,
+                "cuda_driver": cuda_driver,
                 "state": state,
             })
         return gpus, None
     except Exception as e:
         return [], f"NVML query failed: {e}"
     finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception:
-            pass
+        _maybe(nvml.nvmlShutdown)
 
 
 def nvml_index(ordinal: int, uuid: str | None, nvml_uuids: list[str], visible: str | None) -> int | None:
@@ -206,23 +201,20 @@ def nvml_index(ordinal: int, uuid: str | None, nvml_uuids: list[str], visible: s
         u = uuid.removeprefix("GPU-").lower()
         if u in norm:
             return norm.index(u)
-    if visible is None or visible.strip() == "":
-        candidates = list(range(len(nvml_uuids))) if visible is None else []
-    else:
-        candidates = []
-        for entry in (e.strip() for e in visible.split(",")):
-            if entry.isdigit():
-                if int(entry) >= len(nvml_uuids):
-                    break  # CUDA ignores this entry and everything after it
-                candidates.append(int(entry))
-            elif entry.startswith("GPU-"):
-                prefix = entry.removeprefix("GPU-").lower()
-                matches = [i for i, u in enumerate(norm) if u.startswith(prefix)]
-                if len(matches) != 1:
-                    break
-                candidates.append(matches[0])
-            else:  # MIG-..., or something CUDA would reject
+    candidates = list(range(len(nvml_uuids))) if visible is None else []
+    for entry in [e.strip() for e in visible.split(",")] if visible and visible.strip() else []:
+        if entry.isdigit():
+            if int(entry) >= len(nvml_uuids):
+                break  # CUDA ignores this entry and everything after it
+            candidates.append(int(entry))
+        elif entry.startswith("GPU-"):
+            prefix = entry.removeprefix("GPU-").lower()
+            matches = [i for i, u in enumerate(norm) if u.startswith(prefix)]
+            if len(matches) != 1:
                 break
+            candidates.append(matches[0])
+        else:  # MIG-..., or something CUDA would reject
+            break
     return candidates[ordinal] if ordinal < len(candidates) else None
 
 
@@ -258,7 +250,7 @@ class NvmlReader:
         try:
             for h in self.handles:
                 sample = nv.nvmlGpmSampleAlloc()
-                first.append((sample, now_ns()))
+                first.append((sample, clock_ns()))
                 nv.nvmlGpmSampleGet(h, sample)
             return first
         except Exception as e:  # noqa: BLE001
@@ -272,12 +264,11 @@ class NvmlReader:
         with self._gpm_lock:  # close() may run while a stuck sampler thread is still here
             if self._gpm is None:
                 return {}
-            return self._gpm_pair(i, h, t)
+            return self._gpm_pair(i, h, t, self._gpm)
 
-    def _gpm_pair(self, i: int, h: Any, t: int) -> dict[str, Any]:
+    def _gpm_pair(self, i: int, h: Any, t: int, held: list[tuple[Any, int]]) -> dict[str, Any]:
         nv = self.nvml
-        assert self._gpm is not None
-        prev, t_prev = self._gpm[i]
+        prev, t_prev = held[i]
         sample = None
         try:
             sample = nv.nvmlGpmSampleAlloc()
@@ -305,11 +296,8 @@ class NvmlReader:
         except Exception as e:  # noqa: BLE001
             self.errors.setdefault("gpm", f"{type(e).__name__}: {e}")
         finally:
-            try:
-                nv.nvmlGpmSampleFree(prev)
-            except Exception:  # noqa: BLE001
-                pass
-            self._gpm[i] = (sample, t)
+            _maybe(nv.nvmlGpmSampleFree, prev)
+            held[i] = (sample, t)
         return out
 
     def close(self) -> None:
@@ -340,9 +328,7 @@ class NvmlReader:
             (value,) = self.nvml.nvmlDeviceGetFieldValues(handle, [FI_POWER_INSTANT])
         except Exception:  # noqa: BLE001 - older drivers or bindings
             return None
-        if getattr(value, "nvmlReturn", 0) != 0:
-            return None
-        return value.value.uiVal / 1000.0
+        return value.value.uiVal / 1000.0 if getattr(value, "nvmlReturn", 0) == 0 else None
 
     def energy_mj(self) -> list[int | None]:
         return [self._field("energy_mj", self.nvml.nvmlDeviceGetTotalEnergyConsumption, h) for h in self.handles]
@@ -350,7 +336,7 @@ class NvmlReader:
     def read(self) -> list[GpuSample]:
         nv = self.nvml
         out = []
-        t = now_ns()
+        t = clock_ns()
         for i, (index, h) in enumerate(zip(self.indices, self.handles)):
             gpm = self._gpm_read(i, h, t) if self._gpm is not None else {}
             util = self._field("utilization", nv.nvmlDeviceGetUtilizationRates, h)

@@ -121,9 +121,9 @@ class TelemetrySession:
             self.reader.close()
         windows = windows_of(phases)
         t0 = phases[0].start_ns if phases else 0
+        intervals = {"interval_ms": self.interval_s * 1000.0, "host_interval_ms": self.host_interval_s * 1000.0}
         summary: dict[str, Any] = {
-            "interval_ms": self.interval_s * 1000.0,
-            "host_interval_ms": self.host_interval_s * 1000.0,
+            **intervals,
             "host": host_summary(host_samples, windows, (self._span_start, self._span_end)
                                  if self._span_start is not None and self._span_end is not None else None),
             "gpu": None,
@@ -157,8 +157,7 @@ class TelemetrySession:
         def rel(samples: list[Any]) -> list[dict[str, Any]]:
             return [{**s.to_dict(), "t_ms": (s.t_ns - t0) / 1e6} for s in samples]
         timeline = {
-            "interval_ms": self.interval_s * 1000.0,
-            "host_interval_ms": self.host_interval_s * 1000.0,
+            **intervals,
             "phases": [{"name": p.name, "start_ms": (p.start_ns - t0) / 1e6, "end_ms": (p.end_ns - t0) / 1e6}
                        for p in phases],
             "gpu": rel(gpu_samples),

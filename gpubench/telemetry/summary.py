@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from gpubench.telemetry.base import GpuSample, HostSample
+from gpubench.telemetry.base import GPM_FIELDS, GpuSample, HostSample
 from gpubench.telemetry.contention import over_span
 from gpubench.telemetry.host import Totals
 from gpubench.telemetry.nvml import THROTTLE_MASK
@@ -95,11 +95,6 @@ def _settled(samples: Sequence[GpuSample], windows: list[Window], averaging_s: f
     return [s for s in samples if s.t_ns >= settle]
 
 
-# the GPM figures of a sample, reduced to their mean over the measured windows ("<field>_mean")
-GPM_FIELDS = ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "tensor_hmma_pct", "dram_bw_pct", "fp32_pct",
-              "fp16_pct", "pcie_tx_mib_s", "pcie_rx_mib_s", "nvlink_tx_mib_s", "nvlink_rx_mib_s")
-
-
 def _gpm_inside(w: Sequence[GpuSample], windows: list[Window]) -> list[GpuSample]:
     """The samples whose GPM period began at or after the first measured window began (the
     gaps between windows are the harness's microseconds, so such a period is training)."""
@@ -125,7 +120,7 @@ def _device_summary(w: Sequence[GpuSample], settled: Sequence[GpuSample],
     util = _values(settled, "util_gpu_pct")
     reasons = [s.clock_event_reasons for s in w if s.clock_event_reasons is not None]
     return {
-        **{f"{f}_mean": _weighted_mean(gpm, f) for f in GPM_FIELDS},
+        **{f"{f}_mean": _weighted_mean(gpm, f) for f in GPM_FIELDS},  # over the measured windows
         "util_mean": _mean(util),
         "util_p95": float(np.percentile(util, 95)) if len(util) else None,
         "mem_util_mean": _mean(_values(settled, "util_mem_pct")),

@@ -21,7 +21,6 @@ def register_workload(workload: Workload) -> None:
         ATTENTION_WORKLOADS.add(workload.name)
 
 
-
 def get_workload(name: str) -> Workload:
     try:
         return WORKLOADS[name]

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeGuard, Union
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, TypeGuard, Union, get_args
 
 import numpy as np
 
 Shape = tuple[int, ...]
+_CHW, _TD = ("C", "H", "W"), ("tokens", "width")  # the input axes of an image's layers, of a sequence's
 
 
 def _fan_in_uniform(shapes: list[Shape], rng: np.random.Generator) -> list[np.ndarray]:
@@ -52,7 +53,7 @@ class Conv2d:
     kind: ClassVar[str] = "conv2d"
 
     def out_shape(self, shape: Shape) -> Shape:
-        c, h, w = _expect_chw(self, shape)
+        c, h, w = _expect(self, shape, _CHW)
         k, s, p = self.kernel_size, self.stride, self.padding
         return (self.out_channels, _pooled(h, k, s, p), _pooled(w, k, s, p))
 
@@ -102,7 +103,7 @@ class BatchNorm2d:
     kind: ClassVar[str] = "batchnorm2d"
 
     def out_shape(self, shape: Shape) -> Shape:
-        _expect_chw(self, shape)
+        _expect(self, shape, _CHW)
         return shape
 
     def param_shapes(self, shape: Shape) -> list[Shape]:
@@ -119,7 +120,7 @@ class GlobalAvgPool:
     kind: ClassVar[str] = "globalavgpool"
 
     def out_shape(self, shape: Shape) -> Shape:
-        return (_expect_chw(self, shape)[0],)
+        return (_expect(self, shape, _CHW)[0],)
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ class MaxPool2d:
         return self.kernel_size if self.stride is None else self.stride
 
     def out_shape(self, shape: Shape) -> Shape:
-        c, h, w = _expect_chw(self, shape)
+        c, h, w = _expect(self, shape, _CHW)
         k, s, p = self.kernel_size, self.step, self.padding
         return (c, _pooled(h, k, s, p), _pooled(w, k, s, p))
 
@@ -181,12 +182,6 @@ def _normal(shape: Shape, rng: np.random.Generator, std: float = 0.02) -> np.nda
     return rng.normal(0.0, std, size=shape).astype(np.float32)
 
 
-def _expect_td(layer: object, shape: Shape) -> Shape:
-    if len(shape) != 2:
-        raise ValueError(f"{type(layer).__name__} needs a (tokens, width) input, got shape {shape}")
-    return shape
-
-
 @dataclass(frozen=True)
 class PatchEmbed:
     """An image cut into ``patch`` x ``patch`` patches, each projected to ``d_model`` (a
@@ -201,7 +196,7 @@ class PatchEmbed:
     kind: ClassVar[str] = "patch_embed"
 
     def _grid(self, shape: Shape) -> tuple[int, int, int]:
-        c, h, w = _expect_chw(self, shape)
+        c, h, w = _expect(self, shape, _CHW)
         if h % self.patch or w % self.patch:
             raise ValueError(f"patch {self.patch} does not divide the image ({h} x {w})")
         return c, h // self.patch, w // self.patch
@@ -263,7 +258,7 @@ class TransformerBlock:
     kind: ClassVar[str] = "transformer_block"
 
     def _width(self, shape: Shape) -> int:
-        d = _expect_td(self, shape)[1]
+        d = _expect(self, shape, _TD)[1]
         if d % self.heads:
             raise ValueError(f"{self.heads} heads do not divide the width {d}")
         return d
@@ -278,15 +273,9 @@ class TransformerBlock:
         return [(d,), (d,), (3 * d, d), (3 * d,), (d, d), (d,), (d,), (d,), (h, d), (h,), (d, h), (d,)]
 
     def init_params(self, shape: Shape, rng: np.random.Generator) -> list[np.ndarray]:
-        out = []
-        for i, s in enumerate(self.param_shapes(shape)):
-            if i in (0, 6):
-                out.append(np.ones(s, np.float32))  # a layer norm's scale
-            elif len(s) == 2:
-                out.append(_normal(s, rng))
-            else:
-                out.append(np.zeros(s, np.float32))
-        return out
+        # 0 and 6 are the layer norms' scales
+        return [np.ones(s, np.float32) if i in (0, 6) else _normal(s, rng) if len(s) == 2 else np.zeros(s, np.float32)
+                for i, s in enumerate(self.param_shapes(shape))]
 
     def forward_flops(self, shape: Shape) -> int:
         t, d = shape[0], self._width(shape)
@@ -324,10 +313,10 @@ class TiedLMHead:
     kind: ClassVar[str] = "tied_lm_head"
 
     def out_shape(self, shape: Shape) -> Shape:
-        return (_expect_td(self, shape)[0], self.vocab)
+        return (_expect(self, shape, _TD)[0], self.vocab)
 
     def forward_flops(self, shape: Shape) -> int:
-        t, d = _expect_td(self, shape)
+        t, d = _expect(self, shape, _TD)
         return 2 * t * d * self.vocab
 
 
@@ -338,25 +327,22 @@ class ClassToken:
     kind: ClassVar[str] = "class_token"
 
     def out_shape(self, shape: Shape) -> Shape:
-        return (_expect_td(self, shape)[1],)
+        return (_expect(self, shape, _TD)[1],)
 
 
-Layer = Union[Conv2d, Linear, ReLU, MaxPool2d, Dropout, Flatten, BatchNorm2d, GlobalAvgPool, Residual,  # noqa: UP007 - a runtime alias (3.10)
-              PatchEmbed, LayerNorm, TransformerBlock, ClassToken, TokenEmbedding, TiedLMHead]
+# runtime aliases (3.10): the layers, and those with parameters
+Parametric = Union[Conv2d, Linear, BatchNorm2d, PatchEmbed, LayerNorm, TransformerBlock, TokenEmbedding]  # noqa: UP007
+Layer = Union[Parametric, ReLU, MaxPool2d, Dropout, Flatten, GlobalAvgPool, Residual, ClassToken, TiedLMHead]  # noqa: UP007
 
 
-def _expect_chw(layer: object, shape: Shape) -> Shape:
-    if len(shape) != 3:
-        raise ValueError(f"{type(layer).__name__} needs a (C, H, W) input, got shape {shape}")
+def _expect(layer: object, shape: Shape, axes: tuple[str, ...]) -> Shape:
+    if len(shape) != len(axes):
+        raise ValueError(f"{type(layer).__name__} needs a ({', '.join(axes)}) input, got shape {shape}")
     return shape
 
 
-PARAMETRIC = (Conv2d, Linear, BatchNorm2d, PatchEmbed, LayerNorm, TransformerBlock, TokenEmbedding)
-
-
-def has_params(layer: Layer) -> TypeGuard[Conv2d | Linear | BatchNorm2d | PatchEmbed | LayerNorm | TransformerBlock
-                                          | TokenEmbedding]:
-    return isinstance(layer, PARAMETRIC)
+def has_params(layer: Layer) -> TypeGuard[Parametric]:
+    return isinstance(layer, get_args(Parametric))
 
 
 @dataclass(frozen=True)
@@ -474,8 +460,7 @@ class WorkloadSpec:
 
     def without_dropout(self) -> WorkloadSpec:
         """The same model with dropout removed (for deterministic cross-framework checks)."""
-        return WorkloadSpec(self.name, self.input_shape, self.num_classes, _without_dropout(self.layers), self.loss,
-                            self.kind)
+        return replace(self, layers=_without_dropout(self.layers))
 
     def init_weights(self, seed: int) -> list[list[np.ndarray]]:
         """Initial weights in canonical layout, per top-level layer, from a seeded numpy

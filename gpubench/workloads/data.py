@@ -178,13 +178,7 @@ def function_batches(fn: Callable[[int], Any], batch_size: int, n_batches: int, 
         if leaf.ndim == 0 or leaf.shape[0] != batch_size:
             raise ValueError(f"{where}: an array of shape {leaf.shape} for batch size {batch_size}; every input and "
                              "target needs the batch as its first dimension")
-
-    def stack(*leaves: np.ndarray) -> np.ndarray:
-        return np.stack(leaves)
-
-    x = _stack_trees([c[0] for c in calls], stack)
-    y = _stack_trees([c[1] for c in calls], stack)
-    return Batches(x=x, y=y)
+    return Batches(x=_stack_trees([c[0] for c in calls]), y=_stack_trees([c[1] for c in calls]))
 
 
 def _to_numpy(a: Any) -> np.ndarray:
@@ -193,13 +187,13 @@ def _to_numpy(a: Any) -> np.ndarray:
     return np.asarray(a)
 
 
-def _stack_trees(trees: list[Tree], stack: Callable[..., np.ndarray]) -> Tree:
+def _stack_trees(trees: list[Tree]) -> Tree:
     first = trees[0]
     if isinstance(first, dict):
-        return {k: _stack_trees([t[k] for t in trees], stack) for k in first}
+        return {k: _stack_trees([t[k] for t in trees]) for k in first}
     if isinstance(first, (tuple, list)):
-        return type(first)(_stack_trees([t[i] for t in trees], stack) for i in range(len(first)))
-    return stack(*trees)
+        return type(first)(_stack_trees([t[i] for t in trees]) for i in range(len(first)))
+    return np.stack(trees)
 
 
 def synthetic_batches(spec: Task, batch_size: int, n_batches: int, seed: int) -> Batches:
@@ -254,16 +248,6 @@ def make_batches(spec: Task, dataset: str, data_dir: str, batch_size: int, seed:
 def one_batch(task: SyntheticTask, batch: int, seed: int) -> Batches:
     """One batch of the task's synthetic data (a model's FLOPs are counted on one)."""
     return task_batches(task, batch, 1, seed)
-
-
-def sample_batch(task: SyntheticTask | None, batch_fn: Callable[[int], Any] | None, name: str, batch: int,
-                 seed: int) -> Batches:
-    """One batch of what a model that is not a built-in trains on: the user's batch function's
-    (``name`` is its suite value, for errors), else the synthetic task's."""
-    if batch_fn is not None:
-        return function_batches(batch_fn, batch, 1, f"batches {name!r}")
-    assert task is not None  # no batch function: the synthetic task
-    return one_batch(task, batch, seed)
 
 
 def pool_maker(task: SyntheticTask | None, batch_fn: Callable[[int], Any] | None, name: str, seed: int

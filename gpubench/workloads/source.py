@@ -17,6 +17,7 @@ backend turns a source into its native model (gpubench.backends.base.NativeModel
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import importlib
@@ -35,7 +36,7 @@ import numpy as np
 from gpubench.config import Config
 from gpubench.errors import did_you_mean
 from gpubench.files import write_text_atomic
-from gpubench.workloads.data import Batches, SyntheticTask, pool_maker, sample_batch, tree_leaves
+from gpubench.workloads.data import Batches, SyntheticTask, function_batches, one_batch, pool_maker, tree_leaves
 
 
 @dataclass(frozen=True)
@@ -165,10 +166,8 @@ def code_origin(fn: Callable[..., Any]) -> dict[str, Any]:
         return out
     file = Path(path).resolve()
     out["file"] = str(file)
-    try:
+    with contextlib.suppress(OSError):
         out["file_sha1"] = hashlib.sha1(file.read_bytes()).hexdigest()
-    except OSError:
-        pass
     out.update(_git(file))
     return out
 
@@ -233,14 +232,6 @@ def output_field(out: Any, name: str) -> Any:
                       f"{describe(out)}")
 
 
-def output_loss(name: str) -> Callable[[Any, Any], Any]:
-    """``loss_output``'s loss: the one the model computed, read from its output (the targets
-    went in with the inputs)."""
-    def loss(out: Any, _targets: Any) -> Any:
-        return output_field(out, name)
-    return loss
-
-
 def config_loss(config: Config) -> Callable[[Any, Any], Any] | None:
     """The loss a config of a model that is not a built-in trains with, in gpubench's order
     ``(outputs, targets)``: the user's function, the model's own (``loss_output``), or None
@@ -252,7 +243,7 @@ def config_loss(config: Config) -> Callable[[Any, Any], Any] | None:
         if config.loss != "cross_entropy":
             raise SourceError(f"workload {config.workload!r}: loss = {config.loss} and loss_output = "
                               f"{config.loss_output!r}: the model's own loss or yours, not both")
-        return output_loss(config.loss_output)
+        return lambda out, _targets: output_field(out, config.loss_output)  # the targets went in with the inputs
     return import_function(config.loss, "loss") if config.loss != "cross_entropy" else None
 
 
@@ -264,10 +255,13 @@ def own_batches(task: SyntheticTask | None, batch_fn: Callable[[int], Any] | Non
     whose inputs are token ids (integer arrays of (batch, T), every one of the same T) puts
     ``tokens_per_sample`` T in ``facts``: its results have tokens/s."""
     make = pool_maker(task, batch_fn, config.batches, config.seed)
-    sample = sample_batch(task, batch_fn, config.batches, FIRST_BATCH, config.seed)
-    if batch_fn is not None and facts is not None:
+    if batch_fn is None:
+        assert task is not None  # no batch function: the synthetic task
+        sample = one_batch(task, FIRST_BATCH, config.seed)
+    else:
+        sample = function_batches(batch_fn, FIRST_BATCH, 1, f"batches {config.batches!r}")
         lengths = {leaf.shape[2] for leaf in tree_leaves(sample.x) if leaf.ndim == 3 and leaf.dtype.kind in "iu"}
-        if len(lengths) == 1:
+        if facts is not None and len(lengths) == 1:
             facts["tokens_per_sample"] = int(lengths.pop())
     if not config.loss_output or batch_fn is not None:
         return make, sample
@@ -463,7 +457,7 @@ def input_problem(config: Config, task: SyntheticTask | None, error: BaseExcepti
 __all__ = ["CHOICES", "FIRST_BATCH", "MODEL_SETTINGS", "ZOOS", "ModelRef", "SourceError", "Zoo", "check_arguments",
            "check_first_batch", "check_loss", "check_scores", "code_origin", "config_loss", "describe",
            "import_function", "input_problem", "is_function_ref", "model_key",
-           "nearest", "output_field", "output_loss", "own_batches", "parse_workload", "probe_scores",
+           "nearest", "output_field", "own_batches", "parse_workload", "probe_scores",
            "targets_in_inputs", "token_task"]
 
 
@@ -495,16 +489,12 @@ def counted_once(directory: Path | None, config: Config, facts: dict[str, Any], 
            "framework_version": framework_version}
     digest = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
     path = directory / f"flops-{digest}.json"
-    try:
+    with contextlib.suppress(OSError, ValueError):
         found = json.loads(path.read_text())
         if isinstance(found, dict) and "flops_per_sample" in found:
             return found
-    except (OSError, ValueError):
-        pass
     found = count()
-    try:
+    with contextlib.suppress(OSError):  # a full disk or a read-only run directory: the next worker counts again
         directory.mkdir(parents=True, exist_ok=True)
         write_text_atomic(path, json.dumps(found))
-    except OSError:  # a full disk or a read-only run directory: the next worker counts again
-        pass
     return found

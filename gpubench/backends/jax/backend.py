@@ -5,9 +5,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo
+from gpubench.backends.pytorch.modes import TORCH_COMPILE_MODES
 from gpubench.options import PRECISIONS, Capabilities, device_index, device_kind, parse_parallelism
 
 if TYPE_CHECKING:
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
 _OOM_TEXT = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
 
 
-def import_jax():  # noqa: ANN201 - the module
+def import_jax() -> ModuleType:
     """JAX, with its GPU allocator set to grow as needed (``XLA_PYTHON_CLIENT_PREALLOCATE =
     false``, read when JAX starts its GPU client, so before any device is touched), as
     TensorFlow's memory growth is turned on: by default JAX takes 75% of every visible GPU when
@@ -34,34 +36,20 @@ def import_jax():  # noqa: ANN201 - the module
     return jax
 
 
-def host_devices(n: int) -> None:
+def host_devices(config: Config) -> None:
     """``dp:N`` on a CPU: N host devices, which must be asked for before JAX starts its CPU
     backend (the first thing a worker does with JAX). A second trainer in one process (a
-    test's) finds the backend started: it then has the devices it was started with."""
+    test's) finds the backend started: it then has the devices it was started with. JAX is
+    imported here in every case."""
     jax = import_jax()
-
+    kind, n = parse_parallelism(config.parallelism)
+    if kind != "dp" or device_kind(config.device) != "cpu":
+        return
     try:
         if getattr(jax.config, "jax_num_cpu_devices", 1) < n:
             jax.config.update("jax_num_cpu_devices", n)
     except RuntimeError:  # the backend has started
         pass
-
-
-
-def jax_build() -> dict[str, Any] | None:
-    """JAX's and jaxlib's versions from their package metadata, without importing them; None
-    when JAX is not installed."""
-    if importlib.util.find_spec("jax") is None:
-        return None
-    from importlib.metadata import PackageNotFoundError, version
-
-    out: dict[str, Any] = {}
-    for dist in ("jax", "jaxlib"):
-        try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:
-            out[dist] = None
-    return out
 
 
 class JaxBackend(Backend):
@@ -73,14 +61,17 @@ class JaxBackend(Backend):
 
     @classmethod
     def package_build(cls) -> dict[str, Any] | None:
-        return jax_build()
+        """JAX's and jaxlib's versions from their package metadata, without importing them; None
+        when JAX is not installed."""
+        if importlib.util.find_spec("jax") is None:
+            return None
+        return {dist: _version(dist) for dist in ("jax", "jaxlib")}
 
     @classmethod
     def calibration_key(cls) -> dict[str, Any]:
         """JAX's and jaxlib's versions; absent (not None) without JAX, so that the keys of caches
         from before the JAX backend stay valid."""
-        build = cls.package_build()
-        return {} if build is None else {"jax": build["jax"], "jaxlib": build["jaxlib"]}
+        return cls.package_build() or {}
     uncompiled = "already one XLA program (jax.jit)"
     colours = {"fp32": "#2ca02c", "tf32": "#98df8a", "amp-fp16": "#00441b", "amp-bf16": "#bcbd22"}  # noqa: RUF012
 
@@ -101,8 +92,7 @@ class JaxBackend(Backend):
                                    "(attention = cudnn)",
             **{f"compile={c}": f"JAX always compiles its whole training step with XLA (jax.jit): that is "
                                f"compile = none here, and {c} does not apply"
-               for c in ("xla", "torch-compile", "torch-compile-reduce-overhead", "torch-compile-max-autotune",
-                         "cuda-graph")},
+               for c in ("xla", *TORCH_COMPILE_MODES, "cuda-graph")},
             "memory_format=channels-last": "JAX's convolutions take gpubench's NCHW layout and XLA picks each op's "
                                            "physical layout for the device",
             **{f"parallelism={k}": f"{k}:N is {engine}; JAX's data parallelism in gpubench is dp:N (one process, "
@@ -192,19 +182,13 @@ class JaxBackend(Backend):
         return None
 
     def native(self, config: Config, counts: Path | None = None, count: bool = True) -> NativeModel:
-        import_jax()
-        kind, n = parse_parallelism(config.parallelism)
-        if kind == "dp" and device_kind(config.device) == "cpu":
-            host_devices(n)
+        host_devices(config)
         from gpubench.backends.jax.native import native_model
 
         return native_model(config, counts, count)
 
     def build(self, model: NativeModel | WorkloadSpec, config: Config, batches: Batches) -> Trainer:
-        kind, n = parse_parallelism(config.parallelism)
-        import_jax()
-        if kind == "dp" and device_kind(config.device) == "cpu":
-            host_devices(n)
+        host_devices(config)
         from gpubench.backends.jax.trainer import JaxTrainer
 
         return JaxTrainer(model, config, batches)

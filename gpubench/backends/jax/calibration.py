@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpubench.measure.kernels import (
     DTYPES,
     PLANS,
+    Call,
     HostClock,
     Kernel,
     Plan,
@@ -27,47 +29,51 @@ from gpubench.measure.kernels import (
 )
 from gpubench.options import device_index, device_kind
 
+if TYPE_CHECKING:
+    from jax import Array, Device
+    from jax.typing import DTypeLike
+
 OPS = ("matmul", "conv2d")
 
 
-def jax_kernels(jax: ModuleType, device: Any, plan: Plan, precisions: list[str]) -> list[Kernel]:
+def jax_kernels(jax: ModuleType, device: Device, plan: Plan, precisions: list[str]) -> list[Kernel]:
     """The plan's JAX kernels at each precision, their inputs on ``device``."""
     import jax.numpy as jnp
     from jax import lax
 
     errors = (RuntimeError, MemoryError, ValueError)
 
-    def precision_of(p: str) -> Any:
+    def precision_of(p: str) -> lax.Precision:
         return lax.Precision.HIGHEST if p == "fp32" else lax.Precision.DEFAULT
 
-    def synced(fn: Any, *args: Any) -> tuple[Any, Any]:
-        last: list[Any] = [None]
+    def synced(fn: Callable[..., Array], *args: Array) -> tuple[Call, Call]:
+        last: list[Array | None] = [None]
 
         def call() -> None:
             last[0] = fn(*args)
 
         def sync() -> None:  # waits for every call queued before it (one stream per device)
-            if last[0] is not None:
-                last[0].block_until_ready()
+            if (out := last[0]) is not None:
+                out.block_until_ready()
         call()  # compiled here, untimed
         sync()
         return call, sync
 
-    def normal(shape: tuple[int, ...], dtype: Any, seed: int) -> Any:
+    def normal(shape: tuple[int, ...], dtype: DTypeLike, seed: int) -> Array:
         return jax.device_put(jax.random.normal(jax.random.key(seed), shape, jnp.float32).astype(dtype), device)
 
-    def matmul(p: str) -> Any:
+    def matmul(p: str) -> Callable[[int], tuple[Call, Call]]:
         dtype, prec = getattr(jnp, DTYPES[p]), precision_of(p)
 
-        def prepare(n: int) -> tuple[Any, Any]:
+        def prepare(n: int) -> tuple[Call, Call]:
             x, w = normal((n, n), dtype, 0), normal((n, n), jnp.float32, 1)  # w: a float32 parameter
             return synced(jax.jit(lambda x, w: jnp.matmul(x, w.astype(dtype), precision=prec)), x, w)
         return prepare
 
-    def conv2d(p: str) -> Any:
+    def conv2d(p: str) -> Callable[[int], tuple[Call, Call]]:
         dtype, prec, s = getattr(jnp, DTYPES[p]), precision_of(p), plan.conv
 
-        def prepare(batch: int) -> tuple[Any, Any]:
+        def prepare(batch: int) -> tuple[Call, Call]:
             x = normal((batch, s.channels_in, s.hw, s.hw), dtype, 0)
             w = normal((s.channels_out, s.channels_in, s.kernel, s.kernel), jnp.float32, 1)
             pad = s.kernel // 2
@@ -76,26 +82,19 @@ def jax_kernels(jax: ModuleType, device: Any, plan: Plan, precisions: list[str])
                 precision=prec)), x, w)
         return prepare
 
-    def conv_shape(batch: int) -> str:  # the plan's label says NHWC (PyTorch's channels-last); this one is NCHW
-        return plan.conv.describe(batch).replace("NHWC", "NCHW")
-
+    # the plan's convolution label says NHWC (PyTorch's channels-last); this one is NCHW
     makers = {"matmul": (matmul, lambda n: 2.0 * n**3, lambda n: f"{n}x{n}x{n}", plan.matmul_sizes),
-              "conv2d": (conv2d, plan.conv.flops, conv_shape, plan.conv_batches)}
-    out = []
-    for precision in precisions:
-        for op in OPS:
-            make, flops, shape, sizes = makers[op]
-            out.append(Kernel("jax", op, precision, sizes, flops, shape, make(precision), errors))
-    return out
+              "conv2d": (conv2d, plan.conv.flops, lambda b: plan.conv.describe(b).replace("NHWC", "NCHW"),
+                         plan.conv_batches)}
+    return [Kernel("jax", op, precision, sizes, flops, shape, make(precision), errors)
+            for precision in precisions for op in OPS for make, flops, shape, sizes in [makers[op]]]
 
 
 def measure(device: str) -> dict[str, Any]:
     """JAX's figures for one device, or ``unavailable`` with the reason."""
-    import os
+    from gpubench.backends.jax.backend import import_jax
 
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # as the trainer's (backends/jax)
-    import jax
-
+    jax = import_jax()
     kind = device_kind(device)
     plan = PLANS[kind]
     info: dict[str, Any] = {"device": device, "framework": {"name": "jax", "version": jax.__version__}}
@@ -127,9 +126,5 @@ def measure(device: str) -> dict[str, Any]:
     return {**info, "kernels": kernels, "skipped": skipped, "seconds": time.perf_counter() - t0}
 
 
-def main(argv: list[str]) -> int:
-    return child_main(measure, "jax", argv)
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(child_main(measure, "jax", sys.argv[1:]))

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.typing import DTypeLike
 
+from gpubench.backends.base import Tree
 from gpubench.workloads.base import (
     BatchNorm2d,
     ClassToken,
@@ -39,7 +40,8 @@ from gpubench.workloads.base import (
 )
 
 Params = list[list[jax.Array]]
-State = list[list[tuple[jax.Array, jax.Array]]]
+Stats = list[tuple[jax.Array, jax.Array]]  # one layer's batch norms' running (mean, var)
+State = list[Stats]
 
 
 @dataclass(frozen=True)
@@ -49,18 +51,17 @@ class Policy:
     PyTorch's autocast does); ``precision`` the precision of float32 convolutions and matrix
     multiplies (HIGHEST: true fp32; DEFAULT: lets the GPU use TF32)."""
 
-    compute: Any = jnp.float32
+    compute: DTypeLike = jnp.float32
     precision: lax.Precision = lax.Precision.HIGHEST
 
 
+_POLICIES = {"amp-bf16": Policy(jnp.bfloat16, lax.Precision.DEFAULT),
+             "amp-fp16": Policy(jnp.float16, lax.Precision.DEFAULT),
+             "tf32": Policy(jnp.float32, lax.Precision.DEFAULT)}
+
+
 def policy_for(precision: str) -> Policy:
-    if precision == "amp-bf16":
-        return Policy(jnp.bfloat16, lax.Precision.DEFAULT)
-    if precision == "amp-fp16":
-        return Policy(jnp.float16, lax.Precision.DEFAULT)
-    if precision == "tf32":
-        return Policy(jnp.float32, lax.Precision.DEFAULT)
-    return Policy()
+    return _POLICIES.get(precision, Policy())
 
 
 def init_state(spec: WorkloadSpec) -> State:
@@ -91,8 +92,8 @@ def _attention(layer: TransformerBlock, q: jax.Array, k: jax.Array, v: jax.Array
     """Multi-head attention of (n, t, heads, d_head) queries, keys and values: ``math``, its two
     matrix products with the softmax in float32; ``sdpa``, ``jax.nn.dot_product_attention`` with
     its default implementation (XLA's: its own fusion of the same products); ``cudnn``, that
-    function's cuDNN kernel. The
-    float32 policy's precision holds inside the library's products too (no TF32 at fp32)."""
+    function's cuDNN kernel. The float32 policy's precision holds inside the library's products
+    too (no TF32 at fp32)."""
     t, hd = q.shape[1], q.shape[3]
     if attention == "math":
         scores = jnp.einsum("nqhd,nkhd->nhqk", q, k, precision=policy.precision).astype(jnp.float32) / np.sqrt(hd)
@@ -131,13 +132,13 @@ class _Apply:
         self.tied = tied  # the token embedding, the weight of a tied output head
 
     def chain(self, layers: tuple[Layer, ...], x: jax.Array, params: Iterator[jax.Array],
-              stats: Iterator[tuple[jax.Array, jax.Array]], new: list[tuple[jax.Array, jax.Array]]) -> jax.Array:
+              stats: Iterator[tuple[jax.Array, jax.Array]], new: Stats) -> jax.Array:
         for layer in layers:
             x = self.apply(layer, x, params, stats, new)
         return x
 
     def apply(self, layer: Layer, x: jax.Array, params: Iterator[jax.Array],
-              stats: Iterator[tuple[jax.Array, jax.Array]], new: list[tuple[jax.Array, jax.Array]]) -> jax.Array:
+              stats: Iterator[tuple[jax.Array, jax.Array]], new: Stats) -> jax.Array:
         cd, prec = self.policy.compute, self.policy.precision
         if isinstance(layer, Residual):
             main = self.chain(layer.main, x, params, stats, new)
@@ -151,8 +152,7 @@ class _Apply:
                                          dimension_numbers=("NCHW", "OIHW", "NCHW"), precision=prec)
             return y + next(params).astype(cd)[None, :, None, None] if layer.bias else y
         if isinstance(layer, Linear):
-            w, b = next(params), next(params)
-            return jnp.matmul(x.astype(cd), w.astype(cd).T, precision=prec) + b.astype(cd)
+            return _dense(x, next(params), next(params), self.policy)
         if isinstance(layer, BatchNorm2d):
             gamma, beta = next(params), next(params)
             mean_r, var_r = next(stats)
@@ -217,22 +217,13 @@ def forward(spec: WorkloadSpec, params: Params, state: State, x: jax.Array, *, t
     run = _Apply(policy or Policy(), train, key, tied, attention)
     new_state: State = []
     for layer, arrays, stats in zip(spec.layers, params, state, strict=True):
-        def one(x: jax.Array, arrays: list[jax.Array], stats: list[tuple[jax.Array, jax.Array]],
-                layer: Layer = layer) -> tuple[jax.Array, list[tuple[jax.Array, jax.Array]]]:
-            new: list[tuple[jax.Array, jax.Array]] = []
-            out = run.apply(layer, x, iter(arrays), iter(stats), new)
-            return out, new
+        def one(x: jax.Array, arrays: list[jax.Array], stats: Stats, layer: Layer = layer,
+                start: int = run.leaf) -> tuple[jax.Array, Stats]:
+            run.leaf = start  # the same dropout keys when the layer is recomputed
+            new: Stats = []
+            return run.apply(layer, x, iter(arrays), iter(stats), new), new
 
-        start = run.leaf
-        if remat and arrays:
-            def again(x: jax.Array, arrays: list[jax.Array], stats: list[tuple[jax.Array, jax.Array]],
-                      one: Any = one, start: int = start) -> Any:
-                run.leaf = start  # the same dropout keys when the layer is recomputed
-                return one(x, arrays, stats)
-
-            x, new = jax.checkpoint(again)(x, arrays, stats)
-        else:
-            x, new = one(x, arrays, stats)
+        x, new = (jax.checkpoint(one) if remat and arrays else one)(x, arrays, stats)
         new_state.append(new)
     return x.astype(jnp.float32), new_state
 
@@ -244,9 +235,15 @@ class JaxModel:
     collections; ``{}`` or ``[]`` where none), and ``apply(params, state, x, train, policy, key,
     remat) -> (output, new state)``."""
 
-    params: Any
-    state: Any
-    apply: Callable[..., tuple[Any, Any]]
+    params: Tree[jax.Array]
+    state: Tree[jax.Array]
+    apply: Callable[..., tuple[object, Tree[jax.Array]]]
+
+    def infer(self, x: Tree[np.ndarray]) -> object:
+        """The output of an inference pass on the host batch ``x``, at the initial weights."""
+        from gpubench.workloads.data import tree_map
+
+        return self.apply(self.params, self.state, tree_map(jnp.asarray, x), False, None, None, False)[0]
 
 
 def spec_model(spec: WorkloadSpec, seed: int, attention: str = "sdpa") -> JaxModel:
@@ -258,22 +255,22 @@ def spec_model(spec: WorkloadSpec, seed: int, attention: str = "sdpa") -> JaxMod
     return JaxModel(to_params(spec.init_weights(seed)), init_state(spec), apply)
 
 
-def logits_of(out: Any) -> jax.Array:
+def logits_of(out: object) -> jax.Array:
     """The scores in a model's output: an array, a dict's ``"logits"``, an object's ``logits``,
     or a tuple's first element."""
     if isinstance(out, jax.Array):
         return out
     if isinstance(out, dict) and "logits" in out:
         return out["logits"]
-    if getattr(out, "logits", None) is not None:
-        return out.logits
+    if (logits := getattr(out, "logits", None)) is not None:
+        return logits
     if isinstance(out, (tuple, list)) and out:
         return out[0]
     raise TypeError(f"the model returned {type(out).__name__}, which holds no logits array; name a loss function "
                     "(loss = \"module:function\") that takes this output")
 
 
-def cross_entropy(out: Any, y: jax.Array) -> jax.Array:
+def cross_entropy(out: object, y: jax.Array) -> jax.Array:
     """Mean cross-entropy of the logits against class targets, (N, C) vs (N,) or a sequence's
     (N, T, V) vs (N, T), in float32."""
     import optax

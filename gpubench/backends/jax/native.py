@@ -11,18 +11,19 @@ matrix multiplies and convolutions as 2 per multiply-add, and the elementwise op
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gpubench.backends.base import NativeModel, Unsupported
+from gpubench.backends.base import NativeModel, Tree, Unsupported, spec_native
 from gpubench.backends.jax.model import JaxModel, Policy, cross_entropy, logits_of, spec_model
 from gpubench.config import Config
 from gpubench.workloads import WORKLOADS, get_workload
-from gpubench.workloads.data import SyntheticTask, make_batches, tree_map
+from gpubench.workloads.data import SyntheticTask, tree_map
 from gpubench.workloads.source import (
     CHOICES,
     FIRST_BATCH,
@@ -41,11 +42,15 @@ from gpubench.workloads.source import (
     token_task,
 )
 
+if TYPE_CHECKING:
+    import flax.linen as nn
+
 FLOP_COUNT_BATCH = FIRST_BATCH  # the first batch's samples (own_batches), counted and checked
 _TRAIN_FLAGS = {"train": True, "training": True, "deterministic": False}  # the value in a training pass
+Loss = Callable[[Any, Any], Any]  # a user's loss(outputs, targets), as config_loss gives it
 
 
-def call_args(x: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def call_args(x: Tree[jax.Array]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """A batch's inputs as a module takes them: one array, several (a tuple), keywords (a dict)."""
     if isinstance(x, dict):
         return (), dict(x)
@@ -54,15 +59,13 @@ def call_args(x: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return (x,), {}
 
 
-def flax_model(module: Any, sample: Any, seed: int) -> JaxModel:
+def flax_model(module: nn.Module, sample: Tree[np.ndarray], seed: int) -> JaxModel:
     """A Flax linen module, initialised on ``sample`` (a batch of its inputs)."""
     params_of = inspect.signature(type(module).__call__).parameters
     flag = next((name for name in _TRAIN_FLAGS if name in params_of), None)
 
     def flags(train: bool) -> dict[str, Any]:
-        if flag is None:
-            return {}
-        return {flag: train if flag != "deterministic" else not train}
+        return {} if flag is None else {flag: train if flag != "deterministic" else not train}
 
     args, kwargs = call_args(tree_map(jnp.asarray, sample))
     key = jax.random.key(seed)
@@ -70,8 +73,8 @@ def flax_model(module: Any, sample: Any, seed: int) -> JaxModel:
     params = variables["params"]
     state = {k: v for k, v in variables.items() if k != "params"}
 
-    def apply(params: Any, state: Any, x: Any, train: bool, policy: Policy | None, key: jax.Array | None,
-              remat: bool) -> tuple[Any, Any]:
+    def apply(params: Mapping[str, Any], state: dict[str, Mapping[str, Any]], x: Tree[jax.Array], train: bool,
+              policy: Policy | None, key: jax.Array | None, remat: bool) -> tuple[object, Tree[jax.Array]]:
         args, kwargs = call_args(x)
         rngs = {"dropout": key} if key is not None else {}
         if train and state:
@@ -89,10 +92,7 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
     ref = parse_workload(config.workload, sorted(WORKLOADS))
     if ref.kind == "builtin":
         spec = get_workload(config.workload).spec(**dict(config.workload_params))
-        return NativeModel(build=lambda: spec_model(spec, config.seed, config.attention), facts=spec.facts(), spec=spec,
-                           sequential=True,
-                           make_batches=lambda batch, group: make_batches(spec, config.dataset, config.data_dir, batch,
-                                                                          config.seed, group))
+        return spec_native(spec, config, lambda: spec_model(spec, config.seed, config.attention))
     if ref.kind != "factory":  # (the backend refuses a zoo's name before this)
         raise Unsupported(f"the jax backend takes a factory of a Flax module, not {config.workload}")
     import flax.linen as nn
@@ -122,7 +122,7 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
     x, y = sample.sample(FLOP_COUNT_BATCH)
     try:
         model = flax_model(module, x, config.seed)
-        out, _ = model.apply(model.params, model.state, tree_map(jnp.asarray, x), False, None, None, False)
+        out = model.infer(x)
     except Exception as e:  # noqa: BLE001 - the user's module and the data do not fit: say so in one line
         raise input_problem(config, first, e) from None
     facts["params"] = int(sum(np.prod(a.shape) for a in jax.tree_util.tree_leaves(model.params)))
@@ -145,17 +145,16 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
     return NativeModel(build=lambda: flax_model(module, x, config.seed), make_batches=make, facts=facts, loss=loss)
 
 
-def _token_task(module: Any, config: Config, notes: list[str]) -> SyntheticTask | None:
+def _token_task(module: nn.Module, config: Config, notes: list[str]) -> SyntheticTask | None:
     """``input_kind = "tokens"``: the module initialised on 2 sequences of token ids
     (``probe_scores``); its scores' shape and its first embedding's rows (the first ``nn.Embed``
     it made) decide the task."""
     shape = tuple(config.input_shape)
     made: list[JaxModel] = []
 
-    def run(inputs: Any) -> Any:
+    def run(inputs: Tree[np.ndarray]) -> object:
         made[:] = [flax_model(module, inputs, config.seed)]
-        return made[0].apply(made[0].params, made[0].state, tree_map(jnp.asarray, inputs), False, None, None,
-                             False)[0]
+        return made[0].infer(inputs)
 
     found = probe_scores(config, np.zeros((FLOP_COUNT_BATCH, *shape), np.int32), True, run, _scores_of) if len(
         shape) == 1 else None
@@ -164,7 +163,7 @@ def _token_task(module: Any, config: Config, notes: list[str]) -> SyntheticTask 
     return token_task(config, shape, vocab, "nn.Embed", scores, notes)
 
 
-def _first_embedding_rows(params: Any) -> int | None:
+def _first_embedding_rows(params: Tree[jax.Array]) -> int | None:
     """The rows of the first ``embedding`` table in the order the module made its parameters (a
     dict's own order: jax's tree functions sort the names)."""
     if hasattr(params, "items"):
@@ -177,18 +176,18 @@ def _first_embedding_rows(params: Any) -> int | None:
     return None
 
 
-def _check_first_batch(model: JaxModel, x: Any, y: Any, loss: Any, config: Config, task: SyntheticTask | None) -> None:
+def _check_first_batch(model: JaxModel, x: Tree[np.ndarray], y: Tree[np.ndarray], loss: Loss | None, config: Config,
+                       task: SyntheticTask | None) -> None:
     """The module on a batch of 2 of what it trains on, before any config trains: it takes the
     inputs, and its loss (cross-entropy, the user's, the module's own) is one finite number
     (``check_first_batch``)."""
     targets = tree_map(jnp.asarray, y)
-    check_first_batch(config, task, lambda: model.apply(model.params, model.state, tree_map(jnp.asarray, x), False,
-                                                        None, None, False)[0], _scores_of,
+    check_first_batch(config, task, lambda: model.infer(x), _scores_of,
                       lambda out: (loss or cross_entropy)(out, targets), loss is not None,
-                      None if isinstance(y, (tuple, list, dict)) else tuple(np.shape(y)))
+                      tuple(y.shape) if isinstance(y, np.ndarray) else None)
 
 
-def _scores_of(out: Any) -> tuple[int, ...] | None:
+def _scores_of(out: object) -> tuple[int, ...] | None:
     """The shape of the scores in a module's output (``logits_of``), or None where it holds none
     (a scalar first holds none)."""
     try:
@@ -197,13 +196,13 @@ def _scores_of(out: Any) -> tuple[int, ...] | None:
         return None
 
 
-def train_flops(model: JaxModel, x: Any, y: Any, loss: Any) -> dict[str, Any]:
+def train_flops(model: JaxModel, x: Tree[np.ndarray], y: np.ndarray, loss: Loss | None) -> dict[str, Any]:
     """FLOPs per sample of one training step (forward, loss and backward), by XLA's cost analysis
     of the compiled step at batch FLOP_COUNT_BATCH."""
     loss_fn = loss or cross_entropy
 
-    def step(params: Any, x: Any, y: Any) -> Any:
-        def objective(p: Any) -> Any:
+    def step(params: Tree[jax.Array], x: Tree[jax.Array], y: jax.Array) -> Tree[jax.Array]:
+        def objective(p: Tree[jax.Array]) -> jax.Array:
             out, _ = model.apply(p, model.state, x, True, None, jax.random.key(0), False)
             return loss_fn(out, y)
         return jax.grad(objective)(params)

@@ -28,7 +28,7 @@ STEP_TRACE = "gpubench step"
 _BOOKKEEPING = ("ThunkExecutor::", "ThreadpoolListener::", "end: ")
 
 
-def op_rows(data: Any) -> list[OpRow]:
+def op_rows(data: jax.profiler.ProfileData) -> list[OpRow]:
     """Host rows from the XLA CPU threads (``tf_XLA*`` lines of ``/host:CPU``), device rows from
     the ``Stream`` lines of each ``/device:GPU`` plane."""
     host: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # calls, self ns, total ns

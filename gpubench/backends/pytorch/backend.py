@@ -120,28 +120,6 @@ def pipeline_unsupported(config: Config) -> str | None:
     return None
 
 
-
-def torch_build() -> dict[str, Any] | None:
-    """torch's version, CUDA build and git revision from its version.py, without importing it;
-    None when torch is not installed."""
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "version.py"
-    values: dict[str, Any] = {"version": None, "cuda": None, "git_version": None}
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, ValueError):
-        return values
-    names = {"__version__": "version", "cuda": "cuda", "git_version": "git_version"}
-    for node in tree.body:
-        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
-        value = getattr(node, "value", None)
-        if isinstance(target, ast.Name) and target.id in names and isinstance(value, ast.Constant):
-            values[names[target.id]] = value.value
-    return values
-
-
 class TorchBackend(Backend):
     name = "torch"
     install_hint = ("pip install torch (PyPI's CUDA build; for the CPU build add --index-url "
@@ -156,7 +134,24 @@ class TorchBackend(Backend):
 
     @classmethod
     def package_build(cls) -> dict[str, Any] | None:
-        return torch_build()
+        """torch's version, CUDA build and git revision from its version.py, without importing it;
+        None when torch is not installed."""
+        spec = importlib.util.find_spec("torch")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        path = Path(list(spec.submodule_search_locations)[0]) / "version.py"
+        values: dict[str, Any] = {"version": None, "cuda": None, "git_version": None}
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, ValueError):
+            return values
+        names = {"__version__": "version", "cuda": "cuda", "git_version": "git_version"}
+        for node in tree.body:
+            target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+            value = getattr(node, "value", None)
+            if isinstance(target, ast.Name) and target.id in names and isinstance(value, ast.Constant):
+                values[names[target.id]] = value.value
+        return values
 
     @classmethod
     def calibration_key(cls) -> dict[str, Any]:
@@ -331,8 +326,7 @@ class TorchBackend(Backend):
 
         if not config.local_cuda_ordinals or not torch.cuda.is_available():
             return None
-        snapshot: dict[str, Any] = torch.cuda.memory._snapshot()
-        return snapshot
+        return torch.cuda.memory._snapshot()
 
     def is_oom(self, exc: BaseException) -> bool:
         import torch

@@ -118,18 +118,11 @@ def torch_kernels(torch: ModuleType, device: str, plan: Plan, precisions: list[s
             return call, None
         return prepare
 
-    def matmul_flops(n: int) -> float:
-        return 2.0 * n**3
-
-    makers = {"mm": (mm, matmul_flops, lambda n: f"{n}x{n}x{n}", plan.matmul_sizes),
-              "linear": (linear, matmul_flops, lambda n: f"{n}x{n}x{n}", plan.matmul_sizes),
+    square = (lambda n: 2.0 * n**3, lambda n: f"{n}x{n}x{n}", plan.matmul_sizes)  # flops, shape, sizes
+    makers = {"mm": (mm, *square), "linear": (linear, *square),
               "conv2d": (conv2d, plan.conv.flops, plan.conv.describe, plan.conv_batches)}
-    out = []
-    for precision in precisions:
-        for op in OPS[kind]:
-            make, flops, shape, sizes = makers[op]
-            out.append(Kernel("torch", op, precision, sizes, flops, shape, make(precision)))
-    return out
+    return [Kernel("torch", op, precision, sizes, flops, shape, make(precision))
+            for precision in precisions for op in OPS[kind] for make, flops, shape, sizes in [makers[op]]]
 
 
 def _copy(torch: ModuleType, device: str, plan: Plan, clock: HostClock) -> dict[str, Any]:

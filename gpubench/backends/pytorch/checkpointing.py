@@ -30,8 +30,10 @@ def segment_bounds(n_modules: int) -> list[tuple[int, int]]:
     return [(i, min(i + size, n_modules)) for i in range(0, n_modules, size)]
 
 
-class _KeepBuffers:
-    """Around a recomputation: put the run's buffers back as they were before it."""
+class KeepBuffers:
+    """Around a pass that must leave the modules' buffers as they were (a recomputation, a
+    counted pass on the host): puts them back on exit. Reusable, as a checkpoint's recompute
+    context may be entered once per backward pass."""
 
     def __init__(self, modules: list[nn.Module]) -> None:
         self.buffers = [b for m in modules for b in m.buffers()]
@@ -46,9 +48,9 @@ class _KeepBuffers:
                 b.copy_(saved)
 
 
-def _contexts(modules: list[nn.Module]) -> tuple[contextlib.nullcontext, _KeepBuffers]:
+def _contexts(modules: list[nn.Module]) -> tuple[contextlib.nullcontext, KeepBuffers]:
     """``context_fn`` of torch.utils.checkpoint: (around the forward, around the recomputation)."""
-    return contextlib.nullcontext(), _KeepBuffers(modules)
+    return contextlib.nullcontext(), KeepBuffers(modules)
 
 
 def _run(modules: list[nn.Module], x: torch.Tensor) -> torch.Tensor:

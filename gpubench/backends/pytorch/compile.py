@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gpubench.backends.base import Lap, ProfilingUnavailable, no_lap
+from gpubench.backends.base import Lap, ProfilingUnavailable, Tree, no_lap
 from gpubench.backends.pytorch.modes import CUDAGRAPH_MODES, TORCH_COMPILE_MODES
 from gpubench.workloads.data import tree_map
 
@@ -42,8 +42,8 @@ class StepSource:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     device: torch.device
-    x: Any
-    y: Any
+    x: Tree[torch.Tensor] | None  # None: the input pipeline's batches
+    y: Tree[torch.Tensor] | None
     n_batches: int
     memory_format: torch.memory_format | None
     position: Callable[[], int]
@@ -67,7 +67,7 @@ class CompileCounter:
         on_compile_start(self._started)
         self.available = True
 
-    def _started(self, *_: Any) -> None:
+    def _started(self, *_: object) -> None:
         self.count += 1
 
 
@@ -117,8 +117,8 @@ class CudaGraphStep:
     walks the pool in the same order as the eager trainer. The first call warms up on a side
     stream (eager steps: optimizer state, cuDNN autotuning, allocator), restores the weights,
     buffers (batch norm statistics), the optimizer state and the CUDA RNG to what they were,
-    captures, and replays once: every
-    call is exactly one training step, and the losses equal the eager trainer's.
+    captures, and replays once: every call is exactly one training step, and the losses equal
+    the eager trainer's.
     """
 
     def __init__(self, source: StepSource) -> None:

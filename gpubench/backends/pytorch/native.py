@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,19 +23,12 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpubench.backends.base import NativeModel
+from gpubench.backends.base import NativeModel, Tree, spec_native
+from gpubench.backends.pytorch.checkpointing import KeepBuffers
 from gpubench.config import Config
 from gpubench.workloads import WORKLOADS, get_workload
 from gpubench.workloads.base import WorkloadSpec
-from gpubench.workloads.data import (
-    Batches,
-    SyntheticTask,
-    Tree,
-    make_batches,
-    one_batch,
-    tree_leaves,
-    tree_map,
-)
+from gpubench.workloads.data import Batches, SyntheticTask, one_batch, tree_leaves, tree_map
 from gpubench.workloads.source import (
     CHOICES,
     FIRST_BATCH,
@@ -57,9 +51,12 @@ from gpubench.workloads.source import (
 FLOP_COUNT_BATCH = FIRST_BATCH  # the first batch's samples (own_batches), counted and checked
 DEFAULT_IMAGE = (3, 224, 224)
 DEFAULT_TOKENS = 128  # a language model's sequence length where the suite gives none (at most its context)
+Tensors = Tree[torch.Tensor]
+# (a builder of the model, the synthetic task it trains on (classes unknown: 0), facts)
+Source = tuple[Callable[[], nn.Module], SyntheticTask | None, dict[str, Any]]
 
 
-def call_model(model: Callable[..., Any], x: Tree) -> Any:
+def call_model(model: Callable[..., object], x: Tensors) -> object:
     """The model on a batch as it takes it: one tensor, several (a tuple), or keywords (a dict)."""
     if isinstance(x, dict):
         return model(**x)
@@ -68,7 +65,7 @@ def call_model(model: Callable[..., Any], x: Tree) -> Any:
     return model(x)
 
 
-def logits_of(out: Any) -> torch.Tensor:
+def logits_of(out: object) -> torch.Tensor:
     """The scores in a model's output: a tensor, a Hugging Face output's ``logits``, a dict's
     ``"logits"``, or the first element of a tuple (torchvision's auxiliary outputs)."""
     if isinstance(out, torch.Tensor):
@@ -84,7 +81,7 @@ def logits_of(out: Any) -> torch.Tensor:
                     "(loss = \"module:function\") that takes this output")
 
 
-def cross_entropy(out: Any, y: torch.Tensor) -> torch.Tensor:
+def cross_entropy(out: object, y: torch.Tensor) -> torch.Tensor:
     """Cross-entropy of the logits against class targets: (N, C) vs (N,), or a sequence's
     (N, T, V) vs (N, T), its positions flattened. In float32 (autocast's rule for the loss)."""
     logits = logits_of(out)
@@ -115,13 +112,12 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
         notes.append(stubbed)
     if batch_fn is None:
         task = _task(task, probe, config, notes, ref.kind == "factory")
-        facts["input_shape"], facts["num_classes"] = list(task.input_shape), task.num_classes
-        facts["task"] = task.kind
+        facts.update(input_shape=list(task.input_shape), num_classes=task.num_classes, task=task.kind)
     make, sample = own_batches(task, batch_fn, config, facts)
     _check_first_batch(probe, sample, loss, config, task if batch_fn is None else None)
     if notes:
         facts["notes"] = notes
-    if count and _rank() == 0:  # the result's facts are rank 0's: the other ranks of a ddp:N config skip the count
+    if count and int(os.environ.get("RANK", "0")) == 0:  # the result's facts are rank 0's: the other ranks skip it
         facts.update(counted_once(counts, config, facts, torch.__version__,
                                   partial(count_train_flops, probe, sample, loss or cross_entropy)))
     sequential = isinstance(probe, nn.Sequential)
@@ -129,7 +125,7 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
     return NativeModel(build=build, make_batches=make, facts=facts, loss=loss, sequential=sequential)
 
 
-_STUBS: list[Any] = []  # the Library holding the stand-in schemas: deleting it would undefine them
+_STUBS: list[torch.library.Library] = []  # the Library holding the stand-in schemas: deleting it would undefine them
 
 
 def torchvision_without_its_operators() -> str | None:
@@ -159,12 +155,6 @@ def torchvision_without_its_operators() -> str | None:
             "train without them; its detection operators (nms, roi_align, ...) are unavailable")
 
 
-def _rank() -> int:
-    import os
-
-    return int(os.environ.get("RANK", "0"))
-
-
 def as_native(model: NativeModel | WorkloadSpec, config: Config) -> NativeModel:
     """A built-in spec handed over directly (tests, the overhead benchmark) as its NativeModel."""
     return _builtin(model, config) if isinstance(model, WorkloadSpec) else model
@@ -173,10 +163,7 @@ def as_native(model: NativeModel | WorkloadSpec, config: Config) -> NativeModel:
 def _builtin(spec: WorkloadSpec, config: Config) -> NativeModel:
     from gpubench.backends.pytorch.model import build_model
 
-    return NativeModel(build=lambda: build_model(spec, spec.init_weights(config.seed), config.attention),
-                       make_batches=lambda batch, group: make_batches(spec, config.dataset, config.data_dir, batch,
-                                                                      config.seed, group),
-                       facts=spec.facts(), spec=spec, sequential=True)
+    return spec_native(spec, config, lambda: build_model(spec, spec.init_weights(config.seed), config.attention))
 
 
 def _seeded(make: Callable[[], nn.Module], seed: int) -> Callable[[], nn.Module]:
@@ -187,8 +174,7 @@ def _seeded(make: Callable[[], nn.Module], seed: int) -> Callable[[], nn.Module]
     return build
 
 
-def _source(ref: ModelRef, config: Config) -> tuple[Callable[[], nn.Module], SyntheticTask | None, dict[str, Any]]:
-    """(a builder of the model, the synthetic task it trains on (classes unknown: 0), facts)."""
+def _source(ref: ModelRef, config: Config) -> Source:
     kwargs = dict(config.workload_params)
     shape = config.input_shape
     if ref.kind == "factory":
@@ -200,21 +186,17 @@ def _source(ref: ModelRef, config: Config) -> tuple[Callable[[], nn.Module], Syn
             raise SourceError(f"workload {config.workload!r}: set input_shape (one sample's shape, e.g. [3, 32, 32]) "
                               "or a batch function (batches = \"module:function\")")
         return _seeded(lambda: fn(**kwargs), config.seed), task, facts
-    facts = {"source": ref.module, "identical": False, "model_name": ref.name}
-    if ref.module == "torchvision":
-        return _torchvision(ref, config, kwargs, facts)
-    if ref.module == "timm":
-        return _timm(ref, config, kwargs, facts)
-    if ref.module == "hf":
-        return _hf(ref, config, kwargs, facts)
-    raise SourceError(f"workload {config.workload!r}: {ref.module} models train with another framework")
+    zoo = {"torchvision": _torchvision, "timm": _timm, "hf": _hf}.get(ref.module)
+    if zoo is None:
+        raise SourceError(f"workload {config.workload!r}: {ref.module} models train with another framework")
+    return zoo(ref, config, kwargs, {"source": ref.module, "identical": False, "model_name": ref.name})
 
 
 def _classes_kw(config: Config) -> dict[str, Any]:
     return {"num_classes": config.num_classes} if config.num_classes else {}
 
 
-def _torchvision(ref: ModelRef, config: Config, kwargs: dict[str, Any], facts: dict[str, Any]) -> Any:
+def _torchvision(ref: ModelRef, config: Config, kwargs: dict[str, Any], facts: dict[str, Any]) -> Source:
     import torchvision
 
     facts["version"] = torchvision.__version__
@@ -226,7 +208,7 @@ def _torchvision(ref: ModelRef, config: Config, kwargs: dict[str, Any], facts: d
     return _seeded(make, config.seed), SyntheticTask(config.input_shape or DEFAULT_IMAGE, config.num_classes), facts
 
 
-def _timm(ref: ModelRef, config: Config, kwargs: dict[str, Any], facts: dict[str, Any]) -> Any:
+def _timm(ref: ModelRef, config: Config, kwargs: dict[str, Any], facts: dict[str, Any]) -> Source:
     import timm
 
     facts["version"] = timm.__version__
@@ -247,7 +229,7 @@ def _a_count(field: str) -> bool:
     return any(word in field for word in ("layer", "head"))
 
 
-def _hf(ref: ModelRef, config: Config, kwargs: dict[str, Any], facts: dict[str, Any]) -> Any:
+def _hf(ref: ModelRef, config: Config, kwargs: dict[str, Any], facts: dict[str, Any]) -> Source:
     import transformers
     from transformers import AutoConfig
     from transformers.models.auto import modeling_auto as auto
@@ -299,22 +281,21 @@ def _hf(ref: ModelRef, config: Config, kwargs: dict[str, Any], facts: dict[str, 
                       f"modelling head or an image classification head; {ref.name} has none of them")
 
 
-def _first_layer(model: nn.Module) -> nn.Module | None:
-    """The model's first module without children, in the order its modules were registered."""
-    return next((m for m in model.modules() if next(m.children(), None) is None), None)
-
-
 def _task(task: SyntheticTask | None, model: nn.Module, config: Config, notes: list[str],
           factory: bool) -> SyntheticTask:
     """The synthetic task a model trains on without a batch function: a factory's token task
     (``token_task``), else its classes: the suite's, else the size of the model's last output
     dimension, read from a forward pass on two samples of zeros."""
     if factory and task is not None:
-        first = _first_layer(model)
+        # the first module without children, in the order the model registered its modules
+        first = next((m for m in model.modules() if next(m.children(), None) is None), None)
         vocab = first.num_embeddings if isinstance(first, (nn.Embedding, nn.EmbeddingBag)) else None
-        on_tokens = _scores_on_tokens(model, config, task.input_shape) if config.input_kind != "features" and (
-            vocab or config.input_kind == "tokens") else None
-        tokens = token_task(config, tuple(task.input_shape), vocab, repr(first), on_tokens, notes)
+        on_tokens = None  # the shape of its scores on 2 sequences of token ids (zeros), where it takes them
+        shape = tuple(task.input_shape)
+        if len(shape) == 1 and config.input_kind != "features" and (vocab or config.input_kind == "tokens"):
+            found = _probe(model, config, np.zeros((FLOP_COUNT_BATCH, *shape), np.int64), tokens=True)
+            on_tokens = None if isinstance(found, BaseException) else found
+        tokens = token_task(config, shape, vocab, repr(first), on_tokens, notes)
         if tokens is not None:
             return tokens
     assert task is not None  # no batch function: the task is known
@@ -329,18 +310,9 @@ def _task(task: SyntheticTask | None, model: nn.Module, config: Config, notes: l
     return SyntheticTask(task.input_shape, int(scores[-1]), task.kind)
 
 
-def _scores_on_tokens(model: nn.Module, config: Config, shape: tuple[int, ...]) -> tuple[int, ...] | None:
-    """The shape of the model's scores on 2 sequences of token ids (zeros), or None where it
-    takes no such input or gives no scores."""
-    if len(shape) != 1:
-        return None
-    scores = _probe(model, config, np.zeros((FLOP_COUNT_BATCH, *shape), np.int64), tokens=True)
-    return None if isinstance(scores, BaseException) else scores
-
-
 def _probe(model: nn.Module, config: Config, x: np.ndarray, tokens: bool) -> tuple[int, ...] | BaseException | None:
     """``probe_scores`` of the model in eval mode, without gradients, the random state put back."""
-    def run(inputs: Any) -> Any:
+    def run(inputs: Tree[np.ndarray]) -> object:
         with torch.no_grad(), torch.random.fork_rng():
             return call_model(model, tree_map(torch.from_numpy, inputs))
 
@@ -351,7 +323,7 @@ def _probe(model: nn.Module, config: Config, x: np.ndarray, tokens: bool) -> tup
         model.train()
 
 
-def _scores_of(out: Any) -> tuple[int, ...] | None:
+def _scores_of(out: object) -> tuple[int, ...] | None:
     """The shape of the scores in a model's output (``logits_of``), or None where it holds none."""
     try:
         return tuple(logits_of(out).shape)
@@ -365,8 +337,7 @@ def _check_first_batch(model: nn.Module, sample: Batches, loss: Callable[[Any, A
     inputs, and its loss (gpubench's cross-entropy, the user's, the model's own) is one finite
     number (on gpubench's data, its scores also fit the task: ``check_first_batch``); else
     SourceError, the pre-run check's one line."""
-    x, y = sample.sample(FLOP_COUNT_BATCH)
-    x, y = tree_map(torch.from_numpy, x), tree_map(torch.from_numpy, y)
+    x, y = (tree_map(torch.from_numpy, t) for t in sample.sample(FLOP_COUNT_BATCH))
     model.eval()
     try:
         with torch.no_grad(), torch.random.fork_rng():
@@ -377,9 +348,10 @@ def _check_first_batch(model: nn.Module, sample: Batches, loss: Callable[[Any, A
         model.train()
 
 
-def _conv_backward_flops(grad_out_shape: Any, x_shape: Any, w_shape: Any, _bias: Any, _stride: Any, _padding: Any,
-                         _dilation: Any, transposed: bool, _output_padding: Any, _groups: Any, output_mask: Any,
-                         out_shape: Any = None) -> int:
+def _conv_backward_flops(grad_out_shape: Sequence[int], x_shape: Sequence[int], w_shape: Sequence[int],
+                         _bias: object, _stride: object, _padding: object, _dilation: object, transposed: bool,
+                         _output_padding: object, _groups: object, output_mask: Sequence[bool],
+                         out_shape: object = None) -> int:
     """A convolution's backward FLOPs: each gradient it computes (input, weight) costs what the
     forward convolution does, 2 x output elements x the weight's elements per output channel.
     FlopCounterMode's own formula (torch 2.14) leaves the groups out and so counts a depthwise
@@ -397,16 +369,14 @@ def count_train_flops(model: nn.Module, sample: Batches, loss_fn: Callable[[Any,
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    x, y = sample.sample(FLOP_COUNT_BATCH)
-    x, y = tree_map(torch.from_numpy, x), tree_map(torch.from_numpy, y)
+    x, y = (tree_map(torch.from_numpy, t) for t in sample.sample(FLOP_COUNT_BATCH))
     n = int(tree_leaves(x)[0].shape[0])
-    saved = [b.detach().clone() for b in model.buffers()]
     counter = FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: _conv_backward_flops})
     seen = _OpsSeen()
     try:
         # attention by its math kernel, two matrix products the counter counts: the fused kernels'
         # count would depend on which one runs (the CPU's flash kernel has no formula in the counter)
-        with torch.random.fork_rng(), sdpa_kernel(SDPBackend.MATH), counter, seen:
+        with KeepBuffers([model]), torch.random.fork_rng(), sdpa_kernel(SDPBackend.MATH), counter, seen:
             loss = loss_fn(call_model(model, x), y)
             loss.backward()
     except Exception as e:  # noqa: BLE001 - the count is a measurement aid; the training will say more
@@ -414,9 +384,6 @@ def count_train_flops(model: nn.Module, sample: Batches, loss_fn: Callable[[Any,
                                                         f"{str(e).splitlines()[0] if str(e) else ''})"}
     finally:
         model.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            for b, s in zip(model.buffers(), saved):
-                b.copy_(s)
     total = int(counter.get_total_flops())
     if total <= 0:
         return {"flops_per_sample": None, "flops_note": "no count: FlopCounterMode saw no matrix multiply or "
@@ -445,7 +412,7 @@ _HEAVY_WORDS = {"mm", "bmm", "addmm", "addbmm", "baddbmm", "matmul", "einsum", "
                 "conv3d", "convolution", "attention", "transformer", "rnn", "lstm", "gru"}
 
 
-def _heavy(op: Any) -> bool:
+def _heavy(op: object) -> bool:
     """Whether an operator (an overload packet, ``aten.<name>``) does a model's matrix work."""
     return bool(_HEAVY_WORDS.intersection(str(op).rpartition(".")[2].lower().split("_")))
 
@@ -455,28 +422,24 @@ class _OpsSeen(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.ops: set[Any] = set()
+        self.ops: set[object] = set()
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(self, func: torch._ops.OpOverload, types: Sequence[type], args: Sequence[object] = (),
+                           kwargs: dict[str, object] | None = None) -> object:
         self.ops.add(getattr(func, "_overloadpacket", func))
         return func(*args, **(kwargs or {}))
 
 
-def _forward_flops(model: nn.Module, x: Tree) -> int | None:
+def _forward_flops(model: nn.Module, x: Tensors) -> int | None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
-    saved = [b.detach().clone() for b in model.buffers()]
     try:
-        with torch.no_grad(), torch.random.fork_rng(), sdpa_kernel(SDPBackend.MATH), counter:
+        with KeepBuffers([model]), torch.no_grad(), torch.random.fork_rng(), sdpa_kernel(SDPBackend.MATH), counter:
             call_model(model, x)
     except Exception:  # noqa: BLE001 - the training count stands without it
         return None
-    finally:
-        with torch.no_grad():
-            for b, s in zip(model.buffers(), saved):
-                b.copy_(s)
     return int(counter.get_total_flops())
 
 

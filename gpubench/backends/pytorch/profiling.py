@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.profiler import ProfilerAction
@@ -14,6 +14,9 @@ from torch.profiler import ProfilerAction
 from gpubench.files import write_atomic
 from gpubench.measure.ops import OpRow
 from gpubench.measure.trainer import Trainer
+
+if TYPE_CHECKING:
+    from torch.autograd.profiler_util import FunctionEventAvg
 
 
 class NvtxRanges:
@@ -53,13 +56,13 @@ class CudaEventPhaseClock:
         return ms
 
 
-def _device_us(event: Any) -> float:
+def _device_us(event: FunctionEventAvg) -> float:
     # self_device_time_total since torch 2.4 (self_cuda_time_total before, now deprecated)
     value = getattr(event, "self_device_time_total", None)
     return float(value if value is not None else getattr(event, "self_cuda_time_total", 0.0))
 
 
-def op_rows(events: Any, cuda: bool) -> list[OpRow]:
+def op_rows(events: Iterable[FunctionEventAvg], cuda: bool) -> list[OpRow]:
     """torch.profiler's averaged events as rows. Device time is a kernel's own (rows whose
     device type is not the CPU's): a host operator's device figure is the time of the kernels
     it launched, which are rows of their own, so counting both would count the GPU's time
@@ -67,13 +70,13 @@ def op_rows(events: Any, cuda: bool) -> list[OpRow]:
     left out."""
     from torch.autograd import DeviceType
 
-    def kernel(e: Any) -> bool:
+    def kernel(e: FunctionEventAvg) -> bool:
         return getattr(e, "device_type", DeviceType.CPU) != DeviceType.CPU and not getattr(e, "is_user_annotation",
                                                                                               False)
     return [OpRow(name=e.key, calls=int(e.count), self_cpu_ms=e.self_cpu_time_total / 1000.0,
                   total_cpu_ms=e.cpu_time_total / 1000.0,
                   self_device_ms=_device_us(e) / 1000.0 if cuda and kernel(e) else None)
-            for e in events if not e.key.startswith("ProfilerStep")]
+            for e in events if e.key is not None and not e.key.startswith("ProfilerStep")]
 
 
 TRACE_DIR = "torch"  # profile/<config_id>/torch/: the trace alone, as HTA's trace_dir wants

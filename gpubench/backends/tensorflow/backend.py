@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo
+from gpubench.backends.pytorch.modes import TORCH_COMPILE_MODES
 from gpubench.backends.tensorflow.runtime import PORT_BASE_ENV, SLURM_CLUSTER_ENV, import_tf
 from gpubench.options import PRECISIONS, Capabilities, RankStart, device_index, device_kind, parse_parallelism
 
@@ -20,33 +21,6 @@ if TYPE_CHECKING:
 _OOM_TEXT = ("OOM when allocating", "out of memory", "can't allocate memory")
 
 
-def _capability(tf, index: int) -> tuple[int, int] | None:
-    gpus = tf.config.list_physical_devices("GPU")
-    details = tf.config.experimental.get_device_details(gpus[index]) if index < len(gpus) else {}
-    return details.get("compute_capability")
-
-
-
-def tensorflow_build() -> dict[str, Any] | None:
-    """TensorFlow's version and distribution name (``tensorflow``, ``tensorflow-cpu``, ...: a CUDA
-    build or not) from the metadata of the package that installed it, without importing it;
-    None when it is not installed, ``None`` fields when no metadata names it."""
-    spec = importlib.util.find_spec("tensorflow")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    site = Path(list(spec.submodule_search_locations)[0]).parent
-    for info in sorted(site.glob("*.dist-info")):
-        try:
-            if "tensorflow" not in (info / "top_level.txt").read_text(encoding="utf-8").split():
-                continue
-            fields = dict(line.split(": ", 1) for line in (info / "METADATA").read_text(encoding="utf-8").splitlines()
-                          if line.startswith(("Name: ", "Version: ")))
-        except (OSError, UnicodeDecodeError):
-            continue
-        return {"version": fields.get("Version"), "dist": fields.get("Name")}
-    return {"version": None, "dist": None}
-
-
 class TensorFlowBackend(Backend):
     name = "tensorflow"
     install_hint = "pip install tensorflow-cpu==2.21.0 (CPU) or pip install 'tensorflow[and-cuda]' (GPU)"
@@ -56,7 +30,23 @@ class TensorFlowBackend(Backend):
 
     @classmethod
     def package_build(cls) -> dict[str, Any] | None:
-        return tensorflow_build()
+        """TensorFlow's version and distribution name (``tensorflow``, ``tensorflow-cpu``, ...: a CUDA
+        build or not) from the metadata of the package that installed it, without importing it;
+        None when it is not installed, ``None`` fields when no metadata names it."""
+        spec = importlib.util.find_spec("tensorflow")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        site = Path(list(spec.submodule_search_locations)[0]).parent
+        for info in sorted(site.glob("*.dist-info")):
+            try:
+                if "tensorflow" not in (info / "top_level.txt").read_text(encoding="utf-8").split():
+                    continue
+                metadata = (info / "METADATA").read_text(encoding="utf-8").splitlines()
+                fields = dict(line.split(": ", 1) for line in metadata if line.startswith(("Name: ", "Version: ")))
+            except (OSError, UnicodeDecodeError):
+                continue
+            return {"version": fields.get("Version"), "dist": fields.get("Name")}
+        return {"version": None, "dist": None}
 
     def share_process(self) -> None:
         """A CUDA build of torch brings Triton, whose import (PyTorch's FLOP counter,
@@ -88,7 +78,7 @@ class TensorFlowBackend(Backend):
                for a in ("flash", "efficient", "cudnn")},
             **{f"compile={c}": f"{c} is a PyTorch setting; TensorFlow's training step is a tf.function (compile = "
                                "none) or an XLA-compiled one (compile = xla)"
-               for c in ("torch-compile", "torch-compile-reduce-overhead", "torch-compile-max-autotune", "cuda-graph")},
+               for c in (*TORCH_COMPILE_MODES, "cuda-graph")},
             "memory_format=channels-last": "channels-last is a PyTorch setting; Keras here always runs convolutions "
                                            "channels-last (NHWC)",
             "checkpointing=activations": "activation checkpointing is implemented for PyTorch only: TensorFlow's "
@@ -149,7 +139,7 @@ class TensorFlowBackend(Backend):
         index = device_index(config.device)
         if index >= len(gpus):
             return ("unavailable", f"{config.device} requested; TensorFlow sees {len(gpus)} GPU(s)")
-        cc = _capability(tf, index)
+        cc = tf.config.experimental.get_device_details(gpus[index]).get("compute_capability")
         if config.precision in ("tf32", "amp-bf16") and cc is not None and tuple(cc) < (8, 0):
             return ("unsupported", f"{config.precision} needs compute capability 8.0 or newer; this GPU is "
                                    f"{cc[0]}.{cc[1]}")

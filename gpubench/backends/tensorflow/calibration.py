@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpubench.measure.kernels import (
     DTYPES,
     PLANS,
+    Call,
     HostClock,
     Kernel,
     Plan,
@@ -27,6 +29,9 @@ from gpubench.measure.kernels import (
 )
 from gpubench.options import device_index, device_kind
 
+if TYPE_CHECKING:
+    from tensorflow import Tensor
+
 # the operations timed (on every device kind)
 OPS = ("matmul", "conv2d")
 
@@ -35,8 +40,8 @@ def tensorflow_kernels(tf: ModuleType, plan: Plan, precisions: list[str]) -> lis
     """The plan's TensorFlow kernels at each precision (run inside ``tf.device``)."""
     errors = (tf.errors.OpError, RuntimeError, MemoryError)
 
-    def synced(make_output: Any) -> tuple[Any, Any]:
-        last: list[Any] = [None]
+    def synced(make_output: Callable[[], Tensor]) -> tuple[Call, Call]:
+        last: list[Tensor | None] = [None]
 
         def call() -> None:
             last[0] = make_output()
@@ -45,20 +50,20 @@ def tensorflow_kernels(tf: ModuleType, plan: Plan, precisions: list[str]) -> lis
             tf.reshape(last[0], [-1])[0].numpy()
         return call, sync
 
-    def matmul(precision: str) -> Any:
+    def matmul(precision: str) -> Callable[[int], tuple[Call, Call]]:
         dtype = getattr(tf, DTYPES[precision])
 
-        def prepare(n: int) -> tuple[Any, Any]:
+        def prepare(n: int) -> tuple[Call, Call]:
             tf.config.experimental.enable_tensor_float_32_execution(precision == "tf32")
             x = tf.cast(tf.random.normal((n, n)), dtype)
             w = tf.random.normal((n, n))  # float32, as Keras keeps its weights
             return synced(lambda: tf.linalg.matmul(x, tf.cast(w, dtype)))
         return prepare
 
-    def conv2d(precision: str) -> Any:
+    def conv2d(precision: str) -> Callable[[int], tuple[Call, Call]]:
         dtype, s = getattr(tf, DTYPES[precision]), plan.conv
 
-        def prepare(batch: int) -> tuple[Any, Any]:
+        def prepare(batch: int) -> tuple[Call, Call]:
             tf.config.experimental.enable_tensor_float_32_execution(precision == "tf32")
             x = tf.cast(tf.random.normal((batch, s.hw, s.hw, s.channels_in)), dtype)
             w = tf.random.normal((s.kernel, s.kernel, s.channels_in, s.channels_out))
@@ -67,12 +72,8 @@ def tensorflow_kernels(tf: ModuleType, plan: Plan, precisions: list[str]) -> lis
 
     makers = {"matmul": (matmul, lambda n: 2.0 * n**3, lambda n: f"{n}x{n}x{n}", plan.matmul_sizes),
               "conv2d": (conv2d, plan.conv.flops, plan.conv.describe, plan.conv_batches)}
-    out = []
-    for precision in precisions:
-        for op in OPS:
-            make, flops, shape, sizes = makers[op]
-            out.append(Kernel("tensorflow", op, precision, sizes, flops, shape, make(precision), errors))
-    return out
+    return [Kernel("tensorflow", op, precision, sizes, flops, shape, make(precision), errors)
+            for precision in precisions for op in OPS for make, flops, shape, sizes in [makers[op]]]
 
 
 def measure(device: str) -> dict[str, Any]:
@@ -109,9 +110,5 @@ def measure(device: str) -> dict[str, Any]:
     return {**info, "kernels": kernels, "skipped": skipped, "seconds": time.perf_counter() - t0}
 
 
-def main(argv: list[str]) -> int:
-    return child_main(measure, "tensorflow", argv)
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(child_main(measure, "tensorflow", sys.argv[1:]))

@@ -22,12 +22,18 @@ Ops inside nested functions or loops (a ``While``/``PartitionedCall`` in the gra
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.util import deprecation
+
+from gpubench.backends.base import Tree
+
+if TYPE_CHECKING:
+    import keras
 
 _CONV_GRADS = ("Conv2DBackpropInput", "Conv2DBackpropFilter", "DepthwiseConv2dNativeBackpropInput",
                "DepthwiseConv2dNativeBackpropFilter")
@@ -59,7 +65,8 @@ def _live_ops(graph: tf.Graph) -> list[tf.Operation]:
     return list(seen.values())
 
 
-def keras_train_flops(model: Any, x: Any, y: Any, loss_fn: Any) -> tuple[int | None, str]:
+def keras_train_flops(model: keras.Model, x: Tree[np.ndarray], y: np.ndarray,
+                      loss_fn: Callable[[Any, Any], tf.Tensor]) -> tuple[int | None, str]:
     """FLOPs of one training step (forward + loss + backward, no optimizer) per sample, counted by
     TensorFlow, and how they were counted (or why no count could be made). ``x`` is a batch
     (an array, or a dict/tuple of arrays, batch first), ``y`` its targets, ``loss_fn(y_true,
@@ -76,7 +83,7 @@ def keras_train_flops(model: Any, x: Any, y: Any, loss_fn: Any) -> tuple[int | N
                 loss = loss_fn(y, model(x, training=True))
             return [loss] + [g for g in tape.gradient(loss, variables) if g is not None]
 
-        def spec(a: Any) -> tf.TensorSpec:
+        def spec(a: np.ndarray) -> tf.TensorSpec:
             return tf.TensorSpec(np.shape(a), tf.as_dtype(np.asarray(a).dtype))
 
         graph = step.get_concrete_function(tf.nest.map_structure(spec, x), spec(y)).graph

@@ -1,4 +1,6 @@
-"""Translate a framework-neutral WorkloadSpec into a Keras 3 functional model (channels last)."""
+"""Translate a framework-neutral WorkloadSpec into a Keras 3 functional model (channels last).
+
+gpubench's own layers take only numbers: their configs are Keras 3's, made from their arguments."""
 
 from __future__ import annotations
 
@@ -44,9 +46,6 @@ class NegInfPadding2D(keras.layers.Layer):
         return (shape[0], None if shape[1] is None else shape[1] + p, None if shape[2] is None else shape[2] + p,
                 shape[3])
 
-    def get_config(self) -> dict:
-        return {**super().get_config(), "padding": self.padding}
-
 
 class Patches(keras.layers.Layer):
     """(N, H, W, C) -> (N, 1 + patches, d) (gpubench.workloads.base.PatchEmbed): the weights in
@@ -73,10 +72,6 @@ class Patches(keras.layers.Layer):
 
     def compute_output_shape(self, shape):
         return (shape[0], self.tokens, self.d_model)
-
-    def get_config(self) -> dict:
-        return {**super().get_config(), "patch": self.patch, "d_model": self.d_model, "tokens": self.tokens,
-                "channels": self.channels}
 
 
 def _norm(x, scale, shift, eps: float):
@@ -128,10 +123,6 @@ class Block(keras.layers.Layer):
     def compute_output_shape(self, shape):
         return shape
 
-    def get_config(self) -> dict:
-        return {**super().get_config(), "d": self.d, "heads": self.heads, "mlp_ratio": self.mlp_ratio,
-                "causal": self.causal, "eps": self.eps}
-
 
 class Embedding(keras.layers.Layer):
     """(N, T) token ids -> (N, T, d): the tokens' embeddings plus the positions', in the
@@ -150,9 +141,6 @@ class Embedding(keras.layers.Layer):
 
     def compute_output_shape(self, shape):
         return (*shape, self.d_model)
-
-    def get_config(self) -> dict:
-        return {**super().get_config(), "vocab": self.vocab, "d_model": self.d_model, "tokens": self.tokens}
 
 
 class LMHead(keras.layers.Layer):

@@ -22,11 +22,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from gpubench.backends.base import NativeModel
+from gpubench.backends.base import NativeModel, Tree, spec_native
 from gpubench.config import Config
 from gpubench.workloads import WORKLOADS, get_workload
 from gpubench.workloads.base import WorkloadSpec
-from gpubench.workloads.data import SyntheticTask, make_batches
+from gpubench.workloads.data import SyntheticTask
 from gpubench.workloads.source import (
     CHOICES,
     FIRST_BATCH,
@@ -49,13 +49,14 @@ from gpubench.workloads.source import (
 POLICIES = {"amp-fp16": "mixed_float16", "amp-bf16": "mixed_bfloat16"}
 FLOP_COUNT_BATCH = FIRST_BATCH  # the first batch's samples (own_batches), counted and checked
 DEFAULT_IMAGE = (224, 224, 3)
+Loss = Callable[[Any, Any], Any]  # a loss function: gpubench's (outputs, targets), or Keras' (targets, outputs)
 
 
-def builtin_loss() -> Callable[[Any, Any], Any]:
+def builtin_loss() -> Loss:
     """Sparse cross-entropy from the logits, in float32 (Keras' argument order: targets first)."""
     sparse = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-    def loss(y: Any, out: Any) -> Any:
+    def loss(y: tf.Tensor, out: tf.Tensor) -> tf.Tensor:
         return sparse(y, tf.cast(out, tf.float32))
     return loss
 
@@ -69,10 +70,8 @@ def _builtin(spec: WorkloadSpec, config: Config) -> NativeModel:
     from gpubench.backends.tensorflow.model import build_model
 
     policy = POLICIES.get(config.precision)
-    return NativeModel(build=lambda: build_model(spec, spec.init_weights(config.seed), policy, config.seed),
-                       make_batches=lambda batch, group: make_batches(spec, config.dataset, config.data_dir, batch,
-                                                                      config.seed, group),
-                       facts=spec.facts(), spec=spec, sequential=True, channels_first_data=True)
+    return spec_native(spec, config, lambda: build_model(spec, spec.init_weights(config.seed), policy, config.seed),
+                       channels_first_data=True)
 
 
 def native_model(config: Config, counts: Path | None = None, count: bool = True) -> NativeModel:
@@ -95,47 +94,48 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
         facts.update(input_shape=list(task.input_shape), num_classes=task.num_classes, task=task.kind)
     make_batches, sample = own_batches(task, batch_fn, config, facts)
     x, y = sample.sample(FLOP_COUNT_BATCH)
-    _check_first_batch(probe, x, y, user_loss, config, task)  # (a model that declares no input is built by it)
+    keras_loss = _keras_order(user_loss) if user_loss is not None else None
+    _check_first_batch(probe, x, y, keras_loss, config, task)  # (a model that declares no input is built by it)
     if notes:
         facts["notes"] = notes
     # trainable parameters, as PyTorch and the specs count them (not batch norm's moving statistics)
     facts["params"] = int(sum(np.prod(v.shape) for v in probe.trainable_variables))
-    loss = _keras_order(user_loss) if user_loss is not None else builtin_loss()
     if count:
-        facts.update(counted_once(counts, config, facts, tf.__version__, partial(_train_flops, probe, x, y, loss)))
+        facts.update(counted_once(counts, config, facts, tf.__version__,
+                                  partial(_train_flops, probe, x, y, keras_loss or builtin_loss())))
     del probe
     keras.backend.clear_session()
     policy = POLICIES.get(config.precision)
     return NativeModel(build=lambda: _built(make, policy, config.seed), make_batches=make_batches, facts=facts,
-                       loss=_keras_order(user_loss) if user_loss is not None else None)
+                       loss=keras_loss)
 
 
-def _check_first_batch(model: Any, x: Any, y: Any, loss: Callable[[Any, Any], Any] | None, config: Config,
-                       task: SyntheticTask | None) -> None:
+def _check_first_batch(model: keras.Model, x: Tree[np.ndarray], y: Tree[np.ndarray], keras_loss: Loss | None,
+                       config: Config, task: SyntheticTask | None) -> None:
     """The model on a batch of 2 of what it trains on, before any config trains: it takes the
     inputs, and its loss (Keras' sparse cross-entropy, the user's, the model's own) is one finite
     number (``check_first_batch``)."""
-    keras_loss = _keras_order(loss) if loss is not None else builtin_loss()
-    check_first_batch(config, task, lambda: model(x, training=False), _scores_of, lambda out: keras_loss(y, out),
-                      loss is not None, None if isinstance(y, (tuple, list, dict)) else tuple(np.shape(y)))
+    loss = keras_loss or builtin_loss()
+    check_first_batch(config, task, lambda: model(x, training=False), _scores_of, lambda out: loss(y, out),
+                      keras_loss is not None, tuple(y.shape) if isinstance(y, np.ndarray) else None)
 
 
-def _train_flops(model: Any, x: Any, y: Any, loss: Any) -> dict[str, Any]:
+def _train_flops(model: keras.Model, x: Tree[np.ndarray], y: np.ndarray, loss: Loss) -> dict[str, Any]:
     from gpubench.backends.tensorflow.flops import keras_train_flops
 
     flops, how = keras_train_flops(model, x, y, loss)
     return {"flops_per_sample": flops, "flops_counted_by" if flops is not None else "flops_note": how}
 
 
-def _keras_order(fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+def _keras_order(fn: Loss) -> Loss:
     """A user's ``loss(outputs, targets)`` (gpubench's order in every framework) as Keras'
     ``loss(targets, outputs)``."""
-    def loss(y: Any, out: Any) -> Any:
+    def loss(y: Tree[tf.Tensor], out: object) -> tf.Tensor:
         return fn(out, y)
     return loss
 
 
-def _built(make: Callable[[], Any], policy: str | None, seed: int) -> Any:
+def _built(make: Callable[[], object], policy: str | None, seed: int) -> object:
     """The model, built with the dtype policy set globally (then put back) and Keras seeded:
     every build gives the same weights."""
     keras.utils.set_random_seed(seed)
@@ -147,7 +147,7 @@ def _built(make: Callable[[], Any], policy: str | None, seed: int) -> Any:
         keras.mixed_precision.set_dtype_policy(before)
 
 
-def _source(ref: ModelRef, config: Config) -> tuple[Callable[[], Any], dict[str, Any]]:
+def _source(ref: ModelRef, config: Config) -> tuple[Callable[[], object], dict[str, Any]]:
     kwargs = dict(config.workload_params)
     if ref.kind == "factory":
         fn = import_function(config.workload, "workload")
@@ -166,7 +166,7 @@ def _source(ref: ModelRef, config: Config) -> tuple[Callable[[], Any], dict[str,
                                  "version": keras.__version__}
 
 
-def _task(model: Any, config: Config, notes: list[str], factory: bool) -> SyntheticTask:
+def _task(model: keras.Model, config: Config, notes: list[str], factory: bool) -> SyntheticTask:
     """The synthetic task: one sample's shape (the suite's, else the model's declared input); a
     factory's token task (``token_task``: an embedding as its first layer); else the classes (the
     suite's, else the model's last output dimension, from a forward pass on zeros)."""
@@ -202,7 +202,7 @@ def _task(model: Any, config: Config, notes: list[str], factory: bool) -> Synthe
     return SyntheticTask(shape, int(found[-1]))
 
 
-def _scores_of(out: Any) -> tuple[int, ...] | None:
+def _scores_of(out: object) -> tuple[int, ...] | None:
     """The shape of a Keras model's output, its scores (None: not one array)."""
     shape = getattr(out, "shape", None)
     return tuple(int(d) for d in shape) if shape is not None else None

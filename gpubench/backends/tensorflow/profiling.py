@@ -52,7 +52,7 @@ class PhaseFunctions:
     def _function(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         device = self.parts.device
 
-        def placed(*args: Any) -> Any:
+        def placed(*args: object) -> object:
             with tf.device(device):
                 return fn(*args)
         return tf.function(placed, jit_compile=self.parts.xla)

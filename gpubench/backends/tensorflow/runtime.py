@@ -4,7 +4,7 @@ calibration's TensorFlow child (importing this module does not import TensorFlow
 from __future__ import annotations
 
 import os
-from typing import Any
+from types import ModuleType
 
 from gpubench.options import device_index, device_kind
 
@@ -14,7 +14,7 @@ SLURM_CLUSTER_ENV = "GPUBENCH_TF_CLUSTER"
 PORT_BASE_ENV = "GPUBENCH_TF_PORT_BASE"
 
 
-def import_tf() -> Any:
+def import_tf() -> ModuleType:
     """Import TensorFlow quietly, with GPU memory growth on: TensorFlow would otherwise
     reserve almost all of every visible GPU's memory at start-up."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -14,15 +14,18 @@ import json
 import re
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpubench.files import write_text_atomic
 from gpubench.measure.ops import OpRow, self_times
 
+if TYPE_CHECKING:
+    from tensorflow.tsl.profiler.protobuf.xplane_pb2 import XLine, XSpace
+
 _TF_OP = re.compile(r"^[A-Za-z0-9_.\-/>]+:([A-Za-z0-9_]+)$")  # "sequential/dense/MatMul:MatMul"
 
 
-def read_xspace(path: Path) -> Any:
+def read_xspace(path: Path) -> XSpace:
     try:
         from tensorflow.tsl.profiler.protobuf import xplane_pb2
     except ImportError:  # older TensorFlow layouts
@@ -32,14 +35,14 @@ def read_xspace(path: Path) -> Any:
     return space
 
 
-def _spans(line: Any) -> list[tuple[int, int, int]]:
+def _spans(line: XLine) -> list[tuple[int, int, int]]:
     """(start_ps, duration_ps, metadata_id) of a line's events, in start order, outer first."""
     base = line.timestamp_ns * 1000
     return sorted(((base + e.offset_ps, e.duration_ps, e.metadata_id) for e in line.events),
                   key=lambda s: (s[0], -s[1]))
 
 
-def op_rows(space: Any) -> list[OpRow]:
+def op_rows(space: XSpace) -> list[OpRow]:
     """Host: TensorFlow op types by self time; GPU: kernels by time (device planes' streams)."""
     host: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # calls, self ps, total ps
     device: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
@@ -67,7 +70,7 @@ def op_rows(space: Any) -> list[OpRow]:
     return rows
 
 
-def chrome_trace(space: Any, path: Path) -> None:
+def chrome_trace(space: XSpace, path: Path) -> None:
     """Every plane as a process and every line as a thread, in the Chrome trace format."""
     events: list[dict[str, Any]] = []
     origin = min((line.timestamp_ns for p in space.planes for line in p.lines), default=0) * 1000
