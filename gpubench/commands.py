@@ -420,7 +420,7 @@ def _add_advise(sub: Subcommands) -> None:
                      help=f"the smallest speed-up (or slowdown) called one (default {THRESHOLD}%)")
     adv.add_argument("--noise-floor", default=NOISE_FLOOR, help=f"the gate's noise floor (default {NOISE_FLOOR}%)")
     adv.add_argument("--loss-tolerance", default="10%",
-                     help="how far above the baseline's the loss after the same steps may end for a practice that "
+                     help="how far above the baseline's the loss after the same samples may end for a practice that "
                           "learns as well (default 10%%)")
     adv.add_argument("--only", action="append", default=[], metavar="GROUP",
                      help=f"measure only this group of practices (repeatable): {', '.join(GROUPS)}")

@@ -28,7 +28,8 @@ framework = "fake-advise"
 workload = "fault"
 batch_size = 8
 warmup_steps = 1
-steps = 4
+steps = 20
+window_s = 0.02
 windows = 2
 timeout_s = 20
 """
@@ -45,7 +46,9 @@ def rows_by_name(advice: dict) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def advised(tmp_path_factory):
     """One advise of the fake backend: every practice group, a 10% threshold (its steps sleep a
-    fixed time, so the practices decide at the first look)."""
+    fixed time, so the practices decide at the first look). Its windows are bounded by time
+    (window_s): a faster practice takes more steps than the baseline, a slower one fewer, with
+    the same arithmetic, and none of them may be judged to learn worse for it."""
     tmp = tmp_path_factory.mktemp("advise")
     (tmp / "s.toml").write_text(SUITE)
     proc = run_cli(["advise", "s.toml", "--budget", "120", "--threshold", "10%", "--markdown", "advice.md",
@@ -71,6 +74,12 @@ def test_advise_measures_ranks_and_guards_each_practice(advised):
     assert fused["ci_low"] <= 2 / 1.4 * 1.05 and fused["ci_high"] >= 2 / 1.4 * 0.9
     assert batch["ci_low"] < 2.0 < batch["ci_high"] * 1.05 and xla["ci_high"] < 0.9
     assert "above the tolerance of 10%" in rows["precision tf32"]["reason"]
+    # the time-bounded windows took different step counts (xla's 3 ms steps fewer than the
+    # baseline's 2 ms, fused's 1.4 ms more), and the losses were compared after the same samples
+    lengths = {len(r["metrics"]["loss"]["curve"]) for r in result_lines(run_dir) if r["status"] == "ok"}
+    assert len(lengths) >= 3
+    # each after the fewest samples a repeat of its two trained: xla's own, the baseline's for fused
+    assert rows["compile xla"]["loss_samples"] < rows["optimizer fused"]["loss_samples"]
     assert "LR" not in batch["caveat"] and "learning rate is left as it is" in batch["caveat"]
     # ranked: improved (fastest first), unchanged, regressed, then what must never be recommended
     assert [r["practice"] for r in advice["rows"]][:2] == ["batch x2", "optimizer fused"]
@@ -207,20 +216,47 @@ def test_judge_gives_the_gates_interval_and_the_guard_overrides_a_speed_up():
     base_c = Config(framework="torch", workload="mlp", device="cpu")
     fast_c = replace(base_c, batch_size=128)
     j = Judging(alpha=0.05, threshold=0.03, noise_floor=0.01, loss_tolerance=0.10)
-    base = _results(base_c, [100, 101, 99, 100.5, 99.5, 100, 100.2], loss={"last": 1.0})
-    fast = _results(fast_c, [150, 151, 149, 150.5, 149.5, 150, 150.3], loss={"last": 1.05})
+    # the baseline's 10 steps of 64 samples, the practice's 10 of 128: compared after 640 samples,
+    # the baseline's 10th step and the practice's 5th
+    base = _results(base_c, [100, 101, 99, 100.5, 99.5, 100, 100.2], loss={"curve": [2.0] * 9 + [1.0]},
+                    samples_per_step=64)
+    fast = _results(fast_c, [150, 151, 149, 150.5, 149.5, 150, 150.3],
+                    loss={"curve": [2.0] * 4 + [1.05] + [0.5] * 5}, samples_per_step=128)
     p = Practice("batch x2", "batch", (("batch_size", 128),))
     row = judge(p, base, fast, j, compared=2)
     assert row.verdict == "improved" and row.speedup == pytest.approx(1.5, rel=0.01)
     assert row.ci_low < 1.5 < row.ci_high and row.repeats == (7, 7)
-    assert row.loss_ratio == pytest.approx(1.05)
-    worse = _results(fast_c, [150, 151, 149, 150.5, 149.5, 150, 150.3], loss={"last": 1.2})
+    assert row.loss_ratio == pytest.approx(1.05) and row.loss_samples == 640
+    worse = _results(fast_c, [150, 151, 149, 150.5, 149.5, 150, 150.3],
+                     loss={"curve": [2.0] * 4 + [1.2] + [0.5] * 5}, samples_per_step=128)
     bad = judge(p, base, worse, j, compared=2)
-    assert bad.verdict == "learns worse" and "+20.0%" in bad.reason and not bad.helped
+    # its last loss (0.5) is half the baseline's, after twice the samples
+    assert bad.verdict == "learns worse" and "+20.0%" in bad.reason and "640 samples" in bad.reason
+    assert not bad.helped
     few = judge(p, base[:2], fast[:2], j, compared=2)
     assert few.verdict == "inconclusive" and "too few for an interval (needs" in few.reason
     oom = judge(p, base, [make_result(fast_c, status="oom")], j, compared=2)
     assert oom.verdict == "oom" and oom.speedup is None
+
+
+def test_the_guard_compares_losses_after_the_same_samples_not_the_same_time():
+    """Two configs of the same arithmetic (the same loss at every step) whose time-bounded windows
+    took different numbers of steps: the slower one's last loss is higher, yet it learns as
+    well. The guard compares them after the samples both trained, and finds them equal."""
+    from dataclasses import replace
+
+    from gpubench.config import Config
+
+    base_c = Config(framework="torch", workload="mlp", device="cpu")
+    slow_c = replace(base_c, compile="torch-compile")
+    curve = [1.0 / k for k in range(1, 31)]  # the loss after step k
+    j = Judging(alpha=0.05, threshold=0.03, noise_floor=0.01, loss_tolerance=0.10)
+    base = _results(base_c, [100.0] * 7, loss={"curve": curve, "last": curve[-1]}, samples_per_step=64)
+    slow = _results(slow_c, [60.0] * 7, loss={"curve": curve[:18], "last": curve[17]}, samples_per_step=64)
+    assert curve[17] / curve[-1] > 1.6  # compared last to last, the slower one would "learn worse"
+    row = judge(Practice("compile torch-compile", "compile", (("compile", "torch-compile"),)), base, slow, j, 2)
+    assert row.verdict == "regressed" and row.loss_ratio == pytest.approx(1.0)
+    assert row.loss_samples == 18 * 64
 
 
 def test_rounds_that_drift_are_compared_paired():

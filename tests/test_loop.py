@@ -23,26 +23,30 @@ class ScriptedTimer:
 
 
 class ScriptedTrainer(Trainer):
-    """Records the call sequence; losses fall by one per window read, or go NaN."""
+    """Records the call sequence; the steps before the n-th read have the loss 10 - n (they fall
+    by one a read), or NaN after ``nan_after_reads`` reads."""
 
     def __init__(self, times: list[float], nan_after_reads: int | None = None) -> None:
         self.log: list[str] = []
         self.times = times
         self.reads = 0
+        self.unread = 0
         self.nan_after_reads = nan_after_reads
 
     def step(self) -> None:
         self.log.append("step")
+        self.unread += 1
 
     def sync(self) -> None:
         self.log.append("sync")
 
-    def read_loss(self) -> float:
+    def read_losses(self) -> list[float]:
         self.log.append("read")
         self.reads += 1
+        n, self.unread = self.unread, 0
         if self.nan_after_reads is not None and self.reads > self.nan_after_reads:
-            return math.nan
-        return 10.0 - self.reads
+            return [math.nan] * n
+        return [10.0 - self.reads] * n
 
     def step_timer(self, n_steps: int) -> ScriptedTimer:
         return ScriptedTimer(self.log, self.times)
@@ -54,18 +58,20 @@ class ScriptedTrainer(Trainer):
 def test_loop_structure_no_sync_or_loss_read_inside_windows():
     trainer = ScriptedTrainer(times=[float(i) for i in range(1, 7)])
     raw = run_loop(trainer, warmup_steps=2, steps=3, windows=2)
-    # cold step, sync, read; 2 warm-up steps, sync; per window: mark + 3 x (step, mark), sync, read
+    # cold step, sync, read; 2 warm-up steps, sync, read; per window: mark + 3 x (step, mark), sync, read
     window = ["mark"] + ["step", "mark"] * 3 + ["sync", "read"]
-    assert trainer.log == ["step", "sync", "read", "step", "step", "sync"] + window * 2
+    assert trainer.log == ["step", "sync", "read", "step", "step", "sync", "read"] + window * 2
     assert raw.step_times_ms == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     assert [p.name for p in raw.phases] == ["cold_start", "warmup", "window_0", "window_1"]
     assert all(p.end_ns >= p.start_ns for p in raw.phases)
-    assert raw.losses == [9.0, 8.0, 7.0] and not raw.diverged
+    # every step's loss, read between the timed regions
+    assert raw.losses == [9.0, 8.0, 8.0, 7.0, 7.0, 7.0, 6.0, 6.0, 6.0] and not raw.diverged
+    assert raw.window_losses == [7.0, 6.0] and raw.loss_first == 9.0 and raw.loss_last == 6.0
     assert len(raw.window_wall_ms) == 2
 
 
 def test_loop_stops_at_the_first_non_finite_loss():
-    trainer = ScriptedTrainer(times=[1.0] * 9, nan_after_reads=2)
+    trainer = ScriptedTrainer(times=[1.0] * 9, nan_after_reads=3)  # reads: cold start, warm-up, window 1
     raw = run_loop(trainer, warmup_steps=0, steps=3, windows=3)
     assert raw.diverged
     assert len(raw.window_losses) == 2 and math.isnan(raw.window_losses[-1])
@@ -83,7 +89,9 @@ def test_metrics_from_raw_measurement():
     assert m["samples_per_step"] == 50
     assert m["step_time_ms"]["median"] == 15.0
     assert m["throughput"]["median"] == 50 * 1000 / 15.0
-    assert m["loss"] == {"first": 9.0, "last": 7.0, "windows": [8.0, 7.0], "fell": True}
+    # no warm-up step (its read returns nothing), then two windows of two steps
+    assert m["loss"] == {"first": 9.0, "last": 6.0, "windows": [7.0, 6.0], "fell": True,
+                         "curve": [9.0, 7.0, 7.0, 6.0, 6.0]}
     assert m["step_times_ms"] == [10.0, 10.0, 20.0, 20.0]
     assert m["noisy"] is True  # cv of 10,10,20,20 is 0.38
 

@@ -455,7 +455,8 @@ def row_cells(r: Row, label: str) -> list[str]:
     cold = f"{r.cold_start_ms:+.0f} ms" if r.cold_start_ms is not None else "-"
     pays = ("-" if r.payback_steps is None or not r.helped else "never" if math.isinf(r.payback_steps)
             else "at once" if r.payback_steps == 0 else f"after {math.ceil(r.payback_steps)} step(s)")
-    loss = f"{100 * (r.loss_ratio - 1):+.1f}%" if r.loss_ratio is not None else "-"
+    loss = (f"{100 * (r.loss_ratio - 1):+.1f}% ({r.loss_samples:,} samples)"
+            if r.loss_ratio is not None and r.loss_samples is not None else "-")
     needs = (f"likely decided after {r.rounds_needed} rounds" if r.rounds_needed is not None else
              f"not likely decided within {MAX_REPEATS} rounds" if r.verdict == "inconclusive" and r.spread is not None
              else "")

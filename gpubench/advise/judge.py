@@ -1,7 +1,7 @@
 """Each practice against the baseline, with the regression gate's statistics: its speed-up and
 interval, its verdict (``improved`` / ``unchanged`` / ``regressed`` / ``inconclusive``), its
 memory change, its cold-start cost and when it pays that back, and the quality guard (the loss
-after the same steps as the baseline's). Pure functions of results, so the ranking and the
+after as many samples as the baseline's). Pure functions of results, so the ranking and the
 guard are tested with scripted results.
 """
 
@@ -47,7 +47,8 @@ class Row:
     memory_ratio: float | None = None  # peak memory practice / baseline
     cold_start_ms: float | None = None  # the practice's first step minus the baseline's
     payback_steps: float | None = None  # baseline steps after which the cold start is paid back (inf: never)
-    loss_ratio: float | None = None  # loss after the last window, practice / baseline
+    loss_ratio: float | None = None  # loss after the same samples (loss_samples), practice / baseline
+    loss_samples: int | None = None  # the samples after which the losses were compared
     caveat: str = ""
     confidence: float | None = None  # of the interval: 1 - 2 alpha / the comparisons, at the look that judged it
     paired: bool = False  # judged on the per-round ratios (the practice's repeat beside the baseline's, same round)
@@ -147,19 +148,53 @@ def payback(extra_cold_ms: float, base_step_ms: float | None, base_samples: floa
     return extra_cold_ms / saved if saved > 0 else math.inf
 
 
+# the guard's loss of a repeat: the mean over its steps that end in the last tenth of the samples
+# compared (one step's loss is one batch's; the mean of a span is steadier, and the same span for both)
+GUARD_SPAN = 0.1
+
+
+def trained_samples(result: Result) -> int | None:
+    """The samples ``result`` trained on, step by step from its first (cold start, warm-up and
+    windows): len(its loss curve) x samples_per_step; None without a curve."""
+    curve, per = result.get("metrics", "loss", "curve"), result.get("metrics", "samples_per_step")
+    return len(curve) * int(per) if curve and per else None
+
+
+def loss_at(result: Result, samples: int) -> float | None:
+    """``result``'s loss after ``samples`` samples: the mean loss of its steps that end in the
+    last GUARD_SPAN of them (at least the step that ends at or just before ``samples``); None
+    without a curve or when its first step ends after ``samples``."""
+    curve, per = result.get("metrics", "loss", "curve"), result.get("metrics", "samples_per_step")
+    if not curve or not per:
+        return None
+    last = min(len(curve), samples // int(per))  # 1-based: the last step that ends within `samples`
+    first = min(last, int(samples * (1 - GUARD_SPAN)) // int(per) + 1)
+    values = [v for v in curve[first - 1:last] if isinstance(v, (int, float))]
+    return statistics.fmean(values) if last >= 1 and values else None
+
+
 def _guard(row: Row, base_ok: list[Result], ok: list[Result], results: list[Result], tolerance: float) -> None:
-    """The training-quality guard: a practice that diverges, or whose loss after the same steps
-    ends above the baseline's by more than the tolerance, is never recommended."""
+    """The training-quality guard: a practice that diverges, or whose loss after the same number
+    of samples as the baseline's (the fewest any repeat of the two trained) ends above the
+    baseline's by more than the tolerance, is never recommended. Never after the same time or
+    the same windows: a faster config takes more steps in a time-bounded window."""
     diverged = [r for r in results if r.status == "diverged"]
     if diverged:
         row.verdict, row.reason = "diverged", f"{len(diverged)} of {len(results)} repeats: {diverged[0].reason}"
         return
-    loss_b, loss_p = _median(base_ok, "loss_last"), _median(ok, "loss_last")
-    if loss_b is None or loss_p is None or loss_b <= 0:
+    trained = [trained_samples(r) for r in (*base_ok, *ok)]
+    if not trained or None in trained:
+        return  # a result without a loss curve (recorded before it was kept): no comparison
+    samples = min(t for t in trained if t is not None)
+    at_b, at_p = ([v for r in side if (v := loss_at(r, samples)) is not None] for side in (base_ok, ok))
+    if not at_b or not at_p:
         return
-    row.loss_ratio = loss_p / loss_b
+    loss_b, loss_p = statistics.median(at_b), statistics.median(at_p)
+    if loss_b <= 0 or not math.isfinite(loss_b) or not math.isfinite(loss_p):
+        return
+    row.loss_ratio, row.loss_samples = loss_p / loss_b, samples
     if row.loss_ratio > 1 + tolerance:
-        row.reason = (f"loss after the same steps {loss_p:.4g} against the baseline's {loss_b:.4g} "
+        row.reason = (f"loss after the same {samples:,} samples {loss_p:.4g} against the baseline's {loss_b:.4g} "
                       f"(+{100 * (row.loss_ratio - 1):.1f}%, above the tolerance of {100 * tolerance:g}%)")
         row.verdict = "learns worse"
 

@@ -1,8 +1,8 @@
-"""The measurement loop: cold start, warm-up, timed windows, loss at window boundaries.
+"""The measurement loop: cold start, warm-up, timed windows, the loss of every step read between them.
 
 Written once against the Trainer interface. The timed loop does only ``step(); mark()``:
-no host synchronisation, no loss read, no allocation. The device is synchronised and the
-loss read between windows, outside the timed region.
+no host synchronisation, no loss read, no allocation (a step keeps its loss on the device). The
+device is synchronised and the window's losses read between windows, outside the timed region.
 
 Profiling (``gpubench profile``) passes ``ranges`` (NVTX on CUDA): named ranges around the
 warm-up, each window and each step, for Nsight Systems. A normal run passes None and its
@@ -32,11 +32,11 @@ class Phase:
 @dataclass
 class RawMeasurement:
     cold_start_ms: float
-    loss_first: float
+    losses: list[float]  # the loss of every step from the first: cold start, warm-up, windows
     step_times_ms: list[float] = field(default_factory=list)
     window_wall_ms: list[float] = field(default_factory=list)
     window_steps: list[int] = field(default_factory=list)  # steps of each measured window
-    window_losses: list[float] = field(default_factory=list)
+    window_losses: list[float] = field(default_factory=list)  # the loss of each window's last step
     phases: list[Phase] = field(default_factory=list)
     diverged: bool = False
     warmup_steps: int = 0  # warm-up steps run (at least the trainer's min_warmup_steps)
@@ -47,12 +47,12 @@ class RawMeasurement:
         return sum(self.window_steps)
 
     @property
-    def losses(self) -> list[float]:
-        return [self.loss_first, *self.window_losses]
+    def loss_first(self) -> float:
+        return self.losses[0] if self.losses else float("nan")
 
     @property
     def loss_last(self) -> float:
-        return self.losses[-1]
+        return self.losses[-1] if self.losses else float("nan")
 
 
 class PhaseObserver(Protocol):
@@ -126,7 +126,7 @@ def _loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int, observe
     trainer.sync()
     t1 = clock_ns()
     pop()
-    raw = RawMeasurement(cold_start_ms=(t1 - t0) / 1e6, loss_first=trainer.read_loss())
+    raw = RawMeasurement(cold_start_ms=(t1 - t0) / 1e6, losses=trainer.read_losses())
     raw.phases.append(Phase("cold_start", t0, t1))
     if not math.isfinite(raw.loss_first):
         raw.diverged = True
@@ -149,6 +149,7 @@ def _loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int, observe
     t1 = clock_ns()
     raw.phases.append(Phase("warmup", t0, t1))
     pop()
+    raw.losses += trainer.read_losses()
     step_ms = (t1 - t0) / 1e6 / raw.warmup_steps if raw.warmup_steps else raw.cold_start_ms
     steps = window_steps(steps, window_s, step_ms)
 
@@ -177,7 +178,8 @@ def _loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int, observe
         raw.phases.append(Phase(f"window_{w}", t0, t1))
         raw.window_wall_ms.append((t1 - t0) / 1e6)
         raw.window_steps.append(steps)
-        loss = trainer.read_loss()
+        raw.losses += trainer.read_losses()
+        loss = raw.loss_last
         raw.window_losses.append(loss)
         if not math.isfinite(loss):
             raw.diverged = True

@@ -44,8 +44,21 @@ class Trainer(ABC):
         """Wait until all queued device work is done."""
 
     @abstractmethod
+    def read_losses(self) -> list[float]:
+        """The loss of every step taken since the last read, in order, as Python floats, then
+        forgets them. A step keeps its loss where it was computed (no host synchronisation in
+        the timed loop); this reads them all at once, outside the timed region (synchronises).
+        With several ranks, each is the global batch's loss (a collective: every rank reads at
+        the same point)."""
+
+    _last_loss: float = float("nan")
+
     def read_loss(self) -> float:
-        """The loss of the last step, as a Python float (synchronises)."""
+        """The loss of the last step (synchronises); the earlier unread steps' losses are dropped."""
+        losses = self.read_losses()
+        if losses:
+            self._last_loss = losses[-1]
+        return self._last_loss
 
     @abstractmethod
     def step_timer(self, n_steps: int) -> StepTimer:

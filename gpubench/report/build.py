@@ -346,8 +346,10 @@ def _advice(data: ReportData) -> list[dict[str, Any]]:
                                    "interval": (f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
                                                 if r.get("ci_low") is not None and r.get("ci_high") is not None
                                                 else "-"),
-                                   "loss vs baseline": (f"{100 * (r['loss_ratio'] - 1):+.1f}%"
-                                                        if r.get("loss_ratio") is not None else "-"),
+                                   "loss vs baseline": (f"{100 * (r['loss_ratio'] - 1):+.1f}% "
+                                                        f"({r['loss_samples']:,} samples)"
+                                                        if r.get("loss_ratio") is not None
+                                                        and r.get("loss_samples") is not None else "-"),
                                    "note": r.get("reason") or ""} for r in rows])
             out.append({"run": run.run_id, "baseline": advice.get("baseline"), "table": _html_table(frame),
                         "failed": advice.get("baseline_failed"),

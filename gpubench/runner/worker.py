@@ -105,6 +105,7 @@ def metrics_from(raw: RawMeasurement, config: Config, setup_ms: float) -> dict[s
             "first": raw.loss_first,
             "last": raw.loss_last,
             "windows": raw.window_losses,
+            "curve": raw.losses,  # every step's, from the first: samples_per_step samples each
             "fell": bool(raw.loss_last < raw.loss_first) if not raw.diverged else False,
         },
     }

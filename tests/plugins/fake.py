@@ -42,6 +42,7 @@ class FakeTrainer(Trainer):
         self.y = y
         self.w = np.zeros((self.x.shape[2], int(y.max()) + 1))
         self.mode, self.lr, self.i, self.loss = mode, lr, 0, float("nan")
+        self.losses: list[float] = []  # every step's, until read
         self.steps = 0
         # a fixed extra cost per step, for A/B tests of the gate (set by the test's environment)
         self.sleep_s = float(os.environ.get("FAKE_STEP_SLEEP_MS", "0")) / 1000
@@ -63,12 +64,14 @@ class FakeTrainer(Trainer):
         self.steps += 1
         if self.mode == "nan" and self.steps > 3:
             self.loss = float("nan")
+        self.losses.append(self.loss)
 
     def sync(self) -> None:
         pass
 
-    def read_loss(self) -> float:
-        return self.loss
+    def read_losses(self) -> list[float]:
+        losses, self.losses = self.losses, []
+        return losses
 
     def step_timer(self, n_steps: int) -> HostStepTimer:
         return HostStepTimer(n_steps)

@@ -16,13 +16,15 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from gpubench.backends.base import Lap, NativeModel, ProfilingUnavailable, Trainer, Unsupported
+from gpubench.backends.base import Lap, NativeModel, ProfilingUnavailable, Trainer, Tree, Unsupported, spec_native
 from gpubench.backends.jax.model import JaxModel, Policy, cross_entropy, policy_for, spec_model
 from gpubench.config import Config
 from gpubench.measure.timers import StepTimer, WindowTimer
 from gpubench.options import OPTIMIZER_SETTINGS, device_index, device_kind, parse_parallelism
 from gpubench.workloads.base import WorkloadSpec
 from gpubench.workloads.data import Batches, tree_map
+
+Arrays = Tree[jax.Array]  # parameters, optimizer state, batch-norm statistics, a batch
 
 # PyTorch's GradScaler defaults: amp-fp16 scales the loss the same way in every framework
 _SCALE_INIT, _SCALE_GROWTH, _SCALE_BACKOFF, _SCALE_INTERVAL = 2.0**16, 2.0, 0.5, 2000
@@ -43,7 +45,7 @@ def make_optimizer(name: str, lr: float, settings: dict[str, float] | None = Non
     raise ValueError(f"unknown optimizer {name!r}")
 
 
-def devices_for(config: Config) -> list[Any]:
+def devices_for(config: Config) -> list[jax.Device]:
     """The JAX devices a config trains on: ``dp:N`` the first N of its kind, else one."""
     kind, n = parse_parallelism(config.parallelism)
     platform = "gpu" if device_kind(config.device) == "cuda" else "cpu"
@@ -58,31 +60,23 @@ def devices_for(config: Config) -> list[Any]:
     return [found[index]]
 
 
-def _finite(tree: Any) -> jax.Array:
-    return jnp.all(jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree_util.tree_leaves(tree)]))
-
-
 def _step_function(model: JaxModel, loss_fn: Callable[..., jax.Array], optimizer: optax.GradientTransformation,
                    policy: Policy, accum: int,
                    scaled: bool, n: int, remat: bool, fed: bool) -> Callable[..., tuple[dict[str, Any], jax.Array]]:
     """The training step jax.jit compiles: ``accum`` micro-batches (from the device-resident
     batches, the step's index picking them, or ``fed`` from the host), one optimizer update from
     their mean loss, with GradScaler's rule where ``scaled``."""
-    def loss_of(params: Any, bn: Any, x: Any, y: Any, key: jax.Array) -> tuple[jax.Array, Any]:
-        out, new_bn = model.apply(params, bn, x, True, policy, key, remat)
-        return loss_fn(out, y), new_bn
-
-    def update(carry: dict[str, Any], micro: list[tuple[jax.Array, jax.Array]]) -> tuple[dict[str, Any],
-                                                                                       jax.Array]:
+    def update(carry: dict[str, Any], micro: list[tuple[Arrays, Arrays]]) -> tuple[dict[str, Any], jax.Array]:
         """One optimizer update from the mean loss over ``micro`` (gradients summed)."""
         params, bn, count, scale = carry["params"], carry["bn"], carry["count"], carry["scale"]
         total, grads = jnp.zeros((), jnp.float32), None
         for k, (x, y) in enumerate(micro):  # unrolled: accum is small and fixed
             key = jax.random.fold_in(carry["key"], count + k)
 
-            def scaled_loss(p: Any, bn: Any = bn, x: jax.Array = x, y: jax.Array = y, key: jax.Array = key
-                            ) -> tuple[jax.Array, Any]:
-                loss, new_bn = loss_of(p, bn, x, y, key)
+            def scaled_loss(p: Arrays, bn: Arrays = bn, x: Arrays = x, y: Arrays = y, key: jax.Array = key
+                            ) -> tuple[jax.Array, tuple[jax.Array, Arrays]]:
+                out, new_bn = model.apply(p, bn, x, True, policy, key, remat)
+                loss = loss_fn(out, y)
                 return loss * scale / len(micro), (loss, new_bn)
 
             (_, (loss, bn)), g = jax.value_and_grad(scaled_loss, has_aux=True)(params)
@@ -93,7 +87,7 @@ def _step_function(model: JaxModel, loss_fn: Callable[..., jax.Array], optimizer
         new_params = optax.apply_updates(params, updates)
         out = {**carry, "params": new_params, "opt": opt, "bn": bn, "count": count + len(micro)}
         if scaled:  # GradScaler's rule: skip a step with non-finite gradients and halve the scale
-            ok = _finite(grads)
+            ok = jnp.all(jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree_util.tree_leaves(grads)]))
             keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa: E731
             good = jnp.where(ok, carry["good"] + 1, 0)
             grow = good >= _SCALE_INTERVAL
@@ -104,7 +98,7 @@ def _step_function(model: JaxModel, loss_fn: Callable[..., jax.Array], optimizer
                        good=jnp.where(grow, 0, good))
         return out, total
 
-    def device_step(carry: dict[str, Any], xs: jax.Array, ys: jax.Array) -> tuple[dict[str, Any], jax.Array]:
+    def device_step(carry: dict[str, Any], xs: Arrays, ys: Arrays) -> tuple[dict[str, Any], jax.Array]:
         micro = []
         for k in range(accum):
             i = (carry["count"] + k) % n
@@ -112,8 +106,8 @@ def _step_function(model: JaxModel, loss_fn: Callable[..., jax.Array], optimizer
             micro.append((tree_map(pick, xs), tree_map(pick, ys)))
         return update(carry, micro)
 
-    def fed_step(carry: dict[str, Any], xs: Any, ys: Any) -> tuple[dict[str, Any], jax.Array]:
-        def micro(k: int) -> tuple[Any, Any]:
+    def fed_step(carry: dict[str, Any], xs: Arrays, ys: Arrays) -> tuple[dict[str, Any], jax.Array]:
+        def micro(k: int) -> tuple[Arrays, Arrays]:
             return tree_map(lambda a: a[k], xs), tree_map(lambda a: a[k], ys)
         return update(carry, [micro(k) for k in range(accum)])
     return fed_step if fed else device_step
@@ -123,8 +117,7 @@ class JaxTrainer(Trainer):
     def __init__(self, native: NativeModel | WorkloadSpec, config: Config, batches: Batches) -> None:
         if isinstance(native, WorkloadSpec):  # a built-in's spec, as the identity tests build one
             spec = native
-            native = NativeModel(build=lambda: spec_model(spec, config.seed, config.attention),
-                                 make_batches=lambda b, g: batches, facts=spec.facts(), spec=spec, sequential=True)
+            native = spec_native(spec, config, lambda: spec_model(spec, config.seed, config.attention))
         remat = config.checkpointing == "activations"
         if native.spec is None and (remat or config.precision.startswith("amp")):  # (refused before it runs)
             raise Unsupported(f"{config.precision} / checkpointing = {config.checkpointing}: for the built-in "
@@ -149,10 +142,9 @@ class JaxTrainer(Trainer):
             by_batch = NamedSharding(mesh, P(None, "data"))  # (batches, samples, ...): split the samples
         else:
             replicated = by_batch = jax.sharding.SingleDeviceSharding(self.devices[0])
-        self._replicated, self._by_batch = replicated, by_batch
+        self._by_batch = by_batch
 
-        params, state = model.params, model.state
-        carry = {"params": params, "opt": self.optimizer.init(params), "bn": state,
+        carry = {"params": model.params, "opt": self.optimizer.init(model.params), "bn": model.state,
                  "count": jnp.zeros((), jnp.int32), "key": jax.random.key(config.seed),
                  "scale": jnp.asarray(_SCALE_INIT if self.scaled else 1.0, jnp.float32),
                  "good": jnp.zeros((), jnp.int32)}
@@ -173,7 +165,7 @@ class JaxTrainer(Trainer):
         self._step = jax.jit(step, donate_argnums=0,
                              in_shardings=(carry_sharding, by_batch, by_batch),
                              out_shardings=(carry_sharding, replicated))
-        self._loss: jax.Array | None = None
+        self._losses: list[jax.Array] = []  # every unread step's loss, on the device
         self._info = self._runtime(remat)
 
     def _runtime(self, remat: bool) -> dict[str, Any]:
@@ -214,16 +206,18 @@ class JaxTrainer(Trainer):
     def step(self) -> None:
         if self.pipeline:
             xs, ys = self._ahead
-            self._carry, self._loss = self._step(self._carry, xs, ys)
+            self._carry, loss = self._step(self._carry, xs, ys)
             self._ahead = self._put_next()
         else:
-            self._carry, self._loss = self._step(self._carry, self.x, self.y)
+            self._carry, loss = self._step(self._carry, self.x, self.y)
+        self._losses.append(loss)
 
     def sync(self) -> None:
         jax.block_until_ready(self._carry)
 
-    def read_loss(self) -> float:
-        return float("nan") if self._loss is None else float(np.asarray(self._loss, dtype=np.float64))
+    def read_losses(self) -> list[float]:
+        losses, self._losses = self._losses, []
+        return np.asarray(jax.device_get(losses), dtype=np.float64).reshape(-1).tolist()
 
     def step_timer(self, n_steps: int) -> StepTimer:
         # JAX dispatches asynchronously on every device (the CPU too) and has no device events:
@@ -241,7 +235,7 @@ class JaxTrainer(Trainer):
 
     def compile_events(self) -> int | None:
         # the jitted step's cache: one entry per compilation (a retrace would add one)
-        size: Any = getattr(self._step, "_cache_size", None)
+        size = getattr(self._step, "_cache_size", None)
         return int(size()) if callable(size) else None
 
     def weights_digest(self) -> str | None:

@@ -136,7 +136,7 @@ class CudaGraphStep:
         graph, loss = self.graph, self.loss
         assert graph is not None and loss is not None  # _capture sets both
         graph.replay()
-        return loss
+        return loss.clone()  # the next replay overwrites the graph's output; every step's loss is kept
 
     def _gather(self) -> tuple[Any, Any]:
         t, index = self.t, self.index

@@ -12,7 +12,7 @@ gradient accumulation over those micro-batches would.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -46,7 +46,7 @@ def split_stages(costs: list[int], n: int) -> list[tuple[int, int]]:
     def cost(a: int, b: int) -> int:
         return prefix[b] - prefix[a]
 
-    def best(combine: Any, limit: float) -> list[list[tuple[float, int]]]:
+    def best(combine: Callable[[float, int], float], limit: float) -> list[list[tuple[float, int]]]:
         # table[k][i]: (best score of the first i layers in k stages, where the last stage starts)
         table = [[(float("inf"), -1)] * (len(costs) + 1) for _ in range(n + 1)]
         table[0][0] = (0, 0)
@@ -98,8 +98,8 @@ class PipelineTrainer(TorchTrainerBase):
         self.x = torch.from_numpy(batches.x).to(self.device) if self.first else None
         self.y = torch.from_numpy(batches.y).to(self.device) if self.last else None
         self._i = 0
-        self._loss: torch.Tensor | None = None
-        self._stepped = False
+        self._losses: list[torch.Tensor] = []  # the last stage's: every unread step's loss
+        self._unread = 0  # every stage's count of them
         layers = [type(m).__name__ for m in model]
         self._info.update({
             "grad_scaler": False,
@@ -129,17 +129,18 @@ class PipelineTrainer(TorchTrainerBase):
         self.schedule.step(*args, **kwargs)
         self.optimizer.step()
         if self.last:  # the mean of the micro-batches' mean losses: the batch's mean loss
-            self._loss = torch.stack(losses).detach().mean()
-        self._stepped = True
+            self._losses.append(torch.stack(losses).detach().mean())
+        self._unread += 1
 
-    def read_loss(self) -> float:
-        """The last step's loss, computed on the last stage and broadcast to every rank (a
-        collective: every rank reads it at the same point, outside the timed region)."""
-        if not self._stepped:
-            return float("nan")
+    def read_losses(self) -> list[float]:
+        """Every unread step's loss, computed on the last stage and broadcast to every rank (a
+        collective: every rank reads at the same point, outside the timed region)."""
+        n, self._unread = self._unread, 0
+        if not n:
+            return []
         import torch.distributed as dist
 
-        mine = self._loss if self.last else None
-        loss = mine.float().clone() if mine is not None else torch.zeros((), device=self.device)
-        dist.broadcast(loss, src=self.world_size - 1)
-        return float(loss.item())
+        losses = torch.stack(self._losses).float() if self.last else torch.zeros(n, device=self.device)
+        self._losses = []
+        dist.broadcast(losses, src=self.world_size - 1)
+        return losses.tolist()

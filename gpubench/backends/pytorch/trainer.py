@@ -7,7 +7,7 @@ import hashlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -24,12 +24,18 @@ from gpubench.backends.pytorch.compile import (
     channels_last_pool,
     compile_model,
 )
-from gpubench.backends.pytorch.native import as_native, call_model, cross_entropy
+from gpubench.backends.pytorch.native import Tensors, as_native, call_model, cross_entropy
 from gpubench.config import Config
 from gpubench.measure.timers import HostStepTimer, StepTimer
 from gpubench.options import OPTIMIZER_SETTINGS, device_index, device_kind, parse_parallelism
 from gpubench.workloads.base import WorkloadSpec
-from gpubench.workloads.data import Batches, Tree, tree_leaves, tree_map
+from gpubench.workloads.data import Batches, tree_leaves, tree_map
+
+if TYPE_CHECKING:
+    from torch.optim.optimizer import ParamsT
+
+    from gpubench.backends.pytorch.profiling import NvtxRanges
+    from gpubench.measure.clocks import PhaseClock
 
 AUTOCAST_DTYPES = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
 
@@ -51,7 +57,7 @@ class CudaEventTimer:
         return [a.elapsed_time(b) for a, b in zip(ev, ev[1:])]
 
 
-def make_optimizer(name: str, params: Any, lr: float, fused: bool, capturable: bool = False,
+def make_optimizer(name: str, params: ParamsT, lr: float, fused: bool, capturable: bool = False,
                    settings: dict[str, float] | None = None, impl: str = "auto") -> torch.optim.Optimizer:
     """adam / adamw / sgd with ``settings`` (``Config.optimizer_settings()``; the defaults of
     ``options.OPTIMIZER_SETTINGS`` where None). ``impl`` (``Config.optimizer_impl``): ``auto``
@@ -86,7 +92,7 @@ class AutocastModule(nn.Module):
         super().__init__()
         self.inner, self.device_type, self.dtype, self.float_output = inner, device_type, dtype, float_output
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+    def forward(self, *args: object, **kwargs: object) -> object:
         with torch.autocast(device_type=self.device_type, dtype=self.dtype):
             out = self.inner(*args, **kwargs)
         return out.float() if self.float_output else out
@@ -150,7 +156,7 @@ class TorchTrainerBase(Trainer):
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
-    def all_gather(self, obj: Any) -> list[Any]:
+    def all_gather(self, obj: object) -> list[Any]:
         if not self.distributed:
             return [obj]
         import torch.distributed as dist
@@ -175,14 +181,14 @@ class TorchTrainerBase(Trainer):
     def step_timer(self, n_steps: int) -> StepTimer:
         return CudaEventTimer(n_steps) if self.cuda else HostStepTimer(n_steps)
 
-    def phase_clock(self) -> Any:
+    def phase_clock(self) -> PhaseClock:
         if not self.cuda:
             return super().phase_clock()
         from gpubench.backends.pytorch.profiling import CudaEventPhaseClock
 
         return CudaEventPhaseClock(self.device)
 
-    def ranges(self) -> Any:
+    def ranges(self) -> NvtxRanges | None:
         from gpubench.backends.pytorch.profiling import NvtxRanges
 
         return NvtxRanges() if self.cuda else None
@@ -243,7 +249,7 @@ class TorchTrainer(TorchTrainerBase):
         self.optimizer = make_optimizer(config.optimizer, self.model.parameters(), config.lr, fused=self.cuda,
                                         settings=config.optimizer_settings(),
                                         capturable=graphed, impl=config.optimizer_impl)
-        self.loss_fn = native.loss or cross_entropy
+        self.loss_fn: Callable[[Any, Any], Any] = native.loss or cross_entropy
         self.n_batches = batches.n_batches
         self.accum = config.accum_steps
         self._i = 0
@@ -266,7 +272,7 @@ class TorchTrainer(TorchTrainerBase):
                 self.x = channels_last_pool(self.x)
             self.y = tree_map(lambda a: torch.from_numpy(a).to(self.device), batches.y)
         self.scaler = torch.amp.GradScaler(self.device.type) if config.precision == "amp-fp16" else None
-        self._loss: torch.Tensor | None = None
+        self._losses: list[torch.Tensor] = []  # every unread step's loss, on the device
         self._compiles = CompileCounter() if config.compile in TORCH_COMPILE_MODES else None
         self.forward, compile_info = compile_model(self.model, config)
         self.min_warmup_steps = compile_info.pop("min_warmup_steps", 0)
@@ -295,7 +301,7 @@ class TorchTrainer(TorchTrainerBase):
         self._iter = self.loader = None
         super().close()
 
-    def _next_pipeline_batch(self) -> tuple[Tree, Tree]:
+    def _next_pipeline_batch(self) -> tuple[Tensors, Tensors]:
         assert self._iter is not None and self.loader is not None  # pipeline mode, not closed
         try:
             leaves = next(self._iter)
@@ -307,20 +313,19 @@ class TorchTrainer(TorchTrainerBase):
             return (x.to(self.device, non_blocking=True, memory_format=self.memory_format),
                     y.to(self.device, non_blocking=True))
         moved = iter([a.to(self.device, non_blocking=True) for a in leaves])
-        x, y = tree_map(lambda _: next(moved), self._tree)
-        return x, y
+        return tree_map(lambda _: next(moved), self._tree)
 
     def _seek(self, i: int) -> None:
         self._i = i
 
-    def _next_batch(self) -> tuple[Tree, Tree]:
+    def _next_batch(self) -> tuple[Tensors, Tensors]:
         if self.loader is not None:
             return self._next_pipeline_batch()
         i = self._i
         self._i = (i + 1) % self.n_batches
         return tree_map(lambda a: a[i], self.x), tree_map(lambda a: a[i], self.y)
 
-    def train_step(self, next_batch: Callable[[], tuple[Tree, Tree]], lap: Lap = no_lap) -> torch.Tensor:
+    def train_step(self, next_batch: Callable[[], tuple[Tensors, Tensors]], lap: Lap = no_lap) -> torch.Tensor:
         """One optimizer update on the next batch, or (gradient accumulation) on the mean loss
         over ``accum`` micro-batches; returns the detached loss. ``lap(phase)`` ends each phase
         (the breakdown pass; a no-op otherwise). Built into a step by compile.build_step."""
@@ -347,23 +352,23 @@ class TorchTrainer(TorchTrainerBase):
         return loss
 
     def step(self) -> None:
-        self._loss = self._step()
+        self._losses.append(self._step())
 
     def phased_step(self, lap: Lap) -> None:
-        self._loss = self._step(lap)
+        self._losses.append(self._step(lap))
 
     def compile_events(self) -> int | None:
         return self._compiles.count if self._compiles is not None and self._compiles.available else None
 
-    def read_loss(self) -> float:
-        """The last step's loss; with ddp, its mean over the ranks (a collective: every rank
-        reads it at the same point, outside the timed region)."""
-        if self._loss is None:
-            return float("nan")
-        if not self.ddp:
-            return float(self._loss.float().item())
-        import torch.distributed as dist
+    def read_losses(self) -> list[float]:
+        """Every unread step's loss, in one copy to the host; with ddp, each its mean over the
+        ranks (a collective: every rank reads at the same point, outside the timed region)."""
+        if not self._losses:
+            return []
+        losses, self._losses = torch.stack(self._losses).float(), []
+        if self.ddp:
+            import torch.distributed as dist
 
-        loss = self._loss.float().clone()
-        dist.all_reduce(loss)
-        return float(loss.item()) / self.world_size
+            dist.all_reduce(losses)
+            losses /= self.world_size
+        return losses.tolist()

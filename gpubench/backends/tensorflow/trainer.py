@@ -6,13 +6,13 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from gpubench.backends.base import Lap, NativeModel, ProfilingUnavailable, Trainer, Unsupported
+from gpubench.backends.base import Lap, NativeModel, ProfilingUnavailable, Trainer, Tree, Unsupported
 from gpubench.backends.tensorflow.layout import nhwc_data
 from gpubench.backends.tensorflow.native import POLICIES, as_native, builtin_loss
 from gpubench.backends.tensorflow.runtime import PORT_BASE_ENV, SLURM_CLUSTER_ENV, import_tf, tf_device
@@ -22,6 +22,9 @@ from gpubench.measure.timers import HostStepTimer, StepTimer, WindowTimer
 from gpubench.options import OPTIMIZER_SETTINGS, device_kind, parse_parallelism
 from gpubench.workloads.base import WorkloadSpec
 from gpubench.workloads.data import Batches, tree_map
+
+if TYPE_CHECKING:
+    from gpubench.backends.tensorflow.profiling import PhaseFunctions
 
 import_tf()  # GPU memory growth on before anything touches a GPU, however the trainer is built
 
@@ -76,10 +79,10 @@ class _SlurmResolver(tf.distribute.cluster_resolver.SlurmClusterResolver):
 def _multiworker_strategy(gpu: bool) -> tf.distribute.Strategy:
     """One replica per worker process (worker r of a node on its /GPU:r, or on the CPU), in
     the cluster that TF_CONFIG describes (made here from the worker list and RANK that
-    gpubench.runner.ranks gives every worker) or, for a
-    worker that srun started (gpubench run --launcher slurm), the one TensorFlow's
-    SlurmClusterResolver reads from Slurm's variables (worker ports from PORT_BASE_ENV on every
-    node). Collectives: NCCL between GPUs, ring all-reduce over gRPC between CPUs."""
+    gpubench.runner.ranks gives every worker) or, for a worker that srun started (gpubench run
+    --launcher slurm), the one TensorFlow's SlurmClusterResolver reads from Slurm's variables
+    (worker ports from PORT_BASE_ENV on every node). Collectives: NCCL between GPUs, ring
+    all-reduce over gRPC between CPUs."""
     gpus = tf.config.list_physical_devices("GPU")
     local = int(os.environ.get("LOCAL_RANK", "0"))
     tf.config.set_visible_devices([gpus[local]] if gpu else [], "GPU")
@@ -101,7 +104,7 @@ def _multiworker_strategy(gpu: bool) -> tf.distribute.Strategy:
 _GATHER_BYTES = 1 << 14  # room for one rank's summary in all_gather
 
 
-def _micro(tree: Any, k: int) -> Any:
+def _micro(tree: Tree[tf.Tensor], k: int) -> Tree[tf.Tensor]:
     """Micro-batch ``k`` of a pipeline element holding the micro-batches of one step."""
     return tree_map(lambda a: a[k], tree)
 
@@ -111,11 +114,11 @@ class TFTrainer(Trainer):
         native = as_native(native, config)
         if config.checkpointing != "none":
             raise Unsupported("checkpointing is a PyTorch setting here")
-        self.native = native
         self.gpu = device_kind(config.device) == "cuda"
         self.device = tf_device(config.device)
         self.xla = config.compile == "xla"
-        self._phases: Any = None  # the breakdown pass's separate tf.functions, built on first use
+        self.pipeline = config.data == "pipeline"
+        self._phases: PhaseFunctions | None = None  # the breakdown pass's separate tf.functions, built on first use
         # mirrored:N: N replicas (GPUs, or logical CPU devices, which must be set up before
         # TensorFlow initialises its devices); data: every global batch split over them
         # multiworker:N: one replica per worker process, N per node (_multiworker_strategy)
@@ -130,7 +133,6 @@ class TFTrainer(Trainer):
         keras.utils.set_random_seed(config.seed)
         policy = POLICIES.get(config.precision)
         self.accum = config.accum_steps
-        n_batches, batch = batches.n_batches, batches.batch_size
         # a built-in spec's data is channels first (C, H, W); Keras takes channels last
         x = nhwc_data(batches.x, batches.x.ndim - 2) if native.channels_first_data else batches.x
         self.loss_fn = native.loss or builtin_loss()
@@ -142,15 +144,13 @@ class TFTrainer(Trainer):
             self._init_mirrored(native, config, x, batches.y, policy)
             return
         with tf.device(self.device):
-            self._build_model(native, config, policy)
-            xla = config.compile == "xla"
-            self.pipeline = config.data == "pipeline"
+            self._build_model(native, config)
             if self.pipeline:
                 def flat(a: np.ndarray) -> np.ndarray:
                     return a.reshape(-1, *a.shape[2:])
 
                 ds = tf.data.Dataset.from_tensor_slices((tree_map(flat, x), tree_map(flat, batches.y)))
-                ds = ds.batch(batch, drop_remainder=True)
+                ds = ds.batch(batches.batch_size, drop_remainder=True)
                 if self.accum > 1:  # one element = the micro-batches of one optimizer step
                     ds = ds.batch(self.accum, drop_remainder=True)
                 ds = ds.repeat()
@@ -159,26 +159,26 @@ class TFTrainer(Trainer):
                 else:
                     ds = ds.prefetch(tf.data.AUTOTUNE)
                 self._iter = iter(ds)
-                self._step = tf.function(self._train_step, jit_compile=xla)
+                self._step = tf.function(self._train_step, jit_compile=self.xla)
             else:
                 self.x = tree_map(tf.constant, x)
                 self.y = tree_map(tf.constant, batches.y)
-                self.n_batches = n_batches
+                self.n_batches = batches.n_batches
                 self.counter = tf.Variable(0, dtype=tf.int64, trainable=False)
-                self._step = tf.function(self._device_step, jit_compile=xla)
+                self._step = tf.function(self._device_step, jit_compile=self.xla)
         self._finish_init(config, policy, data="tf.data(prefetch)" if self.pipeline else "device-resident")
 
     def _finish_init(self, config: Config, policy: str | None, data: str, distributed: str | None = None) -> None:
         """What every trainer records in ``runtime``; the GPU synchronised, its peaks reset."""
-        self._loss: tf.Tensor | None = None
+        self._losses: list[tf.Tensor] = []  # every unread step's loss, on the device
         self._info = {
             "optimizer_impl": "keras",
             "mixed_precision_policy": policy,
             "loss_scale": self.scaled,
             "tf32": config.precision == "tf32",
-            "xla": config.compile == "xla",
+            "xla": self.xla,
             "compile": {"setting": config.compile,
-                        "how": "tf.function(jit_compile=True): the step XLA-compiled" if config.compile == "xla"
+                        "how": "tf.function(jit_compile=True): the step XLA-compiled" if self.xla
                         else "tf.function: the step as a TensorFlow graph"},
             "step_timing": "window_mean" if self.gpu else "host_clock",
             "grad_accum": self.accum,
@@ -192,7 +192,7 @@ class TFTrainer(Trainer):
             self.sync()
             tf.config.experimental.reset_memory_stats(self._memory_device)
 
-    def _build_model(self, native: NativeModel, config: Config, policy: str | None) -> None:
+    def _build_model(self, native: NativeModel, config: Config) -> None:
         """Model and optimizer (loss-scaled for amp-fp16), built under the caller's device or
         strategy scope so that their variables are placed there."""
         self.model = native.build()
@@ -213,8 +213,7 @@ class TFTrainer(Trainer):
         strategy = self.strategy
         assert strategy is not None  # only mirrored and multiworker configs come here
         with strategy.scope():  # variables mirrored on every replica
-            self._build_model(native, config, policy)
-        self.pipeline = config.data == "pipeline"
+            self._build_model(native, config)
         local = len(strategy.extended.worker_devices)  # replicas in this process
         first = self.rank * local  # the global replica id of the first of them
         n_batches, local_batch = y.shape[:2]  # a token task's targets are (n, batch, T)
@@ -243,16 +242,15 @@ class TFTrainer(Trainer):
             self.optimizer.apply_gradients(zip(grads, variables))
             return loss
 
-        def total(per_replica: Any) -> tf.Tensor:
+        def total(per_replica: tf.distribute.DistributedValues) -> tf.Tensor:
             return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-        xla = config.compile == "xla"
         if self.pipeline:  # tf.data: this process's consecutive per-replica batches go to its replicas in turn
             ds = tf.data.Dataset.from_tensor_slices((x.reshape(-1, *x.shape[2:]), y.reshape(-1, *y.shape[2:])))
             ds = ds.batch(b, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE)
             self._iter = iter(strategy.distribute_datasets_from_function(lambda ctx: ds))
             self._step = tf.function(lambda xb, yb: total(strategy.run(replica_step, args=(xb, yb))),
-                                     jit_compile=xla)
+                                     jit_compile=self.xla)
         else:  # device-resident: replica r holds slice r of every global batch
             xr = x.reshape(n_batches, local, b, *x.shape[2:])
             yr = y.reshape(n_batches, local, b, *y.shape[2:])
@@ -269,7 +267,7 @@ class TFTrainer(Trainer):
                 return total(strategy.run(lambda xv, yv: replica_step(tf.gather(xv, i), tf.gather(yv, i)),
                                           args=(xs, ys)))
 
-            self._step = tf.function(device_step, jit_compile=xla)
+            self._step = tf.function(device_step, jit_compile=self.xla)
         data = "tf.data(distributed)" if self.pipeline else "device-resident (per replica)"
         if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
             cluster = ("SlurmClusterResolver" if os.environ.get(SLURM_CLUSTER_ENV) == "slurm" else "TF_CONFIG")
@@ -329,18 +327,19 @@ class TFTrainer(Trainer):
 
     def step(self) -> None:
         if self.pipeline:
-            self._loss = self._step(*next(self._iter))
+            self._losses.append(self._step(*next(self._iter)))
         else:
-            self._loss = self._step()
+            self._losses.append(self._step())
 
     def sync(self) -> None:
         if self.gpu:
             tf.test.experimental.sync_devices()
 
-    def read_loss(self) -> float:
-        return float("nan") if self._loss is None else float(np.asarray(self._loss, dtype=np.float64))
+    def read_losses(self) -> list[float]:
+        losses, self._losses = self._losses, []
+        return [float(v) for v in np.asarray(tf.stack(losses), dtype=np.float64)] if losses else []
 
-    def all_gather(self, obj: Any) -> list[Any]:
+    def all_gather(self, obj: object) -> list[Any]:
         """Every worker's ``obj`` in rank order, through the strategy's own all-gather (the
         JSON bytes, zero-padded to a fixed length)."""
         if self.world_size == 1:
@@ -387,7 +386,7 @@ class TFTrainer(Trainer):
                 apply=self._apply, next_device_batch=None if self.pipeline else self._next_device_batch,
                 next_element=(lambda: next(self._iter)) if self.pipeline else None, accum=n, device=self.device,
                 xla=self.xla))
-        self._loss = self._phases.step(lap)
+        self._losses.append(self._phases.step(lap))
 
     def profile(self, steps: int, out_dir: Path) -> dict[str, Any]:
         from gpubench.backends.tensorflow.profiling import profile_steps
