@@ -437,3 +437,30 @@ def test_chart_labels_wrap_whole_never_cut():
     assert all(len(line) <= 48 for line in lines) and len(lines) == 5 and lines[-1] == "(candidate)"
     assert wrap("x" * 100, 48).split("\n") == ["x" * 48, "x" * 48, "x" * 4]
     assert wrap("PyTorch fp32") == "PyTorch fp32"
+
+
+def test_the_loss_curves_are_drawn_against_samples(tmp_path):
+    """Each config's loss of every step (metrics.loss.curve) against the samples trained, the
+    median over its repeats at the steps all of them took: a chart of its own."""
+    import json
+
+    from gpubench.report.build import _loss_curves
+    from gpubench.report.load import load_report_data
+
+    run = copy_run(tmp_path)
+    lines = [json.loads(x) for x in (run / "results.jsonl").read_text().splitlines()]
+    ok = [r for r in lines if r["status"] == "ok"][:2]
+    for r, curve in zip(ok, ([2.0, 1.5, 1.0, 0.8], [2.2, 1.3, 1.2])):
+        r["metrics"]["loss"] = {"first": curve[0], "last": curve[-1], "curve": curve}
+    ok[1]["config_id"], ok[1]["config"] = ok[0]["config_id"], ok[0]["config"]  # a second repeat of the first
+    ok[1]["repeat"], ok[1]["metrics"]["samples_per_step"] = 1, ok[0]["metrics"]["samples_per_step"]
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+    per = ok[0]["metrics"]["samples_per_step"]
+    curves = _loss_curves(load_report_data([run]))
+    samples, losses = curves[ok[0]["config"]["workload"]][ok[0]["config_id"]]
+    assert samples == [per, 2 * per, 3 * per] and losses == pytest.approx([2.1, 1.4, 1.1])
+    rep = build_report([run], tmp_path / "out")
+    chart = rep.out / "charts" / "loss_vs_samples.png"
+    assert chart in rep.charts and chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert 'data-file="loss_vs_samples.png"' in rep.index.read_text()

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
@@ -99,6 +100,27 @@ def _step_times(data: ReportData) -> dict[str, list[float]]:
             if r.ok and times:
                 label = (f"{run.run_id}: " if data.multi_run else "") + r.config_id
                 out.setdefault(label, []).extend(float(t) for t in times if t is not None)
+    return out
+
+
+def _loss_curves(data: ReportData) -> dict[str, dict[str, tuple[list[int], list[float]]]]:
+    """Each workload's configs' loss curves for charts.loss_vs_samples: the median over a
+    config's ok repeats at each step all of them took, against the samples trained."""
+    repeats: dict[tuple[str, str], list[list[float]]] = {}
+    spp: dict[tuple[str, str], int] = {}
+    for run in data.runs:
+        for r in run.results:
+            curve, per = r.get("metrics", "loss", "curve"), r.get("metrics", "samples_per_step")
+            if r.ok and curve and per:
+                key = (str(r.config.get("workload")), (f"{run.run_id}: " if data.multi_run else "") + r.config_id)
+                repeats.setdefault(key, []).append([float(v) for v in curve])
+                spp[key] = int(per)
+    out: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
+    for (workload, label), curves in repeats.items():
+        n = min(len(c) for c in curves)
+        median = np.median(np.array([c[:n] for c in curves]), axis=0)
+        out.setdefault(workload, {})[label] = ([(k + 1) * spp[workload, label] for k in range(n)],
+                                               [float(v) for v in median])
     return out
 
 
@@ -380,6 +402,7 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
         charts.mfu_vs_tensor(c, chart_dir / "mfu_vs_tensor.png"),
         charts.speedup_bars(c, chart_dir / "speedups.png"),
         charts.step_time_boxes(_step_times(data), chart_dir / "step_times.png"),
+        charts.loss_vs_samples(_loss_curves(data), chart_dir / "loss_vs_samples.png"),
         charts.memory_vs_batch(c, chart_dir / "memory_vs_batch.png"),
         charts.telemetry_timelines(timelines, "gpu", chart_dir / "telemetry_gpu.png"),
         charts.telemetry_timelines(timelines, "host", chart_dir / "telemetry_host.png"),

@@ -319,6 +319,35 @@ def step_time_boxes(step_times: dict[str, list[float]], path: Path) -> Path | No
     return path
 
 
+# the loss curves' panels: one per workload; the others are named in the chart's title
+LOSS_MAX_PANELS = 6
+
+
+def loss_vs_samples(curves: dict[str, dict[str, tuple[list[int], list[float]]]], path: Path) -> Path | None:
+    """The training loss of every step against the samples trained (step k: k x samples_per_step),
+    a panel per workload and a line per config: the median over its repeats at each step they
+    all took. ``curves``: workload -> config label -> (samples, losses). Configs of one panel are
+    compared at the same samples, whatever their batch or step count."""
+    groups = [(w, c) for w, c in curves.items() if c][:LOSS_MAX_PANELS]
+    if not groups:
+        return None
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(len(groups), 1, figsize=(8, 2.8 * len(groups)), squeeze=False)
+        for ax, (workload, lines) in zip(axes[:, 0], groups):
+            for label, (samples, losses) in lines.items():
+                ax.plot(samples, losses, lw=1.2, label=wrap(label, 50))
+            ax.set_xlabel("samples trained")
+            ax.set_ylabel("training loss")
+            ax.set_title(wrap(workload, 80))
+        more = len(curves) - len(groups)
+        fig.suptitle("Training loss against samples (every step; a line per config, the median over its repeats)"
+                     + (f"; {more} more workload(s) in the results" if more > 0 else ""), fontsize=10)
+        fig.tight_layout()
+        _legends(fig, list(axes[:, 0]))
+        _save(fig, path)
+    return path
+
+
 # --- telemetry timelines -----------------------------------------------------------------------
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")  # GPUs of a config
