@@ -47,8 +47,8 @@ def rows_by_name(advice: dict) -> dict[str, dict]:
 def advised(tmp_path_factory):
     """One advise of the fake backend: every practice group, a 10% threshold (its steps sleep a
     fixed time, so the practices decide at the first look). Its windows are bounded by time
-    (window_s): a faster practice takes more steps than the baseline, a slower one fewer, with
-    the same arithmetic, and none of them may be judged to learn worse for it."""
+    (window_s): a faster practice may take more steps than the baseline, a slower one fewer,
+    with the same arithmetic, and none of them may be judged to learn worse for it."""
     tmp = tmp_path_factory.mktemp("advise")
     (tmp / "s.toml").write_text(SUITE)
     proc = run_cli(["advise", "s.toml", "--budget", "120", "--threshold", "10%", "--markdown", "advice.md",
@@ -74,12 +74,15 @@ def test_advise_measures_ranks_and_guards_each_practice(advised):
     assert fused["ci_low"] <= 2 / 1.4 * 1.05 and fused["ci_high"] >= 2 / 1.4 * 0.9
     assert batch["ci_low"] < 2.0 < batch["ci_high"] * 1.05 and xla["ci_high"] < 0.9
     assert "above the tolerance of 10%" in rows["precision tf32"]["reason"]
-    # the time-bounded windows took different step counts (xla's 3 ms steps fewer than the
-    # baseline's 2 ms, fused's 1.4 ms more), and the losses were compared after the same samples
-    lengths = {len(r["metrics"]["loss"]["curve"]) for r in result_lines(run_dir) if r["status"] == "ok"}
-    assert len(lengths) >= 3
-    # each after the fewest samples a repeat of its two trained: xla's own, the baseline's for fused
-    assert rows["compile xla"]["loss_samples"] < rows["optimizer fused"]["loss_samples"]
+    # the losses were compared after the same samples: the fewest any repeat of the baseline and
+    # the practice trained (8 a step), whatever their time-bounded windows' step counts
+    steps: dict[str, list[int]] = {}
+    for r in result_lines(run_dir):
+        if r["status"] == "ok":
+            steps.setdefault(r["config_id"], []).append(len(r["metrics"]["loss"]["curve"]))
+    for name in ("optimizer fused", "optimizer foreach", "compile xla", "memory format channels-last"):
+        row = rows[name]
+        assert row["loss_samples"] == 8 * min(steps[advice["baseline"]] + steps[row["config_id"]]), name
     assert "LR" not in batch["caveat"] and "learning rate is left as it is" in batch["caveat"]
     # ranked: improved (fastest first), unchanged, regressed, then what must never be recommended
     assert [r["practice"] for r in advice["rows"]][:2] == ["batch x2", "optimizer fused"]
