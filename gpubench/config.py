@@ -218,6 +218,27 @@ class Config:
     timeout_s: float = setting(
         600.0, check=("positive",),
         help=("seconds > 0 before a config's worker is killed (`timeout`)"))
+    target_loss: float = setting(
+        0.0, check=("positive",), named="changed", hashed_when_set=True,
+        help=("a number > 0: train from the initial weights until the loss on held-out batches of the same task "
+              "(evaluated every `eval_every` steps) is at or below it, and measure the time to it "
+              "(`time_to_target_s`, `steps_to_target`, `samples_to_target`) instead of timed windows; past "
+              "`max_steps` or `max_time_s` the config ends `target_not_reached` with the best loss it reached. "
+              "Unset (0): no target. The built-in workloads on synthetic data so far"))
+    eval_every: int = setting(
+        20, check=("int", 1), named="changed", hashed_when_set=True, used_when=lambda c: c.target_loss > 0,
+        named_when_used=True,
+        help=("with `target_loss`: training steps between evaluations on held-out batches (an integer >= 1; the "
+              "evaluation's time counts in the time to target, as MLPerf counts it)"))
+    max_steps: int = setting(
+        2000, check=("int", 1), named="changed", hashed_when_set=True, used_when=lambda c: c.target_loss > 0,
+        named_when_used=True,
+        help="with `target_loss`: the training steps after which a config that has not reached it stops")
+    max_time_s: float = setting(
+        300.0, check=("positive",), named="changed", hashed_when_set=True, used_when=lambda c: c.target_loss > 0,
+        named_when_used=True,
+        help=("with `target_loss`: the seconds of training after which a config that has not reached it stops "
+              "(at the next evaluation; keep it well below `timeout_s`)"))
     telemetry_interval_ms: int = setting(
         100, check=("int", 0),
         help=('telemetry sampling period in ms, an integer >= 0; 0 turns sampling off (also '

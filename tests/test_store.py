@@ -123,7 +123,7 @@ def test_results_written_by_gpubench_have_the_shape_readers_need():
     ({"config": None}, "'config' is null, not an object; a result line needs run_id, config_id (strings), config"),
     ({"repeat": "0"}, "'repeat' is str \"0\", not an integer"),
     ({"repeat": True}, "'repeat' is bool true, not an integer"),
-    ({"status": "fast"}, "status 'fast': expected one of: ok, oom, unsupported, unavailable, diverged, timeout, error"),
+    ({"status": "fast"}, "status 'fast': expected one of: ok, oom, unsupported, unavailable, diverged, target_not_reached, timeout, error"),
     ({"metrics": "x"}, "'metrics' is str \"x\", not an object or null"),
     ({"config": {"workload": "mlp"}}, "'config.framework' is null, not a string"),
     ({"status": "ok"}, "'metrics.throughput.median' is null, not a positive number; an ok result (or any with "

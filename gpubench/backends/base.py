@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 # the Trainer interface lives beside the measurement loop; plugins import it from here
 from gpubench.config import BACKEND_CHECKED, FUNCTION_CHECKED
@@ -35,6 +35,14 @@ A = TypeVar("A")
 Tree: TypeAlias = A | Sequence["Tree[A]"] | Mapping[str, "Tree[A]"]
 
 
+@runtime_checkable
+class Evaluating(Protocol):
+    """A trainer that evaluates: the mean loss of its model over held-out ``batches``, in
+    inference mode and with no update (synchronises; between the timed steps)."""
+
+    def evaluate(self, batches: Batches) -> float: ...
+
+
 class Unsupported(Exception):
     """Raised while a trainer is built: this setting cannot apply to this model (a user's model
     that is not a plain chain of layers, with ``checkpointing = "activations"``, say). The
@@ -54,7 +62,8 @@ class NativeModel:
     ``facts`` the result's ``model`` block (params, flops_per_sample or why none, source,
     identical); ``spec`` a built-in workload's spec (``pipeline:N`` splits its layers);
     ``sequential``: whether the model is a plain chain of top-level layers (activation
-    checkpointing cuts it into runs)."""
+    checkpointing cuts it into runs); ``eval_batches(batch)`` held-out batches of the same task
+    (a ``target_loss``'s evaluations), None where the source has none yet."""
 
     build: Callable[[], Any]
     make_batches: Callable[[int, int], Batches]
@@ -65,18 +74,22 @@ class NativeModel:
     # tensorflow: whether the data is in gpubench's channels-first layout (a built-in spec's),
     # to be made channels-last for Keras, or already in the model's own layout
     channels_first_data: bool = False
+    eval_batches: Callable[[int], Batches] | None = None
 
 
 def spec_native(spec: WorkloadSpec, config: Config, build: Callable[[], object],
                 channels_first_data: bool = False) -> NativeModel:
     """A built-in workload as a NativeModel: ``build`` makes the framework's model of ``spec``;
-    the data is gpubench's own for the spec, made for the config."""
-    from gpubench.workloads.data import make_batches
+    the data is gpubench's own for the spec, made for the config; the synthetic task's held-out
+    batches another draw of the same task."""
+    from gpubench.workloads.data import EVAL_BATCHES, EVAL_DRAW, make_batches, task_batches
 
     return NativeModel(build=build, facts=spec.facts(), spec=spec, sequential=True,
                        channels_first_data=channels_first_data,
                        make_batches=lambda batch, group: make_batches(spec, config.dataset, config.data_dir, batch,
-                                                                      config.seed, group))
+                                                                      config.seed, group),
+                       eval_batches=(lambda batch: task_batches(spec, batch, EVAL_BATCHES, config.seed, EVAL_DRAW))
+                       if config.dataset == "synthetic" else None)
 
 
 @dataclass(frozen=True)

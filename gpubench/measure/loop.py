@@ -29,6 +29,29 @@ class Phase:
     end_ns: int
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """One evaluation of a run to a target: after ``steps`` training steps, ``elapsed_s`` from the
+    first step's start to this evaluation's end, the held-out ``loss``, the evaluation's seconds."""
+
+    steps: int
+    elapsed_s: float
+    loss: float
+    eval_s: float
+
+
+@dataclass(frozen=True)
+class Target:
+    """Train until ``evaluate()`` (the held-out loss) is at or below ``loss``, evaluating every
+    ``eval_every`` steps, for at most ``max_steps`` steps and ``max_time_s`` seconds."""
+
+    loss: float
+    eval_every: int
+    max_steps: int
+    max_time_s: float
+    evaluate: Callable[[], float]
+
+
 @dataclass
 class RawMeasurement:
     cold_start_ms: float
@@ -41,6 +64,7 @@ class RawMeasurement:
     diverged: bool = False
     warmup_steps: int = 0  # warm-up steps run (at least the trainer's min_warmup_steps)
     compile_events_in_windows: int | None = None  # None: the trainer does not compile at runtime
+    evaluations: list[Evaluation] = field(default_factory=list)  # a target's, in order
 
     @property
     def steps_measured(self) -> int:
@@ -186,6 +210,54 @@ def _loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int, observe
             break
     if compiles is not None:
         raw.compile_events_in_windows = (trainer.compile_events() or 0) - compiles
+    return raw
+
+
+def run_to_target(trainer: Trainer, target: Target, progress: Callable[[str], None] | None = None
+                  ) -> RawMeasurement:
+    """Time to quality, as MLPerf Training counts it: the clock starts at the first training step
+    (its compilation included) and stops at the end of the evaluation that first reaches the
+    target, the evaluations' own time included. The steps between evaluations are timed as
+    windows (their step times give the rate); a step's loss is read, and the held-out loss
+    evaluated, only between them. Stops at the target, at a cap (``max_steps``, or ``max_time_s``
+    at the next evaluation) or at a non-finite loss (``diverged``)."""
+    progress = progress or (lambda phase: None)
+    progress("cold start (the first step)")
+    t0 = clock_ns()
+    trainer.step()
+    trainer.sync()
+    t1 = clock_ns()
+    raw = RawMeasurement(cold_start_ms=(t1 - t0) / 1e6, losses=trainer.read_losses())
+    raw.phases.append(Phase("cold_start", t0, t1))
+    steps, next_eval = 1, target.eval_every
+    while math.isfinite(raw.loss_last):
+        n = min(next_eval, target.max_steps) - steps  # evaluations after steps eval_every, 2 eval_every, ...
+        if n > 0:
+            progress(f"training to the target: steps {steps + 1}-{steps + n} (at most {target.max_steps})")
+            timer = trainer.step_timer(n)
+            w0 = clock_ns()
+            timer.mark()
+            for _ in range(n):
+                trainer.step()
+                timer.mark()
+            trainer.sync()
+            w1 = clock_ns()
+            raw.step_times_ms.extend(timer.elapsed_ms())
+            raw.phases.append(Phase(f"window_{len(raw.window_steps)}", w0, w1))
+            raw.window_wall_ms.append((w1 - w0) / 1e6)
+            raw.window_steps.append(n)
+            raw.losses += trainer.read_losses()
+            raw.window_losses.append(raw.loss_last)
+            steps += n
+        e0 = clock_ns()
+        loss = target.evaluate()
+        e1 = clock_ns()
+        raw.evaluations.append(Evaluation(steps, (e1 - t0) / 1e9, loss, (e1 - e0) / 1e9))
+        next_eval += target.eval_every
+        if not math.isfinite(loss) or loss <= target.loss or steps >= target.max_steps \
+                or (e1 - t0) / 1e9 >= target.max_time_s:
+            break
+    raw.diverged = not math.isfinite(raw.loss_last) or any(not math.isfinite(e.loss) for e in raw.evaluations)
     return raw
 
 

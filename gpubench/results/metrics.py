@@ -208,6 +208,17 @@ METRICS: list[Metric] = [
                           ("step", "the measured median step time the phases are compared with"))),
     M("breakdown_timing", ("metrics", "breakdown", "timing"), "", "", "text",
       "gpubench profile: how the phases were timed", combine="first"),
+    M("time_to_target_s", ("metrics", "target", "time_to_target_s"), "s", "lower", "s",
+      "target_loss: seconds from the first training step (its compilation included) to the end of the "
+      "evaluation that reached the target, the evaluations included (MLPerf's count)", gate=True),
+    M("steps_to_target", ("metrics", "target", "steps_to_target"), "steps", "lower", "count",
+      "target_loss: training steps until the evaluation that reached it", gate=True),
+    M("samples_to_target", ("metrics", "target", "samples_to_target"), "samples", "lower", "count",
+      "target_loss: samples trained until the evaluation that reached it (steps x samples_per_step)", gate=True),
+    M("eval_share", ("metrics", "target", "eval_share"), "", "", "pct",
+      "target_loss: the evaluations' share of the time to target"),
+    M("target_best_loss", ("metrics", "target", "best_loss"), "", "", "number",
+      "target_loss: the lowest held-out loss of the run's evaluations"),
     M("duration_s", (), "s", "", "s", "wall time of the config, process start-up included",
       derive=lambda r: r.duration_s),
 ]
@@ -235,7 +246,8 @@ SUMMARY_COLUMNS = (SummaryColumn("samples/s", "throughput"), SummaryColumn("toke
                    SummaryColumn("cold", "cold_start_ms", markdown=False),
                    SummaryColumn("peak mem", "peak_memory_bytes", long="peak memory"),
                    SummaryColumn("TFLOP/s", "achieved_tflops", terminal=False), SummaryColumn("MFU", "mfu"),
-                   SummaryColumn("tensor %", "tensor_active_pct", optional=True))
+                   SummaryColumn("tensor %", "tensor_active_pct", optional=True),
+                   SummaryColumn("to target", "time_to_target_s", optional=True, long="time to target"))
 
 
 def register_metric(m: Metric) -> None:

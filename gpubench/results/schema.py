@@ -11,7 +11,7 @@ from typing import Any
 SCHEMA_VERSION = 1
 SUPPORTED_SCHEMA_VERSIONS = (1,)
 
-STATUSES = ("ok", "oom", "unsupported", "unavailable", "diverged", "timeout", "error")
+STATUSES = ("ok", "oom", "unsupported", "unavailable", "diverged", "target_not_reached", "timeout", "error")
 FAILED_STATUSES = ("error", "timeout")  # the statuses that make `run` exit 1 (as nothing measured does)
 
 

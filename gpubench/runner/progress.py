@@ -19,7 +19,7 @@ from gpubench.results.result import Result
 from gpubench.runner.job import Job
 
 STATUS_STYLE = {"ok": "green", "oom": "yellow", "unsupported": "dim", "unavailable": "dim",
-                "diverged": "magenta", "timeout": "red", "error": "red"}
+                "diverged": "magenta", "target_not_reached": "yellow", "timeout": "red", "error": "red"}
 
 
 def _show(name: str, result: Result) -> str:

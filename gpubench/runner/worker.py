@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import resource
 import socket
@@ -26,12 +27,12 @@ import psutil
 import gpubench
 from gpubench import hugepages
 from gpubench.backends import get_backend
-from gpubench.backends.base import Backend, NativeModel, Trainer, Unsupported
+from gpubench.backends.base import Backend, Evaluating, NativeModel, Trainer, Unsupported
 from gpubench.config import Config
 from gpubench.errors import EXIT_STORAGE, STORAGE_ERRNOS, STORAGE_LINE, warn
 from gpubench.files import write_text_atomic
 from gpubench.launch import RANKS_ENV, die_with_parent
-from gpubench.measure.loop import RawMeasurement, run_loop
+from gpubench.measure.loop import RawMeasurement, Target, run_loop, run_to_target
 from gpubench.measure.stats import is_noisy, step_stats, throughput
 from gpubench.measure.trace import reading
 from gpubench.measure.turns import Turns
@@ -117,7 +118,27 @@ def metrics_from(raw: RawMeasurement, config: Config, setup_ms: float) -> dict[s
         metrics["noisy"] = is_noisy(st)
         # samples over wall time of the windows: includes anything between steps
         metrics["throughput_wall"] = config.samples_per_step * raw.steps_measured * 1000.0 / sum(raw.window_wall_ms)
+    if raw.evaluations:
+        metrics["target"] = _target_block(raw, config)
     return metrics
+
+
+def _target_block(raw: RawMeasurement, config: Config) -> dict[str, Any]:
+    """A run to a target: every evaluation (steps, seconds from the first step, held-out loss),
+    and where one reached it, the time, steps and samples to it and the evaluations' share of
+    that time; where none did, no time at all (the status says target_not_reached)."""
+    ev = raw.evaluations
+    finite = [e.loss for e in ev if math.isfinite(e.loss)]
+    hit = next((e for e in ev if e.loss <= config.target_loss), None)
+    block: dict[str, Any] = {"loss": config.target_loss, "reached": hit is not None, "eval_every": config.eval_every,
+                             "evaluations": [[e.steps, e.elapsed_s, e.loss] for e in ev],
+                             "best_loss": min(finite) if finite else None}
+    if hit is not None:
+        eval_s = sum(e.eval_s for e in ev[:ev.index(hit) + 1])
+        block.update(time_to_target_s=hit.elapsed_s, steps_to_target=hit.steps,
+                     samples_to_target=hit.steps * config.samples_per_step, eval_s=eval_s,
+                     eval_share=eval_s / hit.elapsed_s)
+    return block
 
 
 class Telemetry:
@@ -246,6 +267,22 @@ def build_trainer(backend: Backend, native: NativeModel, config: Config, rank: i
     return backend.build(native, config, batches), batches.nbytes
 
 
+def _target(trainer: Trainer, native: NativeModel, config: Config) -> Target | None:
+    """A ``target_loss`` config's run to its target: the trainer evaluates the source's held-out
+    batches (another draw of the same task); None without a target. Unsupported where the
+    source has no held-out batches or the trainer does not evaluate."""
+    if config.target_loss <= 0:
+        return None
+    if native.eval_batches is None:
+        raise Unsupported("target_loss: held-out batches are made for the built-in workloads on synthetic data so "
+                          "far, not for " + (f"dataset {config.dataset}" if native.spec else config.workload))
+    if not isinstance(trainer, Evaluating) or config.distributed:
+        raise Unsupported(f"target_loss: {config.parallelism} does not evaluate held-out batches yet")
+    held_out = native.eval_batches(config.batch)
+    return Target(config.target_loss, config.eval_every, config.max_steps, config.max_time_s,
+                  partial(trainer.evaluate, held_out))
+
+
 def _input_refused(config: Config, native: NativeModel) -> Outcome | None:
     """``unsupported`` for a model whose input the config's dataset cannot feed (MNIST's)."""
     spec = native.spec
@@ -307,10 +344,13 @@ def run_config(config: Config, profile: dict[str, Any] | None = None, memory_his
         phase("setting up the trainer (data, optimizer, compilation)")
         trainer, memory["data_bytes"] = build_trainer(backend, native, config, rank, world, profile is not None)
         setup_ms = (time.perf_counter() - t0) * 1000.0
+        target = _target(trainer, native, config)
+        ranges = trainer.ranges() if profile is not None else None
         with telemetry, rss.training():
-            telemetry.raw = raw = run_loop(trainer, config.warmup_steps, config.steps, config.windows,
-                                           telemetry.observer, ranges=trainer.ranges() if profile is not None else None,
-                                           window_s=config.window_s, turns=turns, progress=phase)
+            telemetry.raw = raw = (run_to_target(trainer, target, progress=phase) if target is not None else
+                                   run_loop(trainer, config.warmup_steps, config.steps, config.windows,
+                                            telemetry.observer, ranges=ranges, window_s=config.window_s, turns=turns,
+                                            progress=phase))
         memory.update(trainer.memory())
         training_peak = rss.training_peak()
         if training_peak is not None:
@@ -340,6 +380,13 @@ def run_config(config: Config, profile: dict[str, Any] | None = None, memory_his
         out.runtime["memory_history"] = recording.runtime()
     if raw.diverged:
         out.status, out.reason = "diverged", "loss became non-finite"
+    elif raw.evaluations and all(e.loss > config.target_loss for e in raw.evaluations):
+        best = min(raw.evaluations, key=lambda e: e.loss)
+        last = raw.evaluations[-1]
+        out.status = "target_not_reached"
+        out.reason = (f"target_loss {config.target_loss:g} not reached: the best held-out loss {best.loss:.4g} "
+                      f"(after {best.steps} steps); stopped after {last.steps} steps and {last.elapsed_s:.1f} s "
+                      f"(max_steps {config.max_steps}, max_time_s {config.max_time_s:g})")
     if ranks is not None:
         _check_ranks(out, ranks, config)
     return out, telemetry.timeline

@@ -23,6 +23,9 @@ from gpubench.workloads.base import Shape
 
 TEMPLATE_SCALE = 0.7
 LABEL_NOISE = 0.1
+# held-out batches (a target's evaluations): the same task's samples from their own draw
+EVAL_DRAW = 1
+EVAL_BATCHES = 4
 MAX_SAMPLES = 65536
 MAX_TOKEN_SEQUENCES = 8192  # a token task's pool: 8192 sequences (a million tokens at length 128)
 DATA_BYTES_BUDGET = 256 << 20  # the pool stays under this, but always holds at least 2 batches
@@ -131,12 +134,15 @@ def pool_batches(spec: Task, batch_size: int) -> int:
     return max(2, samples // batch_size)
 
 
-def synthetic_tokens(vocab: int, seq_len: int, batch_size: int, n_batches: int, seed: int) -> Batches:
+def synthetic_tokens(vocab: int, seq_len: int, batch_size: int, n_batches: int, seed: int, draw: int = 0
+                     ) -> Batches:
     """A learnable next-token task: each sequence follows a fixed random permutation of the
     vocabulary (token t+1 = perm[token t]) from a random start, 10% of its tokens replaced by
-    random ones; ``x`` is the sequence, ``y`` the same shifted by one (int64, (n, batch, seq_len))."""
+    random ones; ``x`` is the sequence, ``y`` the same shifted by one (int64, (n, batch, seq_len)).
+    The seed makes the task (the permutation); ``draw`` > 0 draws other samples of it."""
     rng = np.random.default_rng([seed, 2])
     perm = rng.permutation(vocab)
+    rng = _redraw(rng, seed, 2, draw)
     seq = np.empty((n_batches, batch_size, seq_len + 1), dtype=np.int64)
     seq[..., 0] = rng.integers(0, vocab, size=(n_batches, batch_size))
     for t in range(seq_len):
@@ -147,10 +153,10 @@ def synthetic_tokens(vocab: int, seq_len: int, batch_size: int, n_batches: int, 
 
 
 def synthetic_sequences(vocab: int, seq_len: int, classes: int, batch_size: int, n_batches: int,
-                        seed: int) -> Batches:
+                        seed: int, draw: int = 0) -> Batches:
     """A learnable classification of token sequences: random tokens over ``vocab``, the class of a
     sequence its first token's residue modulo ``classes`` (10% of the classes random)."""
-    rng = np.random.default_rng([seed, 3])
+    rng = _redraw(np.random.default_rng([seed, 3]), seed, 3, draw)
     x = rng.integers(0, vocab, size=(n_batches, batch_size, seq_len), dtype=np.int64)
     y = x[..., 0] % classes
     noise = rng.random(y.shape) < LABEL_NOISE
@@ -196,10 +202,20 @@ def _stack_trees(trees: list[Tree]) -> Tree:
     return np.stack(trees)
 
 
-def synthetic_batches(spec: Task, batch_size: int, n_batches: int, seed: int) -> Batches:
+def _redraw(rng: np.random.Generator, seed: int, stream: int, draw: int) -> np.random.Generator:
+    """The generator of a task's samples: ``rng`` itself (draw 0, the training pool, as it always
+    was), else one of its own for the draw (held-out samples of the same task)."""
+    return rng if draw == 0 else np.random.default_rng([seed, stream, draw])
+
+
+def synthetic_batches(spec: Task, batch_size: int, n_batches: int, seed: int, draw: int = 0) -> Batches:
+    """The classification task made from the seed (a template per class), its samples noisy
+    copies of their class's template with 10% of the labels random; ``draw`` > 0 draws other
+    samples of the same task."""
     rng = np.random.default_rng([seed, 1])
     templates = rng.standard_normal((spec.num_classes, *spec.input_shape), dtype=np.float32)
     templates *= np.float32(TEMPLATE_SCALE)
+    rng = _redraw(rng, seed, 1, draw)
     y = rng.integers(0, spec.num_classes, size=(n_batches, batch_size), dtype=np.int64)
     x = rng.random((n_batches, batch_size, *spec.input_shape), dtype=np.float32)
     x -= np.float32(0.5)
@@ -220,14 +236,15 @@ def batches_from_arrays(x: np.ndarray, y: np.ndarray, batch_size: int, group: in
     return Batches(x=x[:keep].reshape(n, batch_size, *x.shape[1:]), y=y[:keep].reshape(n, batch_size))
 
 
-def task_batches(spec: Task, batch_size: int, n_batches: int, seed: int) -> Batches:
+def task_batches(spec: Task, batch_size: int, n_batches: int, seed: int, draw: int = 0) -> Batches:
     """``n_batches`` batches of the synthetic data of the task: token sequences for a ``tokens``
-    task, the class templates otherwise."""
+    task, the class templates otherwise; ``draw`` > 0: other samples of the same task."""
     if getattr(spec, "kind", "classes") == "tokens":
-        return synthetic_tokens(spec.num_classes, spec.input_shape[0], batch_size, n_batches, seed)
+        return synthetic_tokens(spec.num_classes, spec.input_shape[0], batch_size, n_batches, seed, draw)
     if isinstance(spec, SyntheticTask) and spec.kind == "sequences":
-        return synthetic_sequences(spec.vocab, spec.input_shape[0], spec.num_classes, batch_size, n_batches, seed)
-    return synthetic_batches(spec, batch_size, n_batches, seed)
+        return synthetic_sequences(spec.vocab, spec.input_shape[0], spec.num_classes, batch_size, n_batches, seed,
+                                   draw)
+    return synthetic_batches(spec, batch_size, n_batches, seed, draw)
 
 
 def make_batches(spec: Task, dataset: str, data_dir: str, batch_size: int, seed: int,

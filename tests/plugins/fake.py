@@ -69,6 +69,17 @@ class FakeTrainer(Trainer):
     def sync(self) -> None:
         pass
 
+    def evaluate(self, batches) -> float:
+        """The mean loss over held-out batches, no update."""
+        losses = []
+        for x, y in zip(batches.x.reshape(batches.x.shape[0], batches.x.shape[1], -1).astype(np.float64), batches.y):
+            logits = x @ self.w
+            logits -= logits.max(axis=1, keepdims=True)
+            p = np.exp(logits)
+            p /= p.sum(axis=1, keepdims=True)
+            losses.append(float(-np.log(p[np.arange(len(y)), y] + 1e-12).mean()))
+        return float(np.mean(losses))
+
     def read_losses(self) -> list[float]:
         losses, self.losses = self.losses, []
         return losses

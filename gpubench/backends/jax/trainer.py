@@ -167,6 +167,17 @@ class JaxTrainer(Trainer):
                              out_shardings=(carry_sharding, replicated))
         self._losses: list[jax.Array] = []  # every unread step's loss, on the device
         self._info = self._runtime(remat)
+        policy = self.policy
+
+        def eval_loss(params: Arrays, bn: Arrays, x: Arrays, y: jax.Array) -> jax.Array:
+            def one(xy: tuple[Arrays, jax.Array]) -> jax.Array:
+                out, _ = model.apply(params, bn, xy[0], False, policy, None, False)
+                return jnp.asarray(loss_fn(out, xy[1]), jnp.float32)
+
+            return jnp.mean(jax.lax.map(one, (x, y)))
+
+        self._eval = jax.jit(eval_loss)
+        self._replicated = replicated
 
     def _runtime(self, remat: bool) -> dict[str, Any]:
         """How the step was set up (the result's ``runtime``)."""
@@ -214,6 +225,12 @@ class JaxTrainer(Trainer):
 
     def sync(self) -> None:
         jax.block_until_ready(self._carry)
+
+    def evaluate(self, batches: Batches) -> float:
+        """The mean loss over held-out ``batches`` (inference mode: no dropout, batch norm's
+        running statistics), every device computing all of them."""
+        x, y = (jax.device_put(tree_map(np.asarray, t), self._replicated) for t in (batches.x, batches.y))
+        return float(self._eval(self._carry["params"], self._carry["bn"], x, y))
 
     def read_losses(self) -> list[float]:
         losses, self._losses = self._losses, []

@@ -360,6 +360,22 @@ class TorchTrainer(TorchTrainerBase):
     def compile_events(self) -> int | None:
         return self._compiles.count if self._compiles is not None and self._compiles.available else None
 
+    def evaluate(self, batches: Batches) -> float:
+        """The mean loss over held-out ``batches``: the model in eval mode (dropout off, batch
+        norm's running statistics), no gradients, the config's autocast; eager, not compiled."""
+        def batch(i: int) -> tuple[Tensors, torch.Tensor]:
+            x = tree_map(lambda a: torch.from_numpy(a[i]).to(self.device), batches.x)
+            return x, torch.from_numpy(batches.y[i]).to(self.device)
+
+        self.model.eval()
+        try:
+            with torch.no_grad(), self.autocast:
+                losses = [self.loss_fn(call_model(self.model, x), y).float()
+                          for x, y in map(batch, range(batches.n_batches))]
+            return float(torch.stack(losses).mean())
+        finally:
+            self.model.train()
+
     def read_losses(self) -> list[float]:
         """Every unread step's loss, in one copy to the host; with ddp, each its mean over the
         ranks (a collective: every rank reads at the same point, outside the timed region)."""

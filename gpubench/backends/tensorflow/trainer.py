@@ -134,6 +134,7 @@ class TFTrainer(Trainer):
         policy = POLICIES.get(config.precision)
         self.accum = config.accum_steps
         # a built-in spec's data is channels first (C, H, W); Keras takes channels last
+        self._channels_first = native.channels_first_data
         x = nhwc_data(batches.x, batches.x.ndim - 2) if native.channels_first_data else batches.x
         self.loss_fn = native.loss or builtin_loss()
         self._first_x = tree_map(lambda a: a[0], x)  # one batch, to build a model that declares no input
@@ -334,6 +335,17 @@ class TFTrainer(Trainer):
     def sync(self) -> None:
         if self.gpu:
             tf.test.experimental.sync_devices()
+
+    def evaluate(self, batches: Batches) -> float:
+        """The mean loss over held-out ``batches``: the model called with ``training=False``
+        (no dropout, batch norm's moving statistics), no update."""
+        x = nhwc_data(batches.x, batches.x.ndim - 2) if self._channels_first else batches.x
+        losses = []
+        with tf.device(self.device):
+            for i in range(batches.n_batches):
+                xi = tree_map(lambda a: tf.convert_to_tensor(a[i]), x)  # noqa: B023 - used at once
+                losses.append(float(self.loss_fn(tf.convert_to_tensor(batches.y[i]), self.model(xi, training=False))))
+        return float(np.mean(losses))
 
     def read_losses(self) -> list[float]:
         losses, self._losses = self._losses, []

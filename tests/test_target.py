@@ -1,0 +1,127 @@
+"""Time to quality (target_loss): train from the initial weights until the loss on held-out
+batches of the same task reaches the target, evaluating every eval_every steps, timed from the
+first step to the evaluation that reached it (MLPerf's count); past a cap, target_not_reached
+with no time. On the fake backend (every figure checked against its evaluations), then the
+built-in MLP in the three frameworks (slow)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, plugin_env, result_lines, run_cli
+
+SUITE = """
+name = "tt"
+[defaults]
+framework = "fake"
+workload = "fault"
+batch_size = 8
+eval_every = 5
+max_steps = 200
+[matrix]
+target_loss = [0.9, 0.01]
+"""
+
+
+def test_a_target_is_timed_to_the_evaluation_that_reached_it_and_a_missed_one_has_no_time(tmp_path):
+    (tmp_path / "s.toml").write_text(SUITE)
+    proc = run_cli(["run", "s.toml", "--out", "runs"], cwd=tmp_path, env=plugin_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    by_target = {r["config"]["target_loss"]: r for r in result_lines(run_dir)}
+    reached, missed = by_target[0.9], by_target[0.01]
+
+    assert reached["status"] == "ok"
+    t = reached["metrics"]["target"]
+    evaluations = t["evaluations"]
+    steps = [e[0] for e in evaluations]
+    assert steps == list(range(5, 5 * len(steps) + 1, 5))  # every eval_every steps, from the first
+    assert all(a[1] < b[1] for a, b in zip(evaluations, evaluations[1:]))  # seconds from the first step
+    assert [e[2] for e in evaluations[:-1]] == [e for e in (e[2] for e in evaluations[:-1]) if e > 0.9]
+    assert t["reached"] and evaluations[-1][2] <= 0.9 == t["loss"]
+    assert t["steps_to_target"] == steps[-1] and t["samples_to_target"] == 8 * steps[-1]
+    assert t["time_to_target_s"] == evaluations[-1][1] and 0 < t["eval_share"] < 1
+    assert t["best_loss"] == min(e[2] for e in evaluations)
+    # the training stopped at the target: its loss curve has exactly the steps taken
+    assert len(reached["metrics"]["loss"]["curve"]) == t["steps_to_target"]
+
+    assert missed["status"] == "target_not_reached"
+    m = missed["metrics"]["target"]
+    assert not m["reached"] and "time_to_target_s" not in m and "steps_to_target" not in m
+    assert m["evaluations"][-1][0] == 200 and f"{m['best_loss']:.4g}" in missed["reason"]
+    assert "target_loss 0.01 not reached" in missed["reason"] and "max_steps 200" in missed["reason"]
+
+    rows = {r["config_id"]: r for r in csv.DictReader((tmp_path / "reports" / run_dir.name / "results.csv").open())}
+    assert float(rows[reached["config_id"]]["time_to_target_s"]) == pytest.approx(t["time_to_target_s"])
+    assert rows[missed["config_id"]]["time_to_target_s"] == ""
+    assert "to target" in proc.stdout
+
+
+def test_held_out_batches_are_another_draw_of_the_same_task():
+    """The synthetic tasks are made from the seed (class templates, the token permutation); a
+    held-out draw keeps the task and draws other samples, and draw 0 is the training pool as it
+    always was."""
+    from gpubench.workloads import get_workload
+    from gpubench.workloads.data import synthetic_batches, synthetic_tokens, task_batches
+
+    spec = get_workload("mlp").spec()
+    train, held = task_batches(spec, 64, 4, 7), task_batches(spec, 64, 4, 7, draw=1)
+    assert np.array_equal(train.x, synthetic_batches(spec, 64, 4, 7).x) and not np.array_equal(train.x, held.x)
+
+    def flat(pool):
+        return pool.x.reshape(-1, int(np.prod(spec.input_shape))), pool.y.reshape(-1)
+
+    (tx, ty), (hx, hy) = flat(train), flat(held)
+    # the training pool's class means (its templates, blurred) classify the held-out draw
+    centre = np.stack([tx[ty == c].mean(axis=0) for c in range(spec.num_classes)])
+    nearest = np.argmin(((hx[:, None, :] - centre[None]) ** 2).sum(-1), axis=1)
+    assert np.mean(nearest == hy) > 0.5
+
+    tokens, other = synthetic_tokens(50, 8, 4, 2, 3), synthetic_tokens(50, 8, 4, 2, 3, draw=1)
+    perm = {int(a): int(b) for a, b in zip(tokens.x.reshape(-1), tokens.y.reshape(-1))}
+    agree = [perm.get(int(a)) == int(b) for a, b in zip(other.x.reshape(-1), other.y.reshape(-1)) if int(a) in perm]
+    assert not np.array_equal(tokens.x, other.x) and np.mean(agree) > 0.7  # the same chain
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("target_loss=0", "target_loss=0: must be > 0, got 0"),
+    ("target_loss=-1", "target_loss=-1: must be > 0, got -1"),
+    ("eval_every=0", "eval_every=0: must be >= 1, got 0"),
+    ("max_time_s=0", "max_time_s=0: must be > 0, got 0"),
+])
+def test_bad_target_settings_are_one_line_and_exit_2(tmp_path, value, expected):
+    (tmp_path / "s.toml").write_text(SUITE)
+    proc = run_cli(["run", "s.toml", "--out", "runs", "--set", value], cwd=tmp_path, env=plugin_env())
+    assert proc.returncode == 2 and expected in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_the_mlp_reaches_a_target_in_the_same_steps_in_the_three_frameworks(tmp_path):
+    """docs/time-to-quality.md's suite, the built-in MLP at fp32 on its synthetic task: each
+    framework evaluates its model on the same held-out draw, at the same steps, with the same
+    losses (the identity of the workloads), and reaches the target at the same evaluation, timed."""
+    guide = (REPO / "docs" / "time-to-quality.md").read_text()
+    (tmp_path / "s.toml").write_text(re.search(r"```toml\n(.*?)```", guide, re.S).group(1))  # the guide's suite
+    proc = run_cli(["run", "s.toml", "--out", "runs", "--no-report"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = Path(tmp_path / "runs").iterdir()
+    results = {r["config"]["framework"]: r for r in result_lines(run_dir)}
+    assert sorted(results) == ["jax", "tensorflow", "torch"]
+    for r in results.values():
+        t = r["metrics"]["target"]
+        assert r["status"] == "ok" and t["reached"], json.dumps(r)[:2000]
+        # from near chance (ln 10 = 2.3) at the first evaluation down to the target, timed
+        assert t["evaluations"][0][2] > 1.0 and all(e[2] > 0.45 for e in t["evaluations"][:-1])
+        assert t["time_to_target_s"] > 0 and t["samples_to_target"] == 32 * t["steps_to_target"]
+    torch_t = results["torch"]["metrics"]["target"]
+    for other in ("jax", "tensorflow"):
+        t = results[other]["metrics"]["target"]
+        assert t["steps_to_target"] == torch_t["steps_to_target"]
+        assert [e[2] for e in t["evaluations"]] == pytest.approx([e[2] for e in torch_t["evaluations"]], rel=0.02)
