@@ -123,6 +123,19 @@ def metrics_from(raw: RawMeasurement, config: Config, setup_ms: float) -> dict[s
     return metrics
 
 
+def _training_status(out: Outcome, raw: RawMeasurement, config: Config) -> None:
+    """``diverged`` where a loss became non-finite; ``target_not_reached`` where a target's
+    evaluations never reached it, with the best and where it stopped."""
+    if raw.diverged:
+        out.status, out.reason = "diverged", "loss became non-finite"
+    elif raw.evaluations and all(e.loss > config.target_loss for e in raw.evaluations):
+        best, last = min(raw.evaluations, key=lambda e: e.loss), raw.evaluations[-1]
+        out.status = "target_not_reached"
+        out.reason = (f"target_loss {config.target_loss:g} not reached: the best held-out loss {best.loss:.4g} "
+                      f"(after {best.steps} steps); stopped after {last.steps} steps and {last.elapsed_s:.1f} s "
+                      f"(max_steps {config.max_steps}, max_time_s {config.max_time_s:g})")
+
+
 def _target_block(raw: RawMeasurement, config: Config) -> dict[str, Any]:
     """A run to a target: every evaluation (steps, seconds from the first step, held-out loss),
     and where one reached it, the time, steps and samples to it and the evaluations' share of
@@ -378,15 +391,7 @@ def run_config(config: Config, profile: dict[str, Any] | None = None, memory_his
         out.profile = {**(out.profile or {}), "memory_history": history}
     if recording.runtime() is not None:
         out.runtime["memory_history"] = recording.runtime()
-    if raw.diverged:
-        out.status, out.reason = "diverged", "loss became non-finite"
-    elif raw.evaluations and all(e.loss > config.target_loss for e in raw.evaluations):
-        best = min(raw.evaluations, key=lambda e: e.loss)
-        last = raw.evaluations[-1]
-        out.status = "target_not_reached"
-        out.reason = (f"target_loss {config.target_loss:g} not reached: the best held-out loss {best.loss:.4g} "
-                      f"(after {best.steps} steps); stopped after {last.steps} steps and {last.elapsed_s:.1f} s "
-                      f"(max_steps {config.max_steps}, max_time_s {config.max_time_s:g})")
+    _training_status(out, raw, config)
     if ranks is not None:
         _check_ranks(out, ranks, config)
     return out, telemetry.timeline
