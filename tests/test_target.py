@@ -102,6 +102,14 @@ def test_bad_target_settings_are_one_line_and_exit_2(tmp_path, value, expected):
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
 
 
+def test_the_gate_on_time_to_target_refuses_runs_without_a_target(tmp_path):
+    fixtures = REPO / "tests" / "fixtures"
+    proc = run_cli(["compare", str(fixtures / "run_a"), str(fixtures / "run_b"), "--metric", "time_to_target_s"],
+                   cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"gpubench: error: {fixtures / 'run_a'}: no ok result has the metric 'time_to_target_s'"]
+
+
 @pytest.mark.slow
 def test_the_mlp_reaches_a_target_in_the_same_steps_in_the_three_frameworks(tmp_path):
     """docs/time-to-quality.md's suite, the built-in MLP at fp32 on its synthetic task: each
