@@ -48,6 +48,7 @@ from gpubench.settings import (
     workload_param_names,
 )
 from gpubench.workloads import WORKLOADS
+from gpubench.workloads.data import task_loss_floor
 
 # the most config repeats one sweep may have unless --max-jobs raises it: each is a fresh process
 # of seconds to minutes, so this is a day or more of training, and a matrix far above it is a
@@ -217,9 +218,15 @@ def config_from(values: dict[str, Any], source: str) -> Config:
         workload = WORKLOADS[values["workload"]]
         params = tuple(sorted((p.name, values.get(p.name, p.default)) for p in workload.params))
         try:  # parameters that do not fit together (heads that do not divide the width)
-            workload.spec(**dict(params)).shapes()
+            spec = workload.spec(**dict(params))
+            spec.shapes()
         except ValueError as e:
             raise InputError(f"{source}: {e}") from None
+        target = values.get("target_loss", 0.0)
+        if target and values.get("dataset", "synthetic") == "synthetic" and target < (floor := task_loss_floor(spec)):
+            raise InputError(f"{source}: target_loss {target:g} is below the {workload.name} task's floor "
+                             f"{floor:.4f} (the entropy of its random labels: no model's held-out loss goes lower "
+                             "on average); expected a number above it")
     else:  # a factory's or a zoo's model: its keyword arguments
         params = tuple(sorted((k[len(ARGS_PREFIX):], v) for k, v in values.items() if k.startswith(ARGS_PREFIX)))
     settings = {k: v for k, v in values.items() if k in SETTINGS}

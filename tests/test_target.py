@@ -25,7 +25,7 @@ batch_size = 8
 eval_every = 5
 max_steps = 200
 [matrix]
-target_loss = [0.9, 0.01]
+target_loss = [0.9, 0.5]
 """
 
 
@@ -35,7 +35,7 @@ def test_a_target_is_timed_to_the_evaluation_that_reached_it_and_a_missed_one_ha
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     by_target = {r["config"]["target_loss"]: r for r in result_lines(run_dir)}
-    reached, missed = by_target[0.9], by_target[0.01]
+    reached, missed = by_target[0.9], by_target[0.5]
 
     assert reached["status"] == "ok"
     t = reached["metrics"]["target"]
@@ -55,7 +55,7 @@ def test_a_target_is_timed_to_the_evaluation_that_reached_it_and_a_missed_one_ha
     m = missed["metrics"]["target"]
     assert not m["reached"] and "time_to_target_s" not in m and "steps_to_target" not in m
     assert m["evaluations"][-1][0] == 200 and f"{m['best_loss']:.4g}" in missed["reason"]
-    assert "target_loss 0.01 not reached" in missed["reason"] and "max_steps 200" in missed["reason"]
+    assert "target_loss 0.5 not reached" in missed["reason"] and "max_steps 200" in missed["reason"]
 
     rows = {r["config_id"]: r for r in csv.DictReader((tmp_path / "reports" / run_dir.name / "results.csv").open())}
     assert float(rows[reached["config_id"]]["time_to_target_s"]) == pytest.approx(t["time_to_target_s"])
@@ -94,6 +94,8 @@ def test_held_out_batches_are_another_draw_of_the_same_task():
     ("target_loss=-1", "target_loss=-1: must be > 0, got -1"),
     ("eval_every=0", "eval_every=0: must be >= 1, got 0"),
     ("max_time_s=0", "max_time_s=0: must be > 0, got 0"),
+    # the fault task's 3 classes, 10% of the labels random: no held-out loss goes under 0.2911
+    ("target_loss=0.25", "target_loss 0.25 is below the fault task's floor 0.2911"),
 ])
 def test_bad_target_settings_are_one_line_and_exit_2(tmp_path, value, expected):
     (tmp_path / "s.toml").write_text(SUITE)
@@ -126,7 +128,7 @@ def test_the_mlp_reaches_a_target_in_the_same_steps_in_the_three_frameworks(tmp_
         t = r["metrics"]["target"]
         assert r["status"] == "ok" and t["reached"], json.dumps(r)[:2000]
         # from near chance (ln 10 = 2.3) at the first evaluation down to the target, timed
-        assert t["evaluations"][0][2] > 1.0 and all(e[2] > 0.45 for e in t["evaluations"][:-1])
+        assert t["evaluations"][0][2] > 1.0 and all(e[2] > t["loss"] for e in t["evaluations"][:-1])
         assert t["time_to_target_s"] > 0 and t["samples_to_target"] == 32 * t["steps_to_target"]
     torch_t = results["torch"]["metrics"]["target"]
     for other in ("jax", "tensorflow"):

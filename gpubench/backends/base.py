@@ -82,13 +82,13 @@ def spec_native(spec: WorkloadSpec, config: Config, build: Callable[[], object],
     """A built-in workload as a NativeModel: ``build`` makes the framework's model of ``spec``;
     the data is gpubench's own for the spec, made for the config; the synthetic task's held-out
     batches another draw of the same task."""
-    from gpubench.workloads.data import EVAL_BATCHES, EVAL_DRAW, make_batches, task_batches
+    from gpubench.workloads.data import eval_batches, make_batches
 
     return NativeModel(build=build, facts=spec.facts(), spec=spec, sequential=True,
                        channels_first_data=channels_first_data,
                        make_batches=lambda batch, group: make_batches(spec, config.dataset, config.data_dir, batch,
                                                                       config.seed, group),
-                       eval_batches=(lambda batch: task_batches(spec, batch, EVAL_BATCHES, config.seed, EVAL_DRAW))
+                       eval_batches=(lambda batch: eval_batches(spec, batch, config.seed))
                        if config.dataset == "synthetic" else None)
 
 

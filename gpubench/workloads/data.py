@@ -23,9 +23,11 @@ from gpubench.workloads.base import Shape
 
 TEMPLATE_SCALE = 0.7
 LABEL_NOISE = 0.1
-# held-out batches (a target's evaluations): the same task's samples from their own draw
+# held-out batches (a target's evaluations): the same task's samples from their own draw, at
+# least EVAL_SAMPLES of them (a pool of a few batches would put its loss far off the task's: 128
+# samples of the MLP's task put it 30% under the floor of its label noise)
 EVAL_DRAW = 1
-EVAL_BATCHES = 4
+EVAL_SAMPLES = 1024
 MAX_SAMPLES = 65536
 MAX_TOKEN_SEQUENCES = 8192  # a token task's pool: 8192 sequences (a million tokens at length 128)
 DATA_BYTES_BUDGET = 256 << 20  # the pool stays under this, but always holds at least 2 batches
@@ -169,6 +171,18 @@ def token_loss_floor(vocab: int) -> float:
     tokens drawn at random (the right one among them by chance: 0.9 + 0.1 / vocab in all)."""
     right, other = 1 - LABEL_NOISE + LABEL_NOISE / vocab, LABEL_NOISE / vocab
     return float(-right * math.log(right) - (vocab - 1) * other * math.log(other))
+
+
+def task_loss_floor(spec: Task) -> float:
+    """The lowest mean held-out loss a model can reach on a built-in synthetic task: every kind
+    (classes, token chains, sequences) draws 10% of its labels at random over its
+    ``num_classes`` outcomes, which is ``token_loss_floor``'s count over that many."""
+    return token_loss_floor(spec.num_classes)
+
+
+def eval_batches(spec: Task, batch_size: int, seed: int) -> Batches:
+    """A target's held-out batches: at least EVAL_SAMPLES samples of the task's own draw."""
+    return task_batches(spec, batch_size, max(2, math.ceil(EVAL_SAMPLES / batch_size)), seed, EVAL_DRAW)
 
 
 def function_batches(fn: Callable[[int], Any], batch_size: int, n_batches: int, where: str) -> Batches:
