@@ -33,7 +33,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from gpubench.config import MAX_BATCH, NAMEABLE, Config
+from gpubench.config import DEFAULTS, MAX_BATCH, NAMEABLE, Config
 from gpubench.errors import InputError, choices_message
 from gpubench.files import file_stem
 from gpubench.settings import (
@@ -222,8 +222,8 @@ def config_from(values: dict[str, Any], source: str) -> Config:
             spec.shapes()
         except ValueError as e:
             raise InputError(f"{source}: {e}") from None
-        target = values.get("target_loss", 0.0)
-        if target and values.get("dataset", "synthetic") == "synthetic" and target < (floor := task_loss_floor(spec)):
+        target, synthetic = values.get("target_loss", 0.0), values.get("dataset", DEFAULTS["dataset"]) == "synthetic"
+        if target and synthetic and target < (floor := task_loss_floor(spec)):
             raise InputError(f"{source}: target_loss {target:g} is below the {workload.name} task's floor "
                              f"{floor:.4f} (the entropy of its random labels: no model's held-out loss goes lower "
                              "on average); expected a number above it")

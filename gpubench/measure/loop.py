@@ -143,15 +143,7 @@ def run_loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int,
 def _loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int, observer: PhaseObserver | None,
           ranges: Ranges | None, window_s: float, turns: Turns, progress: Callable[[str], None]) -> RawMeasurement:
     push, pop = (ranges or NO_RANGES).push, (ranges or NO_RANGES).pop
-    progress("cold start (the first step)")
-    push("cold start")
-    t0 = clock_ns()
-    trainer.step()
-    trainer.sync()
-    t1 = clock_ns()
-    pop()
-    raw = RawMeasurement(cold_start_ms=(t1 - t0) / 1e6, losses=trainer.read_losses())
-    raw.phases.append(Phase("cold_start", t0, t1))
+    raw = _cold_start(trainer, ranges or NO_RANGES, progress)
     if not math.isfinite(raw.loss_first):
         raw.diverged = True
         return raw
@@ -181,30 +173,8 @@ def _loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int, observe
     for w in range(windows):
         turns.swap()
         progress(f"window {w + 1} of {windows} ({steps} steps each)")
-        timer = trainer.step_timer(steps)
-        mark = timer.mark
-        if observer is not None:
-            observer.on_phase(f"window_{w}", "start")
-        push(f"window {w}")
-        t0 = clock_ns()
-        mark()
-        for _ in range(steps):
-            step()
-            mark()
-        trainer.sync()
-        t1 = clock_ns()
-        # read now: a timer that reads its clock when asked (WindowTimer) must not count what
-        # follows the synchronisation (the range's pop, an observer's energy reading)
-        raw.step_times_ms.extend(timer.elapsed_ms())
-        pop()
-        if observer is not None:
-            observer.on_phase(f"window_{w}", "end")
-        raw.phases.append(Phase(f"window_{w}", t0, t1))
-        raw.window_wall_ms.append((t1 - t0) / 1e6)
-        raw.window_steps.append(steps)
-        raw.losses += trainer.read_losses()
+        _window(trainer, raw, step, steps, ranges or NO_RANGES, observer)
         loss = raw.loss_last
-        raw.window_losses.append(loss)
         if not math.isfinite(loss):
             raw.diverged = True
             break
@@ -221,33 +191,15 @@ def run_to_target(trainer: Trainer, target: Target, progress: Callable[[str], No
     windows (their step times give the rate); a step's loss is read, and the held-out loss
     evaluated, only between them. Stops at the target, at a cap (``max_steps``, or ``max_time_s``
     at the next evaluation) or at a non-finite loss (``diverged``)."""
-    progress = progress or (lambda phase: None)
-    progress("cold start (the first step)")
-    t0 = clock_ns()
-    trainer.step()
-    trainer.sync()
-    t1 = clock_ns()
-    raw = RawMeasurement(cold_start_ms=(t1 - t0) / 1e6, losses=trainer.read_losses())
-    raw.phases.append(Phase("cold_start", t0, t1))
+    raw = _cold_start(trainer, NO_RANGES, progress or (lambda phase: None))
+    t0 = raw.phases[0].start_ns  # the clock of the time to target starts with the first step
     steps, next_eval = 1, target.eval_every
     while math.isfinite(raw.loss_last):
         n = min(next_eval, target.max_steps) - steps  # evaluations after steps eval_every, 2 eval_every, ...
         if n > 0:
-            progress(f"training to the target: steps {steps + 1}-{steps + n} (at most {target.max_steps})")
-            timer = trainer.step_timer(n)
-            w0 = clock_ns()
-            timer.mark()
-            for _ in range(n):
-                trainer.step()
-                timer.mark()
-            trainer.sync()
-            w1 = clock_ns()
-            raw.step_times_ms.extend(timer.elapsed_ms())
-            raw.phases.append(Phase(f"window_{len(raw.window_steps)}", w0, w1))
-            raw.window_wall_ms.append((w1 - w0) / 1e6)
-            raw.window_steps.append(n)
-            raw.losses += trainer.read_losses()
-            raw.window_losses.append(raw.loss_last)
+            if progress is not None:
+                progress(f"training to the target: steps {steps + 1}-{steps + n} (at most {target.max_steps})")
+            _window(trainer, raw, trainer.step, n, NO_RANGES, None)
             steps += n
         e0 = clock_ns()
         loss = target.evaluate()
@@ -259,6 +211,50 @@ def run_to_target(trainer: Trainer, target: Target, progress: Callable[[str], No
             break
     raw.diverged = not math.isfinite(raw.loss_last) or any(not math.isfinite(e.loss) for e in raw.evaluations)
     return raw
+
+
+def _cold_start(trainer: Trainer, ranges: Ranges, progress: Callable[[str], None]) -> RawMeasurement:
+    """The first step, synchronised: a measurement that holds its time and loss."""
+    progress("cold start (the first step)")
+    ranges.push("cold start")
+    t0 = clock_ns()
+    trainer.step()
+    trainer.sync()
+    t1 = clock_ns()
+    ranges.pop()
+    raw = RawMeasurement(cold_start_ms=(t1 - t0) / 1e6, losses=trainer.read_losses())
+    raw.phases.append(Phase("cold_start", t0, t1))
+    return raw
+
+
+def _window(trainer: Trainer, raw: RawMeasurement, step: Callable[[], None], n: int, ranges: Ranges,
+            observer: PhaseObserver | None) -> None:
+    """One timed window of ``n`` steps, recorded in ``raw``: its step times, wall time, phase and
+    the losses of its steps (read after it). The timed region holds only ``step(); mark()``."""
+    w = len(raw.window_steps)
+    timer = trainer.step_timer(n)
+    mark = timer.mark
+    if observer is not None:
+        observer.on_phase(f"window_{w}", "start")
+    ranges.push(f"window {w}")
+    t0 = clock_ns()
+    mark()
+    for _ in range(n):
+        step()
+        mark()
+    trainer.sync()
+    t1 = clock_ns()
+    # read now: a timer that reads its clock when asked (WindowTimer) must not count what
+    # follows the synchronisation (the range's pop, an observer's energy reading)
+    raw.step_times_ms.extend(timer.elapsed_ms())
+    ranges.pop()
+    if observer is not None:
+        observer.on_phase(f"window_{w}", "end")
+    raw.phases.append(Phase(f"window_{w}", t0, t1))
+    raw.window_wall_ms.append((t1 - t0) / 1e6)
+    raw.window_steps.append(n)
+    raw.losses += trainer.read_losses()
+    raw.window_losses.append(raw.loss_last)
 
 
 class NoRanges:

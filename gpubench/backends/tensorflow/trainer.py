@@ -344,8 +344,8 @@ class TFTrainer(Trainer):
         with tf.device(self.device):
             for i in range(batches.n_batches):
                 xi = tree_map(lambda a: tf.convert_to_tensor(a[i]), x)  # noqa: B023 - used at once
-                losses.append(float(self.loss_fn(tf.convert_to_tensor(batches.y[i]), self.model(xi, training=False))))
-        return float(np.mean(losses))
+                losses.append(self.loss_fn(tf.convert_to_tensor(batches.y[i]), self.model(xi, training=False)))
+            return float(tf.reduce_mean(tf.stack(losses)))  # one read: no host synchronisation a batch
 
     def read_losses(self) -> list[float]:
         losses, self._losses = self._losses, []
