@@ -42,6 +42,7 @@ from gpubench.options import (
 
 MAX_BATCH = "max"  # batch_size = "max": the largest batch that fits, searched before the config runs
 SEED_MAX = 2**32 - 1  # the widest seed every generator takes (numpy's legacy seeding)
+TRIAL_SEED_STRIDE = 1_000_003  # trial r's weights: seed + r x this (a prime: no two trials of nearby seeds meet)
 NAMED = ("axis", "changed", "swept")
 
 
@@ -119,6 +120,12 @@ class Config:
     lr: float = setting(
         1e-3, check=("positive",), named="changed", column=True,
         help=('learning rate, a number > 0'))
+    lr_warmup_steps: int = setting(
+        0, check=("int", 0), named="changed", hashed_when_set=True,
+        help=("optimizer steps over which the learning rate rises linearly to `lr` (step k, from 0, takes lr x "
+              "(k + 1) / N; then `lr`), the same in every framework (but TensorFlow's `sgd` with momentum, whose "
+              "velocity holds the rate of the step that added to it); 0: `lr` from the first step (an integer "
+              ">= 0)"))
     beta1: float | None = setting(
         None, check=("fraction",), named="changed", column=True, hashed_when_set=True, used_when=_takes("beta1"),
         help=("`adam`, `adamw`: the first moment's decay, in [0, 1) (default 0.9)"))
@@ -296,6 +303,16 @@ class Config:
     # settings named in the id because another point of this config's sweep differs from it in
     # them (set by the suite's expansion: see gpubench.suite.name_differences); not a setting
     id_keys: tuple[str, ...] = ()
+    # a target_loss config's repeat (convergence varies from seed to seed): trial r > 0 starts
+    # from weights of its own seed and trains on its own draw of the task's samples, the task
+    # kept; set by the worker from its job, not a setting, not in the id or the hash
+    trial: int = 0
+
+    @property
+    def init_seed(self) -> int:
+        """The seed of the weights and of the framework's generators (dropout, a key): ``seed``,
+        or for trial r > 0 one of its own (the task, made from ``seed``, stays)."""
+        return self.seed if self.trial == 0 else (self.seed + TRIAL_SEED_STRIDE * self.trial) % (SEED_MAX + 1)
 
     @property
     def accum_steps(self) -> int:
@@ -409,6 +426,7 @@ class Config:
         so that results of the same settings are one series wherever they ran."""
         d = self.to_dict()
         del d["id_keys"]
+        d.pop("trial", None)
         for name, default in _HASH_DEFAULTS.items():  # settings added later: a config without them keeps its hash
             if d[name] == default:
                 del d[name]
@@ -434,6 +452,8 @@ class Config:
         d["workload_params"] = dict(self.workload_params)
         d["id_keys"] = list(self.id_keys)
         d["input_shape"] = list(self.input_shape)
+        if not self.trial:  # a config as the suite made it (a worker's trial is its own)
+            del d["trial"]
         return d
 
     @staticmethod

@@ -119,6 +119,46 @@ def test_advise_writes_markdown_json_and_a_report_section(advised):
     assert len(keys) == len(set(keys))
 
 
+def test_with_a_target_advise_judges_on_the_time_to_it_and_measures_the_learning_rate_of_a_larger_batch(tmp_path):
+    """With target_loss, every practice is judged on its time to the target (the speed-up: the
+    baseline's time over the practice's), and batch x2 is measured three ways. The fake's SGD
+    takes twice the samples a step at the same step time: with the rate kept it reaches the
+    target no sooner; scaled linearly (with warm-up) about twice as soon; by the square root
+    in between. tf32 (its steps climb the loss) never reaches it, amp-bf16 diverges."""
+    (tmp_path / "s.toml").write_text(SUITE)
+    proc = run_cli(["advise", "s.toml", "--set", "target_loss=0.9", "--set", "eval_every=5", "--set", "max_steps=400",
+                    "--only", "batch", "--only", "precision", "--budget", "60", "--threshold", "25%", "--no-report"],
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    advice = advice_of(run_dir)
+    rows = rows_by_name(advice)
+    linear, root = "batch x2, lr x2 (linear, warm-up 5 steps)", "batch x2, lr x1.41 (square root, warm-up 5 steps)"
+    assert advice["judged_on"] == "time_to_target_s"
+    verdicts = {name: r["verdict"] for name, r in rows.items()}
+    # the rate kept: no sooner (unchanged; on a loaded machine its interval may stay too wide to say)
+    assert verdicts.pop("batch x2, lr kept") in ("unchanged", "inconclusive")
+    assert verdicts == {linear: "improved", root: "improved", "precision tf32": "target_not_reached",
+                        "precision amp-bf16": "diverged"}
+    assert rows[linear]["sets"] == {"batch_size": 16, "lr": 0.002, "lr_warmup_steps": 5}
+    assert rows[root]["sets"] == {"batch_size": 16, "lr": 0.00141421, "lr_warmup_steps": 5}
+    assert rows[linear]["speedup"] > 1.5 and 1.1 < rows[root]["speedup"] < rows[linear]["speedup"]
+    assert rows["batch x2, lr kept"]["speedup"] < 1.25
+    assert "target_loss 0.9 not reached" in rows["precision tf32"]["reason"]
+    # the figures judged are the results' own: each practice's time to the target against the
+    # baseline's, repeat by repeat (each repeat a trial of its own seeds, the same on both sides)
+    results = result_lines(run_dir)
+    times = {(r["config_id"], r["repeat"]): r["metrics"]["target"]["time_to_target_s"] for r in results
+             if r["status"] == "ok"}
+    trials = {r["repeat"]: r["runtime"]["trial"]["data_draw"] for r in results if r["status"] == "ok"}
+    assert trials[0] == 0 and len(set(trials.values())) == len(trials) >= 5
+    base = [times[advice["baseline"], k] for k in range(5)]
+    mine = [times[rows[linear]["config_id"], k] for k in range(5)]
+    assert rows[linear]["ci_low"] < sorted(base)[2] / sorted(mine)[2] < rows[linear]["ci_high"]
+    assert advice["best"]["practice"] == linear and "as fast to the target as the baseline" in proc.stdout
+    assert "speed-up: the baseline's time to target / the practice's" in " ".join(proc.stdout.split())
+
+
 @pytest.mark.slow
 def test_where_the_larger_batch_does_not_fit_checkpointing_and_accumulation_are_measured(tmp_path):
     (tmp_path / "s.toml").write_text(SUITE)

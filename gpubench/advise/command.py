@@ -54,6 +54,10 @@ ADVICE_JSON, ADVICE_MD = "advice.json", "advice.md"
 COMBINATION_ROUNDS = 1000  # the combination's rounds (and the baseline's beside it) are numbered from here
 EXIT_OK, EXIT_BASELINE_FAILED = 0, 1
 COLUMNS = ("#", "practice", "verdict", "speed-up", "interval", "memory", "cold start", "pays back", "loss", "note")
+# what the speed-up is, by what the practices are judged on: (the ratio, how a best row reads it)
+SPEEDUP = {"throughput": ("throughput / the baseline's", "the baseline's throughput"),
+           "time_to_target_s": ("the baseline's time to target / the practice's",
+                                "as fast to the target as the baseline (its time to target over the practice's)")}
 
 
 @dataclass
@@ -146,9 +150,6 @@ def _advise(req: AdviseRequest, console: Console, held: ExitStack) -> int:
         raise InputError(f"--alpha {req.alpha}: must be above 0 and below 0.5")
     if req.budget_s <= 0:
         raise InputError(f"--budget {req.budget_s:g}: must be a positive number of seconds")
-    judging = Judging(req.alpha, parse_fraction(req.threshold, "--threshold"),
-                      parse_fraction(req.noise_floor, "--noise-floor"),
-                      parse_fraction(req.loss_tolerance, "--loss-tolerance"))
     suite = load(req.suite, req.sets)
     configs = suite.expand()
     if len(configs) != 1:
@@ -156,6 +157,10 @@ def _advise(req: AdviseRequest, console: Console, held: ExitStack) -> int:
         raise InputError(f"{suite.source}: advise measures one config; with these --set the suite makes "
                          f"{len(configs)} ({shown}); narrow it with --set KEY=VALUE")
     base = configs[0]
+    judging = Judging(req.alpha, parse_fraction(req.threshold, "--threshold"),
+                      parse_fraction(req.noise_floor, "--noise-floor"),
+                      parse_fraction(req.loss_tolerance, "--loss-tolerance"),
+                      metric="time_to_target_s" if base.target_loss > 0 else "throughput")
     if base.batch_size == MAX_BATCH:
         raise InputError(f'{suite.source}: batch_size: "max" is not for gpubench advise, whose practices are measured '
                          "at one batch; find it with gpubench find-batch and give the number")
@@ -171,6 +176,8 @@ def _advise(req: AdviseRequest, console: Console, held: ExitStack) -> int:
     cands: list[Candidate] = []
     for p in practices:
         if p.group == "batch" and not _wanted("batch", req) and _wanted("memory", req):  # the memory group's probe
+            if any(c.practice.group == "probe" for c in cands):  # one larger batch probes the memory
+                continue
             p = replace(p, group="probe")
         elif not _wanted(p.group, req):
             continue
@@ -402,13 +409,13 @@ class _Session:
         undecided = budget_lines(rows, self.seconds_a_config(), self.run_dir)
         contention = contention_line(self.beside_practices())
         advice = {"baseline": self.base.config_id, "budget_s": self.req.budget_s, "elapsed_s": round(self.elapsed()),
-                  "alpha": self.req.alpha, "final_alpha": self.final_alpha,
+                  "alpha": self.req.alpha, "final_alpha": self.final_alpha, "judged_on": self.judging.metric,
                   "threshold": self.judging.threshold, "loss_tolerance": self.judging.loss_tolerance,
                   "rows": [r.to_dict() for r in rows], "combination": combo.to_dict() if combo else None,
                   "best": best.to_dict() if best else None, "best_lines": suite_lines(best),
                   "skipped": [s.__dict__ for s in skipped],
                   "undecided": undecided, "contention": contention}
-        self.show(rows, combo, skipped, best, [*undecided, contention])
+        self.show(rows, combo, skipped, best, [*undecided, contention], self.judging.metric)
         self.write(advice, markdown(advice))
         return EXIT_OK
 
@@ -421,10 +428,10 @@ class _Session:
             write_output(self.req.json, json_text(advice), "--json")
 
     def show(self, rows: list[Row], combo: Row | None, skipped: list[Skipped], best: Row | None,
-             after: list[str]) -> None:
+             after: list[str], metric: str) -> None:
         """The ranked table, what does not apply, the best config, then ``after`` (the undecided
         practices' rounds and the machine's contention, as advice.json holds them)."""
-        table = Table(title=f"advice for {self.base.config_id} (speed-up: throughput / the baseline's; its "
+        table = Table(title=f"advice for {self.base.config_id} (speed-up: {SPEEDUP[metric][0]}; its "
                             "interval's confidence: 1 - 2 alpha / the comparisons, at the look that decided it; "
                             "paired: on the per-round ratios)",
                       title_justify="left")
@@ -433,7 +440,7 @@ class _Session:
         for i, r in enumerate(rows + ([combo] if combo else []), 1):
             table.add_row(*(escape(c) for c in row_cells(r, "C" if r is combo else str(i))))
         self.console.print(table)
-        for line in [f"does not apply: {s.name}: {s.reason}" for s in skipped] + best_text(best, rows) + after:
+        for line in [f"does not apply: {s.name}: {s.reason}" for s in skipped] + best_text(best, rows, metric) + after:
             if line:
                 self.console.print(line, highlight=False, soft_wrap=True, markup=False)
 
@@ -518,14 +525,14 @@ def fmt_toml(v: Any) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v) if isinstance(v, (int, float)) else f'"{v}"'
 
 
-def best_text(best: Row | None, rows: list[Row]) -> list[str]:
+def best_text(best: Row | None, rows: list[Row], metric: str = "throughput") -> list[str]:
     undecided = sum(r.verdict == "inconclusive" for r in rows)
     if best is None and undecided:
         return [f"best: the config as it is, for now: no practice was decided faster, and {undecided} "
                 "undecided within the budget (the rounds they need below)"]
     if best is None:
         return ["best: the config as it is; no practice measured here made it faster beyond the threshold"]
-    lines = [f"best: {best.practice}, {_ratio(best.speedup)} the baseline's throughput; in the suite's [defaults]:"]
+    lines = [f"best: {best.practice}, {_ratio(best.speedup)} {SPEEDUP[metric][1]}; in the suite's [defaults]:"]
     lines += [f"  {line}" for line in suite_lines(best)]
     lines.append("  or: " + " ".join(f"--set {k}={v}" for k, v in best.sets.items()))
     if best.caveat:
@@ -542,8 +549,9 @@ def _row(d: dict[str, Any]) -> Row:
 def markdown(advice: dict[str, Any]) -> str:
     """advice.md (and --markdown): the ranked table, the combination, what does not apply, the
     best config's lines."""
+    metric = advice.get("judged_on") or "throughput"
     out = [f"# gpubench advise: {advice['baseline']}", "",
-           f"Each practice against the baseline (throughput ratio and its interval, whose confidence is "
+           f"Each practice against the baseline (speed-up: {SPEEDUP[metric][0]}, and its interval, whose confidence is "
            f"1 - 2 x {advice['alpha']:g} / 2^look / the comparisons; threshold {100 * advice['threshold']:g}%; loss "
            f"tolerance {100 * advice['loss_tolerance']:g}%), measured in {advice['elapsed_s']} s of a "
            f"{advice['budget_s']:g} s budget. Paired: judged on the ratios of the rounds, the practice's "
@@ -561,7 +569,7 @@ def markdown(advice: dict[str, Any]) -> str:
     best = advice.get("best")
     out += ["", "## Best config", ""]
     if best:
-        out += [f"{best['practice']}: {_ratio(best['speedup'])} the baseline's throughput. In the suite's "
+        out += [f"{best['practice']}: {_ratio(best['speedup'])} {SPEEDUP[metric][1]}. In the suite's "
                 "`[defaults]`:", "", "```toml", *advice["best_lines"], "```"]
         if best.get("caveat"):
             out += ["", f"Caveat: {best['caveat']}"]

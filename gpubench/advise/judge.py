@@ -18,10 +18,9 @@ from gpubench.gate.stats import min_pairs, min_repeats, paired_shift, pooled_log
 from gpubench.results.metrics import BY_NAME
 from gpubench.results.result import Result
 
-THROUGHPUT = BY_NAME["throughput"]
 # how a row reads, best first: a verdict's place in the ranking
-ORDER = ("improved", "unchanged", "inconclusive", "regressed", "learns worse", "diverged", "oom", "unsupported",
-         "unavailable", "timeout", "error")
+ORDER = ("improved", "unchanged", "inconclusive", "regressed", "learns worse", "target_not_reached", "diverged", "oom",
+         "unsupported", "unavailable", "timeout", "error")
 
 
 @dataclass(frozen=True)
@@ -30,6 +29,9 @@ class Judging:
     threshold: float  # the smallest change called improved / regressed
     noise_floor: float
     loss_tolerance: float  # the loss may end this much (relative) above the baseline's and still count as learning
+    # what a practice is judged on: the step rate, or with a target_loss the time to it (the
+    # speed-up is then the baseline's time over the practice's: above 1, sooner)
+    metric: str = "throughput"
 
 
 @dataclass
@@ -40,7 +42,7 @@ class Row:
     config_id: str
     verdict: str  # improved, unchanged, inconclusive, regressed, learns worse, or a status (oom, unsupported, ...)
     reason: str = ""  # a status's reason, or what the guard saw
-    speedup: float | None = None  # practice / baseline throughput (the gate's point estimate)
+    speedup: float | None = None  # practice / baseline throughput, or baseline / practice time to target
     ci_low: float | None = None
     ci_high: float | None = None
     repeats: tuple[int, int] = (0, 0)  # ok repeats (baseline, practice)
@@ -78,6 +80,11 @@ def judge(practice: Any, baseline: list[Result], results: list[Result], j: Judgi
     config_id = results[0].config_id if results else getattr(practice, "config_id", "")
     row = Row(practice.name, practice.group, dict(practice.sets), config_id, "inconclusive", caveat=practice.caveat)
     ok = [r for r in results if r.ok]
+    missed = [r for r in results if r.status == "target_not_reached"]
+    if missed:  # a practice that does not reach the quality in every trial is no faster way to it
+        row.verdict = "target_not_reached"
+        row.reason = f"{len(missed)} of {len(results)} repeats: {missed[0].reason}"
+        return row
     if not ok:
         first = next((r for r in results if r.status != "ok"), None)
         row.verdict = first.status if first is not None else "inconclusive"
@@ -92,35 +99,41 @@ def judge(practice: Any, baseline: list[Result], results: list[Result], j: Judgi
     # the practice and the baseline ran in the same rounds (the order turning): like ``ab
     # --lockstep``, each round's ratio cancels what drifted between rounds (the machine's state),
     # so the rounds are compared paired wherever enough of them pair up
+    metric = BY_NAME[j.metric]
     by_round = {r.repeat: r for r in base_ok}
     pairs = [(by_round[r.repeat], r) for r in ok if r.repeat in by_round]
-    pb, pp = [float(THROUGHPUT.value(b)) for b, _ in pairs], [float(THROUGHPUT.value(p)) for _, p in pairs]
+    pb, pp = [float(metric.value(b)) for b, _ in pairs], [float(metric.value(p)) for _, p in pairs]
     if len(pairs) >= min_pairs(level):
         row.paired = True
         s = paired_shift(pb, pp, level)
     else:
-        s = shift([float(THROUGHPUT.value(r)) for r in base_ok], [float(THROUGHPUT.value(r)) for r in ok], level)
+        s = shift([float(metric.value(r)) for r in base_ok], [float(metric.value(r)) for r in ok], level)
     # the noise of a round's ratio: measured on the pairs, else from each side's spread (two
     # independent values: sqrt 2 times one's)
     if len(pairs) >= 2:
         row.spread = round_spread(pb, pp)
-    elif (pooled := pooled_log_sd([[float(THROUGHPUT.value(r)) for r in rs] for rs in (base_ok, ok)])) is not None:
+    elif (pooled := pooled_log_sd([[float(metric.value(r)) for r in rs] for rs in (base_ok, ok)])) is not None:
         row.spread = pooled * math.sqrt(2)
-    row.verdict = gate_judge(s, THROUGHPUT, j.threshold, j.noise_floor)
-    row.speedup = s.ratio
-    row.ci_low, row.ci_high = (s.ci_low, s.ci_high) if s.has_ci else (None, None)
+    row.verdict = gate_judge(s, metric, j.threshold, j.noise_floor)
+    # the speed-up reads "above 1: better" whatever the metric: a time's ratio is turned over
+    up = metric.higher_is_better
+    row.speedup = s.ratio if up else 1 / s.ratio
+    if s.has_ci:
+        row.ci_low, row.ci_high = (s.ci_low, s.ci_high) if up else (1 / s.ci_high, 1 / s.ci_low)
     row.repeats = (len(base_ok), len(ok))
     if not s.has_ci:
         row.reason = (f"{len(base_ok)} and {len(ok)} repeats: too few for an interval (needs {min_repeats(level)} "
                       "a side)")
     mem_b, mem_p = _median(base_ok, "peak_memory_bytes"), _median(ok, "peak_memory_bytes")
     row.memory_ratio = mem_p / mem_b if mem_b and mem_p else None
+    # a time to a quality holds the cold start and the quality itself: no payback, no loss guard
+    rate = j.metric == "throughput"
     cold_b, cold_p = _median(base_ok, "cold_start_ms"), _median(ok, "cold_start_ms")
-    if cold_b is not None and cold_p is not None:
+    if rate and cold_b is not None and cold_p is not None:
         row.cold_start_ms = cold_p - cold_b
         row.payback_steps = payback(cold_p - cold_b, _median(base_ok, "step_ms"), _median(base_ok, "samples_per_step"),
                                     _median(ok, "throughput"))
-    _guard(row, base_ok, ok, results, j.loss_tolerance)
+    _guard(row, base_ok, ok, results, j.loss_tolerance if rate else None)
     return row
 
 
@@ -173,14 +186,18 @@ def loss_at(result: Result, samples: int) -> float | None:
     return statistics.fmean(values) if last >= 1 and values else None
 
 
-def _guard(row: Row, base_ok: list[Result], ok: list[Result], results: list[Result], tolerance: float) -> None:
+def _guard(row: Row, base_ok: list[Result], ok: list[Result], results: list[Result], tolerance: float | None
+           ) -> None:
     """The training-quality guard: a practice that diverges, or whose loss after the same number
     of samples as the baseline's (the fewest any repeat of the two trained) ends above the
     baseline's by more than the tolerance, is never recommended. Never after the same time or
-    the same windows: a faster config takes more steps in a time-bounded window."""
+    the same windows: a faster config takes more steps in a time-bounded window. ``tolerance``
+    None: divergence only (judged on the time to a target, the quality is in the figure)."""
     diverged = [r for r in results if r.status == "diverged"]
     if diverged:
         row.verdict, row.reason = "diverged", f"{len(diverged)} of {len(results)} repeats: {diverged[0].reason}"
+        return
+    if tolerance is None:
         return
     trained = [trained_samples(r) for r in (*base_ok, *ok)]
     if not trained or None in trained:

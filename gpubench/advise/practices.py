@@ -10,6 +10,7 @@ config (``runner.sweep.pre_resolve``), and what does not apply says why in one l
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,7 +88,9 @@ def candidates(base: Config) -> tuple[list[Practice], list[Skipped]]:
     if not impls:
         skipped.append(Skipped("optimizer implementation", "optimizer",
                                f"{fw} offers no choice of optimizer implementation in gpubench"))
-    if isinstance(base.batch_size, int):
+    if isinstance(base.batch_size, int) and base.target_loss > 0:
+        out += _batch_with_rates(base)
+    elif isinstance(base.batch_size, int):
         out.append(Practice(f"batch x{BATCH_FACTOR}", "batch", (("batch_size", base.batch_size * BATCH_FACTOR),),
                             LR_CAVEAT))
     else:
@@ -97,6 +100,21 @@ def candidates(base: Config) -> tuple[list[Practice], list[Skipped]]:
     skipped.append(Skipped("data parallelism", "memory", "advise measures the config on its own device(s); compare "
                                                          "strategies with a sweep (parallelism = ddp:N, dp:N, ...)"))
     return out, skipped
+
+
+def _batch_with_rates(base: Config) -> list[Practice]:
+    """With a target, the larger batch three ways, judged on the time to the target: the
+    learning rate kept, scaled linearly (Goyal et al.) and by the square root of the factor
+    (Krizhevsky; for Adam, Malladi et al.), the scaled ones with a linear warm-up over the
+    first evaluation's steps (``eval_every``), or the config's own warm-up where it has one."""
+    big = (("batch_size", base.batch_size * BATCH_FACTOR),)
+    warm = base.lr_warmup_steps or base.eval_every
+    out = [Practice(f"batch x{BATCH_FACTOR}, lr kept", "batch", big)]
+    for name, factor in (("linear", float(BATCH_FACTOR)), ("square root", math.sqrt(BATCH_FACTOR))):
+        lr = float(f"{base.lr * factor:.6g}")
+        out.append(Practice(f"batch x{BATCH_FACTOR}, lr x{factor:.3g} ({name}, warm-up {warm} steps)", "batch",
+                            (*big, ("lr", lr), ("lr_warmup_steps", warm))))
+    return out
 
 
 def _input(base: Config, skipped: list[Skipped]) -> list[Practice]:

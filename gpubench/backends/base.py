@@ -80,14 +80,14 @@ class NativeModel:
 def spec_native(spec: WorkloadSpec, config: Config, build: Callable[[], object],
                 channels_first_data: bool = False) -> NativeModel:
     """A built-in workload as a NativeModel: ``build`` makes the framework's model of ``spec``;
-    the data is gpubench's own for the spec, made for the config; the synthetic task's held-out
-    batches another draw of the same task."""
-    from gpubench.workloads.data import eval_batches, make_batches
+    the data is gpubench's own for the spec, made for the config (a target's repeat: its own draw
+    of the task); the synthetic task's held-out batches another draw of the same task."""
+    from gpubench.workloads.data import eval_batches, make_batches, train_draw
 
     return NativeModel(build=build, facts=spec.facts(), spec=spec, sequential=True,
                        channels_first_data=channels_first_data,
                        make_batches=lambda batch, group: make_batches(spec, config.dataset, config.data_dir, batch,
-                                                                      config.seed, group),
+                                                                      config.seed, group, train_draw(config.trial)),
                        eval_batches=(lambda batch: eval_batches(spec, batch, config.seed))
                        if config.dataset == "synthetic" else None)
 

@@ -183,14 +183,25 @@ def _loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int, observe
     return raw
 
 
-def run_to_target(trainer: Trainer, target: Target, progress: Callable[[str], None] | None = None
-                  ) -> RawMeasurement:
+def run_to_target(trainer: Trainer, target: Target, progress: Callable[[str], None] | None = None,
+                  turns: Turns | None = None) -> RawMeasurement:
     """Time to quality, as MLPerf Training counts it: the clock starts at the first training step
     (its compilation included) and stops at the end of the evaluation that first reaches the
     target, the evaluations' own time included. The steps between evaluations are timed as
     windows (their step times give the rate); a step's loss is read, and the held-out loss
     evaluated, only between them. Stops at the target, at a cap (``max_steps``, or ``max_time_s``
-    at the next evaluation) or at a non-finite loss (``diverged``)."""
+    at the next evaluation) or at a non-finite loss (``diverged``). With ``turns`` (lockstep) it
+    holds the token from its first step to its last evaluation: the two sides of a round train
+    one after the other, and neither's clock runs while the other trains."""
+    turns = turns or Turns()
+    try:
+        turns.begin()
+        return _to_target(trainer, target, progress)
+    finally:
+        turns.end()
+
+
+def _to_target(trainer: Trainer, target: Target, progress: Callable[[str], None] | None) -> RawMeasurement:
     raw = _cold_start(trainer, NO_RANGES, progress or (lambda phase: None))
     t0 = raw.phases[0].start_ns  # the clock of the time to target starts with the first step
     steps, next_eval = 1, target.eval_every

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -28,6 +29,7 @@ from gpubench.results import twins
 from gpubench.results.frame import CONFIG_COLUMNS
 from gpubench.results.metrics import METRICS, SUMMARY_COLUMNS
 from gpubench.results.outputs import check_output_dir
+from gpubench.results.schema import MEASURED_STATUSES
 from gpubench.results.store import RESULTS_FILE, decode_line, read_own, run_env
 from gpubench.telemetry import contention
 
@@ -122,6 +124,24 @@ def _loss_curves(data: ReportData) -> dict[str, dict[str, tuple[list[int], list[
         out.setdefault(workload, {})[label] = ([(k + 1) * spp[workload, label] for k in range(n)],
                                                [float(v) for v in median])
     return out
+
+
+def _evaluations(data: ReportData) -> tuple[dict[str, dict[str, list[tuple[list[float], list[float]]]]],
+                                             dict[str, float]]:
+    """charts.held_out_vs_time's lines: every measured repeat's evaluations (seconds, held-out
+    loss) per workload and config, and each workload's target (the lowest of its configs')."""
+    out: dict[str, dict[str, list[tuple[list[float], list[float]]]]] = {}
+    targets: dict[str, float] = {}
+    for run in data.runs:
+        for r in run.results:
+            evaluations, target = r.get("metrics", "target", "evaluations"), r.get("metrics", "target", "loss")
+            if r.status in MEASURED_STATUSES and evaluations and isinstance(target, (int, float)):
+                workload = str(r.config.get("workload"))
+                label = (f"{run.run_id}: " if data.multi_run else "") + r.config_id
+                losses = [math.nan if e[2] is None else float(e[2]) for e in evaluations]
+                out.setdefault(workload, {}).setdefault(label, []).append(([float(e[1]) for e in evaluations], losses))
+                targets[workload] = min(targets.get(workload, math.inf), float(target))
+    return out, targets
 
 
 def _timeline_path(run_dir: Path, rel: object) -> tuple[Path | None, str]:
@@ -262,14 +282,18 @@ def peaks_used(data: ReportData) -> pd.DataFrame:
 
 
 def _summary_cells(ok: pd.DataFrame) -> list[tuple[str, list[str]]]:
-    """summary.md's metric columns (SUMMARY_COLUMNS), each (header, cells) of the ok configs."""
+    """summary.md's metric columns (SUMMARY_COLUMNS), each (header, cells) of the measured configs."""
     out = []
     for c in SUMMARY_COLUMNS:
-        if not c.markdown or (c.optional and (c.metric not in ok or not ok[c.metric].notna().any())):
+        # a target's column is there where any config trained to one, reached or not
+        shown = "target_reached" if c.metric == "time_to_target_s" else c.metric
+        if not c.markdown or (c.optional and (shown not in ok or not ok[shown].notna().any())):
             continue
         if c.metric == "throughput":
             out.append(("samples/s (95% CI)", [fmt.rate_ci(r.throughput, r.throughput_ci_low, r.throughput_ci_high)
                                                + (" *" if r.noisy else "") for r in ok.itertuples()]))
+        elif c.metric == "time_to_target_s":
+            out.append((c.long, [tables.target_text(r) or "-" for _, r in ok.iterrows()]))
         elif c.metric == "mfu":
             out.append((c.header, ["above peak" if tables.above_peak(r) else tables.cell("mfu", r["mfu"])
                                    for _, r in ok.iterrows()]))
@@ -289,7 +313,7 @@ def write_markdown(data: ReportData, path: Path, ab: dict[str, Any] | None = Non
     if ab is not None and ab["table"] is not None:  # ab_section's, made once for the page and this
         lines += [f"### A/B {fmt.md_cell(ab['id'])}: {fmt.md_cell(ab['decision'])}", "", fmt.md_cell(ab["header"]), "",
                   tables.to_markdown(ab["table"]), *([fmt.md_cell(ab["looks"]), ""] if ab["looks"] else [])]
-    ok = c[c["status"] == "ok"]
+    ok = c[c["status"].isin(MEASURED_STATUSES)]
     table = pd.DataFrame({**({"run": ok["run"]} if data.multi_run else {}), "config": ok["config_id"],
                           **{header: cells for header, cells in _summary_cells(ok)}})
     lines += [tables.to_markdown(table), "`*` noisy (cv of step times > 10%); TFLOP/s: model training FLOPs x "
@@ -403,6 +427,7 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
         charts.speedup_bars(c, chart_dir / "speedups.png"),
         charts.step_time_boxes(_step_times(data), chart_dir / "step_times.png"),
         charts.loss_vs_samples(_loss_curves(data), chart_dir / "loss_vs_samples.png"),
+        charts.held_out_vs_time(*_evaluations(data), chart_dir / "held_out_vs_time.png"),
         charts.memory_vs_batch(c, chart_dir / "memory_vs_batch.png"),
         charts.telemetry_timelines(timelines, "gpu", chart_dir / "telemetry_gpu.png"),
         charts.telemetry_timelines(timelines, "host", chart_dir / "telemetry_host.png"),

@@ -348,6 +348,35 @@ def loss_vs_samples(curves: dict[str, dict[str, tuple[list[int], list[float]]]],
     return path
 
 
+def held_out_vs_time(runs: dict[str, dict[str, list[tuple[list[float], list[float]]]]], targets: dict[str, float],
+                     path: Path) -> Path | None:
+    """A target's evaluations: the held-out loss against the seconds since the first step (the
+    clock of the time to target), a panel per workload, a colour per config and a line per
+    repeat, the target dashed. ``runs``: workload -> config label -> [(seconds, losses)] of its
+    repeats; ``targets``: workload -> its configs' target (the lowest, where they differ)."""
+    groups = [(w, c) for w, c in runs.items() if c][:LOSS_MAX_PANELS]
+    if not groups:
+        return None
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(len(groups), 1, figsize=(8, 2.8 * len(groups)), squeeze=False)
+        for ax, (workload, lines) in zip(axes[:, 0], groups):
+            for i, (label, repeats) in enumerate(lines.items()):
+                color = f"C{i % 10}"
+                for k, (seconds, losses) in enumerate(repeats):
+                    ax.plot(seconds, losses, lw=1.2, marker=".", color=color, label=wrap(label, 50) if k == 0 else None)
+            ax.axhline(targets[workload], color="black", ls="--", lw=0.8, label="target")
+            ax.set_xlabel("seconds from the first step")
+            ax.set_ylabel("held-out loss")
+            ax.set_title(wrap(workload, 80))
+        more = len(runs) - len(groups)
+        fig.suptitle("Held-out loss against time (every evaluation; a line per repeat, a colour per config)"
+                     + (f"; {more} more workload(s) in the results" if more > 0 else ""), fontsize=10)
+        fig.tight_layout()
+        _legends(fig, list(axes[:, 0]))
+        _save(fig, path)
+    return path
+
+
 # --- telemetry timelines -----------------------------------------------------------------------
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")  # GPUs of a config

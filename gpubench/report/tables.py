@@ -15,6 +15,7 @@ from gpubench.calibrate import RECALIBRATE
 from gpubench.config import MAX_BATCH
 from gpubench.results import twins
 from gpubench.results.metrics import BY_NAME
+from gpubench.results.schema import MEASURED_STATUSES
 from gpubench.telemetry import contention
 
 PEAK_SOURCES = {"device_allocator_peak": "device allocator peak",
@@ -64,17 +65,30 @@ def _pivot(configs: pd.DataFrame, make_cell: Callable[[pd.Series], str], multi_r
     return out
 
 
+def target_text(r: pd.Series) -> str:
+    """A target config's time to it and how many repeats reached it (``12.3 s (3/3 reached)``,
+    ``no time (1/3 reached)`` where half or more missed); "" without a target."""
+    reached = r.get("target_reached")
+    if reached is None or pd.isna(reached):
+        return ""
+    t = r.get("time_to_target_s")
+    return f"{cell('time_to_target_s', t) if pd.notna(t) else 'no time'} ({int(reached)}/{int(r['repeats'])} reached)"
+
+
 def _throughput_cell(r: pd.Series) -> str:
-    if r["status"] != "ok":
+    if r["status"] not in MEASURED_STATUSES or pd.isna(r.get("throughput")):
         return r["status"]
     text = fmt.rate_ci(r["throughput"], r["throughput_ci_low"], r["throughput_ci_high"])
     tokens = r.get("tokens_per_s")
+    to_target = target_text(r)
     return (text + (" *" if r.get("noisy") else "") + (f" ({cell('tokens_per_s', tokens)} tokens/s)"
-                                                      if pd.notna(tokens) else "") + _trained(r))
+                                                      if pd.notna(tokens) else "") + _trained(r)
+            + (f"; to target {to_target}" if to_target else ""))
 
 
 def throughput_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[str, pd.DataFrame]:
-    """Samples/s (global) with its 95% CI, per workload; ``*`` marks a noisy measurement."""
+    """Samples/s (global) with its 95% CI, per workload; ``*`` marks a noisy measurement; a
+    target's time to it beside."""
     return _pivot(configs, _throughput_cell, multi_run)
 
 
@@ -142,14 +156,18 @@ def energy_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[str, p
 def speedup_table(configs: pd.DataFrame, comparison: twins.Twins, multi_run: bool = False) -> pd.DataFrame:
     frame = twins.speedups(configs, comparison)
     cols = (["run"] if multi_run else []) + ["config_id", "baseline_id", "speedup"]
-    if "scaling_efficiency" in frame and frame["scaling_efficiency"].notna().any():
-        cols.append("scaling_efficiency")
+    for extra in ("scaling_efficiency", "to_target"):
+        if extra in frame and frame[extra].notna().any():
+            cols.append(extra)
     out = frame[cols].copy()
     out["speedup"] = [twins.speedup_text(r) for _, r in frame.iterrows()]
     if "scaling_efficiency" in out:
         out["scaling_efficiency"] = out["scaling_efficiency"].map(fmt.pct)
+    if "to_target" in out:
+        out["to_target"] = out["to_target"].map(fmt.ratio)
     return out.rename(columns={"config_id": "config", "baseline_id": "baseline",
-                               "scaling_efficiency": "scaling efficiency"})
+                               "scaling_efficiency": "scaling efficiency",
+                               "to_target": "to target (time over the baseline's, above 1: sooner)"})
 
 
 def run_comparison(configs: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:

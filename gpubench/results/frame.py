@@ -7,6 +7,7 @@ rule, so a new metric needs no change here.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -17,6 +18,7 @@ from gpubench.config import COLUMNS, Config
 from gpubench.measure.stats import median_ci
 from gpubench.results.metrics import METRICS
 from gpubench.results.result import Result
+from gpubench.results.schema import MEASURED_STATUSES
 from gpubench.results.twins import VARIANT_AXES
 
 # the settings declared as columns (gpubench.config.setting(column=True), and the identity axes)
@@ -83,30 +85,46 @@ def _first(*columns: pd.Series) -> Any:
     return None
 
 
+def _to_target(values: pd.Series, reached: pd.Series) -> float | None:
+    """The median over the repeats that trained to a target, a missed one slower than any that
+    reached it; None where half or more missed (their median is no time)."""
+    tried = reached.dropna().astype(bool)
+    times = sorted(pd.to_numeric(values[tried.index[tried]], errors="coerce").dropna().tolist())
+    times += [math.inf] * int((~tried).sum())
+    if not times:
+        return None
+    median = float(np.median(times))
+    return median if math.isfinite(median) else None
+
+
 def _aggregate_group(g: pd.DataFrame) -> dict[str, Any]:
-    ok = g[g["status"] == "ok"]
+    ok = g[g["status"].isin(MEASURED_STATUSES)]
     row: dict[str, Any] = {c: g[c].iloc[0] for c in IDENTITY_COLUMNS if c in g and c not in ("run", "config_id")}
     row.update({c: g[c].iloc[0] for c in g.columns if c.startswith("param_")})
     row["repeats"] = len(g)
-    row["repeats_ok"] = len(ok)
-    if len(ok) == len(g):
+    row["repeats_ok"] = int((g["status"] == "ok").sum())
+    if row["repeats_ok"] == len(g):
         row["status"], row["reason"] = "ok", ""
     else:
         bad = g[g["status"] != "ok"]
         row["status"] = bad["status"].iloc[0]
         reason = bad["reason"].iloc[0]
-        row["reason"] = reason if len(g) == 1 else f"{len(ok)} of {len(g)} repeats ok; {reason}"
+        row["reason"] = reason if len(g) == 1 else f"{row['repeats_ok']} of {len(g)} repeats ok; {reason}"
     for m in METRICS:
         if m.name not in g:
             continue
-        if m.combine == "first":
+        if m.combine == "to_target":
+            row[m.name] = _to_target(g[m.name], g["target_reached"])
+        elif m.combine == "reached":
+            row[m.name] = int(g[m.name].dropna().astype(bool).sum()) if g[m.name].notna().any() else None
+        elif m.combine == "first":
             row[m.name] = _first(ok[m.name], g[m.name])
         elif not len(ok):  # nothing measured: the column is still there (readers index it), empty
             row[m.name] = None
         elif m.combine == "median":
             values = pd.to_numeric(ok[m.name], errors="coerce").dropna()
             row[m.name] = float(values.median()) if len(values) else None
-        else:  # a flag: all / any of the ok repeats
+        else:  # a flag: all / any of the measured repeats
             flags = ok[m.name].fillna(False).astype(bool)
             row[m.name] = bool(flags.all() if m.combine == "all" else flags.any())
     if len(ok):
@@ -123,7 +141,8 @@ def _aggregate_group(g: pd.DataFrame) -> dict[str, Any]:
 
 
 def aggregate(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per (run, config): each metric combined over the ok repeats by its own rule; the
+    """One row per (run, config): each metric combined over the measured repeats (ok, or a
+    missed target) by its own rule; the
     CI of a single repeat is within-process, over several repeats distribution-free between
     repeats."""
     if frame.empty:

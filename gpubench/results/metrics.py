@@ -23,9 +23,12 @@ if TYPE_CHECKING:
 BETTER = ("higher", "lower", "")  # "": not a figure of merit (context, a label)
 # how a value is written: a writer of gpubench.fmt
 KINDS = ("rate", "ms", "s", "bytes", "pct", "ratio", "tflops", "joules", "count", "number", "flag", "text")
-# how a config's ok repeats combine into its one row: the median; the first repeat's value (the
-# same in every repeat: a model's size, a found batch); all / any of a flag
-COMBINE = ("median", "first", "all", "any")
+# how a config's measured repeats combine into its one row: the median; the first repeat's value
+# (the same in every repeat: a model's size, a found batch); all / any of a flag; ``to_target``:
+# the median over the repeats that trained to a target, one that missed it counting as slower
+# than any that reached it (MLPerf counts a run that did not converge so), none where half or
+# more missed; ``reached``: how many of those repeats reached it
+COMBINE = ("median", "first", "all", "any", "to_target", "reached")
 
 
 @dataclass(frozen=True)
@@ -210,11 +213,16 @@ METRICS: list[Metric] = [
       "gpubench profile: how the phases were timed", combine="first"),
     M("time_to_target_s", ("metrics", "target", "time_to_target_s"), "s", "lower", "s",
       "target_loss: seconds from the first training step (its compilation included) to the end of the "
-      "evaluation that reached the target, the evaluations included (MLPerf's count)", gate=True),
+      "evaluation that reached the target, the evaluations included (MLPerf's count); over repeats (each its "
+      "own seeds) the median, a repeat that missed the target counting as the slowest", gate=True,
+      combine="to_target"),
     M("steps_to_target", ("metrics", "target", "steps_to_target"), "steps", "lower", "count",
-      "target_loss: training steps until the evaluation that reached it", gate=True),
+      "target_loss: training steps until the evaluation that reached it", gate=True, combine="to_target"),
     M("samples_to_target", ("metrics", "target", "samples_to_target"), "samples", "lower", "count",
-      "target_loss: samples trained until the evaluation that reached it (steps x samples_per_step)", gate=True),
+      "target_loss: samples trained until the evaluation that reached it (steps x samples_per_step)", gate=True,
+      combine="to_target"),
+    M("target_reached", ("metrics", "target", "reached"), "", "", "count",
+      "target_loss: how many repeats reached the target (the summary writes it k/n)", combine="reached"),
     M("eval_share", ("metrics", "target", "eval_share"), "", "", "pct",
       "target_loss: the evaluations' share of the time to target"),
     M("target_best_loss", ("metrics", "target", "best_loss"), "", "", "number",

@@ -12,6 +12,8 @@ SCHEMA_VERSION = 1
 SUPPORTED_SCHEMA_VERSIONS = (1,)
 
 STATUSES = ("ok", "oom", "unsupported", "unavailable", "diverged", "target_not_reached", "timeout", "error")
+# the statuses whose figures are measurements (a run that missed its target trained at a measured rate)
+MEASURED_STATUSES = ("ok", "target_not_reached")
 FAILED_STATUSES = ("error", "timeout")  # the statuses that make `run` exit 1 (as nothing measured does)
 
 

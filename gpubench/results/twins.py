@@ -89,7 +89,9 @@ def _pairs(configs: pd.DataFrame, axis: str, baseline: str) -> pd.DataFrame:
 def speedups(configs: pd.DataFrame, comparison: Twins) -> pd.DataFrame:
     """One row per (config, its twin): ``speedup`` = throughput / the twin's, ``speedup_low``
     and ``speedup_high`` the range the two 95% intervals allow, ``noisy_pair`` where a side is
-    noisy, ``decided`` where the range excludes 1 and neither is; for the parallelism axis also
+    noisy, ``decided`` where the range excludes 1 and neither is; ``to_target`` where both
+    trained to a target, the twin's time to it over this one's (above 1: sooner, whatever the
+    rate said: a faster step may need more of them); for the parallelism axis also
     ``devices`` and ``scaling_efficiency`` (None where the two trained at different batches:
     two ``batch_size = "max"`` configs whose searches found different ones)."""
     merged = _pairs(configs, comparison.axis, comparison.baseline)
@@ -104,6 +106,10 @@ def speedups(configs: pd.DataFrame, comparison: Twins) -> pd.DataFrame:
     merged["decided"] = ~merged["noisy_pair"] & ((merged["speedup_low"] > 1) | (merged["speedup_high"] < 1))
     merged = merged.rename(columns={"config_id_base": "baseline_id"})
     columns = list(SPEEDUP_COLUMNS)
+    if "time_to_target_s" in merged:  # a target's twins: which reaches it sooner (the baseline's time / this one's)
+        merged["to_target"] = (pd.to_numeric(merged["time_to_target_s_base"], errors="coerce")
+                               / pd.to_numeric(merged["time_to_target_s"], errors="coerce"))
+        columns.append("to_target")
     if comparison.axis == "parallelism":
         same_batch = merged["batch_trained"] == merged["batch_trained_base"]
         merged["scaling_efficiency"] = (merged["speedup"] / merged["devices"]).where(same_batch)

@@ -18,6 +18,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -287,8 +288,8 @@ def _target(trainer: Trainer, native: NativeModel, config: Config) -> Target | N
     if config.target_loss <= 0:
         return None
     if native.eval_batches is None:
-        raise Unsupported("target_loss: held-out batches are made for the built-in workloads on synthetic data so "
-                          "far, not for " + (f"dataset {config.dataset}" if native.spec else config.workload))
+        raise Unsupported(f"target_loss: dataset {config.dataset} has no held-out batches (the synthetic task's, "
+                          "or your batch function's, have)")
     if not isinstance(trainer, Evaluating) or config.distributed:
         raise Unsupported(f"target_loss: {config.parallelism} does not evaluate held-out batches yet")
     held_out = native.eval_batches(config.batch)
@@ -314,6 +315,10 @@ def _worker_runtime(config: Config, turns: Turns) -> dict[str, Any]:
                                             "path": str(Path(gpubench.__file__).resolve().parent)}}
     if turns.describe() is not None:
         runtime["lockstep"] = turns.describe()
+    if config.target_loss > 0:  # a target's repeat: the seeds it started from
+        from gpubench.workloads.data import train_draw
+
+        runtime["trial"] = {"trial": config.trial, "init_seed": config.init_seed, "data_draw": train_draw(config.trial)}
     if config.huge_pages != "off":
         runtime["huge_pages"] = {"setting": config.huge_pages, "kernel": hugepages.kernel_mode(),
                                  "anon_huge_bytes": hugepages.anon_huge_bytes()}
@@ -360,7 +365,8 @@ def run_config(config: Config, profile: dict[str, Any] | None = None, memory_his
         target = _target(trainer, native, config)
         ranges = trainer.ranges() if profile is not None else None
         with telemetry, rss.training():
-            telemetry.raw = raw = (run_to_target(trainer, target, progress=phase) if target is not None else
+            telemetry.raw = raw = (run_to_target(trainer, target, progress=phase, turns=turns)
+                                   if target is not None else
                                    run_loop(trainer, config.warmup_steps, config.steps, config.windows,
                                             telemetry.observer, ranges=ranges, window_s=config.window_s, turns=turns,
                                             progress=phase))
@@ -476,6 +482,8 @@ def main(argv: list[str]) -> int:
 
     load_plugins()
     config = Config.from_dict(job["config"])
+    if config.target_loss > 0:  # time to quality varies from seed to seed: each repeat its own trial
+        config = replace(config, trial=int(job.get("repeat") or 0))
     # the run's FLOP counts of its models, beside the jobs' work directories (run_dir/.work/JOB)
     outcome, timeline = run_config(config, options.get("profile"), options.get("memory_history"),
                                    counts=workdir.parent / "model-flops", phase=partial(_phase, workdir, config))

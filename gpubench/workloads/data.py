@@ -180,6 +180,12 @@ def task_loss_floor(spec: Task) -> float:
     return token_loss_floor(spec.num_classes)
 
 
+def train_draw(trial: int) -> int:
+    """The draw of a config's training samples: 0 (the pool every config trains on), or for a
+    target's repeat r > 0 (Config.trial) one of its own after the held-out draw."""
+    return 0 if trial == 0 else EVAL_DRAW + trial
+
+
 def eval_batches(spec: Task, batch_size: int, seed: int) -> Batches:
     """A target's held-out batches: at least EVAL_SAMPLES samples of the task's own draw."""
     return task_batches(spec, batch_size, max(2, math.ceil(EVAL_SAMPLES / batch_size)), seed, EVAL_DRAW)
@@ -262,8 +268,9 @@ def task_batches(spec: Task, batch_size: int, n_batches: int, seed: int, draw: i
 
 
 def make_batches(spec: Task, dataset: str, data_dir: str, batch_size: int, seed: int,
-                 group: int = 1) -> Batches:
-    """The batches a config trains on: the synthetic pool, or MNIST from ``data_dir``.
+                 group: int = 1, draw: int = 0) -> Batches:
+    """The batches a config trains on: the synthetic pool (``draw``: train_draw's), or MNIST
+    from ``data_dir``.
 
     With ``group`` micro-batches per optimizer step (gradient accumulation), the pool holds
     the same samples, in the same order, as the pool of one batch of ``batch_size * group``,
@@ -273,7 +280,7 @@ def make_batches(spec: Task, dataset: str, data_dir: str, batch_size: int, seed:
 
         x, y = load_mnist(data_dir)
         return batches_from_arrays(x, y, batch_size, group)
-    return task_batches(spec, batch_size, pool_batches(spec, batch_size * group) * group, seed)
+    return task_batches(spec, batch_size, pool_batches(spec, batch_size * group) * group, seed, draw)
 
 
 def one_batch(task: SyntheticTask, batch: int, seed: int) -> Batches:
@@ -281,14 +288,14 @@ def one_batch(task: SyntheticTask, batch: int, seed: int) -> Batches:
     return task_batches(task, batch, 1, seed)
 
 
-def pool_maker(task: SyntheticTask | None, batch_fn: Callable[[int], Any] | None, name: str, seed: int
-               ) -> Callable[[int, int], Batches]:
+def pool_maker(task: SyntheticTask | None, batch_fn: Callable[[int], Any] | None, name: str, seed: int,
+               draw: int = 0) -> Callable[[int, int], Batches]:
     """``make_batches(batch, group)`` of a model that is not a built-in: 4 x ``group`` calls of the
-    user's batch function, else the synthetic task's pool."""
+    user's batch function, else the synthetic task's pool (its ``draw``)."""
     def batches(batch: int, group: int) -> Batches:
         if batch_fn is not None:
             return function_batches(batch_fn, batch, 4 * group, f"batches {name!r}")
         assert task is not None
-        return make_batches(task, "synthetic", "", batch, seed, group)
+        return make_batches(task, "synthetic", "", batch, seed, group, draw)
 
     return batches

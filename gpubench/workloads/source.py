@@ -28,6 +28,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,17 @@ import numpy as np
 from gpubench.config import Config
 from gpubench.errors import did_you_mean
 from gpubench.files import write_text_atomic
-from gpubench.workloads.data import Batches, SyntheticTask, function_batches, one_batch, pool_maker, tree_leaves
+from gpubench.workloads.data import (
+    EVAL_SAMPLES,
+    Batches,
+    SyntheticTask,
+    eval_batches,
+    function_batches,
+    one_batch,
+    pool_maker,
+    train_draw,
+    tree_leaves,
+)
 
 
 @dataclass(frozen=True)
@@ -248,24 +259,32 @@ def config_loss(config: Config) -> Callable[[Any, Any], Any] | None:
 
 
 def own_batches(task: SyntheticTask | None, batch_fn: Callable[[int], Any] | None, config: Config,
-                facts: dict[str, Any] | None = None) -> tuple[Callable[[int, int], Batches], Batches]:
-    """(``make_batches(batch, group)``, one batch of 2 for the pre-run checks and the FLOP count)
-    of a model that is not a built-in: the batch function's, else the synthetic task's; with
-    ``loss_output`` and no batch function, the targets go in after the inputs. A batch function
-    whose inputs are token ids (integer arrays of (batch, T), every one of the same T) puts
-    ``tokens_per_sample`` T in ``facts``: its results have tokens/s."""
-    make = pool_maker(task, batch_fn, config.batches, config.seed)
+                facts: dict[str, Any] | None = None
+                ) -> tuple[Callable[[int, int], Batches], Batches, Callable[[int], Batches]]:
+    """(``make_batches(batch, group)``, one batch of 2 for the pre-run checks and the FLOP count,
+    ``held_out(batch)``: a target's held-out batches) of a model that is not a built-in: the
+    batch function's (held out: its later calls, at least EVAL_SAMPLES samples), else the
+    synthetic task's (a target's repeat trains on its own draw; held out: the task's held-out
+    draw); with ``loss_output`` and no batch function, the targets go in after the inputs. A
+    batch function whose inputs are token ids (integer arrays of (batch, T), every one of the
+    same T) puts ``tokens_per_sample`` T in ``facts``: its results have tokens/s."""
+    make = pool_maker(task, batch_fn, config.batches, config.seed, train_draw(config.trial))
+    held_out: Callable[[int], Batches]
     if batch_fn is None:
         assert task is not None  # no batch function: the synthetic task
         sample = one_batch(task, FIRST_BATCH, config.seed)
+        held_out = partial(eval_batches, task, seed=config.seed)
     else:
+        held_out = lambda batch: function_batches(  # noqa: E731
+            batch_fn, batch, max(2, math.ceil(EVAL_SAMPLES / batch)), f"batches {config.batches!r}")
         sample = function_batches(batch_fn, FIRST_BATCH, 1, f"batches {config.batches!r}")
         lengths = {leaf.shape[2] for leaf in tree_leaves(sample.x) if leaf.ndim == 3 and leaf.dtype.kind in "iu"}
         if facts is not None and len(lengths) == 1:
             facts["tokens_per_sample"] = int(lengths.pop())
     if not config.loss_output or batch_fn is not None:
-        return make, sample
-    return (lambda batch, group: targets_in_inputs(make(batch, group))), targets_in_inputs(sample)
+        return make, sample, held_out
+    return ((lambda batch, group: targets_in_inputs(make(batch, group))), targets_in_inputs(sample),
+            lambda batch: targets_in_inputs(held_out(batch)))
 
 
 def targets_in_inputs(batches: Batches) -> Batches:

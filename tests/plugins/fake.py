@@ -37,13 +37,14 @@ register_backend("fake", "tests.plugins.fake:FakeBackend")
 class FakeTrainer(Trainer):
     """Softmax regression with SGD in numpy: a real (tiny) training step whose loss falls."""
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, mode: str, lr: float) -> None:
+    def __init__(self, x: np.ndarray, y: np.ndarray, mode: str, lr: float, warmup_steps: int = 0) -> None:
         self.x = x.reshape(x.shape[0], x.shape[1], -1).astype(np.float64)
         self.y = y
         self.w = np.zeros((self.x.shape[2], int(y.max()) + 1))
         self.mode, self.lr, self.i, self.loss = mode, lr, 0, float("nan")
         self.losses: list[float] = []  # every step's, until read
         self.steps = 0
+        self.warmup_steps = warmup_steps  # lr_warmup_steps: step k at lr (k + 1) / N, as every framework's
         # a fixed extra cost per step, for A/B tests of the gate (set by the test's environment)
         self.sleep_s = float(os.environ.get("FAKE_STEP_SLEEP_MS", "0")) / 1000
 
@@ -60,7 +61,8 @@ class FakeTrainer(Trainer):
         p /= p.sum(axis=1, keepdims=True)
         self.loss = float(-np.log(p[np.arange(len(y)), y] + 1e-12).mean())
         p[np.arange(len(y)), y] -= 1
-        self.w -= self.lr * x.T @ p / len(y)
+        rate = self.lr * min(1.0, (self.steps + 1) / self.warmup_steps) if self.warmup_steps else self.lr
+        self.w -= rate * x.T @ p / len(y)
         self.steps += 1
         if self.mode == "nan" and self.steps > 3:
             self.loss = float("nan")
@@ -149,7 +151,7 @@ class FakeBackend(Backend):
             resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
             hog = [np.ones(1 << 27) for _ in range(64)]  # 64 GiB, far past the limit
             del hog
-        self.trainer = FakeTrainer(batches.x, batches.y, mode, config.lr)
+        self.trainer = FakeTrainer(batches.x, batches.y, mode, config.lr, config.lr_warmup_steps)
         return self.trainer
 
     def is_oom(self, exc: BaseException) -> bool:

@@ -92,7 +92,7 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
     ref = parse_workload(config.workload, sorted(WORKLOADS))
     if ref.kind == "builtin":
         spec = get_workload(config.workload).spec(**dict(config.workload_params))
-        return spec_native(spec, config, lambda: spec_model(spec, config.seed, config.attention))
+        return spec_native(spec, config, lambda: spec_model(spec, config.init_seed, config.attention))
     if ref.kind != "factory":  # (the backend refuses a zoo's name before this)
         raise Unsupported(f"the jax backend takes a factory of a Flax module, not {config.workload}")
     import flax.linen as nn
@@ -118,7 +118,7 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
     facts: dict[str, Any] = {"source": "factory", "identical": False, "origin": code_origin(fn)}
     # the classes unknown: initialised on a task of 2, then read from the module's output
     first = task if task is None or task.num_classes else SyntheticTask(task.input_shape, 2)
-    make, sample = own_batches(first, batch_fn, config, facts)
+    make, sample, held_out = own_batches(first, batch_fn, config, facts)
     x, y = sample.sample(FLOP_COUNT_BATCH)
     try:
         model = flax_model(module, x, config.seed)
@@ -133,7 +133,7 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
             except (TypeError, IndexError):  # no scores, or a scalar first
                 raise SourceError(f"workload {config.workload!r}: the module returned {describe(out)}, which holds "
                                   f"no scores; set num_classes, or use {CHOICES}") from None
-            make, sample = own_batches(task, None, config)
+            make, sample, held_out = own_batches(task, None, config)
             x, y = sample.sample(FLOP_COUNT_BATCH)
         facts.update(input_shape=list(task.input_shape), num_classes=task.num_classes, task=task.kind)
     _check_first_batch(model, x, y, loss, config, task)
@@ -142,7 +142,8 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
     if count:
         facts.update(counted_once(counts, config, facts, jax.__version__, lambda: train_flops(model, x, y, loss)))
     # a fresh initialisation per build, not the probe's arrays: the trainer donates its parameters
-    return NativeModel(build=lambda: flax_model(module, x, config.seed), make_batches=make, facts=facts, loss=loss)
+    return NativeModel(build=lambda: flax_model(module, x, config.init_seed), make_batches=make, facts=facts, loss=loss,
+                       eval_batches=held_out)
 
 
 def _token_task(module: nn.Module, config: Config, notes: list[str]) -> SyntheticTask | None:

@@ -30,18 +30,23 @@ Arrays = Tree[jax.Array]  # parameters, optimizer state, batch-norm statistics, 
 _SCALE_INIT, _SCALE_GROWTH, _SCALE_BACKOFF, _SCALE_INTERVAL = 2.0**16, 2.0, 0.5, 2000
 
 
-def make_optimizer(name: str, lr: float, settings: dict[str, float] | None = None) -> optax.GradientTransformation:
+def make_optimizer(name: str, lr: float, settings: dict[str, float] | None = None, warmup_steps: int = 0
+                   ) -> optax.GradientTransformation:
     """The same optimizers and settings as the PyTorch backend (``Config.optimizer_settings()``;
     the defaults of ``options.OPTIMIZER_SETTINGS`` where None). Optax's Adam adds epsilon after
     the bias correction, as PyTorch does; its AdamW decays the weights by ``lr * weight_decay``,
-    as PyTorch's does; its SGD momentum is PyTorch's, without dampening (momentum 0: plain SGD)."""
+    as PyTorch's does; its SGD momentum is PyTorch's, without dampening (momentum 0: plain SGD).
+    ``warmup_steps``: update k (from 0) at lr x (k + 1) / warmup_steps, then lr, as PyTorch's."""
     s = {**OPTIMIZER_SETTINGS.get(name, {}), **(settings or {})}
+    rate: float | optax.Schedule = lr
+    if warmup_steps > 0:
+        rate = lambda count: lr * jnp.minimum(1.0, (count + 1) / warmup_steps)  # noqa: E731
     if name == "adam":
-        return optax.adam(lr, b1=s["beta1"], b2=s["beta2"], eps=s["eps"])
+        return optax.adam(rate, b1=s["beta1"], b2=s["beta2"], eps=s["eps"])
     if name == "adamw":
-        return optax.adamw(lr, b1=s["beta1"], b2=s["beta2"], eps=s["eps"], weight_decay=s["weight_decay"])
+        return optax.adamw(rate, b1=s["beta1"], b2=s["beta2"], eps=s["eps"], weight_decay=s["weight_decay"])
     if name == "sgd":
-        return optax.sgd(lr, momentum=s["momentum"] or None)
+        return optax.sgd(rate, momentum=s["momentum"] or None)
     raise ValueError(f"unknown optimizer {name!r}")
 
 
@@ -117,7 +122,7 @@ class JaxTrainer(Trainer):
     def __init__(self, native: NativeModel | WorkloadSpec, config: Config, batches: Batches) -> None:
         if isinstance(native, WorkloadSpec):  # a built-in's spec, as the identity tests build one
             spec = native
-            native = spec_native(spec, config, lambda: spec_model(spec, config.seed, config.attention))
+            native = spec_native(spec, config, lambda: spec_model(spec, config.init_seed, config.attention))
         remat = config.checkpointing == "activations"
         if native.spec is None and (remat or config.precision.startswith("amp")):  # (refused before it runs)
             raise Unsupported(f"{config.precision} / checkpointing = {config.checkpointing}: for the built-in "
@@ -129,7 +134,8 @@ class JaxTrainer(Trainer):
         self.scaled = config.precision == "amp-fp16"
         self.accum = config.accum_steps
         self.pipeline = config.data == "pipeline"
-        self.optimizer = make_optimizer(config.optimizer, config.lr, config.optimizer_settings())
+        self.optimizer = make_optimizer(config.optimizer, config.lr, config.optimizer_settings(),
+                                        config.lr_warmup_steps)
         model: JaxModel = native.build()
         loss_fn = native.loss or cross_entropy
 
@@ -145,7 +151,7 @@ class JaxTrainer(Trainer):
         self._by_batch = by_batch
 
         carry = {"params": model.params, "opt": self.optimizer.init(model.params), "bn": model.state,
-                 "count": jnp.zeros((), jnp.int32), "key": jax.random.key(config.seed),
+                 "count": jnp.zeros((), jnp.int32), "key": jax.random.key(config.init_seed),
                  "scale": jnp.asarray(_SCALE_INIT if self.scaled else 1.0, jnp.float32),
                  "good": jnp.zeros((), jnp.int32)}
         self._carry = jax.device_put(carry, replicated)

@@ -47,6 +47,9 @@ def compile_unsupported(config: Config, input_ndim: int, workload: str) -> str |
                     "restores the RNG state and batch-norm buffers from the host")
         if config.optimizer not in GRAPH_RESETTABLE_OPTIMIZERS:
             return f"cuda-graph supports the optimizers {', '.join(GRAPH_RESETTABLE_OPTIMIZERS)}"
+        if config.lr_warmup_steps:
+            return ("cuda-graph with lr_warmup_steps: the captured optimizer step replays its learning rate; a "
+                    "warm-up changes it every step")
     if config.memory_format == "channels-last" and input_ndim != 3:
         return (f"memory_format = channels-last is a layout of 4-D (N, C, H, W) tensors; {workload} takes a "
                 f"{input_ndim}-D sample, not (C, H, W)")

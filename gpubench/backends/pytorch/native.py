@@ -113,7 +113,7 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
     if batch_fn is None:
         task = _task(task, probe, config, notes, ref.kind == "factory")
         facts.update(input_shape=list(task.input_shape), num_classes=task.num_classes, task=task.kind)
-    make, sample = own_batches(task, batch_fn, config, facts)
+    make, sample, held_out = own_batches(task, batch_fn, config, facts)
     _check_first_batch(probe, sample, loss, config, task if batch_fn is None else None)
     if notes:
         facts["notes"] = notes
@@ -122,7 +122,8 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
                                   partial(count_train_flops, probe, sample, loss or cross_entropy)))
     sequential = isinstance(probe, nn.Sequential)
     del probe
-    return NativeModel(build=build, make_batches=make, facts=facts, loss=loss, sequential=sequential)
+    return NativeModel(build=build, make_batches=make, facts=facts, loss=loss, sequential=sequential,
+                       eval_batches=held_out)
 
 
 _STUBS: list[torch.library.Library] = []  # the Library holding the stand-in schemas: deleting it would undefine them
@@ -163,7 +164,7 @@ def as_native(model: NativeModel | WorkloadSpec, config: Config) -> NativeModel:
 def _builtin(spec: WorkloadSpec, config: Config) -> NativeModel:
     from gpubench.backends.pytorch.model import build_model
 
-    return spec_native(spec, config, lambda: build_model(spec, spec.init_weights(config.seed), config.attention))
+    return spec_native(spec, config, lambda: build_model(spec, spec.init_weights(config.init_seed), config.attention))
 
 
 def _seeded(make: Callable[[], nn.Module], seed: int) -> Callable[[], nn.Module]:
@@ -185,7 +186,7 @@ def _source(ref: ModelRef, config: Config) -> Source:
         if task is None and not config.batches:
             raise SourceError(f"workload {config.workload!r}: set input_shape (one sample's shape, e.g. [3, 32, 32]) "
                               "or a batch function (batches = \"module:function\")")
-        return _seeded(lambda: fn(**kwargs), config.seed), task, facts
+        return _seeded(lambda: fn(**kwargs), config.init_seed), task, facts
     zoo = {"torchvision": _torchvision, "timm": _timm, "hf": _hf}.get(ref.module)
     if zoo is None:
         raise SourceError(f"workload {config.workload!r}: {ref.module} models train with another framework")
@@ -205,7 +206,8 @@ def _torchvision(ref: ModelRef, config: Config, kwargs: dict[str, Any], facts: d
         raise SourceError(f"workload {ref.text!r}: torchvision has no model {ref.name!r}{nearest(ref.name, names)}")
     kw = {**_classes_kw(config), **kwargs}
     make = lambda: torchvision.models.get_model(ref.name, weights=None, **kw)  # noqa: E731
-    return _seeded(make, config.seed), SyntheticTask(config.input_shape or DEFAULT_IMAGE, config.num_classes), facts
+    task = SyntheticTask(config.input_shape or DEFAULT_IMAGE, config.num_classes)
+    return _seeded(make, config.init_seed), task, facts
 
 
 def _timm(ref: ModelRef, config: Config, kwargs: dict[str, Any], facts: dict[str, Any]) -> Source:
@@ -221,7 +223,7 @@ def _timm(ref: ModelRef, config: Config, kwargs: dict[str, Any], facts: dict[str
     if not shape:
         cfg = timm.get_pretrained_cfg(ref.name)
         shape = tuple(getattr(cfg, "input_size", None) or DEFAULT_IMAGE) if cfg is not None else DEFAULT_IMAGE
-    return _seeded(make, config.seed), SyntheticTask(tuple(shape), config.num_classes), facts
+    return _seeded(make, config.init_seed), SyntheticTask(tuple(shape), config.num_classes), facts
 
 
 def _a_count(field: str) -> bool:
@@ -267,7 +269,7 @@ def _hf(ref: ModelRef, config: Config, kwargs: dict[str, Any], facts: dict[str, 
         seq = config.input_shape[0] if config.input_shape else min(DEFAULT_TOKENS, int(context))
         facts["head"] = head.__name__
         task = SyntheticTask((seq,), int(cfg.vocab_size), kind="tokens")
-        return _seeded(lambda: head.from_config(cfg), config.seed), task, facts
+        return _seeded(lambda: head.from_config(cfg), config.init_seed), task, facts
     if kind in auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING:
         if config.num_classes:
             cfg.num_labels = config.num_classes
@@ -276,7 +278,7 @@ def _hf(ref: ModelRef, config: Config, kwargs: dict[str, Any], facts: dict[str, 
         shape = config.input_shape or (int(getattr(cfg, "num_channels", 3)), size, size)
         facts["head"] = "AutoModelForImageClassification"
         make = lambda: transformers.AutoModelForImageClassification.from_config(cfg)  # noqa: E731
-        return _seeded(make, config.seed), SyntheticTask(tuple(shape), int(cfg.num_labels or 2)), facts
+        return _seeded(make, config.init_seed), SyntheticTask(tuple(shape), int(cfg.num_labels or 2)), facts
     raise SourceError(f"workload {ref.text!r}: gpubench trains Transformers models with a causal or masked language "
                       f"modelling head or an image classification head; {ref.name} has none of them")
 

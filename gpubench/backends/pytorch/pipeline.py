@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from gpubench.backends.pytorch.model import build_model
-from gpubench.backends.pytorch.trainer import AutocastModule, TorchTrainerBase, make_optimizer
+from gpubench.backends.pytorch.trainer import AutocastModule, TorchTrainerBase, make_optimizer, warmup
 from gpubench.config import Config
 from gpubench.workloads.base import WorkloadSpec
 from gpubench.workloads.data import Batches
@@ -81,7 +81,7 @@ class PipelineTrainer(TorchTrainerBase):
         self.stages = split_stages(costs, self.world_size)
         start, end = self.stages[self.rank]
         # every rank builds the whole model from the canonical weights and keeps its stage
-        model = build_model(spec, spec.init_weights(config.seed), config.attention)
+        model = build_model(spec, spec.init_weights(config.init_seed), config.attention)
         self.model = model[start:end].to(self.device)
         self.model.train()
         dtype = self.autocast_dtype
@@ -93,6 +93,7 @@ class PipelineTrainer(TorchTrainerBase):
                                        scale_grads=True)
         self.optimizer = make_optimizer(config.optimizer, self.model.parameters(), config.lr, fused=self.cuda,
                                         settings=config.optimizer_settings(), impl=config.optimizer_impl)
+        self.scheduler = warmup(self.optimizer, config.lr_warmup_steps)
         # the first stage feeds the inputs, the last one the targets
         self.n_batches = batches.n_batches
         self.x = torch.from_numpy(batches.x).to(self.device) if self.first else None
@@ -128,6 +129,8 @@ class PipelineTrainer(TorchTrainerBase):
         kwargs = {"target": self.y[i], "losses": losses} if self.y is not None else {}  # the last, the labels
         self.schedule.step(*args, **kwargs)
         self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         if self.last:  # the mean of the micro-batches' mean losses: the batch's mean loss
             self._losses.append(torch.stack(losses).detach().mean())
         self._unread += 1

@@ -80,6 +80,14 @@ def make_optimizer(name: str, params: ParamsT, lr: float, fused: bool, capturabl
     raise ValueError(f"unknown optimizer {name!r}")
 
 
+def warmup(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR | None:
+    """``lr_warmup_steps``: the learning rate of optimizer step k (from 0) lr x (k + 1) / steps,
+    then lr (stepped after each optimizer step); None without a warm-up."""
+    if steps <= 0:
+        return None
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / steps))
+
+
 class AutocastModule(nn.Module):
     """``inner`` under autocast with ``dtype``, entered afresh on every call, so that it holds in
     whichever thread runs it: DataParallel runs each replica in a thread of its own and
@@ -116,7 +124,7 @@ class TorchTrainerBase(Trainer):
             self.rank, self.world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
             device = f"cuda:{int(os.environ['LOCAL_RANK'])}" if self.cuda else "cpu"
         self.device = torch.device(device)
-        torch.manual_seed(config.seed)
+        torch.manual_seed(config.init_seed)
         if self.cuda:  # every CUDA config, not only distributed ones
             torch.cuda.set_device(self.device)
             torch.backends.cudnn.benchmark = True
@@ -249,6 +257,7 @@ class TorchTrainer(TorchTrainerBase):
         self.optimizer = make_optimizer(config.optimizer, self.model.parameters(), config.lr, fused=self.cuda,
                                         settings=config.optimizer_settings(),
                                         capturable=graphed, impl=config.optimizer_impl)
+        self.scheduler = warmup(self.optimizer, config.lr_warmup_steps)
         self.loss_fn: Callable[[Any, Any], Any] = native.loss or cross_entropy
         self.n_batches = batches.n_batches
         self.accum = config.accum_steps
@@ -347,6 +356,8 @@ class TorchTrainer(TorchTrainerBase):
             self.scaler.update()
         else:
             self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         lap("optimizer")
         assert loss is not None  # accum >= 1: at least one micro-batch
         return loss
@@ -363,9 +374,10 @@ class TorchTrainer(TorchTrainerBase):
     def evaluate(self, batches: Batches) -> float:
         """The mean loss over held-out ``batches``: the model in eval mode (dropout off, batch
         norm's running statistics), no gradients, the config's autocast; eager, not compiled."""
-        def batch(i: int) -> tuple[Tensors, torch.Tensor]:
-            x = tree_map(lambda a: torch.from_numpy(a[i]).to(self.device), batches.x)
-            return x, torch.from_numpy(batches.y[i]).to(self.device)
+        def batch(i: int) -> tuple[Tensors, Tensors]:
+            def put(a: Any) -> torch.Tensor:
+                return torch.from_numpy(a[i]).to(self.device)
+            return tree_map(put, batches.x), tree_map(put, batches.y)
 
         self.model.eval()
         try:

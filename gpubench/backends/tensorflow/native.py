@@ -70,7 +70,8 @@ def _builtin(spec: WorkloadSpec, config: Config) -> NativeModel:
     from gpubench.backends.tensorflow.model import build_model
 
     policy = POLICIES.get(config.precision)
-    return spec_native(spec, config, lambda: build_model(spec, spec.init_weights(config.seed), policy, config.seed),
+    seed = config.init_seed
+    return spec_native(spec, config, lambda: build_model(spec, spec.init_weights(seed), policy, seed),
                        channels_first_data=True)
 
 
@@ -92,7 +93,7 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
     if batch_fn is None:
         task = _task(probe, config, notes, ref.kind == "factory")
         facts.update(input_shape=list(task.input_shape), num_classes=task.num_classes, task=task.kind)
-    make_batches, sample = own_batches(task, batch_fn, config, facts)
+    make_batches, sample, held_out = own_batches(task, batch_fn, config, facts)
     x, y = sample.sample(FLOP_COUNT_BATCH)
     keras_loss = _keras_order(user_loss) if user_loss is not None else None
     _check_first_batch(probe, x, y, keras_loss, config, task)  # (a model that declares no input is built by it)
@@ -106,8 +107,8 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
     del probe
     keras.backend.clear_session()
     policy = POLICIES.get(config.precision)
-    return NativeModel(build=lambda: _built(make, policy, config.seed), make_batches=make_batches, facts=facts,
-                       loss=keras_loss)
+    return NativeModel(build=lambda: _built(make, policy, config.init_seed), make_batches=make_batches, facts=facts,
+                       loss=keras_loss, eval_batches=held_out)
 
 
 def _check_first_batch(model: keras.Model, x: Tree[np.ndarray], y: Tree[np.ndarray], keras_loss: Loss | None,

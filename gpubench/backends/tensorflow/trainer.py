@@ -29,19 +29,34 @@ if TYPE_CHECKING:
 import_tf()  # GPU memory growth on before anything touches a GPU, however the trainer is built
 
 
-def make_optimizer(name: str, lr: float, settings: dict[str, float] | None = None) -> keras.optimizers.Optimizer:
+class Warmup(keras.optimizers.schedules.LearningRateSchedule):
+    """``lr_warmup_steps``: step k (from 0) at lr x (k + 1) / steps, then lr, as PyTorch's."""
+
+    def __init__(self, lr: float, steps: int) -> None:
+        self.lr, self.steps = lr, steps
+
+    def __call__(self, step: tf.Tensor) -> tf.Tensor:
+        return self.lr * tf.minimum(1.0, (tf.cast(step, tf.float32) + 1.0) / self.steps)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"lr": self.lr, "steps": self.steps}
+
+
+def make_optimizer(name: str, lr: float, settings: dict[str, float] | None = None, warmup_steps: int = 0
+                   ) -> keras.optimizers.Optimizer:
     """The same optimizers and settings as the PyTorch backend (``Config.optimizer_settings()``;
     the defaults of ``options.OPTIMIZER_SETTINGS`` where None). Keras' Adam adds epsilon before
     bias correction of the second moment ("epsilon hat"), PyTorch after it: with epsilon 1e-8
-    both give the same updates unless gradients are near epsilon."""
+    both give the same updates unless gradients are near epsilon. ``warmup_steps``: Warmup."""
     s = {**OPTIMIZER_SETTINGS.get(name, {}), **(settings or {})}
+    rate: float | Warmup = Warmup(lr, warmup_steps) if warmup_steps > 0 else lr
     if name == "adam":
-        return keras.optimizers.Adam(learning_rate=lr, beta_1=s["beta1"], beta_2=s["beta2"], epsilon=s["eps"])
+        return keras.optimizers.Adam(learning_rate=rate, beta_1=s["beta1"], beta_2=s["beta2"], epsilon=s["eps"])
     if name == "adamw":
-        return keras.optimizers.AdamW(learning_rate=lr, weight_decay=s["weight_decay"], beta_1=s["beta1"],
+        return keras.optimizers.AdamW(learning_rate=rate, weight_decay=s["weight_decay"], beta_1=s["beta1"],
                                       beta_2=s["beta2"], epsilon=s["eps"])
     if name == "sgd":
-        return keras.optimizers.SGD(learning_rate=lr, momentum=s["momentum"])
+        return keras.optimizers.SGD(learning_rate=rate, momentum=s["momentum"])
     raise ValueError(f"unknown optimizer {name!r}")
 
 
@@ -130,7 +145,7 @@ class TFTrainer(Trainer):
             self.rank, self.world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         # fp32 means true fp32: TensorFlow enables TF32 on Ampere+ GPUs by default
         tf.config.experimental.enable_tensor_float_32_execution(config.precision == "tf32")
-        keras.utils.set_random_seed(config.seed)
+        keras.utils.set_random_seed(config.init_seed)
         policy = POLICIES.get(config.precision)
         self.accum = config.accum_steps
         # a built-in spec's data is channels first (C, H, W); Keras takes channels last
@@ -199,7 +214,7 @@ class TFTrainer(Trainer):
         self.model = native.build()
         if not self.model.built:  # a model that declares no input: its weights from a first call
             self.model(self._first_x, training=False)
-        optimizer = make_optimizer(config.optimizer, config.lr, config.optimizer_settings())
+        optimizer = make_optimizer(config.optimizer, config.lr, config.optimizer_settings(), config.lr_warmup_steps)
         self.scaled = config.precision == "amp-fp16"
         if self.scaled:
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
@@ -343,8 +358,8 @@ class TFTrainer(Trainer):
         losses = []
         with tf.device(self.device):
             for i in range(batches.n_batches):
-                xi = tree_map(lambda a: tf.convert_to_tensor(a[i]), x)  # noqa: B023 - used at once
-                losses.append(self.loss_fn(tf.convert_to_tensor(batches.y[i]), self.model(xi, training=False)))
+                xi, yi = (tree_map(lambda a: tf.convert_to_tensor(a[i]), t) for t in (x, batches.y))  # noqa: B023
+                losses.append(self.loss_fn(yi, self.model(xi, training=False)))
             return float(tf.reduce_mean(tf.stack(losses)))  # one read: no host synchronisation a batch
 
     def read_losses(self) -> list[float]:
