@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -134,6 +135,7 @@ class TFTrainer(Trainer):
         self.xla = config.compile == "xla"
         self.pipeline = config.data == "pipeline"
         self._phases: PhaseFunctions | None = None  # the breakdown pass's separate tf.functions, built on first use
+        self._eval: Callable[[Any, Any], tf.Tensor] | None = None  # evaluate's tf.function, built on first use
         # mirrored:N: N replicas (GPUs, or logical CPU devices, which must be set up before
         # TensorFlow initialises its devices); data: every global batch split over them
         # multiworker:N: one replica per worker process, N per node (_multiworker_strategy)
@@ -353,13 +355,18 @@ class TFTrainer(Trainer):
 
     def evaluate(self, batches: Batches) -> float:
         """The mean loss over held-out ``batches``: the model called with ``training=False``
-        (no dropout, batch norm's moving statistics), no update."""
+        (no dropout, batch norm's moving statistics), no update; each batch through one
+        tf.function (traced once, XLA-compiled where the step is), as the step runs, not eager
+        Keras calls."""
+        if self._eval is None:
+            self._eval = tf.function(lambda x, y: self.loss_fn(y, self.model(x, training=False)),
+                                     jit_compile=self.xla)
         x = nhwc_data(batches.x, batches.x.ndim - 2) if self._channels_first else batches.x
         losses = []
         with tf.device(self.device):
             for i in range(batches.n_batches):
                 xi, yi = (tree_map(lambda a: tf.convert_to_tensor(a[i]), t) for t in (x, batches.y))  # noqa: B023
-                losses.append(self.loss_fn(yi, self.model(xi, training=False)))
+                losses.append(self._eval(xi, yi))
             return float(tf.reduce_mean(tf.stack(losses)))  # one read: no host synchronisation a batch
 
     def read_losses(self) -> list[float]:
