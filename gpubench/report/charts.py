@@ -6,6 +6,7 @@ output file, so a report killed midway never leaves half a chart."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -323,29 +324,39 @@ def step_time_boxes(step_times: dict[str, list[float]], path: Path) -> Path | No
 LOSS_MAX_PANELS = 6
 
 
-def loss_vs_samples(curves: dict[str, dict[str, tuple[list[int], list[float]]]], path: Path) -> Path | None:
-    """The training loss of every step against the samples trained (step k: k x samples_per_step),
-    a panel per workload and a line per config: the median over its repeats at each step they
-    all took. ``curves``: workload -> config label -> (samples, losses). Configs of one panel are
-    compared at the same samples, whatever their batch or step count."""
-    groups = [(w, c) for w, c in curves.items() if c][:LOSS_MAX_PANELS]
+def _workload_panels(panels: dict[str, Any], path: Path, title: str, xlabel: str, ylabel: str,
+                     draw: Callable[[Any, str, Any], None]) -> Path | None:
+    """A loss chart: a panel per workload (the first LOSS_MAX_PANELS; the others counted in the
+    title), ``draw(ax, workload, its lines)`` drawing each."""
+    groups = [(w, c) for w, c in panels.items() if c][:LOSS_MAX_PANELS]
     if not groups:
         return None
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(len(groups), 1, figsize=(8, 2.8 * len(groups)), squeeze=False)
         for ax, (workload, lines) in zip(axes[:, 0], groups):
-            for label, (samples, losses) in lines.items():
-                ax.plot(samples, losses, lw=1.2, label=wrap(label, 50))
-            ax.set_xlabel("samples trained")
-            ax.set_ylabel("training loss")
+            draw(ax, workload, lines)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
             ax.set_title(wrap(workload, 80))
-        more = len(curves) - len(groups)
-        fig.suptitle("Training loss against samples (every step; a line per config, the median over its repeats)"
-                     + (f"; {more} more workload(s) in the results" if more > 0 else ""), fontsize=10)
+        more = len(panels) - len(groups)
+        fig.suptitle(title + (f"; {more} more workload(s) in the results" if more > 0 else ""), fontsize=10)
         fig.tight_layout()
         _legends(fig, list(axes[:, 0]))
         _save(fig, path)
     return path
+
+
+def loss_vs_samples(curves: dict[str, dict[str, tuple[list[int], list[float]]]], path: Path) -> Path | None:
+    """The training loss of every step against the samples trained (step k: k x samples_per_step),
+    a panel per workload and a line per config: the median over its repeats at each step they
+    all took. ``curves``: workload -> config label -> (samples, losses). Configs of one panel are
+    compared at the same samples, whatever their batch or step count."""
+    def draw(ax: Any, workload: str, lines: dict[str, tuple[list[int], list[float]]]) -> None:
+        for label, (samples, losses) in lines.items():
+            ax.plot(samples, losses, lw=1.2, label=wrap(label, 50))
+
+    return _workload_panels(curves, path, "Training loss against samples (every step; a line per config, the median "
+                            "over its repeats)", "samples trained", "training loss", draw)
 
 
 def held_out_vs_time(runs: dict[str, dict[str, list[tuple[list[float], list[float]]]]], targets: dict[str, float],
@@ -354,27 +365,15 @@ def held_out_vs_time(runs: dict[str, dict[str, list[tuple[list[float], list[floa
     clock of the time to target), a panel per workload, a colour per config and a line per
     repeat, the target dashed. ``runs``: workload -> config label -> [(seconds, losses)] of its
     repeats; ``targets``: workload -> its configs' target (the lowest, where they differ)."""
-    groups = [(w, c) for w, c in runs.items() if c][:LOSS_MAX_PANELS]
-    if not groups:
-        return None
-    with plt.rc_context(STYLE):
-        fig, axes = plt.subplots(len(groups), 1, figsize=(8, 2.8 * len(groups)), squeeze=False)
-        for ax, (workload, lines) in zip(axes[:, 0], groups):
-            for i, (label, repeats) in enumerate(lines.items()):
-                color = f"C{i % 10}"
-                for k, (seconds, losses) in enumerate(repeats):
-                    ax.plot(seconds, losses, lw=1.2, marker=".", color=color, label=wrap(label, 50) if k == 0 else None)
-            ax.axhline(targets[workload], color="black", ls="--", lw=0.8, label="target")
-            ax.set_xlabel("seconds from the first step")
-            ax.set_ylabel("held-out loss")
-            ax.set_title(wrap(workload, 80))
-        more = len(runs) - len(groups)
-        fig.suptitle("Held-out loss against time (every evaluation; a line per repeat, a colour per config)"
-                     + (f"; {more} more workload(s) in the results" if more > 0 else ""), fontsize=10)
-        fig.tight_layout()
-        _legends(fig, list(axes[:, 0]))
-        _save(fig, path)
-    return path
+    def draw(ax: Any, workload: str, lines: dict[str, list[tuple[list[float], list[float]]]]) -> None:
+        for i, (label, repeats) in enumerate(lines.items()):
+            for k, (seconds, losses) in enumerate(repeats):
+                ax.plot(seconds, losses, lw=1.2, marker=".", color=f"C{i % 10}",
+                        label=wrap(label, 50) if k == 0 else None)
+        ax.axhline(targets[workload], color="black", ls="--", lw=0.8, label="target")
+
+    return _workload_panels(runs, path, "Held-out loss against time (every evaluation; a line per repeat, a colour "
+                            "per config)", "seconds from the first step", "held-out loss", draw)
 
 
 # --- telemetry timelines -----------------------------------------------------------------------
