@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -196,3 +197,50 @@ def test_the_gate_catches_a_change_that_slows_convergence_and_leaves_the_rate_al
         (verdict,) = json.loads((tmp_path / "gate.json").read_text())["verdicts"]
         verdicts.append((proc.returncode, verdict["verdict"]))
     assert verdicts[0] == (1, "regressed") and verdicts[1] in ((0, "unchanged"), (0, "inconclusive")), verdicts
+
+
+OWN_SUITE = """
+name = "own-ttq"
+[defaults]
+workload = "mymodels:small_convnet"
+input_shape = [3, 32, 32]
+num_classes = 10
+args.width = 16
+batch_size = 32
+threads = 1
+precision = "fp32"
+target_loss = 2.3
+eval_every = 10
+max_steps = 300
+[matrix]
+framework = ["torch"]
+[[matrix.include]]
+framework = "tensorflow"
+workload = "mymodels:keras_convnet"
+input_shape = [32, 32, 3]
+[[matrix.include]]
+framework = "jax"
+workload = "mymodels:flax_convnet"
+input_shape = [32, 32, 3]
+"""
+
+
+@pytest.mark.slow
+def test_the_example_projects_models_train_to_a_target_in_the_three_frameworks(tmp_path):
+    """examples/own-model's PyTorch, Keras and Flax factories with a target_loss: each trains on
+    the synthetic task of its input, evaluates on that task's held-out draw in inference mode,
+    and reaches the target (from ln 10 = 2.303 at chance), timed."""
+    project = tmp_path / "project"
+    shutil.copytree(REPO / "examples" / "own-model", project)
+    (project / "ttq.toml").write_text(OWN_SUITE)
+    proc = run_cli(["run", "ttq.toml", "--out", "runs", "--no-report", "--no-calibrate"], cwd=project, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = (project / "runs").iterdir()
+    results = {r["config"]["framework"]: r for r in result_lines(run_dir)}
+    assert sorted(results) == ["jax", "tensorflow", "torch"]
+    for framework, r in results.items():
+        t = r["metrics"]["target"]
+        assert r["status"] == "ok" and t["reached"], (framework, r["reason"])
+        losses = [e[2] for e in t["evaluations"]]
+        assert losses[0] > 2.3 >= losses[-1] and t["time_to_target_s"] > 0, (framework, losses)
+        assert r["model"]["source"] == "factory"
