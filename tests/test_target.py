@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, plugin_env, result_lines, run_cli
+from tests.conftest import REPO, plugin_env, requires, result_lines, run_cli
 
 SUITE = """
 name = "tt"
@@ -92,6 +92,108 @@ def test_repeats_that_miss_a_target_count_as_the_slowest():
     assert _to_target(times, pd.Series([True, False, True, False])) is None  # 1, 3, miss, miss
     assert _to_target(times[:1], pd.Series([True])) == 3.0
     assert _to_target(times[:2], pd.Series([None, None])) is None  # no target: no figure
+
+
+TWINS = """
+name = "tw"
+[defaults]
+framework = "fake-advise"
+workload = "fault"
+batch_size = 8
+eval_every = 5
+max_steps = 200
+target_loss = 0.9
+[matrix]
+compile = ["none", "xla"]
+"""
+
+
+def test_twins_are_compared_on_their_time_to_the_target(tmp_path):
+    """The report's twin comparison (compile xla over none) gains the time to target: the
+    baseline's over the twin's, from the results (the fake's xla steps sleep 3 ms, none's 2)."""
+    (tmp_path / "s.toml").write_text(TWINS)
+    proc = run_cli(["run", "s.toml", "--out", "runs"], cwd=tmp_path, env=plugin_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    times = {r["config"]["compile"]: r["metrics"]["target"]["time_to_target_s"] for r in result_lines(run_dir)}
+    summary = (tmp_path / "reports" / run_dir.name / "summary.md").read_text()
+    section = summary.split("### Compile setting over none", 1)[1].split("###", 1)[0]
+    header, _, row = [line for line in section.splitlines() if line.startswith("|")][:3]
+    cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+    ratio = cells["to target (time over the baseline's, above 1: sooner)"]
+    assert ratio == f"{times['none'] / times['xla']:.2f}x" and times["none"] < times["xla"], (cells, times)
+
+
+RULE = """
+import numpy as np
+import torch
+from torch import nn
+
+W = np.random.default_rng(0).standard_normal((8, 3)).astype(np.float32)  # the rule: class = argmax(x W)
+
+
+def model():
+    return nn.Linear(8, 3)
+
+
+def batches(batch_size):
+    x = np.random.standard_normal((batch_size, 8)).astype(np.float32)  # new samples every call
+    return x, (x @ W).argmax(1)
+
+
+def loss(outputs, targets):
+    return nn.functional.cross_entropy(outputs, targets, label_smoothing=0.05)
+"""
+
+OWN = """
+name = "own"
+[defaults]
+framework = "torch"
+device = "cpu"
+threads = 1
+batches = "rule:batches"
+loss = "rule:loss"
+batch_size = 64
+lr = 0.01
+target_loss = 0.4
+eval_every = 5
+max_steps = 300
+[matrix]
+workload = ["rule:model"]
+[[matrix.include]]
+workload = "torchvision:resnet18"
+batches = ""
+loss = "cross_entropy"
+lr = 0.001
+input_shape = [3, 32, 32]
+num_classes = 10
+batch_size = 8
+eval_every = 2
+max_steps = 4
+target_loss = 50.0
+"""
+
+
+def test_a_users_batch_function_and_loss_and_a_zoos_model_train_to_a_target(tmp_path):
+    """A factory with its own batch function (held out: later calls of it, new samples each)
+    and its own loss learns its rule to the target; a zoo's model (torchvision, batch norm in
+    inference mode) evaluates its held-out draw every 2 steps, finite losses (its target set
+    high: what is checked is the zoo's evaluation, not how fast resnet18 learns)."""
+    requires("torchvision")
+    (tmp_path / "rule.py").write_text(RULE)
+    (tmp_path / "s.toml").write_text(OWN)
+    proc = run_cli(["run", "s.toml", "--out", "runs", "--no-report", "--no-calibrate"], cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    results = {r["config"]["workload"]: r for r in result_lines(run_dir)}
+    own, zoo = results["rule:model"], results["torchvision:resnet18"]
+    t = own["metrics"]["target"]
+    assert own["status"] == "ok" and t["reached"], own["reason"]
+    losses = [e[2] for e in t["evaluations"]]
+    assert losses[0] > 0.4 >= losses[-1] and t["steps_to_target"] == t["evaluations"][-1][0]
+    z = zoo["metrics"]["target"]
+    assert zoo["status"] == "ok" and [e[0] for e in z["evaluations"]] == [2], zoo["reason"]
+    assert all(np.isfinite(e[2]) and e[2] > 0 for e in z["evaluations"])
 
 
 def test_held_out_batches_are_another_draw_of_the_same_task():
