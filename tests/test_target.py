@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, plugin_env, requires, result_lines, run_cli
+from tests.conftest import REPO, make_result, plugin_env, requires, result_lines, run_cli
 
 SUITE = """
 name = "tt"
@@ -196,6 +196,28 @@ def test_a_users_batch_function_and_loss_and_a_zoos_model_train_to_a_target(tmp_
     assert all(np.isfinite(e[2]) and e[2] > 0 for e in z["evaluations"])
 
 
+def test_the_gate_says_when_rates_of_runs_to_a_target_come_from_unequal_step_counts():
+    """A run to a target stops at it, so its rate comes from the steps it took: the gate on the
+    rate says when the two sides' step counts differ (and not on the target's own metrics)."""
+    from gpubench.config import Config
+    from gpubench.gate.compare import compare
+
+    config = Config(workload="mlp", batch_size=8, target_loss=0.9)
+
+    def side(steps, times):
+        return [make_result(config, rate=100.0 + k, repeat=k, window_steps=[10] * (steps // 10),
+                            target={"reached": True, "time_to_target_s": t, "steps_to_target": steps})
+                for k, t in enumerate(times)]
+
+    base, cur = side(100, [1.0, 1.1, 0.9, 1.05, 0.95]), side(500, [5.0, 5.1, 4.9, 5.05, 4.95])
+    (rate,) = compare(base, cur, "throughput").verdicts
+    assert "come from 100 and 500 steps (medians), not equal terms" in rate.note
+    (time,) = compare(base, cur, "time_to_target_s").verdicts
+    assert time.verdict == "regressed" and "equal terms" not in time.note
+    (same,) = compare(base, side(110, [1.0] * 5), "throughput").verdicts
+    assert "equal terms" not in same.note
+
+
 def test_held_out_batches_are_another_draw_of_the_same_task():
     """The synthetic tasks are made from the seed (class templates, the token permutation); a
     held-out draw keeps the task and draws other samples, and draw 0 is the training pool as it
@@ -291,13 +313,15 @@ def test_the_gate_catches_a_change_that_slows_convergence_and_leaves_the_rate_al
         proc = run_cli([*args, "--no-report", "--no-calibrate"], cwd=tmp_path / side, timeout=600)
         assert proc.returncode == 0, proc.stdout + proc.stderr
     (base,), (head,) = ((tmp_path / "runs" / side).iterdir() for side in ("base", "head"))
-    verdicts = []
+    verdicts, notes = [], []
     for command in commands[2:]:
         args = command.split("python -m gpubench ")[1].split()
         args = [str(base) if a == "runs/base/*" else str(head) if a == "runs/head/*" else a for a in args]
         proc = run_cli([*args, "--json", "gate.json"], cwd=tmp_path)
         (verdict,) = json.loads((tmp_path / "gate.json").read_text())["verdicts"]
         verdicts.append((proc.returncode, verdict["verdict"]))
+        notes.append(verdict["note"])
+    assert "not equal terms" in notes[1] and "equal terms" not in notes[0]  # the rates from ~100 and ~500 steps
     assert verdicts[0] == (1, "regressed") and verdicts[1] in ((0, "unchanged"), (0, "inconclusive")), verdicts
 
 

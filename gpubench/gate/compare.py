@@ -308,12 +308,33 @@ def compare(baseline: list[Result], current: list[Result], metric_name: str = "t
                                     if paired else
                                     f"too few repeats for a CI (needs {min_repeats(2 * alpha_config)} per side)")
         flag = None if flags is None else flags.get(config_id, "")
-        note = "; ".join(filter(None, [note, setting_differences(baseline, current, config_id)]))
+        note = "; ".join(filter(None, [note, setting_differences(baseline, current, config_id),
+                                       unequal_steps(baseline, current, config_id, metric)]))
         verdicts.append(ConfigVerdict(config_id, judge(s, metric, threshold, noise_floor, flag), s.ratio,
                                       None if math.isnan(s.ci_low) else s.ci_low,
                                       None if math.isnan(s.ci_high) else s.ci_high, b_med, c_med, len(b), len(c), note,
                                       noise))
     return Comparison(metric, threshold, noise_floor, alpha, alpha_config, verdicts, correction, paired, best_of)
+
+
+def unequal_steps(baseline: list[Result], current: list[Result], config_id: str, metric: Metric) -> str:
+    """Where the two sides ran to a target (a run stops when it reaches it) and the metric is
+    not the target's own: the medians of the steps their figures come from, when they differ by
+    more than a quarter ("" otherwise). A rate over 100 steps and one over 500 are not on equal
+    terms: the first carries more of the first steps and of the machine's noise."""
+    if metric.path[:2] == ("metrics", "target"):
+        return ""
+
+    def steps(results: list[Result]) -> float | None:
+        n = [sum(r.get("metrics", "window_steps") or []) for r in results
+             if r.config_id == config_id and r.ok and r.get("metrics", "target")]
+        return float(statistics.median(n)) if n else None
+
+    a, b = steps(baseline), steps(current)
+    if a is None or b is None or max(a, b) <= 1.25 * min(a, b):
+        return ""
+    return (f"runs to a target: these figures come from {a:g} and {b:g} steps (medians), not equal terms; "
+            "measure the rate with timed windows (no target)")
 
 
 def setting_differences(baseline: list[Result], current: list[Result], config_id: str) -> str:
