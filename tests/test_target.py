@@ -298,7 +298,8 @@ def test_the_gate_catches_a_change_that_slows_convergence_and_leaves_the_rate_al
     user's model whose candidate initialises its weights 3x too large reaches the target
     several times later (regressed on time_to_target_s, exit 1) at the same step rate: the gate
     on throughput stays green (exit 0; unchanged, or inconclusive where the baseline's rate,
-    from its ~100 steps against the candidate's ~500, caught more of the machine's noise)."""
+    from its ~1,000 steps against the candidate's ~4,500, caught more of the machine's noise;
+    the note says the two come from unequal step counts)."""
     guide = (REPO / "docs" / "time-to-quality.md").read_text()
     section = guide[guide.index("## Gating convergence"):]
     base_code, head_code = re.findall(r"```python\n(.*?)```", section, re.S)[:2]
@@ -321,7 +322,7 @@ def test_the_gate_catches_a_change_that_slows_convergence_and_leaves_the_rate_al
         (verdict,) = json.loads((tmp_path / "gate.json").read_text())["verdicts"]
         verdicts.append((proc.returncode, verdict["verdict"]))
         notes.append(verdict["note"])
-    assert "not equal terms" in notes[1] and "equal terms" not in notes[0]  # the rates from ~100 and ~500 steps
+    assert "not equal terms" in notes[1] and "equal terms" not in notes[0]  # rates from ~1,000 and ~4,500 steps
     assert verdicts[0] == (1, "regressed") and verdicts[1] in ((0, "unchanged"), (0, "inconclusive")), verdicts
 
 

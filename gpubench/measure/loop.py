@@ -187,12 +187,13 @@ def run_to_target(trainer: Trainer, target: Target, progress: Callable[[str], No
                   turns: Turns | None = None) -> RawMeasurement:
     """Time to quality, as MLPerf Training counts it: the clock starts at the first training step
     (its compilation included) and stops at the end of the evaluation that first reaches the
-    target, the evaluations' own time included. The steps between evaluations are timed as
-    windows (their step times give the rate); a step's loss is read, and the held-out loss
-    evaluated, only between them. Stops at the target, at a cap (``max_steps``, or ``max_time_s``
-    at the next evaluation) or at a non-finite loss (``diverged``). With ``turns`` (lockstep) it
-    holds the token from its first step to its last evaluation: the two sides of a round train
-    one after the other, and neither's clock runs while the other trains."""
+    target, the evaluations' own time included, the worker's heartbeat (its phase file for the
+    runner) not. The steps between evaluations are timed as windows (their step times give the
+    rate); a step's loss is read, and the held-out loss evaluated, only between them. Stops at
+    the target, at a cap (``max_steps``, or ``max_time_s`` at the next evaluation) or at a
+    non-finite loss (``diverged``). With ``turns`` (lockstep) it holds the token from its first
+    step to its last evaluation: the two sides of a round train one after the other, and
+    neither's clock runs while the other trains."""
     turns = turns or Turns()
     try:
         turns.begin()
@@ -204,18 +205,21 @@ def run_to_target(trainer: Trainer, target: Target, progress: Callable[[str], No
 def _to_target(trainer: Trainer, target: Target, progress: Callable[[str], None] | None) -> RawMeasurement:
     raw = _cold_start(trainer, NO_RANGES, progress or (lambda phase: None))
     t0 = raw.phases[0].start_ns  # the clock of the time to target starts with the first step
+    told = 0  # ns spent telling the runner what the worker does (its heartbeat file): gpubench's, not training's
     steps, next_eval = 1, target.eval_every
     while math.isfinite(raw.loss_last):
         n = min(next_eval, target.max_steps) - steps  # evaluations after steps eval_every, 2 eval_every, ...
         if n > 0:
             if progress is not None:
+                b0 = clock_ns()
                 progress(f"training to the target: steps {steps + 1}-{steps + n} (at most {target.max_steps})")
+                told += clock_ns() - b0
             _window(trainer, raw, trainer.step, n, NO_RANGES, None)
             steps += n
         e0 = clock_ns()
         loss = target.evaluate()
         e1 = clock_ns()
-        raw.evaluations.append(Evaluation(steps, (e1 - t0) / 1e9, loss, (e1 - e0) / 1e9))
+        raw.evaluations.append(Evaluation(steps, (e1 - t0 - told) / 1e9, loss, (e1 - e0) / 1e9))
         next_eval += target.eval_every
         if not math.isfinite(loss) or loss <= target.loss or steps >= target.max_steps \
                 or (e1 - t0) / 1e9 >= target.max_time_s:
