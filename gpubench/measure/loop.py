@@ -203,26 +203,27 @@ def run_to_target(trainer: Trainer, target: Target, progress: Callable[[str], No
 
 
 def _to_target(trainer: Trainer, target: Target, progress: Callable[[str], None] | None) -> RawMeasurement:
-    raw = _cold_start(trainer, NO_RANGES, progress or (lambda phase: None))
+    tell = progress or (lambda phase: None)
+    raw = _cold_start(trainer, NO_RANGES, tell)
     t0 = raw.phases[0].start_ns  # the clock of the time to target starts with the first step
     told = 0  # ns spent telling the runner what the worker does (its heartbeat file): gpubench's, not training's
     steps, next_eval = 1, target.eval_every
     while math.isfinite(raw.loss_last):
         n = min(next_eval, target.max_steps) - steps  # evaluations after steps eval_every, 2 eval_every, ...
         if n > 0:
-            if progress is not None:
-                b0 = clock_ns()
-                progress(f"training to the target: steps {steps + 1}-{steps + n} (at most {target.max_steps})")
-                told += clock_ns() - b0
+            b0 = clock_ns()
+            tell(f"training to the target: steps {steps + 1}-{steps + n} (at most {target.max_steps})")
+            told += clock_ns() - b0
             _window(trainer, raw, trainer.step, n, NO_RANGES, None)
             steps += n
         e0 = clock_ns()
         loss = target.evaluate()
         e1 = clock_ns()
-        raw.evaluations.append(Evaluation(steps, (e1 - t0 - told) / 1e9, loss, (e1 - e0) / 1e9))
+        elapsed_s = (e1 - t0 - told) / 1e9  # the clock the time to target and the max_time_s cap both read
+        raw.evaluations.append(Evaluation(steps, elapsed_s, loss, (e1 - e0) / 1e9))
         next_eval += target.eval_every
         if not math.isfinite(loss) or loss <= target.loss or steps >= target.max_steps \
-                or (e1 - t0) / 1e9 >= target.max_time_s:
+                or elapsed_s >= target.max_time_s:
             break
     raw.diverged = not math.isfinite(raw.loss_last) or any(not math.isfinite(e.loss) for e in raw.evaluations)
     return raw

@@ -89,7 +89,7 @@ def _to_target(values: pd.Series, reached: pd.Series) -> float | None:
     """The median over the repeats that trained to a target, a missed one slower than any that
     reached it; None where half or more missed (their median is no time)."""
     tried = reached.dropna().astype(bool)
-    times = sorted(pd.to_numeric(values[tried.index[tried]], errors="coerce").dropna().tolist())
+    times = pd.to_numeric(values[tried.index[tried]], errors="coerce").dropna().tolist()
     times += [math.inf] * int((~tried).sum())
     if not times:
         return None

@@ -186,9 +186,14 @@ def train_draw(trial: int) -> int:
     return 0 if trial == 0 else EVAL_DRAW + trial
 
 
+def eval_batch_count(batch_size: int) -> int:
+    """How many batches a target's held-out pool holds: at least EVAL_SAMPLES samples, 2 batches."""
+    return max(2, math.ceil(EVAL_SAMPLES / batch_size))
+
+
 def eval_batches(spec: Task, batch_size: int, seed: int) -> Batches:
     """A target's held-out batches: at least EVAL_SAMPLES samples of the task's own draw."""
-    return task_batches(spec, batch_size, max(2, math.ceil(EVAL_SAMPLES / batch_size)), seed, EVAL_DRAW)
+    return task_batches(spec, batch_size, eval_batch_count(batch_size), seed, EVAL_DRAW)
 
 
 def function_batches(fn: Callable[[int], Any], batch_size: int, n_batches: int, where: str) -> Batches:

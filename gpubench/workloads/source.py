@@ -38,9 +38,9 @@ from gpubench.config import Config
 from gpubench.errors import did_you_mean
 from gpubench.files import write_text_atomic
 from gpubench.workloads.data import (
-    EVAL_SAMPLES,
     Batches,
     SyntheticTask,
+    eval_batch_count,
     eval_batches,
     function_batches,
     one_batch,
@@ -276,7 +276,7 @@ def own_batches(task: SyntheticTask | None, batch_fn: Callable[[int], Any] | Non
         held_out = partial(eval_batches, task, seed=config.seed)
     else:
         held_out = lambda batch: function_batches(  # noqa: E731
-            batch_fn, batch, max(2, math.ceil(EVAL_SAMPLES / batch)), f"batches {config.batches!r}")
+            batch_fn, batch, eval_batch_count(batch), f"batches {config.batches!r}")
         sample = function_batches(batch_fn, FIRST_BATCH, 1, f"batches {config.batches!r}")
         lengths = {leaf.shape[2] for leaf in tree_leaves(sample.x) if leaf.ndim == 3 and leaf.dtype.kind in "iu"}
         if facts is not None and len(lengths) == 1:
