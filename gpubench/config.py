@@ -23,11 +23,13 @@ from gpubench.options import (
     DATA_MODES,
     DATASETS,
     DISTRIBUTED_KINDS,
+    FSDP_RESHARDS,
     INPUT_KINDS,
     LOSSES,
     MAX_DEVICES,
     MAX_MICROBATCHES,
     MEMORY_FORMATS,
+    MESH_FRAMEWORKS,
     OPTIMIZER_IMPLS,
     OPTIMIZER_SETTINGS,
     OPTIMIZERS,
@@ -35,6 +37,7 @@ from gpubench.options import (
     PRECISIONS,
     REPLICA_KINDS,
     STAGE_KINDS,
+    TENSOR_KINDS,
     device_index,
     device_kind,
     parse_parallelism,
@@ -109,8 +112,13 @@ class Config:
         help=('`single`; `grad-accum:N` (N micro-batches of `batch_size` per optimizer step, every framework); '
               '`ddp:N` (PyTorch DistributedDataParallel, N processes started by torchrun, gloo on CPU, NCCL on '
               'GPU); `dp:N` (one process over N devices: PyTorch DataParallel over N GPUs; JAX `jax.jit` over a'
-              ' mesh of N GPUs or N host devices); `pipeline:N` (PyTorch `torch.distributed.pipelining`: N '
-              'stages, one process each; `batch_size` is the batch every stage processes per step); '
+              ' mesh of N GPUs or N host devices); `fsdp:N` (fully sharded data parallel: PyTorch FSDP2 '
+              '`fully_shard` per block and at the root, N processes as for `ddp:N`; each rank holds 1/N of the '
+              'parameters, gradients and optimizer state); `tp:N` (tensor parallel: a transformer\'s attention '
+              'and MLP projections split column- and row-wise over N processes by DTensor\'s '
+              '`parallelize_module`; every rank sees the whole batch); `pipeline:N` (PyTorch '
+              '`torch.distributed.pipelining`: N stages, one process each; `batch_size` is the batch every stage '
+              'processes per step); '
               '`mirrored:N` (TensorFlow MirroredStrategy over N GPUs, or N logical CPU devices); '
               '`multiworker:N` (TensorFlow MultiWorkerMirroredStrategy, N worker processes). N is at most '
               f'{MAX_DEVICES} (devices or processes), {MAX_MICROBATCHES} for `grad-accum`'))
@@ -264,6 +272,12 @@ class Config:
         "gpipe", check=("values", "pipeline schedule", PIPELINE_SCHEDULES), named="changed",
         used_when=lambda c: c.pipelined, named_when_used=True,
         help=('`pipeline:N`: the `torch.distributed.pipelining` schedule, `gpipe` or `1f1b`'))
+    fsdp_reshard: str = setting(
+        "after-forward", check=("values", "fsdp reshard", FSDP_RESHARDS), named="changed",
+        used_when=lambda c: parse_parallelism(c.parallelism)[0] == "fsdp", named_when_used=True,
+        help=('`fsdp:N`: when a block\'s gathered parameters are freed: `after-forward` (FSDP2\'s '
+              '`reshard_after_forward=True`, ZeRO-3: gathered again for the backward) or `after-backward` '
+              '(kept from the forward to the backward: one all-gather fewer a block, more memory)'))
     nnodes: int = setting(
         1, check=None, named="changed",
         help=('nodes of a multi-node run (`run --nnodes`; not a suite key): a distributed config runs its N '
@@ -329,9 +343,10 @@ class Config:
 
     @property
     def distributed(self) -> bool:
-        """One process per rank, started by a launcher (``ddp:N``, ``pipeline:N``,
-        ``multiworker:N``, also N = 1)."""
-        return parse_parallelism(self.parallelism)[0] in DISTRIBUTED_KINDS
+        """One process per rank, started by a launcher (``ddp:N``, ``fsdp:N``, ``tp:N``,
+        ``pipeline:N``, ``multiworker:N``, also N = 1; JAX's ``fsdp:N`` is one process over a mesh)."""
+        kind = parse_parallelism(self.parallelism)[0]
+        return kind in DISTRIBUTED_KINDS and not (kind in ("fsdp", "tp") and self.framework in MESH_FRAMEWORKS)
 
     @property
     def pipelined(self) -> bool:
@@ -343,7 +358,7 @@ class Config:
         """Devices (ranks, replicas or pipeline stages) one optimizer step runs on; a
         distributed config has N on each of ``nnodes`` nodes."""
         kind, n = parse_parallelism(self.parallelism)
-        if kind not in REPLICA_KINDS + STAGE_KINDS:
+        if kind not in REPLICA_KINDS + STAGE_KINDS + TENSOR_KINDS:
             return 1
         return n * self.nnodes if kind in DISTRIBUTED_KINDS else n
 
@@ -355,13 +370,14 @@ class Config:
         if device_kind(self.device) != "cuda":
             return ()
         kind, n = parse_parallelism(self.parallelism)
-        return tuple(range(n)) if kind in REPLICA_KINDS + STAGE_KINDS else (device_index(self.device),)
+        return (tuple(range(n)) if kind in REPLICA_KINDS + STAGE_KINDS + TENSOR_KINDS
+                else (device_index(self.device),))
 
     @property
     def replicas(self) -> int:
         """Data-parallel replicas, each taking ``batch_size`` samples of every global batch
-        (pipeline stages all see the same samples: 1)."""
-        return 1 if self.pipelined else self.devices
+        (pipeline stages and tensor-parallel ranks all see the same samples: 1)."""
+        return 1 if self.pipelined or parse_parallelism(self.parallelism)[0] in TENSOR_KINDS else self.devices
 
     @property
     def batch(self) -> int:

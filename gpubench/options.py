@@ -14,14 +14,27 @@ from typing import Protocol
 
 PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16")
 # parallel strategies: "single", or "<kind>:N" for the kinds below (N >= 1)
-PARALLELISMS = ("single", "grad-accum:N", "ddp:N", "dp:N", "mirrored:N", "pipeline:N", "multiworker:N")
-PARALLEL_KINDS = ("grad-accum", "ddp", "dp", "mirrored", "pipeline", "multiworker")
+PARALLELISMS = ("single", "grad-accum:N", "ddp:N", "dp:N", "fsdp:N", "tp:N", "mirrored:N", "pipeline:N",
+                "multiworker:N")
+PARALLEL_KINDS = ("grad-accum", "ddp", "dp", "fsdp", "tp", "mirrored", "pipeline", "multiworker")
 # one process per rank, started as the backend declares (RankStart); N processes per node,
 # N x nnodes in all
-DISTRIBUTED_KINDS = ("ddp", "pipeline", "multiworker")
-REPLICA_KINDS = ("ddp", "dp", "mirrored", "multiworker")  # data parallel: N devices, batch_size samples on each
+DISTRIBUTED_KINDS = ("ddp", "fsdp", "tp", "pipeline", "multiworker")
+# data parallel: N devices, batch_size samples on each (fsdp: each holds a shard of the state)
+REPLICA_KINDS = ("ddp", "dp", "fsdp", "mirrored", "multiworker")
 STAGE_KINDS = ("pipeline",)  # model parallel: N devices, each runs its stage on every sample
+# model parallel within each layer: N devices, each holds a slice of every split layer and sees
+# every sample
+TENSOR_KINDS = ("tp",)
+# each device holds only part of the model's state (parameters, gradients, optimizer state), so the
+# replicas' weights are not compared: their shards differ by design
+SHARDED_KINDS = ("fsdp", "tp", "pipeline")
+# frameworks that run fsdp:N and tp:N in one process over a mesh of the node's N devices (JAX:
+# jax.jit with sharded arrays) rather than as N processes; a plugin's backend may add itself
+MESH_FRAMEWORKS = {"jax"}
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+# fsdp:N: when a block's gathered parameters are freed (FSDP2's reshard_after_forward True / False)
+FSDP_RESHARDS = ("after-forward", "after-backward")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 # each optimizer's settings with their defaults (PyTorch's; every backend builds the same
 # optimizer from them): a suite may set any of them (`beta2 = 0.95`), and a config whose

@@ -68,6 +68,12 @@ class Trainer(ABC):
     def memory(self) -> dict[str, int]:
         """Device-side peak memory figures, in bytes (``peak_allocated_bytes`` ...); {} on CPU."""
 
+    def state_bytes(self) -> dict[str, int] | None:
+        """The training state resident on this process's device, in bytes, as it holds it (a
+        shard of a sharded tensor): ``params_bytes``, ``grads_bytes`` (where gradients persist
+        between steps) and ``optimizer_bytes``; None where the trainer does not count it."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         """How the framework was set up for this config (optimizer implementation, autocast
         dtype...), recorded in the result so that the numbers can be interpreted."""

@@ -148,6 +148,10 @@ METRICS: list[Metric] = [
       "GPU: the framework allocator's peak"),
     M("peak_reserved_bytes", ("metrics", "memory", "peak_reserved_bytes"), "bytes", "lower", "bytes",
       "GPU: PyTorch's caching allocator's reserved peak"),
+    M("state_bytes_per_device", ("metrics", "memory", "state_bytes_per_device"), "bytes", "lower", "bytes",
+      "the training state resident on one device (rank 0's): parameters, gradients (PyTorch keeps them between "
+      "steps) and optimizer state, each as the device holds it (1/N of a tensor that fsdp:N or tp:N shards); "
+      "metrics.memory.state_bytes has the three parts, metrics.ranks each rank's", gate=True),
     M("data_bytes", ("metrics", "memory", "data_bytes"), "bytes", "", "bytes", "device-resident data pool"),
     M("oom_requested_bytes", ("metrics", "oom", "requested_bytes"), "bytes", "", "bytes",
       "an oom config on a device allocator that records its history: the request that failed"),

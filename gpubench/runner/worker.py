@@ -37,7 +37,7 @@ from gpubench.measure.loop import RawMeasurement, Target, run_loop, run_to_targe
 from gpubench.measure.stats import is_noisy, step_stats, throughput
 from gpubench.measure.trace import reading
 from gpubench.measure.turns import Turns
-from gpubench.options import REPLICA_KINDS, device_kind, parse_parallelism
+from gpubench.options import REPLICA_KINDS, SHARDED_KINDS, device_kind, parse_parallelism
 from gpubench.results.result import Outcome
 from gpubench.results.store import write_json_atomic
 from gpubench.runner.job import PHASE_FILE
@@ -237,9 +237,17 @@ def rank_summaries(trainer: Trainer, raw: RawMeasurement, config: Config, rss: P
     mine = {"rank": trainer.rank, "node": int(os.environ.get("GROUP_RANK", "0")), "host": socket.gethostname(),
             "step_time_median_ms": median,
             "throughput": config.batch * 1000.0 / median if median else None,
-            "peak_rss_bytes": rss.lifetime(), "weights_sha1": trainer.weights_digest(), **trainer.memory()}
+            "peak_rss_bytes": rss.lifetime(), "weights_sha1": trainer.weights_digest(), **trainer.memory(),
+            **_state(trainer)}
     gathered: list[dict[str, Any]] = trainer.all_gather(mine)
     return gathered
+
+
+def _state(trainer: Trainer) -> dict[str, Any]:
+    """``state_bytes_per_device`` (this device's parameters, gradients and optimizer state) and
+    its parts under ``state_bytes``; nothing where the trainer does not count them."""
+    parts = trainer.state_bytes()
+    return {} if parts is None else {"state_bytes_per_device": sum(parts.values()), "state_bytes": parts}
 
 
 def admit(config: Config) -> Backend | Outcome:
@@ -350,7 +358,7 @@ def run_config(config: Config, profile: dict[str, Any] | None = None, memory_his
     if (refused := _input_refused(config, native)) is not None:
         return refused, None
     model = dict(native.facts)
-    memory: dict[str, int] = {"baseline_rss_bytes": psutil.Process().memory_info().rss}
+    memory: dict[str, Any] = {"baseline_rss_bytes": psutil.Process().memory_info().rss}
     rss = PeakRss()
     rank, world = rank_of(config)
     telemetry = Telemetry(backend, config, rank)
@@ -371,6 +379,7 @@ def run_config(config: Config, profile: dict[str, Any] | None = None, memory_his
                                             telemetry.observer, ranges=ranges, window_s=config.window_s, turns=turns,
                                             progress=phase))
         memory.update(trainer.memory())
+        memory.update(_state(trainer))
         training_peak = rss.training_peak()
         if training_peak is not None:
             memory["train_peak_rss_bytes"] = training_peak
@@ -403,7 +412,7 @@ def run_config(config: Config, profile: dict[str, Any] | None = None, memory_his
     return out, telemetry.timeline
 
 
-def _failure(e: BaseException, backend: Backend, trainer: Trainer | None, memory: dict[str, int], rss: PeakRss,
+def _failure(e: BaseException, backend: Backend, trainer: Trainer | None, memory: dict[str, Any], rss: PeakRss,
              model: dict[str, Any], recording: MemoryRecording | None) -> Outcome:
     """The outcome of a config whose build, training or profiling raised: ``oom`` with the
     memory figures known so far and the allocator's state at the failure (``metrics.oom``,
@@ -449,7 +458,8 @@ def _check_ranks(out: Outcome, ranks: list[dict[str, Any]], config: Config) -> N
     """Every rank's figures in the result; data-parallel ranks that ended with different
     weights make the config ``error``."""
     out.with_metrics(ranks=ranks)
-    if parse_parallelism(config.parallelism)[0] not in REPLICA_KINDS:
+    kind = parse_parallelism(config.parallelism)[0]
+    if kind not in REPLICA_KINDS or kind in SHARDED_KINDS:  # each rank holds its own part of a sharded model
         return
     digests = {r["weights_sha1"] for r in ranks}
     identical = len(digests) == 1 and None not in digests

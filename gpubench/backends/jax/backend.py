@@ -37,19 +37,22 @@ def import_jax() -> ModuleType:
 
 
 def host_devices(config: Config) -> None:
-    """``dp:N`` on a CPU: N host devices, which must be asked for before JAX starts its CPU
+    """``dp:N`` and ``fsdp:N`` on a CPU: N host devices, which must be asked for before JAX starts its CPU
     backend (the first thing a worker does with JAX). A second trainer in one process (a
     test's) finds the backend started: it then has the devices it was started with. JAX is
     imported here in every case."""
     jax = import_jax()
     kind, n = parse_parallelism(config.parallelism)
-    if kind != "dp" or device_kind(config.device) != "cpu":
+    if kind not in MESH_KINDS or device_kind(config.device) != "cpu":
         return
     try:
         if getattr(jax.config, "jax_num_cpu_devices", 1) < n:
             jax.config.update("jax_num_cpu_devices", n)
     except RuntimeError:  # the backend has started
         pass
+
+
+MESH_KINDS = ("dp", "fsdp")  # one process over a mesh of N devices
 
 
 class JaxBackend(Backend):
@@ -77,7 +80,7 @@ class JaxBackend(Backend):
 
     capabilities = Capabilities(
         precisions={"cpu": ("fp32", "amp-bf16"), "cuda": PRECISIONS},
-        parallelism=("single", "grad-accum", "dp"),
+        parallelism=("single", "grad-accum", "dp", "fsdp"),
         compile=("none",),
         data=("device", "pipeline"),
         checkpointing=("none", "activations"),
@@ -101,6 +104,8 @@ class JaxBackend(Backend):
                                  ("mirrored", "TensorFlow's MirroredStrategy"),
                                  ("multiworker", "TensorFlow's MultiWorkerMirroredStrategy"),
                                  ("pipeline", "PyTorch's pipeline parallelism"))},
+            "parallelism=tp": "tp:N (tensor parallelism) is PyTorch's in gpubench; JAX shards the parameters "
+                              "with fsdp:N (one process, jax.jit over a mesh of N devices)",
         })
 
     def static_unsupported(self, config: Config) -> str | None:
@@ -117,8 +122,8 @@ class JaxBackend(Backend):
         if ":" in config.workload and config.checkpointing == "activations":
             return ("checkpointing = activations cuts a built-in workload at its layers; wrap your Flax module's "
                     "blocks in nn.remat instead")
-        if parse_parallelism(config.parallelism)[0] == "dp" and ":" in config.device:
-            return f"dp:N uses the first N devices of its kind; use device = cuda or cpu, not {config.device}"
+        if (kind := parse_parallelism(config.parallelism)[0]) in MESH_KINDS and ":" in config.device:
+            return f"{kind}:N uses the first N devices of its kind; use device = cuda or cpu, not {config.device}"
         return None
 
     def probe(self) -> ProbeInfo:
@@ -156,7 +161,7 @@ class JaxBackend(Backend):
             gpus = jax.devices("gpu")
         except RuntimeError:
             return ("unavailable", f"no GPU visible to JAX {jax.__version__} (jaxlib without CUDA, or no driver)")
-        if kind == "dp" and len(gpus) < n:
+        if kind in MESH_KINDS and len(gpus) < n:
             return ("unavailable", f"{config.parallelism} needs {n} GPUs; JAX sees {len(gpus)}")
         index = device_index(config.device)
         if index >= len(gpus):

@@ -51,11 +51,11 @@ def make_optimizer(name: str, lr: float, settings: dict[str, float] | None = Non
 
 
 def devices_for(config: Config) -> list[jax.Device]:
-    """The JAX devices a config trains on: ``dp:N`` the first N of its kind, else one."""
+    """The JAX devices a config trains on: ``dp:N`` and ``fsdp:N`` the first N of its kind, else one."""
     kind, n = parse_parallelism(config.parallelism)
     platform = "gpu" if device_kind(config.device) == "cuda" else "cpu"
     found = jax.devices(platform)
-    if kind == "dp":
+    if kind in ("dp", "fsdp"):
         if len(found) < n:
             raise RuntimeError(f"{config.parallelism} needs {n} {platform} devices; JAX sees {len(found)}")
         return list(found[:n])
@@ -128,6 +128,7 @@ class JaxTrainer(Trainer):
             raise Unsupported(f"{config.precision} / checkpointing = {config.checkpointing}: for the built-in "
                               "workloads only")
         self.config = config
+        self.sharded = parse_parallelism(config.parallelism)[0] == "fsdp" and config.devices > 1
         self.gpu = device_kind(config.device) == "cuda"
         self.devices = devices_for(config)
         self.policy = policy_for(config.precision)
@@ -154,7 +155,7 @@ class JaxTrainer(Trainer):
                  "count": jnp.zeros((), jnp.int32), "key": jax.random.key(config.init_seed),
                  "scale": jnp.asarray(_SCALE_INIT if self.scaled else 1.0, jnp.float32),
                  "good": jnp.zeros((), jnp.int32)}
-        self._carry = jax.device_put(carry, replicated)
+        self._carry = carry
         self.n_batches = batches.n_batches
         if self.pipeline:  # host batches, each step's put on the device one step ahead
             self._host_x, self._host_y = batches.x, batches.y
@@ -167,7 +168,8 @@ class JaxTrainer(Trainer):
 
         step = _step_function(model, loss_fn, self.optimizer, self.policy, self.accum, self.scaled, self.n_batches,
                               remat, self.pipeline)
-        carry_sharding = jax.tree_util.tree_map(lambda _: replicated, self._carry)
+        carry_sharding = self._carry_sharding(replicated)
+        self._carry = jax.device_put(self._carry, carry_sharding)
         self._step = jax.jit(step, donate_argnums=0,
                              in_shardings=(carry_sharding, by_batch, by_batch),
                              out_shardings=(carry_sharding, replicated))
@@ -185,11 +187,44 @@ class JaxTrainer(Trainer):
         self._eval = jax.jit(eval_loss)
         self._replicated = replicated
 
+    def _carry_sharding(self, replicated: jax.sharding.Sharding) -> Any:
+        """Where each array of the training state lives: replicated on every device, or with
+        ``fsdp:N`` the parameters and the optimizer's state split on the mesh's "data" axis
+        (each array along its first dimension that N divides; one N divides nowhere stays
+        whole on every device), so that each device holds 1/N of them. XLA gathers a layer's
+        parameters where the step needs them and reduce-scatters the gradients."""
+        if not self.sharded:
+            return jax.tree_util.tree_map(lambda _: replicated, self._carry)
+        assert isinstance(replicated, NamedSharding)  # a mesh: fsdp:N has N > 1 devices
+        n = len(self.devices)
+
+        def split(a: Any) -> jax.sharding.Sharding:
+            dim = next((i for i, size in enumerate(np.shape(a)) if size % n == 0 and size >= n), None)
+            if dim is None:
+                return replicated
+            return NamedSharding(replicated.mesh, P(*([None] * dim), "data"))
+
+        return {k: (jax.tree_util.tree_map(split, v) if k in ("params", "opt")
+                    else jax.tree_util.tree_map(lambda _: replicated, v)) for k, v in self._carry.items()}
+
+    def state_bytes(self) -> dict[str, int]:
+        """The parameters and optimizer state on the first device (gradients live only inside
+        the compiled step)."""
+        def on_first(tree: Any) -> int:
+            return sum(int(shard.data.nbytes) for a in jax.tree_util.tree_leaves(tree)
+                       if hasattr(a, "addressable_shards")
+                       for shard in a.addressable_shards if shard.device == self.devices[0])
+
+        return {"params_bytes": on_first(self._carry["params"]), "optimizer_bytes": on_first(self._carry["opt"])}
+
     def _runtime(self, remat: bool) -> dict[str, Any]:
         """How the step was set up (the result's ``runtime``)."""
+        held = ("the parameters and optimizer state split on the same axis (1/N on each device); XLA inserts the "
+                "all-gathers of the parameters and the reduce-scatter of the gradients" if self.sharded else
+                "the parameters replicated; XLA inserts the gradient all-reduce")
         distributed = (f"jax.jit over a Mesh of {len(self.devices)} devices: each global batch split on its "
-                       "'data' axis, the parameters replicated; XLA inserts the gradient all-reduce (batch-norm "
-                       "statistics are over the global batch)") if len(self.devices) > 1 else None
+                       f"'data' axis, {held} (batch-norm statistics are over the global batch)"
+                       ) if len(self.devices) > 1 else None
         return {
             "optimizer_impl": "optax",
             "compute_dtype": jnp.dtype(self.policy.compute).name,

@@ -9,7 +9,15 @@ from typing import TYPE_CHECKING, Any
 
 from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo
 from gpubench.backends.pytorch.modes import GRAPH_RESETTABLE_OPTIMIZERS, TORCH_COMPILE_MODES
-from gpubench.options import PRECISIONS, Capabilities, RankStart, device_index, device_kind, parse_parallelism
+from gpubench.options import (
+    ATTENTION_WORKLOADS,
+    PRECISIONS,
+    Capabilities,
+    RankStart,
+    device_index,
+    device_kind,
+    parse_parallelism,
+)
 from gpubench.workloads import get_workload
 from gpubench.workloads.base import TiedLMHead
 
@@ -37,7 +45,7 @@ def compile_unsupported(config: Config, input_ndim: int, workload: str) -> str |
         if config.data == "pipeline":
             return ("cuda-graph replays a fixed set of kernels; the input pipeline's per-batch host work cannot be "
                     "replayed: use data = device")
-        if parallel in ("ddp", "dp"):
+        if parallel in ("ddp", "dp", "fsdp", "tp"):
             return f"cuda-graph capture of a {config.parallelism} step is not supported; use single or grad-accum:N"
         if config.precision == "amp-fp16":
             return ("cuda-graph with amp-fp16: GradScaler's step synchronises with the host, which graph capture "
@@ -85,6 +93,21 @@ def attention_unsupported(config: Config) -> str | None:
     if config.attention in ("flash", "cudnn") and kind == "cuda" and not half:
         return (f"attention = {config.attention} runs float16 or bfloat16 on CUDA; use precision amp-bf16 or "
                 f"amp-fp16 (at {config.precision}: sdpa, math or efficient)")
+    return None
+
+
+def sharded_unsupported(config: Config, kind: str) -> str | None:
+    """The rules of ``fsdp:N`` and ``tp:N`` that need no import (the model's blocks and
+    projections are checked when it is built)."""
+    if config.precision == "amp-fp16":
+        return (f"amp-fp16 needs a gradient scaler whose overflow check spans every rank's shard; {kind}:N runs "
+                "fp32, tf32 or amp-bf16")
+    if config.checkpointing != "none":
+        return (f"{kind}:N with checkpointing = activations: gpubench checkpoints runs of a Sequential's layers, "
+                "which cut across the blocks that sharding wraps (use checkpointing = none)")
+    if kind == "tp" and ":" not in config.workload and config.workload not in ATTENTION_WORKLOADS:
+        return (f"tp:N splits a transformer's attention and MLP projections; {config.workload} has none (the "
+                f"built-in transformers: {', '.join(sorted(ATTENTION_WORKLOADS))}; use fsdp:N or ddp:N)")
     return None
 
 
@@ -165,7 +188,7 @@ class TorchBackend(Backend):
     colours = {"fp32": "#1f77b4", "tf32": "#6baed6", "amp-fp16": "#08306b", "amp-bf16": "#17becf"}  # noqa: RUF012
     capabilities = Capabilities(
         precisions={"cpu": ("fp32", "amp-bf16"), "cuda": PRECISIONS},
-        parallelism=("single", "grad-accum", "ddp", "dp", "pipeline"),
+        parallelism=("single", "grad-accum", "ddp", "dp", "fsdp", "tp", "pipeline"),
         compile=("none", *TORCH_COMPILE_MODES, "cuda-graph"),
         memory_format=("contiguous", "channels-last"),
         data=("device", "pipeline"),
@@ -182,14 +205,16 @@ class TorchBackend(Backend):
                                        "parallelism is ddp:N",
         },
         # ddp:N and pipeline:N: PyTorch's elastic launcher (torchrun) starts each node's N ranks
-        rank_start={k: RankStart(node_module="torch.distributed.run") for k in ("ddp", "pipeline")})
+        rank_start={k: RankStart(node_module="torch.distributed.run") for k in ("ddp", "fsdp", "tp", "pipeline")})
 
     def static_unsupported(self, config: Config) -> str | None:
         kind = device_kind(config.device)
         parallel = parse_parallelism(config.parallelism)[0]
-        if parallel == "ddp" and ":" in config.device:
-            return f"ddp:N puts rank r on cuda:r; use device = cuda, not {config.device}"
+        if parallel in ("ddp", "fsdp", "tp") and ":" in config.device:
+            return f"{parallel}:N puts rank r on cuda:r; use device = cuda, not {config.device}"
         if (reason := attention_unsupported(config)) is not None:
+            return reason
+        if parallel in ("fsdp", "tp") and (reason := sharded_unsupported(config, parallel)) is not None:
             return reason
         if parallel == "pipeline":
             return pipeline_unsupported(config)
@@ -232,19 +257,24 @@ class TorchBackend(Backend):
             return ("unavailable", reason)
 
         kind, n = parse_parallelism(config.parallelism)
-        if kind in ("ddp", "pipeline"):
+        if kind in ("ddp", "fsdp", "tp", "pipeline"):
             import torch.distributed as dist
 
             if not dist.is_available():
                 return ("unsupported", "this torch build has no torch.distributed")
             if device_kind(config.device) == "cuda" and not dist.is_nccl_available():
                 return ("unsupported", f"{kind} on CUDA uses NCCL, which this torch build lacks")
-        if kind == "pipeline":
+        modules = {"pipeline": ("torch.distributed.pipelining", "2.4"), "fsdp": ("torch.distributed.fsdp", "2.6"),
+                   "tp": ("torch.distributed.tensor.parallel", "2.4")}
+        if kind in modules:
             try:
-                import torch.distributed.pipelining  # noqa: F401
-            except ImportError as e:
-                return ("unsupported", f"pipeline:N needs torch.distributed.pipelining (torch 2.4 or newer): {e}")
-        if kind in ("ddp", "dp", "pipeline") and device_kind(config.device) == "cuda" and torch.cuda.device_count() < n:
+                module = importlib.import_module(modules[kind][0])
+                if kind == "fsdp":
+                    module.fully_shard  # noqa: B018 - FSDP2's entry point
+            except (ImportError, AttributeError) as e:
+                return ("unsupported", f"{kind}:N needs {modules[kind][0]} (torch {modules[kind][1]} or newer): {e}")
+        if (kind in ("ddp", "dp", "fsdp", "tp", "pipeline") and device_kind(config.device) == "cuda"
+                and torch.cuda.device_count() < n):
             where = "this machine" if config.nnodes == 1 else "this node"
             return ("unavailable", f"{config.parallelism} needs {n} CUDA devices; {where} has "
                                    f"{torch.cuda.device_count()}")

@@ -109,13 +109,14 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(n, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        # the heads this rank holds: all, or under tp:N its 1/N (gpubench.backends.pytorch.sharding)
+        q, k, v = self.qkv(self.ln1(x)).view(n, t, 3, -1, d // self.heads).permute(2, 0, 3, 1, 4)
         if self.kernel is None or self.restrict is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         else:
             with self.restrict(self.kernel):
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
-        x = x + self.proj(y.transpose(1, 2).reshape(n, t, d))
+        x = x + self.proj(y.transpose(1, 2).reshape(n, t, -1))
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 

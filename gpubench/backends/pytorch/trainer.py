@@ -25,6 +25,7 @@ from gpubench.backends.pytorch.compile import (
     compile_model,
 )
 from gpubench.backends.pytorch.native import Tensors, as_native, call_model, cross_entropy
+from gpubench.backends.pytorch.sharding import apply_fsdp, apply_tp, param_groups, state_bytes
 from gpubench.config import Config
 from gpubench.measure.timers import HostStepTimer, StepTimer
 from gpubench.options import OPTIMIZER_SETTINGS, device_index, device_kind, parse_parallelism
@@ -175,8 +176,9 @@ class TorchTrainerBase(Trainer):
 
     def weights_digest(self) -> str | None:
         h = hashlib.sha1()
-        for p in self.model.parameters():
-            h.update(p.detach().float().cpu().numpy().tobytes())
+        for p in self.model.parameters():  # a sharded one gathered whole (a collective: every rank digests)
+            whole = p.full_tensor() if hasattr(p, "full_tensor") else p
+            h.update(whole.detach().float().cpu().numpy().tobytes())
         return h.hexdigest()
 
     def close(self) -> None:
@@ -218,12 +220,16 @@ class TorchTrainerBase(Trainer):
     def describe(self) -> dict[str, Any]:
         return dict(self._info)
 
+    def state_bytes(self) -> dict[str, int]:
+        return state_bytes(self.model, getattr(self, "optimizer", None))
+
 
 class TorchTrainer(TorchTrainerBase):
     def __init__(self, native: NativeModel | WorkloadSpec, config: Config, batches: Batches) -> None:
         native = as_native(native, config)
         parallel = parse_parallelism(config.parallelism)[0]
         self.ddp, self.dp = parallel == "ddp", parallel == "dp"
+        self.sharded = parallel if parallel in ("fsdp", "tp") else None
         if config.checkpointing == "activations" and not native.sequential:
             raise Unsupported("checkpointing = activations cuts a plain chain of layers (torch.nn.Sequential) into "
                               f"runs; {config.workload} is not one (use checkpointing = none)")
@@ -245,16 +251,9 @@ class TorchTrainer(TorchTrainerBase):
             assert isinstance(self.model, nn.Sequential)  # native.sequential, checked above
             self.model = checkpointed(self.model)
             checkpointing = self.model.describe()
-        if self.ddp:  # every rank starts from the same weights (and DDP broadcasts rank 0's)
-            from torch.nn.parallel import DistributedDataParallel
-
-            self.model = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.cuda else None)
-        if self.dp:  # one process; each (merged) batch is scattered over cuda:0..N-1
-            if self.autocast_dtype is not None:
-                self.model = AutocastModule(self.model, self.device.type, self.autocast_dtype)
-            self.model = nn.DataParallel(self.model, device_ids=list(range(config.devices)))
+        distributed = self._distribute(config)
         graphed = config.compile == "cuda-graph"
-        self.optimizer = make_optimizer(config.optimizer, self.model.parameters(), config.lr, fused=self.cuda,
+        self.optimizer = make_optimizer(config.optimizer, param_groups(self.model), config.lr, fused=self.cuda,
                                         settings=config.optimizer_settings(),
                                         capturable=graphed, impl=config.optimizer_impl)
         self.scheduler = warmup(self.optimizer, config.lr_warmup_steps)
@@ -294,14 +293,37 @@ class TorchTrainer(TorchTrainerBase):
             "grad_scaler": self.scaler is not None,
             "grad_accum": self.accum,
             "checkpointing": checkpointing,
-            "distributed": (f"DistributedDataParallel({self.backend_name}, world_size={self.world_size})" if self.ddp
-                            else f"DataParallel(device_ids={list(range(config.devices))})" if self.dp else None),
+            "distributed": distributed,
             "data": (f"DataLoader(num_workers={config.data_workers}, pin_memory={self.cuda})"
                      if self.loader is not None else "device-resident"),
             "compile": CudaGraphStep.describe() if graphed else compile_info,
             "memory_format": "channels_last" if self.memory_format is not None else "contiguous",
         })
         self._ready()
+
+    def _distribute(self, config: Config) -> str | None:
+        """The model wrapped or split for its parallelism (every rank starts from the same
+        seeded weights); returns what the result's runtime says of it. ddp: DDP also broadcasts
+        rank 0's weights; dp: each (merged) batch is scattered over cuda:0..N-1; fsdp, tp:
+        gpubench.backends.pytorch.sharding."""
+        world = getattr(self, "world_size", 1)
+        if self.ddp:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.model = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.cuda else None)
+            return f"DistributedDataParallel({self.backend_name}, world_size={world})"
+        if self.dp:
+            if self.autocast_dtype is not None:
+                self.model = AutocastModule(self.model, self.device.type, self.autocast_dtype)
+            self.model = nn.DataParallel(self.model, device_ids=list(range(config.devices)))
+            return f"DataParallel(device_ids={list(range(config.devices))})"
+        if self.sharded == "fsdp":
+            self._info["sharding"] = apply_fsdp(self.model, config, self.device, world, self.autocast_dtype)
+            return f"fully_shard({self.backend_name}, world_size={world})"
+        if self.sharded == "tp":
+            self._info["sharding"] = apply_tp(self.model, config, self.device, world)
+            return f"parallelize_module({self.backend_name}, world_size={world})"
+        return None
 
     def close(self) -> None:
         """Also ends the input pipeline's worker processes now: left to the garbage collector,
@@ -394,7 +416,7 @@ class TorchTrainer(TorchTrainerBase):
         if not self._losses:
             return []
         losses, self._losses = torch.stack(self._losses).float(), []
-        if self.ddp:
+        if self.ddp or self.sharded == "fsdp":  # (tp's ranks all compute the same loss)
             import torch.distributed as dist
 
             dist.all_reduce(losses)
