@@ -326,6 +326,7 @@ def write_markdown(data: ReportData, path: Path, ab: dict[str, Any] | None = Non
         lines += ["### Runs side by side", "", tables.to_markdown(side_by_side)]
     sections = [*((cmp.title, tables.speedup_table(c, cmp, data.multi_run)) for cmp in twins.COMPARISONS),
                 ("Activation checkpointing", tables.checkpointing_table(c, data.multi_run)),
+                ("Sharded over replicated (fsdp:N over ddp:N)", tables.sharding_table(c, data.multi_run)),
                 ("Where time goes (ms per step, gpubench profile)", breakdown.breakdown_table(c, data.multi_run)),
                 ("Not measured", tables.failures(c, data.multi_run))]
     for title, t in sections:
@@ -429,6 +430,7 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
         charts.loss_vs_samples(_loss_curves(data), chart_dir / "loss_vs_samples.png"),
         charts.held_out_vs_time(*_evaluations(data), chart_dir / "held_out_vs_time.png"),
         charts.memory_vs_batch(c, chart_dir / "memory_vs_batch.png"),
+        charts.per_device_vs_devices(c, chart_dir / "per_device_vs_devices.png"),
         charts.telemetry_timelines(timelines, "gpu", chart_dir / "telemetry_gpu.png"),
         charts.telemetry_timelines(timelines, "host", chart_dir / "telemetry_host.png"),
         breakdown.breakdown_chart(c, chart_dir / "breakdown.png"),
@@ -470,6 +472,7 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
         "peaks": _html_table(peaks_used(data)),
         "memory": {k: _html_table(v) for k, v in tables.memory_tables(c, multi).items()},
         "checkpointing": (_html_table(t) if not (t := tables.checkpointing_table(c, multi)).empty else None),
+        "sharding": (_html_table(t) if not (t := tables.sharding_table(c, multi)).empty else None),
         "breakdown": _html_table(bd) if not (bd := breakdown.breakdown_table(c, multi)).empty else None,
         "profiles": _profiles(data, out),
         "advice": _advice(data),

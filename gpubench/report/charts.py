@@ -20,7 +20,7 @@ import pandas as pd  # noqa: E402
 # colour: the same framework x precision has the same colour in every chart (its backend's)
 from gpubench.backends import colour, display_name  # noqa: E402
 from gpubench.files import write_atomic  # noqa: E402
-from gpubench.results.twins import COMPARISONS, speedup_text, speedups  # noqa: E402
+from gpubench.results.twins import COMPARISONS, by_devices, speedup_text, speedups  # noqa: E402
 
 STYLE: dict[Any, Any] = {  # matplotlib rc settings
     "figure.dpi": 110,
@@ -170,6 +170,58 @@ def memory_vs_batch(configs: pd.DataFrame, path: Path) -> Path | None:
     return _lines_by_batch(configs, "peak_memory_bytes", path, "peak memory (MiB)",
                            "Peak memory vs batch size\n(GPU: allocator peak; CPU: process peak RSS)",
                            scale=1 / 2**20)
+
+
+def per_device_vs_devices(configs: pd.DataFrame, path: Path) -> Path | None:
+    """Throughput per device and training state per device against N, a line per strategy
+    (``single`` is each strategy's N = 1) at one per-device batch: how a strategy scales and what
+    sharding saves. None unless some strategy was measured at two or more N."""
+    ok = by_devices(configs)
+    ok = ok[ok["throughput_per_device"].notna()] if not ok.empty else ok
+    if ok.empty:
+        return None
+    group = ["workload_label", "framework", "precision", "batch_trained", "variant", "run"]
+    lines: list[tuple[tuple[Any, ...], str, pd.DataFrame]] = []
+    for keys, g in ok.groupby(group, sort=True, dropna=False):
+        single = g[g["kind"] == "single"]
+        for kind, s in g[g["kind"] != "single"].groupby("kind", sort=True):
+            points = pd.concat([single, s]).sort_values("n")
+            if points["n"].nunique() >= 2:
+                lines.append((keys, str(kind), points))
+    if not lines:
+        return None
+    workloads = list(dict.fromkeys(keys[0] for keys, _, _ in lines))
+    runs = list(dict.fromkeys(ok["run"]))
+    kinds = sorted({kind for _, kind, _ in lines})
+    panels = (("throughput_per_device", "throughput per device (samples/s)", 1.0),
+              ("state_bytes_per_device", "training state per device (MiB)", 1 / 2**20))
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(len(workloads), 2, figsize=(10.4, 3.4 * len(workloads)), squeeze=False)
+        for (workload, fw, prec, batch, variant, run), kind, points in lines:
+            label = _series_label(fw, prec, f"{kind} bs {int(batch)}" + (f" {variant}" if variant else ""),
+                                  run if len(runs) > 1 else None)
+            for ax, (column, _, scale) in zip(axes[workloads.index(workload)], panels):
+                known = points[points[column].notna()]
+                ax.plot(known["n"].to_numpy(), known[column].astype(float).to_numpy() * scale, label=label,
+                        color=colour(fw, prec), marker=VARIANT_MARKERS[kinds.index(kind) % len(VARIANT_MARKERS)],
+                        linestyle=RUN_LINESTYLES[kinds.index(kind) % len(RUN_LINESTYLES)], alpha=0.85)
+        for workload, row in zip(workloads, axes):
+            for ax, (_, ylabel, _) in zip(row, panels):
+                ns = sorted({int(n) for _, _, p in lines for n in p["n"]})
+                ax.set_xscale("log", base=2)
+                ax.set_xticks(ns, [str(n) for n in ns])
+                ax.minorticks_off()
+                ax.set_xlabel("N (devices; 1: single)")
+                ax.set_ylabel(ylabel)
+                ax.set_title(workload)
+                ax.set_ylim(0, ax.get_ylim()[1] * 1.08)
+                if not ax.has_data():
+                    ax.text(0.5, 0.5, "not counted", ha="center", va="center", transform=ax.transAxes)
+        fig.suptitle("Per device against N, at one per-device batch (state: parameters, gradients, optimizer)")
+        fig.tight_layout()
+        _legends(fig, [ax for row in axes for ax in row])
+        _save(fig, path)
+    return path
 
 
 def _without_seq_len(label: str) -> str:

@@ -147,6 +147,27 @@ def checkpointing_table(configs: pd.DataFrame, multi_run: bool = False) -> pd.Da
     }).reset_index(drop=True)
 
 
+def sharding_table(configs: pd.DataFrame, multi_run: bool = False) -> pd.DataFrame:
+    """fsdp:N against ddp:N (twins.sharding): each device's training state and peak memory,
+    the savings, and the throughput ratio."""
+    rows = twins.sharding(configs)
+    if rows.empty:
+        return pd.DataFrame()
+    return pd.DataFrame({
+        **({"run": rows["run"]} if multi_run else {}),
+        "config": rows["config_id"],
+        "ddp twin": rows["baseline_id"],
+        "state per device": rows["state_bytes"].map(fmt.nbytes),
+        "ddp's": rows["baseline_state_bytes"].map(fmt.nbytes),
+        "state saved": rows["state_saving"].map(fmt.pct),
+        "peak memory": rows["peak_source"].map(lambda v: PEAK_SOURCES.get(v, v)),
+        "peak": rows["peak_bytes"].map(fmt.nbytes),
+        "ddp's peak": rows["baseline_peak_bytes"].map(fmt.nbytes),
+        "peak saved": rows["peak_saving"].map(fmt.pct),
+        "throughput / ddp's": rows["throughput_ratio"].map(fmt.ratio),
+    }).reset_index(drop=True)
+
+
 def energy_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[str, pd.DataFrame]:
     """Energy per sample, where GPU telemetry measured it."""
     energy = "energy_per_sample_j"

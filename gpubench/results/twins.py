@@ -12,6 +12,9 @@ summary.md. They never depend on the order in which the sweep ran its configs.
   speed-up over (devices x single), where both trained at the same per-device batch.
 - ``checkpointing``: activation checkpointing against the same config without it, at the
   same batch: both peaks, the memory saving and the slowdown.
+- ``sharding``: ``fsdp:N`` against ``ddp:N`` (the same config, N and batch): the training state
+  and peak memory of a device on both sides, the saving, and the throughput ratio.
+- ``by_devices``: each config's strategy and N, for a chart of per-device figures against N.
 """
 
 from __future__ import annotations
@@ -68,11 +71,15 @@ SPEEDUP_COLUMNS = ["run", "workload_label", "config_id", "baseline_id", "speedup
                    "decided", "noisy_pair"]
 
 
+def _measured(configs: pd.DataFrame) -> pd.DataFrame:
+    """The configs with at least one ok repeat (their figures are the medians over those)."""
+    return configs[configs["repeats_ok"] > 0] if "repeats_ok" in configs else configs[configs["status"] == "ok"]
+
+
 def _pairs(configs: pd.DataFrame, axis: str, baseline: str) -> pd.DataFrame:
-    """Every measured config (at least one ok repeat: its figures are the medians over those)
-    whose twin along ``axis`` has the baseline value, merged with that twin (its columns
-    suffixed ``_base``)."""
-    ok = configs[configs["repeats_ok"] > 0] if "repeats_ok" in configs else configs[configs["status"] == "ok"]
+    """Every measured config whose twin along ``axis`` has the baseline value, merged with that
+    twin (its columns suffixed ``_base``)."""
+    ok = _measured(configs)
     if ok.empty or axis not in ok:
         return pd.DataFrame()
     key = [c for c in IDENTITY if c != axis and c in ok]
@@ -152,3 +159,41 @@ def checkpointing(configs: pd.DataFrame) -> pd.DataFrame:
         "slowdown": merged["throughput_base"] / merged["throughput"],
     })
     return out.reset_index(drop=True)
+
+
+def by_devices(configs: pd.DataFrame) -> pd.DataFrame:
+    """The measured configs with ``kind`` (``single``, ``ddp``, ``fsdp``...) and ``n`` (its N; 1
+    for single) of their parallelism."""
+    ok = _measured(configs)
+    if ok.empty or "parallelism" not in ok:
+        return ok.assign(kind=pd.Series(dtype=str), n=pd.Series(dtype=int))
+    parts = ok["parallelism"].astype(str).str.partition(":")
+    return ok.assign(kind=parts[0], n=pd.to_numeric(parts[2], errors="coerce").fillna(1).astype(int))
+
+
+SHARDING_COLUMNS = ["run", "config_id", "baseline_id", "state_bytes", "baseline_state_bytes", "state_saving",
+                    "peak_source", "peak_bytes", "baseline_peak_bytes", "peak_saving", "throughput_ratio"]
+
+
+def sharding(configs: pd.DataFrame) -> pd.DataFrame:
+    """``fsdp:N`` against ``ddp:N`` of the same config, N and per-device batch: each device's
+    training state (``state_bytes_per_device``) and peak memory on both sides, what sharding
+    saves of each (1 - fsdp / ddp), and ``throughput_ratio`` = fsdp's throughput / ddp's (below
+    1: what sharding costs in speed). Peaks are compared where they are the same kind."""
+    ok = by_devices(configs)
+    key = [c for c in IDENTITY if c != "parallelism" and c in ok] + ["n"]
+    merged = ok[ok["kind"] == "fsdp"].merge(ok[ok["kind"] == "ddp"], on=key, suffixes=("", "_base"))
+    if merged.empty:
+        return pd.DataFrame(columns=SHARDING_COLUMNS)
+    merged = merged[merged["batch_trained"] == merged["batch_trained_base"]]
+    same_peak = merged["peak_memory_source"] == merged["peak_memory_source_base"]
+    state = pd.to_numeric(merged.get("state_bytes_per_device"), errors="coerce")
+    state_base = pd.to_numeric(merged.get("state_bytes_per_device_base"), errors="coerce")
+    peak = pd.to_numeric(merged["peak_memory_bytes"], errors="coerce").where(same_peak)
+    peak_base = pd.to_numeric(merged["peak_memory_bytes_base"], errors="coerce").where(same_peak)
+    return pd.DataFrame({
+        "run": merged["run"], "config_id": merged["config_id"], "baseline_id": merged["config_id_base"],
+        "state_bytes": state, "baseline_state_bytes": state_base, "state_saving": 1.0 - state / state_base,
+        "peak_source": merged["peak_memory_source"], "peak_bytes": peak, "baseline_peak_bytes": peak_base,
+        "peak_saving": 1.0 - peak / peak_base, "throughput_ratio": merged["throughput"] / merged["throughput_base"],
+    }).reset_index(drop=True)
