@@ -1,0 +1,281 @@
+"""Sharded data parallelism (fsdp:N) and tensor parallelism (tp:N): the blocks and projections
+found, the rules, and (slow) the same losses as single with the state per device falling as 1/N."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpubench.config import Config
+from tests.conftest import REPO, plain_env, result_lines, run_cli
+
+CORPUS = REPO / "tests" / "corpus"
+
+
+def test_sharded_configs_count_their_devices_and_batches():
+    fsdp = Config(workload="gpt", batch_size=8, parallelism="fsdp:4")
+    assert (fsdp.devices, fsdp.replicas, fsdp.samples_per_step, fsdp.distributed) == (4, 4, 32, True)
+    tp = Config(workload="gpt", batch_size=8, parallelism="tp:2")  # every rank sees the whole batch
+    assert (tp.devices, tp.replicas, tp.samples_per_step, tp.micro_batch_size, tp.distributed) == (2, 1, 8, 8, True)
+    jax = Config(workload="gpt", framework="jax", batch_size=8, parallelism="fsdp:2")  # one process over a mesh
+    assert (jax.devices, jax.samples_per_step, jax.distributed) == (2, 16, False)
+    assert Config(workload="gpt", device="cuda", parallelism="tp:2").local_cuda_ordinals == (0, 1)
+    assert Config(workload="gpt", parallelism="fsdp:2", fsdp_reshard="after-backward").config_id == (
+        "gpt-torch-cpu-bs64-fp32-fsdp2-fsdp_reshard=after-backward")
+    assert Config(workload="gpt", parallelism="ddp:2", fsdp_reshard="after-backward").config_id == (
+        "gpt-torch-cpu-bs64-fp32-ddp2")  # not used: not named
+
+
+@pytest.mark.parametrize("settings, framework, reason", [
+    ({"parallelism": "fsdp:2", "device": "cuda:1"}, "torch", "use device = cuda, not cuda:1"),
+    ({"parallelism": "tp:2", "precision": "amp-fp16", "device": "cuda"}, "torch", "runs fp32, tf32 or amp-bf16"),
+    ({"parallelism": "fsdp:2", "checkpointing": "activations"}, "torch", "use checkpointing = none"),
+    ({"parallelism": "tp:2", "workload": "mlp"}, "torch", "mlp has none (the built-in transformers: gpt, vit"),
+    ({"parallelism": "fsdp:2", "compile": "cuda-graph", "device": "cuda"}, "torch", "use single or grad-accum:N"),
+    ({"parallelism": "tp:2"}, "jax", "tp:N (tensor parallelism) is PyTorch's in gpubench"),
+    ({"parallelism": "fsdp:2", "device": "cuda:1"}, "jax", "use device = cuda or cpu, not cuda:1"),
+    ({"parallelism": "fsdp:2"}, "tensorflow", "it supports: single, grad-accum:N"),
+])
+def test_what_sharding_cannot_run_says_why(settings, framework, reason):
+    from gpubench.backends import get_backend
+
+    config = Config(**{"workload": "gpt", **settings, "framework": framework})
+    assert reason in (get_backend(framework).unsupported(config) or ""), config.config_id
+
+
+def _tiny_llama():
+    from gpubench.backends.pytorch.native import torchvision_without_its_operators
+
+    torchvision_without_its_operators()  # (transformers imports torchvision where it is installed)
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=64)
+    return transformers.LlamaForCausalLM(config)
+
+
+def test_the_blocks_fsdp_wraps_and_the_projections_tp_splits(monkeypatch):
+    """Blocks by shape: a Sequential's children (a built-in workload), a ModuleList's entries
+    (nanoGPT's shape, a Hugging Face decoder's layers); a tied embedding and head stay with the
+    root; a model of bare layers has none. Projections by name: gpubench's block, Llama's."""
+    pytest.importorskip("torch")
+    from torch import nn
+
+    from gpubench.backends.pytorch.model import Block, build_model
+    from gpubench.backends.pytorch.sharding import _plan_of, blocks, state_bytes
+    from gpubench.workloads import get_workload
+
+    monkeypatch.syspath_prepend(str(CORPUS))
+    import gpt as corpus_gpt
+
+    mlp = build_model(get_workload("mlp").spec(depth=1, width=32))
+    assert [type(b).__name__ for b in blocks(mlp)] == ["Linear", "Linear"]
+    gpt = build_model(get_workload("gpt").spec(layers=2, d_model=32, heads=4, seq_len=16, vocab=64))
+    # the embedding and the output head share a weight: neither is a block of its own
+    assert [type(b).__name__ for b in blocks(gpt)] == ["Block", "Block", "LayerNorm"]
+    assert [_plan_of(b) for b in gpt if isinstance(b, Block)] == ["gpubench", "gpubench"]
+    user = corpus_gpt.gpt()
+    assert blocks(user) == list(user.blocks)
+    assert _plan_of(user.blocks[0]) is None  # its MLP is a Sequential, not named projections
+    llama = _tiny_llama()
+    assert blocks(llama) == list(llama.model.layers)
+    assert _plan_of(llama.model.layers[0]) == "llama"
+
+    class Bare(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 2)
+
+    assert blocks(Bare()) == []
+    # the state a device holds: parameters, their gradients, Adam's two moments of each
+    import torch
+
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(3, 4)).sum().backward()
+    optimizer.step()
+    size = (4 * 2 + 2) * 4
+    assert state_bytes(model, optimizer) == {"params_bytes": size, "grads_bytes": size, "optimizer_bytes": 2 * size
+                                             + 2 * 4}  # (and each parameter's step count, a float32 scalar)
+
+
+SHARDED = """
+[defaults]
+steps = 3
+windows = 2
+warmup_steps = 1
+optimizer = "sgd"
+lr = 0.05
+threads = 1
+telemetry_interval_ms = 0
+timeout_s = 240
+layers = 2
+d_model = 32
+heads = 4
+seq_len = 16
+vocab = 64
+depth = 1
+width = 32
+[matrix]
+workload = ["mlp", "gpt"]
+framework = ["torch"]
+batch_size = [16]
+parallelism = ["single"]
+[[matrix.include]]
+workload = "mlp"
+batch_size = 8
+parallelism = "fsdp:2"
+[[matrix.include]]
+workload = "mlp"
+batch_size = 4
+parallelism = "fsdp:4"
+[[matrix.include]]
+workload = "gpt"
+batch_size = 8
+parallelism = ["single", "fsdp:2", "ddp:2", "tp:2"]
+[[matrix.include]]
+workload = "gpt"
+framework = "jax"
+batch_size = 16
+parallelism = "single"
+[[matrix.include]]
+workload = "gpt"
+framework = "jax"
+batch_size = 8
+parallelism = "fsdp:2"
+[[matrix.include]]
+workload = "gpt"
+framework = "jax"
+batch_size = 4
+parallelism = "fsdp:4"
+[[matrix.include]]
+workload = "gpt:gpt"
+loss_output = "1"
+input_shape = [64]
+batch_size = 8
+parallelism = ["single", "tp:2"]
+[[matrix.include]]
+workload = "gpt:gpt"
+loss_output = "1"
+input_shape = [64]
+batch_size = 4
+parallelism = "fsdp:2"
+[[matrix.include]]
+workload = "hf:llama"
+input_shape = [16]
+"args.hidden_size" = 32
+"args.intermediate_size" = 64
+"args.num_hidden_layers" = 2
+"args.num_attention_heads" = 4
+"args.num_key_value_heads" = 2
+"args.vocab_size" = 64
+batch_size = 8
+parallelism = ["single", "tp:2"]
+"""
+
+
+@pytest.fixture(scope="module")
+def sharded_run(tmp_path_factory):
+    """One run of the MLP, GPT and a user's transformer (tests/corpus/gpt.py) under single,
+    fsdp:2, fsdp:4, ddp:2 and tp:2 in PyTorch, a Hugging Face Llama (random weights) under tp:2,
+    and GPT under fsdp:2 and fsdp:4 in JAX, with its
+    report, shared by the tests below (SGD: the losses compare step for step)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    tmp = tmp_path_factory.mktemp("sharded")
+    (tmp / "s.toml").write_text(SHARDED)
+    env = plain_env(PYTHONPATH=f"{REPO}:{CORPUS}")
+    proc = run_cli(["run", "s.toml", "--out", "runs", "--no-report"], cwd=tmp, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = (tmp / "runs").iterdir()
+    report = run_cli(["report", str(run_dir), "--out", "report"], cwd=tmp, env=env)
+    assert report.returncode == 0, report.stdout + report.stderr
+    by = {(r["config"]["workload"], r["config"]["framework"], r["config"]["parallelism"], r["config"]["batch_size"]): r
+          for r in result_lines(run_dir)}
+    return tmp, by
+
+
+def _losses(r):
+    assert r["status"] == "ok", (r["config_id"], r.get("reason"))
+    return [r["metrics"]["loss"]["first"], *r["metrics"]["loss"]["windows"]]
+
+
+@pytest.mark.slow
+def test_fsdp_and_tp_train_the_losses_of_single_at_the_same_global_batch(sharded_run):
+    _, by = sharded_run
+    for workload in ("mlp", "gpt", "gpt:gpt"):
+        single = by[(workload, "torch", "single", 16 if workload != "gpt:gpt" else 8)]
+        fsdp = by[(workload, "torch", "fsdp:2", 8 if workload != "gpt:gpt" else 4)]  # 2 ranks x 8 = 16
+        assert _losses(fsdp) == pytest.approx(_losses(single), rel=1e-5), workload
+        assert fsdp["metrics"]["samples_per_step"] == single["metrics"]["samples_per_step"]
+        assert fsdp["runtime"]["distributed"] == "fully_shard(gloo, world_size=2)"
+    four = by[("mlp", "torch", "fsdp:4", 4)]
+    assert _losses(four) == pytest.approx(_losses(by[("mlp", "torch", "single", 16)]), rel=1e-5)
+    assert [r["rank"] for r in four["metrics"]["ranks"]] == [0, 1, 2, 3]
+    assert "ranks_weights_identical" not in four["metrics"]  # each rank holds its own shard
+    # tp:2 splits each block's projections; every rank sees the whole batch of 8
+    tp, single8 = by[("gpt", "torch", "tp:2", 8)], by[("gpt", "torch", "single", 8)]
+    assert _losses(tp) == pytest.approx(_losses(single8), rel=1e-5)
+    assert (tp["metrics"]["devices"], tp["metrics"]["samples_per_step"]) == (2, 8)
+    assert tp["runtime"]["sharding"] == {"blocks": 2, "plan": ["gpubench"], "split": ["fc1", "fc2", "proj", "qkv"]}
+    assert by[("gpt", "torch", "fsdp:2", 8)]["runtime"]["sharding"]["block_types"] == ["Block", "LayerNorm"]
+    # a Hugging Face Llama: its q, k, v, o and MLP projections split by name
+    llama, llama_single = by[("hf:llama", "torch", "tp:2", 8)], by[("hf:llama", "torch", "single", 8)]
+    assert _losses(llama) == pytest.approx(_losses(llama_single), rel=1e-5)
+    assert llama["runtime"]["sharding"]["plan"] == ["llama"] and llama["runtime"]["sharding"]["blocks"] == 2
+    # the user's GPT has no projections gpubench knows by name
+    refused = by[("gpt:gpt", "torch", "tp:2", 8)]
+    assert refused["status"] == "unsupported" and "no block with projections gpubench knows" in refused["reason"]
+    # JAX: the parameters and optimizer state sharded over a mesh of host devices, one process
+    jax_single = by[("gpt", "jax", "single", 16)]
+    for n, batch in ((2, 8), (4, 4)):
+        r = by[("gpt", "jax", f"fsdp:{n}", batch)]
+        assert _losses(r) == pytest.approx(_losses(jax_single), rel=1e-4), n
+        assert "the parameters and optimizer state split" in r["runtime"]["distributed"]
+    assert _losses(jax_single) == pytest.approx(_losses(by[("gpt", "torch", "single", 16)]), rel=1e-4)
+
+
+@pytest.mark.slow
+def test_the_state_per_device_falls_as_one_over_n(sharded_run):
+    _, by = sharded_run
+
+    def state(r, rank=None):
+        m = r["metrics"]
+        return m["memory"]["state_bytes_per_device"] if rank is None else m["ranks"][rank]["state_bytes_per_device"]
+
+    for workload, framework, n, batch in (("mlp", "torch", 2, 8), ("mlp", "torch", 4, 4), ("gpt", "torch", 2, 8),
+                                          ("gpt", "jax", 2, 8), ("gpt", "jax", 4, 4)):
+        whole = state(by[(workload, framework, "single", 16)])
+        r = by[(workload, framework, f"fsdp:{n}", batch)]
+        if framework == "torch":  # every rank's shard of dimension 0: together, the whole
+            assert sum(state(r, k) for k in range(n)) == whole, (workload, n)
+            assert max(state(r, k) for k in range(n)) <= -(-whole // n) + 4 * 1024, (workload, n)
+        else:  # the GPT's every array divides by 2 and 4: exactly 1/N on the first device
+            assert state(r) * n == whole, n
+    ddp = by[("gpt", "torch", "ddp:2", 8)]
+    single = by[("gpt", "torch", "single", 8)]
+    assert state(ddp, 0) == state(ddp, 1) == state(single)  # replicas: the whole state on each
+    tp = by[("gpt", "torch", "tp:2", 8)]
+    parts = tp["metrics"]["memory"]["state_bytes"]
+    assert set(parts) == {"params_bytes", "grads_bytes", "optimizer_bytes"}
+    assert state(single) / 2 < state(tp) < state(single)  # the projections halved, the rest replicated
+
+
+@pytest.mark.slow
+def test_the_report_compares_fsdp_with_ddp_and_charts_each_device_against_n(sharded_run):
+    tmp, by = sharded_run
+    summary = (tmp / "report" / "summary.md").read_text()
+    section = summary.split("### Sharded over replicated (fsdp:N over ddp:N)")[1].split("###")[0]
+    (row,) = [line for line in section.splitlines() if "fsdp2" in line]
+    fsdp, ddp = by[("gpt", "torch", "fsdp:2", 8)], by[("gpt", "torch", "ddp:2", 8)]
+    assert f"| {fsdp['config_id']} | {ddp['config_id']} |" in row
+    saved = 1 - fsdp["metrics"]["memory"]["state_bytes_per_device"] / ddp["metrics"]["memory"]["state_bytes_per_device"]
+    assert f"| {100 * saved:.1f}% |" in row and saved == pytest.approx(0.5, abs=0.01)
+    ratio = fsdp["metrics"]["throughput"]["median"] / ddp["metrics"]["throughput"]["median"]
+    assert row.rstrip().endswith(f"| {ratio:.2f}x |")
+    assert (tmp / "report" / "charts" / "per_device_vs_devices.png").stat().st_size > 10_000
+    html = (tmp / "report" / "index.html").read_text()
+    assert 'id="sharding"' in html and "per_device_vs_devices.png" in html
+    csv = (tmp / "report" / "results.csv").read_text().splitlines()
+    assert "state_bytes_per_device" in csv[0].split(",")
+    assert json.loads(json.dumps(fsdp["metrics"]["memory"]["state_bytes"]))["optimizer_bytes"] > 0
