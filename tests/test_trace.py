@@ -57,7 +57,16 @@ def test_a_cpu_trace_gives_the_host_side():
     assert figures["device"] is None
     assert (h["ops"], h["short_ops"]) == (3, 1) and h["idle_share"] == pytest.approx(0.16)
     assert h["short_op_time_share"] == pytest.approx(4 / 84)
-    assert reading(figures).startswith("compute-bound on the CPU: operators run 84% of the profiled span")
+    assert reading(figures).startswith("compute-bound on the CPU: operators run 84% of the profiled span;")
+    # a rank of a distributed config: gloo's ranges (on its own thread) are the collectives' share,
+    # clipped to the main thread's span and counted once where they overlap
+    gloo = [{"ph": "X", "cat": "user_annotation", "name": "gloo:all_gather", "ts": 10, "dur": 20, "pid": 1, "tid": 3},
+            {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "ts": 25, "dur": 10, "pid": 1, "tid": 4},
+            {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "ts": 95, "dur": 30, "pid": 1, "tid": 3}]
+    ranked = trace_breakdown({"traceEvents": ops + gloo})
+    assert ranked["host"]["communication_share"] == pytest.approx((25 + 5) / 100)
+    assert reading(ranked).startswith("communication-bound: collectives take 30% of the profiled span")
+    assert figures["host"]["communication_share"] == 0.0
 
 
 DEVICE = {"span_ms": 10.0, "compute_share": 0.5, "communication_share": 0.0, "memory_share": 0.0,
@@ -92,6 +101,9 @@ def test_each_reading_follows_from_its_figures(figures, expected):
     ({"short_op_time_share": 0.4, "short_op_share": 0.9},
      "host-bound on small operators: 90% of the 500 top-level operators run under 10 us and take 40% of operator "
      "time; a larger batch or a compiled step (torch.compile, XLA) does more work per operator"),
+    ({"communication_share": 0.12},
+     "compute-bound on the CPU: operators run 95% of the profiled span (collectives 12% of it); faster kernels (bf16 "
+     "where the CPU has it, more threads) are what is left"),
     ({"idle_share": 0.35, "busy_share": 0.65},
      "the host is idle 35% of the profiled span between operators (Python, the input pipeline, waiting): "
      "device-resident data or a compiled step shortens it"),

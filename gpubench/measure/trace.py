@@ -16,8 +16,9 @@ The input is a Chrome-format trace as torch.profiler writes it (``traceEvents``,
   matched by the trace's ``correlation`` ids.
 
 A CPU trace (no GPU events) gives the host side: the main thread's span split into operator
-time and the gaps between operators, and the count of top-level operators (those not inside
-another), the share of them under ``SHORT_US`` and their share of operator time.
+time and the gaps between operators, the count of top-level operators (those not inside
+another), the share of them under ``SHORT_US`` and their share of operator time, and the share
+of the span in collectives (the ``gloo:``/``nccl:`` ranges of a distributed config's ranks).
 
 Why gpubench's own code rather than Holistic Trace Analysis: HTA is not on the GPU machines
 this project runs on (their images carry no registry to install it from), needs a directory of
@@ -38,6 +39,7 @@ SHORT_US = 10.0
 DEVICE_CATS = {"kernel": "compute", "gpu_memcpy": "memory", "gpu_memset": "memory"}
 PRIORITY = ("compute", "communication", "memory")  # an instant in several kinds counts as the first
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+COLLECTIVE_PREFIXES = ("gloo:", "nccl:")  # the ranges torch.distributed's backends record around a collective
 
 
 def _events(trace: dict[str, Any] | list[Any]) -> list[dict[str, Any]]:
@@ -163,8 +165,13 @@ def host_breakdown(events: list[dict[str, Any]]) -> dict[str, Any] | None:
             top.append(e)
     short = [e for e in top if e["dur"] < SHORT_US]
     op_us = sum(e["dur"] for e in top)
+    # collectives, on whichever thread runs them (gloo's and NCCL's own ranges, "gloo:all_gather")
+    comms = _union([(max(e["ts"], start), min(e["ts"] + e["dur"], end)) for e in events
+                    if str(e.get("name", "")).lower().startswith(COLLECTIVE_PREFIXES)
+                    and e["ts"] < end and e["ts"] + e["dur"] > start])
     return {
         "span_ms": span / 1000.0,
+        "communication_share": _length(comms) / span if span else 0.0,
         "busy_share": _length(spans) / span if span else 0.0,
         "idle_share": 1 - _length(spans) / span if span else 0.0,
         "ops": len(top),
@@ -236,6 +243,10 @@ def reading(figures: dict[str, Any], cpu: dict[str, Any] | None = None) -> str:
         if over is not None:
             return (f"{over}; the profile itself: operators run {_pct(h['busy_share'])} of the profiled span, "
                     f"idle {_pct(h['idle_share'])} between them")
+        if h.get("communication_share", 0.0) >= 0.3:
+            return (f"communication-bound: collectives take {_pct(h['communication_share'])} of the profiled span; "
+                    "fewer, larger messages (a larger batch per rank, fewer shards: ddp where the state fits) "
+                    "or a faster interconnect")
         if h["short_op_time_share"] is not None and h["short_op_time_share"] >= 0.3:
             return (f"host-bound on small operators: {_pct(h['short_op_share'] or 0.0)} of the {h['ops']} top-level "
                     f"operators run under {h['short_us']:g} us and take {_pct(h['short_op_time_share'])} of operator "
@@ -243,8 +254,10 @@ def reading(figures: dict[str, Any], cpu: dict[str, Any] | None = None) -> str:
         if h["idle_share"] >= 0.3:
             return (f"the host is idle {_pct(h['idle_share'])} of the profiled span between operators (Python, "
                     "the input pipeline, waiting): device-resident data or a compiled step shortens it")
-        return (f"compute-bound on the CPU: operators run {_pct(h['busy_share'])} of the profiled span; faster "
-                f"kernels (bf16 where the CPU has it{_more_threads(cpu)}) are what is left")
+        comms = h.get("communication_share", 0.0)
+        among = f" (collectives {_pct(comms)} of it)" if comms >= 0.05 else ""
+        return (f"compute-bound on the CPU: operators run {_pct(h['busy_share'])} of the profiled span{among}; "
+                f"faster kernels (bf16 where the CPU has it{_more_threads(cpu)}) are what is left")
     if d["idle_share"] >= 0.3 and d["idle_host_wait_share"] >= 0.5 * d["idle_share"]:
         return (f"launch-bound: the GPU is idle {_pct(d['idle_share'])} of the span, "
                 f"{_pct(d['idle_host_wait_share'])} waiting for the host to launch work; CUDA graphs or "
