@@ -273,7 +273,7 @@ class Config:
         used_when=lambda c: c.pipelined, named_when_used=True,
         help=('`pipeline:N`: the `torch.distributed.pipelining` schedule, `gpipe` or `1f1b`'))
     fsdp_reshard: str = setting(
-        "after-forward", check=("values", "fsdp reshard", FSDP_RESHARDS), named="changed",
+        "after-forward", check=("values", "fsdp reshard", FSDP_RESHARDS), named="changed", hashed_when_set=True,
         used_when=lambda c: parse_parallelism(c.parallelism)[0] == "fsdp", named_when_used=True,
         help=('`fsdp:N`: when a block\'s gathered parameters are freed: `after-forward` (FSDP2\'s '
               '`reshard_after_forward=True`, ZeRO-3: gathered again for the backward) or `after-backward` '

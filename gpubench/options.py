@@ -29,9 +29,11 @@ TENSOR_KINDS = ("tp",)
 # each device holds only part of the model's state (parameters, gradients, optimizer state), so the
 # replicas' weights are not compared: their shards differ by design
 SHARDED_KINDS = ("fsdp", "tp", "pipeline")
-# frameworks that run fsdp:N and tp:N in one process over a mesh of the node's N devices (JAX:
-# jax.jit with sharded arrays) rather than as N processes; a plugin's backend may add itself
-MESH_FRAMEWORKS = {"jax"}
+# frameworks that run fsdp:N and tp:N in one process over a mesh of the node's N devices (jax.jit
+# with sharded arrays) rather than as N processes: filled where the backends are registered
+# (gpubench.backends.registry, register_backend(..., mesh=True)), which every command imports
+# before it runs a config
+MESH_FRAMEWORKS: set[str] = set()
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 # fsdp:N: when a block's gathered parameters are freed (FSDP2's reshard_after_forward True / False)
 FSDP_RESHARDS = ("after-forward", "after-backward")

@@ -35,7 +35,8 @@ def test_sharded_configs_count_their_devices_and_batches():
     ({"parallelism": "fsdp:2", "compile": "cuda-graph", "device": "cuda"}, "torch", "use single or grad-accum:N"),
     ({"parallelism": "tp:2"}, "jax", "tp:N (tensor parallelism) is PyTorch's in gpubench"),
     ({"parallelism": "fsdp:2", "device": "cuda:1"}, "jax", "use device = cuda or cpu, not cuda:1"),
-    ({"parallelism": "fsdp:2"}, "tensorflow", "it supports: single, grad-accum:N"),
+    ({"parallelism": "fsdp:2"}, "tensorflow", "Keras has no sharded strategy gpubench drives"),
+    ({"parallelism": "tp:2"}, "tensorflow", "tp:N (a transformer's projections split over the ranks) is PyTorch's"),
 ])
 def test_what_sharding_cannot_run_says_why(settings, framework, reason):
     from gpubench.backends import get_backend

@@ -10,7 +10,7 @@ import importlib
 from typing import Any, TypeVar
 
 from gpubench.errors import choices_message
-from gpubench.options import RankStart, parse_parallelism
+from gpubench.options import MESH_FRAMEWORKS, RankStart, parse_parallelism
 
 # name -> "module:Class"; plugins add to it with register_backend.
 BACKENDS: dict[str, str] = {
@@ -20,8 +20,16 @@ BACKENDS: dict[str, str] = {
 }
 
 
-def register_backend(name: str, target: str) -> None:
+# the built-in backends that run fsdp:N in one process over a mesh (options.MESH_FRAMEWORKS)
+MESH_FRAMEWORKS.add("jax")
+
+
+def register_backend(name: str, target: str, mesh: bool = False) -> None:
+    """A backend by name (``module:Class``, imported when first used); ``mesh``: it runs the
+    sharded kinds (``fsdp:N``, ``tp:N``) in one process over a mesh of N devices."""
     BACKENDS[name] = target
+    if mesh:
+        MESH_FRAMEWORKS.add(name)
 
 
 def load_class(name: str) -> Any:

@@ -167,8 +167,8 @@ def by_devices(configs: pd.DataFrame) -> pd.DataFrame:
     ok = _measured(configs)
     if ok.empty or "parallelism" not in ok:
         return ok.assign(kind=pd.Series(dtype=str), n=pd.Series(dtype=int))
-    parts = ok["parallelism"].astype(str).str.partition(":")
-    return ok.assign(kind=parts[0], n=pd.to_numeric(parts[2], errors="coerce").fillna(1).astype(int))
+    parts = [str(p).partition(":") for p in ok["parallelism"]]
+    return ok.assign(kind=[k for k, _, _ in parts], n=[int(n) if n.isdigit() else 1 for _, _, n in parts])
 
 
 SHARDING_COLUMNS = ["run", "config_id", "baseline_id", "state_bytes", "baseline_state_bytes", "state_saving",
