@@ -253,7 +253,8 @@ class TorchTrainer(TorchTrainerBase):
             checkpointing = self.model.describe()
         distributed = self._distribute(config)
         graphed = config.compile == "cuda-graph"
-        self.optimizer = make_optimizer(config.optimizer, param_groups(self.model), config.lr, fused=self.cuda,
+        params = param_groups(self.model) if self.sharded else self.model.parameters()
+        self.optimizer = make_optimizer(config.optimizer, params, config.lr, fused=self.cuda,
                                         settings=config.optimizer_settings(),
                                         capturable=graphed, impl=config.optimizer_impl)
         self.scheduler = warmup(self.optimizer, config.lr_warmup_steps)
