@@ -187,8 +187,8 @@ def sharding(configs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=SHARDING_COLUMNS)
     merged = merged[merged["batch_trained"] == merged["batch_trained_base"]]
     same_peak = merged["peak_memory_source"] == merged["peak_memory_source_base"]
-    state = pd.to_numeric(merged.get("state_bytes_per_device"), errors="coerce")
-    state_base = pd.to_numeric(merged.get("state_bytes_per_device_base"), errors="coerce")
+    state = pd.to_numeric(merged["state_bytes_per_device"], errors="coerce")
+    state_base = pd.to_numeric(merged["state_bytes_per_device_base"], errors="coerce")
     peak = pd.to_numeric(merged["peak_memory_bytes"], errors="coerce").where(same_peak)
     peak_base = pd.to_numeric(merged["peak_memory_bytes_base"], errors="coerce").where(same_peak)
     return pd.DataFrame({

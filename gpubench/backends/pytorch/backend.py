@@ -31,6 +31,11 @@ if TYPE_CHECKING:
 # cudaMalloc outside the caching allocator, which surfaces as a plain RuntimeError
 _OOM_TEXT = ("out of memory", "can't allocate memory", "not enough memory", "CUBLAS_STATUS_ALLOC_FAILED",
              "CUDNN_STATUS_ALLOC_FAILED")
+
+# the parallel kinds whose ranks are processes torchrun starts (and that talk through torch.distributed)
+TORCHRUN_KINDS = ("ddp", "fsdp", "tp", "pipeline")
+
+
 def compile_unsupported(config: Config, input_ndim: int, workload: str) -> str | None:
     """Why PyTorch cannot run this compile / memory-format combination (static rules)."""
     parallel = parse_parallelism(config.parallelism)[0]
@@ -204,8 +209,8 @@ class TorchBackend(Backend):
             "parallelism=multiworker": "multiworker:N is TensorFlow's MultiWorkerMirroredStrategy; PyTorch's data "
                                        "parallelism is ddp:N",
         },
-        # ddp:N and pipeline:N: PyTorch's elastic launcher (torchrun) starts each node's N ranks
-        rank_start={k: RankStart(node_module="torch.distributed.run") for k in ("ddp", "fsdp", "tp", "pipeline")})
+        # PyTorch's elastic launcher (torchrun) starts each node's N ranks
+        rank_start={k: RankStart(node_module="torch.distributed.run") for k in TORCHRUN_KINDS})
 
     def static_unsupported(self, config: Config) -> str | None:
         kind = device_kind(config.device)
@@ -257,7 +262,7 @@ class TorchBackend(Backend):
             return ("unavailable", reason)
 
         kind, n = parse_parallelism(config.parallelism)
-        if kind in ("ddp", "fsdp", "tp", "pipeline"):
+        if kind in TORCHRUN_KINDS:
             import torch.distributed as dist
 
             if not dist.is_available():
@@ -273,7 +278,7 @@ class TorchBackend(Backend):
                     module.fully_shard  # noqa: B018 - FSDP2's entry point
             except (ImportError, AttributeError) as e:
                 return ("unsupported", f"{kind}:N needs {modules[kind][0]} (torch {modules[kind][1]} or newer): {e}")
-        if (kind in ("ddp", "dp", "fsdp", "tp", "pipeline") and device_kind(config.device) == "cuda"
+        if (kind in (*TORCHRUN_KINDS, "dp") and device_kind(config.device) == "cuda"
                 and torch.cuda.device_count() < n):
             where = "this machine" if config.nnodes == 1 else "this node"
             return ("unavailable", f"{config.parallelism} needs {n} CUDA devices; {where} has "

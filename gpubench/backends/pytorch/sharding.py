@@ -74,8 +74,7 @@ def blocks(model: nn.Module) -> list[nn.Module]:
     """The modules ``fully_shard`` wraps one by one, in forward order (see the module's
     docstring); a block holding a parameter that another module also holds (weight tying) is
     left to the root."""
-    found = list(_candidates(model)) if not isinstance(model, CONTAINERS) else [
-        c for c in model.children() if _has_params(c)]
+    found = list(_candidates(model))
     whole = _registrations(model)
     return [b for b in found if all(whole[i] == n for i, n in _registrations(b).items())]
 
@@ -117,8 +116,8 @@ def _plan_of(block: nn.Module) -> str | None:
 def _interleave_qkv(block: Block, n: int) -> None:
     """Reorder the rows of a fused q, k, v projection so that its n contiguous row chunks are
     each (q, k, v) of one rank's heads: a column-wise split then gives rank r its heads' q, k
-    and v (the losses do not change: the rows are only permuted, and so are the optimizer's
-    elementwise states with them)."""
+    and v (the losses do not change: the rows are only permuted, before the optimizer exists,
+    and the attention reads q, k and v by their heads)."""
     d = block.qkv.in_features
     per = d // n
     order = torch.cat([torch.arange(c * d + r * per, c * d + (r + 1) * per) for r in range(n) for c in range(3)])

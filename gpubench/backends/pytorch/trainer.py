@@ -25,7 +25,7 @@ from gpubench.backends.pytorch.compile import (
     compile_model,
 )
 from gpubench.backends.pytorch.native import Tensors, as_native, call_model, cross_entropy
-from gpubench.backends.pytorch.sharding import apply_fsdp, apply_tp, param_groups, state_bytes
+from gpubench.backends.pytorch.sharding import apply_fsdp, apply_tp, local, param_groups, state_bytes
 from gpubench.config import Config
 from gpubench.measure.timers import HostStepTimer, StepTimer
 from gpubench.options import OPTIMIZER_SETTINGS, device_index, device_kind, parse_parallelism
@@ -176,9 +176,8 @@ class TorchTrainerBase(Trainer):
 
     def weights_digest(self) -> str | None:
         h = hashlib.sha1()
-        for p in self.model.parameters():  # a sharded one gathered whole (a collective: every rank digests)
-            whole = p.full_tensor() if hasattr(p, "full_tensor") else p
-            h.update(whole.detach().float().cpu().numpy().tobytes())
+        for p in self.model.parameters():  # this rank's part of a sharded one (fsdp, tp: compared with no other)
+            h.update(local(p).detach().float().cpu().numpy().tobytes())
         return h.hexdigest()
 
     def close(self) -> None:
@@ -307,7 +306,7 @@ class TorchTrainer(TorchTrainerBase):
         seeded weights); returns what the result's runtime says of it. ddp: DDP also broadcasts
         rank 0's weights; dp: each (merged) batch is scattered over cuda:0..N-1; fsdp, tp:
         gpubench.backends.pytorch.sharding."""
-        world = getattr(self, "world_size", 1)
+        world = self.world_size
         if self.ddp:
             from torch.nn.parallel import DistributedDataParallel
 
