@@ -30,6 +30,7 @@ from gpubench.options import (
     MAX_MICROBATCHES,
     MEMORY_FORMATS,
     MESH_FRAMEWORKS,
+    MESH_SHARDED_KINDS,
     OPTIMIZER_IMPLS,
     OPTIMIZER_SETTINGS,
     OPTIMIZERS,
@@ -40,6 +41,8 @@ from gpubench.options import (
     TENSOR_KINDS,
     device_index,
     device_kind,
+    parallel_axes,
+    parallel_form,
     parse_parallelism,
 )
 
@@ -116,7 +119,9 @@ class Config:
               '`fully_shard` per block and at the root, N processes as for `ddp:N`; each rank holds 1/N of the '
               'parameters, gradients and optimizer state); `tp:N` (tensor parallel: a transformer\'s attention '
               'and MLP projections split column- and row-wise over N processes by DTensor\'s '
-              '`parallelize_module`; every rank sees the whole batch); `pipeline:N` (PyTorch '
+              '`parallelize_module`; every rank sees the whole batch); `fsdp:A+tp:B` (both on a 2-D mesh of A x B '
+              'processes: `tp:B` within each group of B ranks, one replica, and FSDP across the A groups); '
+              '`pipeline:N` (PyTorch '
               '`torch.distributed.pipelining`: N stages, one process each; `batch_size` is the batch every stage '
               'processes per step); '
               '`mirrored:N` (TensorFlow MirroredStrategy over N GPUs, or N logical CPU devices); '
@@ -274,8 +279,8 @@ class Config:
         help=('`pipeline:N`: the `torch.distributed.pipelining` schedule, `gpipe` or `1f1b`'))
     fsdp_reshard: str = setting(
         "after-forward", check=("values", "fsdp reshard", FSDP_RESHARDS), named="changed", hashed_when_set=True,
-        used_when=lambda c: parse_parallelism(c.parallelism)[0] == "fsdp", named_when_used=True,
-        help=('`fsdp:N`: when a block\'s gathered parameters are freed: `after-forward` (FSDP2\'s '
+        used_when=lambda c: "fsdp" in dict(parallel_axes(c.parallelism)), named_when_used=True,
+        help=('`fsdp:N` (and `fsdp:A+tp:B`): when a block\'s gathered parameters are freed: `after-forward` (FSDP2\'s '
               '`reshard_after_forward=True`, ZeRO-3: gathered again for the backward) or `after-backward` '
               '(kept from the forward to the backward: one all-gather fewer a block, more memory)'))
     nnodes: int = setting(
@@ -344,9 +349,10 @@ class Config:
     @property
     def distributed(self) -> bool:
         """One process per rank, started by a launcher (``ddp:N``, ``fsdp:N``, ``tp:N``,
-        ``pipeline:N``, ``multiworker:N``, also N = 1; JAX's ``fsdp:N`` is one process over a mesh)."""
+        ``fsdp:A+tp:B``, ``pipeline:N``, ``multiworker:N``, also N = 1; JAX's ``fsdp:N`` is one
+        process over a mesh)."""
         kind = parse_parallelism(self.parallelism)[0]
-        return kind in DISTRIBUTED_KINDS and not (kind in ("fsdp", "tp") and self.framework in MESH_FRAMEWORKS)
+        return kind in DISTRIBUTED_KINDS and not (kind in MESH_SHARDED_KINDS and self.framework in MESH_FRAMEWORKS)
 
     @property
     def pipelined(self) -> bool:
@@ -374,10 +380,17 @@ class Config:
                 else (device_index(self.device),))
 
     @property
+    def tensor_parallel(self) -> int:
+        """The ranks each tensor-parallel layer is split over, which all see the same samples
+        (``tp:N``: every rank, N on each node; ``fsdp:A+tp:B``: B, within a node; 1 otherwise)."""
+        axes = dict(parallel_axes(self.parallelism))
+        return self.devices if len(axes) == 1 and "tp" in axes else axes.get("tp", 1)
+
+    @property
     def replicas(self) -> int:
         """Data-parallel replicas, each taking ``batch_size`` samples of every global batch
-        (pipeline stages and tensor-parallel ranks all see the same samples: 1)."""
-        return 1 if self.pipelined or parse_parallelism(self.parallelism)[0] in TENSOR_KINDS else self.devices
+        (pipeline stages all see the same samples: 1; ``fsdp:A+tp:B``: A on each node)."""
+        return 1 if self.pipelined else self.devices // self.tensor_parallel
 
     @property
     def batch(self) -> int:
@@ -404,7 +417,7 @@ class Config:
         Every node must reach each distributed config's rendezvous together, so a multi-node
         run skips the single-process configs on every node."""
         if self.nnodes > 1 and not self.distributed:
-            kinds = ", ".join(f"{k}:N" for k in DISTRIBUTED_KINDS)
+            kinds = ", ".join(parallel_form(k) for k in DISTRIBUTED_KINDS)
             return (f"a multi-node run (--nnodes {self.nnodes}) runs distributed configs only ({kinds}); "
                     f"run {self.parallelism} configs without --nnodes")
         return None
@@ -433,7 +446,7 @@ class Config:
         other points of its sweep (``id_keys``, set by the suite's expansion), so that no two
         points of a sweep share an id."""
         parts = [self.workload_label, self.framework, self.device, f"bs{self.batch_size}", self.precision,
-                 self.parallelism.replace(":", "")]  # grad-accum:4 -> grad-accum4 (no ':' in file names)
+                 self.parallelism.replace(":", "")]  # grad-accum:4 -> grad-accum4, fsdp:2+tp:2 -> fsdp2+tp2
         return "-".join(parts + ([self.variant] if self.variant else []))
 
     @property

@@ -100,6 +100,7 @@ def frameworks_reference() -> str:
     and why it leaves a value out."""
     from gpubench.backends import BACKENDS, backend_class
     from gpubench.config import BACKEND_CHECKED
+    from gpubench.options import parallel_form
 
     classes = {name: backend_class(name) for name in BACKENDS}
     out = ["# Frameworks\n", GENERATED.format(source="each backend's declared capabilities (gpubench/backends/)"),
@@ -115,8 +116,7 @@ def frameworks_reference() -> str:
         out.append(f"| precision on {kind} | " + " | ".join(cell(tuple(c.capabilities.precisions.get(kind, ())))
                                                            for c in classes.values()) + " |")
     out.append("| parallelism | " + " | ".join(
-        cell(tuple(v if v == "single" else f"{v}:N" for v in c.capabilities.parallelism)) for c in classes.values())
-        + " |")
+        cell(tuple(parallel_form(v) for v in c.capabilities.parallelism)) for c in classes.values()) + " |")
     for setting in BACKEND_CHECKED:
         if setting not in ("precision", "parallelism"):
             out.append(f"| {setting} | " + " | ".join(cell(c.capabilities.values(setting)) for c in classes.values())

@@ -14,25 +14,30 @@ from typing import Protocol
 
 PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16")
 # parallel strategies: "single", or "<kind>:N" for the kinds below (N >= 1)
-PARALLELISMS = ("single", "grad-accum:N", "ddp:N", "dp:N", "fsdp:N", "tp:N", "mirrored:N", "pipeline:N",
-                "multiworker:N")
 PARALLEL_KINDS = ("grad-accum", "ddp", "dp", "fsdp", "tp", "mirrored", "pipeline", "multiworker")
+# two kinds on the two axes of a 2-D mesh of A x B ranks, "fsdp:A+tp:B" (torchtitan's 2-D): tensor
+# parallel within each group of B consecutive ranks (one node's), fully sharded data parallel across
+# the A groups (A x nnodes of them on several nodes); its N is A x B, the ranks of one node
+COMPOSITE_KINDS = {"fsdp+tp": ("fsdp", "tp")}
 # one process per rank, started as the backend declares (RankStart); N processes per node,
 # N x nnodes in all
-DISTRIBUTED_KINDS = ("ddp", "fsdp", "tp", "pipeline", "multiworker")
-# data parallel: N devices, batch_size samples on each (fsdp: each holds a shard of the state)
-REPLICA_KINDS = ("ddp", "dp", "fsdp", "mirrored", "multiworker")
+DISTRIBUTED_KINDS = ("ddp", "fsdp", "tp", "fsdp+tp", "pipeline", "multiworker")
+# data parallel: N devices, batch_size samples on each (fsdp: each holds a shard of the state;
+# fsdp+tp: each group of B tensor-parallel ranks is one replica)
+REPLICA_KINDS = ("ddp", "dp", "fsdp", "fsdp+tp", "mirrored", "multiworker")
 STAGE_KINDS = ("pipeline",)  # model parallel: N devices, each runs its stage on every sample
 # model parallel within each layer: N devices, each holds a slice of every split layer and sees
-# every sample
-TENSOR_KINDS = ("tp",)
+# every sample of its replica
+TENSOR_KINDS = ("tp", "fsdp+tp")
 # each device holds only part of the model's state (parameters, gradients, optimizer state), so the
 # replicas' weights are not compared: their shards differ by design
-SHARDED_KINDS = ("fsdp", "tp", "pipeline")
+SHARDED_KINDS = ("fsdp", "tp", "fsdp+tp", "pipeline")
+# what a mesh framework (MESH_FRAMEWORKS) runs in one process over the node's devices
+MESH_SHARDED_KINDS = ("fsdp", "tp", "fsdp+tp")
 # frameworks that run fsdp:N and tp:N in one process over a mesh of the node's N devices (jax.jit
 # with sharded arrays) rather than as N processes: filled where the backends are registered
 # (gpubench.backends.registry, register_backend(..., mesh=True)), which every command imports
-# before it runs a config
+# before it reads a config (a program of its own imports gpubench.backends first)
 MESH_FRAMEWORKS: set[str] = set()
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 # fsdp:N: when a block's gathered parameters are freed (FSDP2's reshard_after_forward True / False)
@@ -88,11 +93,45 @@ def max_parallel(kind: str) -> int:
     return MAX_MICROBATCHES if kind == "grad-accum" else MAX_DEVICES
 
 
+def parallel_form(kind: str) -> str:
+    """How a parallel kind is written: ``single``, ``ddp:N``, ``fsdp:A+tp:B``."""
+    if kind in COMPOSITE_KINDS:
+        return "+".join(f"{axis}:{size}" for axis, size in zip(COMPOSITE_KINDS[kind], "AB", strict=True))
+    return kind if kind == "single" else f"{kind}:N"
+
+
+# every form a parallelism takes (the N, A and B are numbers >= 1)
+PARALLELISMS = tuple(parallel_form(k) for k in ("single", *PARALLEL_KINDS, *COMPOSITE_KINDS))
+
+
+def parallel_axes(value: object) -> tuple[tuple[str, int], ...]:
+    """Each kind of a parallelism with its size: ``"fsdp:2+tp:4"`` -> (("fsdp", 2), ("tp", 4));
+    ``"ddp:4"`` -> (("ddp", 4),); ``"single"`` -> (("single", 1),). Raises ValueError naming the
+    allowed forms and bounds."""
+    parts = value.split("+") if isinstance(value, str) else [value]
+    axes = tuple(_one_kind(value, part) for part in parts)
+    kinds = tuple(k for k, _ in axes)
+    if len(axes) > 1 and kinds not in COMPOSITE_KINDS.values():
+        raise ValueError(f"parallelism {value!r}: kinds combine only as "
+                         f"{', '.join(parallel_form(k) for k in COMPOSITE_KINDS)}")
+    if len(axes) > 1 and (total := axes[0][1] * axes[1][1]) > MAX_DEVICES:
+        raise ValueError(f"parallelism {value!r}: A x B = {total} ranks on a node; at most {MAX_DEVICES}")
+    return axes
+
+
 def parse_parallelism(value: object) -> tuple[str, int]:
-    """``"single"`` -> ("single", 1); ``"grad-accum:4"`` -> ("grad-accum", 4). Raises
-    ValueError naming the allowed forms and bounds."""
-    kind, sep, n = value.partition(":") if isinstance(value, str) else ("", "", "")
-    if value == "single":
+    """``"single"`` -> ("single", 1); ``"grad-accum:4"`` -> ("grad-accum", 4); ``"fsdp:2+tp:4"``
+    -> ("fsdp+tp", 8): the kind and the devices (ranks) of one node. Raises ValueError naming the
+    allowed forms and bounds."""
+    axes = parallel_axes(value)
+    if len(axes) == 1:
+        return axes[0]
+    return "+".join(k for k, _ in axes), axes[0][1] * axes[1][1]
+
+
+def _one_kind(value: object, part: object) -> tuple[str, int]:
+    kind, sep, n = part.partition(":") if isinstance(part, str) else ("", "", "")
+    if part == "single" and value == "single":
         return "single", 1
     if kind in PARALLEL_KINDS and sep and n.isascii() and n.isdigit() and int(n) >= 1:
         if int(n) > max_parallel(kind):
@@ -148,7 +187,7 @@ class Capabilities:
     ``"setting=value"``), and are appended to that reason."""
 
     precisions: Mapping[str, tuple[str, ...]]  # device kind -> precisions
-    parallelism: tuple[str, ...]  # "single" and the kinds of "<kind>:N" it runs
+    parallelism: tuple[str, ...]  # "single" and the kinds of "<kind>:N" (and "fsdp+tp") it runs
     compile: tuple[str, ...] = ("none",)
     memory_format: tuple[str, ...] = ("contiguous",)
     data: tuple[str, ...] = ("device",)
@@ -197,7 +236,7 @@ class Capabilities:
             if value in allowed:
                 continue
             where = f" on {kind}" if setting == "precision" else ""
-            shown = [f"{a}:N" if setting == "parallelism" and a != "single" else a for a in allowed]
+            shown = [parallel_form(a) if setting == "parallelism" else a for a in allowed]
             note = self.notes.get(f"{setting}={value}")
             return (f"{framework} does not support {setting} = {getattr(config, setting)}{where}; it supports: "
                     f"{', '.join(shown) or 'none'}" + (f" ({note})" if note else ""))

@@ -48,7 +48,7 @@ STEPS=(
   "quick       4  (216 s): the quick suite's CUDA configs at fp32, tf32, amp-fp16, amp-bf16"
   "jax         6  (138 s + 7 of 10 targets in 200 s on an H200): JAX beside PyTorch on one GPU: the quick suite's CNN and MLP, and the targets' CNN and ResNet-50 (eager, contiguous)"
   "transformer 5  GPT-2 small's shape at amp-bf16 in PyTorch and JAX with every attention kernel (tokens/s, MFU: compared with nanoGPT's and llm.c's in docs/gpu-validation.md); ViT-B/16"
-  "fsdp        4  a 1.3B-parameter GPT at amp-bf16 near the GPU's memory: single, ddp:1, fsdp:1 (both reshard settings) and tp:1 over NCCL: state and allocator peak per device"
+  "fsdp        5  a 1.3B-parameter GPT at amp-bf16 near the GPU's memory: single, ddp:1, fsdp:1 (both reshard settings), tp:1 and fsdp:1+tp:1 over NCCL: state and allocator peak per device"
   "overhead    1  (30 s): harness overhead against a hand-written loop"
   "parallel    5  (237 s for 13 of 16 configs): grad-accum:4, ddp:1 and pipeline:1 over NCCL against single"
   "compile     6  eager, torch.compile, reduce-overhead, cuda-graph, channels-last on the MNIST CNN"
@@ -144,7 +144,7 @@ do_fsdp() {  # sharding on one GPU: FSDP2 and DTensor over NCCL, the memory of a
     local gpt=(--set layers=2 --set d_model=32 --set heads=4 --set seq_len=16 --set vocab=64 --set batch_size=4)
   fi
   step fsdp run suites/transformer.toml --set workload=gpt --set framework=torch --set device="$DEV" \
-    --set precision="$p" --set attention=sdpa --set parallelism=single,ddp:1,fsdp:1,tp:1 "${gpt[@]}" \
+    --set precision="$p" --set attention=sdpa --set parallelism=single,ddp:1,fsdp:1,tp:1,fsdp:1+tp:1 "${gpt[@]}" \
     --set warmup_steps=2 --set steps="$s" --set windows=2
   step fsdp-reshard run suites/transformer.toml --set workload=gpt --set framework=torch --set device="$DEV" \
     --set precision="$p" --set attention=sdpa --set parallelism=fsdp:1 --set fsdp_reshard=after-backward \

@@ -1,13 +1,16 @@
-"""Sharded data parallelism (fsdp:N) and tensor parallelism (tp:N): the blocks and projections
+"""Sharded data parallelism (fsdp:N), tensor parallelism (tp:N) and both (fsdp:A+tp:B): the blocks and projections
 found, the rules, and (slow) the same losses as single with the state per device falling as 1/N."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
+import gpubench.backends  # noqa: F401 - registers the backends, JAX's mesh among them (options.MESH_FRAMEWORKS)
 from gpubench.config import Config
+from gpubench.options import parse_parallelism
 from tests.conftest import REPO, plain_env, result_lines, run_cli
 
 CORPUS = REPO / "tests" / "corpus"
@@ -21,6 +24,18 @@ def test_sharded_configs_count_their_devices_and_batches():
     jax = Config(workload="gpt", framework="jax", batch_size=8, parallelism="fsdp:2")  # one process over a mesh
     assert (jax.devices, jax.samples_per_step, jax.distributed) == (2, 16, False)
     assert Config(workload="gpt", device="cuda", parallelism="tp:2").local_cuda_ordinals == (0, 1)
+    # 2-D: three replicas, each a tensor-parallel pair; on two nodes, six replicas (tp within a node)
+    two_d = Config(workload="gpt", batch_size=8, parallelism="fsdp:3+tp:2")
+    assert (two_d.devices, two_d.replicas, two_d.tensor_parallel, two_d.samples_per_step) == (6, 3, 2, 24)
+    assert two_d.config_id == "gpt-torch-cpu-bs8-fp32-fsdp3+tp2"
+    assert Config(workload="gpt", batch_size=8, parallelism="fsdp:3+tp:2", nnodes=2).replicas == 6
+    assert Config(workload="gpt", parallelism="tp:2", nnodes=2).replicas == 1  # tp:N spans the nodes
+    assert Config(workload="gpt", parallelism="fsdp:2+tp:2", fsdp_reshard="after-backward").config_id.endswith(
+        "fsdp2+tp2-fsdp_reshard=after-backward")
+    for bad, says in (("tp:2+fsdp:2", "kinds combine only as fsdp:A+tp:B"), ("fsdp:2+", "unknown parallelism"),
+                      ("fsdp:32+tp:16", "A x B = 512 ranks on a node; at most 256")):
+        with pytest.raises(ValueError, match=re.escape(says)):
+            parse_parallelism(bad)
     assert Config(workload="gpt", parallelism="fsdp:2", fsdp_reshard="after-backward").config_id == (
         "gpt-torch-cpu-bs64-fp32-fsdp2-fsdp_reshard=after-backward")
     assert Config(workload="gpt", parallelism="ddp:2", fsdp_reshard="after-backward").config_id == (
@@ -37,6 +52,9 @@ def test_sharded_configs_count_their_devices_and_batches():
     ({"parallelism": "fsdp:2", "device": "cuda:1"}, "jax", "use device = cuda or cpu, not cuda:1"),
     ({"parallelism": "fsdp:2"}, "tensorflow", "Keras has no sharded strategy gpubench drives"),
     ({"parallelism": "tp:2"}, "tensorflow", "tp:N (a transformer's projections split over the ranks) is PyTorch's"),
+    ({"parallelism": "fsdp:2+tp:2", "workload": "mlp"}, "torch", "fsdp:A+tp:B splits a transformer's attention"),
+    ({"parallelism": "fsdp:2+tp:2", "precision": "amp-fp16", "device": "cuda"}, "torch", "fsdp:A+tp:B runs fp32"),
+    ({"parallelism": "fsdp:2+tp:2"}, "jax", "supports: single, grad-accum:N, dp:N, fsdp:N (fsdp:A+tp:B (tensor"),
 ])
 def test_what_sharding_cannot_run_says_why(settings, framework, reason):
     from gpubench.backends import get_backend
@@ -133,7 +151,7 @@ parallelism = "fsdp:4"
 [[matrix.include]]
 workload = "gpt"
 batch_size = 8
-parallelism = ["single", "fsdp:2", "ddp:2", "tp:2"]
+parallelism = ["single", "fsdp:2", "ddp:2", "tp:2", "fsdp:2+tp:2"]
 [[matrix.include]]
 workload = "gpt"
 framework = "jax"
@@ -218,12 +236,19 @@ def test_fsdp_and_tp_train_the_losses_of_single_at_the_same_global_batch(sharded
     tp, single8 = by[("gpt", "torch", "tp:2", 8)], by[("gpt", "torch", "single", 8)]
     assert _losses(tp) == pytest.approx(_losses(single8), rel=1e-5)
     assert (tp["metrics"]["devices"], tp["metrics"]["samples_per_step"]) == (2, 8)
-    assert tp["runtime"]["sharding"] == {"blocks": 2, "plan": ["gpubench"], "split": ["fc1", "fc2", "proj", "qkv"]}
-    assert by[("gpt", "torch", "fsdp:2", 8)]["runtime"]["sharding"]["block_types"] == ["Block", "LayerNorm"]
+    assert tp["runtime"]["sharding"] == {"tp": {"blocks": 2, "plan": ["gpubench"],
+                                                "split": ["fc1", "fc2", "proj", "qkv"]}}
+    assert by[("gpt", "torch", "fsdp:2", 8)]["runtime"]["sharding"]["fsdp"]["block_types"] == ["Block", "LayerNorm"]
+    # fsdp:2+tp:2: two replicas of 8 samples, each a tensor-parallel pair, sharded across the pairs
+    two_d = by[("gpt", "torch", "fsdp:2+tp:2", 8)]
+    assert _losses(two_d) == pytest.approx(_losses(by[("gpt", "torch", "single", 16)]), rel=1e-5)
+    assert (two_d["metrics"]["devices"], two_d["metrics"]["samples_per_step"]) == (4, 16)
+    assert two_d["runtime"]["distributed"] == "parallelize_module+fully_shard(gloo, world_size=4)"
+    assert list(two_d["runtime"]["sharding"]) == ["tp", "fsdp"]
     # a Hugging Face Llama: its q, k, v, o and MLP projections split by name
     llama, llama_single = by[("hf:llama", "torch", "tp:2", 8)], by[("hf:llama", "torch", "single", 8)]
     assert _losses(llama) == pytest.approx(_losses(llama_single), rel=1e-5)
-    assert llama["runtime"]["sharding"]["plan"] == ["llama"] and llama["runtime"]["sharding"]["blocks"] == 2
+    assert llama["runtime"]["sharding"]["tp"]["plan"] == ["llama"] and llama["runtime"]["sharding"]["tp"]["blocks"] == 2
     # the user's GPT has no projections gpubench knows by name
     refused = by[("gpt:gpt", "torch", "tp:2", 8)]
     assert refused["status"] == "unsupported" and "no block with projections gpubench knows" in refused["reason"]
@@ -260,6 +285,10 @@ def test_the_state_per_device_falls_as_one_over_n(sharded_run):
     parts = tp["metrics"]["memory"]["state_bytes"]
     assert set(parts) == {"params_bytes", "grads_bytes", "optimizer_bytes"}
     assert state(single) / 2 < state(tp) < state(single)  # the projections halved, the rest replicated
+    # fsdp:2+tp:2 halves each tp rank's state again: its four ranks hold what tp:2's two do
+    two_d = by[("gpt", "torch", "fsdp:2+tp:2", 8)]
+    assert sum(state(two_d, k) for k in range(4)) == sum(state(tp, k) for k in range(2))
+    assert max(state(two_d, k) for k in range(4)) < state(tp) * 0.51
 
 
 @pytest.mark.slow

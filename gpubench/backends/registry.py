@@ -26,7 +26,8 @@ MESH_FRAMEWORKS.add("jax")
 
 def register_backend(name: str, target: str, mesh: bool = False) -> None:
     """A backend by name (``module:Class``, imported when first used); ``mesh``: it runs the
-    sharded kinds (``fsdp:N``, ``tp:N``) in one process over a mesh of N devices."""
+    sharded kinds (``fsdp:N``, ``tp:N``, ``fsdp:A+tp:B``) in one process over a mesh of N devices
+    (``options.MESH_FRAMEWORKS``)."""
     BACKENDS[name] = target
     if mesh:
         MESH_FRAMEWORKS.add(name)

@@ -26,6 +26,7 @@ import pandas as pd
 
 from gpubench import fmt
 from gpubench.backends import REFERENCE_FRAMEWORK, display_name, uncompiled_note
+from gpubench.options import parallel_axes
 
 # what makes two configs "the same config" apart from the axis being compared
 IDENTITY = ["run", "workload_label", "framework", "device", "batch_size", "precision", "parallelism", "variant"]
@@ -161,14 +162,25 @@ def checkpointing(configs: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def _strategy(parallelism: object) -> str:
+    """``ddp:4`` -> ``ddp``; ``fsdp:2+tp:4`` -> ``fsdp+tp:4``; a value gpubench does not know
+    (a line from elsewhere) as it is."""
+    try:
+        axes = parallel_axes(parallelism)
+    except ValueError:
+        return str(parallelism)
+    return "+".join(k for k, _ in axes) + (f":{axes[-1][1]}" if len(axes) > 1 else "")
+
+
 def by_devices(configs: pd.DataFrame) -> pd.DataFrame:
-    """The measured configs with ``kind`` (``single``, ``ddp``, ``fsdp``...) and ``n`` (its N; 1
-    for single) of their parallelism."""
+    """The measured configs with ``kind`` (``single``, ``ddp``, ``fsdp``...; ``fsdp+tp:B`` for
+    ``fsdp:A+tp:B``: a line per B, as A grows) and ``n``, the devices one step ran on (1 for
+    single and grad-accum)."""
     ok = _measured(configs)
     if ok.empty or "parallelism" not in ok:
         return ok.assign(kind=pd.Series(dtype=str), n=pd.Series(dtype=int))
-    parts = [str(p).partition(":") for p in ok["parallelism"]]
-    return ok.assign(kind=[k for k, _, _ in parts], n=[int(n) if n.isdigit() else 1 for _, _, n in parts])
+    kinds = [_strategy(p) for p in ok["parallelism"]]
+    return ok.assign(kind=kinds, n=pd.to_numeric(ok["devices"], errors="coerce").fillna(1).astype(int))
 
 
 SHARDING_COLUMNS = ["run", "config_id", "baseline_id", "state_bytes", "baseline_state_bytes", "state_saving",

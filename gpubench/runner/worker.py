@@ -274,14 +274,15 @@ def build_trainer(backend: Backend, native: NativeModel, config: Config, rank: i
                   ) -> tuple[Trainer, int]:
     """The trainer with its share of the data: each rank keeps its own share of a global batch
     (ddp, multiworker), or one process takes them all at once (dp, mirrored); every pipeline
-    stage sees the whole batch (the first feeds its inputs, the last its labels). Returns the
+    stage sees the whole batch (the first feeds its inputs, the last its labels), every
+    tensor-parallel rank its replica's. Returns the
     trainer and the bytes of its data pool."""
     if config.distributed and os.environ.get("WORLD_SIZE") != str(world):
         raise RuntimeError(f"{config.parallelism} needs {world} processes started by its launcher; this worker has "
                            f"WORLD_SIZE={os.environ.get('WORLD_SIZE')}")
     batches = native.make_batches(config.batch, config.accum_steps * config.replicas)
-    if config.distributed and config.replicas > 1:
-        batches = batches.shard(rank, world)
+    if config.distributed and config.replicas > 1:  # fsdp:A+tp:B: ranks r.B .. r.B + B-1 are replica r
+        batches = batches.shard(rank // config.tensor_parallel, world // config.tensor_parallel)
     elif config.replicas > 1:
         batches = batches.merge(config.replicas)
     if profiling:

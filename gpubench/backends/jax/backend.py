@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo
 from gpubench.backends.pytorch.modes import TORCH_COMPILE_MODES
-from gpubench.options import PRECISIONS, Capabilities, device_index, device_kind, parse_parallelism
+from gpubench.options import PRECISIONS, Capabilities, device_index, device_kind, parallel_form, parse_parallelism
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -104,8 +104,9 @@ class JaxBackend(Backend):
                                  ("mirrored", "TensorFlow's MirroredStrategy"),
                                  ("multiworker", "TensorFlow's MultiWorkerMirroredStrategy"),
                                  ("pipeline", "PyTorch's pipeline parallelism"))},
-            "parallelism=tp": "tp:N (tensor parallelism) is PyTorch's in gpubench; JAX shards the parameters "
-                              "with fsdp:N (one process, jax.jit over a mesh of N devices)",
+            **{f"parallelism={k}": f"{parallel_form(k)} (tensor parallelism) is PyTorch's in gpubench; JAX shards "
+                                   "the parameters with fsdp:N (one process, jax.jit over a mesh of N devices)"
+               for k in ("tp", "fsdp+tp")},
         })
 
     def static_unsupported(self, config: Config) -> str | None:

@@ -16,6 +16,8 @@ from gpubench.options import (
     RankStart,
     device_index,
     device_kind,
+    parallel_axes,
+    parallel_form,
     parse_parallelism,
 )
 from gpubench.workloads import get_workload
@@ -33,7 +35,8 @@ _OOM_TEXT = ("out of memory", "can't allocate memory", "not enough memory", "CUB
              "CUDNN_STATUS_ALLOC_FAILED")
 
 # the parallel kinds whose ranks are processes torchrun starts (and that talk through torch.distributed)
-TORCHRUN_KINDS = ("ddp", "fsdp", "tp", "pipeline")
+TORCHRUN_KINDS = ("ddp", "fsdp", "tp", "fsdp+tp", "pipeline")
+SPLIT_KINDS = ("fsdp", "tp", "fsdp+tp")  # gpubench.backends.pytorch.sharding
 
 
 def compile_unsupported(config: Config, input_ndim: int, workload: str) -> str | None:
@@ -50,7 +53,7 @@ def compile_unsupported(config: Config, input_ndim: int, workload: str) -> str |
         if config.data == "pipeline":
             return ("cuda-graph replays a fixed set of kernels; the input pipeline's per-batch host work cannot be "
                     "replayed: use data = device")
-        if parallel in ("ddp", "dp", "fsdp", "tp"):
+        if parallel in ("ddp", "dp", *SPLIT_KINDS):
             return f"cuda-graph capture of a {config.parallelism} step is not supported; use single or grad-accum:N"
         if config.precision == "amp-fp16":
             return ("cuda-graph with amp-fp16: GradScaler's step synchronises with the host, which graph capture "
@@ -102,16 +105,17 @@ def attention_unsupported(config: Config) -> str | None:
 
 
 def sharded_unsupported(config: Config, kind: str) -> str | None:
-    """The rules of ``fsdp:N`` and ``tp:N`` that need no import (the model's blocks and
-    projections are checked when it is built)."""
+    """The rules of ``fsdp:N``, ``tp:N`` and ``fsdp:A+tp:B`` that need no import (the model's
+    blocks and projections are checked when it is built)."""
+    form = parallel_form(kind)
     if config.precision == "amp-fp16":
-        return (f"amp-fp16 needs a gradient scaler whose overflow check spans every rank's shard; {kind}:N runs "
+        return (f"amp-fp16 needs a gradient scaler whose overflow check spans every rank's shard; {form} runs "
                 "fp32, tf32 or amp-bf16")
     if config.checkpointing != "none":
-        return (f"{kind}:N with checkpointing = activations: gpubench checkpoints runs of a Sequential's layers, "
+        return (f"{form} with checkpointing = activations: gpubench checkpoints runs of a Sequential's layers, "
                 "which cut across the blocks that sharding wraps (use checkpointing = none)")
-    if kind == "tp" and ":" not in config.workload and config.workload not in ATTENTION_WORKLOADS:
-        return (f"tp:N splits a transformer's attention and MLP projections; {config.workload} has none (the "
+    if "tp" in kind and ":" not in config.workload and config.workload not in ATTENTION_WORKLOADS:
+        return (f"{form} splits a transformer's attention and MLP projections; {config.workload} has none (the "
                 f"built-in transformers: {', '.join(sorted(ATTENTION_WORKLOADS))}; use fsdp:N or ddp:N)")
     return None
 
@@ -193,7 +197,7 @@ class TorchBackend(Backend):
     colours = {"fp32": "#1f77b4", "tf32": "#6baed6", "amp-fp16": "#08306b", "amp-bf16": "#17becf"}  # noqa: RUF012
     capabilities = Capabilities(
         precisions={"cpu": ("fp32", "amp-bf16"), "cuda": PRECISIONS},
-        parallelism=("single", "grad-accum", "ddp", "dp", "fsdp", "tp", "pipeline"),
+        parallelism=("single", "grad-accum", "ddp", "dp", *SPLIT_KINDS, "pipeline"),
         compile=("none", *TORCH_COMPILE_MODES, "cuda-graph"),
         memory_format=("contiguous", "channels-last"),
         data=("device", "pipeline"),
@@ -215,11 +219,11 @@ class TorchBackend(Backend):
     def static_unsupported(self, config: Config) -> str | None:
         kind = device_kind(config.device)
         parallel = parse_parallelism(config.parallelism)[0]
-        if parallel in ("ddp", "fsdp", "tp") and ":" in config.device:
-            return f"{parallel}:N puts rank r on cuda:r; use device = cuda, not {config.device}"
+        if parallel in ("ddp", *SPLIT_KINDS) and ":" in config.device:
+            return f"{parallel_form(parallel)} puts rank r on cuda:r; use device = cuda, not {config.device}"
         if (reason := attention_unsupported(config)) is not None:
             return reason
-        if parallel in ("fsdp", "tp") and (reason := sharded_unsupported(config, parallel)) is not None:
+        if parallel in SPLIT_KINDS and (reason := sharded_unsupported(config, parallel)) is not None:
             return reason
         if parallel == "pipeline":
             return pipeline_unsupported(config)
@@ -271,13 +275,14 @@ class TorchBackend(Backend):
                 return ("unsupported", f"{kind} on CUDA uses NCCL, which this torch build lacks")
         modules = {"pipeline": ("torch.distributed.pipelining", "2.4"), "fsdp": ("torch.distributed.fsdp", "2.6"),
                    "tp": ("torch.distributed.tensor.parallel", "2.4")}
-        if kind in modules:
+        for part in (part for part, _ in parallel_axes(config.parallelism) if part in modules):
             try:
-                module = importlib.import_module(modules[kind][0])
-                if kind == "fsdp":
+                module = importlib.import_module(modules[part][0])
+                if part == "fsdp":
                     module.fully_shard  # noqa: B018 - FSDP2's entry point
             except (ImportError, AttributeError) as e:
-                return ("unsupported", f"{kind}:N needs {modules[kind][0]} (torch {modules[kind][1]} or newer): {e}")
+                return ("unsupported", f"{parallel_form(kind)} needs {modules[part][0]} (torch {modules[part][1]} "
+                                       f"or newer): {e}")
         if (kind in (*TORCHRUN_KINDS, "dp") and device_kind(config.device) == "cuda"
                 and torch.cuda.device_count() < n):
             where = "this machine" if config.nnodes == 1 else "this node"

@@ -1,4 +1,5 @@
-"""Sharded data parallelism (``fsdp:N``) and tensor parallelism (``tp:N``) for PyTorch.
+"""Sharded data parallelism (``fsdp:N``), tensor parallelism (``tp:N``) and the two on a 2-D
+mesh (``fsdp:A+tp:B``, ``apply``) for PyTorch.
 
 ``fsdp:N`` is FSDP2: ``fully_shard`` on each of the model's blocks and then on the root, so
 that each rank holds 1/N of every parameter (dimension 0), its gradient and its optimizer
@@ -28,6 +29,7 @@ from torch import nn
 
 from gpubench.backends.base import Unsupported
 from gpubench.backends.pytorch.model import Block
+from gpubench.options import COMPOSITE_KINDS, parse_parallelism
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -79,13 +81,31 @@ def blocks(model: nn.Module) -> list[nn.Module]:
     return [b for b in found if all(whole[i] == n for i, n in _registrations(b).items())]
 
 
-def mesh(device: torch.device, world: int) -> DeviceMesh:
+def apply(model: nn.Module, config: Config, device: torch.device, world: int,
+          param_dtype: torch.dtype | None) -> dict[str, Any]:
+    """The model split on each axis of its parallelism; returns what the result's runtime says
+    of each. ``fsdp:N`` and ``tp:N`` split over a mesh of every rank; ``fsdp:A+tp:B`` over a
+    2-D mesh of ``world // B`` rows of B consecutive ranks (one node's): tensor parallel along
+    a row first, then ``fully_shard`` shards the split parameters again across the rows, as
+    torchtitan's 2-D does."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh(device.type, (world,))
+    kind = parse_parallelism(config.parallelism)[0]
+    if kind in COMPOSITE_KINDS:
+        tensor = config.tensor_parallel
+        grid = init_device_mesh(device.type, (world // tensor, tensor), mesh_dim_names=COMPOSITE_KINDS[kind])
+        axes = {"tp": grid["tp"], "fsdp": grid["fsdp"]}
+    else:
+        axes = {kind: init_device_mesh(device.type, (world,))}
+    info: dict[str, Any] = {}
+    if "tp" in axes:
+        info["tp"] = apply_tp(model, config, axes["tp"])
+    if "fsdp" in axes:
+        info["fsdp"] = apply_fsdp(model, config, axes["fsdp"], param_dtype)
+    return info
 
 
-def apply_fsdp(model: nn.Module, config: Config, device: torch.device, world: int,
+def apply_fsdp(model: nn.Module, config: Config, device_mesh: DeviceMesh,
                param_dtype: torch.dtype | None) -> dict[str, Any]:
     """``fully_shard`` on every block, then on the root; returns what the result's runtime
     says of it. Parameters are held in float32 and gathered in ``param_dtype`` (a mixed
@@ -99,7 +119,6 @@ def apply_fsdp(model: nn.Module, config: Config, device: torch.device, world: in
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     reshard = config.fsdp_reshard == "after-forward"
     types = sorted({type(b).__name__ for b in found})  # before fully_shard renames their classes
-    device_mesh = mesh(device, world)
     for module in (*found, model):  # the blocks, then the root (what no block holds)
         fully_shard(module, mesh=device_mesh, reshard_after_forward=reshard, mp_policy=policy)
     return {"blocks": len(found), "block_types": types,
@@ -138,11 +157,12 @@ def _heads(block: nn.Module) -> int | None:
     return min(attention.get_submodule(name).out_features // head_dim for name in ("q_proj", "k_proj", "v_proj"))
 
 
-def apply_tp(model: nn.Module, config: Config, device: torch.device, world: int) -> dict[str, Any]:
-    """Split every transformer block's projections over the ranks (see the module's docstring);
-    returns what the result's runtime says of it."""
+def apply_tp(model: nn.Module, config: Config, device_mesh: DeviceMesh) -> dict[str, Any]:
+    """Split every transformer block's projections over the ranks of ``device_mesh`` (see the
+    module's docstring); returns what the result's runtime says of it."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+    world = device_mesh.size()
     found = [(b, plan) for b in model.modules() if (plan := _plan_of(b)) is not None]
     if not found:
         known = "; ".join(f"{k}: {', '.join(p)}" for k, p in TP_PLANS.items())
@@ -162,7 +182,6 @@ def apply_tp(model: nn.Module, config: Config, device: torch.device, world: int)
                               f"has {heads} (query or key-value) heads, not a multiple of {world}")
         if isinstance(block, Block):
             _interleave_qkv(block, world)
-    device_mesh = mesh(device, world)
     for block, plan in found:
         parallelize_module(block, device_mesh, {name: ColwiseParallel() if style == "colwise" else RowwiseParallel()
                                                 for name, style in TP_PLANS[plan].items()})

@@ -25,7 +25,7 @@ from gpubench.backends.pytorch.compile import (
     compile_model,
 )
 from gpubench.backends.pytorch.native import Tensors, as_native, call_model, cross_entropy
-from gpubench.backends.pytorch.sharding import apply_fsdp, apply_tp, local, param_groups, state_bytes
+from gpubench.backends.pytorch.sharding import apply, local, param_groups, state_bytes
 from gpubench.config import Config
 from gpubench.measure.timers import HostStepTimer, StepTimer
 from gpubench.options import OPTIMIZER_SETTINGS, device_index, device_kind, parse_parallelism
@@ -228,7 +228,7 @@ class TorchTrainer(TorchTrainerBase):
         native = as_native(native, config)
         parallel = parse_parallelism(config.parallelism)[0]
         self.ddp, self.dp = parallel == "ddp", parallel == "dp"
-        self.sharded = parallel if parallel in ("fsdp", "tp") else None
+        self.sharded = parallel if parallel in ("fsdp", "tp", "fsdp+tp") else None
         if config.checkpointing == "activations" and not native.sequential:
             raise Unsupported("checkpointing = activations cuts a plain chain of layers (torch.nn.Sequential) into "
                               f"runs; {config.workload} is not one (use checkpointing = none)")
@@ -304,8 +304,8 @@ class TorchTrainer(TorchTrainerBase):
     def _distribute(self, config: Config) -> str | None:
         """The model wrapped or split for its parallelism (every rank starts from the same
         seeded weights); returns what the result's runtime says of it. ddp: DDP also broadcasts
-        rank 0's weights; dp: each (merged) batch is scattered over cuda:0..N-1; fsdp, tp:
-        gpubench.backends.pytorch.sharding."""
+        rank 0's weights; dp: each (merged) batch is scattered over cuda:0..N-1; fsdp, tp and
+        fsdp+tp: gpubench.backends.pytorch.sharding."""
         world = self.world_size
         if self.ddp:
             from torch.nn.parallel import DistributedDataParallel
@@ -317,12 +317,11 @@ class TorchTrainer(TorchTrainerBase):
                 self.model = AutocastModule(self.model, self.device.type, self.autocast_dtype)
             self.model = nn.DataParallel(self.model, device_ids=list(range(config.devices)))
             return f"DataParallel(device_ids={list(range(config.devices))})"
-        if self.sharded == "fsdp":
-            self._info["sharding"] = apply_fsdp(self.model, config, self.device, world, self.autocast_dtype)
-            return f"fully_shard({self.backend_name}, world_size={world})"
-        if self.sharded == "tp":
-            self._info["sharding"] = apply_tp(self.model, config, self.device, world)
-            return f"parallelize_module({self.backend_name}, world_size={world})"
+        if self.sharded:
+            self._info["sharding"] = apply(self.model, config, self.device, world, self.autocast_dtype)
+            wrapped = {"fsdp": "fully_shard", "tp": "parallelize_module"}
+            return "+".join(wrapped[axis] for axis in self._info["sharding"]) + (
+                f"({self.backend_name}, world_size={world})")
         return None
 
     def close(self) -> None:
@@ -416,7 +415,7 @@ class TorchTrainer(TorchTrainerBase):
         if not self._losses:
             return []
         losses, self._losses = torch.stack(self._losses).float(), []
-        if self.ddp or self.sharded == "fsdp":  # (tp's ranks all compute the same loss)
+        if self.ddp or self.sharded in ("fsdp", "fsdp+tp"):  # (a replica's tp ranks all compute the same loss)
             import torch.distributed as dist
 
             dist.all_reduce(losses)

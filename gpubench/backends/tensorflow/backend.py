@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Any
 from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo
 from gpubench.backends.pytorch.modes import TORCH_COMPILE_MODES
 from gpubench.backends.tensorflow.runtime import PORT_BASE_ENV, SLURM_CLUSTER_ENV, import_tf
-from gpubench.options import PRECISIONS, Capabilities, RankStart, device_index, device_kind, parse_parallelism
+from gpubench.options import (
+    PRECISIONS,
+    Capabilities,
+    RankStart,
+    device_index,
+    device_kind,
+    parallel_form,
+    parse_parallelism,
+)
 
 if TYPE_CHECKING:
     from gpubench.backends.base import NativeModel, Trainer
@@ -88,11 +96,12 @@ class TensorFlowBackend(Backend):
                                    "mirrored:N (MirroredStrategy) or multiworker:N (MultiWorkerMirroredStrategy)"
                for k, engine in (("ddp", "DistributedDataParallel"), ("dp", "DataParallel"),
                                  ("pipeline", "pipeline parallelism (torch.distributed.pipelining)"))},
-            **{f"parallelism={k}": f"{k}:N ({what}) is PyTorch's in gpubench (and JAX's fsdp:N); Keras has no "
-                                   "sharded strategy gpubench drives: TensorFlow's data parallelism here is "
-                                   "mirrored:N or multiworker:N"
+            **{f"parallelism={k}": f"{parallel_form(k)} ({what}) is PyTorch's in gpubench (and JAX's fsdp:N); "
+                                   "Keras has no sharded strategy gpubench drives: TensorFlow's data parallelism "
+                                   "here is mirrored:N or multiworker:N"
                for k, what in (("fsdp", "parameters, gradients and optimizer state sharded over the ranks"),
-                               ("tp", "a transformer's projections split over the ranks"))},
+                               ("tp", "a transformer's projections split over the ranks"),
+                               ("fsdp+tp", "tensor parallel within groups of B ranks, sharded across them"))},
         },
         # multiworker:N: every worker a process of its own (TensorFlow ships no launcher); under
         # Slurm, TensorFlow's SlurmClusterResolver makes the cluster (trainer._multiworker_strategy)
