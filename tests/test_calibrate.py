@@ -271,6 +271,34 @@ def test_mfu_arithmetic():
     assert mfu_metrics(_ok_result(Config("mlp"), status="oom"), peaks) is None
 
 
+def test_the_datasheet_mfu_is_against_the_dense_peak_of_the_gpu_the_result_names():
+    def on(gpu: str, config: Config, **kw):
+        r = _ok_result(config, **kw)
+        r.env = {"frameworks": {"torch": {"devices": [{"name": "cpu", "model": "CPU"},
+                                                      {"name": "cuda:0", "model": gpu}]}}}
+        return r
+
+    h100 = "NVIDIA H100 80GB HBM3"  # the SXM part, as torch names it
+    ddp = mfu_metrics(on(h100, Config("mlp", device="cuda", precision="amp-bf16", parallelism="ddp:2")), {})
+    assert ddp["datasheet_tflops"] == pytest.approx(2 * 989.4) and ddp["mfu_datasheet"] == pytest.approx(2.0 / 1978.8)
+    sheet = ddp["datasheet"]
+    assert (sheet["label"], sheet["precision"], sheet["devices"], sheet["dense"]) == ("NVIDIA H100 SXM5 80GB", "bf16",
+                                                                                       2, True)
+    assert "H100 Tensor Core GPU datasheet" in sheet["source"] and "mfu" not in ddp  # no calibration needed
+    # beside a measured peak, each MFU against its own denominator
+    measured = {"cuda:0": {"device": "cuda:0", "device_name": h100, "peak_tflops": {"bf16": 702.0}}}
+    both = mfu_metrics(on(h100, Config("mlp", device="cuda", precision="amp-bf16")), measured)
+    assert both["mfu"] == pytest.approx(2.0 / 702.0) and both["mfu_datasheet"] == pytest.approx(2.0 / 989.4)
+    # above the datasheet (100 TFLOP/s of fp32 on a 66.9 part): no figure, the flag
+    above = mfu_metrics(on(h100, Config("mlp", device="cuda"), flops=1e11, rate=1000.0), {})
+    assert above["achieved_above_datasheet"] is True and "mfu_datasheet" not in above
+    # a GPU the table does not hold, a precision its row lacks, and a CPU: no datasheet figure
+    for result in (on("NVIDIA GeForce GTX 1080", Config("mlp", device="cuda")),
+                   on("Tesla T4", Config("mlp", device="cuda", precision="amp-bf16")),
+                   on(h100, Config("mlp"))):
+        assert "datasheet_tflops" not in mfu_metrics(result, {})
+
+
 def test_a_result_above_its_peak_gets_no_mfu_but_the_flag_and_the_peak():
     kernel = {"framework": "tensorflow", "op": "matmul", "shape": "1024x1024x1024", "size": 1024}
     peaks = {"cpu": {"device": "cpu", "device_name": "CPU", "peak_tflops": {"bf16": 0.0012, "fp32": 2.0},
@@ -642,7 +670,8 @@ def test_a_run_resolves_max_and_reports_mfu(tmp_path, write_suite):
 
     report = tmp_path / "reports" / run_dir.name
     summary = (report / "summary.md").read_text()
-    assert "| MFU |" in summary.splitlines()[4] and "TFLOP/s" in summary
+    assert "| MFU (measured peak) |" in summary.splitlines()[4] and "TFLOP/s" in summary
+    assert "MFU (datasheet peak)" not in summary  # a CPU: no datasheet
     html = (report / "index.html").read_text()
     assert 'id="flops"' in html and "Peaks used" in html and "(bs 20)" in html and "batch max" in html
     csv = (report / "results.csv").read_text().splitlines()

@@ -370,6 +370,13 @@ def test_tensor_core_activity_is_a_column_and_a_chart_against_mfu(tmp_path):
         r.telemetry = {"gpu": {"tensor_active_pct_mean": tensor}}
         return r
 
+    def on_h100(r):  # the datasheet's MFU beside the measured peak's: each named by its denominator
+        r.metrics.update(mfu_datasheet=r.metrics["achieved_tflops"] / 66.9, datasheet_tflops=66.9,
+                         datasheet={"label": "NVIDIA H100 SXM5 80GB", "source": "the H100 datasheet",
+                                    "device_name": "NVIDIA H100 80GB HBM3", "precision": "fp32",
+                                    "per_device_tflops": 66.9, "devices": 1, "dense": True})
+        return r
+
     def report(results, name):
         run = tmp_path / name
         run.mkdir()
@@ -377,14 +384,19 @@ def test_tensor_core_activity_is_a_column_and_a_chart_against_mfu(tmp_path):
         (run / "results.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in results))
         return build_report([run], tmp_path / f"{name}-out")
 
-    measured = [gpu_result(64, 0.12, 20.5), gpu_result(256, 0.31, 55.0)]
+    measured = [on_h100(gpu_result(64, 0.12, 20.5)), on_h100(gpu_result(256, 0.31, 55.0))]
     rep = report(measured, "gpm")
     assert "mfu_vs_tensor.png" in [p.name for p in rep.charts]
     header = next(line for line in rep.markdown.read_text().splitlines() if line.startswith("| config"))
-    assert header.endswith("| MFU | tensor % |") and "| 31.0% | 55 |" in rep.markdown.read_text()
+    assert header.endswith("| MFU (measured peak) | MFU (datasheet peak) | tensor % |")
+    assert "| 31.0% | 46.3% | 55 |" in rep.markdown.read_text()  # 31 TFLOP/s of 100 measured, of 66.9 datasheet
+    page = rep.index.read_text()
+    assert "MFU 31.0% of the measured peak, MFU 46.3% of the datasheet peak" in page
+    assert "NVIDIA H100 SXM5 80GB: the H100 datasheet" in page  # the peaks used, with the datasheet row
     console = Console(width=250, record=True)
     console.print(summary_table(measured))
-    assert "tensor %" in console.export_text()
+    table = console.export_text()
+    assert "tensor %" in table and "MFU sheet" in table
     rep = report([gpu_result(64, 0.12, None), gpu_result(256, 0.31, None)], "none")
     assert "mfu_vs_tensor.png" not in [p.name for p in rep.charts] and "tensor %" not in rep.markdown.read_text()
 

@@ -41,8 +41,8 @@ from gpubench.results.metrics import BY_NAME  # noqa: E402
 
 DEFAULT_METRICS = ("throughput",)
 # charted as well where no --metric is given and the history has them (GPU results with a
-# calibrated peak, Hopper's counters): how much of the GPU the throughput used
-WHY_METRICS = ("mfu", "tensor_active_pct")
+# calibrated peak or a datasheet row, Hopper's counters): how much of the GPU the throughput used
+WHY_METRICS = ("mfu", "mfu_datasheet", "tensor_active_pct")
 STYLE: dict[Any, Any] = {"figure.dpi": 100, "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False,
                          "axes.spines.right": False, "font.size": 8, "axes.titlesize": 9, "legend.fontsize": 7}
 MAX_TICKS = 12  # commit labels on a chart's x axis

@@ -265,19 +265,28 @@ def precision_notes(data: ReportData) -> list[str]:
 
 
 def peaks_used(data: ReportData) -> pd.DataFrame:
-    """The measured peaks the results' MFU is against, one row per device and precision."""
+    """The peaks the results' two MFUs are against, one row per device, precision and kind: the
+    measured one (``mfu``) and the datasheet's dense one (``mfu_datasheet``)."""
     rows: dict[tuple[str, ...], dict[str, Any]] = {}
     for run in data.runs:
         for r in run.results:
-            peak = r.get("metrics", "peak")
+            peak, sheet = r.get("metrics", "peak"), r.get("metrics", "datasheet")
             if isinstance(peak, dict):
                 key = (run.run_id, str(peak.get("device")), str(peak.get("precision")), str(peak.get("measured_at")))
                 rows[key] = {**({"run": run.run_id} if data.multi_run else {}),
                              "device": f"{peak.get('device')} ({peak.get('device_name')})",
-                             "precision": peak.get("precision"),
+                             "precision": peak.get("precision"), "MFU": "MFU (measured peak)",
                              "peak per device": fmt.tflops(peak.get("per_device_tflops")),
                              "kernel": kernel_label(peak.get("kernel")),
                              "source": f"{peak.get('source')}, {peak.get('measured_at')}"}
+            if isinstance(sheet, dict):
+                key = (run.run_id, str(sheet.get("label")), str(sheet.get("precision")), "datasheet")
+                rows[key] = {**({"run": run.run_id} if data.multi_run else {}),
+                             "device": f"{r.config.get('device')} ({sheet.get('device_name')})",
+                             "precision": sheet.get("precision"), "MFU": "MFU (datasheet peak)",
+                             "peak per device": fmt.tflops(sheet.get("per_device_tflops")),
+                             "kernel": "dense (no 2:4 sparsity)",
+                             "source": f"{sheet.get('label')}: {sheet.get('source')}"}
     return pd.DataFrame(list(rows.values()))
 
 
@@ -295,7 +304,7 @@ def _summary_cells(ok: pd.DataFrame) -> list[tuple[str, list[str]]]:
         elif c.metric == "time_to_target_s":
             out.append((c.long, [tables.target_text(r) or "-" for _, r in ok.iterrows()]))
         elif c.metric == "mfu":
-            out.append((c.header, ["above peak" if tables.above_peak(r) else tables.cell("mfu", r["mfu"])
+            out.append((c.long or c.header, ["above peak" if tables.above_peak(r) else tables.cell("mfu", r["mfu"])
                                    for _, r in ok.iterrows()]))
         else:
             out.append((c.long or c.header, [tables.cell(c.metric, v).removesuffix(" TFLOP/s") for v in ok[c.metric]]))

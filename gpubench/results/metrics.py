@@ -191,8 +191,15 @@ METRICS: list[Metric] = [
     M("peak_tflops", ("metrics", "peak_tflops"), "TFLOP/s", "", "tflops",
       "the measured peak MFU is against (gpubench calibrate)"),
     M("mfu", (), "", "higher", "pct",
-      "achieved_tflops / peak_tflops; never above 100%: a result above its peak has none (above_peak)",
+      "MFU against the measured peak: achieved_tflops / peak_tflops; never above 100%: a result above its peak has "
+      "none (above_peak)",
       derive=lambda r: None if _above_peak(r) else r.get("metrics", "mfu")),
+    M("datasheet_tflops", ("metrics", "datasheet_tflops"), "TFLOP/s", "", "tflops",
+      "the datasheet's dense peak of the GPU at the config's precision, times its devices (metrics.datasheet: the "
+      "row and its source)"),
+    M("mfu_datasheet", ("metrics", "mfu_datasheet"), "", "higher", "pct",
+      "MFU against the datasheet's dense peak (the convention of published MFUs: PaLM, nanoGPT, llm.c, "
+      "torchtitan): achieved_tflops / datasheet_tflops; none where achieved is above it (achieved_above_datasheet)"),
     M("above_peak", (), "", "", "flag",
       "achieved more than the calibrated peak, which is then no ceiling: recalibrate (gpubench calibrate --force)",
       combine="any", derive=_above_peak),
@@ -257,7 +264,9 @@ SUMMARY_COLUMNS = (SummaryColumn("samples/s", "throughput"), SummaryColumn("toke
                    SummaryColumn("step", "step_ms"), SummaryColumn("cv", "step_cv"),
                    SummaryColumn("cold", "cold_start_ms", markdown=False),
                    SummaryColumn("peak mem", "peak_memory_bytes", long="peak memory"),
-                   SummaryColumn("TFLOP/s", "achieved_tflops", terminal=False), SummaryColumn("MFU", "mfu"),
+                   SummaryColumn("TFLOP/s", "achieved_tflops", terminal=False),
+                   SummaryColumn("MFU", "mfu", long="MFU (measured peak)"),
+                   SummaryColumn("MFU sheet", "mfu_datasheet", optional=True, long="MFU (datasheet peak)"),
                    SummaryColumn("tensor %", "tensor_active_pct", optional=True),
                    SummaryColumn("to target", "time_to_target_s", optional=True, long="time to target"))
 

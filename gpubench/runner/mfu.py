@@ -1,4 +1,5 @@
-"""Model FLOP utilisation: a result's training FLOP/s against the measured peak of its device.
+"""Model FLOP utilisation: a result's training FLOP/s against the measured peak of its device,
+and against its datasheet's dense peak.
 
 The parent looks the peaks up before the sweep (from the calibration cache, calibrating in a
 child process where a device has none) and adds to every ok result:
@@ -13,7 +14,13 @@ child process where a device has none) and adds to every ok result:
   training achieved is no ceiling (a stale cache, another load on the machine while it was
   measured), and an MFU above 100% would mislead. Such a result gets
   ``peak_below_achieved: true`` instead, and the summaries say to recalibrate;
-- ``peak``: which peak, from which calibration, set by which kernel.
+- ``peak``: which peak, from which calibration, set by which kernel;
+- on a GPU in the datasheet table (``gpubench.calibrate.datasheet``), also
+  ``datasheet_tflops``: its dense peak at the precision from the datasheet, times the devices,
+  and ``mfu_datasheet`` = achieved / that (the field's convention: the figure to put beside a
+  published MFU), or ``achieved_above_datasheet`` where achieved is above it (a FLOP count
+  that cannot be right: no figure is printed); ``datasheet``: which row, from which document.
+  It needs no calibration.
 """
 
 from __future__ import annotations
@@ -23,9 +30,11 @@ from typing import Any
 from rich.console import Console
 
 from gpubench.calibrate.cache import CalibrationError, calibration_device, get_calibration
+from gpubench.calibrate.datasheet import datasheet_for
 from gpubench.config import Config
 from gpubench.errors import warn
 from gpubench.options import device_kind
+from gpubench.results.frame import device_model
 from gpubench.results.result import Result
 
 PEAK_PRECISION = {"fp32": "fp32", "tf32": "tf32", "amp-fp16": "fp16", "amp-bf16": "bf16"}
@@ -67,6 +76,7 @@ def mfu_metrics(result: Result, peaks: dict[str, dict[str, Any]]) -> dict[str, A
         return None
     out: dict[str, Any] = {"achieved_tflops": flops * rate / 1e12}
     config = Config.from_dict(result.config)
+    out.update(datasheet_metrics(result, config, out["achieved_tflops"]))
     entry = peaks.get(calibration_device(config.device))
     precision = PEAK_PRECISION.get(config.precision)
     per_device = (entry or {}).get("peak_tflops", {}).get(precision)
@@ -84,4 +94,24 @@ def mfu_metrics(result: Result, peaks: dict[str, dict[str, Any]]) -> dict[str, A
                    "devices": devices, "kernel": (entry.get("peak_kernels") or {}).get(precision),
                    "device": entry["device"], "device_name": entry.get("device_name"),
                    "measured_at": entry.get("measured_at"), "cache_file": entry.get("cache_file")}
+    return out
+
+
+def datasheet_metrics(result: Result, config: Config, achieved: float) -> dict[str, Any]:
+    """``datasheet_tflops``, ``datasheet`` and ``mfu_datasheet`` (or ``achieved_above_datasheet``)
+    of a CUDA result whose GPU is in the datasheet table at its precision; {} otherwise."""
+    precision = PEAK_PRECISION.get(config.precision)
+    name = device_model(result)
+    sheet = datasheet_for(name) if device_kind(config.device) == "cuda" else None
+    per_device = sheet.tflops.get(precision) if sheet is not None and precision else None
+    if sheet is None or not per_device:
+        return {}
+    peak = per_device * config.devices
+    out: dict[str, Any] = {"datasheet_tflops": peak, "datasheet": {
+        "label": sheet.label, "source": sheet.source, "device_name": name, "precision": precision,
+        "per_device_tflops": per_device, "devices": config.devices, "dense": True}}
+    if achieved > peak:
+        out["achieved_above_datasheet"] = True
+    else:
+        out["mfu_datasheet"] = achieved / peak
     return out
