@@ -15,7 +15,7 @@ from gpubench.suite import Config, parse_suite
 from gpubench.workloads import WORKLOADS, get_workload
 from gpubench.workloads.base import Flatten, Linear, Workload, WorkloadSpec
 from gpubench.workloads.data import synthetic_batches
-from tests.conftest import plain_env, run_cli
+from tests.conftest import REPO, plain_env, run_cli
 
 torch = pytest.importorskip("torch")
 
@@ -94,6 +94,7 @@ def test_torch_compile_gives_the_eager_losses_on_cpu():
     assert info["setting"] == "torch-compile" and info["mode"] == "default" and info["backend"] == "inductor"
     raw = run_loop(trainer, warmup_steps=1, steps=3, windows=2)
     assert raw.compile_events_in_windows == 0 and raw.warmup_steps == 1
+    assert raw.compile_events_first >= 1 and (raw.recompiles, raw.graph_breaks) == (0, 0)  # the compile costs
 
 
 def test_channels_last_gives_the_contiguous_losses_on_cpu():
@@ -152,6 +153,43 @@ def test_reduce_overhead_compiles_only_before_the_windows():
     raw = run_loop(trainer, warmup_steps=0, steps=5, windows=2)  # the trainer raises the warm-up itself
     assert raw.warmup_steps >= 3 and raw.compile_events_in_windows == 0
     assert not raw.diverged and raw.loss_last < raw.loss_first
+    # the compile costs: the first step compiled the forward and backward, nothing after it, no break
+    assert raw.compile_events_first >= 1 and (raw.recompiles, raw.graph_breaks) == (0, 0)
+
+
+@pytest.mark.slow
+def test_a_graph_break_is_counted_and_fails_the_gate(tmp_path, write_suite):
+    """A user's model compiled as it is, then with a graph break added (tests/corpus/breaking.py,
+    by an environment variable its factory reads): graph_breaks 0, then 1, the compile time and
+    recompiles beside it, and ``compare --metric graph_breaks`` fails the second, one repeat a
+    side (a count every repeat agrees on is compared exactly)."""
+    suite = write_suite("""
+name = "breaks"
+[defaults]
+workload = "breaking:mlp"
+input_shape = [32]
+compile = "torch-compile"
+batch_size = 16
+warmup_steps = 2
+steps = 3
+windows = 2
+threads = 1
+telemetry_interval_ms = 0
+""")
+    runs = {}
+    for breaks in ("0", "1"):
+        env = plain_env(PYTHONPATH=f"{REPO}:{REPO / 'tests' / 'corpus'}", GPUBENCH_TEST_BREAK=breaks)
+        proc = run_cli(["run", str(suite), "--out", str(tmp_path / breaks), "--no-report", "--no-calibrate"],
+                       cwd=tmp_path, env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        (runs[breaks],) = (tmp_path / breaks).iterdir()
+        (r,) = [json.loads(line) for line in (runs[breaks] / "results.jsonl").read_text().splitlines()]
+        m = r["metrics"]
+        assert (m["graph_breaks"], m["recompiles"]) == (int(breaks), 0), r["config_id"]
+        assert m["compile_s"] == pytest.approx(m["cold_start_ms"] / 1000) and m["compile_s"] > 0
+    gate = run_cli(["compare", str(runs["0"]), str(runs["1"]), "--metric", "graph_breaks"], cwd=tmp_path,
+                   env=plain_env())
+    assert gate.returncode == 1 and "regressed" in gate.stdout and "exact" in gate.stdout, gate.stdout + gate.stderr
 
 
 @pytest.mark.gpu

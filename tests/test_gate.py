@@ -578,3 +578,23 @@ def test_a_tensor_core_counter_that_drops_to_zero_is_a_regression_not_missing():
     assert v.verdict == "regressed" and v.ratio == pytest.approx(0.1 / 40.0, rel=0.01)
     same = compare(side(40.0, "a"), side(40.0, "b"), "tensor_active_pct", 0.03, 0.01, 0.01)
     assert same.verdicts[0].verdict == "unchanged"
+
+
+def test_a_count_that_every_repeat_agrees_on_is_compared_exactly():
+    """graph_breaks and recompiles are the same in every repeat: one repeat a side decides
+    (0 -> 1 regresses: the floor counts 0 as 0.5); where a side's repeats disagree, the
+    statistics and their repeats apply as for any metric."""
+    from gpubench.config import Config
+    from tests.conftest import make_result
+
+    config = Config(workload="mlp", compile="torch-compile")
+
+    def side(*breaks: int) -> list[Result]:
+        return [make_result(config, 100.0, repeat=i, graph_breaks=b, recompiles=0) for i, b in enumerate(breaks)]
+
+    (v,) = compare(side(0), side(1), "graph_breaks").verdicts
+    assert (v.verdict, v.ratio, v.n_baseline, v.n_current) == ("regressed", 2.0, 1, 1) and v.note.startswith("exact")
+    assert compare(side(2), side(1), "graph_breaks").verdicts[0].verdict == "improved"
+    assert compare(side(0, 0), side(0), "recompiles").verdicts[0].verdict == "unchanged"
+    with pytest.raises(InputError, match="needs at least 5 repeats per side"):
+        compare(side(0, 1), side(1, 1), "graph_breaks")  # the baseline's repeats disagree

@@ -226,6 +226,17 @@ def judge(s: Shift, metric: Metric, threshold: float, noise_floor: float, flag: 
     return "unchanged"
 
 
+def _exact(metric: Metric, b: list[float], c: list[float]) -> bool:
+    """An exact metric whose repeats agree on each side (``Metric.exact``)."""
+    return metric.exact and bool(b) and bool(c) and len(set(b)) == 1 and len(set(c)) == 1
+
+
+def judge_exact(ratio: float, metric: Metric, threshold: float) -> str:
+    """The verdict of an exact count: its change against the threshold, no interval needed."""
+    g = ratio if metric.higher_is_better else 1 / ratio
+    return "regressed" if g <= 1 - threshold else "improved" if g >= 1 + threshold else "unchanged"
+
+
 def bh_flags(pairs: dict[str, tuple[list[float], list[float]]], metric: Metric, noise_floor: float,
              alpha: float, paired: bool = False) -> dict[str, str]:
     """config_id -> "regressed" / "improved" / "": Benjamini-Hochberg at ``alpha`` over the
@@ -283,7 +294,8 @@ def compare(baseline: list[Result], current: list[Result], metric_name: str = "t
     else:
         alpha_config = alpha / max(1, len(both))  # one-sided, per config
     needed = repeats_for(alpha, len(both), correction, paired, best_of)  # repeats (rounds) a side
-    if both and all(min(len(base[c]), len(cur[c])) * best_of < needed for c in both):
+    if both and all(min(len(base[c]), len(cur[c])) * best_of < needed and not _exact(metric, base[c], cur[c])
+                    for c in both):
         fewest = min(min(len(base[c]), len(cur[c])) for c in both) * best_of
         raise InputError(f"{labels[0]} vs {labels[1]}: configs have {fewest} repeat(s) on a side; comparing "
                          f"{len(both)} config(s) at alpha {alpha:g}{f' best of {best_of}' if best_of > 1 else ''} "
@@ -301,6 +313,11 @@ def compare(baseline: list[Result], current: list[Result], metric_name: str = "t
         if not b:
             note = "not in baseline" if config_id not in base else _reason(baseline, config_id)
             verdicts.append(ConfigVerdict(config_id, "new", None, None, None, None, c_med, 0, len(c), note))
+            continue
+        if _exact(metric, b, c):
+            verdicts.append(ConfigVerdict(config_id, judge_exact(c[0] / b[0], metric, threshold), c[0] / b[0],
+                                          c[0] / b[0], c[0] / b[0], b_med, c_med, len(b), len(c),
+                                          "exact: each side's repeats give the same count"))
             continue
         noise = round_spread(b, c) if paired else pooled_log_sd([b, c])
         s = paired_shift(b, c, 2 * alpha_config) if paired else shift(b, c, 2 * alpha_config)

@@ -57,7 +57,8 @@ def header(c: Comparison, labels: tuple[str, str]) -> str:
                       f"{c.alpha_per_config:.2g} per config over {compared} compared")
     pairs = f"; paired rounds, each side's best of {c.best_of} rounds a pair" if c.best_of > 1 else (
         "; paired rounds" if c.paired else "")
-    return (f"{labels[1]} vs {labels[0]}: {c.metric.name} ({c.metric.unit}, {direction}); threshold "
+    unit = f"{c.metric.unit}, " if c.metric.unit else ""
+    return (f"{labels[1]} vs {labels[0]}: {c.metric.name} ({unit}{direction}); threshold "
             f"{100 * c.threshold:g}%, noise floor {100 * c.noise_floor:g}%, alpha {c.alpha:g} ({correction}){pairs}")
 
 

@@ -64,6 +64,12 @@ class RawMeasurement:
     diverged: bool = False
     warmup_steps: int = 0  # warm-up steps run (at least the trainer's min_warmup_steps)
     compile_events_in_windows: int | None = None  # None: the trainer does not compile at runtime
+    # compile costs (None: the trainer does not compile at runtime, or does not count them):
+    # compilations in the first step; compilations after it (recompiles: a guard or a shape
+    # that changed, a retrace); graph breaks in the first step's compilation
+    compile_events_first: int | None = None
+    recompiles: int | None = None
+    graph_breaks: int | None = None
     evaluations: list[Evaluation] = field(default_factory=list)  # a target's, in order
 
     @property
@@ -179,7 +185,10 @@ def _loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int, observe
             raw.diverged = True
             break
     if compiles is not None:
-        raw.compile_events_in_windows = (trainer.compile_events() or 0) - compiles
+        end = trainer.compile_events() or 0
+        raw.compile_events_in_windows = end - compiles
+        if raw.compile_events_first is not None:
+            raw.recompiles = end - raw.compile_events_first
     return raw
 
 
@@ -232,6 +241,7 @@ def _to_target(trainer: Trainer, target: Target, progress: Callable[[str], None]
 def _cold_start(trainer: Trainer, ranges: Ranges, progress: Callable[[str], None]) -> RawMeasurement:
     """The first step, synchronised: a measurement that holds its time and loss."""
     progress("cold start (the first step)")
+    before = trainer.compile_events()
     ranges.push("cold start")
     t0 = clock_ns()
     trainer.step()
@@ -240,6 +250,10 @@ def _cold_start(trainer: Trainer, ranges: Ranges, progress: Callable[[str], None
     ranges.pop()
     raw = RawMeasurement(cold_start_ms=(t1 - t0) / 1e6, losses=trainer.read_losses())
     raw.phases.append(Phase("cold_start", t0, t1))
+    after = trainer.compile_events()
+    if before is not None and after is not None:
+        raw.compile_events_first = after
+        raw.graph_breaks = trainer.graph_breaks()
     return raw
 
 

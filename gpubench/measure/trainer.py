@@ -84,6 +84,11 @@ class Trainer(ABC):
         does not compile at runtime. The loop checks that none falls in a measured window."""
         return None
 
+    def graph_breaks(self) -> int | None:
+        """Graph breaks in the compilations so far (PyTorch's Dynamo: where the compiled step
+        falls back to Python); None where the trainer does not count them."""
+        return None
+
     # --- profiling (``gpubench profile``), never used by a normal run --------------------------
 
     def phased_step(self, lap: Lap) -> None:

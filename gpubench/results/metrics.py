@@ -46,6 +46,10 @@ class Metric:
     # the smallest value the gate tells apart (it works on logs): a value below it, 0 included,
     # counts as this much (a counter that drops to 0% is then a regression, not a missing value)
     floor: float | None = None
+    # a count the same in every repeat of a config (graph breaks, recompiles): the gate compares
+    # it exactly where each side's repeats agree (one repeat a side is enough), by statistics
+    # where they do not
+    exact: bool = False
 
     def __post_init__(self) -> None:
         if self.better not in BETTER or self.kind not in KINDS or self.combine not in COMBINE:
@@ -131,6 +135,18 @@ METRICS: list[Metric] = [
     M("cold_start_ms", ("metrics", "cold_start_ms"), "ms", "lower", "ms",
       "the first training step (allocation, autotuning, compilation), synchronised"),
     M("setup_ms", ("metrics", "setup_ms"), "ms", "lower", "ms", "building model, optimizer and data on the device"),
+    # compile costs, gated like any figure: a change that adds a graph break or a recompilation
+    # fails the gate even where the step time hides it (a count of 0 counts as 0.5: 0 -> 1 is 2x)
+    M("compile_s", ("metrics", "compile_s"), "s", "lower", "s",
+      "the first call of a step compiled at run time (torch.compile, jax.jit, tf.function), compilation and one "
+      "step, synchronised: cold_start_ms of a config that compiles, in seconds; absent for one that does not",
+      gate=True),
+    M("graph_breaks", ("metrics", "graph_breaks"), "", "lower", "count",
+      "PyTorch torch.compile: graph breaks in the first step's compilation (Dynamo's counter), where the compiled "
+      "step falls back to Python", gate=True, floor=0.5, exact=True),
+    M("recompiles", ("metrics", "recompiles"), "", "lower", "count",
+      "compilations after the first step (a guard or shape that changed: Dynamo's recompiles, a jax.jit retrace); "
+      "0 expected", gate=True, floor=0.5, exact=True),
     M("loss_first", ("metrics", "loss", "first"), "", "", "number", "loss after the cold-start step"),
     M("loss_last", ("metrics", "loss", "last"), "", "", "number", "loss after the last window"),
     M("loss_fell", ("metrics", "loss", "fell"), "", "", "flag", "whether the loss went down", combine="all"),

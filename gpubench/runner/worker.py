@@ -121,6 +121,11 @@ def metrics_from(raw: RawMeasurement, config: Config, setup_ms: float) -> dict[s
         metrics["throughput_wall"] = config.samples_per_step * raw.steps_measured * 1000.0 / sum(raw.window_wall_ms)
     if raw.evaluations:
         metrics["target"] = _target_block(raw, config)
+    if raw.compile_events_first:  # the first step compiled (torch.compile, jax.jit, tf.function)
+        metrics["compile_s"] = raw.cold_start_ms / 1000.0
+    for name in ("graph_breaks", "recompiles"):
+        if (value := getattr(raw, name)) is not None:
+            metrics[name] = value
     return metrics
 
 

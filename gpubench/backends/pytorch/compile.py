@@ -70,6 +70,14 @@ class CompileCounter:
     def _started(self, *_: object) -> None:
         self.count += 1
 
+    @staticmethod
+    def graph_breaks() -> int:
+        """Dynamo's graph breaks so far in this process (each break of each compiled frame:
+        ``torch._dynamo.utils.counters["graph_break"]``, by reason)."""
+        from torch._dynamo.utils import counters
+
+        return int(sum(counters["graph_break"].values()))
+
 
 def channels_last_pool(x: torch.Tensor) -> torch.Tensor:
     """A (n_batches, B, C, H, W) pool laid out so that every batch ``pool[i]`` is channels-last."""

@@ -392,6 +392,9 @@ class TorchTrainer(TorchTrainerBase):
     def compile_events(self) -> int | None:
         return self._compiles.count if self._compiles is not None and self._compiles.available else None
 
+    def graph_breaks(self) -> int | None:
+        return self._compiles.graph_breaks() if self._compiles is not None and self._compiles.available else None
+
     def evaluate(self, batches: Batches) -> float:
         """The mean loss over held-out ``batches``: the model in eval mode (dropout off, batch
         norm's running statistics), no gradients, the config's autocast; eager, not compiled."""

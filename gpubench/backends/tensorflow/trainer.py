@@ -389,6 +389,11 @@ class TFTrainer(Trainer):
         rows = strategy.gather(value, axis=0).numpy()
         return [json.loads(bytes(row.astype(np.uint8)).rstrip(b"\0")) for row in rows]
 
+    def compile_events(self) -> int | None:
+        # the step's tf.function: one trace per input signature (a retrace would add one)
+        count = getattr(self._step, "experimental_get_tracing_count", None)
+        return int(count()) if callable(count) else None
+
     def weights_digest(self) -> str | None:
         h = hashlib.sha1()
         for v in self.model.trainable_variables:
