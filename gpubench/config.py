@@ -165,7 +165,10 @@ class Config:
         help=('`none` (PyTorch eager; TensorFlow `tf.function`; JAX `jax.jit`, always XLA), `xla` (TensorFlow '
               '`jit_compile`), `torch-compile`, `torch-compile-reduce-overhead`, `torch-compile-max-autotune` '
               '(`torch.compile` with that mode; reduce-overhead on CUDA only), `cuda-graph` (the whole PyTorch '
-              'step as one CUDA graph; CUDA, device data, not with `amp-fp16`, `ddp`/`dp`)'))
+              'step as one CUDA graph; CUDA, device data, not with `amp-fp16`, `ddp`/`dp`), `best` (each '
+              'framework\'s strongest mode, for comparing frameworks on equal effort: PyTorch `torch-compile`, '
+              '`torch-compile-reduce-overhead` on CUDA where the config allows it; TensorFlow `xla`; JAX `none`, '
+              'its `jax.jit`; the config takes that mode as the suite expands)'))
     memory_format: str = setting(
         "contiguous", check=("declared", "memory_format", MEMORY_FORMATS), named="changed", column=True,
         help=('`contiguous`, `channels-last` (PyTorch: conv weights and 4-D inputs in NHWC memory order; a '

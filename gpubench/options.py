@@ -64,7 +64,10 @@ USER_FUNCTION = "module:function"
 # torch-compile values: torch.compile with that mode; cuda-graph: the whole PyTorch step
 # captured as one CUDA graph
 COMPILES = ("none", "xla", "torch-compile", "torch-compile-reduce-overhead", "torch-compile-max-autotune",
-            "cuda-graph")
+            "cuda-graph", "best")
+# compile = "best": each framework's strongest stated mode (Capabilities.best_compile), the mode
+# for comparing frameworks on equal effort; a suite's "best" becomes that mode as the suite expands
+BEST_COMPILE = "best"
 MEMORY_FORMATS = ("contiguous", "channels-last")
 DATA_MODES = ("device", "pipeline")
 DATASETS = ("synthetic", "mnist")
@@ -202,11 +205,16 @@ class Capabilities:
     # how the ranks of each distributed kind it runs start (a kind left out: every rank a
     # process of its own, started by gpubench: RankStart())
     rank_start: Mapping[str, RankStart] = field(default_factory=dict)
+    # compile = "best": by device kind, its compile modes from the strongest down; a config
+    # takes the first one its rules allow (none listed, or none allowed: "none")
+    best_compile: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def values(self, setting: str) -> tuple[str, ...]:
         """Every value of ``setting`` this backend supports on some device."""
         if setting == "precision":
             return tuple(dict.fromkeys(p for ps in self.precisions.values() for p in ps))
+        if setting == "compile":  # every backend takes "best": the suite makes it one of its own modes
+            return (*self.compile, BEST_COMPILE)
         if setting in self.others or not hasattr(self, setting):
             return tuple(self.others.get(setting, ()))
         values: tuple[str, ...] = getattr(self, setting)

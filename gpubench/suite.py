@@ -33,6 +33,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from gpubench.backends import resolve_best_compile
 from gpubench.config import DEFAULTS, MAX_BATCH, NAMEABLE, Config
 from gpubench.errors import InputError, choices_message
 from gpubench.files import file_stem
@@ -172,7 +173,8 @@ class Suite:
             points += [dict(zip(keys, combo)) for combo in itertools.product(*lists)]
         if not points:
             raise InputError(f"{self.source}: the matrix is empty after include/exclude")
-        configs = dict.fromkeys(config_from({**self.defaults, **p}, self.source).normalised() for p in points)
+        configs = dict.fromkeys(resolve_best_compile(config_from({**self.defaults, **p}, self.source)).normalised()
+                                for p in points)
         return name_differences(list(configs), self.source)  # without duplicates, the first kept
 
     def _narrow(self, entry: dict[str, list[Any]]) -> dict[str, list[Any]] | None:

@@ -59,6 +59,24 @@ def test_unsupported_combinations_say_why(flat_workload, settings, framework, ex
     assert expected in get_backend(framework).unsupported(config)
 
 
+def test_best_is_each_frameworks_strongest_mode_its_config_allows():
+    """compile = "best" becomes, as the suite expands, PyTorch's torch.compile (with CUDA graphs
+    on a GPU), TensorFlow's XLA and JAX's jit (its none); a config no mode of its framework's
+    list allows keeps none (dp:N refuses torch.compile), and a mode chosen twice is one config."""
+    suite = parse_suite({"defaults": {"workload": "mlp", "compile": "best"},
+                         "matrix": {"framework": ["torch", "tensorflow", "jax"], "device": ["cpu", "cuda"],
+                                    "include": [{"framework": "torch", "device": "cuda", "parallelism": "dp:2"},
+                                                {"framework": "jax", "compile": "none"}]}}, "s.toml")
+    configs = suite.expand()
+    chosen = {(c.framework, c.device, c.parallelism): c.compile for c in configs}
+    assert len(configs) == len(chosen) == 7  # JAX's explicit none is its best: one config each
+    assert chosen == {("torch", "cpu", "single"): "torch-compile",
+                      ("torch", "cuda", "single"): "torch-compile-reduce-overhead",
+                      ("tensorflow", "cpu", "single"): "xla", ("tensorflow", "cuda", "single"): "xla",
+                      ("jax", "cpu", "single"): "none", ("jax", "cuda", "single"): "none",
+                      ("torch", "cuda", "dp:2"): "none"}
+
+
 def test_supported_combinations_pass_the_static_rules():
     torch_backend = get_backend("torch")
     for settings in ({"compile": "torch-compile"}, {"compile": "torch-compile-max-autotune"},

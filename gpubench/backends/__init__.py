@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpubench.backends.base import Backend
 from gpubench.backends.registry import BACKENDS, declared, load_class, register_backend, zoo_framework
-from gpubench.config import SETTING_FIELDS
-from gpubench.options import USER_FUNCTION
+from gpubench.config import SETTING_FIELDS, Config
+from gpubench.options import BEST_COMPILE, USER_FUNCTION, device_kind
 
 # the framework every other one is compared against in reports ("JAX over PyTorch")
 REFERENCE_FRAMEWORK = "torch"
@@ -33,6 +35,19 @@ def declared_values(setting: str) -> list[str]:
 
 def get_backend(name: str) -> Backend:
     return backend_class(name)()
+
+
+def resolve_best_compile(config: Config) -> Config:
+    """A ``compile = "best"`` config as its framework's strongest mode that its rules allow
+    (``Capabilities.best_compile``, first allowed; else ``none``); any other config as it is."""
+    if config.compile != BEST_COMPILE:
+        return config
+    backend = get_backend(config.framework)
+    for mode in backend.capabilities.best_compile.get(device_kind(config.device), ()):
+        candidate = replace(config, compile=mode)
+        if backend.unsupported(candidate) is None:
+            return candidate
+    return replace(config, compile="none")
 
 
 def display_name(name: str) -> str:

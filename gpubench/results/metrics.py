@@ -279,6 +279,7 @@ class SummaryColumn:
 SUMMARY_COLUMNS = (SummaryColumn("samples/s", "throughput"), SummaryColumn("tokens/s", "tokens_per_s", optional=True),
                    SummaryColumn("step", "step_ms"), SummaryColumn("cv", "step_cv"),
                    SummaryColumn("cold", "cold_start_ms", markdown=False),
+                   SummaryColumn("compile", "compile_s", optional=True, long="compile (first step)"),
                    SummaryColumn("peak mem", "peak_memory_bytes", long="peak memory"),
                    SummaryColumn("TFLOP/s", "achieved_tflops", terminal=False),
                    SummaryColumn("MFU", "mfu", long="MFU (measured peak)"),

@@ -82,6 +82,7 @@ class JaxBackend(Backend):
         precisions={"cpu": ("fp32", "amp-bf16"), "cuda": PRECISIONS},
         parallelism=("single", "grad-accum", "dp", "fsdp"),
         compile=("none",),
+        best_compile={"cpu": ("none",), "cuda": ("none",)},  # none is jax.jit, XLA-compiled: JAX's only mode
         data=("device", "pipeline"),
         checkpointing=("none", "activations"),
         dataset=("synthetic", "mnist"),

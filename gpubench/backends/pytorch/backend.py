@@ -214,7 +214,9 @@ class TorchBackend(Backend):
                                        "parallelism is ddp:N",
         },
         # PyTorch's elastic launcher (torchrun) starts each node's N ranks
-        rank_start={k: RankStart(node_module="torch.distributed.run") for k in TORCHRUN_KINDS})
+        rank_start={k: RankStart(node_module="torch.distributed.run") for k in TORCHRUN_KINDS},
+        # torch.compile, with its CUDA graphs on a GPU where the config allows them
+        best_compile={"cpu": ("torch-compile",), "cuda": ("torch-compile-reduce-overhead", "torch-compile")})
 
     def static_unsupported(self, config: Config) -> str | None:
         kind = device_kind(config.device)

@@ -105,7 +105,8 @@ class TensorFlowBackend(Backend):
         },
         # multiworker:N: every worker a process of its own (TensorFlow ships no launcher); under
         # Slurm, TensorFlow's SlurmClusterResolver makes the cluster (trainer._multiworker_strategy)
-        rank_start={"multiworker": RankStart(slurm_env=(f"{SLURM_CLUSTER_ENV}=slurm", f"{PORT_BASE_ENV}=$port"))})
+        rank_start={"multiworker": RankStart(slurm_env=(f"{SLURM_CLUSTER_ENV}=slurm", f"{PORT_BASE_ENV}=$port"))},
+        best_compile={"cpu": ("xla",), "cuda": ("xla",)})  # the step XLA-compiled (jit_compile)
 
     def static_unsupported(self, config: Config) -> str | None:
         parallel = parse_parallelism(config.parallelism)[0]
