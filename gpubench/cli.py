@@ -75,6 +75,7 @@ Handler = Callable[[argparse.Namespace, Console], int]
 def _run(args: argparse.Namespace, console: Console) -> int:
     from gpubench.history.db import ENV_VAR
     from gpubench.provenance import parse_tags
+    from gpubench.runner.cost import parse_prices
     from gpubench.runner.run import execute
 
     sets = args.sets + ([] if args.telemetry_interval_ms is None
@@ -85,7 +86,8 @@ def _run(args: argparse.Namespace, console: Console) -> int:
                               report=not args.no_report, calibrate=not args.no_calibrate, nodes=nodes,
                               db=args.db or os.environ.get(ENV_VAR) or None, tags=parse_tags(args.tags),
                               launcher=choice, max_jobs=args.max_jobs, retry_failed=args.retry_failed,
-                              require_idle_gpu=args.require_idle_gpu), console)
+                              require_idle_gpu=args.require_idle_gpu,
+                              prices=parse_prices(args.price) if args.price else None), console)
 
 
 def _history(args: argparse.Namespace, console: Console) -> int:

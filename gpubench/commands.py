@@ -283,6 +283,11 @@ def _add_run(sub: Subcommands) -> None:
     run.add_argument("--no-calibrate", action="store_true",
                      help="no device peaks (results get achieved_tflops but no mfu); by default they come from the "
                           "calibration cache, measured once per machine when missing (see gpubench calibrate)")
+    run.add_argument("--price", metavar="PRICE|FILE",
+                     help="what training cost: a price per device-hour (a GPU; for CPU configs, the machine), or a "
+                          "TOML file of prices by device model as results name it (\"NVIDIA H100 80GB HBM3\" = 2.49), "
+                          "with cuda and cpu for any other; each result gets metrics.cost (per million samples or "
+                          "tokens at its steady rate, and the config repeat's whole time), in your currency")
     run.add_argument("--db", metavar="URL", help="also record each result into this results history as it finishes: "
                                                  "a file path, sqlite:///PATH or postgresql://USER@HOST/NAME (default "
                                                  "without --db: no history; GPUBENCH_DB names one for every run)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -26,7 +27,8 @@ def results_of(out):
 
 def test_each_failure_costs_only_its_own_config(tmp_path, write_suite):
     suite = write_suite(FAULTS.replace("timeout_s = 20", "timeout_s = 4"))
-    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs")], cwd=tmp_path)
+    (tmp_path / "prices.toml").write_text('"Some GPU" = 9.0\ncpu = 0.36\n')  # a table the user keeps
+    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--price", "prices.toml"], cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # errors and a timeout
     (report,) = (tmp_path / "reports").iterdir()  # written by default, even when configs failed
     assert f"report: {report.relative_to(tmp_path) / 'index.html'}" in proc.stdout
@@ -39,6 +41,14 @@ def test_each_failure_costs_only_its_own_config(tmp_path, write_suite):
     assert ok["metrics"]["loss"]["fell"] is True
     assert ok["metrics"]["throughput"]["median"] > 0
     assert len(ok["metrics"]["step_times_ms"]) == 6
+    # --price: the ok config's cost at the CPU's price (0.36 an hour: 0.0001 a second), the failed ones none
+    cost = ok["metrics"]["cost"]
+    assert (cost["priced_as"], cost["price_per_device_hour"], cost["devices_billed"]) == ("cpu", 0.36, 1)
+    assert cost["per_million_samples"] == pytest.approx(0.0001 / ok["metrics"]["throughput"]["median"] * 1e6)
+    assert cost["config"] == pytest.approx(0.0001 * ok["duration_s"])
+    assert all("cost" not in (by_mode[m]["metrics"] or {}) for m in (1, 2, 3, 4, 5))
+    line = f"cost at the prices given (--price): {cost['config']:.4g} for the 1 priced config repeat(s)"
+    assert line in " ".join(proc.stdout.split()) and line in (report / "summary.md").read_text()
 
     assert "ValueError: injected failure in build" in by_mode[1]["reason"]
     assert "Traceback" in by_mode[1]["traceback"] and "injected failure" in by_mode[1]["traceback"]
@@ -351,3 +361,36 @@ def test_a_worker_still_running_says_what_it_does(tmp_path, monkeypatch):
     assert outcome.status == "timeout"
     assert len(beats) >= 3 and all(b.startswith(f"  ... {job.name}: ") and " s so far; " in b for b in beats), beats
     assert "; cold start (the first step), for " in beats[-1], beats
+
+
+def test_prices_by_model_then_kind_and_what_a_bad_price_says(tmp_path):
+    """A GPU config is billed for each GPU it trained on, at its model's price, else the kind's;
+    a CPU config for each node's machine; a bad price is one line naming the file and key."""
+    from gpubench.config import Config
+    from gpubench.errors import InputError
+    from gpubench.runner.cost import cost_metrics, parse_prices
+    from tests.conftest import make_result
+
+    (tmp_path / "p.toml").write_text('"NVIDIA H100 80GB HBM3" = 3.6\ncuda = 1.8\n')
+    prices = parse_prices(str(tmp_path / "p.toml"))
+
+    def on(gpu: str, config: Config):
+        r = make_result(config, 1000.0)
+        r.env = {"frameworks": {"torch": {"devices": [{"name": "cuda:0", "model": gpu}]}}}
+        r.duration_s, r.model = 100.0, {"tokens_per_sample": 10}
+        return r
+
+    h100 = cost_metrics(on("NVIDIA H100 80GB HBM3", Config("gpt", device="cuda", parallelism="ddp:2")), prices)
+    assert (h100["priced_as"], h100["devices_billed"]) == ("NVIDIA H100 80GB HBM3", 2)
+    assert h100["per_million_samples"] == pytest.approx(3.6 * 2 / 3600 / 1000 * 1e6)  # 2.0 a million samples
+    assert h100["per_million_tokens"] == pytest.approx(0.2) and h100["config"] == pytest.approx(0.2)
+    assert cost_metrics(on("NVIDIA L4", Config("gpt", device="cuda")), prices)["priced_as"] == "cuda"
+    assert cost_metrics(on("NVIDIA L4", Config("gpt")), prices) is None  # no CPU price in the table
+    assert cost_metrics(make_result(Config("mlp", parallelism="ddp:2"), 10.0), parse_prices("0.5"))[
+        "devices_billed"] == 1  # the ranks share one CPU
+    (tmp_path / "bad.toml").write_text('cpu = "cheap"\n')
+    for text, says in (("0", "--price 0: expected a price per device-hour > 0"),
+                       (str(tmp_path / "bad.toml"), "bad.toml: cpu: expected a price per device-hour > 0, got 'cheap'"),
+                       (str(tmp_path / "none.toml"), "neither a number nor a readable file")):
+        with pytest.raises(InputError, match=re.escape(says)):
+            parse_prices(text)

@@ -27,7 +27,7 @@ from gpubench.report import breakdown, charts, tables
 from gpubench.report.load import ReportData, load_report_data
 from gpubench.results import twins
 from gpubench.results.frame import CONFIG_COLUMNS
-from gpubench.results.metrics import METRICS, SUMMARY_COLUMNS
+from gpubench.results.metrics import METRICS, SUMMARY_COLUMNS, cost_line
 from gpubench.results.outputs import check_output_dir
 from gpubench.results.schema import MEASURED_STATUSES
 from gpubench.results.store import RESULTS_FILE, decode_line, read_own, run_env
@@ -326,7 +326,10 @@ def write_markdown(data: ReportData, path: Path, ab: dict[str, Any] | None = Non
     table = pd.DataFrame({**({"run": ok["run"]} if data.multi_run else {}), "config": ok["config_id"],
                           **{header: cells for header, cells in _summary_cells(ok)}})
     lines += [tables.to_markdown(table), "`*` noisy (cv of step times > 10%); TFLOP/s: model training FLOPs x "
-              "samples/s; MFU: of the measured peak at the config's precision (`gpubench calibrate`)", ""]
+              "samples/s; MFU (measured peak): of the peak `gpubench calibrate` measured at the config's precision; "
+              "MFU (datasheet peak): of the GPU's dense datasheet figure, the convention of published MFUs", ""]
+    if (cost := cost_line(r for run in data.runs for r in run.results)) is not None:
+        lines += [fmt.md_cell(cost), ""]
     if (above := tables.above_peak_note(ok)) is not None:
         lines += [f"> MFU above peak: {fmt.md_cell(above)}", ""]
     lines += [line for note in precision_notes(data) for line in (f"> note: {fmt.md_cell(note)}", "")]

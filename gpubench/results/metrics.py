@@ -10,10 +10,11 @@ adding a metric is one entry here plus the code that measures it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gpubench import fmt
 from gpubench.telemetry import contention
 from gpubench.workloads.data import TOKEN_KINDS
 
@@ -219,6 +220,13 @@ METRICS: list[Metric] = [
     M("above_peak", (), "", "", "flag",
       "achieved more than the calibrated peak, which is then no ceiling: recalibrate (gpubench calibrate --force)",
       combine="any", derive=_above_peak),
+    M("cost_per_million_samples", ("metrics", "cost", "per_million_samples"), "per 1M samples", "lower", "number",
+      "gpubench run --price: price per device-hour x devices billed / throughput, per million samples"),
+    M("cost_per_million_tokens", ("metrics", "cost", "per_million_tokens"), "per 1M tokens", "lower", "number",
+      "gpubench run --price: the same per million tokens (a language model)"),
+    M("config_cost", ("metrics", "cost", "config"), "", "lower", "number",
+      "gpubench run --price: what the config repeat cost, its whole duration (setup, compilation, warm-up, "
+      "measuring) x devices billed x price"),
     M("max_batch", ("metrics", "batch_search", "max_batch"), "samples", "higher", "count",
       'batch_size = "max": the largest batch that trained', combine="first"),
     M("batch_trained", (), "samples", "", "count",
@@ -279,13 +287,27 @@ class SummaryColumn:
 SUMMARY_COLUMNS = (SummaryColumn("samples/s", "throughput"), SummaryColumn("tokens/s", "tokens_per_s", optional=True),
                    SummaryColumn("step", "step_ms"), SummaryColumn("cv", "step_cv"),
                    SummaryColumn("cold", "cold_start_ms", markdown=False),
-                   SummaryColumn("compile", "compile_s", optional=True, long="compile (first step)"),
+                   SummaryColumn("compile", "compile_s", optional=True, terminal=False, long="compile (first step)"),
                    SummaryColumn("peak mem", "peak_memory_bytes", long="peak memory"),
                    SummaryColumn("TFLOP/s", "achieved_tflops", terminal=False),
                    SummaryColumn("MFU", "mfu", long="MFU (measured peak)"),
                    SummaryColumn("MFU sheet", "mfu_datasheet", optional=True, long="MFU (datasheet peak)"),
                    SummaryColumn("tensor %", "tensor_active_pct", optional=True),
+                   SummaryColumn("cost/M samples", "cost_per_million_samples", optional=True,
+                                 long="cost per 1M samples"),
+                   SummaryColumn("cost/M tokens", "cost_per_million_tokens", optional=True, terminal=False,
+                                 long="cost per 1M tokens"),
                    SummaryColumn("to target", "time_to_target_s", optional=True, long="time to target"))
+
+
+def cost_line(results: Iterable[Result]) -> str | None:
+    """What the priced config repeats cost together (``gpubench run --price``), for the summaries;
+    None where none was priced."""
+    costs = [c for r in results if (c := BY_NAME["config_cost"].value(r)) is not None]
+    if not costs:
+        return None
+    return (f"cost at the prices given (--price): {fmt.number(sum(costs))} for the {len(costs)} priced config "
+            "repeat(s), each its whole duration x the devices billed x the price per device-hour")
 
 
 def register_metric(m: Metric) -> None:

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from gpubench import fmt
 from gpubench.calibrate import RECALIBRATE
-from gpubench.results.metrics import BY_NAME, SUMMARY_COLUMNS
+from gpubench.results.metrics import BY_NAME, SUMMARY_COLUMNS, cost_line
 from gpubench.results.result import Result
 from gpubench.runner.job import Job
 
@@ -119,6 +119,7 @@ def summary_table(results: list[Result], label: Callable[[str], str] = str,
     uncounted = {r.config["workload"]: note for r in results if r.get("metrics", "throughput")
                  and (note := r.get("model", "flops_note")) and not r.get("model", "flops_per_sample")}
     lines += [f"no MFU for {workload}: {note}" for workload, note in uncounted.items()]
+    lines += [cost] if (cost := cost_line(results)) is not None else []
     caption = "\n".join(lines) or None
     table = Table(title="gpubench results", title_justify="left", caption=caption, caption_justify="left")
     table.add_column("config", no_wrap=True)

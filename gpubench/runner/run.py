@@ -31,6 +31,7 @@ from gpubench.results.store import (
     locked_run_dir,
     supersede,
 )
+from gpubench.runner.cost import Prices
 from gpubench.runner.history import Recording, RunHistory
 from gpubench.runner.launcher import LauncherChoice
 from gpubench.runner.local import Local
@@ -55,6 +56,7 @@ class RunRequest:
     resume: Path | None = None
     report: bool = True
     calibrate: bool = True  # look up (or measure) device peaks for MFU
+    prices: Prices | None = None  # --price: what each result's training cost
     nodes: Nodes = field(default_factory=Nodes)
     db: str | None = None  # record into this results history as results finish (None: no history)
     tags: dict[str, str] = field(default_factory=dict)  # --tag KEY=VALUE, kept in run.json and the history
@@ -212,7 +214,7 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
             shutil.rmtree(session.run_dir, ignore_errors=True)
         raise
     try:
-        new = session.sweep(jobs, recording.record, earlier=existing, peaks=peaks)
+        new = session.sweep(jobs, recording.record, earlier=existing, peaks=peaks, prices=req.prices)
     except StorageError:  # the machine's failure, not a config's: stop, nothing recorded for that job
         recording.late()
         raise

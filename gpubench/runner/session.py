@@ -36,6 +36,7 @@ from gpubench.results.outputs import check_output_dir
 from gpubench.results.result import Result
 from gpubench.results.schema import SCHEMA_VERSION
 from gpubench.results.store import RUN_FILE, create_run_dir, load_run, locked_run_dir, write_json_atomic
+from gpubench.runner.cost import Prices
 from gpubench.runner.job import Job
 from gpubench.runner.launcher import LaunchContext, LauncherChoice
 from gpubench.runner.local import Local
@@ -220,7 +221,8 @@ class Session:
 
     def run(self, jobs: list[Job], on_start: Callback | None = None, on_finish: FinishCallback | None = None,
             earlier: list[Result] | None = None, peaks: dict[str, dict[str, Any]] | None = None,
-            note: Callable[[str], None] = lambda line: None, turns: TurnEnds | None = None) -> list[Result]:
+            note: Callable[[str], None] = lambda line: None, turns: TurnEnds | None = None,
+            prices: Prices | None = None) -> list[Result]:
         """Step 10: the jobs, through the launcher (gpubench.runner.sweep.run_sweep), each result
         appended to the run as it ends. A remote run takes its fingerprint from its first result
         that has one (before ``on_finish`` hears of it). ``turns``: a lockstep side's pipe end."""
@@ -238,7 +240,7 @@ class Session:
 
         try:
             return run_sweep(jobs, runner, self.run_dir, self.meta["run_id"], self.env, on_start, finished, peaks,
-                             self.nodes.node_rank)
+                             self.nodes.node_rank, prices)
         finally:
             self.cancelled += runner.cancelled
 
@@ -253,13 +255,14 @@ class Session:
         return results[0]
 
     def sweep(self, jobs: list[Job], on_finish: Callable[[Result], None] = lambda result: None,
-              earlier: list[Result] | None = None, peaks: dict[str, dict[str, Any]] | None = None) -> list[Result]:
+              earlier: list[Result] | None = None, peaks: dict[str, dict[str, Any]] | None = None,
+              prices: Prices | None = None) -> list[Result]:
         """``run`` with the progress display: a bar on a terminal, a line per finished job."""
         with SweepDisplay(self.console, len(jobs)) as display:
             def finished(k: int, job: Job, result: Result) -> None:
                 display.finished(k, job, result)
                 on_finish(result)
-            return self.run(jobs, display.started, finished, earlier, peaks, display.note)
+            return self.run(jobs, display.started, finished, earlier, peaks, display.note, prices=prices)
 
     def finish(self) -> None:
         """Step 11: the run directory marked completed, with when."""

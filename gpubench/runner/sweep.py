@@ -16,6 +16,7 @@ from gpubench.config import Config
 from gpubench.options import device_kind
 from gpubench.results.result import Outcome, Result
 from gpubench.results.store import NODE_FILE, RESULTS_FILE, append_result
+from gpubench.runner.cost import Prices, cost_metrics
 from gpubench.runner.job import Job
 from gpubench.runner.launcher import Done, JobLauncher
 from gpubench.runner.mfu import mfu_metrics
@@ -60,13 +61,15 @@ def _now() -> str:
 
 def run_sweep(jobs: list[Job], launcher: JobLauncher, run_dir: Path, run_id: str, env: dict[str, Any],
               on_start: Callback | None = None, on_finish: FinishCallback | None = None,
-              peaks: dict[str, dict[str, Any]] | None = None, node_rank: int = 0) -> list[Result]:
+              peaks: dict[str, dict[str, Any]] | None = None, node_rank: int = 0,
+              prices: Prices | None = None) -> list[Result]:
     """The one sweep loop, for every launcher: each job checked first (a config that cannot run
     costs no worker: ``pre_resolve`` with what the launcher knows of its devices), submitted
     while the launcher has room, and, as it ends, made a result (with the fingerprint of where
-    it ran), given its MFU against ``peaks`` and appended to the run's results (node r > 0 of a
-    multi-node run: its own outcome, to node.jsonl), then handed to ``on_finish`` (the history,
-    the progress line). An error or Ctrl-C cancels what is in flight and propagates."""
+    it ran), given its MFU against ``peaks`` and its cost at ``prices`` and appended to the
+    run's results (node r > 0 of a multi-node run: its own outcome, to node.jsonl), then
+    handed to ``on_finish`` (the history, the progress line). An error or Ctrl-C cancels what
+    is in flight and propagates."""
     results: list[Result] = []
     queue = list(enumerate(jobs))
     refused = False
@@ -83,6 +86,9 @@ def run_sweep(jobs: list[Job], launcher: JobLauncher, run_dir: Path, run_id: str
             flops = mfu_metrics(result, peaks or {})
             if flops is not None:
                 result.with_metrics(**flops)
+            cost = cost_metrics(result, prices) if prices is not None else None
+            if cost is not None:
+                result.with_metrics(cost=cost)
             append_result(run_dir, result, RESULTS_FILE)
         results.append(result)
         launcher.seen(result)
