@@ -368,6 +368,7 @@ def test_tensor_core_activity_is_a_column_and_a_chart_against_mfu(tmp_path):
         r = make_result(Config(workload="cnn", device="cuda", batch_size=batch), 1000.0 * batch,
                         mfu=mfu, achieved_tflops=mfu * 100, peak_tflops=100.0)
         r.telemetry = {"gpu": {"tensor_active_pct_mean": tensor}}
+        r.model = {"flops_counted_by": "gpubench, from the spec (convolutions and matrix multiplies)"}
         return r
 
     def on_h100(r):  # the datasheet's MFU beside the measured peak's: each named by its denominator
@@ -390,6 +391,9 @@ def test_tensor_core_activity_is_a_column_and_a_chart_against_mfu(tmp_path):
     header = next(line for line in rep.markdown.read_text().splitlines() if line.startswith("| config"))
     assert header.endswith("| MFU (measured peak) | MFU (datasheet peak) | tensor % |")
     assert "| 31.0% | 46.3% | 55 |" in rep.markdown.read_text()  # 31 TFLOP/s of 100 measured, of 66.9 datasheet
+    # the FLOP convention beside the MFUs
+    assert "FLOPs of cnn: counted by gpubench, from the spec (convolutions and matrix multiplies)" in (
+        rep.markdown.read_text())
     page = rep.index.read_text()
     assert "MFU 31.0% of the measured peak, MFU 46.3% of the datasheet peak" in page
     assert "NVIDIA H100 SXM5 80GB: the H100 datasheet" in page  # the peaks used, with the datasheet row

@@ -264,6 +264,18 @@ def precision_notes(data: ReportData) -> list[str]:
     return notes
 
 
+def flop_conventions(data: ReportData) -> list[str]:
+    """How the FLOPs behind each MFU were counted, one line per way, with the workloads counted
+    that way (``model.flops_counted_by``: the spec's count, or a framework's counter)."""
+    ways: dict[str, set[str]] = {}
+    for run in data.runs:
+        for r in run.results:
+            how = r.get("model", "flops_counted_by")
+            if isinstance(how, str) and r.get("metrics", "achieved_tflops") is not None:
+                ways.setdefault(how, set()).add(str(r.config.get("workload")))
+    return [f"FLOPs of {', '.join(sorted(workloads))}: counted by {how}" for how, workloads in ways.items()]
+
+
 def peaks_used(data: ReportData) -> pd.DataFrame:
     """The peaks the results' two MFUs are against, one row per device, precision and kind: the
     measured one (``mfu``) and the datasheet's dense one (``mfu_datasheet``)."""
@@ -328,6 +340,7 @@ def write_markdown(data: ReportData, path: Path, ab: dict[str, Any] | None = Non
     lines += [tables.to_markdown(table), "`*` noisy (cv of step times > 10%); TFLOP/s: model training FLOPs x "
               "samples/s; MFU (measured peak): of the peak `gpubench calibrate` measured at the config's precision; "
               "MFU (datasheet peak): of the GPU's dense datasheet figure, the convention of published MFUs", ""]
+    lines += [line for note in flop_conventions(data) for line in (fmt.md_cell(note), "")]
     if (cost := cost_line(r for run in data.runs for r in run.results)) is not None:
         lines += [fmt.md_cell(cost), ""]
     if (above := tables.above_peak_note(ok)) is not None:

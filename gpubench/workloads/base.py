@@ -451,9 +451,12 @@ class WorkloadSpec:
 
     def facts(self) -> dict[str, Any]:
         """The result's ``model`` block for this spec (the same in every framework)."""
+        attention = any(isinstance(layer, TransformerBlock) for layer in self.layers)
         facts = {"params": self.params, "flops_per_sample": self.train_flops_per_sample,
                  "forward_flops_per_sample": self.forward_flops_per_sample, "source": "builtin", "identical": True,
-                 "flops_counted_by": "gpubench, from the spec (convolutions and matrix multiplies)"}
+                 "flops_counted_by": "gpubench, from the spec (convolutions and matrix multiplies"
+                                     + ("; attention over the full T x T square, causal or not, as nanoGPT and PaLM "
+                                        "count it" if attention else "") + ")"}
         if self.kind == "tokens":  # a sample is a sequence: tokens/s is throughput x its length
             facts.update(task="tokens", tokens_per_sample=self.input_shape[0])
         return facts
