@@ -136,6 +136,13 @@ METRICS: list[Metric] = [
     M("cold_start_ms", ("metrics", "cold_start_ms"), "ms", "lower", "ms",
       "the first training step (allocation, autotuning, compilation), synchronised"),
     M("setup_ms", ("metrics", "setup_ms"), "ms", "lower", "ms", "building model, optimizer and data on the device"),
+    M("loss_first", ("metrics", "loss", "first"), "", "", "number", "loss after the cold-start step"),
+    M("loss_last", ("metrics", "loss", "last"), "", "", "number", "loss after the last window"),
+    M("loss_fell", ("metrics", "loss", "fell"), "", "", "flag", "whether the loss went down", combine="all"),
+    M("peak_memory_bytes", (), "bytes", "lower", "bytes",
+      "the peak memory training needed: device allocator peak on a GPU, else the peak RSS while training "
+      "(else over the worker's life); peak_memory_source says which", gate=True, derive=lambda r: r.peak_memory()[0],
+      alias="peak_memory"),
     # compile costs, gated like any figure: a change that adds a graph break or a recompilation
     # fails the gate even where the step time hides it (a count of 0 counts as 0.5: 0 -> 1 is 2x)
     M("compile_s", ("metrics", "compile_s"), "s", "lower", "s",
@@ -148,13 +155,6 @@ METRICS: list[Metric] = [
     M("recompiles", ("metrics", "recompiles"), "", "lower", "count",
       "compilations after the first step (a guard or shape that changed: Dynamo's recompiles, a jax.jit retrace); "
       "0 expected", gate=True, floor=0.5, exact=True),
-    M("loss_first", ("metrics", "loss", "first"), "", "", "number", "loss after the cold-start step"),
-    M("loss_last", ("metrics", "loss", "last"), "", "", "number", "loss after the last window"),
-    M("loss_fell", ("metrics", "loss", "fell"), "", "", "flag", "whether the loss went down", combine="all"),
-    M("peak_memory_bytes", (), "bytes", "lower", "bytes",
-      "the peak memory training needed: device allocator peak on a GPU, else the peak RSS while training "
-      "(else over the worker's life); peak_memory_source says which", gate=True, derive=lambda r: r.peak_memory()[0],
-      alias="peak_memory"),
     M("peak_memory_source", (), "", "", "text", "which figure peak_memory_bytes is", combine="first",
       derive=lambda r: r.peak_memory()[1]),
     M("peak_rss_bytes", ("metrics", "memory", "peak_rss_bytes"), "bytes", "lower", "bytes",
