@@ -671,7 +671,7 @@ def test_a_run_resolves_max_and_reports_mfu(tmp_path, write_suite):
     report = tmp_path / "reports" / run_dir.name
     summary = (report / "summary.md").read_text()
     assert "| MFU (measured peak) |" in summary.splitlines()[4] and "TFLOP/s" in summary
-    assert "MFU (datasheet peak)" not in summary  # a CPU: no datasheet
+    assert "| MFU (datasheet peak) |" not in summary  # a CPU: no datasheet column
     html = (report / "index.html").read_text()
     assert 'id="flops"' in html and "Peaks used" in html and "(bs 20)" in html and "batch max" in html
     csv = (report / "results.csv").read_text().splitlines()
