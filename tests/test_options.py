@@ -20,7 +20,7 @@ CAPS = Capabilities(precisions={"cpu": ("fp32",), "cuda": ("fp32", "amp-bf16")},
     ({"device": "cuda", "precision": "amp-bf16", "parallelism": "ddp:4"}, None),
     ({"precision": "amp-bf16"}, "x does not support precision = amp-bf16 on cpu; it supports: fp32"),
     ({"parallelism": "grad-accum:2"}, "x does not support parallelism = grad-accum:2; it supports: single, ddp:N"),
-    ({"compile": "cuda-graph"}, "x does not support compile = cuda-graph; it supports: none, xla (no graphs here)"),
+    ({"compile": "cuda-graph"}, "x does not support compile = cuda-graph; it supports: none, xla, best (no graphs here)"),
     ({"data": "pipeline"}, "x does not support data = pipeline; it supports: device"),
     ({"checkpointing": "activations"}, "x does not support checkpointing = activations; it supports: none"),
     ({"memory_format": "channels-last"}, "x does not support memory_format = channels-last; it supports: contiguous"),
@@ -31,7 +31,7 @@ def test_a_config_is_checked_against_what_its_backend_declares(settings, expecte
 
 def test_declared_values_are_the_union_of_every_backend_in_the_built_in_order():
     assert declared_values("compile") == ["none", "xla", "torch-compile", "torch-compile-reduce-overhead",
-                                          "torch-compile-max-autotune", "cuda-graph"]
+                                          "torch-compile-max-autotune", "cuda-graph", "best"]
     assert declared_values("precision") == ["fp32", "tf32", "amp-fp16", "amp-bf16"]
     assert backend_class("torch").capabilities.values("precision") == ("fp32", "amp-bf16", "tf32", "amp-fp16")
 
@@ -61,7 +61,7 @@ def test_a_value_only_a_plugin_declares_is_accepted_and_every_other_framework_re
     reasons = {c.framework: get_backend(c.framework).unsupported(c) for c in suite.expand()}
     # before backends declared their options, PyTorch ran an unknown compile value eagerly
     assert reasons["torch"].startswith("torch does not support compile = my-jit; it supports: none, torch-compile")
-    assert reasons["tensorflow"].startswith("tensorflow does not support compile = my-jit; it supports: none, xla")
+    assert reasons["tensorflow"].startswith("tensorflow does not support compile = my-jit; it supports: none, xla, best")
     assert reasons["jitfw"] is None
 
 
@@ -69,7 +69,7 @@ def test_a_value_no_backend_declares_is_a_suite_error_naming_the_allowed_values(
     with pytest.raises(InputError) as e:
         parse_suite({"defaults": {"workload": "mlp", "compile": "my-jit"}}, "s.toml")
     assert str(e.value) == ("s.toml: defaults.compile: unknown compile 'my-jit'; expected one of: none, xla, "
-                            "torch-compile, torch-compile-reduce-overhead, torch-compile-max-autotune, cuda-graph")
+                            "torch-compile, torch-compile-reduce-overhead, torch-compile-max-autotune, cuda-graph, best")
 
 
 def test_a_backend_without_a_declaration_fails_when_it_is_made():
