@@ -399,7 +399,7 @@ def test_advise_on_a_users_language_model_measures_precision_and_the_optimizer(t
     shutil.copy(CORPUS / "gpt.py", tmp_path / "gpt.py")
     (tmp_path / "corpus.toml").write_text(CORPUS_SUITE)
     proc = run_cli(["advise", "corpus.toml", "--set", "workload=gpt:gpt", "--set", "precision=fp32", *FAST, "--only",
-                    "precision", "--only", "optimizer", "--budget", "60", "--out", "runs", "--no-report"], cwd=tmp_path,
+                    "precision", "--only", "optimizer", "--budget", "150", "--out", "runs", "--no-report"], cwd=tmp_path,
                    env=plain_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())

@@ -261,7 +261,7 @@ def test_ab_against_the_commit_a_branch_forked_from_in_a_fresh_clone(tmp_path):
     both = run_cli(["ab", "suite.toml", "--baseline-ref", "main", "--baseline-path", "."], cwd=clone, env=plain_env())
     assert both.returncode == 2 and "not with --baseline-path or --baseline-python" in both.stderr
     proc = run_cli(["ab", "suite.toml", "--baseline-ref", "origin/main", "--lockstep", "--repeats", "4", "--alpha",
-                    "0.2", "--budget", "60", "--set", "steps=10", "--set", "windows=2", "--json", "ab.json",
+                    "0.2", "--budget", "150", "--set", "steps=10", "--set", "windows=2", "--json", "ab.json",
                     "--no-report"], cwd=clone, env=plain_env(), timeout=600)
     assert f"baseline: {shas[-1][:12]} (the merge base of HEAD and origin/main: notes: line 2), in " in proc.stdout, \
         proc.stdout[-2000:] + proc.stderr[-2000:]

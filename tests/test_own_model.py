@@ -835,10 +835,10 @@ def spawns():
 """
 
 
-@pytest.mark.slow  # three checks of a torch factory in a child (8-10 s each)
+@pytest.mark.slow  # three checks of a torch factory in a child (10-20 s each)
 @pytest.mark.parametrize("factory, message", [
     ("dies", "checking the torch models failed: the check ended with exit code 3 while building workload 'facs:dies'"),
-    ("hangs", "checking the torch models: building workload 'facs:hangs' took longer than 8 s (the configs' "
+    ("hangs", "checking the torch models: building workload 'facs:hangs' took longer than 20 s (the configs' "
               "timeout_s); stopped"),
     ("spawns", None),
 ])
@@ -850,7 +850,7 @@ def test_the_model_check_survives_what_a_factory_does(tmp_path, factory, message
     (tmp_path / "facs.py").write_text(HOSTILE_FACTORIES)
     (tmp_path / "s.toml").write_text(f'[defaults]\nworkload = "facs:{factory}"\nframework = "torch"\n'
                                      'input_shape = [1, 4, 4]\nnum_classes = 10\nbatch_size = 4\nsteps = 2\n'
-                                     'windows = 1\nwarmup_steps = 1\ntimeout_s = 8\n')
+                                     'windows = 1\nwarmup_steps = 1\ntimeout_s = 20\n')
     t0 = time.monotonic()
     proc = run_cli(["run", "s.toml", "--out", "runs", "--no-report", "--no-calibrate"], cwd=tmp_path, timeout=120)
     took = time.monotonic() - t0
@@ -862,7 +862,9 @@ def test_the_model_check_survives_what_a_factory_does(tmp_path, factory, message
     else:
         assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1], proc.stderr
         assert not (tmp_path / "runs").exists()
-    assert took < 60  # never the old fixed 600 s, nor the background sleep's 317
+    # never the old fixed 600 s, nor the background sleep's 317 (timeout_s leaves a worker that
+    # imports torch room on a CI machine at half speed)
+    assert took < 120
     if factory == "spawns":  # nothing it started outlives the check or the config's worker
         import psutil
 
