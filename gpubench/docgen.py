@@ -1,9 +1,9 @@
 """The documentation's reference pages, generated from the code that defines what they describe:
 the command line from gpubench's argparse parsers, the suite keys from the suite's settings
 table (and each workload's parameters), the metrics from the metric registry, the frameworks from
-what each backend declares it supports.
+what each backend declares it supports, the GPU datasheets from their table.
 
-    python -m gpubench.docgen            # rewrite docs/reference/{cli,suite-keys,metrics,frameworks}.md
+    python -m gpubench.docgen            # rewrite docs/reference/{cli,suite-keys,metrics,frameworks,datasheets}.md
     python -m gpubench.docgen --check    # exit 1 naming each page that differs from the code
 
 A test runs the check, so a page that is out of date fails the tests instead of misleading a
@@ -129,8 +129,25 @@ def frameworks_reference() -> str:
     return "\n".join(out)
 
 
+def datasheets_reference() -> str:
+    """The datasheet table: the denominators of ``mfu_datasheet`` and of calibrate's verdicts."""
+    from gpubench.calibrate.datasheet import reference_markdown
+
+    return "\n".join([
+        "# GPU datasheets\n", GENERATED.format(source="gpubench/calibrate/datasheet.py's table"),
+        "The dense peaks gpubench divides by for `mfu_datasheet` (the field's convention: PaLM, nanoGPT, llm.c, "
+        "torchtitan and Megatron divide by these) and judges `gpubench calibrate`'s measured peaks against. "
+        "They are the only figures gpubench did not measure. Dense: NVIDIA's sheets print tensor-core figures "
+        "with 2:4 sparsity, and dense is half of those; fp16/bf16 are the rates with fp32 accumulation, the ones "
+        "frameworks use. A row is matched on the device name the driver reports (any case); a test matches "
+        "each name below to its row. `-`: no figure (the part lacks the precision, or the sources disagree), "
+        "and nothing is judged against it. How the two MFUs differ: [Calibration](../calibration.md).\n",
+        reference_markdown()])
+
+
 PAGES: dict[str, Callable[[], str]] = {"cli.md": cli_reference, "suite-keys.md": suite_keys_reference,
-                                       "metrics.md": metrics_reference, "frameworks.md": frameworks_reference}
+                                       "metrics.md": metrics_reference, "frameworks.md": frameworks_reference,
+                                       "datasheets.md": datasheets_reference}
 
 
 def _unwrapped(page: str) -> str:

@@ -209,22 +209,56 @@ def test_calibrate_without_torch_exits_2_with_the_install_command(tmp_path):
     assert bad.returncode == 2 and "cpu, cuda, cuda:N" in bad.stderr
 
 
-def test_datasheet_labels():
-    assert datasheet_for("NVIDIA H100 80GB HBM3").label == "NVIDIA H100 SXM5 80GB"
-    assert datasheet_for("NVIDIA H100 PCIe").tflops["bf16"] == 756.0
-    assert datasheet_for("NVIDIA H200").bandwidth_gbs == 4800.0
-    assert datasheet_for("NVIDIA A100-SXM4-80GB").tflops == {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0}
-    for other in ("NVIDIA H100 NVL", "NVIDIA H200 NVL", "NVIDIA A100-SXM4-40GB", "AMD EPYC", None):
-        assert datasheet_for(other) is None
-    entry = {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "peak_tflops": {"bf16": 742.05},
+def test_each_name_a_driver_reports_finds_its_own_datasheet_row():
+    """Every name a row lists matches that row and no earlier one (the first match wins), in
+    any case; the parts the table leaves out, their neighbours' names and a CPU match none."""
+    from gpubench.calibrate.datasheet import DATASHEETS, NOT_IN_TABLE
+
+    for sheet in DATASHEETS:
+        assert sheet.names and sheet.source
+        for name in sheet.names:
+            assert datasheet_for(name) is sheet, (name, datasheet_for(name))
+            assert datasheet_for(name.upper()) is sheet
+        assert set(sheet.tflops) <= {"fp32", "tf32", "fp16", "bf16", "fp8"}
+        # dense figures: fp16 is twice tf32 on every part that has both (the 2:4 sparse figures would be 4x)
+        if "tf32" in sheet.tflops and "fp16" in sheet.tflops:
+            assert sheet.tflops["fp16"] == pytest.approx(2 * sheet.tflops["tf32"], rel=0.02), sheet.label
+    for other in [*NOT_IN_TABLE, "NVIDIA GH200 480GB", "NVIDIA GeForce RTX 4090 D", "NVIDIA GeForce RTX 4090 Laptop GPU",
+                  "Tesla V100S-PCIE-32GB", "NVIDIA L40", "NVIDIA GB200", "NVIDIA H100", "AMD EPYC", None]:
+        assert datasheet_for(other) is None, other
+    assert datasheet_for("NVIDIA H100 80GB HBM3").tflops["bf16"] == 989.4
+    assert datasheet_for("NVIDIA H100 NVL").tflops["bf16"] == 835.5  # one GPU, not the pair
+    assert "fp8" not in datasheet_for("NVIDIA A100-SXM4-80GB").tflops and "bf16" not in datasheet_for("Tesla T4").tflops
+
+
+def test_calibrate_judges_the_measured_peaks_against_the_datasheet_row():
+    from gpubench.calibrate.command import summary, verdict_lines
+
+    entry = {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "peak_tflops": {"bf16": 742.05, "fp32": 30.0},
              "peak_kernels": {"bf16": {"framework": "torch", "op": "mm", "shape": "16384x16384x16384", "size": 16384}},
              "memory_bandwidth_gbs": 2680.0}
+    cal = cache.Calibration(entry, cache.cache_dir(), cached=True)
     console = Console(record=True, width=250)
-    console.print(figures_table([cache.Calibration(entry, cache.cache_dir(), cached=True)]))
+    console.print(figures_table([cal]))
     text = console.export_text()
     assert "742" in text and "989.4 (datasheet: NVIDIA H100 SXM5 80GB)" in text and "75%" in text
     assert "torch mm 16384x16384x16384" in text
     assert "3350 (datasheet: NVIDIA H100 SXM5 80GB)" in text and "80%" in text
+    assert [line.split()[-2:] for line in text.splitlines() if "│" in line and "peak" in line] == [
+        ["low", "│"], ["expected", "│"]]  # fp32 30 of 66.9 is low; bf16 75% as expected
+    lines = verdict_lines(cal, power_limit_w=500.0)
+    assert lines[0].startswith("cuda:0: its power limit is 500 W, below the 700 W")
+    assert lines[1].startswith("cuda:0: peak fp32 (TFLOP/s) 30 is 45% of the datasheet's 66.9") and len(lines) == 2
+    assert summary(cal)["verdicts"] == {"peak fp32 (TFLOP/s)": "low", "peak bf16 (TFLOP/s)": "as expected",
+                                        "memory bandwidth (GB/s)": "as expected"}
+    clean = {**entry, "peak_tflops": {"bf16": 742.05}}
+    assert verdict_lines(cache.Calibration(clean, cache.cache_dir(), cached=True), power_limit_w=700.0) == [
+        "cuda:0: every figure as expected against the datasheet (NVIDIA H100 SXM5 80GB)"]
+    unknown = cache.Calibration({**entry, "device_name": "NVIDIA GeForce GTX 1080"}, cache.cache_dir(), cached=True)
+    assert verdict_lines(unknown) == ["cuda:0: NVIDIA GeForce GTX 1080 is not in the datasheet table "
+                                      "(docs/reference/datasheets.md): no verdict"]
+    assert summary(unknown)["verdicts"] == {} and summary(unknown)["datasheet"] is None
+    assert verdict_lines(cache.Calibration({**entry, "device": "cpu"}, cache.cache_dir(), cached=True)) == []
 
 
 @pytest.mark.gpu
@@ -240,10 +274,13 @@ def test_calibrate_cuda_through_the_cli(tmp_path):
         (k["framework"], k["op"]) for k in entry["details"]["kernels"]}
     _check_best_of(entry)
     assert tflops["bf16"] > tflops["fp32"] > 0 and entry["memory_bandwidth_gbs"] > 100
+    verdicts = ("every figure as expected against the datasheet", "of the datasheet's", "not in the datasheet table")
+    assert any(v in proc.stdout for v in verdicts), proc.stdout
     if entry["datasheet"]:  # measured cannot beat the datasheet by more than clock noise
-        for p, v in tflops.items():
-            assert v <= 1.05 * entry["datasheet"]["tflops"][p], (p, v)
-        assert entry["memory_bandwidth_gbs"] <= 1.05 * entry["datasheet"]["bandwidth_gbs"]
+        assert "above the datasheet" not in entry["verdicts"].values() and entry["datasheet"]["source"]
+        for p, v in tflops.items():  # a precision the row has no figure for is not judged
+            assert v <= 1.05 * entry["datasheet"]["tflops"].get(p, float("inf")), (p, v)
+        assert entry["memory_bandwidth_gbs"] <= 1.05 * (entry["datasheet"]["bandwidth_gbs"] or float("inf"))
 
 
 # --- MFU ---------------------------------------------------------------------------------------
