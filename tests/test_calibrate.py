@@ -306,6 +306,15 @@ def test_mfu_arithmetic():
     assert no_peak == {"achieved_tflops": pytest.approx(2.0)}  # no tf32 peak measured: no mfu
     assert mfu_metrics(_ok_result(Config("mlp", device="cuda:1")), peaks) == {"achieved_tflops": pytest.approx(2.0)}
     assert mfu_metrics(_ok_result(Config("mlp"), status="oom"), peaks) is None
+    # checkpointing: hardware FLOPs (the recomputed forward counted) against the same peaks
+    ckpt = _ok_result(Config("mlp", device="cuda", precision="amp-bf16"))
+    ckpt.model["hardware_flops_per_sample"] = 1.25e9
+    hw = mfu_metrics(ckpt, peaks)
+    assert hw["achieved_hardware_tflops"] == pytest.approx(2.5) and hw["hfu"] == pytest.approx(2.5 / 800)
+    assert hw["mfu"] == pytest.approx(2.0 / 800) and "hfu_datasheet" not in hw  # "GPU" has no datasheet row
+    low = {"cuda:0": {**peaks["cuda:0"], "peak_tflops": {"bf16": 2.2}}}
+    above = mfu_metrics(ckpt, low)
+    assert above["mfu"] == pytest.approx(2.0 / 2.2) and "hfu" not in above  # 2.5 above the peak: no figure
 
 
 def test_the_datasheet_mfu_is_against_the_dense_peak_of_the_gpu_the_result_names():

@@ -85,6 +85,32 @@ def test_same_losses_weights_and_running_stats_as_without(parallelism):
     assert plain_info == "none" and ckpt_info.startswith("activations: 2 checkpointed runs of the 10 top-level")
 
 
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_the_forward_checkpointing_computes_again_is_counted_by_the_framework(framework):
+    """A small GPT (two blocks, d 64, T 32) with activation checkpointing: the model's facts carry
+    ``recomputed_flops_per_sample``, the training step's count with checkpointing less the one
+    without, by the framework's own counter (PyTorch's FlopCounterMode, JAX's traced products).
+    Neither recomputes a block's last product where no gradient needs its output: PyTorch
+    recomputes its one checkpointed run (embedding, both blocks) up to the second block's last
+    product; JAX each block but its last product."""
+    pytest.importorskip(framework)
+    from gpubench.backends import get_backend
+
+    d, t, layers = 64, 32, 2
+    params = {"layers": layers, "d_model": d, "heads": 2, "seq_len": t, "vocab": 100}
+    block = 2 * t * d * 3 * d + 2 * (2 * t * t * d) + 2 * t * d * d + 2 * (2 * t * d * 4 * d)  # qkv, attn, proj, mlp
+    last = 2 * t * 4 * d * d  # the block's last product: the MLP's down projection
+
+    def facts(checkpointing: str) -> dict:
+        config = Config(workload="gpt", framework=framework, batch_size=4, checkpointing=checkpointing,
+                        workload_params=tuple(sorted(params.items())))
+        return get_backend(framework).native(config, None).facts
+
+    assert "recomputed_flops_per_sample" not in facts("none")
+    expected = {"torch": 2 * block - last, "jax": layers * (block - last)}[framework]
+    assert facts("activations")["recomputed_flops_per_sample"] == expected
+
+
 def test_checkpointing_stores_fewer_activations():
     """What the backward pass keeps from the forward: far less with checkpointing (the peak adds
     the recomputation of one run; the GPU test measures the allocator's peak)."""
@@ -163,6 +189,17 @@ def test_resnet18_runs_through_the_cli_with_and_without_checkpointing(tmp_path):
     assert base["metrics"]["loss"]["fell"] and ckpt["metrics"]["loss"]["fell"]
     assert base["metrics"]["loss"]["windows"] == ckpt["metrics"]["loss"]["windows"]  # same training
     assert ckpt["runtime"]["checkpointing"].startswith("activations: 3 checkpointed runs of the 13")
+    # hardware FLOPs: the three runs' forward computed again (at most all of it); HFU beside MFU
+    recomputed = ckpt["model"]["recomputed_flops_per_sample"]
+    assert "hardware_flops_per_sample" not in base["model"]
+    assert 0 < recomputed < ckpt["model"]["forward_flops_per_sample"]
+    assert ckpt["model"]["hardware_flops_per_sample"] == ckpt["model"]["flops_per_sample"] + recomputed
+    m = ckpt["metrics"]
+    assert m["achieved_hardware_tflops"] / m["achieved_tflops"] == pytest.approx(
+        ckpt["model"]["hardware_flops_per_sample"] / ckpt["model"]["flops_per_sample"])
+    if "mfu" in m:  # calibrated: HFU against the same peak
+        assert m["hfu"] / m["mfu"] == pytest.approx(m["achieved_hardware_tflops"] / m["achieved_tflops"])
+        assert "hfu" not in base["metrics"]
     (cmp,) = checkpointing_twins(aggregate(results_frame(load_results(run_dir)))).to_dict("records")
     assert cmp["baseline_id"] == base["config_id"] and cmp["config_id"] == ckpt["config_id"]
     assert cmp["peak_source"] == "process_peak_rss_during_training"
@@ -172,6 +209,7 @@ def test_resnet18_runs_through_the_cli_with_and_without_checkpointing(tmp_path):
     write_markdown(load_report_data([run_dir]), tmp_path / "summary.md")
     summary = (tmp_path / "summary.md").read_text()
     assert "### Activation checkpointing" in summary and ckpt["config_id"] in summary
+    assert ("HFU (measured peak)" in summary) == ("hfu" in m)
     assert json.loads((run_dir / "run.json").read_text())["suite"]["matrix"]["checkpointing"] == ["none", "activations"]
 
 

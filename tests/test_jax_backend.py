@@ -42,27 +42,6 @@ def test_forward_flops_are_jaxs_own_cost_analysis(name):
     assert spec.forward_flops_per_sample <= flops <= 1.01 * spec.forward_flops_per_sample, (flops, spec.name)
 
 
-def _matmul_flops(jaxpr) -> int:
-    """2 x output elements x contracted size of every dot_general and convolution in a jaxpr
-    (and the jaxprs inside it)."""
-    import math
-
-    from jax.extend.core import jaxprs_in_params
-
-    total = 0
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            (lhs_contract, _), _ = eqn.params["dimension_numbers"]
-            lhs = eqn.invars[0].aval.shape
-            total += 2 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in lhs_contract)
-        elif eqn.primitive.name == "conv_general_dilated":
-            kernel = eqn.invars[1].aval.shape  # OIHW here
-            total += 2 * math.prod(eqn.outvars[0].aval.shape) * math.prod(kernel[1:])
-        for sub in jaxprs_in_params(eqn.params):
-            total += _matmul_flops(sub)
-    return total
-
-
 @pytest.mark.parametrize("name, params", [("vit", {"layers": 2, "d_model": 64}),
                                           ("gpt", {"layers": 2, "d_model": 64, "seq_len": 32, "vocab": 100})])
 def test_a_transformers_flops_are_jaxs_own_matrix_products(name, params):
@@ -75,7 +54,9 @@ def test_a_transformers_flops_are_jaxs_own_matrix_products(name, params):
     dtype = jax.numpy.int32 if spec.kind == "tokens" else jax.numpy.float32
     x = jax.numpy.zeros((1, *spec.input_shape), dtype)
     jaxpr = jax.make_jaxpr(lambda p, x: forward(spec, p, state, x, train=False)[0])(params, x).jaxpr
-    assert _matmul_flops(jaxpr) == spec.forward_flops_per_sample
+    from gpubench.backends.jax.native import matrix_flops
+
+    assert matrix_flops(jaxpr) == spec.forward_flops_per_sample
     cost = jax.jit(lambda p, x: forward(spec, p, state, x, train=False)[0]).lower(params, x).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     assert cost["flops"] > spec.forward_flops_per_sample

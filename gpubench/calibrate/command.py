@@ -190,8 +190,9 @@ def run_calibrate(devices: list[str] | None, force: bool, json_path: Path | None
         console.print(figures_table(done))
         limits = power_limits() if any(str(c.entry["device"]).startswith("cuda") for c in done) else {}
         for cal in done:
-            e = cal.entry
-            uuid = str((e.get("key") or {}).get("gpu_uuid") or e.get("device_uuid") or "").removeprefix("GPU-").lower()
+            entry = cal.entry
+            uuid = str((entry.get("key") or {}).get("gpu_uuid") or entry.get("device_uuid") or ""
+                       ).removeprefix("GPU-").lower()
             for line in verdict_lines(cal, limits.get(uuid)):
                 console.print(line, highlight=False, soft_wrap=True)
     if json_path is not None and done:

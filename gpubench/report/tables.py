@@ -114,6 +114,10 @@ def flops_tables(configs: pd.DataFrame, multi_run: bool = False) -> dict[str, pd
     def flops_cell(r: pd.Series) -> str:
         mfu, sheet = r.get("mfu"), r.get("mfu_datasheet")
         datasheet = f", MFU {cell('mfu', sheet)} of the datasheet peak" if pd.notna(sheet) else ""
+        hfu = [f"HFU {cell('hfu', r.get(k))} of the {kind} peak" for k, kind in (("hfu", "measured"),
+                                                                                   ("hfu_datasheet", "datasheet"))
+               if pd.notna(r.get(k))]
+        datasheet += "".join(f", {h}" for h in hfu)  # checkpointing's recomputed forward counted
         if above_peak(r):
             return (f"{cell('achieved_tflops', r['achieved_tflops'])}, above the calibrated peak "
                     f"({cell('peak_tflops', r['peak_tflops'])}): recalibrate with {RECALIBRATE}" + datasheet

@@ -217,6 +217,14 @@ METRICS: list[Metric] = [
     M("mfu_datasheet", ("metrics", "mfu_datasheet"), "", "higher", "pct",
       "MFU against the datasheet's dense peak (the convention of published MFUs: PaLM, nanoGPT, llm.c, "
       "torchtitan): achieved_tflops / datasheet_tflops; none where achieved is above it (achieved_above_datasheet)"),
+    M("hfu", ("metrics", "hfu"), "", "higher", "pct",
+      "hardware FLOP utilisation against the measured peak, where activation checkpointing recomputes layers: "
+      "achieved_hardware_tflops / peak_tflops (the recomputed forward counted; MFU leaves it out)"),
+    M("hfu_datasheet", ("metrics", "hfu_datasheet"), "", "higher", "pct",
+      "hardware FLOP utilisation against the datasheet's dense peak, where activation checkpointing recomputes "
+      "layers"),
+    M("achieved_hardware_tflops", ("metrics", "achieved_hardware_tflops"), "TFLOP/s", "higher", "tflops",
+      "hardware FLOPs per sample (model FLOPs plus the forward checkpointing recomputes) x throughput"),
     M("above_peak", (), "", "", "flag",
       "achieved more than the calibrated peak, which is then no ceiling: recalibrate (gpubench calibrate --force)",
       combine="any", derive=_above_peak),
@@ -235,6 +243,9 @@ METRICS: list[Metric] = [
     M("params", ("model", "params"), "", "", "count", "model parameters", combine="first"),
     M("flops_per_sample", ("model", "flops_per_sample"), "FLOP", "", "count",
       "training FLOPs per sample (forward + backward)", combine="first"),
+    M("hardware_flops_per_sample", ("model", "hardware_flops_per_sample"), "FLOP", "", "count",
+      "training FLOPs per sample the device computes: flops_per_sample plus the forward activation checkpointing "
+      "recomputes (model.recomputed_flops_per_sample)", combine="first"),
     M("step_timing", ("runtime", "step_timing"), "", "", "text",
       "how steps were timed: cuda_events, host_clock or window_mean", combine="first"),
     *(M(f"breakdown_{phase}_ms", ("metrics", "breakdown", f"{phase}_ms"), "ms", "", "ms",
@@ -292,6 +303,9 @@ SUMMARY_COLUMNS = (SummaryColumn("samples/s", "throughput"), SummaryColumn("toke
                    SummaryColumn("TFLOP/s", "achieved_tflops", terminal=False),
                    SummaryColumn("MFU", "mfu", long="MFU (measured peak)"),
                    SummaryColumn("MFU sheet", "mfu_datasheet", optional=True, long="MFU (datasheet peak)"),
+                   SummaryColumn("HFU", "hfu", optional=True, long="HFU (measured peak)"),
+                   SummaryColumn("HFU sheet", "hfu_datasheet", optional=True, terminal=False,
+                                 long="HFU (datasheet peak)"),
                    SummaryColumn("tensor %", "tensor_active_pct", optional=True),
                    SummaryColumn("cost/M samples", "cost_per_million_samples", optional=True,
                                  long="cost per 1M samples"),

@@ -20,7 +20,11 @@ child process where a device has none) and adds to every ok result:
   and ``mfu_datasheet`` = achieved / that (the field's convention: the figure to put beside a
   published MFU), or ``achieved_above_datasheet`` where achieved is above it (a FLOP count
   that cannot be right: no figure is printed); ``datasheet``: which row, from which document.
-  It needs no calibration.
+  It needs no calibration;
+- where activation checkpointing recomputes layers (``model.hardware_flops_per_sample``),
+  hardware FLOP utilisation beside the MFUs: ``achieved_hardware_tflops``, ``hfu`` and
+  ``hfu_datasheet`` against the same two peaks (the recomputed forward counted, as Megatron's
+  HFU counts it).
 """
 
 from __future__ import annotations
@@ -81,7 +85,7 @@ def mfu_metrics(result: Result, peaks: dict[str, dict[str, Any]]) -> dict[str, A
     precision = PEAK_PRECISION.get(config.precision)
     per_device = (entry or {}).get("peak_tflops", {}).get(precision)
     if entry is None or not per_device:
-        return out
+        return hardware_metrics(out, result.get("model", "hardware_flops_per_sample"), rate)
     # GPUs: every device of the strategy; CPU: the ranks of one node share its CPU, whose
     # calibration used all its cores, so one CPU per node
     devices = config.devices if device_kind(config.device) == "cuda" else config.nnodes
@@ -94,6 +98,20 @@ def mfu_metrics(result: Result, peaks: dict[str, dict[str, Any]]) -> dict[str, A
                    "devices": devices, "kernel": (entry.get("peak_kernels") or {}).get(precision),
                    "device": entry["device"], "device_name": entry.get("device_name"),
                    "measured_at": entry.get("measured_at"), "cache_file": entry.get("cache_file")}
+    return hardware_metrics(out, result.get("model", "hardware_flops_per_sample"), rate)
+
+
+def hardware_metrics(out: dict[str, Any], hardware_flops: Any, rate: float) -> dict[str, Any]:
+    """``out`` with hardware FLOP utilisation where activation checkpointing recomputes layers
+    (``model.hardware_flops_per_sample``: the model's FLOPs plus the recomputed forward):
+    ``achieved_hardware_tflops``, and ``hfu`` / ``hfu_datasheet`` against the same peaks as
+    ``mfu`` / ``mfu_datasheet``, each only where it is not above its peak."""
+    if not hardware_flops:
+        return out
+    out["achieved_hardware_tflops"] = achieved = hardware_flops * rate / 1e12
+    for name, peak in (("hfu", out.get("peak_tflops")), ("hfu_datasheet", out.get("datasheet_tflops"))):
+        if peak and achieved <= peak:
+            out[name] = achieved / peak
     return out
 
 

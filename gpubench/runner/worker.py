@@ -364,6 +364,9 @@ def run_config(config: Config, profile: dict[str, Any] | None = None, memory_his
     if (refused := _input_refused(config, native)) is not None:
         return refused, None
     model = dict(native.facts)
+    if model.get("recomputed_flops_per_sample") is not None and model.get("flops_per_sample"):
+        # hardware FLOPs: what the device computes, with the forward checkpointing recomputes
+        model["hardware_flops_per_sample"] = model["flops_per_sample"] + model["recomputed_flops_per_sample"]
     memory: dict[str, Any] = {"baseline_rss_bytes": psutil.Process().memory_info().rss}
     rss = PeakRss()
     rank, world = rank_of(config)

@@ -492,13 +492,15 @@ def model_key(config: Config) -> Config:
 
 
 def counted_once(directory: Path | None, config: Config, facts: dict[str, Any], framework_version: str,
-                 count: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+                 count: Callable[[], dict[str, Any]], kind: str = "flops") -> dict[str, Any]:
     """A factory's or a zoo's model's FLOP count (``count()``: the backend's), counted by the
     first worker of a run that builds the model and read back by the others from ``directory``
     (the run's; None: counted here). The count is one training step on the host at a fixed
     batch, the same for every config that builds the same model from the same code: every
     setting that reaches the model (not the batch, precision or device), the factory file's
-    SHA-1 or the zoo's version and the framework's version make the key. Counting costs a
+    SHA-1 or the zoo's version and the framework's version make the key, with ``kind``: what
+    was counted (``flops``: the training step; ``recomputed``: what activation checkpointing
+    recomputes, ``recomputed_flops_per_sample``). Counting costs a
     worker seconds (PyTorch's FlopCounterMode imports its compiler stack, then steps the model
     on the host), which every repeat of every config paid again."""
     if directory is None:
@@ -507,10 +509,10 @@ def counted_once(directory: Path | None, config: Config, facts: dict[str, Any], 
            "file_sha1": (facts.get("origin") or {}).get("file_sha1"), "zoo_version": facts.get("version"),
            "framework_version": framework_version}
     digest = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
-    path = directory / f"flops-{digest}.json"
+    path = directory / f"{kind}-{digest}.json"
     with contextlib.suppress(OSError, ValueError):
         found = json.loads(path.read_text())
-        if isinstance(found, dict) and "flops_per_sample" in found:
+        if isinstance(found, dict) and ("flops_per_sample" if kind == "flops" else f"{kind}_flops_per_sample") in found:
             return found
     found = count()
     with contextlib.suppress(OSError):  # a full disk or a read-only run directory: the next worker counts again

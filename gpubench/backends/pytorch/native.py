@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpubench.backends.base import NativeModel, Tree, spec_native
-from gpubench.backends.pytorch.checkpointing import KeepBuffers
+from gpubench.backends.pytorch.checkpointing import KeepBuffers, checkpointed
 from gpubench.config import Config
 from gpubench.workloads import WORKLOADS, get_workload
 from gpubench.workloads.base import WorkloadSpec
@@ -97,7 +97,10 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
     False)."""
     ref = parse_workload(config.workload, sorted(WORKLOADS))
     if ref.kind == "builtin":
-        return _builtin(get_workload(config.workload).spec(**dict(config.workload_params)), config)
+        native = _builtin(get_workload(config.workload).spec(**dict(config.workload_params)), config)
+        if count and config.checkpointing == "activations":
+            _count_recomputed(native, config, counts, native.make_batches(FLOP_COUNT_BATCH, 1))
+        return native
     stubbed = torchvision_without_its_operators()  # before the factory's or zoo's imports, which may import it
     build, task, facts = _source(ref, config)
     notes: list[str] = []
@@ -122,8 +125,31 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
                                   partial(count_train_flops, probe, sample, loss or cross_entropy)))
     sequential = isinstance(probe, nn.Sequential)
     del probe
-    return NativeModel(build=build, make_batches=make, facts=facts, loss=loss, sequential=sequential,
-                       eval_batches=held_out)
+    native = NativeModel(build=build, make_batches=make, facts=facts, loss=loss, sequential=sequential,
+                         eval_batches=held_out)
+    if count and sequential:
+        _count_recomputed(native, config, counts, sample)
+    return native
+
+
+def _count_recomputed(native: NativeModel, config: Config, counts: Path | None, sample: Batches) -> None:
+    """``recomputed_flops_per_sample`` in the facts of a config with activation checkpointing
+    (rank 0's, counted once a run): FlopCounterMode over a training step of the checkpointed
+    model less one of the plain model, the forward the backward pass computes again, as far as
+    torch.utils.checkpoint recomputes (it stops once the tensors the backward needs are back)."""
+    if config.checkpointing != "activations" or int(os.environ.get("RANK", "0")) != 0 or \
+            native.facts.get("flops_per_sample") is None:
+        return
+
+    def count() -> dict[str, Any]:
+        model = native.build()
+        loss = native.loss or cross_entropy
+        plain = count_train_flops(model, sample, loss).get("flops_per_sample")
+        again = count_train_flops(checkpointed(model), sample, loss).get("flops_per_sample")
+        return {"recomputed_flops_per_sample": again - plain if plain and again and again >= plain else None}
+    found = counted_once(counts, config, native.facts, torch.__version__, count, kind="recomputed")
+    if found.get("recomputed_flops_per_sample") is not None:
+        native.facts["recomputed_flops_per_sample"] = found["recomputed_flops_per_sample"]
 
 
 _STUBS: list[torch.library.Library] = []  # the Library holding the stand-in schemas: deleting it would undefine them
