@@ -1,9 +1,9 @@
 """The documentation's reference pages, generated from the code that defines what they describe:
 the command line from gpubench's argparse parsers, the suite keys from the suite's settings
 table (and each workload's parameters), the metrics from the metric registry, the frameworks from
-what each backend declares it supports, the GPU datasheets from their table.
+what each backend declares it supports, the GPU datasheets and the published runs from their tables.
 
-    python -m gpubench.docgen            # rewrite docs/reference/{cli,suite-keys,metrics,frameworks,datasheets}.md
+    python -m gpubench.docgen            # rewrite docs/reference/*.md (the pages below)
     python -m gpubench.docgen --check    # exit 1 naming each page that differs from the code
 
 A test runs the check, so a page that is out of date fails the tests instead of misleading a
@@ -145,9 +145,25 @@ def datasheets_reference() -> str:
         reference_markdown()])
 
 
+def published_reference() -> str:
+    """The published runs a result can stand beside, with their terms and sources."""
+    from gpubench.report.references import reference_markdown
+
+    return "\n".join([
+        "# Published figures\n", GENERATED.format(source="gpubench/report/references.py's table"),
+        "Public runs of the models gpubench trains, each with its source. The report's \"Beside published "
+        "figures\" section (HTML and summary.md) puts a config beside one only when the config meets its terms: "
+        "the same model (its parameter count) and precision, and for a rate the same GPU, batch, memory format "
+        "and one GPU. An MFU stands beside one on any GPU of the [datasheet table](datasheets.md), each against "
+        "its own GPU's dense peak. A figure the source does not state, but that follows from what it states, "
+        "says how. MLPerf Training publishes time to train to a quality on ImageNet, which no throughput can "
+        "stand beside, so it is not here.\n",
+        reference_markdown()])
+
+
 PAGES: dict[str, Callable[[], str]] = {"cli.md": cli_reference, "suite-keys.md": suite_keys_reference,
                                        "metrics.md": metrics_reference, "frameworks.md": frameworks_reference,
-                                       "datasheets.md": datasheets_reference}
+                                       "datasheets.md": datasheets_reference, "published.md": published_reference}
 
 
 def _unwrapped(page: str) -> str:

@@ -480,3 +480,47 @@ def test_the_loss_curves_are_drawn_against_samples(tmp_path):
     chart = rep.out / "charts" / "loss_vs_samples.png"
     assert chart in rep.charts and chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert 'data-file="loss_vs_samples.png"' in rep.index.read_text()
+
+
+def test_a_config_on_the_terms_of_a_published_run_is_shown_beside_it(tmp_path):
+    """ResNet-50 at amp-fp16, batch 256, channels-last on one A100 80GB SXM meets the terms of
+    NVIDIA's published 2,470 img/s; the same on an H100, or at batch 128, does not. GPT-2 (124M)
+    at amp-bf16 with a datasheet MFU stands beside llm.c's and nanoGPT's MFUs on any GPU of the
+    table. Both in summary.md and the page, each with its source and what differs."""
+    import json
+
+    from gpubench.config import Config
+    from gpubench.report.references import GPT2_SMALL_PARAMS, RESNET50_PARAMS
+    from tests.conftest import make_result
+
+    def on(gpu: str, config: Config, rate: float, params: int, **metrics):
+        r = make_result(config, rate, **metrics)
+        r.model = {"params": params}
+        r.env = {"frameworks": {"torch": {"devices": [{"name": "cuda:0", "model": gpu}]}}}
+        return r
+
+    resnet = dict(workload="resnet50", device="cuda", precision="amp-fp16", memory_format="channels-last")
+    gpt = Config(workload="gpt", device="cuda", precision="amp-bf16", batch_size=8,
+                 workload_params=(("d_model", 768), ("heads", 12), ("layers", 12), ("seq_len", 1024),
+                                  ("vocab", 50257)))
+    results = [on("NVIDIA A100-SXM4-80GB", Config(**resnet, batch_size=256), 1976.0, RESNET50_PARAMS),
+               on("NVIDIA H100 80GB HBM3", Config(**resnet, batch_size=256, compile="torch-compile"), 3000.0,
+                  RESNET50_PARAMS),
+               on("NVIDIA A100-SXM4-80GB", Config(**resnet, batch_size=128), 1900.0, RESNET50_PARAMS),
+               on("NVIDIA H100 80GB HBM3", gpt, 60.0, GPT2_SMALL_PARAMS, mfu_datasheet=0.315)]
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"run_id": "r", "schema_version": 1, "env": {}, "suite": {}}))
+    (run / "results.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in results))
+    rep = build_report([run], tmp_path / "out")
+    md = rep.markdown.read_text()
+    section = md.split("### Beside published figures", 1)[1].split("###", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| resnet50") or line.startswith("| gpt")]
+    assert len(rows) == 3, section  # the A100 batch-256 ResNet-50, and GPT-2 beside llm.c and nanoGPT
+    (a100,) = [line for line in rows if line.startswith("| resnet50")]
+    assert "bs256" in a100 and "1,976 samples/s" in a100 and "2,470 samples/s" in a100 and "0.80x" in a100
+    assert "resnet50v1.5/README.md" in a100 and "ImageNet JPEGs" in a100
+    llmc, nanogpt = (next(line for line in rows if name in line) for name in ("llm.c", "nanoGPT"))
+    assert "31.5%" in llmc and "63%" in llmc and "0.50x" in llmc and "231k tokens/s" in llmc
+    assert "23%-29%" in nanogpt and "1.21x" in nanogpt
+    assert "Beside published figures" in rep.index.read_text()

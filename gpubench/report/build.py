@@ -23,7 +23,7 @@ from gpubench.env import emulation_note
 from gpubench.errors import InputError
 from gpubench.files import write_text_atomic
 from gpubench.measure.allocations import history_line, oom_line
-from gpubench.report import breakdown, charts, tables
+from gpubench.report import breakdown, charts, references, tables
 from gpubench.report.load import ReportData, load_report_data
 from gpubench.results import twins
 from gpubench.results.frame import CONFIG_COLUMNS
@@ -352,6 +352,7 @@ def write_markdown(data: ReportData, path: Path, ab: dict[str, Any] | None = Non
     sections = [*((cmp.title, tables.speedup_table(c, cmp, data.multi_run)) for cmp in twins.COMPARISONS),
                 ("Activation checkpointing", tables.checkpointing_table(c, data.multi_run)),
                 ("Sharded over replicated (fsdp:N over ddp:N)", tables.sharding_table(c, data.multi_run)),
+                ("Beside published figures", references.beside(c, data.multi_run)),
                 ("Where time goes (ms per step, gpubench profile)", breakdown.breakdown_table(c, data.multi_run)),
                 ("Not measured", tables.failures(c, data.multi_run))]
     for title, t in sections:
@@ -498,6 +499,7 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
         "memory": {k: _html_table(v) for k, v in tables.memory_tables(c, multi).items()},
         "checkpointing": (_html_table(t) if not (t := tables.checkpointing_table(c, multi)).empty else None),
         "sharding": (_html_table(t) if not (t := tables.sharding_table(c, multi)).empty else None),
+        "published": (_html_table(t) if not (t := references.beside(c, multi)).empty else None),
         "breakdown": _html_table(bd) if not (bd := breakdown.breakdown_table(c, multi)).empty else None,
         "profiles": _profiles(data, out),
         "advice": _advice(data),
