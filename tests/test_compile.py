@@ -110,7 +110,17 @@ def test_torch_compile_gives_the_eager_losses_on_cpu():
     assert trainer.compile_events() >= 1  # the first step compiled
     info = trainer.describe()["compile"]
     assert info["setting"] == "torch-compile" and info["mode"] == "default" and info["backend"] == "inductor"
-    raw = run_loop(trainer, warmup_steps=1, steps=3, windows=2)
+    # on the trainer that already compiled, the loop's first step compiles nothing: no compile_s
+    again = run_loop(trainer, warmup_steps=1, steps=2, windows=1)
+    assert (again.compile_events_first, again.recompiles) == (0, 0)
+    # the loop on a fresh trainer in a fresh compiler (as in a config's worker process): its first
+    # step compiles, nothing after it does
+    import torch
+
+    torch._dynamo.reset()
+    fresh = get_backend("torch").build(spec, replace(base, compile="torch-compile"),
+                                       synthetic_batches(spec, base.batch_size, 4, seed=0))
+    raw = run_loop(fresh, warmup_steps=1, steps=3, windows=2)
     assert raw.compile_events_in_windows == 0 and raw.warmup_steps == 1
     assert raw.compile_events_first >= 1 and (raw.recompiles, raw.graph_breaks) == (0, 0)  # the compile costs
 

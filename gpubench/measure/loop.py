@@ -68,6 +68,7 @@ class RawMeasurement:
     # compilations in the first step; compilations after it (recompiles: a guard or a shape
     # that changed, a retrace); graph breaks in the first step's compilation
     compile_events_first: int | None = None
+    compile_events_after_first: int | None = None  # the trainer's count once the first step is done
     recompiles: int | None = None
     graph_breaks: int | None = None
     evaluations: list[Evaluation] = field(default_factory=list)  # a target's, in order
@@ -187,8 +188,8 @@ def _loop(trainer: Trainer, warmup_steps: int, steps: int, windows: int, observe
     if compiles is not None:
         end = trainer.compile_events() or 0
         raw.compile_events_in_windows = end - compiles
-        if raw.compile_events_first is not None:
-            raw.recompiles = end - raw.compile_events_first
+        if raw.compile_events_after_first is not None:
+            raw.recompiles = end - raw.compile_events_after_first
     return raw
 
 
@@ -241,7 +242,7 @@ def _to_target(trainer: Trainer, target: Target, progress: Callable[[str], None]
 def _cold_start(trainer: Trainer, ranges: Ranges, progress: Callable[[str], None]) -> RawMeasurement:
     """The first step, synchronised: a measurement that holds its time and loss."""
     progress("cold start (the first step)")
-    before = trainer.compile_events()
+    before, breaks = trainer.compile_events(), trainer.graph_breaks()
     ranges.push("cold start")
     t0 = clock_ns()
     trainer.step()
@@ -252,8 +253,9 @@ def _cold_start(trainer: Trainer, ranges: Ranges, progress: Callable[[str], None
     raw.phases.append(Phase("cold_start", t0, t1))
     after = trainer.compile_events()
     if before is not None and after is not None:
-        raw.compile_events_first = after
-        raw.graph_breaks = trainer.graph_breaks()
+        raw.compile_events_first, raw.compile_events_after_first = after - before, after
+        now = trainer.graph_breaks()  # the process's count (Dynamo's): the first step's share of it
+        raw.graph_breaks = now - breaks if now is not None and breaks is not None else now
     return raw
 
 
