@@ -83,16 +83,21 @@ def suite_keys_reference() -> str:
     return "\n".join(out) + "\n"
 
 
+def _page(title: str, source: str, intro: str, body: str) -> str:
+    """A reference page: its title, the generated-from line, a paragraph, then the table."""
+    return "\n".join([f"# {title}\n", GENERATED.format(source=source), intro + "\n", body])
+
+
 def metrics_reference() -> str:
     from gpubench.results.metrics import reference_markdown
 
-    return "\n".join([
-        "# Metrics\n", GENERATED.format(source="gpubench/results/metrics.py's registry"),
+    return _page(
+        "Metrics", "gpubench/results/metrics.py's registry",
         "Every figure gpubench shows, combines or gates on: its name (a column of the report's `results.csv` "
         "and of summary tables, and what `compare --metric` takes), where it lives in a result line, its "
         "unit, which direction is better, how a config's repeats combine, and whether the regression gate "
-        "may use it. The result line's fields: [Results schema](../results-schema.md).\n",
-        reference_markdown()])
+        "may use it. The result line's fields: [Results schema](../results-schema.md).",
+        reference_markdown())
 
 
 def frameworks_reference() -> str:
@@ -133,32 +138,32 @@ def datasheets_reference() -> str:
     """The datasheet table: the denominators of ``mfu_datasheet`` and of calibrate's verdicts."""
     from gpubench.calibrate.datasheet import reference_markdown
 
-    return "\n".join([
-        "# GPU datasheets\n", GENERATED.format(source="gpubench/calibrate/datasheet.py's table"),
+    return _page(
+        "GPU datasheets", "gpubench/calibrate/datasheet.py's table",
         "The dense peaks gpubench divides by for `mfu_datasheet` (the field's convention: PaLM, nanoGPT, llm.c, "
         "torchtitan and Megatron divide by these) and judges `gpubench calibrate`'s measured peaks against. "
         "They are the only figures gpubench did not measure. Dense: NVIDIA's sheets print tensor-core figures "
         "with 2:4 sparsity, and dense is half of those; fp16/bf16 are the rates with fp32 accumulation, the ones "
         "frameworks use. A row is matched on the device name the driver reports (any case); a test matches "
         "each name below to its row. `-`: no figure (the part lacks the precision, or the sources disagree), "
-        "and nothing is judged against it. How the two MFUs differ: [Calibration](../calibration.md).\n",
-        reference_markdown()])
+        "and nothing is judged against it. How the two MFUs differ: [Calibration](../calibration.md).",
+        reference_markdown())
 
 
 def published_reference() -> str:
     """The published runs a result can stand beside, with their terms and sources."""
     from gpubench.report.references import reference_markdown
 
-    return "\n".join([
-        "# Published figures\n", GENERATED.format(source="gpubench/report/references.py's table"),
+    return _page(
+        "Published figures", "gpubench/report/references.py's table",
         "Public runs of the models gpubench trains, each with its source. The report's \"Beside published "
         "figures\" section (HTML and summary.md) puts a config beside one only when the config meets its terms: "
         "the same model (its parameter count) and precision, and for a rate the same GPU, batch, memory format "
         "and one GPU. An MFU stands beside one on any GPU of the [datasheet table](datasheets.md), each against "
         "its own GPU's dense peak. A figure the source does not state, but that follows from what it states, "
         "says how. MLPerf Training publishes time to train to a quality on ImageNet, which no throughput can "
-        "stand beside, so it is not here.\n",
-        reference_markdown()])
+        "stand beside, so it is not here.",
+        reference_markdown())
 
 
 PAGES: dict[str, Callable[[], str]] = {"cli.md": cli_reference, "suite-keys.md": suite_keys_reference,
