@@ -274,7 +274,7 @@ framework = "torch"
 parallelism = "ddp:1"
 [[matrix.include]]
 framework = "torch"
-parallelism = "fsdp:1"
+parallelism = "fsdp:2"
 [[matrix.include]]
 framework = "tensorflow"
 parallelism = "multiworker:1"
@@ -287,18 +287,24 @@ parallelism = "multiworker:1"
     (run_dir,) = (tmp_path / "runs").iterdir()
     found = {r["config"]["parallelism"]: r for r in result_lines(run_dir)}
     # the suite's base config (single) cannot span nodes: unsupported, without a Slurm job
-    assert {p: r["status"] for p, r in found.items()} == {"single": "unsupported", "ddp:1": "ok", "fsdp:1": "ok",
+    assert {p: r["status"] for p, r in found.items()} == {"single": "unsupported", "ddp:1": "ok", "fsdp:2": "ok",
                                                          "multiworker:1": "ok"}
     assert "runs distributed configs only" in found.pop("single")["reason"]
     assert len(list((run_dir / "slurm").glob("*.sbatch"))) == 3
+    # fsdp:2 across the two nodes: two ranks on each, one FSDP group of four; each rank holds its
+    # shard (dimension 0) of the state that DDP's ranks each hold whole: together, the whole, but
+    # for Adam's step counts (a 4-byte scalar per parameter tensor, 4 here), which every rank keeps
+    fsdp = found.pop("fsdp:2")
+    assert [(x["rank"], x["node"], x["host"]) for x in fsdp["metrics"]["ranks"]] == [
+        (0, 0, "node1"), (1, 0, "node1"), (2, 1, "node2"), (3, 1, "node2")]
+    assert fsdp["runtime"]["distributed"] == "fully_shard(gloo, world_size=4)"
+    assert fsdp["metrics"]["nodes"] == 2 and fsdp["config_id"].endswith("-nnodes=2")
+    whole = found["ddp:1"]["metrics"]["memory"]["state_bytes_per_device"]
+    shards = [x["state_bytes_per_device"] for x in fsdp["metrics"]["ranks"]]
+    assert sum(shards) - whole == 3 * 4 * 4 and max(shards) < whole / 4 + 1024, (shards, whole)
     for r in found.values():  # one rank on each node, each on its own host
         assert [(x["rank"], x["node"], x["host"]) for x in r["metrics"]["ranks"]] == [(0, 0, "node1"), (1, 1, "node2")]
         assert r["metrics"]["nodes"] == 2 and r["config_id"].endswith("-nnodes=2")
-    # FSDP across the two nodes: each rank holds half of the state DDP's ranks each hold whole
-    fsdp = found.pop("fsdp:1")
-    assert fsdp["runtime"]["distributed"] == "fully_shard(gloo, world_size=2)"
-    assert 2 * fsdp["metrics"]["memory"]["state_bytes_per_device"] == pytest.approx(
-        found["ddp:1"]["metrics"]["memory"]["state_bytes_per_device"], abs=64)
     found = {r["config"]["framework"]: r for r in found.values()}
     assert found["torch"]["runtime"]["distributed"].startswith("DistributedDataParallel(gloo, world_size=2")
     assert found["tensorflow"]["runtime"]["distributed"] == (
