@@ -149,6 +149,12 @@ workload = "mlp"
 batch_size = 4
 parallelism = "fsdp:4"
 [[matrix.include]]
+workload = "mlp"
+batch_size = "max"
+max_batch_start = 4
+max_batch_limit = 8
+parallelism = "fsdp:2"
+[[matrix.include]]
 workload = "gpt"
 batch_size = 8
 parallelism = ["single", "fsdp:2", "ddp:2", "tp:2", "fsdp:2+tp:2"]
@@ -232,6 +238,15 @@ def test_fsdp_and_tp_train_the_losses_of_single_at_the_same_global_batch(sharded
     assert _losses(four) == pytest.approx(_losses(by[("mlp", "torch", "single", 16)]), rel=1e-5)
     assert [r["rank"] for r in four["metrics"]["ranks"]] == [0, 1, 2, 3]
     assert "ranks_weights_identical" not in four["metrics"]  # each rank holds its own shard
+    # batch_size = "max" under fsdp:2: each probe of the search is an fsdp:2 launch of its own
+    # (nothing runs out of memory on the CPU: the search ends at max_batch_limit), then the config
+    # trains at the batch found, the losses of fsdp:2 at that batch
+    found = by[("mlp", "torch", "fsdp:2", "max")]
+    search = found["metrics"]["batch_search"]
+    assert [(p["batch_size"], p["status"]) for p in search["probes"]] == [(4, "ok"), (8, "ok")]
+    assert (search["max_batch"], search["first_oom"], found["metrics"]["samples_per_step"]) == (8, None, 16)
+    assert found["runtime"]["distributed"] == "fully_shard(gloo, world_size=2)"
+    assert _losses(found) == _losses(by[("mlp", "torch", "fsdp:2", 8)])
     # tp:2 splits each block's projections; every rank sees the whole batch of 8
     tp, single8 = by[("gpt", "torch", "tp:2", 8)], by[("gpt", "torch", "single", 8)]
     assert _losses(tp) == pytest.approx(_losses(single8), rel=1e-5)
