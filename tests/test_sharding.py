@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -48,19 +50,51 @@ def test_sharded_configs_count_their_devices_and_batches():
     ({"parallelism": "fsdp:2", "checkpointing": "activations"}, "torch", "use checkpointing = none"),
     ({"parallelism": "tp:2", "workload": "mlp"}, "torch", "mlp has none (the built-in transformers: gpt, vit"),
     ({"parallelism": "fsdp:2", "compile": "cuda-graph", "device": "cuda"}, "torch", "use single or grad-accum:N"),
-    ({"parallelism": "tp:2"}, "jax", "tp:N (tensor parallelism) is PyTorch's in gpubench"),
+    ({"parallelism": "tp:2", "workload": "cnn"}, "jax", "cnn has none (the built-in transformers: gpt, vit"),
+    ({"parallelism": "tp:2", "workload": "flax_lm:flax_lm"}, "jax", "a Flax module's layers are its own"),
     ({"parallelism": "fsdp:2", "device": "cuda:1"}, "jax", "use device = cuda or cpu, not cuda:1"),
     ({"parallelism": "fsdp:2"}, "tensorflow", "Keras has no sharded strategy gpubench drives"),
     ({"parallelism": "tp:2"}, "tensorflow", "tp:N (a transformer's projections split over the ranks) is PyTorch's"),
     ({"parallelism": "fsdp:2+tp:2", "workload": "mlp"}, "torch", "fsdp:A+tp:B splits a transformer's attention"),
     ({"parallelism": "fsdp:2+tp:2", "precision": "amp-fp16", "device": "cuda"}, "torch", "fsdp:A+tp:B runs fp32"),
-    ({"parallelism": "fsdp:2+tp:2"}, "jax", "supports: single, grad-accum:N, dp:N, fsdp:N (fsdp:A+tp:B (tensor"),
+    ({"parallelism": "fsdp:2+tp:2"}, "jax", "supports: single, grad-accum:N, dp:N, fsdp:N, tp:N (fsdp:A+tp:B (FSDP"),
 ])
 def test_what_sharding_cannot_run_says_why(settings, framework, reason):
     from gpubench.backends import get_backend
 
     config = Config(**{"workload": "gpt", **settings, "framework": framework})
     assert reason in (get_backend(framework).unsupported(config) or ""), config.config_id
+
+
+JAX_TP_COLLECTIVES = """
+import collections, dataclasses, re, sys
+import jax
+jax.config.update("jax_num_cpu_devices", 2)
+import gpubench.backends
+from gpubench.backends.jax.native import native_model
+from gpubench.backends.jax.trainer import JaxTrainer
+from gpubench.config import Config
+wp = (("d_model", 32), ("heads", 4), ("layers", 2), ("seq_len", 16), ("vocab", 64))
+config = Config(workload="gpt", framework="jax", batch_size=8, parallelism="tp:2", workload_params=wp)
+native = native_model(config, count=False)
+trainer = JaxTrainer(native, config, native.make_batches(8, 2))
+hlo = trainer._step.lower(trainer._carry, trainer.x, trainer.y).compile().as_text()
+print(dict(collections.Counter(re.findall(r"= \\S+ (all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter)"
+                                          r"(?:-start)?\\(", hlo))))
+"""
+
+
+@pytest.mark.slow
+def test_jax_tp_compiles_to_megatrons_all_reduces_only():
+    """JAX's tp:2 of a 2-block GPT: each block's q, k, v rows in chunks of whole heads, so the
+    compiled step moves nothing but the Megatron split's all-reduces: one after attention's and
+    one after the MLP's row-wise projection in the forward, and one for each column-wise
+    projection's input gradient in the backward, 4 a block."""
+    pytest.importorskip("jax")
+    proc = subprocess.run([sys.executable, "-c", JAX_TP_COLLECTIVES], capture_output=True, text=True, timeout=300,
+                          env=plain_env(PYTHONPATH=str(REPO)))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "{'all-reduce': 8}"
 
 
 def _tiny_llama():
@@ -174,6 +208,11 @@ framework = "jax"
 batch_size = 4
 parallelism = "fsdp:4"
 [[matrix.include]]
+workload = "gpt"
+framework = "jax"
+batch_size = 8
+parallelism = "tp:2"
+[[matrix.include]]
 workload = "gpt:gpt"
 loss_output = "1"
 input_shape = [64]
@@ -274,6 +313,11 @@ def test_fsdp_and_tp_train_the_losses_of_single_at_the_same_global_batch(sharded
         assert _losses(r) == pytest.approx(_losses(jax_single), rel=1e-4), n
         assert "the parameters and optimizer state split" in r["runtime"]["distributed"]
     assert _losses(jax_single) == pytest.approx(_losses(by[("gpt", "torch", "single", 16)]), rel=1e-4)
+    # JAX tp:2: the blocks' projections split on a mesh's "model" axis, every device on the whole batch
+    jax_tp = by[("gpt", "jax", "tp:2", 8)]
+    assert _losses(jax_tp) == pytest.approx(_losses(single8), rel=1e-4)
+    assert (jax_tp["metrics"]["devices"], jax_tp["metrics"]["samples_per_step"]) == (2, 8)
+    assert jax_tp["runtime"]["sharding"] == tp["runtime"]["sharding"]  # the same blocks and projections split
 
 
 @pytest.mark.slow
@@ -296,6 +340,8 @@ def test_the_state_per_device_falls_as_one_over_n(sharded_run):
     ddp = by[("gpt", "torch", "ddp:2", 8)]
     single = by[("gpt", "torch", "single", 8)]
     assert state(ddp, 0) == state(ddp, 1) == state(single)  # replicas: the whole state on each
+    jax_tp, jax_single = by[("gpt", "jax", "tp:2", 8)], by[("gpt", "jax", "single", 16)]
+    assert state(jax_single) / 2 < state(jax_tp) < state(jax_single)  # as PyTorch's tp:2 below
     tp = by[("gpt", "torch", "tp:2", 8)]
     parts = tp["metrics"]["memory"]["state_bytes"]
     assert set(parts) == {"params_bytes", "grads_bytes", "optimizer_bytes"}

@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo
 from gpubench.backends.pytorch.modes import TORCH_COMPILE_MODES
-from gpubench.options import PRECISIONS, Capabilities, device_index, device_kind, parallel_form, parse_parallelism
+from gpubench.options import (
+    ATTENTION_WORKLOADS,
+    PRECISIONS,
+    Capabilities,
+    device_index,
+    device_kind,
+    parallel_form,
+    parse_parallelism,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -37,7 +45,7 @@ def import_jax() -> ModuleType:
 
 
 def host_devices(config: Config) -> None:
-    """``dp:N`` and ``fsdp:N`` on a CPU: N host devices, which must be asked for before JAX starts its CPU
+    """``dp:N``, ``fsdp:N`` and ``tp:N`` on a CPU: N host devices, which must be asked for before JAX starts its CPU
     backend (the first thing a worker does with JAX). A second trainer in one process (a
     test's) finds the backend started: it then has the devices it was started with. JAX is
     imported here in every case."""
@@ -52,7 +60,7 @@ def host_devices(config: Config) -> None:
         pass
 
 
-MESH_KINDS = ("dp", "fsdp")  # one process over a mesh of N devices
+MESH_KINDS = ("dp", "fsdp", "tp")  # one process over a mesh of N devices
 
 
 class JaxBackend(Backend):
@@ -80,7 +88,7 @@ class JaxBackend(Backend):
 
     capabilities = Capabilities(
         precisions={"cpu": ("fp32", "amp-bf16"), "cuda": PRECISIONS},
-        parallelism=("single", "grad-accum", "dp", "fsdp"),
+        parallelism=("single", "grad-accum", "dp", "fsdp", "tp"),
         compile=("none",),
         best_compile={"cpu": ("none",), "cuda": ("none",)},  # none is jax.jit, XLA-compiled: JAX's only mode
         data=("device", "pipeline"),
@@ -105,9 +113,8 @@ class JaxBackend(Backend):
                                  ("mirrored", "TensorFlow's MirroredStrategy"),
                                  ("multiworker", "TensorFlow's MultiWorkerMirroredStrategy"),
                                  ("pipeline", "PyTorch's pipeline parallelism"))},
-            **{f"parallelism={k}": f"{parallel_form(k)} (tensor parallelism) is PyTorch's in gpubench; JAX shards "
-                                   "the parameters with fsdp:N (one process, jax.jit over a mesh of N devices)"
-               for k in ("tp", "fsdp+tp")},
+            "parallelism=fsdp+tp": f"{parallel_form('fsdp+tp')} (FSDP over tensor-parallel groups, a 2-D mesh) is "
+                                   "PyTorch's in gpubench; JAX runs fsdp:N and tp:N, each over a mesh of N devices",
         })
 
     def static_unsupported(self, config: Config) -> str | None:
@@ -126,6 +133,12 @@ class JaxBackend(Backend):
                     "blocks in nn.remat instead")
         if (kind := parse_parallelism(config.parallelism)[0]) in MESH_KINDS and ":" in config.device:
             return f"{kind}:N uses the first N devices of its kind; use device = cuda or cpu, not {config.device}"
+        if kind == "tp" and ":" in config.workload:
+            return ("tp:N splits the projections of gpubench's transformer blocks; a Flax module's layers are its own "
+                    "(shard it with fsdp:N, or give its parameters NamedShardings yourself)")
+        if kind == "tp" and config.workload not in ATTENTION_WORKLOADS:
+            return (f"tp:N splits a transformer's attention and MLP projections; {config.workload} has none (the "
+                    f"built-in transformers: {', '.join(sorted(ATTENTION_WORKLOADS))}; use fsdp:N or dp:N)")
         return None
 
     def probe(self) -> ProbeInfo:

@@ -107,13 +107,33 @@ def _attention(layer: TransformerBlock, q: jax.Array, k: jax.Array, v: jax.Array
                                             implementation="cudnn" if attention == "cudnn" else None)
 
 
-def _block(layer: TransformerBlock, x: jax.Array, p: list[jax.Array], policy: Policy, attention: str) -> jax.Array:
-    """A pre-LN transformer block (gpubench.workloads.base.TransformerBlock)."""
+def interleave_qkv(weights: list[list[np.ndarray]], spec: WorkloadSpec, groups: int) -> list[list[np.ndarray]]:
+    """The canonical weights with each transformer block's fused q, k, v rows reordered into
+    ``groups`` contiguous chunks, chunk r holding (q, k, v) of heads r x heads/groups onwards
+    (``tp:N``: a contiguous split of the rows then gives each device whole heads; the blocks
+    read the rows in that order, so the model computes what the canonical one does)."""
+    out = [list(arrays) for arrays in weights]
+    for layer, arrays in zip(spec.layers, out):
+        if isinstance(layer, TransformerBlock) and groups > 1:
+            d = arrays[2].shape[1]
+            per = d // groups
+            order = np.concatenate([np.arange(c * d + r * per, c * d + (r + 1) * per)
+                                    for r in range(groups) for c in range(3)])
+            arrays[2], arrays[3] = arrays[2][order], arrays[3][order]
+    return out
+
+
+def _block(layer: TransformerBlock, x: jax.Array, p: list[jax.Array], policy: Policy, attention: str,
+           groups: int = 1) -> jax.Array:
+    """A pre-LN transformer block (gpubench.workloads.base.TransformerBlock); ``groups``: its q,
+    k, v rows are in that many chunks of whole heads (interleave_qkv)."""
     ln1s, ln1b, wqkv, bqkv, wp, bp, ln2s, ln2b, w1, b1, w2, b2 = p
     n, t, d = x.shape
     hd = d // layer.heads
     qkv = _dense(_layer_norm(x, ln1s, ln1b, layer.eps), wqkv, bqkv, policy)
-    q, k, v = qkv.reshape(n, t, 3, layer.heads, hd).transpose(2, 0, 1, 3, 4)  # each (n, t, heads, hd)
+    # (n, t, chunk, q|k|v, the chunk's heads, hd) -> each of q, k, v (n, t, heads, hd), in head order
+    q, k, v = (qkv.reshape(n, t, groups, 3, layer.heads // groups, hd).transpose(3, 0, 1, 2, 4, 5)
+               .reshape(3, n, t, layer.heads, hd))
     y = _attention(layer, q, k, v, policy, attention)
     x = x + _dense(y.reshape(n, t, d), wp, bp, policy)
     hidden = jax.nn.gelu(_dense(_layer_norm(x, ln2s, ln2b, layer.eps), w1, b1, policy), approximate=False)
@@ -126,8 +146,9 @@ class _Apply:
     running statistics."""
 
     def __init__(self, policy: Policy, train: bool, key: jax.Array | None, tied: jax.Array | None = None,
-                 attention: str = "sdpa") -> None:
+                 attention: str = "sdpa", groups: int = 1) -> None:
         self.policy, self.train, self.key, self.attention = policy, train, key, attention
+        self.groups = groups  # the q, k, v rows' chunks of whole heads (interleave_qkv)
         self.leaf = 0  # the leaf's position in the whole model, for its dropout key
         self.tied = tied  # the token embedding, the weight of a tied output head
 
@@ -178,7 +199,7 @@ class _Apply:
         if isinstance(layer, LayerNorm):
             return _layer_norm(x, next(params), next(params), layer.eps)
         if isinstance(layer, TransformerBlock):
-            return _block(layer, x, [next(params) for _ in range(12)], self.policy, self.attention)
+            return _block(layer, x, [next(params) for _ in range(12)], self.policy, self.attention, self.groups)
         if isinstance(layer, ClassToken):
             return x[:, 0]
         if isinstance(layer, TokenEmbedding):
@@ -208,13 +229,14 @@ class _Apply:
 
 def forward(spec: WorkloadSpec, params: Params, state: State, x: jax.Array, *, train: bool,
             policy: Policy | None = None, key: jax.Array | None = None, remat: bool = False,
-            attention: str = "sdpa") -> tuple[jax.Array, State]:
+            attention: str = "sdpa", groups: int = 1) -> tuple[jax.Array, State]:
     """The logits (float32) of a batch in gpubench's layout, and the new running statistics.
     ``remat``: each top-level layer's activations are recomputed in the backward pass
     (``jax.checkpoint``), as activation checkpointing does in PyTorch; ``attention``: how a
-    transformer's blocks compute it (the attention setting)."""
+    transformer's blocks compute it (the attention setting); ``groups``: the chunks of
+    whole heads their q, k, v rows are in (interleave_qkv)."""
     tied = next((arrays[0] for layer, arrays in zip(spec.layers, params) if isinstance(layer, TokenEmbedding)), None)
-    run = _Apply(policy or Policy(), train, key, tied, attention)
+    run = _Apply(policy or Policy(), train, key, tied, attention, groups)
     new_state: State = []
     for layer, arrays, stats in zip(spec.layers, params, state, strict=True):
         def one(x: jax.Array, arrays: list[jax.Array], stats: Stats, layer: Layer = layer,
@@ -246,13 +268,16 @@ class JaxModel:
         return self.apply(self.params, self.state, tree_map(jnp.asarray, x), False, None, None, False)[0]
 
 
-def spec_model(spec: WorkloadSpec, seed: int, attention: str = "sdpa") -> JaxModel:
-    """A built-in workload: the canonical weights and the spec's forward."""
+def spec_model(spec: WorkloadSpec, seed: int, attention: str = "sdpa", groups: int = 1) -> JaxModel:
+    """A built-in workload: the canonical weights and the spec's forward; ``groups`` > 1
+    (``tp:N``): each transformer block's q, k, v rows in that many chunks of whole heads
+    (interleave_qkv), the same model."""
     def apply(params: Params, state: State, x: jax.Array, train: bool, policy: Policy | None, key: jax.Array | None,
               remat: bool) -> tuple[jax.Array, State]:
-        return forward(spec, params, state, x, train=train, policy=policy, key=key, remat=remat, attention=attention)
+        return forward(spec, params, state, x, train=train, policy=policy, key=key, remat=remat, attention=attention,
+                       groups=groups)
 
-    return JaxModel(to_params(spec.init_weights(seed)), init_state(spec), apply)
+    return JaxModel(to_params(interleave_qkv(spec.init_weights(seed), spec, groups)), init_state(spec), apply)
 
 
 def logits_of(out: object) -> jax.Array:

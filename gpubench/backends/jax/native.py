@@ -94,7 +94,8 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
     ref = parse_workload(config.workload, sorted(WORKLOADS))
     if ref.kind == "builtin":
         spec = get_workload(config.workload).spec(**dict(config.workload_params))
-        native = spec_native(spec, config, lambda: spec_model(spec, config.init_seed, config.attention))
+        native = spec_native(spec, config, lambda: spec_model(spec, config.init_seed, config.attention,
+                                                                     config.tensor_parallel))
         if count and config.checkpointing == "activations" and int(os.environ.get("RANK", "0")) == 0:
             x, y = native.make_batches(FLOP_COUNT_BATCH, 1).sample(FLOP_COUNT_BATCH)
             found = counted_once(counts, config, native.facts, jax.__version__,

@@ -21,7 +21,7 @@ from gpubench.backends.jax.model import JaxModel, Policy, cross_entropy, policy_
 from gpubench.config import Config
 from gpubench.measure.timers import StepTimer, WindowTimer
 from gpubench.options import OPTIMIZER_SETTINGS, device_index, device_kind, parse_parallelism
-from gpubench.workloads.base import WorkloadSpec
+from gpubench.workloads.base import TransformerBlock, WorkloadSpec
 from gpubench.workloads.data import Batches, tree_map
 
 Arrays = Tree[jax.Array]  # parameters, optimizer state, batch-norm statistics, a batch
@@ -51,11 +51,11 @@ def make_optimizer(name: str, lr: float, settings: dict[str, float] | None = Non
 
 
 def devices_for(config: Config) -> list[jax.Device]:
-    """The JAX devices a config trains on: ``dp:N`` and ``fsdp:N`` the first N of its kind, else one."""
+    """The JAX devices a config trains on: ``dp:N``, ``fsdp:N`` and ``tp:N`` the first N of its kind, else one."""
     kind, n = parse_parallelism(config.parallelism)
     platform = "gpu" if device_kind(config.device) == "cuda" else "cpu"
     found = jax.devices(platform)
-    if kind in ("dp", "fsdp"):
+    if kind in ("dp", "fsdp", "tp"):
         if len(found) < n:
             raise RuntimeError(f"{config.parallelism} needs {n} {platform} devices; JAX sees {len(found)}")
         return list(found[:n])
@@ -118,17 +118,66 @@ def _step_function(model: JaxModel, loss_fn: Callable[..., jax.Array], optimizer
     return fed_step if fed else device_step
 
 
+# tp:N: the arrays of a transformer block (gpubench.backends.jax.model._block) it splits, by their
+# place in the block's twelve, with the projection each belongs to and the axis split: the first
+# projections column-wise (their outputs: dimension 0 of a (out, in) kernel, and the bias), the
+# second ones row-wise (their inputs: dimension 1; the bias is added after the all-reduce, whole)
+TP_ARRAYS: dict[int, tuple[str, P]] = {2: ("qkv", P("model", None)), 3: ("qkv", P("model")),
+                                       4: ("proj", P(None, "model")),
+                                       8: ("fc1", P("model", None)), 9: ("fc1", P("model")),
+                                       10: ("fc2", P(None, "model"))}
+TP_SPLIT = {i: name for i, (name, _) in TP_ARRAYS.items()}
+
+
+def blocks_of(spec: WorkloadSpec | None) -> list[tuple[TransformerBlock, int]]:
+    """The model's top-level transformer blocks, each with its width (d_model)."""
+    if spec is None:
+        return []
+    return [(layer, leaves[0].in_shape[-1]) for layer, leaves in zip(spec.layers, spec.leaves_by_layer())
+            if isinstance(layer, TransformerBlock)]
+
+
+def tensor_unsupported(spec: WorkloadSpec | None, config: Config) -> None:
+    """Raise Unsupported where ``tp:N`` cannot split the model: one without gpubench's
+    transformer blocks (a Flax module's layers are its own), or sizes N does not divide."""
+    n = config.devices
+    found = blocks_of(spec)
+    if not found:  # (the backend refuses these before a worker starts: a Flax module, a model without blocks)
+        raise Unsupported(f"tp:{n} splits the attention and MLP projections of gpubench's transformer blocks; "
+                          f"{config.workload} has none (use fsdp:N or dp:N)")
+    for block, d in found:
+        sizes = {"heads": block.heads, "d_model": d, "MLP width": block.mlp_ratio * d}
+        bad = [f"{name} {size}" for name, size in sizes.items() if size % n]
+        if bad:
+            raise Unsupported(f"tp:{n} gives each device 1/{n} of the attention heads and of the MLP's hidden units; "
+                              f"{n} does not divide {', '.join(bad)}")
+
+
+def tensor_shardings(spec: WorkloadSpec, params: Any, replicated: NamedSharding) -> Any:
+    """Where each parameter lives under ``tp:N``: a transformer block's split arrays (TP_ARRAYS)
+    on the mesh's "model" axis, everything else replicated."""
+    return [[NamedSharding(replicated.mesh, TP_ARRAYS[i][1]) if isinstance(layer, TransformerBlock) and i in TP_ARRAYS
+             else replicated for i, _ in enumerate(arrays)]
+            for layer, arrays in zip(spec.layers, params, strict=True)]
+
+
 class JaxTrainer(Trainer):
     def __init__(self, native: NativeModel | WorkloadSpec, config: Config, batches: Batches) -> None:
         if isinstance(native, WorkloadSpec):  # a built-in's spec, as the identity tests build one
             spec = native
-            native = spec_native(spec, config, lambda: spec_model(spec, config.init_seed, config.attention))
+            native = spec_native(spec, config, lambda: spec_model(spec, config.init_seed, config.attention,
+                                                                     config.tensor_parallel))
         remat = config.checkpointing == "activations"
         if native.spec is None and (remat or config.precision.startswith("amp")):  # (refused before it runs)
             raise Unsupported(f"{config.precision} / checkpointing = {config.checkpointing}: for the built-in "
                               "workloads only")
         self.config = config
-        self.sharded = parse_parallelism(config.parallelism)[0] == "fsdp" and config.devices > 1
+        kind = parse_parallelism(config.parallelism)[0]
+        self.sharded = kind == "fsdp" and config.devices > 1
+        self.tensor = kind == "tp" and config.devices > 1
+        self.spec = native.spec
+        if self.tensor:
+            tensor_unsupported(native.spec, config)
         self.gpu = device_kind(config.device) == "cuda"
         self.devices = devices_for(config)
         self.policy = policy_for(config.precision)
@@ -140,13 +189,15 @@ class JaxTrainer(Trainer):
         model: JaxModel = native.build()
         loss_fn = native.loss or cross_entropy
 
-        # placement: one device, or a mesh whose "data" axis splits every global batch
+        # placement: one device, or a mesh whose "data" axis splits every global batch (tp:N: whose
+        # "model" axis splits the blocks' projections, every device taking the whole batch)
         replicated: jax.sharding.Sharding
         by_batch: jax.sharding.Sharding
         if len(self.devices) > 1:
-            mesh = Mesh(np.array(self.devices), ("data",))
+            mesh = Mesh(np.array(self.devices), ("model",) if self.tensor else ("data",))
             replicated = NamedSharding(mesh, P())
-            by_batch = NamedSharding(mesh, P(None, "data"))  # (batches, samples, ...): split the samples
+            # (batches, samples, ...): split the samples
+            by_batch = replicated if self.tensor else NamedSharding(mesh, P(None, "data"))
         else:
             replicated = by_batch = jax.sharding.SingleDeviceSharding(self.devices[0])
         self._by_batch = by_batch
@@ -193,6 +244,12 @@ class JaxTrainer(Trainer):
         (each array along its first dimension that N divides; one N divides nowhere stays
         whole on every device), so that each device holds 1/N of them. XLA gathers a layer's
         parameters where the step needs them and reduce-scatters the gradients."""
+        if self.tensor:
+            assert isinstance(replicated, NamedSharding) and self.spec is not None  # (tensor_unsupported)
+            params = tensor_shardings(self.spec, self._carry["params"], replicated)
+            return {**jax.tree_util.tree_map(lambda _: replicated, self._carry), "params": params,
+                    "opt": optax.tree_map_params(self.optimizer, lambda _, s: s, self._carry["opt"], params,
+                                                 transform_non_params=lambda _: replicated)}
         if not self.sharded:
             return jax.tree_util.tree_map(lambda _: replicated, self._carry)
         assert isinstance(replicated, NamedSharding)  # a mesh: fsdp:N has N > 1 devices
@@ -225,6 +282,11 @@ class JaxTrainer(Trainer):
         distributed = (f"jax.jit over a Mesh of {len(self.devices)} devices: each global batch split on its "
                        f"'data' axis, {held} (batch-norm statistics are over the global batch)"
                        ) if len(self.devices) > 1 else None
+        if self.tensor:
+            distributed = (f"jax.jit over a Mesh of {len(self.devices)} devices on its 'model' axis: each "
+                           "transformer block's q, k, v and first MLP projection split column-wise, its output "
+                           "and second MLP projection row-wise (with their optimizer state; the rest replicated), "
+                           "every device on the whole batch; XLA inserts the all-reduces")
         return {
             "optimizer_impl": "optax",
             "compute_dtype": jnp.dtype(self.policy.compute).name,
@@ -237,6 +299,9 @@ class JaxTrainer(Trainer):
             "grad_accum": self.accum,
             "checkpointing": "jax.checkpoint around each top-level layer with parameters" if remat else "none",
             "distributed": distributed,
+            **({"sharding": {"tp": {"blocks": len(blocks_of(self.spec)), "plan": ["gpubench"],
+                                    "split": sorted(set(TP_SPLIT.values()))}}}
+               if self.tensor and self.spec is not None else {}),
             "data": "host arrays, device_put one step ahead" if self.pipeline else "device-resident",
             "devices": [str(d) for d in self.devices],
             # JAX cannot reset its allocator's peak: it is the worker's, building included

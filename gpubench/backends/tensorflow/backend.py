@@ -96,12 +96,13 @@ class TensorFlowBackend(Backend):
                                    "mirrored:N (MirroredStrategy) or multiworker:N (MultiWorkerMirroredStrategy)"
                for k, engine in (("ddp", "DistributedDataParallel"), ("dp", "DataParallel"),
                                  ("pipeline", "pipeline parallelism (torch.distributed.pipelining)"))},
-            **{f"parallelism={k}": f"{parallel_form(k)} ({what}) is PyTorch's in gpubench (and JAX's fsdp:N); "
+            **{f"parallelism={k}": f"{parallel_form(k)} ({what}) is {where} in gpubench; "
                                    "Keras has no sharded strategy gpubench drives: TensorFlow's data parallelism "
                                    "here is mirrored:N or multiworker:N"
-               for k, what in (("fsdp", "parameters, gradients and optimizer state sharded over the ranks"),
-                               ("tp", "a transformer's projections split over the ranks"),
-                               ("fsdp+tp", "tensor parallel within groups of B ranks, sharded across them"))},
+               for k, what, where in (
+                   ("fsdp", "parameters, gradients and optimizer state sharded over the ranks", "PyTorch's and JAX's"),
+                   ("tp", "a transformer's projections split over the ranks", "PyTorch's and JAX's"),
+                   ("fsdp+tp", "tensor parallel within groups of B ranks, sharded across them", "PyTorch's"))},
         },
         # multiworker:N: every worker a process of its own (TensorFlow ships no launcher); under
         # Slurm, TensorFlow's SlurmClusterResolver makes the cluster (trainer._multiworker_strategy)
