@@ -136,7 +136,7 @@ def test_a_real_run_notes_emulated_bf16_once_and_its_bf16_peak_is_a_ceiling(tmp_
     m = torch_bf16["metrics"]
     assert "peak_below_achieved" not in m, (m["achieved_tflops"], m["peak"])
     assert 0 < m["mfu"] <= 1 and m["peak_tflops"] >= m["achieved_tflops"] and m["peak"]["precision"] == "bf16"
-    assert m["peak"]["kernel"]["framework"] in ("torch", "tensorflow")
+    assert m["peak"]["kernel"]["framework"] in ("torch", "tensorflow", "jax")  # the best kernel of those calibrated
     flagged = 0
     for r in ok:  # whatever the machine's load did to the figures: never an MFU above 100%
         m = r["metrics"]
