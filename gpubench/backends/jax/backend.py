@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from gpubench.backends.base import NativeModel, Trainer
     from gpubench.config import Config
-    from gpubench.workloads.base import WorkloadSpec
+    from gpubench.workloads.base import TransformerBlock, WorkloadSpec
     from gpubench.workloads.data import Batches
 
 _OOM_TEXT = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
@@ -61,6 +61,36 @@ def host_devices(config: Config) -> None:
 
 
 MESH_KINDS = ("dp", "fsdp", "tp")  # one process over a mesh of N devices
+
+
+def blocks_of(spec: WorkloadSpec | None) -> list[tuple[TransformerBlock, int]]:
+    """A built-in workload's top-level transformer blocks, each with its width (d_model): what
+    ``tp:N`` splits (gpubench.backends.jax.trainer)."""
+    from gpubench.workloads.base import TransformerBlock
+
+    if spec is None:
+        return []
+    return [(layer, leaves[0].in_shape[-1]) for layer, leaves in zip(spec.layers, spec.leaves_by_layer())
+            if isinstance(layer, TransformerBlock)]
+
+
+def tensor_unsupported(config: Config) -> str | None:
+    """Why ``tp:N`` cannot split a built-in transformer's blocks, or None: each device takes
+    1/N of the attention heads, of d_model and of the MLP's hidden units."""
+    from gpubench.workloads import get_workload
+
+    n = config.devices
+    try:
+        found = blocks_of(get_workload(config.workload).spec(**dict(config.workload_params)))
+    except (KeyError, TypeError, ValueError):  # (bad workload parameters are refused where the spec is built)
+        return None
+    for block, d in found:
+        bad = [f"{name} {size}" for name, size in (("heads", block.heads), ("d_model", d),
+                                                   ("MLP width", block.mlp_ratio * d)) if size % n]
+        if bad:
+            return (f"tp:{n} gives each device 1/{n} of the attention heads and of the MLP's hidden units; {n} "
+                    f"does not divide {', '.join(bad)}")
+    return None
 
 
 class JaxBackend(Backend):
@@ -139,6 +169,8 @@ class JaxBackend(Backend):
         if kind == "tp" and config.workload not in ATTENTION_WORKLOADS:
             return (f"tp:N splits a transformer's attention and MLP projections; {config.workload} has none (the "
                     f"built-in transformers: {', '.join(sorted(ATTENTION_WORKLOADS))}; use fsdp:N or dp:N)")
+        if kind == "tp":
+            return tensor_unsupported(config)
         return None
 
     def probe(self) -> ProbeInfo:

@@ -17,6 +17,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from gpubench.backends.base import Lap, NativeModel, ProfilingUnavailable, Trainer, Tree, Unsupported, spec_native
+from gpubench.backends.jax.backend import blocks_of
 from gpubench.backends.jax.model import JaxModel, Policy, cross_entropy, policy_for, spec_model
 from gpubench.config import Config
 from gpubench.measure.timers import StepTimer, WindowTimer
@@ -129,30 +130,6 @@ TP_ARRAYS: dict[int, tuple[str, P]] = {2: ("qkv", P("model", None)), 3: ("qkv", 
 TP_SPLIT = {i: name for i, (name, _) in TP_ARRAYS.items()}
 
 
-def blocks_of(spec: WorkloadSpec | None) -> list[tuple[TransformerBlock, int]]:
-    """The model's top-level transformer blocks, each with its width (d_model)."""
-    if spec is None:
-        return []
-    return [(layer, leaves[0].in_shape[-1]) for layer, leaves in zip(spec.layers, spec.leaves_by_layer())
-            if isinstance(layer, TransformerBlock)]
-
-
-def tensor_unsupported(spec: WorkloadSpec | None, config: Config) -> None:
-    """Raise Unsupported where ``tp:N`` cannot split the model: one without gpubench's
-    transformer blocks (a Flax module's layers are its own), or sizes N does not divide."""
-    n = config.devices
-    found = blocks_of(spec)
-    if not found:  # (the backend refuses these before a worker starts: a Flax module, a model without blocks)
-        raise Unsupported(f"tp:{n} splits the attention and MLP projections of gpubench's transformer blocks; "
-                          f"{config.workload} has none (use fsdp:N or dp:N)")
-    for block, d in found:
-        sizes = {"heads": block.heads, "d_model": d, "MLP width": block.mlp_ratio * d}
-        bad = [f"{name} {size}" for name, size in sizes.items() if size % n]
-        if bad:
-            raise Unsupported(f"tp:{n} gives each device 1/{n} of the attention heads and of the MLP's hidden units; "
-                              f"{n} does not divide {', '.join(bad)}")
-
-
 def tensor_shardings(spec: WorkloadSpec, params: Any, replicated: NamedSharding) -> Any:
     """Where each parameter lives under ``tp:N``: a transformer block's split arrays (TP_ARRAYS)
     on the mesh's "model" axis, everything else replicated."""
@@ -176,8 +153,9 @@ class JaxTrainer(Trainer):
         self.sharded = kind == "fsdp" and config.devices > 1
         self.tensor = kind == "tp" and config.devices > 1
         self.spec = native.spec
-        if self.tensor:
-            tensor_unsupported(native.spec, config)
+        if self.tensor and not blocks_of(native.spec):  # (the backend refuses it before a worker starts)
+            raise Unsupported(f"{config.parallelism} splits the projections of gpubench's transformer blocks; "
+                              f"{config.workload} has none")
         self.gpu = device_kind(config.device) == "cuda"
         self.devices = devices_for(config)
         self.policy = policy_for(config.precision)
