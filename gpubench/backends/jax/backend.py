@@ -65,7 +65,7 @@ MESH_KINDS = ("dp", "fsdp", "tp")  # one process over a mesh of N devices
 
 def blocks_of(spec: WorkloadSpec | None) -> list[tuple[TransformerBlock, int]]:
     """A built-in workload's top-level transformer blocks, each with its width (d_model): what
-    ``tp:N`` splits (gpubench.backends.jax.trainer)."""
+    ``tp:N`` splits (gpubench.backends.jax.trainer.tensor_shardings)."""
     from gpubench.workloads.base import TransformerBlock
 
     if spec is None:

@@ -17,7 +17,6 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from gpubench.backends.base import Lap, NativeModel, ProfilingUnavailable, Trainer, Tree, Unsupported, spec_native
-from gpubench.backends.jax.backend import blocks_of
 from gpubench.backends.jax.model import JaxModel, Policy, cross_entropy, policy_for, spec_model
 from gpubench.config import Config
 from gpubench.measure.timers import StepTimer, WindowTimer
@@ -130,6 +129,11 @@ TP_ARRAYS: dict[int, tuple[str, P]] = {2: ("qkv", P("model", None)), 3: ("qkv", 
 TP_SPLIT = {i: name for i, (name, _) in TP_ARRAYS.items()}
 
 
+def tensor_blocks(spec: WorkloadSpec | None) -> int:
+    """The top-level transformer blocks whose projections ``tp:N`` splits."""
+    return sum(isinstance(layer, TransformerBlock) for layer in (spec.layers if spec is not None else ()))
+
+
 def tensor_shardings(spec: WorkloadSpec, params: Any, replicated: NamedSharding) -> Any:
     """Where each parameter lives under ``tp:N``: a transformer block's split arrays (TP_ARRAYS)
     on the mesh's "model" axis, everything else replicated."""
@@ -153,7 +157,7 @@ class JaxTrainer(Trainer):
         self.sharded = kind == "fsdp" and config.devices > 1
         self.tensor = kind == "tp" and config.devices > 1
         self.spec = native.spec
-        if self.tensor and not blocks_of(native.spec):  # (the backend refuses it before a worker starts)
+        if self.tensor and not tensor_blocks(native.spec):  # (the backend refuses it before a worker starts)
             raise Unsupported(f"{config.parallelism} splits the projections of gpubench's transformer blocks; "
                               f"{config.workload} has none")
         self.gpu = device_kind(config.device) == "cuda"
@@ -277,7 +281,7 @@ class JaxTrainer(Trainer):
             "grad_accum": self.accum,
             "checkpointing": "jax.checkpoint around each top-level layer with parameters" if remat else "none",
             "distributed": distributed,
-            **({"sharding": {"tp": {"blocks": len(blocks_of(self.spec)), "plan": ["gpubench"],
+            **({"sharding": {"tp": {"blocks": tensor_blocks(self.spec), "plan": ["gpubench"],
                                     "split": sorted(set(TP_SPLIT.values()))}}}
                if self.tensor and self.spec is not None else {}),
             "data": "host arrays, device_put one step ahead" if self.pipeline else "device-resident",
