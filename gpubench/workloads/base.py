@@ -267,6 +267,16 @@ class TransformerBlock:
         self._width(shape)
         return shape
 
+    @staticmethod
+    def qkv_row_order(d: int, groups: int) -> np.ndarray:
+        """The q, k, v projection's rows reordered into ``groups`` contiguous chunks, chunk r
+        holding (q, k, v) of heads r x heads/groups onwards: what tensor parallelism splits, so
+        that a contiguous split of the rows gives each device whole heads (the model computes
+        what it did where its attention reads q, k and v in that order)."""
+        per = d // groups
+        return np.concatenate([np.arange(c * d + r * per, c * d + (r + 1) * per) for r in range(groups)
+                               for c in range(3)])
+
     def param_shapes(self, shape: Shape) -> list[Shape]:
         d = self._width(shape)
         h = self.mlp_ratio * d
@@ -430,6 +440,12 @@ class WorkloadSpec:
     def leaves(self) -> list[Leaf]:
         """Every non-residual layer, in execution order."""
         return [leaf for leaves in self.leaves_by_layer() for leaf in leaves]
+
+    def transformer_blocks(self) -> list[tuple[TransformerBlock, int]]:
+        """The top-level transformer blocks, each with its width (d_model): what a backend's
+        tensor parallelism splits."""
+        return [(layer, leaves[0].in_shape[-1]) for layer, leaves in zip(self.layers, self.leaves_by_layer())
+                if isinstance(layer, TransformerBlock)]
 
     def param_shapes(self) -> list[list[Shape]]:
         """Per top-level layer, the canonical shapes of its parameters (empty for parameter-free

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from gpubench.backends.base import NativeModel, Trainer
     from gpubench.config import Config
-    from gpubench.workloads.base import TransformerBlock, WorkloadSpec
+    from gpubench.workloads.base import WorkloadSpec
     from gpubench.workloads.data import Batches
 
 _OOM_TEXT = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
@@ -63,17 +63,6 @@ def host_devices(config: Config) -> None:
 MESH_KINDS = ("dp", "fsdp", "tp")  # one process over a mesh of N devices
 
 
-def blocks_of(spec: WorkloadSpec | None) -> list[tuple[TransformerBlock, int]]:
-    """A built-in workload's top-level transformer blocks, each with its width (d_model): what
-    ``tp:N`` splits (gpubench.backends.jax.trainer.tensor_shardings)."""
-    from gpubench.workloads.base import TransformerBlock
-
-    if spec is None:
-        return []
-    return [(layer, leaves[0].in_shape[-1]) for layer, leaves in zip(spec.layers, spec.leaves_by_layer())
-            if isinstance(layer, TransformerBlock)]
-
-
 def tensor_unsupported(config: Config) -> str | None:
     """Why ``tp:N`` cannot split a built-in transformer's blocks, or None: each device takes
     1/N of the attention heads, of d_model and of the MLP's hidden units."""
@@ -81,7 +70,7 @@ def tensor_unsupported(config: Config) -> str | None:
 
     n = config.devices
     try:
-        found = blocks_of(get_workload(config.workload).spec(**dict(config.workload_params)))
+        found = get_workload(config.workload).spec(**dict(config.workload_params)).transformer_blocks()
     except (KeyError, TypeError, ValueError):  # (bad workload parameters are refused where the spec is built)
         return None
     for block, d in found:

@@ -108,17 +108,13 @@ def _attention(layer: TransformerBlock, q: jax.Array, k: jax.Array, v: jax.Array
 
 
 def interleave_qkv(weights: list[list[np.ndarray]], spec: WorkloadSpec, groups: int) -> list[list[np.ndarray]]:
-    """The canonical weights with each transformer block's fused q, k, v rows reordered into
-    ``groups`` contiguous chunks, chunk r holding (q, k, v) of heads r x heads/groups onwards
-    (``tp:N``: a contiguous split of the rows then gives each device whole heads; the blocks
-    read the rows in that order, so the model computes what the canonical one does)."""
+    """The canonical weights with each transformer block's fused q, k, v rows in ``groups``
+    chunks of whole heads (TransformerBlock.qkv_row_order: ``tp:N``'s split; the blocks read the
+    rows in that order)."""
     out = [list(arrays) for arrays in weights]
     for layer, arrays in zip(spec.layers, out):
         if isinstance(layer, TransformerBlock) and groups > 1:
-            d = arrays[2].shape[1]
-            per = d // groups
-            order = np.concatenate([np.arange(c * d + r * per, c * d + (r + 1) * per)
-                                    for r in range(groups) for c in range(3)])
+            order = TransformerBlock.qkv_row_order(arrays[2].shape[1], groups)
             arrays[2], arrays[3] = arrays[2][order], arrays[3][order]
     return out
 

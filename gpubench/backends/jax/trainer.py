@@ -129,11 +129,6 @@ TP_ARRAYS: dict[int, tuple[str, P]] = {2: ("qkv", P("model", None)), 3: ("qkv", 
 TP_SPLIT = {i: name for i, (name, _) in TP_ARRAYS.items()}
 
 
-def tensor_blocks(spec: WorkloadSpec | None) -> int:
-    """The top-level transformer blocks whose projections ``tp:N`` splits."""
-    return sum(isinstance(layer, TransformerBlock) for layer in (spec.layers if spec is not None else ()))
-
-
 def tensor_shardings(spec: WorkloadSpec, params: Any, replicated: NamedSharding) -> Any:
     """Where each parameter lives under ``tp:N``: a transformer block's split arrays (TP_ARRAYS)
     on the mesh's "model" axis, everything else replicated."""
@@ -157,7 +152,8 @@ class JaxTrainer(Trainer):
         self.sharded = kind == "fsdp" and config.devices > 1
         self.tensor = kind == "tp" and config.devices > 1
         self.spec = native.spec
-        if self.tensor and not tensor_blocks(native.spec):  # (the backend refuses it before a worker starts)
+        # (the backend refuses it before a worker starts)
+        if self.tensor and (native.spec is None or not native.spec.transformer_blocks()):
             raise Unsupported(f"{config.parallelism} splits the projections of gpubench's transformer blocks; "
                               f"{config.workload} has none")
         self.gpu = device_kind(config.device) == "cuda"
@@ -281,7 +277,7 @@ class JaxTrainer(Trainer):
             "grad_accum": self.accum,
             "checkpointing": "jax.checkpoint around each top-level layer with parameters" if remat else "none",
             "distributed": distributed,
-            **({"sharding": {"tp": {"blocks": tensor_blocks(self.spec), "plan": ["gpubench"],
+            **({"sharding": {"tp": {"blocks": len(self.spec.transformer_blocks()), "plan": ["gpubench"],
                                     "split": sorted(set(TP_SPLIT.values()))}}}
                if self.tensor and self.spec is not None else {}),
             "data": "host arrays, device_put one step ahead" if self.pipeline else "device-resident",

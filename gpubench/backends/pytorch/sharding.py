@@ -30,6 +30,7 @@ from torch import nn
 from gpubench.backends.base import Unsupported
 from gpubench.backends.pytorch.model import Block
 from gpubench.options import COMPOSITE_KINDS, parse_parallelism
+from gpubench.workloads.base import TransformerBlock
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -133,13 +134,11 @@ def _plan_of(block: nn.Module) -> str | None:
 
 
 def _interleave_qkv(block: Block, n: int) -> None:
-    """Reorder the rows of a fused q, k, v projection so that its n contiguous row chunks are
-    each (q, k, v) of one rank's heads: a column-wise split then gives rank r its heads' q, k
-    and v (the losses do not change: the rows are only permuted, before the optimizer exists,
-    and the attention reads q, k and v by their heads)."""
-    d = block.qkv.in_features
-    per = d // n
-    order = torch.cat([torch.arange(c * d + r * per, c * d + (r + 1) * per) for r in range(n) for c in range(3)])
+    """Reorder the rows of a fused q, k, v projection into n chunks of whole heads
+    (TransformerBlock.qkv_row_order): a column-wise split then gives rank r its heads' q, k and v
+    (the losses do not change: the rows are only permuted, before the optimizer exists, and the
+    attention reads q, k and v by their heads)."""
+    order = torch.from_numpy(TransformerBlock.qkv_row_order(block.qkv.in_features, n))
     with torch.no_grad():
         block.qkv.weight.copy_(block.qkv.weight[order])
         block.qkv.bias.copy_(block.qkv.bias[order])
