@@ -109,7 +109,7 @@ def test_cache_key_fields(cache_dir, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     key = cache.calibration_key("cpu")
     assert {"hostname", "cpu_model", "torch", "torch_cuda", "tensorflow", "tensorflow_dist", "cpu_affinity",
-            "thread_env"} <= set(key)
+            "cpu_features", "cpu_native", "thread_env"} <= set(key)
     tf_build = backend_class("tensorflow").package_build()  # from its package metadata, without importing it
     if tf_build is not None:
         assert key["tensorflow"] == importlib.metadata.version(tf_build["dist"])
@@ -118,6 +118,11 @@ def test_cache_key_fields(cache_dir, monkeypatch):
     with monkeypatch.context() as m:
         fake_build(m, "tensorflow", {"version": "9.9.9", "dist": "tensorflow"})
         assert cache.cache_file(cache.calibration_key("cpu")) != cache.cache_file(key)  # another TensorFlow: anew
+    with monkeypatch.context() as m:  # the same host name and CPU model with native bf16 (a VM moved): anew
+        features = cache.cpu_features()
+        m.setattr(cache, "cpu_features", lambda: {**features, "cpu_native": {"bf16": not features["cpu_native"]["bf16"],
+                                                                            "fp16": features["cpu_native"]["fp16"]}})
+        assert cache.cache_file(cache.calibration_key("cpu")) != cache.cache_file(key)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # fewer threads, other peaks: another cache file
     assert cache.cache_file(cache.calibration_key("cpu")) != cache.cache_file(key)
     gpus = [{"name": "GPU A", "uuid": "GPU-aaaa", "driver": "550.1"}, {"name": "GPU B", "uuid": "GPU-bbbb",

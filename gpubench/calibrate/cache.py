@@ -9,8 +9,10 @@ touching CUDA:
   (``Backend.calibration_key``: PyTorch's version, CUDA build and git revision from its
   ``version.py``; TensorFlow's version and distribution and JAX's and jaxlib's versions from
   their package metadata), since every framework's kernels take part in the peaks;
-- cpu: the number of cores this process may run on, and OMP_NUM_THREADS / MKL_NUM_THREADS
-  when set (torch's thread count follows them);
+- cpu: the number of cores this process may run on, the CPU's vector and matrix features
+  (``gpubench env``'s cpu_features and cpu_native: a VM may move to a host with the same CPU
+  model name and other features), and OMP_NUM_THREADS / MKL_NUM_THREADS when set (torch's
+  thread count follows them);
 - cuda:N: the GPU's name and UUID and the driver version, from NVML (the CUDA ordinal mapped
   through CUDA_VISIBLE_DEVICES); where NVML cannot map it, the ordinal and CUDA_VISIBLE_DEVICES.
 
@@ -36,7 +38,7 @@ import gpubench
 from gpubench.backends import BACKENDS, REFERENCE_FRAMEWORK, backend_class
 from gpubench.backends.base import Backend
 from gpubench.calibrate.datasheet import Datasheet, datasheet_for
-from gpubench.env import cpu_model, usable_cores
+from gpubench.env import cpu_features, cpu_model, usable_cores
 from gpubench.errors import warn
 from gpubench.launch import Interpreter, dying_with_parent
 from gpubench.measure.kernels import PRECISIONS
@@ -120,6 +122,7 @@ def calibration_key(device: str) -> dict[str, Any]:
         key.update(cls.calibration_key())
     if kind == "cpu":
         key["cpu_affinity"] = usable_cores()
+        key.update(cpu_features())  # (a VM keeps its host name and CPU model on a host with other features)
         key["thread_env"] = {k: os.environ[k] for k in _THREAD_VARS if k in os.environ}
         return key
     from gpubench.telemetry.nvml import gpu_inventory, nvml_index
