@@ -23,6 +23,7 @@ import hashlib
 import importlib
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -519,3 +520,16 @@ def counted_once(directory: Path | None, config: Config, facts: dict[str, Any], 
         directory.mkdir(parents=True, exist_ok=True)
         write_text_atomic(path, json.dumps(found))
     return found
+
+
+def recomputed_once(directory: Path | None, config: Config, facts: dict[str, Any], framework_version: str,
+                    count: Callable[[], dict[str, Any]]) -> None:
+    """``recomputed_flops_per_sample`` into ``facts`` for a config with activation checkpointing:
+    ``count()`` (the backend's: what the backward pass computes again), by rank 0 of a launch and
+    once a run (counted_once, kind ``recomputed``); nothing for a model whose FLOPs are unknown."""
+    if config.checkpointing != "activations" or int(os.environ.get("RANK", "0")) != 0 or \
+            facts.get("flops_per_sample") is None:
+        return
+    found = counted_once(directory, config, facts, framework_version, count, kind="recomputed")
+    if found.get("recomputed_flops_per_sample") is not None:
+        facts["recomputed_flops_per_sample"] = found["recomputed_flops_per_sample"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +40,7 @@ from gpubench.workloads.source import (
     own_batches,
     parse_workload,
     probe_scores,
+    recomputed_once,
     token_task,
 )
 
@@ -96,12 +96,11 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
         spec = get_workload(config.workload).spec(**dict(config.workload_params))
         native = spec_native(spec, config, lambda: spec_model(spec, config.init_seed, config.attention,
                                                                      config.tensor_parallel))
-        if count and config.checkpointing == "activations" and int(os.environ.get("RANK", "0")) == 0:
-            x, y = native.make_batches(FLOP_COUNT_BATCH, 1).sample(FLOP_COUNT_BATCH)
-            found = counted_once(counts, config, native.facts, jax.__version__,
-                                 lambda: recomputed_flops(native.build(), x, y), kind="recomputed")
-            if found.get("recomputed_flops_per_sample") is not None:
-                native.facts["recomputed_flops_per_sample"] = found["recomputed_flops_per_sample"]
+        if count:
+            def recomputed() -> dict[str, Any]:
+                x, y = native.make_batches(FLOP_COUNT_BATCH, 1).sample(FLOP_COUNT_BATCH)
+                return recomputed_flops(native.build(), x, y)
+            recomputed_once(counts, config, native.facts, jax.__version__, recomputed)
         return native
     if ref.kind != "factory":  # (the backend refuses a zoo's name before this)
         raise Unsupported(f"the jax backend takes a factory of a Flax module, not {config.workload}")

@@ -45,6 +45,7 @@ from gpubench.workloads.source import (
     own_batches,
     parse_workload,
     probe_scores,
+    recomputed_once,
     token_task,
 )
 
@@ -133,13 +134,10 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
 
 
 def _count_recomputed(native: NativeModel, config: Config, counts: Path | None, sample: Batches) -> None:
-    """``recomputed_flops_per_sample`` in the facts of a config with activation checkpointing
-    (rank 0's, counted once a run): FlopCounterMode over a training step of the checkpointed
-    model less one of the plain model, the forward the backward pass computes again, as far as
-    torch.utils.checkpoint recomputes (it stops once the tensors the backward needs are back)."""
-    if config.checkpointing != "activations" or int(os.environ.get("RANK", "0")) != 0 or \
-            native.facts.get("flops_per_sample") is None:
-        return
+    """``recomputed_flops_per_sample`` (recomputed_once): FlopCounterMode over a training step of
+    the checkpointed model less one of the plain model, the forward the backward pass computes
+    again, as far as torch.utils.checkpoint recomputes (it stops once the tensors the backward
+    needs are back)."""
 
     def count() -> dict[str, Any]:
         model = native.build()
@@ -147,9 +145,7 @@ def _count_recomputed(native: NativeModel, config: Config, counts: Path | None, 
         plain = count_train_flops(model, sample, loss).get("flops_per_sample")
         again = count_train_flops(checkpointed(model), sample, loss).get("flops_per_sample")
         return {"recomputed_flops_per_sample": again - plain if plain and again and again >= plain else None}
-    found = counted_once(counts, config, native.facts, torch.__version__, count, kind="recomputed")
-    if found.get("recomputed_flops_per_sample") is not None:
-        native.facts["recomputed_flops_per_sample"] = found["recomputed_flops_per_sample"]
+    recomputed_once(counts, config, native.facts, torch.__version__, count)
 
 
 _STUBS: list[torch.library.Library] = []  # the Library holding the stand-in schemas: deleting it would undefine them
