@@ -24,7 +24,8 @@ child process where a device has none) and adds to every ok result:
 - where activation checkpointing recomputes layers (``model.hardware_flops_per_sample``),
   hardware FLOP utilisation beside the MFUs: ``achieved_hardware_tflops``, ``hfu`` and
   ``hfu_datasheet`` against the same two peaks (the recomputed forward counted, as Megatron's
-  HFU counts it).
+  HFU counts it); a hardware rate above a peak flags that peak as above and leaves out the MFU
+  against it too.
 """
 
 from __future__ import annotations
@@ -105,13 +106,20 @@ def hardware_metrics(out: dict[str, Any], hardware_flops: Any, rate: float) -> d
     """``out`` with hardware FLOP utilisation where activation checkpointing recomputes layers
     (``model.hardware_flops_per_sample``: the model's FLOPs plus the recomputed forward):
     ``achieved_hardware_tflops``, and ``hfu`` / ``hfu_datasheet`` against the same peaks as
-    ``mfu`` / ``mfu_datasheet``, each only where it is not above its peak."""
+    ``mfu`` / ``mfu_datasheet``, each only where it is not above its peak. Above it, the device
+    ran more FLOP/s than the peak, which is then no ceiling for the model's FLOPs either: the
+    peak's flag (``peak_below_achieved``, ``achieved_above_datasheet``) and no MFU against it."""
     if not hardware_flops:
         return out
     out["achieved_hardware_tflops"] = achieved = hardware_flops * rate / 1e12
-    for name, peak in (("hfu", out.get("peak_tflops")), ("hfu_datasheet", out.get("datasheet_tflops"))):
+    for name, peak, flag, mfu in (("hfu", out.get("peak_tflops"), "peak_below_achieved", "mfu"),
+                                  ("hfu_datasheet", out.get("datasheet_tflops"), "achieved_above_datasheet",
+                                   "mfu_datasheet")):
         if peak and achieved <= peak:
             out[name] = achieved / peak
+        elif peak:
+            out[flag] = True
+            out.pop(mfu, None)
     return out
 
 
