@@ -51,7 +51,7 @@ from gpubench.gate.stats import (
     round_spread,
     shift,
 )
-from gpubench.results.metrics import GATE_METRICS, Metric, gate_metric_names
+from gpubench.results.metrics import GATE_METRICS, Metric, gate_metric_names, median_to_target
 from gpubench.results.result import Result
 from gpubench.results.schema import dig
 
@@ -162,24 +162,47 @@ def _usable(r: Result, metric: Metric) -> float | None:
     return float(v) if v is not None and v > 0 else None
 
 
-def _values(results: list[Result], metric: Metric) -> dict[str, list[float]]:
-    """config_id -> the metric of each ok repeat (configs with no ok repeat map to [])."""
+def _missed(r: Result, metric: Metric) -> bool:
+    """A repeat that trained to a target and missed it, for a metric of the time to it."""
+    return metric.combine == "to_target" and r.status == "target_not_reached"
+
+
+def _censored(results: list[Result], metric: Metric) -> dict[str, float]:
+    """config_id -> what a repeat that missed the target counts as, for a metric of the time to
+    it (none for other metrics): just past every repeat of the config that reached it and every
+    point where one that missed stopped, on either side, so that ranks put a missed repeat behind
+    every reached one (MLPerf's rule, the summary's) and the missed tie among themselves."""
+    worst: dict[str, float] = {}
+    for r in results:
+        v = _usable(r, metric) if r.ok else dig(r.metrics, *metric.stop[1:]) if _missed(r, metric) else None
+        if v is not None and v > 0:
+            worst[r.config_id] = max(worst.get(r.config_id, 0.0), float(v))
+    return {k: v * (1 + 1e-6) for k, v in worst.items()} if metric.combine == "to_target" else {}
+
+
+def _value(r: Result, metric: Metric, censored: dict[str, float]) -> float | None:
+    """A repeat's value in the gate: an ok repeat's metric, a missed target's censored value."""
+    return censored.get(r.config_id) if _missed(r, metric) else _usable(r, metric)
+
+
+def _values(results: list[Result], metric: Metric, censored: dict[str, float]) -> dict[str, list[float]]:
+    """config_id -> the value of each measured repeat (configs with none map to [])."""
     out: dict[str, list[float]] = {}
     for r in results:
         values = out.setdefault(r.config_id, [])
-        if (v := _usable(r, metric)) is not None:
+        if (v := _value(r, metric, censored)) is not None:
             values.append(v)
     return out
 
 
-def _pairs(baseline: list[Result], current: list[Result], metric: Metric, best_of: int = 1
-           ) -> dict[str, tuple[list[float], list[float]]]:
-    """config_id -> (baseline, current) values of the repeats ok on both sides, matched by
+def _pairs(baseline: list[Result], current: list[Result], metric: Metric, censored: dict[str, float],
+           best_of: int = 1) -> dict[str, tuple[list[float], list[float]]]:
+    """config_id -> (baseline, current) values of the repeats measured on both sides, matched by
     repeat number (the rounds of a lockstep A/B). With ``best_of`` k, each run of k such rounds
     (in repeat order; an incomplete last run is left out) gives one pair: each side's best
     value of the k."""
     def by_repeat(results: list[Result]) -> dict[tuple[str, int], float]:
-        return {(r.config_id, r.repeat): v for r in results if (v := _usable(r, metric)) is not None}
+        return {(r.config_id, r.repeat): v for r in results if (v := _value(r, metric, censored)) is not None}
 
     b, c = by_repeat(baseline), by_repeat(current)
     out: dict[str, tuple[list[float], list[float]]] = {}
@@ -192,6 +215,15 @@ def _pairs(baseline: list[Result], current: list[Result], metric: Metric, best_o
         out = {k: tuple([best(v[i: i + best_of]) for i in range(0, len(v) - best_of + 1, best_of)]  # type: ignore[misc]
                         for v in pair) for k, pair in out.items()}
     return out
+
+
+def _median(values: list[float], censored: float | None) -> float | None:
+    """A side's figure as the report and the exports give it: the median of its repeats (to a
+    target: with a missed repeat slower than any that reached it, none where half or more
+    missed)."""
+    if censored is None:
+        return float(statistics.median(values)) if values else None
+    return median_to_target([v for v in values if v != censored], sum(v == censored for v in values))
 
 
 def _some(values: dict[str, list[float]]) -> str:
@@ -267,12 +299,13 @@ def compare(baseline: list[Result], current: list[Result], metric_name: str = "t
     slow for its whole life (a few in ten on a small VM) no longer decides a pair; under no
     change the two sides' bests are as exchangeable as single rounds, so the test holds."""
     metric = GATE_METRICS[metric_name]
-    base, cur = _values(baseline, metric), _values(current, metric)
+    censored = _censored([*baseline, *current], metric)
+    base, cur = _values(baseline, metric, censored), _values(current, metric, censored)
     if best_of < 1 or (best_of > 1 and not paired):
         raise InputError(f"--best-of {best_of}: " + ("must be at least 1" if best_of < 1 else
                                                       "needs paired rounds (the two sides of one gpubench ab "
                                                       "--lockstep)"))
-    pairs = _pairs(baseline, current, metric, best_of) if paired else {}
+    pairs = _pairs(baseline, current, metric, censored, best_of) if paired else {}
     for k in base.keys() & cur.keys() if paired else ():  # a config's values: those of its complete rounds
         base[k], cur[k] = pairs.get(k, ([], []))
     if base and cur and not base.keys() & cur.keys():  # a gate that compared nothing must not pass
@@ -303,9 +336,8 @@ def compare(baseline: list[Result], current: list[Result], metric_name: str = "t
     verdicts = []
     for config_id in list(dict.fromkeys([*base, *cur])):
         b, c = base.get(config_id, []), cur.get(config_id, [])
-        # each side's figure as the report and the exports give it: the median of its repeats
-        b_med = float(statistics.median(b)) if b else None
-        c_med = float(statistics.median(c)) if c else None
+        missed = censored.get(config_id)
+        b_med, c_med = _median(b, missed), _median(c, missed)
         if not c:
             note = "not in current" if config_id not in cur else _reason(current, config_id)
             verdicts.append(ConfigVerdict(config_id, "missing", None, None, None, b_med, None, len(b), 0, note))
@@ -313,6 +345,11 @@ def compare(baseline: list[Result], current: list[Result], metric_name: str = "t
         if not b:
             note = "not in baseline" if config_id not in base else _reason(baseline, config_id)
             verdicts.append(ConfigVerdict(config_id, "new", None, None, None, None, c_med, 0, len(c), note))
+            continue
+        if missed is not None and b_med is None and c_med is None and not any(v != missed for v in b + c):
+            verdicts.append(ConfigVerdict(config_id, "inconclusive", None, None, None, None, None, len(b), len(c),
+                                          f"neither side reached the target ({_reach_note(b, c, missed)}): "
+                                          "no time to compare"))
             continue
         if _exact(metric, b, c):
             verdicts.append(ConfigVerdict(config_id, judge_exact(c[0] / b[0], metric, threshold), c[0] / b[0],
@@ -325,13 +362,25 @@ def compare(baseline: list[Result], current: list[Result], metric_name: str = "t
                                     if paired else
                                     f"too few repeats for a CI (needs {min_repeats(2 * alpha_config)} per side)")
         flag = None if flags is None else flags.get(config_id, "")
-        note = "; ".join(filter(None, [note, setting_differences(baseline, current, config_id),
+        reach = "" if missed is None else _reach_note(b, c, missed) + (
+            "; a repeat that missed counts as slower than every one that reached (MLPerf's rule): the change is "
+            "a bound" if missed in b + c else "")
+        note = "; ".join(filter(None, [reach, note, setting_differences(baseline, current, config_id),
                                        unequal_steps(baseline, current, config_id, metric)]))
         verdicts.append(ConfigVerdict(config_id, judge(s, metric, threshold, noise_floor, flag), s.ratio,
                                       None if math.isnan(s.ci_low) else s.ci_low,
                                       None if math.isnan(s.ci_high) else s.ci_high, b_med, c_med, len(b), len(c), note,
                                       noise))
     return Comparison(metric, threshold, noise_floor, alpha, alpha_config, verdicts, correction, paired, best_of)
+
+
+def _reach_note(b: list[float], c: list[float], censored: float) -> str:
+    """``reached 3/6 vs 6/6``: the repeats of each side that reached the target, in the order of
+    the change (current, or candidate, over baseline)."""
+    def reached(values: list[float]) -> str:
+        return f"{sum(v != censored for v in values)}/{len(values)}"
+
+    return f"reached {reached(c)} vs {reached(b)}"
 
 
 def unequal_steps(baseline: list[Result], current: list[Result], config_id: str, metric: Metric) -> str:

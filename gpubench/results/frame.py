@@ -7,7 +7,6 @@ rule, so a new metric needs no change here.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Any
 
@@ -16,7 +15,7 @@ import pandas as pd
 
 from gpubench.config import COLUMNS, Config
 from gpubench.measure.stats import median_ci
-from gpubench.results.metrics import METRICS
+from gpubench.results.metrics import METRICS, median_to_target
 from gpubench.results.result import Result
 from gpubench.results.schema import MEASURED_STATUSES
 from gpubench.results.twins import VARIANT_AXES
@@ -86,15 +85,10 @@ def _first(*columns: pd.Series) -> Any:
 
 
 def _to_target(values: pd.Series, reached: pd.Series) -> float | None:
-    """The median over the repeats that trained to a target, a missed one slower than any that
-    reached it; None where half or more missed (their median is no time)."""
+    """The median over the repeats that trained to a target (``median_to_target``)."""
     tried = reached.dropna().astype(bool)
     times = pd.to_numeric(values[tried.index[tried]], errors="coerce").dropna().tolist()
-    times += [math.inf] * int((~tried).sum())
-    if not times:
-        return None
-    median = float(np.median(times))
-    return median if math.isfinite(median) else None
+    return median_to_target(times, int((~tried).sum()))
 
 
 def _aggregate_group(g: pd.DataFrame) -> dict[str, Any]:

@@ -10,6 +10,8 @@ adding a metric is one entry here plus the code that measures it.
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -51,6 +53,9 @@ class Metric:
     # it exactly where each side's repeats agree (one repeat a side is enough), by statistics
     # where they do not
     exact: bool = False
+    # ``to_target``: where a repeat that missed the target says it stopped (its figure is past
+    # this); the gate ranks such a repeat as slower than every repeat that reached it
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.better not in BETTER or self.kind not in KINDS or self.combine not in COMBINE:
@@ -261,12 +266,13 @@ METRICS: list[Metric] = [
       "target_loss: seconds from the first training step (its compilation included) to the end of the "
       "evaluation that reached the target, the evaluations included (MLPerf's count); over repeats (each its "
       "own seeds) the median, a repeat that missed the target counting as the slowest", gate=True,
-      combine="to_target"),
+      combine="to_target", stop=("metrics", "target", "stopped_s")),
     M("steps_to_target", ("metrics", "target", "steps_to_target"), "steps", "lower", "count",
-      "target_loss: training steps until the evaluation that reached it", gate=True, combine="to_target"),
+      "target_loss: training steps until the evaluation that reached it", gate=True, combine="to_target",
+      stop=("metrics", "target", "stopped_steps")),
     M("samples_to_target", ("metrics", "target", "samples_to_target"), "samples", "lower", "count",
       "target_loss: samples trained until the evaluation that reached it (steps x samples_per_step)", gate=True,
-      combine="to_target"),
+      combine="to_target", stop=("metrics", "target", "stopped_samples")),
     M("target_reached", ("metrics", "target", "reached"), "", "", "count",
       "target_loss: how many repeats reached the target (the summary writes it k/n)", combine="reached"),
     M("eval_share", ("metrics", "target", "eval_share"), "", "", "pct",
@@ -333,6 +339,16 @@ def register_metric(m: Metric) -> None:
     BY_NAME[m.name] = m
     if m.gate:
         GATE_METRICS.update({n: m for n in (m.name, m.alias) if n})
+
+
+def median_to_target(times: Iterable[float], missed: int) -> float | None:
+    """The median time (steps, samples) to a target over a config's repeats, the ``missed`` ones
+    slower than any that reached it; None where half or more missed (their median is no time)."""
+    values = [*times, *[math.inf] * missed]
+    if not values:
+        return None
+    median = statistics.median(values)
+    return float(median) if math.isfinite(median) else None
 
 
 def gate_metric_names() -> list[str]:

@@ -145,7 +145,8 @@ def _training_status(out: Outcome, raw: RawMeasurement, config: Config) -> None:
 def _target_block(raw: RawMeasurement, config: Config) -> dict[str, Any]:
     """A run to a target: every evaluation (steps, seconds from the first step, held-out loss),
     and where one reached it, the time, steps and samples to it and the evaluations' share of
-    that time; where none did, no time at all (the status says target_not_reached)."""
+    that time; where none did, no time at all (the status says target_not_reached), and where it
+    stopped (the gate ranks it as slower than that)."""
     ev = raw.evaluations
     finite = [e.loss for e in ev if math.isfinite(e.loss)]
     hit = next((e for e in ev if e.loss <= config.target_loss), None)
@@ -157,6 +158,9 @@ def _target_block(raw: RawMeasurement, config: Config) -> dict[str, Any]:
         block.update(time_to_target_s=hit.elapsed_s, steps_to_target=hit.steps,
                      samples_to_target=hit.steps * config.samples_per_step, eval_s=eval_s,
                      eval_share=eval_s / hit.elapsed_s)
+    elif ev:  # where it stopped: its time, steps and samples to the target are beyond these
+        block.update(stopped_s=ev[-1].elapsed_s, stopped_steps=ev[-1].steps,
+                     stopped_samples=ev[-1].steps * config.samples_per_step)
     return block
 
 

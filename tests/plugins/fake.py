@@ -41,7 +41,8 @@ class FakeTrainer(Trainer):
         self.x = x.reshape(x.shape[0], x.shape[1], -1).astype(np.float64)
         self.y = y
         self.w = np.zeros((self.x.shape[2], int(y.max()) + 1))
-        self.mode, self.lr, self.i, self.loss = mode, lr, 0, float("nan")
+        # FAKE_LR_SCALE: a candidate whose change breaks convergence (0: it never learns), for gate tests
+        self.mode, self.lr, self.i, self.loss = mode, lr * float(os.environ.get("FAKE_LR_SCALE", "1")), 0, float("nan")
         self.losses: list[float] = []  # every step's, until read
         self.steps = 0
         self.warmup_steps = warmup_steps  # lr_warmup_steps: step k at lr (k + 1) / N, as every framework's
