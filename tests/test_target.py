@@ -235,8 +235,9 @@ def test_a_candidate_that_misses_the_target_where_the_baseline_reaches_it_is_reg
     """The gate on the time to a target ranks a repeat that missed it as slower than every one
     that reached it (MLPerf's rule, the summary's): a candidate that never reaches is regressed,
     its median no time, with how many repeats of each side reached beside the verdict; one that
-    misses half of its repeats (8 a side: a paired gate at alpha 0.01 needs 7) is judged on all eight (never refused for too few), and a config
-    where neither side reached has no time to compare."""
+    misses half of its repeats (8 a side: a paired gate at alpha 0.01 needs 7) is judged on all
+    eight (never refused for too few), and a config where neither side reached has no time to
+    compare."""
     from gpubench.config import Config
     from gpubench.gate.compare import compare
 
