@@ -79,10 +79,26 @@ def _takes(name: str) -> Callable[[Any], bool]:
     return lambda c: name in OPTIMIZER_SETTINGS.get(c.optimizer, {})
 
 
+def _user_dataset(c: Any) -> bool:
+    """A config on the user's data set (``dataset = "module:function"``)."""
+    return ":" in c.dataset
+
+
+def _real_data(c: Any) -> bool:
+    """A config on a data set of samples (``mnist``, the user's), streamed by epochs."""
+    return c.dataset != "synthetic"
+
+
 def _own_model(c: Any) -> bool:
     """A model that is not a built-in workload (a factory, a zoo's): a built-in declares its
     input and classes and trains on gpubench's data."""
     return ":" in c.workload
+
+
+def _own_model_or_data(c: Any) -> bool:
+    """A model that is not a built-in, or a built-in on the user's data set (its input and classes
+    the data's, or the suite's)."""
+    return _own_model(c) or _user_dataset(c)
 
 
 @dataclass(frozen=True)
@@ -160,7 +176,8 @@ class Config:
         None, check=("fraction",), named="changed", column=True, hashed_when_set=True, used_when=_takes("momentum"),
         help=('`sgd`: momentum without dampening, in [0, 1) (default 0.9)'))
     loss: str = setting(
-        "cross_entropy", check=("declared_or_function", "loss", LOSSES), named="changed", column=True,
+        "cross_entropy", check=("declared_or_function", "loss", LOSSES, "(outputs, targets) -> loss"),
+        named="changed", column=True,
         help=('loss function: `cross_entropy`, or your function `"module:function"` taking (outputs, targets)'))
     compile: str = setting(
         "none", check=("declared", "compile", COMPILES), named="changed", column=True,
@@ -197,12 +214,29 @@ class Config:
               " huge pages; `unsupported` where the kernel's THP mode is `never`. Steadier speed from one "
               'process to the next on a VM. Part of the config id when set'))
     dataset: str = setting(
-        "synthetic", check=("declared", "dataset", DATASETS), named="changed", column=True,
-        help=('`synthetic` (a learnable task made from the seed), `mnist` (IDX files from `data_dir`)'))
+        "synthetic", check=("declared_or_function", "dataset", DATASETS, "returning the training split"),
+        named="changed", column=True,
+        help=('`synthetic` (a learnable task made from the seed), `mnist` (IDX files from `data_dir`, its held-out '
+              'split the `t10k` files), or your function `"module:function"` returning the training split: a '
+              'PyTorch `Dataset` or `DataLoader`, a `tf.data.Dataset`, a pair of arrays `(inputs, targets)` or an '
+              'iterable of `(inputs, targets)` batches; streamed epoch after epoch, shuffled per epoch with the '
+              'seed (input shape and classes from the data where the suite does not say them)'))
+    held_out: str = setting(
+        "", check=("function", "held_out"), named="changed", hashed_when_set=True, used_when=_user_dataset,
+        help=('with your `dataset`: your function `"module:function"` returning the held-out split, in the same '
+              'forms; a `target_loss` is evaluated on all of it (or `eval_samples` of it)'))
+    drop_last: bool = setting(
+        True, check=("bool",), named="changed", hashed_when_set=True, used_when=_real_data, named_when_used=True,
+        help=("with `mnist` or your `dataset`: `true` drops an epoch's last partial step; `false` completes it with "
+              "the next epoch's first samples (no sample dropped)"))
+    eval_samples: int = setting(
+        0, check=("int", 0), named="changed", hashed_when_set=True, used_when=_real_data, named_when_used=True,
+        help=("with `mnist` or your `held_out`: the held-out samples a `target_loss` evaluates, its first ones (0: "
+              "all; an integer >= 0)"))
     data_dir: str = setting(
         "", check=("string",), used_when=lambda c: c.dataset == "mnist",
-        help=('directory of `train-images-idx3-ubyte[.gz]` and `train-labels-idx1-ubyte[.gz]` (`dataset = '
-              '"mnist"`)'))
+        help=('directory of `train-images-idx3-ubyte[.gz]` and `train-labels-idx1-ubyte[.gz]`, and for a '
+              '`target_loss` `t10k-images-idx3-ubyte[.gz]` and `t10k-labels-idx1-ubyte[.gz]` (`dataset = "mnist"`)'))
     attention: str = setting(
         "sdpa", check=("declared", "attention", ATTENTIONS), named="changed", column=True, hashed_when_set=True,
         used_when=lambda c: c.workload in ATTENTION_WORKLOADS, named_when_used=True,
@@ -296,14 +330,16 @@ class Config:
         0, check=("int", 0, SEED_MAX), named="changed",
         help=('seed for weights, data and dropout, an integer >= 0'))
     input_shape: tuple[int, ...] = setting(
-        (), check=("input_shape",), hashed_when_set=True, used_when=_own_model,
-        help=("a model that is not a built-in workload: one sample's shape as the model takes it (`[3, 32, 32]`"
-              ' for a PyTorch image model, `[32, 32, 3]` for a Keras one, `[128]` tokens for a language model);'
-              " not needed where the model declares it (a built Keras model, a zoo's default)"))
+        (), check=("input_shape",), hashed_when_set=True, used_when=_own_model_or_data,
+        help=("a model that is not a built-in workload: one sample's shape as the model takes it (`[3, 32, 32]` "
+              "for a PyTorch image model, `[32, 32, 3]` for a Keras one, `[128]` tokens for a language model); not "
+              "needed where the model declares it (a built Keras model, a zoo's default) or on your `dataset` (its "
+              "samples')"))
     num_classes: int = setting(
-        0, check=("int", 0), hashed_when_set=True, used_when=_own_model,
+        0, check=("int", 0), hashed_when_set=True, used_when=_own_model_or_data,
         help=('a model that is not a built-in workload: the classes of the synthetic task its outputs score (0:'
-              " the model's own, where it declares them)"))
+              " the model's own, where it declares them); on your `dataset`, the classes a built-in scores (0: the "
+              "data's, its largest label + 1)"))
     input_kind: str = setting(
         "auto", check=("values", "input kind", INPUT_KINDS), hashed_when_set=True, used_when=_own_model,
         help=("a model that is not a built-in workload, on gpubench's synthetic data: `tokens` (integer token "
@@ -535,7 +571,7 @@ def _id_value(name: str, value: Any) -> str:
     whole (readable, and two directories with the same last part stay apart)."""
     if name == "input_shape":
         return "x".join(map(str, value))
-    if name in ("batches", "loss"):
+    if name in ("batches", "loss", "dataset", "held_out"):
         return str(value).replace(":", ".")
     if name == "data_dir":
         digest = hashlib.sha1(str(value).encode()).hexdigest()[:6]

@@ -194,7 +194,7 @@ class Capabilities:
     compile: tuple[str, ...] = ("none",)
     memory_format: tuple[str, ...] = ("contiguous",)
     data: tuple[str, ...] = ("device",)
-    dataset: tuple[str, ...] = DATASETS
+    dataset: tuple[str, ...] = (*DATASETS, USER_FUNCTION)
     checkpointing: tuple[str, ...] = ("none",)
     optimizer: tuple[str, ...] = OPTIMIZERS
     loss: tuple[str, ...] = (*LOSSES, USER_FUNCTION)

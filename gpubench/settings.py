@@ -153,13 +153,26 @@ def _loss_output(v: Any) -> str:
                      f"a tuple's position (1), got {v!r}")
 
 
-def _loss(v: Any) -> str:
-    if isinstance(v, str) and is_function_ref(v):
-        return v
-    try:
-        return Choice("loss", lambda: declared_values("loss"))(v)
-    except ValueError as e:
-        raise ValueError(f'{e}, or a function "module:function" (outputs, targets) -> loss') from None
+def _declared_or_function(name: str, kind: str, function: str) -> Check:
+    """A value some backend declares, or the user's ``"module:function"`` (``function``: what it does)."""
+    def check(v: Any) -> str:
+        if isinstance(v, str) and is_function_ref(v):
+            return v
+        try:
+            return Choice(kind, lambda: declared_values(name))(v)
+        except ValueError as e:
+            raise ValueError(f'{e}, or a function "module:function" {function}') from None
+    return check
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"expected true or false, got {v!r}")
+    return v
+
+
+def _parse_bool(s: str) -> Any:
+    return {"true": True, "false": False}.get(s.lower(), s)
 
 
 ARGS_PREFIX = "args."  # args.<name>: a factory's keyword argument
@@ -209,6 +222,8 @@ def _check_of(name: str, spec: tuple[Any, ...]) -> tuple[Check, Callable[[str], 
         return check_input_shape, check_input_shape
     if kind == "loss_output":
         return _loss_output, str
+    if kind == "bool":
+        return _bool, _parse_bool
     checks: dict[str, Callable[[], Check]] = {
         "workload": lambda: _workload,
         "registered": lambda: Choice(name, lambda: sorted(BACKENDS)),
@@ -216,7 +231,7 @@ def _check_of(name: str, spec: tuple[Any, ...]) -> tuple[Check, Callable[[str], 
         "parallelism": lambda: _parallelism,
         "string": lambda: _string,
         "declared": lambda: Choice(args[0], lambda: declared_values(name)),  # the values some backend supports
-        "declared_or_function": lambda: _loss,
+        "declared_or_function": lambda: _declared_or_function(name, args[0], args[2]),
         "values": lambda: Choice(args[0], tuple(args[1])),
         "function": lambda: _function_ref(args[0]),
     }

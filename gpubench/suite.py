@@ -233,10 +233,26 @@ def config_from(values: dict[str, Any], source: str) -> Config:
         params = tuple(sorted((k[len(ARGS_PREFIX):], v) for k, v in values.items() if k.startswith(ARGS_PREFIX)))
     settings = {k: v for k, v in values.items() if k in SETTINGS}
     config = Config(**settings, workload_params=params)
+    _check_data_keys(config, source)
     if config.batch_size == MAX_BATCH and config.max_batch_limit < config.max_batch_start:
         raise InputError(f"{source}: max_batch_limit ({config.max_batch_limit}) is below max_batch_start "
                          f"({config.max_batch_start}); the batch_size = \"max\" search needs start <= limit")
     return config
+
+
+def _check_data_keys(config: Config, source: str) -> None:
+    """The data keys that only go together: a held-out split of the user's data set, one source
+    of training data, a target evaluated on a held-out split."""
+    user = ":" in config.dataset
+    if config.held_out and not user:
+        raise InputError(f"{source}: held_out: a held-out split goes with your data set (dataset = "
+                         f"\"module:function\"), not dataset = {config.dataset!r}")
+    if user and config.batches:
+        raise InputError(f"{source}: batches: one source of training data: dataset = {config.dataset!r} or batches "
+                         f"= {config.batches!r}, not both")
+    if user and config.target_loss > 0 and not config.held_out:
+        raise InputError(f"{source}: held_out: target_loss on dataset = {config.dataset!r} is evaluated on a held-out "
+                         "split; name its function (held_out = \"module:function\")")
 
 
 def suite_text(name: str, settings: dict[str, Any]) -> str:

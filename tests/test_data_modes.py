@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gzip
+import shutil
+from dataclasses import replace
 
 import numpy as np
 import psutil
@@ -13,8 +15,7 @@ from gpubench.results.store import load_results
 from gpubench.results.twins import COMPARISONS, speedups
 from gpubench.suite import Config
 from gpubench.workloads import get_workload
-from gpubench.workloads.data import batches_from_arrays, make_batches
-from gpubench.workloads.mnist import IMAGES, LABELS, IdxError, load_mnist, read_idx, write_idx
+from gpubench.workloads.mnist import IMAGES, LABELS, TEST_IMAGES, TEST_LABELS, IdxError, load_mnist, read_idx, write_idx
 from tests.conftest import make_result, result_lines, run_cli
 
 
@@ -57,16 +58,27 @@ def test_mnist_errors_name_the_file(tmp_path):
         read_idx(tmp_path / f"{IMAGES}.gz", 3)
 
 
-def test_batches_from_arrays_and_make_batches(tmp_path):
-    x = np.arange(10 * 2, dtype=np.float32).reshape(10, 2)
-    b = batches_from_arrays(x, np.arange(10), 4)
-    assert b.x.shape == (2, 4, 2) and b.y.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    with pytest.raises(ValueError, match="larger than the data set"):
-        batches_from_arrays(x, np.arange(10), 11)
+def test_mnist_is_streamed_by_epochs_and_held_out_from_its_t10k_files(tmp_path):
+    """MNIST is a data set like the user's: its training files by epochs (gpubench.workloads.dataset),
+    its t10k files the held-out split, where they are there."""
+    from gpubench.workloads.dataset import split_pool
+
     tiny_mnist(tmp_path, n=50)
-    spec = get_workload("cnn").spec()
-    mb = make_batches(spec, "mnist", str(tmp_path), 16, seed=0)
-    assert mb.x.shape == (3, 16, 1, 28, 28)
+    config = Config(workload="cnn", dataset="mnist", data_dir=str(tmp_path), batch_size=16, warmup_steps=0, steps=3,
+                    windows=2)
+    facts: dict = {}
+    make, held, _ = split_pool(config, facts)
+    assert make(16, 1).x.shape == (7, 16, 1, 28, 28) and held is None  # 1 + 2 x 3 steps, 3 a 48-sample epoch
+    assert facts["form"] == "MNIST files" and facts["samples_per_epoch"] == 48
+    both = tmp_path / "both"  # (a process reads a directory once)
+    _, labels = tiny_mnist(both, n=20, seed=1)
+    for name, test_name in ((IMAGES, TEST_IMAGES), (LABELS, TEST_LABELS)):
+        (both / name).rename(both / test_name)
+        shutil.copy(tmp_path / name, both / name)
+    facts = {}
+    make, held, _ = split_pool(replace(config, data_dir=str(both), target_loss=1.0), facts)
+    assert held is not None and held(16).y.reshape(-1).tolist() == labels.tolist()  # all 20, in one batch
+    assert facts["evaluated_samples"] == 20 and facts["eval_batch"] == 20
 
 
 def test_torch_pipeline_mode_trains_on_the_same_batches():

@@ -50,8 +50,8 @@ def test_a_bad_parallelism_in_a_suite_names_file_key_and_values(tmp_path):
 
 def test_accumulation_pool_holds_the_big_batches_samples_in_order():
     spec = get_workload("cnn").spec()
-    big = make_batches(spec, "synthetic", "", 64, 0)
-    small = make_batches(spec, "synthetic", "", 16, 0, group=4)
+    big = make_batches(spec, 64, 0)
+    small = make_batches(spec, 16, 0, group=4)
     assert small.n_batches == 4 * big.n_batches == 4 * pool_batches(spec, 64)
     assert np.array_equal(small.x.reshape(big.x.shape), big.x)
     assert np.array_equal(small.y.reshape(big.y.shape), big.y)

@@ -75,21 +75,27 @@ class NativeModel:
     # to be made channels-last for Keras, or already in the model's own layout
     channels_first_data: bool = False
     eval_batches: Callable[[int], Batches] | None = None
+    # a data set's: what its pool and held-out batches hold, as they are made (runtime.dataset)
+    data: dict[str, Any] = field(default_factory=dict)
 
 
 def spec_native(spec: WorkloadSpec, config: Config, build: Callable[[], object],
                 channels_first_data: bool = False) -> NativeModel:
     """A built-in workload as a NativeModel: ``build`` makes the framework's model of ``spec``;
     the data is gpubench's own for the spec, made for the config (a target's repeat: its own draw
-    of the task); the synthetic task's held-out batches another draw of the same task."""
+    of the task), the synthetic task's held-out batches another draw of the same task; or a data
+    set's epochs (``mnist``, the user's) and its held-out split."""
     from gpubench.workloads.data import eval_batches, make_batches, train_draw
+    from gpubench.workloads.dataset import split_pool
 
-    return NativeModel(build=build, facts=spec.facts(), spec=spec, sequential=True,
-                       channels_first_data=channels_first_data,
-                       make_batches=lambda batch, group: make_batches(spec, config.dataset, config.data_dir, batch,
-                                                                      config.seed, group, train_draw(config.trial)),
-                       eval_batches=(lambda batch: eval_batches(spec, batch, config.seed))
-                       if config.dataset == "synthetic" else None)
+    native = NativeModel(build=build, facts=spec.facts(), spec=spec, sequential=True,
+                         channels_first_data=channels_first_data,
+                         make_batches=lambda batch, group: make_batches(spec, batch, config.seed, group,
+                                                                        train_draw(config.trial)),
+                         eval_batches=lambda batch: eval_batches(spec, batch, config.seed))
+    if config.dataset != "synthetic":
+        native.make_batches, native.eval_batches, _ = split_pool(config, native.data)
+    return native
 
 
 @dataclass(frozen=True)
@@ -216,11 +222,11 @@ class Backend(ABC):
         False: no FLOP count (the pre-run check of a model, which the run counts). By default a
         backend trains the built-in workloads only, translating their spec in ``build``
         (``NativeModel.spec``; ``build()`` gives the spec back)."""
-        from gpubench.workloads import get_workload
+        from gpubench.workloads.dataset import builtin_spec
 
         if ":" in config.workload:
             raise Unsupported(f"the {self.name} backend trains the built-in workloads only, not {config.workload}")
-        spec = get_workload(config.workload).spec(**dict(config.workload_params))
+        spec = builtin_spec(config)
         return spec_native(spec, config, lambda: spec)
 
     @abstractmethod

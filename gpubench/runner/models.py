@@ -1,7 +1,8 @@
-"""Check a sweep's own models before any config runs: a factory that cannot be imported, is not
-callable, takes other arguments, returns no model of its framework or one whose output does
-not fit the data, a zoo name that does not exist, a batch or loss function that cannot be
-imported. Each is one line naming the suite file, the key and what was wrong (InputError,
+"""Check a sweep's own models and data before any config runs: a factory that cannot be
+imported, is not callable, takes other arguments, returns no model of its framework or one whose
+output does not fit the data, a zoo name that does not exist, a batch or loss function that
+cannot be imported, a data set function that returns no split of a known form (or splits that do
+not fit each other or the model). Each is one line naming the suite file, the key and what was wrong (InputError,
 exit 2), before a run directory is made.
 
 The models are built where they train: in a child process per framework (``python -m
@@ -39,9 +40,9 @@ from gpubench.workloads.source import model_key, parse_workload
 
 
 def needs_user_code(config: Config) -> bool:
-    """Whether the config imports the user's code: a factory, a batch or a loss function."""
+    """Whether the config imports the user's code: a factory, a batch, loss or data set function."""
     workload = parse_workload(config.workload, sorted(WORKLOADS))
-    return workload.kind == "factory" or bool(config.batches) or ":" in config.loss
+    return workload.kind == "factory" or bool(config.batches) or ":" in config.loss or ":" in config.dataset
 
 
 def user_code_path(configs: list[Config], suite_source: str) -> tuple[str, ...]:
@@ -68,7 +69,7 @@ def check_models(configs: list[Config], source: str, launcher: Interpreter, skip
     todo: dict[str, list[Config]] = {}
     limit: dict[str, float] = {}  # per framework: the longest timeout_s of its configs
     for c in configs:
-        if ":" not in c.workload or c.framework in skip_frameworks or zoo_unavailable(c):
+        if (":" not in c.workload and ":" not in c.dataset) or c.framework in skip_frameworks or zoo_unavailable(c):
             continue
         if get_backend(c.framework).unsupported(c):  # the config ends unsupported, with its reason
             continue
@@ -140,7 +141,7 @@ def check_here(keys: list[dict[str, Any]], progress: Callable[[str], None] | Non
             return f"workload {config.workload!r}: importing it failed: {e}"
         except Exception as e:  # noqa: BLE001 - every failure is the user's model's: say which and why
             text = str(e).splitlines()[0] if str(e) else ""
-            named = text.startswith(("workload ", "batches ", "loss "))
+            named = text.startswith(("workload ", "batches ", "loss ", "dataset ", "held_out "))
             return text if named else f"workload {config.workload!r}: {type(e).__name__}: {text}"
     return None
 

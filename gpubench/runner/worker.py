@@ -306,8 +306,8 @@ def _target(trainer: Trainer, native: NativeModel, config: Config) -> Target | N
     if config.target_loss <= 0:
         return None
     if native.eval_batches is None:
-        raise Unsupported(f"target_loss: dataset {config.dataset} has no held-out batches (the synthetic task's, "
-                          "or your batch function's, have)")
+        raise Unsupported(f"target_loss: dataset {config.dataset} has no held-out split here (mnist: the t10k "
+                          "files in data_dir; your data set: held_out)")
     if not isinstance(trainer, Evaluating) or config.distributed:
         raise Unsupported(f"target_loss: {config.parallelism} does not evaluate held-out batches yet")
     held_out = native.eval_batches(config.batch)
@@ -316,11 +316,11 @@ def _target(trainer: Trainer, native: NativeModel, config: Config) -> Target | N
 
 
 def _input_refused(config: Config, native: NativeModel) -> Outcome | None:
-    """``unsupported`` for a model whose input the config's dataset cannot feed (MNIST's)."""
+    """``unsupported`` for a built-in whose input MNIST cannot feed (a factory's model is run on
+    MNIST's first samples by the pre-run check)."""
     spec = native.spec
-    if config.dataset == "mnist" and (spec is None or spec.input_shape != (1, 28, 28) or spec.num_classes != 10):
-        takes = (f"{'x'.join(map(str, spec.input_shape))} and {spec.num_classes}" if spec is not None
-                 else "the input its source defines")
+    if config.dataset == "mnist" and spec is not None and (spec.input_shape != (1, 28, 28) or spec.num_classes != 10):
+        takes = f"{'x'.join(map(str, spec.input_shape))} and {spec.num_classes}"
         return Outcome(status="unsupported", reason=f"dataset mnist needs a 1x28x28 input and 10 classes; "
                                                     f"{config.workload} takes {takes}")
     return None
@@ -409,6 +409,8 @@ def run_config(config: Config, profile: dict[str, Any] | None = None, memory_his
                   telemetry=telemetry.block, model=model, runtime=trainer.describe(), phases=phase_marks(raw))
     _note_compiles(out, raw)
     out.runtime = {**(out.runtime or {}), **_worker_runtime(config, turns)}
+    if native.data:  # a data set's: what its pool and held-out batches held
+        out.runtime["dataset"] = native.data
     if profiled is not None:
         out.with_metrics(**profiled[0])
         out.profile = profiled[1]

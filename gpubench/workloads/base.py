@@ -477,6 +477,20 @@ class WorkloadSpec:
             facts.update(task="tokens", tokens_per_sample=self.input_shape[0])
         return facts
 
+    def for_task(self, input_shape: Shape, num_classes: int) -> WorkloadSpec:
+        """The same model for another classification task (a user's data set): its input, and its
+        last linear layer scoring ``num_classes``; ValueError where the layers do not fit the input."""
+        layers = self.layers
+        if self.kind != "classes" or not layers or not isinstance(layers[-1], Linear):
+            raise ValueError(f"workload {self.name} classifies {self.kind}, not a data set's samples")
+        spec = replace(self, input_shape=tuple(input_shape), num_classes=num_classes,
+                       layers=(*layers[:-1], Linear(num_classes)))
+        try:
+            spec.shapes()
+        except ValueError as e:
+            raise ValueError(f"workload {self.name} does not take samples of shape {list(input_shape)}: {e}") from None
+        return spec
+
     def without_dropout(self) -> WorkloadSpec:
         """The same model with dropout removed (for deterministic cross-framework checks)."""
         return replace(self, layers=_without_dropout(self.layers))

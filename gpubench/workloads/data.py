@@ -251,16 +251,6 @@ def synthetic_batches(spec: Task, batch_size: int, n_batches: int, seed: int, dr
     return Batches(x=x, y=y)
 
 
-def batches_from_arrays(x: np.ndarray, y: np.ndarray, batch_size: int, group: int = 1) -> Batches:
-    """Whole batches of a data set, in order (the remainder is dropped), their number a
-    multiple of ``group`` (the micro-batches of one optimizer step)."""
-    n = len(x) // (batch_size * group) * group
-    if n < 1:
-        raise ValueError(f"batch size {batch_size} x {group} is larger than the data set ({len(x)} samples)")
-    keep = n * batch_size
-    return Batches(x=x[:keep].reshape(n, batch_size, *x.shape[1:]), y=y[:keep].reshape(n, batch_size))
-
-
 def task_batches(spec: Task, batch_size: int, n_batches: int, seed: int, draw: int = 0) -> Batches:
     """``n_batches`` batches of the synthetic data of the task: token sequences for a ``tokens``
     task, the class templates otherwise; ``draw`` > 0: other samples of the same task."""
@@ -272,19 +262,13 @@ def task_batches(spec: Task, batch_size: int, n_batches: int, seed: int, draw: i
     return synthetic_batches(spec, batch_size, n_batches, seed, draw)
 
 
-def make_batches(spec: Task, dataset: str, data_dir: str, batch_size: int, seed: int,
-                 group: int = 1, draw: int = 0) -> Batches:
-    """The batches a config trains on: the synthetic pool (``draw``: train_draw's), or MNIST
-    from ``data_dir``.
+def make_batches(spec: Task, batch_size: int, seed: int, group: int = 1, draw: int = 0) -> Batches:
+    """The synthetic pool a config trains on (``draw``: train_draw's; a data set's epochs are
+    gpubench.workloads.dataset's).
 
     With ``group`` micro-batches per optimizer step (gradient accumulation), the pool holds
     the same samples, in the same order, as the pool of one batch of ``batch_size * group``,
     cut into micro-batches: accumulation trains on exactly what the big batch would."""
-    if dataset == "mnist":
-        from gpubench.workloads.mnist import load_mnist
-
-        x, y = load_mnist(data_dir)
-        return batches_from_arrays(x, y, batch_size, group)
     return task_batches(spec, batch_size, pool_batches(spec, batch_size * group) * group, seed, draw)
 
 
@@ -301,6 +285,6 @@ def pool_maker(task: SyntheticTask | None, batch_fn: Callable[[int], Any] | None
         if batch_fn is not None:
             return function_batches(batch_fn, batch, 4 * group, f"batches {name!r}")
         assert task is not None
-        return make_batches(task, "synthetic", "", batch, seed, group, draw)
+        return make_batches(task, batch, seed, group, draw)
 
     return batches

@@ -1,7 +1,8 @@
 """MNIST in its standard IDX files, read from a local directory (never downloaded).
 
 ``data_dir`` must hold ``train-images-idx3-ubyte`` and ``train-labels-idx1-ubyte`` (each
-possibly gzipped, ``.gz``), as distributed by the MNIST authors. Images are scaled to [0, 1]
+possibly gzipped, ``.gz``), as distributed by the MNIST authors, and for a held-out evaluation
+``t10k-images-idx3-ubyte`` and ``t10k-labels-idx1-ubyte``. Images are scaled to [0, 1]
 and standardised with the usual MNIST mean and std (0.1307, 0.3081).
 """
 
@@ -14,6 +15,7 @@ import numpy as np
 
 IMAGES = "train-images-idx3-ubyte"
 LABELS = "train-labels-idx1-ubyte"
+TEST_IMAGES, TEST_LABELS = "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"  # the held-out split
 MEAN, STD = 0.1307, 0.3081
 _UBYTE = 0x08
 
@@ -50,10 +52,20 @@ def read_idx(path: Path, ndim: int) -> np.ndarray:
     return np.frombuffer(body, dtype=np.uint8).reshape(shape)
 
 
-def load_mnist(data_dir: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """(x float32 (N, 1, 28, 28) standardised, y int64 (N,)); IdxError on any problem."""
-    images = read_idx(find(data_dir, IMAGES), 3)
-    labels = read_idx(find(data_dir, LABELS), 1)
+def has_test_split(data_dir: str | Path) -> bool:
+    """Whether ``data_dir`` holds the t10k files (MNIST's held-out split)."""
+    try:
+        find(data_dir, TEST_IMAGES), find(data_dir, TEST_LABELS)
+    except IdxError:
+        return False
+    return True
+
+
+def load_mnist(data_dir: str | Path, test: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(x float32 (N, 1, 28, 28) standardised, y int64 (N,)) of the training files (``test``:
+    the t10k files, the held-out split); IdxError on any problem."""
+    images = read_idx(find(data_dir, TEST_IMAGES if test else IMAGES), 3)
+    labels = read_idx(find(data_dir, TEST_LABELS if test else LABELS), 1)
     if images.shape[0] != labels.shape[0]:
         raise IdxError(f"{data_dir}: {images.shape[0]} images but {labels.shape[0]} labels")
     if images.shape[1:] != (28, 28):

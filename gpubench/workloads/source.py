@@ -260,17 +260,26 @@ def config_loss(config: Config) -> Callable[[Any, Any], Any] | None:
 
 
 def own_batches(task: SyntheticTask | None, batch_fn: Callable[[int], Any] | None, config: Config,
-                facts: dict[str, Any] | None = None
-                ) -> tuple[Callable[[int, int], Batches], Batches, Callable[[int], Batches]]:
+                facts: dict[str, Any] | None = None, data: dict[str, Any] | None = None
+                ) -> tuple[Callable[[int, int], Batches], Batches, Callable[[int], Batches] | None]:
     """(``make_batches(batch, group)``, one batch of 2 for the pre-run checks and the FLOP count,
-    ``held_out(batch)``: a target's held-out batches) of a model that is not a built-in: the
-    batch function's (held out: its later calls, at least EVAL_SAMPLES samples), else the
-    synthetic task's (a target's repeat trains on its own draw; held out: the task's held-out
-    draw); with ``loss_output`` and no batch function, the targets go in after the inputs. A
-    batch function whose inputs are token ids (integer arrays of (batch, T), every one of the
-    same T) puts ``tokens_per_sample`` T in ``facts``: its results have tokens/s."""
+    ``held_out(batch)``: a target's held-out batches, None where there are none) of a model that
+    is not a built-in: a data set's epochs and held-out split (``data``, NativeModel.data, gets
+    what its pool holds), the batch function's (held out: its later calls, at least EVAL_SAMPLES
+    samples), else the synthetic task's (a target's repeat trains on its own draw; held out: the
+    task's held-out draw); with ``loss_output`` and no batch function, the targets go in after
+    the inputs. Inputs that are token ids (integer arrays of (batch, T), every one of the same
+    T) put ``tokens_per_sample`` T in ``facts``: its results have tokens/s."""
+    held_out: Callable[[int], Batches] | None
+    if config.dataset != "synthetic":  # a data set of samples: its epochs, its held-out split
+        from gpubench.workloads.dataset import split_pool
+
+        make, held_out, train = split_pool(config, {} if data is None else data)
+        sample = Batches(x=train.x[None, :FIRST_BATCH], y=train.y[None, :FIRST_BATCH])
+        if facts is not None and train.x.dtype.kind in "iu" and train.x.ndim == 2:
+            facts["tokens_per_sample"] = int(train.x.shape[1])
+        return make, sample, held_out
     make = pool_maker(task, batch_fn, config.batches, config.seed, train_draw(config.trial))
-    held_out: Callable[[int], Batches]
     if batch_fn is None:
         assert task is not None  # no batch function: the synthetic task
         sample = one_batch(task, FIRST_BATCH, config.seed)
@@ -284,8 +293,9 @@ def own_batches(task: SyntheticTask | None, batch_fn: Callable[[int], Any] | Non
             facts["tokens_per_sample"] = int(lengths.pop())
     if not config.loss_output or batch_fn is not None:
         return make, sample, held_out
+    held = held_out
     return ((lambda batch, group: targets_in_inputs(make(batch, group))), targets_in_inputs(sample),
-            lambda batch: targets_in_inputs(held_out(batch)))
+            lambda batch: targets_in_inputs(held(batch)))
 
 
 def targets_in_inputs(batches: Batches) -> Batches:
@@ -463,7 +473,7 @@ def input_problem(config: Config, task: SyntheticTask | None, error: BaseExcepti
     """The one line for a model that fails on its first batch."""
     text = str(error).splitlines()[0] if str(error) else ""
     if task is None:
-        what = f"the batches of {config.batches!r}"
+        what = f"the batches of {config.batches!r}" if config.batches else f"the samples of dataset {config.dataset!r}"
     elif task.kind == "tokens":
         what = f"integer token batches of shape [{FIRST_BATCH}, {task.input_shape[0]}] (input_kind = tokens)"
     else:
@@ -484,7 +494,7 @@ __all__ = ["CHOICES", "FIRST_BATCH", "MODEL_SETTINGS", "ZOOS", "ModelRef", "Sour
 # the settings that reach a model that is not a built-in (how it is built, what it is fed, its loss),
 # not the batch, precision or device: its pre-run check is made once for them, its FLOPs counted once
 MODEL_SETTINGS = ("workload", "framework", "workload_params", "input_shape", "num_classes", "input_kind", "batches",
-                  "loss", "loss_output", "seed")
+                  "loss", "loss_output", "seed", "dataset", "data_dir", "held_out")
 
 
 def model_key(config: Config) -> Config:

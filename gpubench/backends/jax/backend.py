@@ -12,7 +12,9 @@ from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo
 from gpubench.backends.pytorch.modes import TORCH_COMPILE_MODES
 from gpubench.options import (
     ATTENTION_WORKLOADS,
+    DATASETS,
     PRECISIONS,
+    USER_FUNCTION,
     Capabilities,
     device_index,
     device_kind,
@@ -112,7 +114,7 @@ class JaxBackend(Backend):
         best_compile={"cpu": ("none",), "cuda": ("none",)},  # none is jax.jit, XLA-compiled: JAX's only mode
         data=("device", "pipeline"),
         checkpointing=("none", "activations"),
-        dataset=("synthetic", "mnist"),
+        dataset=(*DATASETS, USER_FUNCTION),
         others={"attention": ("math", "sdpa", "cudnn"), "optimizer_impl": ("auto",)},
         notes={
             "precision=tf32": "tf32 is a CUDA (Ampere or newer) math mode; on CPU use fp32 or amp-bf16",

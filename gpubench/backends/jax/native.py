@@ -23,8 +23,9 @@ import numpy as np
 from gpubench.backends.base import NativeModel, Tree, Unsupported, spec_native
 from gpubench.backends.jax.model import JaxModel, Policy, cross_entropy, logits_of, spec_model
 from gpubench.config import Config
-from gpubench.workloads import WORKLOADS, get_workload
+from gpubench.workloads import WORKLOADS
 from gpubench.workloads.data import SyntheticTask, tree_map
+from gpubench.workloads.dataset import builtin_spec
 from gpubench.workloads.source import (
     CHOICES,
     FIRST_BATCH,
@@ -93,7 +94,7 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
     none with ``count`` False)."""
     ref = parse_workload(config.workload, sorted(WORKLOADS))
     if ref.kind == "builtin":
-        spec = get_workload(config.workload).spec(**dict(config.workload_params))
+        spec = builtin_spec(config)
         native = spec_native(spec, config, lambda: spec_model(spec, config.init_seed, config.attention,
                                                                      config.tensor_parallel))
         if count:
@@ -117,7 +118,7 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
     batch_fn = import_function(config.batches, "batches") if config.batches else None
     task: SyntheticTask | None = None
     notes: list[str] = []
-    if batch_fn is None:
+    if batch_fn is None and config.dataset == "synthetic":
         if not config.input_shape:
             raise SourceError(f"workload {config.workload!r}: a Flax module declares no input; give input_shape "
                               "(one sample, in the module's own layout: [32, 32, 3] for an NHWC image model)")
@@ -127,7 +128,8 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
     facts: dict[str, Any] = {"source": "factory", "identical": False, "origin": code_origin(fn)}
     # the classes unknown: initialised on a task of 2, then read from the module's output
     first = task if task is None or task.num_classes else SyntheticTask(task.input_shape, 2)
-    make, sample, held_out = own_batches(first, batch_fn, config, facts)
+    data: dict[str, Any] = {}
+    make, sample, held_out = own_batches(first, batch_fn, config, facts, data)
     x, y = sample.sample(FLOP_COUNT_BATCH)
     try:
         model = flax_model(module, x, config.seed)
@@ -152,7 +154,7 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
         facts.update(counted_once(counts, config, facts, jax.__version__, lambda: train_flops(model, x, y, loss)))
     # a fresh initialisation per build, not the probe's arrays: the trainer donates its parameters
     return NativeModel(build=lambda: flax_model(module, x, config.init_seed), make_batches=make, facts=facts, loss=loss,
-                       eval_batches=held_out)
+                       eval_batches=held_out, data=data)
 
 
 def _token_task(module: nn.Module, config: Config, notes: list[str]) -> SyntheticTask | None:

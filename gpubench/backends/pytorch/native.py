@@ -26,9 +26,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from gpubench.backends.base import NativeModel, Tree, spec_native
 from gpubench.backends.pytorch.checkpointing import KeepBuffers, checkpointed
 from gpubench.config import Config
-from gpubench.workloads import WORKLOADS, get_workload
+from gpubench.workloads import WORKLOADS
 from gpubench.workloads.base import WorkloadSpec
 from gpubench.workloads.data import Batches, SyntheticTask, one_batch, tree_leaves, tree_map
+from gpubench.workloads.dataset import builtin_spec
 from gpubench.workloads.source import (
     CHOICES,
     FIRST_BATCH,
@@ -98,7 +99,7 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
     False)."""
     ref = parse_workload(config.workload, sorted(WORKLOADS))
     if ref.kind == "builtin":
-        native = _builtin(get_workload(config.workload).spec(**dict(config.workload_params)), config)
+        native = _builtin(builtin_spec(config), config)
         if count and config.checkpointing == "activations":
             _count_recomputed(native, config, counts, native.make_batches(FLOP_COUNT_BATCH, 1))
         return native
@@ -114,11 +115,13 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
     facts["params"] = sum(p.numel() for p in probe.parameters())
     if stubbed and "torchvision" in sys.modules:  # the model (or its zoo) imported torchvision: say how it ran
         notes.append(stubbed)
-    if batch_fn is None:
+    synthetic = batch_fn is None and config.dataset == "synthetic"
+    if synthetic:
         task = _task(task, probe, config, notes, ref.kind == "factory")
         facts.update(input_shape=list(task.input_shape), num_classes=task.num_classes, task=task.kind)
-    make, sample, held_out = own_batches(task, batch_fn, config, facts)
-    _check_first_batch(probe, sample, loss, config, task if batch_fn is None else None)
+    data: dict[str, Any] = {}
+    make, sample, held_out = own_batches(task, batch_fn, config, facts, data)
+    _check_first_batch(probe, sample, loss, config, task if synthetic else None)
     if notes:
         facts["notes"] = notes
     if count and int(os.environ.get("RANK", "0")) == 0:  # the result's facts are rank 0's: the other ranks skip it
@@ -127,7 +130,7 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
     sequential = isinstance(probe, nn.Sequential)
     del probe
     native = NativeModel(build=build, make_batches=make, facts=facts, loss=loss, sequential=sequential,
-                         eval_batches=held_out)
+                         eval_batches=held_out, data=data)
     if count and sequential:
         _count_recomputed(native, config, counts, sample)
     return native
@@ -205,9 +208,10 @@ def _source(ref: ModelRef, config: Config) -> Source:
         check_arguments(fn, kwargs, config.workload)
         facts = {"source": "factory", "identical": False, "origin": code_origin(fn)}
         task = SyntheticTask(shape, config.num_classes) if shape else None
-        if task is None and not config.batches:
-            raise SourceError(f"workload {config.workload!r}: set input_shape (one sample's shape, e.g. [3, 32, 32]) "
-                              "or a batch function (batches = \"module:function\")")
+        if task is None and not config.batches and config.dataset == "synthetic":
+            raise SourceError(f"workload {config.workload!r}: set input_shape (one sample's shape, e.g. [3, 32, 32]), "
+                              "a batch function (batches = \"module:function\") or your data set (dataset = "
+                              "\"module:function\")")
         return _seeded(lambda: fn(**kwargs), config.init_seed), task, facts
     zoo = {"torchvision": _torchvision, "timm": _timm, "hf": _hf}.get(ref.module)
     if zoo is None:

@@ -24,9 +24,10 @@ import tensorflow as tf
 
 from gpubench.backends.base import NativeModel, Tree, spec_native
 from gpubench.config import Config
-from gpubench.workloads import WORKLOADS, get_workload
+from gpubench.workloads import WORKLOADS
 from gpubench.workloads.base import WorkloadSpec
 from gpubench.workloads.data import SyntheticTask
+from gpubench.workloads.dataset import builtin_spec
 from gpubench.workloads.source import (
     CHOICES,
     FIRST_BATCH,
@@ -80,7 +81,7 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
     none with ``count`` False)."""
     ref = parse_workload(config.workload, sorted(WORKLOADS))
     if ref.kind == "builtin":
-        return _builtin(get_workload(config.workload).spec(**dict(config.workload_params)), config)
+        return _builtin(builtin_spec(config), config)
     make, facts = _source(ref, config)
     user_loss = config_loss(config)
     batch_fn = import_function(config.batches, "batches") if config.batches else None
@@ -90,10 +91,11 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
                           "keras.Model (framework = tensorflow)")
     notes: list[str] = []
     task = None
-    if batch_fn is None:
+    if batch_fn is None and config.dataset == "synthetic":
         task = _task(probe, config, notes, ref.kind == "factory")
         facts.update(input_shape=list(task.input_shape), num_classes=task.num_classes, task=task.kind)
-    make_batches, sample, held_out = own_batches(task, batch_fn, config, facts)
+    data: dict[str, Any] = {}
+    make_batches, sample, held_out = own_batches(task, batch_fn, config, facts, data)
     x, y = sample.sample(FLOP_COUNT_BATCH)
     keras_loss = _keras_order(user_loss) if user_loss is not None else None
     _check_first_batch(probe, x, y, keras_loss, config, task)  # (a model that declares no input is built by it)
@@ -108,7 +110,7 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
     keras.backend.clear_session()
     policy = POLICIES.get(config.precision)
     return NativeModel(build=lambda: _built(make, policy, config.init_seed), make_batches=make_batches, facts=facts,
-                       loss=keras_loss, eval_batches=held_out)
+                       loss=keras_loss, eval_batches=held_out, data=data)
 
 
 def _check_first_batch(model: keras.Model, x: Tree[np.ndarray], y: Tree[np.ndarray], keras_loss: Loss | None,
