@@ -286,3 +286,22 @@ data_workers = 0
     assert {("jax", "tf.data.Dataset", "device"), ("tensorflow", "tf.data.Dataset", "device"),
             ("jax", "TensorDataset", "device"), ("torch", "arrays", "pipeline")} <= forms
     json.dumps(results)  # every result line is JSON
+
+
+def test_labels_the_factory_model_does_not_score_are_one_line(tmp_path):
+    """A factory's model that scores fewer classes than the data set's labels: refused before any
+    worker trains (the framework's cross-entropy would fail at the first step, or not at all)."""
+    requires("torch")
+    (tmp_path / "data.py").write_text(DATA + '''
+
+def model():
+    from torch import nn
+
+    return nn.Linear(16, 2)
+''')
+    (tmp_path / "s.toml").write_text('name = "few"\n[defaults]\nworkload = "data:model"\ndataset = "data:train"\n')
+    proc = run_cli(["run", "s.toml", "--out", "runs"], cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "gpubench: error: s.toml: dataset 'data:train': a class label 2, but the model scores 2 classes (its output "
+        "Tensor [2, 2])"], proc.stdout + proc.stderr
+    assert not (tmp_path / "runs").exists()

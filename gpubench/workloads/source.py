@@ -354,7 +354,15 @@ def _check_first_output(config: Config, task: SyntheticTask | None, out: Any, lo
     if own:
         check_loss(config, *loss)
         return
-    if task is None:  # the batch function's targets, which the framework's cross-entropy took
+    if task is None and config.dataset != "synthetic" and scores:  # a data set's labels: every one a class scored
+        from gpubench.workloads.dataset import splits
+
+        train, held = splits(config)
+        classes = max(train.classes, held.classes if held is not None else 0)
+        if classes > scores[-1]:
+            raise SourceError(f"dataset {config.dataset!r}: a class label {classes - 1}, but the model scores "
+                              f"{scores[-1]} classes (its output {describe(out)})")
+    if task is None:  # the batch function's or data set's targets, which the framework's cross-entropy took
         return
     if scores is None:
         raise SourceError(f"workload {config.workload!r}: the model returned {describe(out)}, which holds no "
