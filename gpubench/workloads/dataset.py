@@ -33,6 +33,7 @@ import numpy as np
 from gpubench.config import Config
 from gpubench.workloads.base import WorkloadSpec
 from gpubench.workloads.data import DATA_BYTES_BUDGET, Batches
+from gpubench.workloads.functions import SourceError, import_function
 
 FORMS = ("a PyTorch Dataset or DataLoader, a tf.data.Dataset, a pair of arrays (inputs, targets), or an iterable of "
          "(inputs, targets) batches")
@@ -185,8 +186,6 @@ def _checked(x: np.ndarray, y: np.ndarray, key: str, form: str, truncated: bool)
 
 def call_split(ref: str, key: str) -> Split:
     """The split the user's function ``ref`` returns (called with no arguments)."""
-    from gpubench.workloads.source import SourceError, import_function
-
     fn = import_function(ref, key)
     try:
         out = fn()
@@ -202,8 +201,6 @@ def call_split(ref: str, key: str) -> Split:
 def load_splits(dataset: str, held_out: str, num_classes: int = 0) -> tuple[Split, Split | None]:
     """The training split and the held-out split (None without ``held_out``), checked against
     each other and against ``num_classes`` (the suite's, 0: the data's own); once a process."""
-    from gpubench.workloads.source import SourceError
-
     train = call_split(dataset, "dataset")
     held = call_split(held_out, "held_out") if held_out else None
     classes = num_classes or train.classes
@@ -239,7 +236,6 @@ def builtin_spec(config: Config) -> WorkloadSpec:
     """A built-in workload's spec for the config: on the user's data set, for its samples' shape
     and classes (the suite's ``input_shape`` and ``num_classes`` where it says them)."""
     from gpubench.workloads import get_workload
-    from gpubench.workloads.source import SourceError
 
     spec = get_workload(config.workload).spec(**dict(config.workload_params))
     if not user_dataset(config):

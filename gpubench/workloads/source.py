@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import difflib
 import hashlib
-import importlib
 import json
 import math
 import os
@@ -49,6 +48,8 @@ from gpubench.workloads.data import (
     train_draw,
     tree_leaves,
 )
+from gpubench.workloads.dataset import split_pool, splits
+from gpubench.workloads.functions import SourceError, import_function
 
 
 @dataclass(frozen=True)
@@ -116,35 +117,6 @@ def is_function_ref(text: str) -> bool:
     """Whether ``text`` is a ``module:function`` reference (the ``batches`` and ``loss`` keys)."""
     head, sep, tail = text.partition(":")
     return bool(sep) and bool(_DOTTED.match(head)) and bool(_DOTTED.match(tail))
-
-
-class SourceError(Exception):
-    """A user's function that cannot be used: one line naming it and what was wrong."""
-
-
-def import_function(ref: str, key: str) -> Callable[..., Any]:
-    """The callable ``module:function`` names (``key``: the suite key, for the message)."""
-    module_name, _, attr = ref.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name is not None and module_name.startswith(e.name) and e.name.split(".")[0] == module_name.split(".")[0]:
-            raise SourceError(f"{key} {ref!r}: no module named {module_name!r} (looked in the suite's directory "
-                              f"and on PYTHONPATH)") from None
-        raise SourceError(f"{key} {ref!r}: importing {module_name} failed: {e}") from None
-    except Exception as e:  # noqa: BLE001 - the user's module failed while importing: say how
-        raise SourceError(f"{key} {ref!r}: importing {module_name} failed: {type(e).__name__}: {e}") from None
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n, None))]
-            near = difflib.get_close_matches(attr, names, n=3)
-            hint = f"; did you mean: {', '.join(near)}" if near else ""
-            raise SourceError(f"{key} {ref!r}: module {module_name} has no {attr!r}{hint}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise SourceError(f"{key} {ref!r}: {attr} is a {type(obj).__name__}, not a function")
-    return obj
 
 
 def check_arguments(fn: Callable[..., Any], kwargs: dict[str, Any], ref: str) -> None:
@@ -272,8 +244,6 @@ def own_batches(task: SyntheticTask | None, batch_fn: Callable[[int], Any] | Non
     T) put ``tokens_per_sample`` T in ``facts``: its results have tokens/s."""
     held_out: Callable[[int], Batches] | None
     if config.dataset != "synthetic":  # a data set of samples: its epochs, its held-out split
-        from gpubench.workloads.dataset import split_pool
-
         make, held_out, train = split_pool(config, {} if data is None else data)
         sample = Batches(x=train.x[None, :FIRST_BATCH], y=train.y[None, :FIRST_BATCH])
         if facts is not None and train.x.dtype.kind in "iu" and train.x.ndim == 2:
@@ -355,8 +325,6 @@ def _check_first_output(config: Config, task: SyntheticTask | None, out: Any, lo
         check_loss(config, *loss)
         return
     if task is None and config.dataset != "synthetic" and scores:  # a data set's labels: every one a class scored
-        from gpubench.workloads.dataset import splits
-
         train, held = splits(config)
         classes = max(train.classes, held.classes if held is not None else 0)
         if classes > scores[-1]:
