@@ -181,10 +181,11 @@ max_steps = 300
 
 def test_a_built_in_trains_on_your_data_set_to_a_target(tmp_path):
     """End to end on the fake backend: the built-in takes the data's input and classes, trains by
-    epochs to the target on the held-out split, and the result says what the data held."""
+    epochs to the target on the held-out split, the result says what the data held, and the report
+    draws its held-out curve against the epochs trained."""
     (tmp_path / "data.py").write_text(DATA)
     (tmp_path / "s.toml").write_text(OWN)
-    proc = run_cli(["run", "s.toml", "--out", "runs", "--no-report"], cwd=tmp_path, env=plugin_env())
+    proc = run_cli(["run", "s.toml", "--out", "runs"], cwd=tmp_path, env=plugin_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     (r,) = result_lines(run_dir)
@@ -195,6 +196,8 @@ def test_a_built_in_trains_on_your_data_set_to_a_target(tmp_path):
     steps = r["metrics"]["target"]["steps_to_target"]
     assert data["pool_batches"] == 301 and data["pool_epochs"] == pytest.approx(301 * 8 / 200)
     assert r["model"]["params"] == 16 * 3 + 3 and steps >= 5  # the spec for 16 inputs and 3 classes
+    (report,) = (tmp_path / "reports").iterdir()  # the report beside the runs
+    assert (report / "charts" / "held_out_vs_epoch.png").stat().st_size > 0
 
 
 @pytest.mark.parametrize("change, message", [

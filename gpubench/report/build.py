@@ -126,20 +126,26 @@ def _loss_curves(data: ReportData) -> dict[str, dict[str, tuple[list[int], list[
     return out
 
 
-def _evaluations(data: ReportData) -> tuple[dict[str, dict[str, list[tuple[list[float], list[float]]]]],
-                                             dict[str, float]]:
-    """charts.held_out_vs_time's lines: every measured repeat's evaluations (seconds, held-out
-    loss) per workload and config, and each workload's target (the lowest of its configs')."""
+def _evaluations(data: ReportData, per_epoch: bool = False
+                 ) -> tuple[dict[str, dict[str, list[tuple[list[float], list[float]]]]], dict[str, float]]:
+    """charts.held_out_curves's lines: every measured repeat's evaluations (seconds, or with
+    ``per_epoch`` the epochs of its data set trained: those on a data set only; held-out loss)
+    per workload and config, and each workload's target (the lowest of its configs')."""
     out: dict[str, dict[str, list[tuple[list[float], list[float]]]]] = {}
     targets: dict[str, float] = {}
     for run in data.runs:
         for r in run.results:
             evaluations, target = r.get("metrics", "target", "evaluations"), r.get("metrics", "target", "loss")
+            epoch = r.get("runtime", "dataset", "samples_per_epoch")
+            step = r.get("metrics", "samples_per_step")
+            if per_epoch and not (isinstance(epoch, int) and epoch > 0 and isinstance(step, int)):
+                continue
             if r.status in MEASURED_STATUSES and evaluations and isinstance(target, (int, float)):
                 workload = str(r.config.get("workload"))
                 label = (f"{run.run_id}: " if data.multi_run else "") + r.config_id
                 losses = [math.nan if e[2] is None else float(e[2]) for e in evaluations]
-                out.setdefault(workload, {}).setdefault(label, []).append(([float(e[1]) for e in evaluations], losses))
+                x = [e[0] * step / epoch if per_epoch else float(e[1]) for e in evaluations]
+                out.setdefault(workload, {}).setdefault(label, []).append((x, losses))
                 targets[workload] = min(targets.get(workload, math.inf), float(target))
     return out, targets
 
@@ -454,7 +460,9 @@ def build_report(run_dirs: list[Path], out: Path | None = None) -> Report:
         charts.speedup_bars(c, chart_dir / "speedups.png"),
         charts.step_time_boxes(_step_times(data), chart_dir / "step_times.png"),
         charts.loss_vs_samples(_loss_curves(data), chart_dir / "loss_vs_samples.png"),
-        charts.held_out_vs_time(*_evaluations(data), chart_dir / "held_out_vs_time.png"),
+        charts.held_out_curves(*_evaluations(data), chart_dir / "held_out_vs_time.png"),
+        charts.held_out_curves(*_evaluations(data, per_epoch=True), chart_dir / "held_out_vs_epoch.png",
+                               per_epoch=True),
         charts.memory_vs_batch(c, chart_dir / "memory_vs_batch.png"),
         charts.per_device_vs_devices(c, chart_dir / "per_device_vs_devices.png"),
         charts.telemetry_timelines(timelines, "gpu", chart_dir / "telemetry_gpu.png"),

@@ -411,12 +411,13 @@ def loss_vs_samples(curves: dict[str, dict[str, tuple[list[int], list[float]]]],
                             "over its repeats)", "samples trained", "training loss", draw)
 
 
-def held_out_vs_time(runs: dict[str, dict[str, list[tuple[list[float], list[float]]]]], targets: dict[str, float],
-                     path: Path) -> Path | None:
+def held_out_curves(runs: dict[str, dict[str, list[tuple[list[float], list[float]]]]], targets: dict[str, float],
+                    path: Path, per_epoch: bool = False) -> Path | None:
     """A target's evaluations: the held-out loss against the seconds since the first step (the
-    clock of the time to target), a panel per workload, a colour per config and a line per
-    repeat, the target dashed. ``runs``: workload -> config label -> [(seconds, losses)] of its
-    repeats; ``targets``: workload -> its configs' target (the lowest, where they differ)."""
+    clock of the time to target), or (``per_epoch``) against the epochs of a data set trained, a
+    panel per workload, a colour per config and a line per repeat, the target dashed. ``runs``:
+    workload -> config label -> [(seconds or epochs, losses)] of its repeats; ``targets``:
+    workload -> its configs' target (the lowest, where they differ)."""
     def draw(ax: Any, workload: str, lines: dict[str, list[tuple[list[float], list[float]]]]) -> None:
         for i, (label, repeats) in enumerate(lines.items()):
             for k, (seconds, losses) in enumerate(repeats):
@@ -424,8 +425,10 @@ def held_out_vs_time(runs: dict[str, dict[str, list[tuple[list[float], list[floa
                         label=wrap(label, 50) if k == 0 else None)
         ax.axhline(targets[workload], color="black", ls="--", lw=0.8, label="target")
 
-    return _workload_panels(runs, path, "Held-out loss against time (every evaluation; a line per repeat, a colour "
-                            "per config)", "seconds from the first step", "held-out loss", draw)
+    against, x_label = ("epochs", "epochs of the training split") if per_epoch else ("time",
+                                                                                     "seconds from the first step")
+    return _workload_panels(runs, path, f"Held-out loss against {against} (every evaluation; a line per repeat, a "
+                            "colour per config)", x_label, "held-out loss", draw)
 
 
 # --- telemetry timelines -----------------------------------------------------------------------
