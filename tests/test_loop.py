@@ -153,3 +153,25 @@ def test_window_s_is_a_suite_setting_checked_like_the_others():
     for bad in (-1, "1s", float("nan"), float("inf")):
         with pytest.raises(InputError, match="s.toml: defaults.window_s: "):
             parse_suite({"defaults": {"workload": "mlp", "window_s": bad}}, "s.toml")
+
+
+def test_a_run_to_a_target_reads_the_energy_over_the_time_to_it():
+    """energy_to_target_j: the devices' counter read before the clock starts and after each
+    evaluation, each evaluation's energy from the first; the target block has it where reached,
+    where the run stopped otherwise, and no figure where no counter reads (a CPU)."""
+    from gpubench.measure.loop import Target, run_to_target
+    from gpubench.runner.worker import _target_block
+
+    counter = iter([100.0, 130.0, 170.0, 220.0])  # J, as NVML's counter reads (in mJ) summed
+    losses = iter([3.0, 2.0, 1.0])
+    config = Config(workload="mlp", batch_size=8, target_loss=1.5, eval_every=2, max_steps=6)
+    target = Target(1.5, 2, 6, 60.0, lambda: next(losses), lambda: next(counter))
+    raw = run_to_target(ScriptedTrainer([1.0] * 100), target)
+    assert [e.energy_j for e in raw.evaluations] == [30.0, 70.0, 120.0]
+    block = _target_block(raw, config)
+    assert block["energy_to_target_j"] == 120.0 and block["steps_to_target"] == 6
+    missed = _target_block(raw, Config(workload="mlp", batch_size=8, target_loss=0.5))
+    assert missed["stopped_energy_j"] == 120.0 and "energy_to_target_j" not in missed
+    cpu = run_to_target(ScriptedTrainer([1.0] * 100), Target(1.5, 2, 6, 60.0, iter([3.0, 1.0]).__next__))
+    assert [e.energy_j for e in cpu.evaluations] == [None, None] and "energy_to_target_j" not in _target_block(
+        cpu, config)

@@ -179,6 +179,17 @@ def test_session_with_a_fake_gpu():
     assert timeline["gpu"] and all("t_ms" in s for s in timeline["gpu"])
 
 
+def test_the_energy_counter_a_run_to_a_target_reads_sums_the_configs_gpus(monkeypatch):
+    """TelemetrySession.energy_j (energy_to_target_j's reading): every sampled device's NVML
+    counter, in J, summed; None without a GPU."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    nvml = FakeNVML([FakeDevice(UUIDS[0], energy_per_read_mj=1000), FakeDevice(UUIDS[1], energy_per_read_mj=3000)])
+    session = TelemetrySession("cuda", 10, [], nvml=nvml, ordinals=[0, 1], averaging_s=0.1)
+    first, second = session.energy_j(), session.energy_j()
+    assert first is not None and second - first == pytest.approx(4.0)  # 1 J and 3 J a read
+    assert TelemetrySession("cpu", 10, []).energy_j() is None
+
+
 def test_session_samples_every_gpu_the_config_uses(monkeypatch):
     # ddp:2 / dp:2 / pipeline:2 on cuda:0 and cuda:1, which CUDA_VISIBLE_DEVICES maps to NVML 2 and 0
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")

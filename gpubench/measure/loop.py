@@ -32,12 +32,14 @@ class Phase:
 @dataclass(frozen=True)
 class Evaluation:
     """One evaluation of a run to a target: after ``steps`` training steps, ``elapsed_s`` from the
-    first step's start to this evaluation's end, the held-out ``loss``, the evaluation's seconds."""
+    first step's start to this evaluation's end, the held-out ``loss``, the evaluation's seconds;
+    ``energy_j``: the devices' energy over the same span (None where no counter reads it)."""
 
     steps: int
     elapsed_s: float
     loss: float
     eval_s: float
+    energy_j: float | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class Target:
     max_steps: int
     max_time_s: float
     evaluate: Callable[[], float]
+    # the devices' cumulative energy counter in J (None where there is none: a CPU)
+    energy_j: Callable[[], float | None] = lambda: None
 
 
 @dataclass
@@ -214,6 +218,7 @@ def run_to_target(trainer: Trainer, target: Target, progress: Callable[[str], No
 
 def _to_target(trainer: Trainer, target: Target, progress: Callable[[str], None] | None) -> RawMeasurement:
     tell = progress or (lambda phase: None)
+    energy0 = target.energy_j()  # read just before the clock starts, as its readings just after an evaluation
     raw = _cold_start(trainer, NO_RANGES, tell)
     t0 = raw.phases[0].start_ns  # the clock of the time to target starts with the first step
     told = 0  # ns spent telling the runner what the worker does (its heartbeat file): gpubench's, not training's
@@ -230,7 +235,10 @@ def _to_target(trainer: Trainer, target: Target, progress: Callable[[str], None]
         loss = target.evaluate()
         e1 = clock_ns()
         elapsed_s = (e1 - t0 - told) / 1e9  # the clock the time to target and the max_time_s cap both read
-        raw.evaluations.append(Evaluation(steps, elapsed_s, loss, (e1 - e0) / 1e9))
+        energy = target.energy_j()
+        told += clock_ns() - e1  # the counter's reading is gpubench's, not training's
+        raw.evaluations.append(Evaluation(steps, elapsed_s, loss, (e1 - e0) / 1e9,
+                                          None if energy is None or energy0 is None else energy - energy0))
         next_eval += target.eval_every
         if not math.isfinite(loss) or loss <= target.loss or steps >= target.max_steps \
                 or elapsed_s >= target.max_time_s:

@@ -273,6 +273,9 @@ METRICS: list[Metric] = [
     M("samples_to_target", ("metrics", "target", "samples_to_target"), "samples", "lower", "count",
       "target_loss: samples trained until the evaluation that reached it (steps x samples_per_step)", gate=True,
       combine="to_target", stop=("metrics", "target", "stopped_samples")),
+    M("energy_to_target_j", ("metrics", "target", "energy_to_target_j"), "J", "lower", "joules",
+      "target_loss on a GPU: the devices' energy (NVML's counter) over the time to target, the evaluations "
+      "included", gate=True, combine="to_target", stop=("metrics", "target", "stopped_energy_j")),
     M("target_reached", ("metrics", "target", "reached"), "", "", "count",
       "target_loss: how many repeats reached the target (the summary writes it k/n)", combine="reached"),
     M("eval_share", ("metrics", "target", "eval_share"), "", "", "pct",

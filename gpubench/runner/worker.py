@@ -158,9 +158,13 @@ def _target_block(raw: RawMeasurement, config: Config) -> dict[str, Any]:
         block.update(time_to_target_s=hit.elapsed_s, steps_to_target=hit.steps,
                      samples_to_target=hit.steps * config.samples_per_step, eval_s=eval_s,
                      eval_share=eval_s / hit.elapsed_s)
+        if hit.energy_j is not None:
+            block["energy_to_target_j"] = hit.energy_j
     elif ev:  # where it stopped: its time, steps and samples to the target are beyond these
         block.update(stopped_s=ev[-1].elapsed_s, stopped_steps=ev[-1].steps,
                      stopped_samples=ev[-1].steps * config.samples_per_step)
+        if ev[-1].energy_j is not None:
+            block["stopped_energy_j"] = ev[-1].energy_j
     return block
 
 
@@ -195,6 +199,10 @@ class Telemetry:
     def observer(self) -> TelemetrySession | None:
         """What the loop tells of each window's start and end (energy counters)."""
         return self.session
+
+    def energy_j(self) -> float | None:
+        """The config's devices' cumulative energy counter in J, None where none reads (a CPU)."""
+        return self.session.energy_j() if self.session is not None else None
 
     def __exit__(self, *exc: object) -> None:
         config, raw = self.config, self.raw
@@ -299,9 +307,11 @@ def build_trainer(backend: Backend, native: NativeModel, config: Config, rank: i
     return backend.build(native, config, batches), batches.nbytes
 
 
-def _target(trainer: Trainer, native: NativeModel, config: Config) -> Target | None:
+def _target(trainer: Trainer, native: NativeModel, config: Config, energy: Callable[[], float | None]
+            ) -> Target | None:
     """A ``target_loss`` config's run to its target: the trainer evaluates the source's held-out
-    batches (another draw of the same task); None without a target. Unsupported where the
+    batches (another draw of the same task), ``energy`` reads the devices' energy counter; None
+    without a target. Unsupported where the
     source has no held-out batches or the trainer does not evaluate."""
     if config.target_loss <= 0:
         return None
@@ -312,7 +322,7 @@ def _target(trainer: Trainer, native: NativeModel, config: Config) -> Target | N
         raise Unsupported(f"target_loss: {config.parallelism} does not evaluate held-out batches yet")
     held_out = native.eval_batches(config.batch)
     return Target(config.target_loss, config.eval_every, config.max_steps, config.max_time_s,
-                  partial(trainer.evaluate, held_out))
+                  partial(trainer.evaluate, held_out), energy)
 
 
 def _input_refused(config: Config, native: NativeModel) -> Outcome | None:
@@ -383,7 +393,7 @@ def run_config(config: Config, profile: dict[str, Any] | None = None, memory_his
         phase("setting up the trainer (data, optimizer, compilation)")
         trainer, memory["data_bytes"] = build_trainer(backend, native, config, rank, world, profile is not None)
         setup_ms = (time.perf_counter() - t0) * 1000.0
-        target = _target(trainer, native, config)
+        target = _target(trainer, native, config, telemetry.energy_j)
         ranges = trainer.ranges() if profile is not None else None
         with telemetry, rss.training():
             telemetry.raw = raw = (run_to_target(trainer, target, progress=phase, turns=turns)

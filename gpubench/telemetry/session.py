@@ -83,6 +83,18 @@ class TelemetrySession:
 
     # --- the measurement loop's observer: energy counters at window boundaries ---------------
 
+    def energy_j(self) -> float | None:
+        """The sampled devices' cumulative energy counters, summed, in J; None where a device has
+        none (or no GPU is sampled)."""
+        if self.reader is None:
+            return None
+        try:
+            reading = self.reader.energy_mj()
+        except Exception as e:  # noqa: BLE001
+            self.errors.append(f"energy counter: {type(e).__name__}: {e}")
+            return None
+        return None if not reading or None in reading else sum(r for r in reading if r is not None) / 1000.0
+
     def on_phase(self, name: str, edge: str) -> None:
         if not name.startswith("window_"):
             return
