@@ -63,6 +63,8 @@ def test_every_form_is_read_as_the_same_two_arrays():
         assert split.input_shape == (4,) and split.classes == 3 and not split.truncated, name
         if name in ("TensorDataset", "DataLoader", "Dataset (Mapped)", "IterableDataset (Streamed)", "tf.data.Dataset"):
             assert split.form == name
+    assert to_split((X.astype(np.uint8), Y), "k").x.dtype == np.float32  # pixels are values
+    assert to_split((X.astype(np.int32), Y), "k").x.dtype == np.int64  # signed integers are token ids
     endless = to_split((b for b in iter(lambda: (X, Y), None)), "dataset 'm:f'", limit_bytes=1000)
     assert endless.truncated and endless.samples == 50  # 5 batches of 240 bytes: read until its budget, and said
 

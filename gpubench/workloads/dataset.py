@@ -1,22 +1,24 @@
-"""A user's data set (``dataset = "module:function"``, ``held_out = "module:function"``): the
-training split and the held-out split in the forms users have, streamed epoch after epoch.
+"""A data set of samples: MNIST's files, or the user's (``dataset = "module:function"``,
+``held_out = "module:function"``) in the forms users have; its training split streamed epoch
+after epoch, its held-out split evaluated whole.
 
-Each function is called once a worker, with no arguments, and returns one split in any of these
-forms: a PyTorch ``Dataset`` (map-style, ``TensorDataset``, or iterable: samples) or
-``DataLoader`` (its batches), a ``tf.data.Dataset`` (samples, or batches where it was batched),
-a pair of arrays ``(inputs, targets)`` (NumPy, or a framework's tensors), or any other iterable of
-``(inputs, targets)`` batches. Every form becomes the same two NumPy arrays (inputs float32, or
-integer token ids; targets int64 class labels), so every framework trains on the same samples
-whichever form it was handed; a form needs only its own library where it is read.
+Each of the user's functions is called once a process, with no arguments, and returns one split
+in any of these forms: a PyTorch ``Dataset`` (map-style, ``TensorDataset``, or iterable: samples)
+or ``DataLoader`` (its batches), a ``tf.data.Dataset`` (samples, or batches where it was
+batched), a pair of arrays ``(inputs, targets)`` (NumPy, or a framework's tensors), or any other
+iterable of ``(inputs, targets)`` batches. Every form becomes the same two NumPy arrays (inputs
+float32, or int64 token ids where they are signed integers: uint8 pixels are floats; targets
+int64 class labels), so every framework trains on the same samples whichever form it was
+handed; a form needs only its own library where it is read.
 
 The training stream is made of epochs: each a permutation of the training split drawn from the
-config's seed and trial and epoch (``shuffled``), cut into batches of ``batch_size``; with
-``drop_last`` the last partial batch of an epoch is dropped, without it the next epoch's first
-samples complete it (the stream of tf.data's ``repeat().batch()``: no sample dropped). The pool
-holds the batches of as many epochs as the config trains (a target's ``max_steps``, else its
-warm-up and windows), within the pool's budget; past the pool the stream starts again at its
-first epoch, and the result's ``runtime.dataset`` says how many epochs the pool holds. The
-held-out evaluation covers the whole held-out split, or ``eval_samples`` of it.
+config's seed, trial and epoch, cut into steps of ``batch_size`` x the step's micro-batches (or
+replicas); with ``drop_last`` an epoch's last partial step is dropped, without it the next
+epoch's first samples complete it (the stream of tf.data's ``repeat().batch()``: no sample
+dropped). The pool holds the steps the config trains (a target's ``max_steps``, else its warm-up
+and windows), within the pool's budget; past the pool the stream starts again at its first
+epoch, and the result's ``runtime.dataset`` says what the pool holds. The held-out evaluation
+covers the whole held-out split, or ``eval_samples`` of it.
 """
 
 from __future__ import annotations
@@ -180,7 +182,7 @@ def _checked(x: np.ndarray, y: np.ndarray, key: str, form: str, truncated: bool)
                         "label a sample")
     if y.min() < 0:
         raise DataError(f"{key}: a class label {int(y.min())}; labels are 0, 1, ... (the classes' indices)")
-    x = np.ascontiguousarray(x, dtype=np.int64 if x.dtype.kind in "iu" else np.float32)
+    x = np.ascontiguousarray(x, dtype=np.int64 if x.dtype.kind == "i" else np.float32)  # token ids, or values
     return Split(x, np.ascontiguousarray(y, dtype=np.int64), form, truncated)
 
 
