@@ -55,6 +55,8 @@ def test_every_form_is_read_as_the_same_two_arrays():
         "IterableDataset (Streamed)": Streamed(),
         "tf.data samples": tf.data.Dataset.from_tensor_slices((X, Y)),
         "tf.data.Dataset": tf.data.Dataset.from_tensor_slices((X, Y)).batch(4),
+        "columns": {"pixel_values": X, "label": Y},  # a Hugging Face dataset's columns
+        "rows": [{"pixel_values": X[i: i + 5], "labels": Y[i: i + 5]} for i in (0, 5)],  # its batches
     }
     for name, obj in forms.items():
         split = to_split(obj, "dataset 'm:f'")
@@ -71,9 +73,10 @@ def test_every_form_is_read_as_the_same_two_arrays():
 
 @pytest.mark.parametrize("obj, message", [
     (42, "dataset 'm:f': returned a int; expected a PyTorch Dataset or DataLoader, a tf.data.Dataset, a pair of "
-         "arrays (inputs, targets), or an iterable of (inputs, targets) batches"),
+         "arrays (inputs, targets), or an iterable of (inputs, targets) batches (each pair possibly a mapping"),
     ((X[:0], Y[:0]), "dataset 'm:f': the split is empty"),
-    ([(X, Y, Y)], "dataset 'm:f': a batch is a tuple; expected (inputs, targets)"),
+    ([(X, Y, Y)], "dataset 'm:f': a batch is a tuple; expected (inputs, targets), or a mapping of the inputs and one "
+                  "of label, labels, target, targets, y"),
     ((X, X), "dataset 'm:f': targets of shape [10, 4] and type float32; expected one integer class label a sample"),
     ((X, Y - 1), "dataset 'm:f': a class label -1; labels are 0, 1, ..."),
 ])

@@ -6,7 +6,8 @@ Each of the user's functions is called once a process, with no arguments, and re
 in any of these forms: a PyTorch ``Dataset`` (map-style, ``TensorDataset``, or iterable: samples)
 or ``DataLoader`` (its batches), a ``tf.data.Dataset`` (samples, or batches where it was
 batched), a pair of arrays ``(inputs, targets)`` (NumPy, or a framework's tensors), or any other
-iterable of ``(inputs, targets)`` batches. Every form becomes the same two NumPy arrays (inputs
+iterable of ``(inputs, targets)`` batches; a sample, batch or pair may be a mapping of the inputs
+and their ``label`` (a Hugging Face ``datasets`` row or column). Every form becomes the same two NumPy arrays (inputs
 float32, or int64 token ids where they are signed integers: uint8 pixels are floats; targets
 int64 class labels), so every framework trains on the same samples whichever form it was
 handed; a form needs only its own library where it is read.
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -38,7 +39,7 @@ from gpubench.workloads.data import DATA_BYTES_BUDGET, Batches
 from gpubench.workloads.functions import SourceError, import_function
 
 FORMS = ("a PyTorch Dataset or DataLoader, a tf.data.Dataset, a pair of arrays (inputs, targets), or an iterable of "
-         "(inputs, targets) batches")
+         "(inputs, targets) batches (each pair possibly a mapping of the inputs and their label)")
 SHUFFLE_STREAM = 4  # the seed stream of the epochs' orders (1-3: the synthetic tasks)
 EVAL_BATCH_MAX = 256  # a held-out batch: the largest divisor of the split up to this (or the config's batch)
 
@@ -87,9 +88,18 @@ def _is_array(a: Any) -> bool:
     return hasattr(a, "shape") and hasattr(a, "dtype") and len(getattr(a, "shape", ())) >= 1
 
 
+LABEL_KEYS = ("label", "labels", "target", "targets", "y")  # a mapping's targets (a Hugging Face row's "label")
+
+
 def _pair(item: Any, key: str, what: str) -> tuple[np.ndarray, np.ndarray]:
-    if isinstance(item, dict) or not isinstance(item, (tuple, list)) or len(item) != 2:
-        raise DataError(f"{key}: {what} is {_described(item)}; expected (inputs, targets)")
+    """(inputs, targets) of a sample or batch: a pair, or a mapping of two (a Hugging Face
+    ``datasets`` row or batch: its inputs and its ``label``)."""
+    if isinstance(item, Mapping) and len(item) == 2 and (labels := [k for k in item if k in LABEL_KEYS]):
+        (inputs,) = [k for k in item if k != labels[0]]
+        return _numpy(item[inputs]), _numpy(item[labels[0]])
+    if not isinstance(item, (tuple, list)) or len(item) != 2:
+        raise DataError(f"{key}: {what} is {_described(item)}; expected (inputs, targets), or a mapping of the "
+                        f"inputs and one of {', '.join(LABEL_KEYS)}")
     return _numpy(item[0]), _numpy(item[1])
 
 
@@ -157,13 +167,15 @@ def to_split(obj: Any, key: str, limit_bytes: float = 4 * DATA_BYTES_BUDGET) -> 
         batched = len(spec[0].shape) >= 1 and spec[0].shape[0] is None  # .batch(n) leaves its first dimension open
         x, y, truncated = _stacked(obj.as_numpy_iterator(), key, batched, limit_bytes)
         form = "tf.data.Dataset"
-    elif isinstance(obj, (tuple, list)) and len(obj) == 2 and all(_is_array(a) for a in obj):
-        x, y, truncated, form = _numpy(obj[0]), _numpy(obj[1]), False, "arrays"
-    elif hasattr(obj, "__getitem__") and hasattr(obj, "__len__") and not isinstance(obj, (tuple, list, dict, str)) \
+    elif isinstance(obj, (tuple, list, Mapping)) and len(obj) == 2 and all(
+            _is_array(a) for a in (obj.values() if isinstance(obj, Mapping) else obj)):
+        x, y = _pair(obj, key, "it")
+        truncated, form = False, "arrays"
+    elif hasattr(obj, "__getitem__") and hasattr(obj, "__len__") and not isinstance(obj, (tuple, list, Mapping, str)) \
             and not _is_array(obj):
         x, y, truncated = _stacked((obj[i] for i in range(len(obj))), key, False, math.inf)
         form = f"Dataset ({type(obj).__name__})"
-    elif isinstance(obj, Iterable) and not isinstance(obj, (str, bytes, dict)) and not _is_array(obj):
+    elif isinstance(obj, Iterable) and not isinstance(obj, (str, bytes, Mapping)) and not _is_array(obj):
         x, y, truncated = _stacked(obj, key, True, limit_bytes)
         form = "batches"
     else:
