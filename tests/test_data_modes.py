@@ -67,7 +67,7 @@ def test_mnist_is_streamed_by_epochs_and_held_out_from_its_t10k_files(tmp_path):
     config = Config(workload="cnn", dataset="mnist", data_dir=str(tmp_path), batch_size=16, warmup_steps=0, steps=3,
                     windows=2)
     facts: dict = {}
-    make, held, _ = split_pool(config, facts)
+    make, held = split_pool(config, facts)
     assert make(16, 1).x.shape == (7, 16, 1, 28, 28) and held is None  # 1 + 2 x 3 steps, 3 a 48-sample epoch
     assert facts["form"] == "MNIST files" and facts["samples_per_epoch"] == 48
     both = tmp_path / "both"  # (a process reads a directory once)
@@ -76,7 +76,7 @@ def test_mnist_is_streamed_by_epochs_and_held_out_from_its_t10k_files(tmp_path):
         (both / name).rename(both / test_name)
         shutil.copy(tmp_path / name, both / name)
     facts = {}
-    make, held, _ = split_pool(replace(config, data_dir=str(both), target_loss=1.0), facts)
+    make, held = split_pool(replace(config, data_dir=str(both), target_loss=1.0), facts)
     assert held is not None and held(16).y.reshape(-1).tolist() == labels.tolist()  # all 20, in one batch
     assert facts["evaluated_samples"] == 20 and facts["eval_batch"] == 20
 

@@ -63,8 +63,11 @@ def test_every_form_is_read_as_the_same_two_arrays():
         assert np.array_equal(split.x, X) and split.x.dtype == np.float32, name
         assert np.array_equal(split.y, Y) and split.y.dtype == np.int64, name
         assert split.input_shape == (4,) and split.classes == 3 and not split.truncated, name
-        if name in ("TensorDataset", "DataLoader", "Dataset (Mapped)", "IterableDataset (Streamed)", "tf.data.Dataset"):
-            assert split.form == name
+    forms = {name: to_split(obj, "k").form for name, obj in forms.items() if name not in ("generator",)}
+    assert forms == {"arrays": "arrays", "tensors": "arrays", "batches": "batches", "TensorDataset": "TensorDataset",
+                     "DataLoader": "DataLoader", "Dataset (Mapped)": "Mapped", "IterableDataset (Streamed)": "Streamed",
+                     "tf.data samples": "TensorSliceDataset", "tf.data.Dataset": "BatchDataset", "columns": "arrays",
+                     "rows": "batches"}  # what was handed: the class of the object, or arrays, or batches
     assert to_split((X.astype(np.uint8), Y), "k").x.dtype == np.float32  # pixels are values
     assert to_split((X.astype(np.int32), Y), "k").x.dtype == np.int64  # signed integers are token ids
     endless = to_split((b for b in iter(lambda: (X, Y), None)), "dataset 'm:f'", limit_bytes=1000)
@@ -75,7 +78,7 @@ def test_every_form_is_read_as_the_same_two_arrays():
     (42, "dataset 'm:f': returned a int; expected a PyTorch Dataset or DataLoader, a tf.data.Dataset, a pair of "
          "arrays (inputs, targets), or an iterable of (inputs, targets) batches (each pair possibly a mapping"),
     ((X[:0], Y[:0]), "dataset 'm:f': the split is empty"),
-    ([(X, Y, Y)], "dataset 'm:f': a batch is a tuple; expected (inputs, targets), or a mapping of the inputs and one "
+    ([(X, Y, Y)], "dataset 'm:f': an item is a tuple; expected (inputs, targets), or a mapping of the inputs and one "
                   "of label, labels, target, targets, y"),
     ((X, X), "dataset 'm:f': targets of shape [10, 4] and type float32; expected one integer class label a sample"),
     ((X, Y - 1), "dataset 'm:f': a class label -1; labels are 0, 1, ..."),
@@ -291,7 +294,7 @@ data_workers = 0
         assert [e[2] for e in arrays[framework]["evaluations"]] == pytest.approx(
             [e[2] for e in arrays["torch"]["evaluations"]], rel=0.02)
     forms = {(r["config"]["framework"], r["runtime"]["dataset"]["form"], r["config"]["data"]) for r in results}
-    assert {("jax", "tf.data.Dataset", "device"), ("tensorflow", "tf.data.Dataset", "device"),
+    assert {("jax", "BatchDataset", "device"), ("tensorflow", "BatchDataset", "device"),
             ("jax", "TensorDataset", "device"), ("torch", "arrays", "pipeline")} <= forms
     json.dumps(results)  # every result line is JSON
 

@@ -94,7 +94,7 @@ def spec_native(spec: WorkloadSpec, config: Config, build: Callable[[], object],
                                                                         train_draw(config.trial)),
                          eval_batches=lambda batch: eval_batches(spec, batch, config.seed))
     if config.dataset != "synthetic":
-        native.make_batches, native.eval_batches, _ = split_pool(config, native.data)
+        native.make_batches, native.eval_batches = split_pool(config, native.data)
     return native
 
 

@@ -25,7 +25,6 @@ covers the whole held-out split, or ``eval_samples`` of it.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -112,12 +111,17 @@ def _module(obj: Any) -> str:
     return type(obj).__module__ or ""
 
 
-def _stacked(items: Iterable[Any], key: str, batched: bool, limit_bytes: float) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Samples (``batched``: batches) of (inputs, targets) as two arrays, read until the
-    iterable ends or ``limit_bytes`` (an endless stream: truncated, the third value)."""
-    xs, ys, size, truncated = [], [], 0, False
+def _read(items: Iterable[Any], key: str, limit_bytes: float) -> tuple[np.ndarray, np.ndarray, bool]:
+    """The (inputs, targets) of an iterable as two arrays: its items samples (a target a scalar:
+    stacked) or batches (targets a vector: joined), read until it ends or ``limit_bytes`` (an
+    endless stream: truncated, the third value)."""
+    xs, ys, size, truncated, batched = [], [], 0, False, None
     for item in items:
-        x, y = _pair(item, key, "a batch" if batched else "a sample")
+        x, y = _pair(item, key, "an item")
+        if batched is None:
+            batched = y.ndim >= 1
+        elif batched != (y.ndim >= 1):
+            raise DataError(f"{key}: its items mix samples and batches (targets of shape {list(y.shape)})")
         xs.append(x)
         ys.append(y)
         size += x.nbytes + y.nbytes
@@ -133,51 +137,28 @@ def _stacked(items: Iterable[Any], key: str, batched: bool, limit_bytes: float) 
     return joined[0], joined[1], truncated
 
 
-def _torch_form(obj: Any, key: str, limit_bytes: float) -> tuple[np.ndarray, np.ndarray, bool, str] | None:
-    """A PyTorch DataLoader or Dataset (of torch.utils.data, or the user's subclass), or None."""
-    if "torch" not in sys.modules:
-        return None
-    import torch.utils.data as tud
-
-    if isinstance(obj, tud.DataLoader):
-        return (*_stacked(obj, key, True, limit_bytes), "DataLoader")
-    if isinstance(obj, tud.TensorDataset):
-        if len(obj.tensors) != 2:
-            raise DataError(f"{key}: a TensorDataset of {len(obj.tensors)} tensors; expected (inputs, targets)")
-        return _numpy(obj.tensors[0]), _numpy(obj.tensors[1]), False, "TensorDataset"
-    if isinstance(obj, tud.IterableDataset):
-        return (*_stacked(obj, key, False, limit_bytes), f"IterableDataset ({type(obj).__name__})")
-    if isinstance(obj, tud.Dataset):
-        if not hasattr(obj, "__len__"):
-            raise DataError(f"{key}: a map-style Dataset ({type(obj).__name__}) without __len__; give it one, or "
-                            "make it an IterableDataset")
-        return (*_stacked((obj[i] for i in range(len(obj))), key, False, math.inf),
-                f"Dataset ({type(obj).__name__})")
-    return None
-
-
 def to_split(obj: Any, key: str, limit_bytes: float = 4 * DATA_BYTES_BUDGET) -> Split:
-    """Any of the forms (the module docstring) as a Split; DataError for anything else."""
-    if (torch_form := _torch_form(obj, key, limit_bytes)) is not None:
-        x, y, truncated, form = torch_form
-    elif "tensorflow" in sys.modules and isinstance(obj, sys.modules["tensorflow"].data.Dataset):
-        spec = obj.element_spec
-        if not isinstance(spec, (tuple, list)) or len(spec) != 2:
-            raise DataError(f"{key}: a tf.data.Dataset of {spec}; expected elements (inputs, targets)")
-        batched = len(spec[0].shape) >= 1 and spec[0].shape[0] is None  # .batch(n) leaves its first dimension open
-        x, y, truncated = _stacked(obj.as_numpy_iterator(), key, batched, limit_bytes)
-        form = "tf.data.Dataset"
+    """Any of the forms (the module docstring) as a Split; DataError for anything else. The forms
+    are told apart by what they do, so that no framework is named here: a ``tensors`` pair (a
+    TensorDataset, read whole), a pair or mapping of two arrays, ``as_numpy_iterator`` (a
+    tf.data.Dataset), ``__getitem__`` and ``__len__`` (a map-style Dataset), any other iterable
+    (a DataLoader, an IterableDataset, a generator, a list of batches); each item a sample or a
+    batch by its targets' shape (one class label a sample)."""
+    form = type(obj).__name__.lstrip("_")
+    tensors = getattr(obj, "tensors", None)
+    if isinstance(tensors, (tuple, list)) and len(tensors) == 2 and all(_is_array(t) for t in tensors):
+        x, y, truncated = _numpy(tensors[0]), _numpy(tensors[1]), False
     elif isinstance(obj, (tuple, list, Mapping)) and len(obj) == 2 and all(
             _is_array(a) for a in (obj.values() if isinstance(obj, Mapping) else obj)):
-        x, y = _pair(obj, key, "it")
-        truncated, form = False, "arrays"
+        (x, y), truncated, form = _pair(obj, key, "it"), False, "arrays"
+    elif callable(getattr(obj, "as_numpy_iterator", None)):
+        x, y, truncated = _read(obj.as_numpy_iterator(), key, limit_bytes)
     elif hasattr(obj, "__getitem__") and hasattr(obj, "__len__") and not isinstance(obj, (tuple, list, Mapping, str)) \
             and not _is_array(obj):
-        x, y, truncated = _stacked((obj[i] for i in range(len(obj))), key, False, math.inf)
-        form = f"Dataset ({type(obj).__name__})"
+        x, y, truncated = _read((obj[i] for i in range(len(obj))), key, math.inf)
     elif isinstance(obj, Iterable) and not isinstance(obj, (str, bytes, Mapping)) and not _is_array(obj):
-        x, y, truncated = _stacked(obj, key, True, limit_bytes)
-        form = "batches"
+        x, y, truncated = _read(obj, key, limit_bytes)
+        form = "batches" if isinstance(obj, (list, tuple)) or form == "generator" else form
     else:
         raise DataError(f"{key}: returned {_described(obj)}; expected {FORMS}")
     return _checked(x, y, key, form, truncated)
@@ -319,13 +300,19 @@ def held_out_batches(split: Split, batch: int, eval_samples: int, facts: dict[st
 
 
 def split_pool(config: Config, facts: dict[str, Any]
-               ) -> tuple[Callable[[int, int], Batches], Callable[[int], Batches] | None, Split]:
-    """(``make_batches(batch, group)``, ``held_out(batch)`` or None, the training split) of a
-    config on a data set (``mnist``, the user's); ``facts`` is filled as they are made."""
-    train, held = splits(config)
+               ) -> tuple[Callable[[int, int], Batches], Callable[[int], Batches] | None]:
+    """(``make_batches(batch, group)``, ``held_out(batch)`` or None where the data set has no
+    held-out split) of a config on a data set (``mnist``, the user's), read when first called;
+    ``facts`` is filled as they are made."""
+    from gpubench.workloads.mnist import has_test_split
 
     def make(batch: int, group: int) -> Batches:
-        return stream_batches(train, batch, group, config, facts)
+        return stream_batches(splits(config)[0], batch, group, config, facts)
 
-    held_fn = None if held is None else (lambda batch: held_out_batches(held, batch, config.eval_samples, facts))
-    return make, held_fn, train
+    def held_out(batch: int) -> Batches:
+        held = splits(config)[1]
+        assert held is not None  # (a data set with a held-out split)
+        return held_out_batches(held, batch, config.eval_samples, facts)
+
+    has_held = bool(config.held_out) if user_dataset(config) else has_test_split(config.data_dir)
+    return make, held_out if has_held else None

@@ -244,7 +244,8 @@ def own_batches(task: SyntheticTask | None, batch_fn: Callable[[int], Any] | Non
     T) put ``tokens_per_sample`` T in ``facts``: its results have tokens/s."""
     held_out: Callable[[int], Batches] | None
     if config.dataset != "synthetic":  # a data set of samples: its epochs, its held-out split
-        make, held_out, train = split_pool(config, {} if data is None else data)
+        make, held_out = split_pool(config, {} if data is None else data)
+        train = splits(config)[0]
         sample = Batches(x=train.x[None, :FIRST_BATCH], y=train.y[None, :FIRST_BATCH])
         if facts is not None and train.x.dtype.kind in "iu" and train.x.ndim == 2:
             facts["tokens_per_sample"] = int(train.x.shape[1])
