@@ -172,12 +172,14 @@ def _censored(results: list[Result], metric: Metric) -> dict[str, float]:
     it (none for other metrics): just past every repeat of the config that reached it and every
     point where one that missed stopped, on either side, so that ranks put a missed repeat behind
     every reached one (MLPerf's rule, the summary's) and the missed tie among themselves."""
+    if metric.combine != "to_target":
+        return {}
     worst: dict[str, float] = {}
     for r in results:
-        v = _usable(r, metric) if r.ok else dig(r.metrics, *metric.stop[1:]) if _missed(r, metric) else None
+        v = _usable(r, metric) if r.ok else r.get(*metric.stop) if _missed(r, metric) else None
         if v is not None and v > 0:
             worst[r.config_id] = max(worst.get(r.config_id, 0.0), float(v))
-    return {k: v * (1 + 1e-6) for k, v in worst.items()} if metric.combine == "to_target" else {}
+    return {k: v * (1 + 1e-6) for k, v in worst.items()}
 
 
 def _value(r: Result, metric: Metric, censored: dict[str, float]) -> float | None:

@@ -2,8 +2,8 @@
 imported, is not callable, takes other arguments, returns no model of its framework or one whose
 output does not fit the data, a zoo name that does not exist, a batch or loss function that
 cannot be imported, a data set function that returns no split of a known form (or splits that do
-not fit each other or the model). Each is one line naming the suite file, the key and what was wrong (InputError,
-exit 2), before a run directory is made.
+not fit each other or the model). Each is one line naming the suite file, the key and what was
+wrong (InputError, exit 2), before a run directory is made.
 
 The models are built where they train: in a child process per framework (``python -m
 gpubench.runner.models IN OUT``: the configs as JSON in the file IN, the answer in the file OUT,

@@ -310,9 +310,9 @@ def build_trainer(backend: Backend, native: NativeModel, config: Config, rank: i
 def _target(trainer: Trainer, native: NativeModel, config: Config, energy: Callable[[], float | None]
             ) -> Target | None:
     """A ``target_loss`` config's run to its target: the trainer evaluates the source's held-out
-    batches (another draw of the same task), ``energy`` reads the devices' energy counter; None
-    without a target. Unsupported where the
-    source has no held-out batches or the trainer does not evaluate."""
+    batches (the synthetic task's held-out draw, a data set's held-out split), ``energy`` reads
+    the devices' energy counter; None without a target. Unsupported where the source has no
+    held-out batches or the trainer does not evaluate."""
     if config.target_loss <= 0:
         return None
     if native.eval_batches is None:

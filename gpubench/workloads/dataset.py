@@ -7,10 +7,10 @@ in any of these forms: a PyTorch ``Dataset`` (map-style, ``TensorDataset``, or i
 or ``DataLoader`` (its batches), a ``tf.data.Dataset`` (samples, or batches where it was
 batched), a pair of arrays ``(inputs, targets)`` (NumPy, or a framework's tensors), or any other
 iterable of ``(inputs, targets)`` batches; a sample, batch or pair may be a mapping of the inputs
-and their ``label`` (a Hugging Face ``datasets`` row or column). Every form becomes the same two NumPy arrays (inputs
-float32, or int64 token ids where they are signed integers: uint8 pixels are floats; targets
-int64 class labels), so every framework trains on the same samples whichever form it was
-handed; a form needs only its own library where it is read.
+and their ``label`` (a Hugging Face ``datasets`` row or column). Every form becomes the same two
+NumPy arrays (inputs float32, or int64 token ids where they are signed integers: uint8 pixels
+are floats; targets int64 class labels), so every framework trains on the same samples
+whichever form it was handed; a form needs only its own library where it is read.
 
 The training stream is made of epochs: each a permutation of the training split drawn from the
 config's seed, trial and epoch, cut into steps of ``batch_size`` x the step's micro-batches (or
