@@ -151,7 +151,9 @@ data = ["device", "pipeline"]
     (run_dir,) = list((tmp_path / "runs").iterdir())
     device, pipeline = result_lines(run_dir)
     assert device["status"] == pipeline["status"] == "ok"
-    assert device["config"]["dataset"] == "mnist" and device["metrics"]["memory"]["data_bytes"] == 96 * (784 * 4 + 8)
+    # the pool holds the steps the config trains (1 cold + 1 warm-up + 2 x 4), epochs of the 96 samples
+    assert device["config"]["dataset"] == "mnist" and device["metrics"]["memory"]["data_bytes"] == 10 * 16 * (784 * 4 + 8)
+    assert device["runtime"]["dataset"]["pool_epochs"] == pytest.approx(160 / 96, abs=1e-3)
     (cmp,) = pipeline_speedups(load_results(run_dir))
     assert (cmp["config_id"], cmp["baseline_id"]) == (pipeline["config_id"], device["config_id"])
     assert cmp["speedup"] == pytest.approx(pipeline["metrics"]["throughput"]["median"]
