@@ -47,6 +47,7 @@ def test_every_form_is_read_as_the_same_two_arrays():
     forms = {
         "arrays": (X, Y),
         "tensors": (torch.from_numpy(X), torch.from_numpy(Y)),
+        "tf tensors": (tf.constant(X), tf.constant(Y)),
         "batches": [(X[:4], Y[:4]), (X[4:8], Y[4:8]), (X[8:], Y[8:])],
         "generator": ((X[i: i + 5], Y[i: i + 5]) for i in (0, 5)),
         "TensorDataset": tensors,
@@ -64,7 +65,7 @@ def test_every_form_is_read_as_the_same_two_arrays():
         assert np.array_equal(split.y, Y) and split.y.dtype == np.int64, name
         assert split.input_shape == (4,) and split.classes == 3 and not split.truncated, name
     forms = {name: to_split(obj, "k").form for name, obj in forms.items() if name not in ("generator",)}
-    assert forms == {"arrays": "arrays", "tensors": "arrays", "batches": "batches", "TensorDataset": "TensorDataset",
+    assert forms == {"arrays": "arrays", "tensors": "arrays", "tf tensors": "arrays", "batches": "batches", "TensorDataset": "TensorDataset",
                      "DataLoader": "DataLoader", "Dataset (Mapped)": "Mapped", "IterableDataset (Streamed)": "Streamed",
                      "tf.data samples": "TensorSliceDataset", "tf.data.Dataset": "BatchDataset", "columns": "arrays",
                      "rows": "batches"}  # what was handed: the class of the object, or arrays, or batches

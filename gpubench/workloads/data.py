@@ -204,7 +204,7 @@ def function_batches(fn: Callable[[int], Any], batch_size: int, n_batches: int, 
         out = fn(batch_size)
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise ValueError(f"{where}: returned {type(out).__name__}; expected (inputs, targets)")
-        calls.append(tree_map(_to_numpy, tuple(out)))
+        calls.append(tree_map(to_numpy, tuple(out)))
     for leaf in tree_leaves(calls[0]):
         if leaf.ndim == 0 or leaf.shape[0] != batch_size:
             raise ValueError(f"{where}: an array of shape {leaf.shape} for batch size {batch_size}; every input and "
@@ -212,7 +212,8 @@ def function_batches(fn: Callable[[int], Any], batch_size: int, n_batches: int, 
     return Batches(x=_stack_trees([c[0] for c in calls]), y=_stack_trees([c[1] for c in calls]))
 
 
-def _to_numpy(a: Any) -> np.ndarray:
+def to_numpy(a: Any) -> np.ndarray:
+    """An array or a framework's tensor (a torch tensor possibly on a device, a tf or JAX array) as NumPy."""
     if hasattr(a, "detach"):  # a torch tensor (possibly on a device)
         a = a.detach().cpu()
     return np.asarray(a)

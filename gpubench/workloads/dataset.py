@@ -34,7 +34,7 @@ import numpy as np
 
 from gpubench.config import Config
 from gpubench.workloads.base import WorkloadSpec
-from gpubench.workloads.data import DATA_BYTES_BUDGET, Batches
+from gpubench.workloads.data import DATA_BYTES_BUDGET, Batches, to_numpy
 from gpubench.workloads.functions import SourceError, import_function
 
 FORMS = ("a PyTorch Dataset or DataLoader, a tf.data.Dataset, a pair of arrays (inputs, targets), or an iterable of "
@@ -75,14 +75,6 @@ def user_dataset(config: Config) -> bool:
     return ":" in config.dataset
 
 
-def _numpy(a: Any) -> np.ndarray:
-    if hasattr(a, "detach"):  # a torch tensor (possibly on a device)
-        a = a.detach().cpu()
-    if hasattr(a, "numpy") and not isinstance(a, np.ndarray):  # a tf.Tensor
-        a = a.numpy()
-    return np.asarray(a)
-
-
 def _is_array(a: Any) -> bool:
     return hasattr(a, "shape") and hasattr(a, "dtype") and len(getattr(a, "shape", ())) >= 1
 
@@ -95,11 +87,11 @@ def _pair(item: Any, key: str, what: str) -> tuple[np.ndarray, np.ndarray]:
     ``datasets`` row or batch: its inputs and its ``label``)."""
     if isinstance(item, Mapping) and len(item) == 2 and (labels := [k for k in item if k in LABEL_KEYS]):
         (inputs,) = [k for k in item if k != labels[0]]
-        return _numpy(item[inputs]), _numpy(item[labels[0]])
+        return to_numpy(item[inputs]), to_numpy(item[labels[0]])
     if not isinstance(item, (tuple, list)) or len(item) != 2:
         raise DataError(f"{key}: {what} is {_described(item)}; expected (inputs, targets), or a mapping of the "
                         f"inputs and one of {', '.join(LABEL_KEYS)}")
-    return _numpy(item[0]), _numpy(item[1])
+    return to_numpy(item[0]), to_numpy(item[1])
 
 
 def _described(obj: Any) -> str:
@@ -147,7 +139,7 @@ def to_split(obj: Any, key: str, limit_bytes: float = 4 * DATA_BYTES_BUDGET) -> 
     form = type(obj).__name__.lstrip("_")
     tensors = getattr(obj, "tensors", None)
     if isinstance(tensors, (tuple, list)) and len(tensors) == 2 and all(_is_array(t) for t in tensors):
-        x, y, truncated = _numpy(tensors[0]), _numpy(tensors[1]), False
+        x, y, truncated = to_numpy(tensors[0]), to_numpy(tensors[1]), False
     elif isinstance(obj, (tuple, list, Mapping)) and len(obj) == 2 and all(
             _is_array(a) for a in (obj.values() if isinstance(obj, Mapping) else obj)):
         (x, y), truncated, form = _pair(obj, key, "it"), False, "arrays"
