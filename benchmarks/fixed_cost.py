@@ -99,10 +99,9 @@ def probe_s(framework: str) -> float:
 def sweep(framework: str, configs: int) -> float:
     with tempfile.TemporaryDirectory(prefix="gpubench-fixed-") as tmp:
         suite = Path(tmp) / "s.toml"
-        workload = "workload = \"fault\"\n" if framework == "fake" else ""
         text = SUITE.format(framework=framework, seeds=", ".join(map(str, range(configs))))
-        if framework == "fake":
-            text = text.replace('workload = "mlp"\ndepth = 1\nwidth = 32\n', workload)
+        if framework == "fake":  # the fake backend's own workload, which takes no mlp parameters
+            text = text.replace('workload = "mlp"\ndepth = 1\nwidth = 32\n', 'workload = "fault"\n')
         suite.write_text(text)
         elapsed, _ = _timed([sys.executable, "-m", "gpubench", "run", str(suite), "--out", str(Path(tmp) / "runs"),
                              "--no-report", "--no-calibrate"], _env(framework), cwd=Path(tmp))
