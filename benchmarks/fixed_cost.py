@@ -17,7 +17,10 @@ What it measures, per framework (and the fake test backend, which imports no fra
 - ``probe_s``: one framework probe (``gpubench.runner.probe.probe``), paid once a run;
 - ``sweep_per_config_s``: a ``gpubench run`` of ``--configs`` one-step configs of the MLP (they
   differ in their seed), its wall time over the configs (probes, checks and report included), and
-  ``sweep_ratio``: that over ``bare_import_s``, the issue's ratio (target below 1.0).
+  ``sweep_ratio``: that over ``bare_import_s`` (the aim: below 1.0); the workers start as the run
+  starts them (forked from a per-run server where the backend allows it:
+  gpubench.runner.forkserver); ``sweep_spawn_per_config_s`` and ``spawn_ratio``: the same sweep
+  with every worker spawned (``GPUBENCH_WORKER_START=spawn``).
 
 Every figure is the median of ``--repeats`` runs, interleaved part by part, with its minimum and
 maximum. No figure is asserted: they go to docs/performance.md with the command.
@@ -96,7 +99,7 @@ def probe_s(framework: str) -> float:
     return _timed([sys.executable, "-c", code], _env(framework))[0]
 
 
-def sweep(framework: str, configs: int) -> float:
+def sweep(framework: str, configs: int, start: str = "") -> float:
     with tempfile.TemporaryDirectory(prefix="gpubench-fixed-") as tmp:
         suite = Path(tmp) / "s.toml"
         text = SUITE.format(framework=framework, seeds=", ".join(map(str, range(configs))))
@@ -104,7 +107,8 @@ def sweep(framework: str, configs: int) -> float:
             text = text.replace('workload = "mlp"\ndepth = 1\nwidth = 32\n', 'workload = "fault"\n')
         suite.write_text(text)
         elapsed, _ = _timed([sys.executable, "-m", "gpubench", "run", str(suite), "--out", str(Path(tmp) / "runs"),
-                             "--no-report", "--no-calibrate"], _env(framework), cwd=Path(tmp))
+                             "--no-report", "--no-calibrate"],
+                            {**_env(framework), **({"GPUBENCH_WORKER_START": start} if start else {})}, cwd=Path(tmp))
     return elapsed / configs
 
 
@@ -130,9 +134,10 @@ def main() -> int:
                 runs.setdefault(name, []).append(value)
             runs.setdefault("probe_s", []).append(probe_s(framework))
             runs.setdefault("sweep_per_config_s", []).append(sweep(framework, args.configs))
+            runs.setdefault("sweep_spawn_per_config_s", []).append(sweep(framework, args.configs, "spawn"))
         figures = {name: summary(values) for name, values in runs.items()}
-        ratio = [s / b for s, b in zip(runs["sweep_per_config_s"], runs["bare_import_s"])]
-        figures["sweep_ratio"] = summary(ratio)
+        for ratio, sweep_s in (("sweep_ratio", "sweep_per_config_s"), ("spawn_ratio", "sweep_spawn_per_config_s")):
+            figures[ratio] = summary([s / b for s, b in zip(runs[sweep_s], runs["bare_import_s"])])
         report["frameworks"][framework] = figures
         print(f"== {framework} (median [min, max] of {args.repeats})")
         for name, f in figures.items():

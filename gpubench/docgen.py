@@ -126,6 +126,9 @@ def frameworks_reference() -> str:
         if setting not in ("precision", "parallelism"):
             out.append(f"| {setting} | " + " | ".join(cell(c.capabilities.values(setting)) for c in classes.values())
                        + " |")
+    out.append("| workers ([how a worker starts](../running.md#how-a-worker-starts)) | " + " | ".join(
+        "spawned" if c.fork_preload is None else f"forked ({cell(c.fork_preload) if c.fork_preload else 'gpubench'}"
+        " imported once a run)" for c in classes.values()) + " |")
     out += ["", "## Installing\n"]
     out += [f"- `{n}`: {c.install_hint}" for n, c in classes.items()]
     out += ["", "## Why a value is left out\n"]

@@ -21,6 +21,9 @@ WORKERS_ENV = "GPUBENCH_WORKERS"
 # "slurm" for a rank that srun started as a task of its own (gpubench run --launcher slurm): its
 # rank variables are made from Slurm's (gpubench.runner.slurm.slurm_ranks)
 RANKS_ENV = "GPUBENCH_RANKS"
+# set in the environment of a worker forked by a server (gpubench.runner.forkserver): the modules
+# the server had imported (the outcome's runtime says how the worker started)
+FORKED_ENV = "GPUBENCH_FORKED_FROM"
 
 
 @dataclass(frozen=True)

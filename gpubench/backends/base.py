@@ -157,6 +157,10 @@ class Backend(ABC):
     loader_workers: ClassVar[bool] = False
     auto_optimizer_impl: ClassVar[dict[str, str]] = {}
     input_notes: ClassVar[dict[str, str]] = {}
+    # the modules a per-run server imports once and forks each config's worker from
+    # (gpubench.runner.forkserver); None: every worker a fresh interpreter (the framework's
+    # import starts threads, or makes a device context, that a fork would not carry)
+    fork_preload: ClassVar[tuple[str, ...] | None] = None
 
     @classmethod
     def package_build(cls) -> dict[str, Any] | None:

@@ -17,14 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpubench.backends.registry import declared
 from gpubench.config import Config
 from gpubench.errors import EXIT_STORAGE, STORAGE_LINE, StorageError
 from gpubench.hugepages import worker_env
 from gpubench.launch import Interpreter, dying_with_parent
 from gpubench.results.result import Outcome
 from gpubench.results.store import open_own, slug
+from gpubench.runner import forkserver
 from gpubench.runner.nodes import Nodes
-from gpubench.runner.process import kill_group, oom_kill_count, storage_problem, worker_command
+from gpubench.runner.process import Child, kill_group, oom_kill_count, storage_problem, worker_command
 
 LOG_TAIL_LINES = 40
 
@@ -130,7 +132,7 @@ def heartbeat_line(job: Job, workdir: Path, elapsed_s: float) -> str:
     return f"  ... {job.name}: {elapsed_s:.0f} s so far{now}"
 
 
-def _wait(proc: subprocess.Popen[bytes], timeout_s: float, job: Job, workdir: Path,
+def _wait(proc: Child, timeout_s: float, job: Job, workdir: Path,
           heartbeat: Callable[[str], None] | None) -> None:
     """Wait for the worker, telling ``heartbeat`` what it does every HEARTBEAT_S; TimeoutExpired
     once ``timeout_s`` has passed."""
@@ -162,9 +164,15 @@ def run_worker(job: Job, run_dir: Path, launcher: Interpreter = Interpreter(), n
     env.update(worker_env(train.huge_pages, env))  # read as the worker starts
     log_fd = open_own(run_dir / log_rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, run_dir=run_dir)
     with os.fdopen(log_fd, "wb") as log:
-        proc = subprocess.Popen(dying_with_parent(worker_command(launcher, workdir, train, nodes)),
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env, pass_fds=launcher.pass_fds)
+        preload = None if train.distributed else declared(train.framework, "fork_preload", None)
+        proc: Child | None = None
+        if forkserver.wanted(preload):
+            assert preload is not None
+            proc = forkserver.fork_worker(launcher, env, log.fileno(), str(workdir), preload)
+        if proc is None:
+            proc = subprocess.Popen(dying_with_parent(worker_command(launcher, workdir, train, nodes)),
+                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, env=env, pass_fds=launcher.pass_fds)
         if launcher.turns is not None:
             launcher.turns.close()
         try:
@@ -200,6 +208,8 @@ def run_worker(job: Job, run_dir: Path, launcher: Interpreter = Interpreter(), n
             return Outcome(status="oom", reason="worker killed by the kernel OOM killer (host memory exhausted)",
                            log=str(log_rel))
         reason = f"worker killed by {sig}"
+        if getattr(proc, "server_died", False):
+            reason += " (its fork server ended while it ran)"
     else:
         reason = f"worker exited with code {rc} without a result"
     reason, traceback = log_tail_reason(run_dir, log_rel, reason)

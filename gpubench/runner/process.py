@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any, Protocol
 
 from gpubench.backends.registry import rank_start
 from gpubench.config import Config
@@ -59,7 +60,18 @@ def storage_problem(directory: Path) -> str | None:
     return None
 
 
-def kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+class Child(Protocol):
+    """A worker as the runner waits for it and kills it: a ``subprocess.Popen``, or a worker
+    forked by a server (gpubench.runner.forkserver.ForkedWorker); either leads a process group
+    of its own."""
+
+    pid: int
+    returncode: int | Any
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def kill_group(proc: Child, grace_s: float = 5.0) -> None:
     """SIGTERM the child's process group, then SIGKILL what is left after a grace period."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:

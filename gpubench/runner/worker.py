@@ -9,6 +9,7 @@ hung, crashed in native code).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import math
 import os
@@ -32,7 +33,7 @@ from gpubench.backends.base import Backend, Evaluating, NativeModel, Trainer, Un
 from gpubench.config import Config
 from gpubench.errors import EXIT_STORAGE, STORAGE_ERRNOS, STORAGE_LINE, warn
 from gpubench.files import write_text_atomic
-from gpubench.launch import RANKS_ENV, die_with_parent
+from gpubench.launch import FORKED_ENV, RANKS_ENV, die_with_parent
 from gpubench.measure.loop import RawMeasurement, Target, run_loop, run_to_target
 from gpubench.measure.stats import is_noisy, step_stats, throughput
 from gpubench.measure.trace import reading
@@ -280,6 +281,9 @@ def admit(config: Config) -> Backend | Outcome:
                                                     f"{backend.install_hint}")
     if verdict is not None:
         return Outcome(status=verdict[0], reason=verdict[1])
+    for module in backend.fork_preload or ():  # what a fork server imports first, a spawned worker too:
+        with contextlib.suppress(ImportError):  # its setup time and memory figures are then a forked one's
+            importlib.import_module(module)
     reason = (config.topology_unsupported() or hugepages.unavailable(config.huge_pages)
               or (backend.set_threads(config.threads) if config.threads else None))
     if reason:
@@ -338,9 +342,12 @@ def _input_refused(config: Config, native: NativeModel) -> Outcome | None:
 
 def _worker_runtime(config: Config, turns: Turns) -> dict[str, Any]:
     """What the worker itself adds to the runtime: which gpubench trained (gpubench ab: each
-    side's own checkout), the lockstep turns, what it held in huge pages as it finished."""
+    side's own checkout), how it started, the lockstep turns, what it held in huge pages as it
+    finished."""
+    forked = os.environ.get(FORKED_ENV)
     runtime: dict[str, Any] = {"gpubench": {"version": gpubench.__version__,
-                                            "path": str(Path(gpubench.__file__).resolve().parent)}}
+                                            "path": str(Path(gpubench.__file__).resolve().parent)},
+                               "worker_start": "spawn" if forked is None else f"fork ({forked or 'gpubench'} imported)"}
     if turns.describe() is not None:
         runtime["lockstep"] = turns.describe()
     if config.target_loss > 0:  # a target's repeat: the seeds it started from

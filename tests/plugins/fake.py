@@ -105,6 +105,7 @@ def fail_rank(config) -> None:
 class FakeBackend(Backend):
     name = "fake"
     install_hint = "it is a test plugin"
+    fork_preload = ()  # numpy only: its workers forked from a server that has imported gpubench's worker
     # numpy in float64: one precision, eager steps, device-resident batches; multiworker:N goes
     # through gpubench.runner.ranks (the per-rank launcher TensorFlow uses) with numpy ranks
     capabilities = Capabilities(precisions={"cpu": ("fp32",), "cuda": ("fp32",)},

@@ -105,6 +105,9 @@ class JaxBackend(Backend):
         from before the JAX backend stay valid."""
         return cls.package_build() or {}
     uncompiled = "already one XLA program (jax.jit)"
+    # imported, JAX starts no thread and no backend (its CPU or GPU client starts with the first
+    # array, in the forked worker)
+    fork_preload = ("jax", "jax.numpy", "optax", "gpubench.backends.jax.model")
     colours = {"fp32": "#2ca02c", "tf32": "#98df8a", "amp-fp16": "#00441b", "amp-bf16": "#bcbd22"}  # noqa: RUF012
 
     capabilities = Capabilities(

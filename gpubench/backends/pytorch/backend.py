@@ -163,6 +163,9 @@ class TorchBackend(Backend):
     calibration_module = "gpubench.backends.pytorch.calibration"
     zoos = ("torchvision", "timm", "hf")
     loader_workers = True  # data_workers: the DataLoader's worker processes
+    # imported, torch starts no thread and no CUDA context; torch._dynamo is what building any
+    # optimizer imports (torch.optim wraps its __init__ in torch._disable_dynamo)
+    fork_preload = ("torch", "torch._dynamo")
     auto_optimizer_impl = {"cuda": "fused"}
     input_notes = {"pinned memory": "gpubench's PyTorch DataLoader pins host batches whenever the device is CUDA; "
                                     "nothing to turn on"}
