@@ -14,6 +14,9 @@ What it measures, per framework (and the fake test backend, which imports no fra
   what the config is for), ``telemetry_stop``, ``result_write``; ``spawn_to_main_s`` is the
   child's start (interpreter and ``site``) up to its first line, and ``exit_s`` its end after the
   last part;
+- ``import_threads``: the threads of a process that has imported the framework (and nothing
+  else): what a fork after the import would not carry beyond the BLAS pool numpy starts (a
+  backend declares its framework forkable only where this is numpy's alone);
 - ``probe_s``: one framework probe (``gpubench.runner.probe.probe``), paid once a run;
 - ``sweep_per_config_s``: a ``gpubench run`` of ``--configs`` one-step configs of the MLP (they
   differ in their seed), its wall time over the configs (probes, checks and report included), and
@@ -92,6 +95,15 @@ def parts(framework: str) -> dict[str, float]:
     return figures
 
 
+IMPORT = {"torch": "import torch", "tensorflow": "import tensorflow", "jax": "import jax, jax.numpy",
+          "fake": "import numpy"}
+
+
+def import_threads(framework: str) -> float:
+    code = f"{IMPORT[framework]}; import os; print(len(os.listdir('/proc/self/task')))"
+    return float(_timed([sys.executable, "-c", code], _env(framework))[1].strip().splitlines()[-1])
+
+
 def probe_s(framework: str) -> float:
     code = f"from gpubench.runner.probe import probe; import sys; p = probe({framework!r}); sys.exit(not p.available)"
     if framework == "fake":
@@ -132,6 +144,7 @@ def main() -> int:
                 _timed([sys.executable, "-c", BARE_OP[framework]], _env(framework))[0])
             for name, value in parts(framework).items():
                 runs.setdefault(name, []).append(value)
+            runs.setdefault("import_threads", []).append(import_threads(framework))
             runs.setdefault("probe_s", []).append(probe_s(framework))
             runs.setdefault("sweep_per_config_s", []).append(sweep(framework, args.configs))
             runs.setdefault("sweep_spawn_per_config_s", []).append(sweep(framework, args.configs, "spawn"))
