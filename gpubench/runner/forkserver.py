@@ -43,6 +43,7 @@ import threading
 import traceback
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gpubench.launch import FORKED_ENV, PR_SET_PDEATHSIG, SIGKILL, Interpreter, dying_with_parent
@@ -244,6 +245,18 @@ def resident_file_pages() -> list[tuple[int, int]]:
     return runs
 
 
+DEVICE_LIBRARIES = ("libcuda.so", "libnvidia-ml.so")  # loaded once a process has touched a GPU or NVML
+
+
+def device_libraries() -> list[str]:
+    """The device libraries this process has loaded (none, in a server that may fork workers)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return []
+    return [lib for lib in DEVICE_LIBRARIES if f"/{lib}" in maps]
+
+
 def populate(runs: list[tuple[int, int]]) -> None:
     """Map ``runs`` into this process's page tables (read-only: nothing is copied)."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -321,10 +334,16 @@ def serve(control: socket.socket, preload: list[str]) -> int:
     from gpubench.plugins import load_plugins
 
     load_plugins()
+    # torch.cuda.is_available(), should an import ask, from NVML: the CUDA runtime's own check
+    # initialises the driver, and a child forked after that cannot use the device
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     importlib.import_module(WORKER)  # its imports, for every child
     for module in preload:
         with contextlib.suppress(ImportError):  # not installed: the worker says so, as a spawned one does
             importlib.import_module(module)
+    if touched := device_libraries():  # a device touched after all: no child forked from here could use it
+        control.send(b"refused: " + ", ".join(touched).encode())
+        return 1
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
