@@ -13,11 +13,12 @@ an earlier child. A framework whose import starts threads (TensorFlow) is spawne
 is every distributed config (its ranks start as its backend declares).
 
 The server is started by the first config that can use it, kept while this process runs (ab's
-and advise's rounds, a sweep), and ends with it: its control socket's end closes it, and the
-kernel kills it (``dying_with_parent``) and each of its children (``PR_SET_PDEATHSIG``) when its
-parent dies. A server that cannot start (an older gpubench on the other side of ``gpubench ab``,
-a framework that fails to import) leaves its configs to be spawned, where the failure, if it is
-the config's, is reported as before. ``GPUBENCH_WORKER_START=spawn`` spawns every worker.
+and advise's rounds, a sweep), and ends with it: the kernel closes this process's end of the
+server's control socket as it dies, however it dies, the server then ends, and the kernel kills
+each of its children (``PR_SET_PDEATHSIG``) with it. A server that cannot start (an older
+gpubench on the other side of ``gpubench ab``, a framework that fails to import) leaves its
+configs to be spawned, where the failure, if it is the config's, is reported as before.
+``GPUBENCH_WORKER_START=spawn`` spawns every worker.
 
 ``python -m gpubench.runner.forkserver FD MODULE...`` is the server; it talks to its parent over
 the socket it is given as file descriptor FD (datagrams: ``ready``; a request with its file
@@ -46,10 +47,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpubench.launch import FORKED_ENV, PR_SET_PDEATHSIG, SIGKILL, Interpreter, dying_with_parent
+from gpubench.launch import FORKED_ENV, PR_SET_PDEATHSIG, SIGKILL, Interpreter
 
 START_ENV = "GPUBENCH_WORKER_START"  # "spawn": every worker a fresh interpreter
 READY_TIMEOUT_S = 180.0  # a server that has not imported its modules by then is given up
+PARENT_CHECK_S = 5.0  # how often an idle server looks whether its parent still lives
 MAX_SERVERS = 3  # kept at once (each holds its framework's import in memory); the oldest is closed
 _MESSAGE = 1 << 20
 WORKER = "gpubench.runner.worker"  # the module each child runs as ``__main__``
@@ -103,7 +105,8 @@ class _Server:
 
     def fork(self, env: dict[str, str], log_fd: int, pass_fds: tuple[int, ...], workdir: str) -> ForkedWorker:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        request = json.dumps({"env": env, "cwd": os.getcwd(), "workdir": workdir, "fds": list(pass_fds)}).encode()
+        request = json.dumps({"env": {k: v for k, v in env.items() if k in _VOLATILE}, "cwd": os.getcwd(),
+                              "workdir": workdir, "fds": list(pass_fds)}).encode()
         try:
             with self.lock:
                 socket.send_fds(self.control, [request], [theirs.fileno(), log_fd, *pass_fds])
@@ -146,8 +149,11 @@ def _key(launcher: Interpreter, env: dict[str, str], preload: tuple[str, ...]) -
 def _start(launcher: Interpreter, env: dict[str, str], preload: tuple[str, ...]) -> _Server | None:
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        command = dying_with_parent(launcher.command("gpubench.runner.forkserver", str(theirs.fileno()), *preload,
-                                                     " " * TITLE_ROOM))
+        # not ``dying_with_parent``: the kernel's parent-death signal follows the *thread* that
+        # started a process, and a server outlives the thread of its first config (ab's rounds run
+        # in a pool); it ends when its control socket closes, which the kernel does as this
+        # process dies, however it dies, and its children then die with it
+        command = launcher.command("gpubench.runner.forkserver", str(theirs.fileno()), *preload, " " * TITLE_ROOM)
         server_env = {k: v for k, v in env.items() if k not in _VOLATILE}
         proc = subprocess.Popen(command, env=server_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True, pass_fds=(theirs.fileno(),))
@@ -308,14 +314,19 @@ def _child(request: dict[str, Any], fds: list[int], server_fds: list[int], ppid:
         for fd, number in zip(moved, request["fds"]):
             os.dup2(fd, number)
             os.close(fd)
-        os.environ.clear()
-        os.environ.update(request["env"])
+        # the server's environment as its interpreter's start and imports left it (a side's
+        # sitecustomize may set variables, as it would in a spawned worker), with the worker's own
+        # variables from the request; not what the server set for itself
+        for key in (*_VOLATILE, *_server_set):
+            os.environ.pop(key, None)
+        os.environ.update({k: v for k, v in request["env"].items() if k in _VOLATILE})
         os.environ[FORKED_ENV] = ",".join(_preloaded)
         os.chdir(request["cwd"])
         if not sys.flags.safe_path:  # ``python -m`` would have put the working directory first
             sys.path[0] = request["cwd"]
         sys.argv = [sys.argv[0], request["workdir"]]
         retitle([sys.executable, "-m", WORKER, request["workdir"]])
+        sys.modules.pop(WORKER, None)  # as in a fresh interpreter: its imports loaded, not it
         runpy.run_module(WORKER, run_name="__main__", alter_sys=True)  # what ``python -m WORKER WORKDIR`` runs
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
@@ -336,7 +347,9 @@ def serve(control: socket.socket, preload: list[str]) -> int:
     load_plugins()
     # torch.cuda.is_available(), should an import ask, from NVML: the CUDA runtime's own check
     # initialises the driver, and a child forked after that cannot use the device
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    if "PYTORCH_NVML_BASED_CUDA_CHECK" not in os.environ:
+        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+        _server_set.append("PYTORCH_NVML_BASED_CUDA_CHECK")
     importlib.import_module(WORKER)  # its imports, for every child
     for module in preload:
         with contextlib.suppress(ImportError):  # not installed: the worker says so, as a spawned one does
@@ -352,8 +365,11 @@ def serve(control: socket.socket, preload: list[str]) -> int:
     resident = resident_file_pages()
     control.send(b"ready")
     ppid = os.getpid()
+    parent = os.getppid()
     while True:
-        readable, _, _ = select.select([control.fileno(), wake_r], [], [])
+        readable, _, _ = select.select([control.fileno(), wake_r], [], [], PARENT_CHECK_S)
+        if os.getppid() != parent:  # the parent is gone, and something holds its end of the socket
+            return 0
         if wake_r in readable:
             os.read(wake_r, 4096)
         _reap(children)
@@ -395,6 +411,7 @@ def _reap(children: dict[int, socket.socket]) -> None:
 
 
 _preloaded: list[str] = []  # in the server: the modules it imports
+_server_set: list[str] = []  # in the server: the variables it set for itself, not for its children
 
 
 def main(argv: list[str]) -> int:
