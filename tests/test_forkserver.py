@@ -4,10 +4,12 @@ its server fails."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 import signal
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,11 +17,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-import tests.plugins.fake  # noqa: F401 - the fake backend, registered in this process too
+from gpubench.backends.registry import BACKENDS
 from gpubench.config import Config
 from gpubench.launch import Interpreter
 from gpubench.runner import forkserver
 from gpubench.runner.job import Job, run_worker
+from gpubench.workloads import WORKLOADS
 from tests.conftest import REPO, plain_env, result_lines, run_cli
 
 TORCH_MLP = """name = "{name}"
@@ -85,7 +88,8 @@ CALLS = 0
 def model():
     global CALLS
     if Path(sys.argv[0]).name == "worker.py":  # a config's worker (not the parent's check of the factory)
-        seen = {"pid": os.getpid(), "calls": CALLS, "mark": getattr(torch, "_left_by_a_config", None), "env": os.environ.get("LEFT"),
+        seen = {"pid": os.getpid(), "calls": CALLS, "mark": getattr(torch, "_left_by_a_config", None),
+                "env": os.environ.get("LEFT"),
                 "threads": torch.get_num_threads(), "alive": threading.active_count(),
                 "cmdline": open("/proc/self/cmdline", "rb").read().decode(errors="replace")}
         with open(os.environ["LEAK_LOG"], "a") as f:
@@ -134,9 +138,22 @@ def _fault(mode: int, timeout_s: float = 60) -> Job:
 
 @pytest.fixture
 def fake_env(monkeypatch):
+    """The fake backend in the workers' environment and, for this test only, in this process's
+    registries (the runner asks them how its workers start); the other tests see the
+    registries as gpubench ships them."""
     monkeypatch.setenv("GPUBENCH_PLUGINS", "tests.plugins.fake")
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     monkeypatch.delenv(forkserver.START_ENV, raising=False)
+    backends, workloads = dict(BACKENDS), dict(WORKLOADS)
+    if "tests.plugins.fake" in sys.modules:
+        importlib.reload(sys.modules["tests.plugins.fake"])
+    else:
+        importlib.import_module("tests.plugins.fake")
+    yield
+    BACKENDS.clear()
+    BACKENDS.update(backends)
+    WORKLOADS.clear()
+    WORKLOADS.update(workloads)
 
 
 def _forked_child(run_dir: Path, job: Job, timeout_s: float = 60) -> psutil.Process:
