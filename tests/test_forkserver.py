@@ -243,3 +243,22 @@ def test_a_server_outlives_the_thread_that_started_it(tmp_path, fake_env):
     again = run_worker(_fault(0), tmp_path, Interpreter())
     assert again.status == "ok" and [s for s in forkserver._servers.values() if s is not None] == [server]
     assert (tmp_path / again.log).read_text() == ""  # nothing of the server's in a worker's log
+
+
+def test_waiting_for_a_forked_worker_is_waiting_for_a_process():
+    """``ForkedWorker.wait`` as ``Popen.wait``: a timeout (0 too: a poll) while the worker runs,
+    its exit status once the server reports it (a signal as a negative code), and a server
+    gone before reporting it as the worker killed with it."""
+    import socket
+    import subprocess
+
+    for said, code in ((b"exit 768", 3), (b"exit 9", -9), (b"", -9)):
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        worker = forkserver.ForkedWorker(12345, mine)
+        for timeout in (0, 0.05):
+            with pytest.raises(subprocess.TimeoutExpired):
+                worker.wait(timeout)
+        if said:
+            theirs.send(said)
+        theirs.close()
+        assert worker.wait(1) == code and worker.returncode == code and worker.server_died == (not said)

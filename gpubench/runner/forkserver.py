@@ -82,7 +82,7 @@ class ForkedWorker:
         self._reply.settimeout(timeout)
         try:
             message = self._reply.recv(_MESSAGE)
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError):  # BlockingIOError: a timeout of 0 (a poll)
             raise subprocess.TimeoutExpired(f"forked worker {self.pid}", timeout or 0.0) from None
         except OSError:
             message = b""
