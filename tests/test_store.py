@@ -63,6 +63,36 @@ def test_short_writes_are_continued_and_a_failed_append_is_undone(tmp_path, monk
     assert [r.config_id for r in load_results(tmp_path)] == ["c0", "c1", "c3"]
 
 
+def test_ctrl_c_while_a_whole_line_is_synced_keeps_it_and_midway_removes_it(tmp_path, monkeypatch):
+    """Ctrl-C (KeyboardInterrupt) during the fsync after a whole line was written: the line is
+    kept (a reader may have seen it: nothing it saw is taken back); during the write itself:
+    the part written is removed."""
+    import os
+
+    real_fsync, real_write = os.fsync, os.write
+    append_result(tmp_path, result(0))
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        append_result(tmp_path, result(1))
+    assert [r.config_id for r in load_results(tmp_path)] == ["c0", "c1"]
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    calls = []
+
+    def half_then_interrupted(fd, data):
+        calls.append(1)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return real_write(fd, data[: len(data) // 2])
+    monkeypatch.setattr(os, "write", half_then_interrupted)
+    before = (tmp_path / "results.jsonl").read_bytes()
+    with pytest.raises(KeyboardInterrupt):
+        append_result(tmp_path, result(2))
+    assert (tmp_path / "results.jsonl").read_bytes() == before
+
+
 def test_no_append_after_a_half_written_line(tmp_path):
     append_result(tmp_path, result(0))
     path = tmp_path / "results.jsonl"

@@ -145,10 +145,14 @@ def append_result(run_dir: Path, result: Result, name: str = RESULTS_FILE) -> No
         if start and os.pread(fd, 1, start - 1) != b"\n":
             raise InputError(f"{path}: ends with a half-written line (a killed run); gpubench run --resume cuts it "
                              "off before adding results")
+        written = False
         try:
             _write_all(fd, line)
+            written = True
             os.fsync(fd)
         except BaseException as e:
+            if written and not isinstance(e, OSError):  # Ctrl-C while syncing a whole line: it stays
+                raise
             try:
                 os.ftruncate(fd, start)  # never half a line that later appends would follow
                 left = "the part written was removed"
