@@ -136,12 +136,6 @@ _servers: OrderedDict[tuple[Any, ...], _Server | None] = OrderedDict()  # None: 
 _lock = threading.Lock()
 
 
-def wanted(preload: tuple[str, ...] | None) -> bool:
-    """Whether a worker whose backend declares ``preload`` is forked (not spawned)."""
-    return (preload is not None and sys.platform.startswith("linux")
-            and os.environ.get(START_ENV, "fork") != "spawn")
-
-
 def _key(launcher: Interpreter, env: dict[str, str], preload: tuple[str, ...]) -> tuple[Any, ...]:
     return (launcher.python, preload, tuple(sorted((k, v) for k, v in env.items() if k not in _VOLATILE)))
 
@@ -178,10 +172,13 @@ def _start(launcher: Interpreter, env: dict[str, str], preload: tuple[str, ...])
 
 
 def fork_worker(launcher: Interpreter, env: dict[str, str], log_fd: int, workdir: str,
-                preload: tuple[str, ...]) -> ForkedWorker | None:
+                preload: tuple[str, ...] | None) -> ForkedWorker | None:
     """The worker for ``workdir`` forked by the server for this interpreter, environment and
-    preload (started on first use, once more if it has died); None where no server can be had,
-    and the worker is then to be spawned."""
+    preload (started on first use, once more if it has died); None where it is to be spawned:
+    its backend declares no preload, this is not Linux, ``GPUBENCH_WORKER_START=spawn``, or no
+    server can be had."""
+    if preload is None or not sys.platform.startswith("linux") or os.environ.get(START_ENV, "fork") == "spawn":
+        return None
     key = _key(launcher, env, preload)
     for _ in range(2):
         with _lock:
@@ -272,6 +269,7 @@ def populate(runs: list[tuple[int, int]]) -> None:
             for page in range(address, address + size, _PAGE):
                 ctypes.string_at(page, 1)
 
+
 def retitle(args: list[str]) -> None:
     """Show ``args`` as this process's command line (``/proc/self/cmdline``), as far as the room
     its own arguments took allows: the argument area is rewritten, one space between arguments
@@ -319,7 +317,7 @@ def _child(request: dict[str, Any], fds: list[int], server_fds: list[int], ppid:
         # variables from the request; not what the server set for itself
         for key in (*_VOLATILE, *_server_set):
             os.environ.pop(key, None)
-        os.environ.update({k: v for k, v in request["env"].items() if k in _VOLATILE})
+        os.environ.update(request["env"])
         os.environ[FORKED_ENV] = ",".join(_preloaded)
         os.chdir(request["cwd"])
         if not sys.flags.safe_path:  # ``python -m`` would have put the working directory first

@@ -165,10 +165,7 @@ def run_worker(job: Job, run_dir: Path, launcher: Interpreter = Interpreter(), n
     log_fd = open_own(run_dir / log_rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, run_dir=run_dir)
     with os.fdopen(log_fd, "wb") as log:
         preload = None if train.distributed else declared(train.framework, "fork_preload", None)
-        proc: Child | None = None
-        if forkserver.wanted(preload):
-            assert preload is not None
-            proc = forkserver.fork_worker(launcher, env, log.fileno(), str(workdir), preload)
+        proc: Child | None = forkserver.fork_worker(launcher, env, log.fileno(), str(workdir), preload)
         if proc is None:
             proc = subprocess.Popen(dying_with_parent(worker_command(launcher, workdir, train, nodes)),
                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
