@@ -87,7 +87,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
                               db=args.db or os.environ.get(ENV_VAR) or None, tags=parse_tags(args.tags),
                               launcher=choice, max_jobs=args.max_jobs, retry_failed=args.retry_failed,
                               require_idle_gpu=args.require_idle_gpu,
-                              prices=parse_prices(args.price) if args.price else None), console)
+                              prices=parse_prices(args.price) if args.price is not None else None), console)
 
 
 def _history(args: argparse.Namespace, console: Console) -> int:

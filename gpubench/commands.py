@@ -156,7 +156,7 @@ EXIT_CODES: dict[str, tuple[str, ...]] = {
                BAD_INPUT, STOPPED),
     "profile": ("0 every config that could run was profiled", "1 a config ended error or timeout, its profiler "
                 "failed, or nothing was profiled", BAD_INPUT, STOPPED),
-    "calibrate": ("0 measured", "1 a measurement failed", BAD_INPUT),
+    "calibrate": ("0 measured", "1 a measurement failed", BAD_INPUT, STOPPED),
     "history ingest": ("0 recorded", BAD_INPUT),
     "history list": ("0 listed", BAD_INPUT),
     "history show": ("0 shown", BAD_INPUT),
@@ -287,7 +287,8 @@ def _add_run(sub: Subcommands) -> None:
                      help="what training cost: a price per device-hour (a GPU; for CPU configs, the machine), or a "
                           "TOML file of prices by device model as results name it (\"NVIDIA H100 80GB HBM3\" = 2.49), "
                           "with cuda and cpu for any other; each result gets metrics.cost (per million samples or "
-                          "tokens at its steady rate, and the config repeat's whole time), in your currency")
+                          "tokens at its steady rate, and the config repeat's whole time), in your currency; a "
+                          "--resume goes on at the run's own prices")
     run.add_argument("--db", metavar="URL", help="also record each result into this results history as it finishes: "
                                                  "a file path, sqlite:///PATH or postgresql://USER@HOST/NAME (default "
                                                  "without --db: no history; GPUBENCH_DB names one for every run)")

@@ -36,7 +36,7 @@ else:  # pragma: no cover - Python 3.10
 from gpubench.backends import resolve_best_compile
 from gpubench.config import DEFAULTS, MAX_BATCH, NAMEABLE, Config
 from gpubench.errors import InputError, choices_message
-from gpubench.files import file_stem
+from gpubench.files import file_stem, read_user_text
 from gpubench.settings import (
     ARG_RE,
     ARGS_PREFIX,
@@ -331,12 +331,11 @@ def load_suite(name_or_path: str, max_jobs: int = MAX_JOBS) -> Suite:
     if not (path.exists() or path.suffix == ".toml" or "/" in name_or_path):
         path = Path("suites") / f"{name_or_path}.toml"
     src = str(path)
-    if not path.is_file():
+    if not path.exists():
         raise InputError(f"{src}: no such suite file")
+    text = read_user_text(path, "suite")  # a FIFO, a device, a directory, not UTF-8: one line
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{src}: cannot read suite file: {e}") from None
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"{src}: invalid TOML: {e}") from None
     except RecursionError:

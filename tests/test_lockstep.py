@@ -260,7 +260,8 @@ def test_ab_continue_pools_the_rounds_and_counts_the_looks_on(tmp_path, write_su
     assert sorted(r["repeat"] for r in new) == list(range(16, 24))  # only its own rounds, numbered after the rest
     # bad input: one line, exit 2, nothing run
     other = ["--candidate-path", side_path(tmp_path, "c", 2.0)]
-    for extra, message in [(["--continue", str(tmp_path / "nope.json")], "not the --json of a gpubench ab"),
+    for extra, message in [(["--continue", str(tmp_path / "nope.json")],
+                            "nope.json: cannot be read (No such file or directory)"),
                            (["--continue", str(tmp_path / "first.json"), *other], "continue it with the same sides"),
                            (["--continue", str(tmp_path / "first.json"), "--set", "batch_size=4"],
                             "continue it with the same suite and --set"),

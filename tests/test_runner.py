@@ -49,6 +49,12 @@ def test_each_failure_costs_only_its_own_config(tmp_path, write_suite):
     assert all("cost" not in (by_mode[m]["metrics"] or {}) for m in (1, 2, 3, 4, 5))
     line = f"cost at the prices given (--price): {cost['config']:.4g} for the 1 priced config repeat(s)"
     assert line in " ".join(proc.stdout.split()) and line in (report / "summary.md").read_text()
+    # a resume goes on at the run's own prices (run.json); other prices are refused, nothing run
+    assert json.loads((run_dir / "run.json").read_text())["args"]["prices"] == {
+        "source": "prices.toml", "table": {"Some GPU": 9.0, "cpu": 0.36}}
+    again = run_cli(["run", "--resume", str(run_dir), "--price", "3"], cwd=tmp_path)
+    assert again.returncode == 2 and (f"--resume {run_dir}: --price 3: that run was priced with prices.toml"
+                                      in again.stderr), again.stderr
 
     assert "ValueError: injected failure in build" in by_mode[1]["reason"]
     assert "Traceback" in by_mode[1]["traceback"] and "injected failure" in by_mode[1]["traceback"]
@@ -389,8 +395,14 @@ def test_prices_by_model_then_kind_and_what_a_bad_price_says(tmp_path):
     assert cost_metrics(make_result(Config("mlp", parallelism="ddp:2"), 10.0), parse_prices("0.5"))[
         "devices_billed"] == 1  # the ranks share one CPU
     (tmp_path / "bad.toml").write_text('cpu = "cheap"\n')
+    from gpubench.runner.cost import unpriced_lines
+
+    (line,) = unpriced_lines([make_result(Config("mlp"), 10.0)], parse_prices(str(tmp_path / "p.toml")))
+    assert line == (f"{tmp_path / 'p.toml'}: no price for cpu: 1 config repeat(s) not priced (the prices are for: "
+                    "NVIDIA H100 80GB HBM3, cuda; add the device model, or cpu for any)")
     for text, says in (("0", "--price 0: expected a price per device-hour > 0"),
+                       ("", "--price '': expected a price per device-hour > 0"),
                        (str(tmp_path / "bad.toml"), "bad.toml: cpu: expected a price per device-hour > 0, got 'cheap'"),
-                       (str(tmp_path / "none.toml"), "neither a number nor a readable file")):
+                       (str(tmp_path / "none.toml"), "neither a number nor a file")):
         with pytest.raises(InputError, match=re.escape(says)):
             parse_prices(text)

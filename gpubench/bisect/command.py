@@ -26,7 +26,7 @@ from gpubench import fmt
 from gpubench.bisect import git
 from gpubench.bisect.search import Bisection, Step
 from gpubench.errors import InputError, stop_exit_code, stop_message
-from gpubench.files import write_text_atomic
+from gpubench.files import read_user_text, write_text_atomic
 from gpubench.gate import ALPHA, NOISE_FLOOR, THRESHOLD
 from gpubench.gate.compare import parse_fraction, repeats_for
 from gpubench.launch import Interpreter
@@ -69,7 +69,7 @@ def execute_bisect(req: BisectRequest, console: Console) -> int:
     state: dict[str, Any] = {}
     if req.resume is not None:
         try:
-            state = json.loads((req.resume / STATE).read_text())
+            state = json.loads(read_user_text(req.resume / STATE, "--resume"))
             for k in KEPT:
                 if k in state["request"]:
                     setattr(req, k, Path(state["request"][k]) if k in ("repo", "cache") else state["request"][k])

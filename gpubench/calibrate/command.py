@@ -20,7 +20,7 @@ from gpubench.calibrate.cache import (
     reference,
 )
 from gpubench.calibrate.datasheet import datasheet_for
-from gpubench.errors import InputError
+from gpubench.errors import InputError, stop_exit_code, stop_message
 from gpubench.measure.kernels import PRECISIONS
 from gpubench.results.outputs import check_output_file, write_output
 from gpubench.results.store import json_text
@@ -175,6 +175,11 @@ def run_calibrate(devices: list[str] | None, force: bool, json_path: Path | None
         try:
             with console.status(f"calibrating {device} (a fresh process; seconds on a CPU, longer on a GPU)..."):
                 cal = get_calibration(device, force=force)
+        except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (errors.Stopped)
+            cached = ", ".join(str(c.path) for c in done if c.saved or c.cached)
+            stop_message(e, f"{device} not calibrated; {f'cached before it: {cached}; ' if cached else ''}run the same "
+                            "calibrate again to measure what is not cached")
+            return stop_exit_code(e)
         except CalibrationError as e:
             print(f"gpubench: error: {device}: {e}", file=sys.stderr)
             code = max(code, 2 if e.unavailable else 1)

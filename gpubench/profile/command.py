@@ -77,7 +77,8 @@ def _profile_run(req: ProfileRequest, session: Session, configs: list[Config]) -
     try:
         results = session.sweep(_jobs(configs, run_dir, req.steps, req.memory_history))
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (errors.Stopped)
-        stop_message(e, f"finished configs are in {run_dir}")
+        stop_message(e, f"the finished configs' profiles are in {run_dir}; a profile is not resumed: run the same "
+                        "profile again for the rest")
         return stop_exit_code(e)
     session.finish()
     failed = sum(_show(r, run_dir, console) for r in results)

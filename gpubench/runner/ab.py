@@ -33,8 +33,8 @@ from typing import Any
 from rich.console import Console
 
 from gpubench.config import Config
-from gpubench.errors import InputError, warn
-from gpubench.files import write_text_atomic
+from gpubench.errors import InputError, stop_exit_code, stop_message, warn
+from gpubench.files import read_user_text, write_text_atomic
 from gpubench.gate import ALPHA, NOISE_FLOOR, THRESHOLD, render
 from gpubench.gate.compare import (
     Comparison,
@@ -116,9 +116,10 @@ def _prior(req: ABRequest, configs: list[Config], launchers: dict[str, Interpret
     where = f"--continue {req.prior}"
     if not req.lockstep:
         raise InputError(f"{where}: needs --lockstep (the rounds of a lockstep A/B are continued paired)")
+    text = read_user_text(req.prior, "--continue")
     try:
-        earlier = json.loads(req.prior.read_text())
-    except (OSError, ValueError, RecursionError) as e:
+        earlier = json.loads(text)
+    except (ValueError, RecursionError) as e:
         raise InputError(f"{where}: not the --json of a gpubench ab ({type(e).__name__}); give the file an "
                          "ab --lockstep --budget wrote with --json") from None
     chain, looks, best_of, correction = _continued_fields(earlier, where)
@@ -349,7 +350,12 @@ def _execute_ab(req: ABRequest, console: Console, held: ExitStack) -> int:
                   f"sides{f', then more while undecided, within {req.budget_s:g} s' if req.budget_s else ''} -> {root}",
                   highlight=False)
     results: dict[str, list[Result]] = {side: list(prior.results[side]) if prior else [] for side in SIDES}
-    looks, comparison = _rounds_and_looks(req, options, configs, repeats, prior, sides, results)
+    try:
+        looks, comparison = _rounds_and_looks(req, options, configs, repeats, prior, sides, results)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (errors.Stopped): the finished rounds stay
+        stop_message(e, f"the finished rounds are in {root / 'baseline'} and {root / 'candidate'}; judge them with: "
+                        f"gpubench compare {root / 'baseline'} {root / 'candidate'} (or run the A/B again)")
+        return stop_exit_code(e)
     for side in SIDES:
         sides[side].finish()
     return _conclude(req, options, sides, root, prior, results, looks, comparison)

@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from gpubench.errors import InputError
+from gpubench.errors import InputError, stop_exit_code, stop_message
 from gpubench.launch import Interpreter
 from gpubench.results.outputs import check_output_file, write_output
 from gpubench.results.result import Outcome
@@ -74,15 +74,21 @@ def run_find_batch(req: FindBatchRequest, console: Console) -> int:
         session.open(held, req.out, f"{suite.name}-find-batch-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}", suite,
                      {"suite": req.suite, "set": req.sets, "repeats": 1, "out": str(req.out),
                       "find_batch_limit": req.limit}, starts)
-        for config in starts:
-            console.print(f"searching {config.config_id} from batch {config.batch_size} (limit {req.limit})",
-                          highlight=False)
-            s = find_max_batch(config, req.limit, lambda c: _probe(session, c))
-            searches.append(s)
-            console.print(f"  max batch {s.max_batch or '-'}, first oom {s.first_oom or '-'}"
-                          + (f"; stopped: {s.stopped}" if s.stopped else ""), highlight=False)
-            if req.json is not None:  # after every search: a command stopped midway keeps those done
-                write_output(req.json, json_text([x.to_dict() for x in searches]), "--json")
+        try:
+            for config in starts:
+                console.print(f"searching {config.config_id} from batch {config.batch_size} (limit {req.limit})",
+                              highlight=False)
+                s = find_max_batch(config, req.limit, lambda c: _probe(session, c))
+                searches.append(s)
+                console.print(f"  max batch {s.max_batch or '-'}, first oom {s.first_oom or '-'}"
+                              + (f"; stopped: {s.stopped}" if s.stopped else ""), highlight=False)
+                if req.json is not None:  # after every search: a command stopped midway keeps those done
+                    write_output(req.json, json_text([x.to_dict() for x in searches]), "--json")
+        except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (errors.Stopped)
+            done = f"{len(searches)} finished search(es) in {req.json}, " if req.json is not None and searches else ""
+            stop_message(e, f"{done}every probe that finished in {session.run_dir / 'results.jsonl'}; a search is "
+                            "not resumed: run the same find-batch again to search anew")
+            return stop_exit_code(e)
         session.finish()
     table = Table(title="largest batch that fits")
     for col in ("config (where the search started)", "max batch", "first oom", "probes", "note"):

@@ -31,7 +31,7 @@ from gpubench.results.store import (
     locked_run_dir,
     supersede,
 )
-from gpubench.runner.cost import Prices
+from gpubench.runner.cost import Prices, resumed_prices, unpriced_lines
 from gpubench.runner.history import Recording, RunHistory
 from gpubench.runner.launcher import LauncherChoice
 from gpubench.runner.local import Local
@@ -178,8 +178,11 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
     configs = [replace(c, nnodes=choice.nnodes(nodes)) for c in suite.expand()]
     session = Session(console, choice, Interpreter(code_path=_code_path(req, run_dir, configs, suite.source)), nodes)
     session.check(configs, suite.source, run_dir or req.out, fresh=run_dir is None)
+    prices = req.prices
     if run_dir is not None:
         existing = _resumed(run_dir, configs, existing, req.retry_failed)
+        stored = Prices.from_dict((load_run(run_dir).get("args") or {}).get("prices"), str(run_dir / RUN_FILE))
+        prices = resumed_prices(req.prices, stored, run_dir)
     history = RunHistory(req.db) if req.db is not None and nodes.node_rank == 0 else None
     jobs = plan(configs, repeats, {(r.config_id, r.repeat) for r in existing})
     session.probe(list({job.config.config_id: job.config for job in jobs}.values()), suite.source, jobs)
@@ -197,6 +200,8 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
              if req.calibrate and nodes.node_rank == 0 and session.local else {})
     if run_dir is None:
         args: dict[str, Any] = {"suite": req.suite, "set": req.sets, "repeats": repeats, "out": str(req.out)}
+        if prices is not None:
+            args["prices"] = prices.to_dict()
         if nodes.multi:
             args["nodes"] = nodes.to_dict()
         session.open(held, req.out, f"{suite.name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}", suite, args, configs,
@@ -214,7 +219,7 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
             shutil.rmtree(session.run_dir, ignore_errors=True)
         raise
     try:
-        new = session.sweep(jobs, recording.record, earlier=existing, peaks=peaks, prices=req.prices)
+        new = session.sweep(jobs, recording.record, earlier=existing, peaks=peaks, prices=prices)
     except StorageError:  # the machine's failure, not a config's: stop, nothing recorded for that job
         recording.late()
         raise
@@ -232,6 +237,8 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
         return EXIT_INTERRUPTED
     session.finish()
     recording.finish()
+    for line in unpriced_lines(new, prices) if prices is not None else []:
+        warn(line)
     return _conclude(new if nodes.node_rank > 0 else existing + new, session, req.report)
 
 
