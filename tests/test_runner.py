@@ -215,6 +215,55 @@ def test_ctrl_c_keeps_finished_results_and_says_how_to_resume(tmp_path, write_su
     assert ps.stdout.strip() == ""
 
 
+def _worker_started(out: Path, timeout: float = 60) -> bool:
+    """Whether a worker writing under ``out`` appeared within ``timeout`` seconds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if any("gpubench.runner.worker" in (cmd := " ".join(p.info["cmdline"] or [])) and str(out) in cmd
+               for p in psutil.process_iter(["cmdline"])):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("command, says", [
+    (["ab", "{suite}", "--repeats", "8"], "the finished rounds are in {out}/{{id}}/baseline and "
+                                          "{out}/{{id}}/candidate; judge them with: gpubench compare"),
+    (["find-batch", "{suite}"], "every probe that finished in {out}/{{id}}/results.jsonl; a search is not resumed"),
+], ids=["ab", "find-batch"])
+def test_ctrl_c_on_every_measuring_command_names_its_directory_and_how_to_go_on(tmp_path, write_suite, command,
+                                                                                says):
+    """ab and find-batch, as run (above), advise and bisect (their own tests): a Ctrl-C while a
+    worker trains is one line naming where what finished is and what to run next."""
+    suite = write_suite(FAULTS.replace("[0, 1, 2, 3, 4, 5]", "[2]"))  # a worker that hangs
+    out = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "gpubench", *[a.format(suite=suite) for a in command], "--out",
+                             str(out)], cwd=tmp_path, env=plugin_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_default_disposition(signal.SIGINT))
+    assert _worker_started(out), proc.communicate(timeout=30)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    (run_id,) = [p.name for p in out.iterdir()]
+    assert proc.returncode == 130 and "Traceback" not in stderr, stdout + stderr
+    line = f"gpubench: interrupted; {says.format(out=out).format(id=run_id)}"
+    assert line in stderr and stderr.count("\n") == 1, stderr
+
+
+@pytest.mark.parametrize("after_s", [0.2, 0.5, 1.0])
+def test_ctrl_c_before_a_command_has_started_is_one_line_too(tmp_path, write_suite, after_s):
+    """A Ctrl-C while the command line's modules are still importing (1-2 s on a loaded machine)
+    is the same line, not a KeyboardInterrupt traceback."""
+    suite = write_suite(FAULTS.replace("[0, 1, 2, 3, 4, 5]", "[2]"))
+    proc = subprocess.Popen([sys.executable, "-m", "gpubench", "run", str(suite), "--out", str(tmp_path / "runs")],
+                            cwd=tmp_path, env=plugin_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=_default_disposition(signal.SIGINT))
+    time.sleep(after_s)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "Traceback" not in stderr, stdout + stderr
+    assert stderr.startswith("gpubench: interrupted") and stderr.count("\n") == 1, stderr
+
+
 @pytest.mark.parametrize("args, message", [
     (["run", "missing.toml"], "missing.toml: no such suite file"),
     (["run", "{suite}", "--set", "precision=fp17"],
