@@ -9,11 +9,15 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from gpubench.commands import build_parser, gate_fields
 from gpubench.errors import InputError, Stopped, error_line, os_error_line, stop_exit_code, stop_message, warn
+from gpubench.fmt import table_fits
 from gpubench.launch import Interpreter
 from gpubench.runner.launcher import LauncherChoice
 from gpubench.runner.nodes import DEFAULT_MASTER_PORT, Nodes
@@ -258,11 +262,52 @@ HANDLERS: dict[str, Handler] = {
 }
 
 
+NARROW = 40  # below this width, lines are printed whole (soft-wrapped by the terminal), never broken by rich
+
+
+class Terminal(Console):
+    """The console every command prints to. Its width is the terminal's, or ``COLUMNS`` where
+    that is set (piped or not); piped without ``COLUMNS``, 160 (CI logs: config ids unwrapped);
+    a terminal that reports no width (0) is taken as 80. A table too wide for it (fmt.table_fits:
+    every cell that does not wrap in full) is printed as records, one
+    ``header: value`` a line and a blank line between rows, instead of columns of ellipses;
+    below NARROW columns every line is printed whole, for the terminal to wrap."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        columns = os.environ.get("COLUMNS", "")
+        if "width" not in kwargs and not (columns.isdigit() and int(columns) > 0):
+            if not self.is_terminal:
+                self.width = 160
+            elif self.width < 1:
+                self.width = 80
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        if self.width < NARROW:  # lines as they are, for the terminal to wrap: a path is not cut in two
+            kwargs["soft_wrap"] = True
+        shown = (records(o) if isinstance(o, Table) and not table_fits(self, o) else o for o in objects)
+        super().print(*shown, **kwargs)
+
+
+
+def records(table: Table) -> Text:
+    """A table as records: its title, then each row as ``header: value`` lines (empty cells left
+    out), then its caption; long values fold rather than being cut."""
+    def plain(cell: Any) -> str:
+        return Text.from_markup(cell).plain if isinstance(cell, str) else getattr(cell, "plain", str(cell))
+
+    lines = [plain(table.title)] if table.title else []
+    headers = [plain(c.header) for c in table.columns]
+    for row in zip(*(list(c.cells) for c in table.columns), strict=True):
+        lines += ["", *(f"{h}: {v}" for h, cell in zip(headers, row, strict=True) if (v := plain(cell)))]
+    if table.caption:
+        lines += ["", plain(table.caption)]
+    return Text("\n".join(lines), overflow="fold")
+
+
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=max(console.width, 160))  # CI logs: no wrapping of config ids
+    console = Terminal()
     try:
         from gpubench.plugins import load_plugins
 

@@ -537,6 +537,41 @@ class Config:
 
 
 DEFAULTS = {f.name: f.default for f in fields(Config)}
+
+_SCALAR = (bool, int, float, str, type(None))
+_ANNOTATED: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,),
+                                           "None": (type(None),)}
+
+
+def _value_problem(name: str, annotation: str, value: Any) -> str | None:
+    """What is wrong with the type of a stored config's ``name`` (by the field's annotation), or None."""
+    if name == "workload_params":
+        ok = isinstance(value, dict) and all(isinstance(v, _SCALAR) for v in value.values())
+        wanted = "an object of numbers, strings and booleans"
+    elif name in ("id_keys", "input_shape"):
+        item = str if name == "id_keys" else int
+        ok = isinstance(value, list) and all(isinstance(v, item) and not isinstance(v, bool) for v in value)
+        ok = ok and (name != "id_keys" or set(value) <= _NAMES)
+        wanted = "a list of setting names" if name == "id_keys" else "a list of integers"
+    else:
+        types = tuple(t for part in annotation.split("|") for t in _ANNOTATED.get(part.strip(), ()))
+        ok = isinstance(value, types) and (bool not in types) == (not isinstance(value, bool))
+        wanted = " or ".join(part.strip().replace("None", "null") for part in annotation.split("|"))
+    return None if ok else f"'config.{name}' is {type(value).__name__} {json.dumps(value, default=str)[:40]}, " \
+                           f"not {wanted}"
+
+
+def config_problem(d: dict[str, Any]) -> str | None:
+    """What is wrong with the types of a stored config (a result line's ``config``, written by
+    ``to_dict``), by the annotations of Config's fields; None where every field it has is of its
+    type. Readers build a Config from it (``from_dict``) and use its values."""
+    for f in fields(Config):
+        if f.name in d and (problem := _value_problem(f.name, str(f.type), d[f.name])):
+            return problem
+    return None
+
+
+_NAMES = frozenset(DEFAULTS)
 # every declared setting (nnodes included: a run's, not a suite's), in declaration order
 SETTING_FIELDS: tuple[Field[Any], ...] = tuple(f for f in fields(Config) if f.metadata.get("setting"))
 SUITE_KEYS = tuple(f.name for f in SETTING_FIELDS if f.metadata["check"] is not None)

@@ -141,25 +141,32 @@ def short_names(ids: list[str], limit: int = 24) -> dict[str, str]:
     return names
 
 
+def table_fits(console: Console, table: Table) -> bool:
+    """Whether ``table`` fits the console's width with every no-wrap cell whole and each wrapping
+    column given 20 columns at most."""
+    from rich.measure import Measurement
+
+    kept = [column.max_width for column in table.columns]
+    for column in table.columns:
+        if not column.no_wrap:
+            column.max_width = min(column.max_width or 20, 20)
+    width = Measurement.get(console, console.options.update_width(10**5), table).maximum
+    for column, max_width in zip(table.columns, kept, strict=True):
+        column.max_width = max_width
+    return width <= console.width
+
+
 def fitted(console: Console, make: Callable[[Callable[[str], str], frozenset[str]], Table], ids: list[str],
            droppable: tuple[str, ...] = ()) -> tuple[Table, list[str]]:
     """A terminal table whose every column fits the console (a narrow terminal once made each
     column of an 80-column table an ellipsis): ``make(name, dropped)`` builds it, each config
     named by ``name(id)``, without the columns in ``dropped``. First with the full ids; where
     that is too wide, with short names (``short_names``), then without the ``droppable``
-    columns, in order, until it fits. Returns the table and the lines to print below it: each
-    short name's full id, and the columns left out."""
-    from rich.measure import Measurement
-
-    def fits(table: Table) -> bool:  # every no-wrap cell whole, a wrapping column given 20 columns at most
-        kept = [column.max_width for column in table.columns]
-        for column in table.columns:
-            if not column.no_wrap:
-                column.max_width = min(column.max_width or 20, 20)
-        width = Measurement.get(console, console.options.update_width(10**5), table).maximum
-        for column, max_width in zip(table.columns, kept, strict=True):
-            column.max_width = max_width
-        return width <= console.width
+    columns, in order, until it fits; where none fits, the whole table (gpubench.cli.Terminal
+    prints a table too wide for it as records). Returns the table and the lines to print below
+    it: each short name's full id, and the columns left out."""
+    def fits(table: Table) -> bool:
+        return table_fits(console, table)
 
     table = make(str, frozenset())
     if fits(table) or not ids:
@@ -172,6 +179,8 @@ def fitted(console: Console, make: Callable[[Callable[[str], str], frozenset[str
             break
         dropped.append(column)
         table = make(names.__getitem__, frozenset(dropped))
+    if not fits(table):  # no table fits: the whole one, which the command line's console prints as records
+        return make(str, frozenset()), []
     lines = [f"  {names[i]} = {i}" for i in ids if names[i] != i]
     lines = (["config ids:", *lines] if lines else []) + (
         [f"left out at this terminal's width ({console.width} columns): {', '.join(dropped)} (every figure is in "

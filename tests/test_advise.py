@@ -457,3 +457,20 @@ def test_a_baseline_that_shared_its_cores_is_said_to_have():
     line = contention_line(quiet)
     assert line.startswith("a shared machine: 2 of the baseline's 3 rounds ran while other processes used up to 1.6 "
                            "cores") and "a threads practice" in line
+
+
+def test_a_practice_that_resolves_to_another_is_measured_once_under_its_name():
+    """``compile = "best"`` is torch-compile on a CPU: one practice, named for both, not the same
+    config measured twice (which the results file would hold under one id twice); where it is the
+    config's own mode, it is skipped saying so."""
+    from gpubench.advise.practices import candidates
+    from gpubench.config import Config
+
+    practices, _ = candidates(Config("mlp"))
+    compiled = [p for p in practices if p.sets == (("compile", "torch-compile"),)]
+    assert [p.name for p in compiled] == ["compile torch-compile (= best)"]
+    assert len({p.sets for p in practices}) == len(practices)
+    practices, skipped = candidates(Config("mlp", compile="torch-compile"))
+    assert not any(p.sets == (("compile", "torch-compile"),) for p in practices)
+    assert ("compile best", "compile best is torch-compile for this config, its own") in [
+        (s.name, s.reason) for s in skipped]

@@ -59,3 +59,70 @@ def test_the_gate_keeps_the_verdict_and_its_interval_whole_at_80_columns():
     rows = [line for line in text.splitlines() if line.startswith("│")]
     assert len(rows) == 1 and "regressed" in rows[0] and "-29.9% [-30.1%, -29.7%]" in rows[0] and "…" not in rows[0]
     assert f"  mlp = {config.config_id}" in text
+
+
+def test_below_a_usable_width_a_table_is_one_record_per_line():
+    from gpubench.cli import Terminal
+    from gpubench.runner.progress import print_summary
+
+    results = [make_result(Config(**LONG, batch_size=b), rate=1234.5 * b) for b in (8, 16)]
+    console = Terminal(width=20, record=True, color_system=None)
+    print_summary(console, results)
+    text = console.export_text(styles=False)
+    assert "│" not in text and "…" not in text  # no columns of ellipses
+    lines = text.splitlines()
+    for r in results:  # each config whole on its line, its figures below it
+        assert f"config: {r.config_id}" in lines
+    assert "samples/s: 9.88k" in lines and "samples/s: 19.8k" in lines and "status: ok" in lines
+
+
+def _lines(proc) -> list[str]:
+    return [line for line in proc.stdout.splitlines() if line.strip()]
+
+
+def test_columns_is_honoured_piped_or_not_and_a_terminal_of_no_width_still_prints(tmp_path):
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    from tests.conftest import plugin_env
+
+    def listed(columns: str | None, **kw) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in plugin_env().items() if k != "COLUMNS"} | ({"COLUMNS": columns} if columns else {})
+        return subprocess.run([sys.executable, "-m", "gpubench", "list"], cwd=tmp_path, env=env, text=True,
+                              timeout=120, **kw)
+
+    piped = listed("100", capture_output=True)
+    widths = {len(line) for line in _lines(piped) if line[0] in "┏┃┡│└"}
+    assert widths and max(widths) <= 100, widths
+    assert max(len(line) for line in _lines(listed(None, capture_output=True)) if line[0] in "┏┃┡│└") > 100
+    narrow = _lines(listed("20", capture_output=True))
+    assert "workload: cnn" in narrow and not any(line[0] in "┏┃┡│└" for line in narrow)
+    # a pseudo-terminal that reports no size (0 x 0, as some CI runners' are): the tables, at 80
+    primary, secondary = pty.openpty()
+    env = {k: v for k, v in plugin_env().items() if k != "COLUMNS"}
+    proc = subprocess.Popen([sys.executable, "-m", "gpubench", "list"], cwd=tmp_path, env=env, stdout=secondary,
+                            stderr=subprocess.STDOUT)
+    os.close(secondary)
+    out = b""
+    while _readable(primary):
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:  # EIO: the child has closed its end
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(primary)
+    proc.wait(timeout=120)
+    assert proc.returncode == 0 and "cnn" in out.decode(errors="replace"), out[-500:]
+
+
+def _readable(fd: int) -> bool:
+    import select
+
+    try:
+        return bool(select.select([fd], [], [], 60)[0])
+    except OSError:
+        return False

@@ -11,9 +11,10 @@ config (``runner.sweep.pre_resolve``), and what does not apply says why in one l
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from gpubench.backends import resolve_best_compile
 from gpubench.config import Config
 from gpubench.env import usable_cores
 from gpubench.options import device_kind, parse_parallelism
@@ -68,7 +69,7 @@ def candidates(base: Config) -> tuple[list[Practice], list[Skipped]]:
             caveat = "with a gradient scaler (loss scaling)" if p == "amp-fp16" else ""
             out.append(Practice(f"precision {p}", "precision", (("precision", p),), caveat))
     compiles = [c for c in _declared(fw, "compile") if c != base.compile]
-    out += [Practice(f"compile {c}", "compile", (("compile", c),)) for c in compiles]
+    out += _compiles(base, compiles, skipped)
     if not compiles:
         skipped.append(Skipped("compilation", "compile", f"{fw} declares no compile setting other than "
                                                          f"{base.compile}"))
@@ -100,6 +101,26 @@ def candidates(base: Config) -> tuple[list[Practice], list[Skipped]]:
     skipped.append(Skipped("data parallelism", "memory", "advise measures the config on its own device(s); compare "
                                                          "strategies with a sweep (parallelism = ddp:N, dp:N, ...)"))
     return out, skipped
+
+
+def _compiles(base: Config, compiles: list[str], skipped: list[Skipped]) -> list[Practice]:
+    """One practice per compile mode measured: a value that resolves to another here
+    (``compile = "best"`` is ``torch-compile`` on a CPU) names the mode it is, and is measured
+    once under it; one that resolves to the config's own mode is skipped, saying so."""
+    own = resolve_best_compile(base).compile
+    by_mode: dict[str, list[str]] = {}
+    for c in compiles:
+        by_mode.setdefault(resolve_best_compile(replace(base, compile=c)).compile, []).append(c)
+    out: list[Practice] = []
+    for mode, values in by_mode.items():
+        aliases = [v for v in values if v != mode]
+        if mode == own:
+            skipped += [Skipped(f"compile {v}", "compile", f"compile {v} is {mode} for this config, its own") for v in
+                        aliases]
+            continue
+        out.append(Practice(f"compile {mode}" + (f" (= {', '.join(aliases)})" if aliases else ""), "compile",
+                            (("compile", mode),)))
+    return out
 
 
 def _batch_with_rates(base: Config) -> list[Practice]:

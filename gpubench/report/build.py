@@ -115,7 +115,7 @@ def _loss_curves(data: ReportData) -> dict[str, dict[str, tuple[list[int], list[
             curve, per = r.get("metrics", "loss", "curve"), r.get("metrics", "samples_per_step")
             if r.ok and curve and per:
                 key = (str(r.config.get("workload")), (f"{run.run_id}: " if data.multi_run else "") + r.config_id)
-                repeats.setdefault(key, []).append([float(v) for v in curve])
+                repeats.setdefault(key, []).append([math.nan if v is None else float(v) for v in curve])
                 spp[key] = int(per)
     out: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
     for (workload, label), curves in repeats.items():

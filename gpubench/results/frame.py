@@ -33,8 +33,9 @@ def device_model(result: Result) -> str | None:
     if not isinstance(probe, dict):
         return None
     device = str(result.config.get("device", ""))
-    for d in probe.get("devices", []):
-        if d.get("name") == device or (":" not in device and d.get("name", "").split(":")[0] == device):
+    for d in probe.get("devices") or []:
+        name = d.get("name") or ""
+        if name == device or (":" not in device and name.split(":")[0] == device):
             model: str | None = d.get("model")
             return model
     return None

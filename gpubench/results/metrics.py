@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpubench import fmt
+from gpubench.results.schema import declare_field
 from gpubench.telemetry import contention
 from gpubench.workloads.data import TOKEN_KINDS
 
@@ -286,6 +287,18 @@ METRICS: list[Metric] = [
       derive=lambda r: r.duration_s),
 ]
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+
+
+def _declare(m: Metric) -> None:
+    """The metric's field, typed as its kind, for the check every loaded line passes (a figure
+    combined by any, all or reached is a flag in each result, whatever its combined kind)."""
+    if m.path:
+        flag = m.kind == "flag" or m.combine in ("any", "all", "reached")
+        declare_field(".".join(m.path), "flag" if flag else "text" if m.kind == "text" else "number")
+
+
+for _m in METRICS:
+    _declare(_m)
 GATE_METRICS: dict[str, Metric] = {n: m for m in METRICS if m.gate for n in (m.name, m.alias) if n}
 
 
@@ -340,6 +353,7 @@ def register_metric(m: Metric) -> None:
         raise ValueError(f"metric {m.name!r} is registered already")
     METRICS.append(m)
     BY_NAME[m.name] = m
+    _declare(m)
     if m.gate:
         GATE_METRICS.update({n: m for n in (m.name, m.alias) if n})
 

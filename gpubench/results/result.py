@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from gpubench.results.schema import SCHEMA_VERSION, STATUSES, dig, result_problem
+from gpubench.results.schema import SCHEMA_VERSION, STATUSES, declare_field, dig, result_problem
 
 
 class ResultError(ValueError):
@@ -147,3 +147,16 @@ class Result(Outcome):
         values = {k: d[k] for k in known if k in d}
         values["reason"] = values.get("reason") or ""
         return Result(**values, extra={k: v for k, v in d.items() if k not in known})
+
+
+def _declare_fields() -> None:
+    """Each optional field of a result line typed by its annotation (``config_hash: str | None``
+    is text where present), for the check every loaded line passes (schema.result_problem)."""
+    kinds = {"str": "text", "float": "number", "int": "number", "dict": "object", "list": "list"}
+    for f in fields(Result):
+        base = str(f.type).split("|")[0].split("[")[0].strip()
+        if f.name != "extra" and "None" in str(f.type) and base in kinds:
+            declare_field(f.name, kinds[base])
+
+
+_declare_fields()

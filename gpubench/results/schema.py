@@ -8,6 +8,8 @@ import json
 import math
 from typing import Any
 
+from gpubench.config import config_problem
+
 SCHEMA_VERSION = 1
 SUPPORTED_SCHEMA_VERSIONS = (1,)
 
@@ -48,6 +50,22 @@ OPTIONAL = ("metrics.memory.peak_allocated_bytes", "metrics.memory.train_peak_rs
             "metrics.memory.peak_rss_bytes", "metrics.batch_search.max_batch", "telemetry.gpu.energy_per_sample_j")
 
 
+# Every other field readers use, by its kind; absent or null is fine, another type is not. A
+# metric's declaration (results.metrics) declares its field here as it registers, so that a
+# figure and its type are declared once.
+FIELD_KINDS: dict[str, str] = {
+    "metrics.loss.curve": "numbers", "metrics.loss.windows": "numbers", "metrics.window_steps": "integers",
+    "metrics.window_wall_ms": "numbers", "metrics.target.evaluations": "evaluations", "metrics.peak": "object",
+    "metrics.peak.per_device_tflops": "number", "metrics.cost": "object"}
+
+
+def declare_field(dotted: str, kind: str) -> None:
+    """``dotted``, where present, holds a ``kind`` (a key of _KIND_CHECKS: number, flag, text, a list...)."""
+    if kind not in _KIND_CHECKS:
+        raise ValueError(f"{dotted}: kind {kind!r} is not one of {', '.join(_KIND_CHECKS)}")
+    FIELD_KINDS[dotted] = kind
+
+
 def dig(d: Any, *path: str) -> Any:
     """``d[path[0]][path[1]]...``, or None where a key is absent or a step is not an object."""
     for key in path:
@@ -80,6 +98,45 @@ def _lookup(result: dict[str, Any], dotted: str) -> tuple[Any, str | None]:
             return None, f"{'.'.join(keys[:i])!r} is {_kind(value)}, not an object"
         value = value.get(key)
     return value, None
+
+
+def _evaluations(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(e, list) and len(e) == 3 and all(map(_is_number, e)) for e in v)
+
+
+_KIND_CHECKS: dict[str, tuple[Any, str]] = {
+    "number": (_is_number, "a number"), "flag": (lambda v: isinstance(v, bool), "true or false"),
+    "text": (lambda v: isinstance(v, str), "a string"),
+    "numbers": (lambda v: isinstance(v, list) and _numbers_or_nulls(v), "a list of numbers"),
+    "integers": (lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
+                 "a list of integers"),
+    "evaluations": (_evaluations, "a list of [steps, seconds, loss]"),
+    "object": (lambda v: isinstance(v, dict), "an object"), "list": (lambda v: isinstance(v, list), "a list")}
+
+
+def _typed_problem(result: dict[str, Any], dotted: str, kind: str) -> str | None:
+    value, problem = _lookup(result, dotted)
+    if problem or value is None:
+        return problem
+    ok, words = _KIND_CHECKS[kind]
+    return None if ok(value) else f"{dotted!r} is {_kind(value)}, not {words}"
+
+
+def _devices_problem(result: dict[str, Any]) -> str | None:
+    """``env.frameworks.<name>.devices``: objects whose name and model are strings (a result's
+    device model is looked up there)."""
+    frameworks = dig(result, "env", "frameworks")
+    if frameworks is None:
+        return None
+    if not isinstance(frameworks, dict) or not all(isinstance(p, (dict, type(None))) for p in frameworks.values()):
+        return f"'env.frameworks' is {_kind(frameworks)}, not an object of objects"
+    for name, probe in frameworks.items():
+        devices = (probe or {}).get("devices")
+        if devices is not None and not (isinstance(devices, list) and all(
+                isinstance(d, dict) and all(isinstance(d.get(k), (str, type(None))) for k in ("name", "model"))
+                for d in devices)):
+            return f"'env.frameworks.{name}.devices' is {_kind(devices)}, not a list of objects with a name and model"
+    return None
 
 
 def _figure_problem(result: dict[str, Any], dotted: str, required: bool) -> str | None:
@@ -124,4 +181,9 @@ def result_problem(result: dict[str, Any]) -> str | None:
     steps, problem = _lookup(result, "metrics.step_times_ms")
     if not problem and steps is not None and not (isinstance(steps, list) and _numbers_or_nulls(steps)):
         problem = f"'metrics.step_times_ms' is {_kind(steps)}, not a list of numbers"
-    return problem
+    if problem or (problem := config_problem(result["config"])):
+        return problem
+    for dotted, kind in FIELD_KINDS.items():
+        if problem := _typed_problem(result, dotted, kind):
+            return problem
+    return _devices_problem(result)

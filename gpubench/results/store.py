@@ -19,6 +19,7 @@ from typing import Any
 from gpubench.errors import InputError
 from gpubench.errors import warn as warn_user
 from gpubench.files import file_stem, write_text_atomic
+from gpubench.results import metrics as _typed  # noqa: F401  (declares its figures' types: every line read is checked by them)
 from gpubench.results.result import Result, ResultError
 from gpubench.results.schema import SUPPORTED_SCHEMA_VERSIONS, clean
 
