@@ -262,18 +262,19 @@ HANDLERS: dict[str, Handler] = {
 }
 
 
-NARROW = 40  # below this width, lines are printed whole (soft-wrapped by the terminal), never broken by rich
 
 
 class Terminal(Console):
     """The console every command prints to. Its width is the terminal's, or ``COLUMNS`` where
     that is set (piped or not); piped without ``COLUMNS``, 160 (CI logs: config ids unwrapped);
-    a terminal that reports no width (0) is taken as 80. A table too wide for it (fmt.table_fits:
-    every cell that does not wrap in full) is printed as records, one
-    ``header: value`` a line and a blank line between rows, instead of columns of ellipses;
-    below NARROW columns every line is printed whole, for the terminal to wrap."""
+    a terminal that reports no width (0) is taken as 80. A line of text is printed whole, for
+    the terminal to wrap (a path is never cut in two or broken across lines); a table is laid out
+    to the width, and one too wide for it (fmt.table_fits: every cell that does not wrap in full)
+    is printed as records, one ``header: value`` a line and a blank line between rows, instead of
+    columns of ellipses."""
 
     def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("soft_wrap", True)
         super().__init__(**kwargs)
         columns = os.environ.get("COLUMNS", "")
         if "width" not in kwargs and not (columns.isdigit() and int(columns) > 0):
@@ -283,8 +284,6 @@ class Terminal(Console):
                 self.width = 80
 
     def print(self, *objects: Any, **kwargs: Any) -> None:
-        if self.width < NARROW:  # lines as they are, for the terminal to wrap: a path is not cut in two
-            kwargs["soft_wrap"] = True
         shown = (records(o) if isinstance(o, Table) and not table_fits(self, o) else o for o in objects)
         super().print(*shown, **kwargs)
 

@@ -76,11 +76,43 @@ def test_below_a_usable_width_a_table_is_one_record_per_line():
     assert "samples/s: 9.88k" in lines and "samples/s: 19.8k" in lines and "status: ok" in lines
 
 
-def _lines(proc) -> list[str]:
-    return [line for line in proc.stdout.splitlines() if line.strip()]
+def _table(n: int):
+    from rich.table import Table
+
+    table = Table(title="t")
+    for col in ("workload", "description"):
+        table.add_column(col)
+    for i in range(n):
+        table.add_row("cnn", "a description of the workload that is long enough to fill a wide terminal " * 2)
+    return table
 
 
-def test_columns_is_honoured_piped_or_not_and_a_terminal_of_no_width_still_prints(tmp_path):
+def test_columns_is_honoured_piped_or_not_and_a_line_is_never_broken(monkeypatch):
+    import io
+
+    from gpubench.cli import Terminal
+
+    def printed(columns: str | None) -> list[str]:
+        monkeypatch.delenv("COLUMNS", raising=False)
+        if columns:
+            monkeypatch.setenv("COLUMNS", columns)
+        out = io.StringIO()  # piped: not a terminal
+        console = Terminal(file=out, color_system=None)
+        console.print(_table(2))
+        console.print("report: /" + "d" * 120 + "/index.html")  # a path longer than the width: whole
+        return [line for line in out.getvalue().splitlines() if line.strip()]
+
+    piped = printed("100")
+    assert max(len(line) for line in piped if line[0] in "┏┃┡│└") <= 100
+    assert "report: /" + "d" * 120 + "/index.html" in piped  # on one line, as a user copies it
+    assert max(len(line) for line in printed(None) if line[0] in "┏┃┡│└") > 100  # piped, no COLUMNS: 160
+    narrow = printed("20")
+    assert "workload: cnn" in narrow and not any(line[0] in "┏┃┡│└" for line in narrow)
+
+
+def test_a_terminal_of_no_width_still_prints(tmp_path):
+    # a pseudo-terminal that reports no size (0 x 0, as some CI runners' are): the CLI's console
+    # (gpubench.cli.Terminal, what every command prints to) lays its tables out at 80
     import os
     import pty
     import subprocess
@@ -88,21 +120,11 @@ def test_columns_is_honoured_piped_or_not_and_a_terminal_of_no_width_still_print
 
     from tests.conftest import plugin_env
 
-    def listed(columns: str | None, **kw) -> subprocess.CompletedProcess:
-        env = {k: v for k, v in plugin_env().items() if k != "COLUMNS"} | ({"COLUMNS": columns} if columns else {})
-        return subprocess.run([sys.executable, "-m", "gpubench", "list"], cwd=tmp_path, env=env, text=True,
-                              timeout=120, **kw)
-
-    piped = listed("100", capture_output=True)
-    widths = {len(line) for line in _lines(piped) if line[0] in "┏┃┡│└"}
-    assert widths and max(widths) <= 100, widths
-    assert max(len(line) for line in _lines(listed(None, capture_output=True)) if line[0] in "┏┃┡│└") > 100
-    narrow = _lines(listed("20", capture_output=True))
-    assert "workload: cnn" in narrow and not any(line[0] in "┏┃┡│└" for line in narrow)
-    # a pseudo-terminal that reports no size (0 x 0, as some CI runners' are): the tables, at 80
     primary, secondary = pty.openpty()
     env = {k: v for k, v in plugin_env().items() if k != "COLUMNS"}
-    proc = subprocess.Popen([sys.executable, "-m", "gpubench", "list"], cwd=tmp_path, env=env, stdout=secondary,
+    script = ("from gpubench.cli import Terminal; from tests.test_terminal_tables import _table; "
+              "c = Terminal(); print(c.width); c.print(_table(1))")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=os.getcwd(), env=env, stdout=secondary,
                             stderr=subprocess.STDOUT)
     os.close(secondary)
     out = b""
@@ -116,7 +138,8 @@ def test_columns_is_honoured_piped_or_not_and_a_terminal_of_no_width_still_print
         out += chunk
     os.close(primary)
     proc.wait(timeout=120)
-    assert proc.returncode == 0 and "cnn" in out.decode(errors="replace"), out[-500:]
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0 and text.splitlines()[0].strip() == "80" and "cnn" in text, text[-500:]
 
 
 def _readable(fd: int) -> bool:
