@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gpubench.commands import build_parser, gate_fields
+from gpubench.commands import build_parser, gate_fields, report_fields
 from gpubench.errors import InputError, Stopped, error_line, os_error_line, stop_exit_code, stop_message, warn
 from gpubench.fmt import table_fits
 from gpubench.launch import Interpreter
@@ -87,7 +87,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     choice = launcher_choice(args)  # under Slurm, --nnodes is the nodes each distributed job spans
     nodes = Nodes() if choice else Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port)
     return execute(RunRequest(suite=args.suite, out=args.out, sets=sets, repeats=args.repeats, resume=args.resume,
-                              report=not args.no_report, calibrate=not args.no_calibrate, nodes=nodes,
+                              **report_fields(args), calibrate=not args.no_calibrate, nodes=nodes,
                               db=args.db or os.environ.get(ENV_VAR) or None, tags=parse_tags(args.tags),
                               launcher=choice, max_jobs=args.max_jobs, retry_failed=args.retry_failed,
                               require_idle_gpu=args.require_idle_gpu,
@@ -157,7 +157,7 @@ def _ab(args: argparse.Namespace, console: Console) -> int:
         return execute_ab(ABRequest(
             suite=args.suite, baseline=_baseline_side(args, console),
             candidate=Interpreter(args.candidate_python, args.candidate_path), out=args.out, sets=args.sets,
-            repeats=args.repeats, **gate_fields(args), report=not args.no_report, lockstep=args.lockstep,
+            repeats=args.repeats, **gate_fields(args), **report_fields(args), lockstep=args.lockstep,
             budget_s=args.budget, best_of=args.best_of, prior=args.prior, launcher=launcher_choice(args)), console)
 
 
@@ -209,7 +209,7 @@ def _advise(args: argparse.Namespace, console: Console) -> int:
     return execute_advise(AdviseRequest(
         suite=args.suite, sets=args.sets, out=args.out, budget_s=args.budget, alpha=args.alpha,
         threshold=args.threshold, noise_floor=args.noise_floor, loss_tolerance=args.loss_tolerance,
-        only=args.only, skip=args.skip, markdown=args.markdown, json=args.json, report=not args.no_report,
+        only=args.only, skip=args.skip, markdown=args.markdown, json=args.json, **report_fields(args),
         resume=args.resume, launcher=launcher_choice(args)), console)
 
 
@@ -217,7 +217,7 @@ def _profile(args: argparse.Namespace, console: Console) -> int:
     from gpubench.profile.command import ProfileRequest, execute_profile
 
     return execute_profile(ProfileRequest(suite=args.suite, out=args.out, sets=args.sets, steps=args.steps,
-                                          report=not args.no_report, memory_history=args.memory_history,
+                                          **report_fields(args), memory_history=args.memory_history,
                                           launcher=launcher_choice(args)), console)
 
 

@@ -48,6 +48,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _report_dir(text: str) -> Path:
+    """--report-dir: a directory, or one that can be made, where files can be created; checked
+    before anything runs (a report that cannot be written is found out at the start, not the end)."""
+    from gpubench.errors import InputError
+    from gpubench.results.outputs import check_output_dir
+
+    try:
+        check_output_dir(Path(text), "--report-dir")
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--report-dir ")) from None
+    return Path(text)
+
+
 def _max_jobs(text: str) -> int:
     value = _positive_int(text)
     if value > MAX_PLANNED:
@@ -228,6 +241,11 @@ def gate_fields(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in GATE_FIELDS}
 
 
+def report_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """--no-report and --report-dir (add_suite_options) as a request's keyword arguments."""
+    return {"report": not args.no_report, "report_dir": args.report_dir}
+
+
 def add_launcher_options(parser: argparse.ArgumentParser) -> None:
     """--launcher (the names from gpubench.runner.session.LAUNCHERS) and the Slurm launcher's
     options, for every command that measures."""
@@ -257,6 +275,9 @@ def add_suite_options(parser: argparse.ArgumentParser, out_help: str = "where ru
     parser.add_argument("--out", type=Path, default=Path("runs"), help=out_help)
     if report:
         parser.add_argument("--no-report", action="store_true", help="do not write the HTML/CSV/markdown report")
+        parser.add_argument("--report-dir", type=_report_dir, metavar="DIR",
+                            help="where the report goes (default: reports/<run directory's name> beside the --out "
+                                 "directory: reports/ for runs/)")
 
 
 def _add_run(sub: Subcommands) -> None:

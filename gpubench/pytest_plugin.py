@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,13 +162,16 @@ class ABGate:
 
 
 @pytest.fixture
-def gpubench_ab(request: Any, tmp_path: Path) -> Callable[..., ABGate]:
+def gpubench_ab(request: Any) -> Callable[..., ABGate]:
     """Gate configs between two checkouts with ``gpubench ab``: ``gpubench_ab(baseline_path=None,
     candidate_path=None, repeats=12, lockstep=True, budget="9m", threshold="3%",
     noise_floor="1%", alpha=0.01, fail=True, **config_settings)``. The baseline path defaults to
     ``--gpubench-baseline-path`` (no baseline: the test is skipped), the candidate to this
     gpubench. A settings value may be a list (a sweep of that key). With ``fail``, a config that
-    regressed, or a repeat that failed, fails the test with the verdict table."""
+    regressed, or a repeat that failed, fails the test with the verdict table. Each call's suite,
+    verdicts and run directories are kept (not in pytest's temporary folder, which pytest deletes:
+    the table's ``reproduce:`` command must still run) in ``.gpubench/pytest-ab/<test>-<random>/``
+    under pytest's root directory."""
 
     def run(baseline_path: str | None = None, candidate_path: str | None = None, repeats: int = 12,
             lockstep: bool = True, budget: str | None = "9m", threshold: str = THRESHOLD,
@@ -187,26 +192,30 @@ def gpubench_ab(request: Any, tmp_path: Path) -> Callable[..., ABGate]:
                   for w in (workloads if isinstance(workloads, list) else [workloads]))
         if own and candidate_path is None:  # the user's factory: the candidate is this project's checkout
             candidate_path = str(request.config.rootpath)
-        n = len(list(tmp_path.glob("gpubench-ab-*.toml")))
-        suite, verdicts = tmp_path / f"gpubench-ab-{n}.toml", tmp_path / f"gpubench-ab-{n}.json"
+        kept = Path(request.config.rootpath) / ".gpubench" / "pytest-ab"
+        kept.mkdir(parents=True, exist_ok=True)
+        here = Path(tempfile.mkdtemp(prefix=re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)[:80] + "-", dir=kept))
+        suite, verdicts = here / "suite.toml", here / "verdicts.json"
         suite.write_text(text)
         cmd = [sys.executable, "-m", "gpubench", "ab", str(suite), "--baseline-python", sys.executable,
                "--candidate-python", sys.executable, "--baseline-path", str(baseline_path),
                *(["--candidate-path", str(candidate_path)] if candidate_path else []),
                "--repeats", str(repeats), "--threshold", threshold, "--noise-floor", noise_floor,
-               "--alpha", str(alpha), "--out", str(tmp_path / f"gpubench-ab-{n}"), "--json", str(verdicts),
+               "--alpha", str(alpha), "--out", str(here), "--json", str(verdicts),
                "--no-report", *(["--lockstep"] if lockstep else []), *(["--budget", budget] if budget else [])]
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "COLUMNS": "160"})
         text = proc.stdout + proc.stderr
         if proc.returncode not in (0, 1) or not verdicts.exists():
             last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
-            pytest.fail(f"gpubench_ab: gpubench ab exited with {proc.returncode}: {last}", pytrace=False)
+            pytest.fail(f"gpubench_ab: gpubench ab exited with {proc.returncode}: {last} (kept in {here})",
+                        pytrace=False)
         data = json.loads(verdicts.read_text())
         gate = ABGate({v["config_id"]: v["verdict"] for v in data["verdicts"]}, data, text)
         if fail and (gate.regressed or data.get("failed")):
             what = (f"regressed: {', '.join(gate.regressed)}" if gate.regressed else
                     f"{len(data['failed'])} repeat(s) failed")
-            pytest.fail(f"gpubench_ab: {what}\n{proc.stdout}", pytrace=False)
+            pytest.fail(f"gpubench_ab: {what} (the suite, the verdicts and both sides' runs: {here})\n{proc.stdout}",
+                        pytrace=False)
         return gate
 
     return run

@@ -213,6 +213,12 @@ def test_gpubench_ab_fixture_gates_a_test_on_two_checkouts(tmp_path):
     # the slower candidate fails its test with gpubench's verdict table; a bad key with one line
     sections = dict(re.findall(r"_{3,} (test_\w+) _{3,}\n(.*?)(?=\n_{3,} |\n=+ short)", out, re.S))
     assert sections["test_slower_code"].startswith("gpubench_ab: regressed: fault_mode0-fake-cpu-bs8-fp32-single")
+    # kept where the user finds them, not in pytest's temporary folder: the reproduce command runs
+    (slower,) = (tmp_path / ".gpubench" / "pytest-ab").glob("test_slower_code-*")
+    assert f"both sides' runs: {slower})" in sections["test_slower_code"]
+    assert (slower / "verdicts.json").is_file() and len(list(slower.glob("*/baseline/results.jsonl"))) == 1
+    (base_dir,) = slower.glob("*/baseline")
+    assert f"gpubench compare {base_dir} " in sections["test_slower_code"].replace("\n", "")
     assert "REGRESSION" in sections["test_slower_code"] and "Traceback" not in sections["test_slower_code"]
     assert sections["test_bad_key"].startswith("gpubench_ab: gpubench ab exited with 2: ")
     assert "unknown key 'batch'" in sections["test_bad_key"]

@@ -28,12 +28,12 @@ def results_of(out):
 def test_each_failure_costs_only_its_own_config(tmp_path, write_suite):
     suite = write_suite(FAULTS.replace("timeout_s = 20", "timeout_s = 4"))
     (tmp_path / "prices.toml").write_text('"Some GPU" = 9.0\ncpu = 0.36\n')  # a table the user keeps
-    proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--price", "prices.toml"], cwd=tmp_path)
+    proc = run_cli(["run", str(suite), "--out", "work/runs", "--price", "prices.toml"], cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # errors and a timeout
-    (report,) = (tmp_path / "reports").iterdir()  # written by default, even when configs failed
-    assert f"report: {report.relative_to(tmp_path) / 'index.html'}" in proc.stdout
+    run_dir, by_mode = results_of(tmp_path / "work" / "runs")
+    report = tmp_path / "work" / "reports" / run_dir.name  # beside the runs, written even when configs failed
+    assert f"report: work/reports/{run_dir.name}/index.html" in proc.stdout and not (tmp_path / "reports").exists()
     assert "injected failure in build" in (report / "summary.md").read_text()
-    run_dir, by_mode = results_of(tmp_path / "runs")
     status = {m: r["status"] for m, r in by_mode.items()}
     assert status == {0: "ok", 1: "error", 2: "timeout", 3: "oom", 4: "error", 5: "diverged"}
 
@@ -92,13 +92,16 @@ def test_a_run_that_measures_nothing_exits_1_saying_so_and_still_has_its_report(
     """Every config unavailable or unsupported: exit 1 and one line counting the statuses; the
     report (the run's own and `gpubench report`'s) is written, its failures listed, no charts."""
     suite = write_suite(FAULTS.replace("mode = [0, 1, 2, 3, 4, 5]", 'mode = [0]\nprecision = ["fp32", "tf32"]'))
-    proc = run_cli(["run", str(suite), "--out", "runs", "--set", "device=cuda"], cwd=tmp_path)
+    refused = run_cli(["run", str(suite), "--report-dir", str(suite)], cwd=tmp_path)  # a file: refused first
+    assert refused.returncode == 2 and f"argument --report-dir: {suite}: exists and is not a directory" in \
+        refused.stderr and not (tmp_path / "runs").exists(), refused.stderr
+    proc = run_cli(["run", str(suite), "--out", "runs", "--set", "device=cuda", "--report-dir", "mine"], cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     last = proc.stdout.strip().splitlines()[-1]
     assert last == "nothing was measured: unavailable x1, unsupported x1 (the reasons above)", proc.stdout
     assert "report not written" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
-    index = tmp_path / "reports" / run_dir.name / "index.html"
+    index = tmp_path / "mine" / "index.html"  # where --report-dir said
     assert "no cuda device here; fake sees: cpu" in index.read_text()
     assert list((index.parent / "charts").iterdir()) == []
     again = run_cli(["report", str(run_dir), "--out", "again"], cwd=tmp_path)

@@ -54,6 +54,9 @@ def test_sharded_configs_count_their_devices_and_batches():
     ({"parallelism": "tp:2", "workload": "flax_lm:flax_lm"}, "jax", "a Flax module's layers are its own"),
     ({"parallelism": "tp:3"}, "jax", "tp:3 gives each device 1/3 of the attention heads and of the MLP's hidden "
                                      "units; 3 does not divide heads 4, d_model 128, MLP width 512"),
+    ({"parallelism": "tp:3"}, "torch", "tp:3 gives each device 1/3 of the attention heads and of the MLP's hidden "
+                                       "units; 3 does not divide heads 4, d_model 128, MLP width 512"),
+    ({"parallelism": "fsdp:2+tp:3"}, "torch", "tp:3 gives each device 1/3 of the attention heads"),  # B, not A x B
     ({"parallelism": "fsdp:2", "device": "cuda:1"}, "jax", "use device = cuda or cpu, not cuda:1"),
     ({"parallelism": "fsdp:2"}, "tensorflow", "Keras has no sharded strategy gpubench drives"),
     ({"parallelism": "tp:2"}, "tensorflow", "tp:N (a transformer's projections split over the ranks) is PyTorch's"),

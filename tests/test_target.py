@@ -325,6 +325,21 @@ def test_bad_target_settings_are_one_line_and_exit_2(tmp_path, value, expected):
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
 
 
+def test_the_documented_default_target_loss_0_written_out_is_no_target():
+    # "0 (the default): no target" (the suite keys' reference): written in [defaults], as an
+    # integer or a float, or as a [matrix] value, it is the config without a target
+    from gpubench.suite import parse_suite
+
+    (plain,) = parse_suite({"defaults": {"workload": "mlp"}}, "s.toml").expand()
+    for data in ({"defaults": {"workload": "mlp", "target_loss": 0}},
+                 {"defaults": {"workload": "mlp", "target_loss": 0.0, "dataset": "mnist"}},
+                 {"defaults": {"workload": "mlp"}, "matrix": {"target_loss": [0]}}):
+        (config,) = parse_suite(data, "s.toml").expand()
+        assert config.target_loss == 0 and not config.uses("eval_every"), data
+        if "dataset" not in data["defaults"]:
+            assert config.config_id == plain.config_id, data
+
+
 def test_the_gate_on_time_to_target_refuses_runs_without_a_target(tmp_path):
     fixtures = REPO / "tests" / "fixtures"
     proc = run_cli(["compare", str(fixtures / "run_a"), str(fixtures / "run_b"), "--metric", "time_to_target_s"],

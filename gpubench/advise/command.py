@@ -75,6 +75,7 @@ class AdviseRequest:
     markdown: Path | None = None
     json: Path | None = None
     report: bool = True
+    report_dir: Path | None = None  # where the report goes (None: beside the runs)
     resume: Path | None = None
     code_path: tuple[str, ...] | None = None  # where workers import the user's code (the Python API)
     launcher: LauncherChoice | None = None  # --launcher and its options (None: this machine, or a resumed run's)
@@ -203,7 +204,7 @@ def _advise(req: AdviseRequest, console: Console, held: ExitStack) -> int:
         return stop_exit_code(e)
     run.finish()
     if req.report:
-        run.report()
+        run.report(out=req.report_dir)
     console.print(f"run directory: {run.run_dir}", highlight=False)
     return code
 

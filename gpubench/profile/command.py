@@ -41,6 +41,7 @@ class ProfileRequest:
     sets: list[str] = field(default_factory=list)
     steps: int = 10
     report: bool = True
+    report_dir: Path | None = None  # where the report goes (None: beside the runs)
     memory_history: bool = False  # record the device allocator's history (runner.memory_history)
     launcher: LauncherChoice | None = None  # --launcher and its options (None: this machine)
 
@@ -85,7 +86,7 @@ def _profile_run(req: ProfileRequest, session: Session, configs: list[Config]) -
     profiled = sum(1 for r in results if r.get("profile", "files"))
     console.print(f"run directory: {run_dir}  (results.jsonl, profile/, logs/)", highlight=False)
     if req.report and any(r.ok for r in results):
-        session.report()
+        session.report(out=req.report_dir)
     if profiled == 0:
         console.print("[red]nothing was profiled[/red]", highlight=False)
     return EXIT_FAILED if failed or profiled == 0 else EXIT_OK

@@ -54,7 +54,7 @@ from gpubench.runner.launcher import LauncherChoice
 from gpubench.runner.local import Local
 from gpubench.runner.models import user_code_path
 from gpubench.runner.progress import SweepDisplay
-from gpubench.runner.session import Session, load
+from gpubench.runner.session import Session, load, report_beside
 from gpubench.runner.sweep import plan
 from gpubench.suite import MAX_BATCH
 
@@ -77,6 +77,7 @@ class ABRequest:
     markdown: Path | None = None
     json: Path | None = None
     report: bool = True
+    report_dir: Path | None = None  # where the report goes (None: beside the runs)
     correction: str = "bonferroni"
     lockstep: bool = False
     budget_s: float | None = None  # sequential: more rounds while a config is undecided, within this time
@@ -465,6 +466,6 @@ def _conclude(req: ABRequest, options: GateOptions, sides: dict[str, Session], r
     if req.junit:
         write_output(req.junit, render.junit(comparison, SIDES, power, triaged), "--junit")
     if req.report:
-        sides["baseline"].report([dirs["baseline"], dirs["candidate"]], out=Path("reports") / root.name)
+        sides["baseline"].report([dirs["baseline"], dirs["candidate"]], out=req.report_dir or report_beside(root))
     console.print(f"run directories: {dirs['baseline']} {dirs['candidate']}", highlight=False)
     return 1 if comparison.regressed or failed else 0

@@ -55,6 +55,7 @@ class RunRequest:
     repeats: int | None = None
     resume: Path | None = None
     report: bool = True
+    report_dir: Path | None = None  # where the report goes (None: beside the runs)
     calibrate: bool = True  # look up (or measure) device peaks for MFU
     prices: Prices | None = None  # --price: what each result's training cost
     nodes: Nodes = field(default_factory=Nodes)
@@ -239,7 +240,7 @@ def _execute(req: RunRequest, console: Console, held: ExitStack) -> int:
     recording.finish()
     for line in unpriced_lines(new, prices) if prices is not None else []:
         warn(line)
-    return _conclude(new if nodes.node_rank > 0 else existing + new, session, req.report)
+    return _conclude(new if nodes.node_rank > 0 else existing + new, session, req)
 
 
 def _code_path(req: RunRequest, run_dir: Path | None, configs: list[Config], source: str) -> tuple[str, ...]:
@@ -251,7 +252,7 @@ def _code_path(req: RunRequest, run_dir: Path | None, configs: list[Config], sou
     return req.code_path if req.code_path is not None else user_code_path(configs, source)
 
 
-def _conclude(results: list[Result], session: Session, report: bool) -> int:
+def _conclude(results: list[Result], session: Session, req: RunRequest) -> int:
     """The summary of a finished run, its report, and its exit code; on node r > 0 of a multi-node
     run, the node's own outcome of each config (node 0 has the results and the report)."""
     console, run_dir, node = session.console, session.run_dir, session.nodes.node_rank > 0
@@ -265,8 +266,8 @@ def _conclude(results: list[Result], session: Session, report: bool) -> int:
     console.print(where + (f"  ([red]{len(failed)} failed[/red])" if failed else ""), highlight=False)
     if node:
         return EXIT_FAILED if failed else EXIT_OK
-    if report:
-        session.report()
+    if req.report:
+        session.report(out=req.report_dir)
     if (nothing := nothing_measured(results)) is not None:
         console.print(f"[red]{nothing}[/red]", highlight=False, soft_wrap=True)
     return EXIT_FAILED if failed or nothing else EXIT_OK

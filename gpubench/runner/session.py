@@ -150,6 +150,12 @@ def write_report(run_dirs: list[Path], console: Console, out: Path | None = None
     console.print(f"report: {report.index}", highlight=False)
 
 
+def report_beside(run_dir: Path) -> Path:
+    """Where a run's report goes when no --report-dir is given: ``reports/<its directory's name>``
+    beside the directory the runs are in (runs/X: reports/X; --out /data/runs: /data/reports/X)."""
+    return run_dir.parent.parent / "reports" / run_dir.name
+
+
 @dataclass
 class Session:
     """One run directory through the lifecycle, under the launcher the user chose.
@@ -270,5 +276,6 @@ class Session:
         write_json_atomic(self.run_dir / RUN_FILE, self.meta)
 
     def report(self, run_dirs: list[Path] | None = None, out: Path | None = None) -> None:
-        """Step 12: the report of this run directory (or of ``run_dirs`` side by side)."""
-        write_report(run_dirs or [self.run_dir], self.console, out)
+        """Step 12: the report of this run directory (or of ``run_dirs`` side by side), in ``out``
+        (--report-dir) or beside the runs (report_beside)."""
+        write_report(run_dirs or [self.run_dir], self.console, out or report_beside(self.run_dir))

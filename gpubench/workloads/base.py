@@ -447,6 +447,18 @@ class WorkloadSpec:
         return [(layer, leaves[0].in_shape[-1]) for layer, leaves in zip(self.layers, self.leaves_by_layer())
                 if isinstance(layer, TransformerBlock)]
 
+    def tensor_split_problem(self, n: int) -> str | None:
+        """Why ``tp:n`` cannot split these transformer blocks, or None: each device takes 1/n of
+        the attention heads, of d_model and of the MLP's hidden units (the rule of every
+        backend's tensor parallelism, checked before a worker starts)."""
+        for block, d in self.transformer_blocks():
+            bad = [f"{name} {size}" for name, size in (("heads", block.heads), ("d_model", d),
+                                                       ("MLP width", block.mlp_ratio * d)) if size % n]
+            if bad:
+                return (f"tp:{n} gives each device 1/{n} of the attention heads and of the MLP's hidden units; {n} "
+                        f"does not divide {', '.join(bad)}")
+        return None
+
     def param_shapes(self) -> list[list[Shape]]:
         """Per top-level layer, the canonical shapes of its parameters (empty for parameter-free
         layers; a residual block's are its leaves' in order)."""

@@ -65,25 +65,6 @@ def host_devices(config: Config) -> None:
 MESH_KINDS = ("dp", "fsdp", "tp")  # one process over a mesh of N devices
 
 
-def tensor_unsupported(config: Config) -> str | None:
-    """Why ``tp:N`` cannot split a built-in transformer's blocks, or None: each device takes
-    1/N of the attention heads, of d_model and of the MLP's hidden units."""
-    from gpubench.workloads import get_workload
-
-    n = config.devices
-    try:
-        found = get_workload(config.workload).spec(**dict(config.workload_params)).transformer_blocks()
-    except (KeyError, TypeError, ValueError):  # (bad workload parameters are refused where the spec is built)
-        return None
-    for block, d in found:
-        bad = [f"{name} {size}" for name, size in (("heads", block.heads), ("d_model", d),
-                                                   ("MLP width", block.mlp_ratio * d)) if size % n]
-        if bad:
-            return (f"tp:{n} gives each device 1/{n} of the attention heads and of the MLP's hidden units; {n} "
-                    f"does not divide {', '.join(bad)}")
-    return None
-
-
 class JaxBackend(Backend):
     name = "jax"
     install_hint = ("pip install 'gpubench[jax]' (the CPU jax, with Optax and Flax), or pip install 'jax[cuda12]' "
@@ -164,7 +145,13 @@ class JaxBackend(Backend):
             return (f"tp:N splits a transformer's attention and MLP projections; {config.workload} has none (the "
                     f"built-in transformers: {', '.join(sorted(ATTENTION_WORKLOADS))}; use fsdp:N or dp:N)")
         if kind == "tp":
-            return tensor_unsupported(config)
+            from gpubench.workloads import get_workload
+
+            try:
+                spec = get_workload(config.workload).spec(**dict(config.workload_params))
+            except (KeyError, TypeError, ValueError):  # (bad workload parameters are refused where the spec is built)
+                return None
+            return spec.tensor_split_problem(config.devices)
         return None
 
     def probe(self) -> ProbeInfo:

@@ -114,9 +114,12 @@ def sharded_unsupported(config: Config, kind: str) -> str | None:
     if config.checkpointing != "none":
         return (f"{form} with checkpointing = activations: gpubench checkpoints runs of a Sequential's layers, "
                 "which cut across the blocks that sharding wraps (use checkpointing = none)")
-    if "tp" in kind and ":" not in config.workload and config.workload not in ATTENTION_WORKLOADS:
-        return (f"{form} splits a transformer's attention and MLP projections; {config.workload} has none (the "
-                f"built-in transformers: {', '.join(sorted(ATTENTION_WORKLOADS))}; use fsdp:N or ddp:N)")
+    if "tp" in kind and ":" not in config.workload:
+        if config.workload not in ATTENTION_WORKLOADS:
+            return (f"{form} splits a transformer's attention and MLP projections; {config.workload} has none (the "
+                    f"built-in transformers: {', '.join(sorted(ATTENTION_WORKLOADS))}; use fsdp:N or ddp:N)")
+        tp = dict(parallel_axes(config.parallelism))["tp"]  # a built-in's blocks: checked before torchrun starts
+        return get_workload(config.workload).spec(**dict(config.workload_params)).tensor_split_problem(tp)
     return None
 
 

@@ -113,8 +113,8 @@ def native_model(config: Config, counts: Path | None = None, count: bool = True)
         raise SourceError(f"workload {config.workload!r}: the factory returned {type(probe).__name__}, not a "
                           "torch.nn.Module (framework = torch)")
     facts["params"] = sum(p.numel() for p in probe.parameters())
-    if stubbed and "torchvision" in sys.modules:  # the model (or its zoo) imported torchvision: say how it ran
-        notes.append(stubbed)
+    if stubbed and any(type(m).__module__.startswith("torchvision.") for m in probe.modules()):
+        notes.append(stubbed)  # a torchvision model ran without its operators: say so (a zoo that only imports it: no)
     synthetic = batch_fn is None and config.dataset == "synthetic"
     if synthetic:
         task = _task(task, probe, config, notes, ref.kind == "factory")
@@ -172,7 +172,7 @@ def torchvision_without_its_operators() -> str | None:
         torch.ops.load_library(str(found[0]))  # what torchvision's import does first
         return None
     except OSError as e:
-        why = str(e).splitlines()[0][:200]
+        why = str(e).splitlines()[0].replace(f"{found[0].parent}{os.sep}", "")[:200]  # the error, not the venv
     lib = torch.library.Library("torchvision", "FRAGMENT")
     for op in ("nms", "qnms"):
         lib.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
