@@ -11,6 +11,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +40,9 @@ from gpubench.options import (
     REPLICA_KINDS,
     STAGE_KINDS,
     TENSOR_KINDS,
+    Parallelism,
     device_index,
     device_kind,
-    parallel_axes,
     parallel_form,
     parse_parallelism,
 )
@@ -318,7 +319,7 @@ class Config:
         help=('`pipeline:N`: the `torch.distributed.pipelining` schedule, `gpipe` or `1f1b`'))
     fsdp_reshard: str = setting(
         "after-forward", check=("values", "fsdp reshard", FSDP_RESHARDS), named="changed", hashed_when_set=True,
-        used_when=lambda c: "fsdp" in dict(parallel_axes(c.parallelism)), named_when_used=True,
+        used_when=lambda c: c.parallel.size("fsdp") > 0, named_when_used=True,
         help=('`fsdp:N` (and `fsdp:A+tp:B`): when a block\'s gathered parameters are freed: `after-forward` (FSDP2\'s '
               '`reshard_after_forward=True`, ZeRO-3: gathered again for the backward) or `after-backward` '
               '(kept from the forward to the backward: one all-gather fewer a block, more memory)'))
@@ -374,11 +375,16 @@ class Config:
         or for trial r > 0 one of its own (the task, made from ``seed``, stays)."""
         return self.seed if self.trial == 0 else (self.seed + TRIAL_SEED_STRIDE * self.trial) % (SEED_MAX + 1)
 
+    @cached_property
+    def parallel(self) -> Parallelism:
+        """The ``parallelism`` setting parsed, once: its kind, its devices and each axis's size
+        (every reader asks this, none parses the text)."""
+        return parse_parallelism(self.parallelism)
+
     @property
     def accum_steps(self) -> int:
         """Micro-batches per optimizer step (``grad-accum:N``; 1 otherwise)."""
-        kind, n = parse_parallelism(self.parallelism)
-        return n if kind == "grad-accum" else 1
+        return self.parallel.size("grad-accum") or 1
 
     def optimizer_settings(self) -> dict[str, float]:
         """Every setting of this config's optimizer, the suite's value where set, else the
@@ -392,19 +398,19 @@ class Config:
         """One process per rank, started by a launcher (``ddp:N``, ``fsdp:N``, ``tp:N``,
         ``fsdp:A+tp:B``, ``pipeline:N``, ``multiworker:N``, also N = 1; JAX's ``fsdp:N`` is one
         process over a mesh)."""
-        kind = parse_parallelism(self.parallelism)[0]
+        kind = self.parallel.kind
         return kind in DISTRIBUTED_KINDS and not (kind in MESH_SHARDED_KINDS and self.framework in MESH_FRAMEWORKS)
 
     @property
     def pipelined(self) -> bool:
         """``pipeline:N``: the model split into N stages, each on its own device."""
-        return parse_parallelism(self.parallelism)[0] in STAGE_KINDS
+        return self.parallel.kind in STAGE_KINDS
 
     @property
     def devices(self) -> int:
         """Devices (ranks, replicas or pipeline stages) one optimizer step runs on; a
         distributed config has N on each of ``nnodes`` nodes."""
-        kind, n = parse_parallelism(self.parallelism)
+        kind, n = self.parallel.kind, self.parallel.n
         if kind not in REPLICA_KINDS + STAGE_KINDS + TENSOR_KINDS:
             return 1
         return n * self.nnodes if kind in DISTRIBUTED_KINDS else n
@@ -416,7 +422,7 @@ class Config:
         CPU config uses none."""
         if device_kind(self.device) != "cuda":
             return ()
-        kind, n = parse_parallelism(self.parallelism)
+        kind, n = self.parallel.kind, self.parallel.n
         return (tuple(range(n)) if kind in REPLICA_KINDS + STAGE_KINDS + TENSOR_KINDS
                 else (device_index(self.device),))
 
@@ -424,8 +430,9 @@ class Config:
     def tensor_parallel(self) -> int:
         """The ranks each tensor-parallel layer is split over, which all see the same samples
         (``tp:N``: every rank, N on each node; ``fsdp:A+tp:B``: B, within a node; 1 otherwise)."""
-        axes = dict(parallel_axes(self.parallelism))
-        return self.devices if len(axes) == 1 and "tp" in axes else axes.get("tp", 1)
+        if self.parallel.kind == "tp":
+            return self.devices
+        return self.parallel.size("tp") or 1
 
     @property
     def replicas(self) -> int:

@@ -107,29 +107,36 @@ def parallel_form(kind: str) -> str:
 PARALLELISMS = tuple(parallel_form(k) for k in ("single", *PARALLEL_KINDS, *COMPOSITE_KINDS))
 
 
-def parallel_axes(value: object) -> tuple[tuple[str, int], ...]:
-    """Each kind of a parallelism with its size: ``"fsdp:2+tp:4"`` -> (("fsdp", 2), ("tp", 4));
-    ``"ddp:4"`` -> (("ddp", 4),); ``"single"`` -> (("single", 1),). Raises ValueError naming the
-    allowed forms and bounds."""
+@dataclass(frozen=True)
+class Parallelism:
+    """A parallelism setting parsed (once a config: ``Config.parallel``). ``kind``: ``single``,
+    a kind of PARALLEL_KINDS, or ``fsdp+tp``; ``n``: the devices (ranks, replicas, stages) of one
+    node, or grad-accum's micro-batches (``fsdp:2+tp:4``: 8); ``axes``: each kind with its size
+    (``(("fsdp", 2), ("tp", 4))``; ``(("ddp", 4),)``; ``(("single", 1),)``)."""
+
+    kind: str
+    n: int
+    axes: tuple[tuple[str, int], ...]
+
+    def size(self, axis: str) -> int:
+        """The size of one axis (``tp``, ``fsdp``, ...), 0 where the setting has none."""
+        return dict(self.axes).get(axis, 0)
+
+
+def parse_parallelism(value: object) -> Parallelism:
+    """``"single"``, ``"grad-accum:4"``, ``"fsdp:2+tp:4"`` as a Parallelism. Raises ValueError
+    naming the allowed forms and bounds."""
     parts = value.split("+") if isinstance(value, str) else [value]
     axes = tuple(_one_kind(value, part) for part in parts)
     kinds = tuple(k for k, _ in axes)
-    if len(axes) > 1 and kinds not in COMPOSITE_KINDS.values():
+    if len(axes) == 1:
+        return Parallelism(axes[0][0], axes[0][1], axes)
+    if kinds not in COMPOSITE_KINDS.values():
         raise ValueError(f"parallelism {value!r}: kinds combine only as "
                          f"{', '.join(parallel_form(k) for k in COMPOSITE_KINDS)}")
-    if len(axes) > 1 and (total := axes[0][1] * axes[1][1]) > MAX_DEVICES:
+    if (total := axes[0][1] * axes[1][1]) > MAX_DEVICES:
         raise ValueError(f"parallelism {value!r}: A x B = {total} ranks on a node; at most {MAX_DEVICES}")
-    return axes
-
-
-def parse_parallelism(value: object) -> tuple[str, int]:
-    """``"single"`` -> ("single", 1); ``"grad-accum:4"`` -> ("grad-accum", 4); ``"fsdp:2+tp:4"``
-    -> ("fsdp+tp", 8): the kind and the devices (ranks) of one node. Raises ValueError naming the
-    allowed forms and bounds."""
-    axes = parallel_axes(value)
-    if len(axes) == 1:
-        return axes[0]
-    return "+".join(k for k, _ in axes), axes[0][1] * axes[1][1]
+    return Parallelism("+".join(kinds), total, axes)
 
 
 def _one_kind(value: object, part: object) -> tuple[str, int]:
@@ -159,6 +166,8 @@ class Settings(Protocol):
 
     @property
     def device(self) -> str: ...
+    @property
+    def parallel(self) -> Parallelism: ...
     def uses(self, name: str) -> bool: ...
 
 
@@ -235,7 +244,7 @@ class Capabilities:
             if setting in functions and ":" in str(value):  # the user's "module:function"
                 value = USER_FUNCTION
             if setting == "parallelism":
-                value = parse_parallelism(value)[0]
+                value = config.parallel.kind
                 allowed = self.parallelism
             elif setting == "precision":
                 allowed = self.precisions.get(kind, ())

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from gpubench.options import parse_parallelism
+from gpubench.options import Parallelism, parse_parallelism
 from gpubench.errors import InputError
 from gpubench.results.result import Outcome
 from gpubench.suite import Config, load_suite
@@ -18,8 +18,8 @@ from tests.conftest import parallel_twins, plugin_env, result_lines, run_cli
 
 
 def test_parallelism_values():
-    assert parse_parallelism("single") == ("single", 1)
-    assert parse_parallelism("grad-accum:4") == ("grad-accum", 4)
+    assert parse_parallelism("single") == Parallelism("single", 1, (("single", 1),))
+    assert parse_parallelism("grad-accum:4") == Parallelism("grad-accum", 4, (("grad-accum", 4),))
     for bad in ("grad-accum", "grad-accum:0", "grad-accum:x", "ddp", "warp:2", ""):
         with pytest.raises(ValueError, match="expected one of: single, grad-accum:N"):
             parse_parallelism(bad)

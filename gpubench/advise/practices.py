@@ -17,7 +17,7 @@ from typing import Any
 from gpubench.backends import resolve_best_compile
 from gpubench.config import Config
 from gpubench.env import usable_cores
-from gpubench.options import device_kind, parse_parallelism
+from gpubench.options import device_kind
 
 # the groups, in the order the table lists what does not apply; a group is what --only / --skip name
 GROUPS = ("precision", "compile", "memory_format", "optimizer", "batch", "input", "threads", "memory")
@@ -187,7 +187,7 @@ def memory_followups(base: Config) -> tuple[list[Practice], list[Skipped]]:
     else:
         skipped.append(Skipped("activation checkpointing", "memory",
                                f"{base.framework} does not checkpoint activations in gpubench"))
-    kind = parse_parallelism(base.parallelism)[0]
+    kind = base.parallel.kind
     if kind == "single" and "grad-accum" in _declared(base.framework, "parallelism"):
         out.append(Practice(f"grad-accum:{BATCH_FACTOR}", "memory", (("parallelism", f"grad-accum:{BATCH_FACTOR}"),),
                             f"{BATCH_FACTOR} micro-batches per optimizer step: the larger batch's samples per step "

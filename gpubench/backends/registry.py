@@ -7,10 +7,13 @@ imports no backend module at load time.
 from __future__ import annotations
 
 import importlib
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpubench.errors import choices_message
-from gpubench.options import MESH_FRAMEWORKS, RankStart, parse_parallelism
+from gpubench.options import MESH_FRAMEWORKS, RankStart
+
+if TYPE_CHECKING:
+    from gpubench.config import Config
 
 # name -> "module:Class"; plugins add to it with register_backend.
 BACKENDS: dict[str, str] = {
@@ -60,8 +63,7 @@ def zoo_framework(zoo: str) -> str | None:
     return next((name for name in BACKENDS if zoo in declared(name, "zoos", ())), None)
 
 
-def rank_start(framework: str, parallelism: str) -> RankStart:
+def rank_start(config: Config) -> RankStart:
     """How the processes of a distributed config start, as its framework's backend declares it
     (``Capabilities.rank_start``; a kind it does not name: every rank a process of its own)."""
-    kind = parse_parallelism(parallelism)[0]
-    return load_class(framework).capabilities.rank_start.get(kind, RankStart())
+    return load_class(config.framework).capabilities.rank_start.get(config.parallel.kind, RankStart())

@@ -26,7 +26,7 @@ import pandas as pd
 
 from gpubench import fmt
 from gpubench.backends import REFERENCE_FRAMEWORK, display_name, uncompiled_note
-from gpubench.options import parallel_axes
+from gpubench.options import parse_parallelism
 
 # what makes two configs "the same config" apart from the axis being compared
 IDENTITY = ["run", "workload_label", "framework", "device", "batch_size", "precision", "parallelism", "variant"]
@@ -166,7 +166,7 @@ def _strategy(parallelism: object) -> str:
     """``ddp:4`` -> ``ddp``; ``fsdp:2+tp:4`` -> ``fsdp+tp:4``; a value gpubench does not know
     (a line from elsewhere) as it is."""
     try:
-        axes = parallel_axes(parallelism)
+        axes = parse_parallelism(parallelism).axes
     except ValueError:
         return str(parallelism)
     return "+".join(k for k, _ in axes) + (f":{axes[-1][1]}" if len(axes) > 1 else "")

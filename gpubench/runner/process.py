@@ -14,7 +14,6 @@ from gpubench.backends.registry import rank_start
 from gpubench.config import Config
 from gpubench.errors import STORAGE_ERRNOS
 from gpubench.launch import Interpreter
-from gpubench.options import parse_parallelism
 from gpubench.runner.nodes import Nodes
 
 
@@ -25,8 +24,8 @@ def worker_command(launcher: Interpreter, workdir: Path, config: Config, nodes: 
     or each a process of its own started by gpubench.runner.ranks."""
     if not config.distributed:
         return launcher.command("gpubench.runner.worker", str(workdir))
-    _, nproc = parse_parallelism(config.parallelism)
-    start = rank_start(config.framework, config.parallelism)
+    nproc = config.parallel.n
+    start = rank_start(config)
     if start.node_module is None:
         return launcher.command("gpubench.runner.ranks", f"--nproc-per-node={nproc}", *nodes.launch_args(),
                                 str(workdir))

@@ -41,7 +41,6 @@ from gpubench.config import MAX_BATCH, Config
 from gpubench.errors import InputError
 from gpubench.hugepages import worker_env
 from gpubench.launch import RANKS_ENV, Interpreter
-from gpubench.options import parse_parallelism
 from gpubench.results.result import Outcome, Result
 from gpubench.runner.job import Job, collect_outcome, log_tail_reason, prepare_workdir, storage_failure, tail_lines
 from gpubench.runner.launcher import NODE_ENV, Done, JobLauncher, LaunchContext, LauncherChoice
@@ -173,8 +172,8 @@ def batch_script(job: Job, workdir: Path, log: Path, launcher: Interpreter, opti
     nodes = c.nnodes if c.distributed else 1
     workdir, log = workdir.absolute(), log.absolute()  # whatever directory the job starts in
     check_path(log)  # given in double quotes: sbatch splits an #SBATCH line at blanks outside them
-    per_node = parse_parallelism(c.parallelism)[1] if c.distributed else 1
-    start = rank_start(c.framework, c.parallelism) if c.distributed else None
+    per_node = c.parallel.n if c.distributed else 1
+    start = rank_start(c) if c.distributed else None
     per_rank = start is not None and start.node_module is None
     gpus = options.gpus_per_node if options.gpus_per_node is not None else (
         c.devices // nodes if c.device.startswith("cuda") else 0)

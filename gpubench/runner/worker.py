@@ -38,7 +38,7 @@ from gpubench.measure.loop import RawMeasurement, Target, run_loop, run_to_targe
 from gpubench.measure.stats import is_noisy, step_stats, throughput
 from gpubench.measure.trace import reading
 from gpubench.measure.turns import Turns
-from gpubench.options import REPLICA_KINDS, SHARDED_KINDS, device_kind, parse_parallelism
+from gpubench.options import REPLICA_KINDS, SHARDED_KINDS, device_kind
 from gpubench.results.result import Outcome
 from gpubench.results.store import write_json_atomic
 from gpubench.runner.job import PHASE_FILE
@@ -490,7 +490,7 @@ def _check_ranks(out: Outcome, ranks: list[dict[str, Any]], config: Config) -> N
     """Every rank's figures in the result; data-parallel ranks that ended with different
     weights make the config ``error``."""
     out.with_metrics(ranks=ranks)
-    kind = parse_parallelism(config.parallelism)[0]
+    kind = config.parallel.kind
     if kind not in REPLICA_KINDS or kind in SHARDED_KINDS:  # each rank holds its own part of a sharded model
         return
     digests = {r["weights_sha1"] for r in ranks}

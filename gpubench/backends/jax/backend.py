@@ -19,7 +19,6 @@ from gpubench.options import (
     device_index,
     device_kind,
     parallel_form,
-    parse_parallelism,
 )
 
 if TYPE_CHECKING:
@@ -52,7 +51,7 @@ def host_devices(config: Config) -> None:
     test's) finds the backend started: it then has the devices it was started with. JAX is
     imported here in every case."""
     jax = import_jax()
-    kind, n = parse_parallelism(config.parallelism)
+    kind, n = config.parallel.kind, config.parallel.n
     if kind not in MESH_KINDS or device_kind(config.device) != "cpu":
         return
     try:
@@ -136,7 +135,7 @@ class JaxBackend(Backend):
         if ":" in config.workload and config.checkpointing == "activations":
             return ("checkpointing = activations cuts a built-in workload at its layers; wrap your Flax module's "
                     "blocks in nn.remat instead")
-        if (kind := parse_parallelism(config.parallelism)[0]) in MESH_KINDS and ":" in config.device:
+        if (kind := config.parallel.kind) in MESH_KINDS and ":" in config.device:
             return f"{kind}:N uses the first N devices of its kind; use device = cuda or cpu, not {config.device}"
         if kind == "tp" and ":" in config.workload:
             return ("tp:N splits the projections of gpubench's transformer blocks; a Flax module's layers are its own "
@@ -182,7 +181,7 @@ class JaxBackend(Backend):
         jax = import_jax()
         import optax  # noqa: F401 - the optimizers: part of what this backend needs installed
 
-        kind, n = parse_parallelism(config.parallelism)
+        kind, n = config.parallel.kind, config.parallel.n
         if device_kind(config.device) != "cuda":
             return None
         try:

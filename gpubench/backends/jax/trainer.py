@@ -20,7 +20,7 @@ from gpubench.backends.base import Lap, NativeModel, ProfilingUnavailable, Train
 from gpubench.backends.jax.model import JaxModel, Policy, cross_entropy, policy_for, spec_model
 from gpubench.config import Config
 from gpubench.measure.timers import StepTimer, WindowTimer
-from gpubench.options import OPTIMIZER_SETTINGS, device_index, device_kind, parse_parallelism
+from gpubench.options import OPTIMIZER_SETTINGS, device_index, device_kind
 from gpubench.workloads.base import TransformerBlock, WorkloadSpec
 from gpubench.workloads.data import Batches, tree_map
 
@@ -52,7 +52,7 @@ def make_optimizer(name: str, lr: float, settings: dict[str, float] | None = Non
 
 def devices_for(config: Config) -> list[jax.Device]:
     """The JAX devices a config trains on: ``dp:N``, ``fsdp:N`` and ``tp:N`` the first N of its kind, else one."""
-    kind, n = parse_parallelism(config.parallelism)
+    kind, n = config.parallel.kind, config.parallel.n
     platform = "gpu" if device_kind(config.device) == "cuda" else "cpu"
     found = jax.devices(platform)
     if kind in ("dp", "fsdp", "tp"):
@@ -148,7 +148,7 @@ class JaxTrainer(Trainer):
             raise Unsupported(f"{config.precision} / checkpointing = {config.checkpointing}: for the built-in "
                               "workloads only")
         self.config = config
-        kind = parse_parallelism(config.parallelism)[0]
+        kind = config.parallel.kind
         self.sharded = kind == "fsdp" and config.devices > 1
         self.tensor = kind == "tp" and config.devices > 1
         self.spec = native.spec

@@ -16,9 +16,7 @@ from gpubench.options import (
     RankStart,
     device_index,
     device_kind,
-    parallel_axes,
     parallel_form,
-    parse_parallelism,
 )
 from gpubench.workloads import get_workload
 from gpubench.workloads.base import TiedLMHead
@@ -41,7 +39,7 @@ SPLIT_KINDS = ("fsdp", "tp", "fsdp+tp")  # gpubench.backends.pytorch.sharding
 
 def compile_unsupported(config: Config, input_ndim: int, workload: str) -> str | None:
     """Why PyTorch cannot run this compile / memory-format combination (static rules)."""
-    parallel = parse_parallelism(config.parallelism)[0]
+    parallel = config.parallel.kind
     if config.compile in TORCH_COMPILE_MODES and parallel == "dp":
         return "torch.compile with dp:N (DataParallel re-replicates the module every step) is not supported; use ddp:N"
     if config.compile == "torch-compile-reduce-overhead" and device_kind(config.device) == "cpu":
@@ -118,14 +116,14 @@ def sharded_unsupported(config: Config, kind: str) -> str | None:
         if config.workload not in ATTENTION_WORKLOADS:
             return (f"{form} splits a transformer's attention and MLP projections; {config.workload} has none (the "
                     f"built-in transformers: {', '.join(sorted(ATTENTION_WORKLOADS))}; use fsdp:N or ddp:N)")
-        tp = dict(parallel_axes(config.parallelism))["tp"]  # a built-in's blocks: checked before torchrun starts
+        tp = config.parallel.size("tp")  # a built-in's blocks: checked before torchrun starts
         return get_workload(config.workload).spec(**dict(config.workload_params)).tensor_split_problem(tp)
     return None
 
 
 def pipeline_unsupported(config: Config) -> str | None:
     """The rules of ``pipeline:N`` that need no import: devices, precision, data, batch split."""
-    _, n = parse_parallelism(config.parallelism)
+    n = config.parallel.n
     m = config.pipeline_microbatches
     if ":" in config.device:
         return f"pipeline:N puts stage r on cuda:r; use device = cuda, not {config.device}"
@@ -226,7 +224,7 @@ class TorchBackend(Backend):
 
     def static_unsupported(self, config: Config) -> str | None:
         kind = device_kind(config.device)
-        parallel = parse_parallelism(config.parallelism)[0]
+        parallel = config.parallel.kind
         if parallel in ("ddp", *SPLIT_KINDS) and ":" in config.device:
             return f"{parallel_form(parallel)} puts rank r on cuda:r; use device = cuda, not {config.device}"
         if (reason := attention_unsupported(config)) is not None:
@@ -273,7 +271,7 @@ class TorchBackend(Backend):
         if reason:
             return ("unavailable", reason)
 
-        kind, n = parse_parallelism(config.parallelism)
+        kind, n = config.parallel.kind, config.parallel.n
         if kind in TORCHRUN_KINDS:
             import torch.distributed as dist
 
@@ -283,7 +281,7 @@ class TorchBackend(Backend):
                 return ("unsupported", f"{kind} on CUDA uses NCCL, which this torch build lacks")
         modules = {"pipeline": ("torch.distributed.pipelining", "2.4"), "fsdp": ("torch.distributed.fsdp", "2.6"),
                    "tp": ("torch.distributed.tensor.parallel", "2.4")}
-        for part in (part for part, _ in parallel_axes(config.parallelism) if part in modules):
+        for part in (part for part, _ in config.parallel.axes if part in modules):
             try:
                 module = importlib.import_module(modules[part][0])
                 if part == "fsdp":

@@ -29,7 +29,7 @@ from torch import nn
 
 from gpubench.backends.base import Unsupported
 from gpubench.backends.pytorch.model import Block
-from gpubench.options import COMPOSITE_KINDS, parse_parallelism
+from gpubench.options import COMPOSITE_KINDS
 from gpubench.workloads.base import TransformerBlock
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ def apply(model: nn.Module, config: Config, device: torch.device, world: int,
     torchtitan's 2-D does."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    kind = parse_parallelism(config.parallelism)[0]
+    kind = config.parallel.kind
     if kind in COMPOSITE_KINDS:
         tensor = config.tensor_parallel
         grid = init_device_mesh(device.type, (world // tensor, tensor), mesh_dim_names=COMPOSITE_KINDS[kind])

@@ -28,7 +28,7 @@ from gpubench.backends.pytorch.native import Tensors, as_native, call_model, cro
 from gpubench.backends.pytorch.sharding import apply, local, param_groups, state_bytes
 from gpubench.config import Config
 from gpubench.measure.timers import HostStepTimer, StepTimer
-from gpubench.options import OPTIMIZER_SETTINGS, device_index, device_kind, parse_parallelism
+from gpubench.options import OPTIMIZER_SETTINGS, device_index, device_kind
 from gpubench.workloads.base import WorkloadSpec
 from gpubench.workloads.data import Batches, tree_leaves, tree_map
 
@@ -226,7 +226,7 @@ class TorchTrainerBase(Trainer):
 class TorchTrainer(TorchTrainerBase):
     def __init__(self, native: NativeModel | WorkloadSpec, config: Config, batches: Batches) -> None:
         native = as_native(native, config)
-        parallel = parse_parallelism(config.parallelism)[0]
+        parallel = config.parallel.kind
         self.ddp, self.dp = parallel == "ddp", parallel == "dp"
         self.sharded = parallel if parallel in ("fsdp", "tp", "fsdp+tp") else None
         if config.checkpointing == "activations" and not native.sequential:

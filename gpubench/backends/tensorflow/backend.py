@@ -17,7 +17,6 @@ from gpubench.options import (
     device_index,
     device_kind,
     parallel_form,
-    parse_parallelism,
 )
 
 if TYPE_CHECKING:
@@ -110,7 +109,7 @@ class TensorFlowBackend(Backend):
         best_compile={"cpu": ("xla",), "cuda": ("xla",)})  # the step XLA-compiled (jit_compile)
 
     def static_unsupported(self, config: Config) -> str | None:
-        parallel = parse_parallelism(config.parallelism)[0]
+        parallel = config.parallel.kind
         if parallel == "mirrored" and ":" in config.device:
             return f"mirrored:N uses /GPU:0../GPU:N-1; use device = cuda, not {config.device}"
         if parallel == "multiworker" and ":" in config.device:
@@ -146,7 +145,7 @@ class TensorFlowBackend(Backend):
         if device_kind(config.device) != "cuda":
             return None
         gpus = tf.config.list_physical_devices("GPU")
-        kind, n = parse_parallelism(config.parallelism)
+        kind, n = config.parallel.kind, config.parallel.n
         if kind in ("mirrored", "multiworker") and gpus and len(gpus) < n:
             return ("unavailable", f"{config.parallelism} needs {n} GPUs; TensorFlow sees {len(gpus)}")
         if not gpus:
@@ -174,7 +173,7 @@ class TensorFlowBackend(Backend):
 
     def native(self, config: Config, counts: Path | None = None, count: bool = True) -> NativeModel:
         import_tf()
-        kind, n = parse_parallelism(config.parallelism)
+        kind, n = config.parallel.kind, config.parallel.n
         if kind == "mirrored" and device_kind(config.device) == "cpu":  # before the model touches TensorFlow
             from gpubench.backends.tensorflow.trainer import logical_cpus
 

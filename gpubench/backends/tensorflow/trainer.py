@@ -20,7 +20,7 @@ from gpubench.backends.tensorflow.runtime import PORT_BASE_ENV, SLURM_CLUSTER_EN
 from gpubench.config import Config
 from gpubench.launch import WORKERS_ENV
 from gpubench.measure.timers import HostStepTimer, StepTimer, WindowTimer
-from gpubench.options import OPTIMIZER_SETTINGS, device_kind, parse_parallelism
+from gpubench.options import OPTIMIZER_SETTINGS, device_kind
 from gpubench.workloads.base import WorkloadSpec
 from gpubench.workloads.data import Batches, tree_map
 
@@ -139,7 +139,7 @@ class TFTrainer(Trainer):
         # mirrored:N: N replicas (GPUs, or logical CPU devices, which must be set up before
         # TensorFlow initialises its devices); data: every global batch split over them
         # multiworker:N: one replica per worker process, N per node (_multiworker_strategy)
-        kind = parse_parallelism(config.parallelism)[0]
+        kind = config.parallel.kind
         self.parallelism = config.parallelism
         self.strategy = (_mirrored_strategy(config.devices, self.gpu) if kind == "mirrored" else
                          _multiworker_strategy(self.gpu) if kind == "multiworker" else None)
