@@ -16,12 +16,22 @@ from rich.table import Table
 from rich.text import Text
 
 from gpubench.commands import build_parser, gate_fields, report_fields
-from gpubench.errors import InputError, Stopped, error_line, os_error_line, stop_exit_code, stop_message, warn
+from gpubench.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_OK,
+    InputError,
+    Stopped,
+    error_line,
+    os_error_line,
+    stop_exit_code,
+    stop_message,
+    warn,
+)
 from gpubench.fmt import table_fits
 from gpubench.launch import Interpreter
 from gpubench.runner.launcher import LauncherChoice
 from gpubench.runner.nodes import DEFAULT_MASTER_PORT, Nodes
-from gpubench.runner.run import EXIT_BAD_INPUT, RunRequest
+from gpubench.runner.run import RunRequest
 
 
 def _raise_stopped(signum: int, _frame: object) -> None:
@@ -138,7 +148,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
         warn(warning)
     console.print(f"report: {report.index}\n  charts: {len(report.charts)} PNG in {report.index.parent / 'charts'}"
                   f"\n  csv: {report.csv}\n  markdown: {report.markdown}", highlight=False)
-    return 0
+    return EXIT_OK
 
 
 def _compare(args: argparse.Namespace, console: Console) -> int:
@@ -244,14 +254,14 @@ def _list(args: argparse.Namespace, console: Console) -> int:
     from gpubench.inventory import show_list
 
     show_list(console, args.suites_dir)
-    return 0
+    return EXIT_OK
 
 
 def _env(args: argparse.Namespace, console: Console) -> int:
     from gpubench.inventory import show_env
 
     show_env(console, args.json)
-    return 0
+    return EXIT_OK
 
 
 # each command's handler, by the command's name (gpubench.commands.build_parser has the same names)

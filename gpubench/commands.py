@@ -14,14 +14,13 @@ from typing import Any, NoReturn
 
 from gpubench import __version__
 from gpubench.advise.practices import GROUPS
-from gpubench.errors import did_you_mean, printable
+from gpubench.errors import EXIT_BAD_INPUT, did_you_mean, printable
 from gpubench.gate import ALPHA, NOISE_FLOOR, THRESHOLD
 from gpubench.gate.compare import CORRECTIONS
 from gpubench.gate.export import FORMATS
 from gpubench.results.metrics import gate_metric_names
 from gpubench.runner.find_batch_command import DEFAULT_LIMIT
 from gpubench.runner.nodes import DEFAULT_MASTER_PORT
-from gpubench.runner.run import EXIT_BAD_INPUT
 from gpubench.runner.session import LAUNCHERS
 from gpubench.suite import MAX_JOBS, MAX_PLANNED
 

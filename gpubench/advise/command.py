@@ -30,7 +30,7 @@ from gpubench import fmt
 from gpubench.advise.judge import Judging, Row, combine, guide, judge, rank
 from gpubench.advise.practices import GROUPS, Practice, Skipped, candidates, memory_followups, no_memory_limit
 from gpubench.config import Config
-from gpubench.errors import InputError, stop_exit_code, stop_message
+from gpubench.errors import EXIT_BASELINE_FAILED, EXIT_OK, InputError, stop_exit_code, stop_message
 from gpubench.files import write_text_atomic
 from gpubench.gate import NOISE_FLOOR, THRESHOLD
 from gpubench.gate.compare import parse_fraction
@@ -52,7 +52,6 @@ from gpubench.suite import MAX_BATCH, Suite
 
 ADVICE_JSON, ADVICE_MD = "advice.json", "advice.md"
 COMBINATION_ROUNDS = 1000  # the combination's rounds (and the baseline's beside it) are numbered from here
-EXIT_OK, EXIT_BASELINE_FAILED = 0, 1
 COLUMNS = ("#", "practice", "verdict", "speed-up", "interval", "memory", "cold start", "pays back", "loss", "note")
 # what the speed-up is, by what the practices are judged on: (the ratio, how a best row reads it)
 SPEEDUP = {"throughput": ("throughput / the baseline's", "the baseline's throughput"),

@@ -25,7 +25,7 @@ from rich.console import Console
 from gpubench import fmt
 from gpubench.bisect import git
 from gpubench.bisect.search import Bisection, Step
-from gpubench.errors import InputError, stop_exit_code, stop_message
+from gpubench.errors import EXIT_NOT_NAMED, EXIT_OK, InputError, stop_exit_code, stop_message
 from gpubench.files import read_user_text, write_text_atomic
 from gpubench.gate import ALPHA, NOISE_FLOOR, THRESHOLD
 from gpubench.gate.compare import parse_fraction, repeats_for
@@ -36,7 +36,6 @@ from gpubench.runner import ab
 from gpubench.suite import load_suite
 
 STATE = "bisect.json"
-EXIT_NAMED, EXIT_NOT_NAMED = 0, 1
 
 
 @dataclass
@@ -288,7 +287,7 @@ class _Session:
             write_output(self.req.json, json_text(out), "--json")
         for line in md.splitlines():
             self.console.print(line, highlight=False, markup=False, soft_wrap=True)
-        return EXIT_NAMED if culprit is not None else EXIT_NOT_NAMED
+        return EXIT_OK if culprit is not None else EXIT_NOT_NAMED
 
 
 def _undecided(ab_json: Path) -> bool:

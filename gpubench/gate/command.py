@@ -10,14 +10,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gpubench.errors import InputError, os_error_line, warn
+from gpubench.errors import EXIT_OK, EXIT_REGRESSED, InputError, os_error_line, warn
 from gpubench.gate import ALPHA, NOISE_FLOOR, THRESHOLD, render
 from gpubench.gate.compare import compare, fingerprint_differences, gate_options
 from gpubench.gate.sides import DEFAULT_BASELINES, Side, list_baselines, resolve, save_baseline
 from gpubench.results.outputs import check_output_dir, check_output_file, write_output
 from gpubench.results.store import json_text
-
-EXIT_OK, EXIT_REGRESSED = 0, 1
 
 
 @dataclass
@@ -112,7 +110,7 @@ def run_baseline(action: str, run_dir: Path | None, name: str | None, baselines_
         check_output_dir(baselines_dir, "--baselines-dir")
         target = save_baseline(run_dir, name, baselines_dir, force)
         console.print(f"saved baseline {name!r}: {target}", highlight=False)
-        return 0
+        return EXIT_OK
     if baselines_dir.exists() and not baselines_dir.is_dir():
         raise InputError(f"--baselines-dir {baselines_dir}: not a directory")
     rows = list_baselines(baselines_dir)  # a missing directory: no baselines saved yet
@@ -122,4 +120,4 @@ def run_baseline(action: str, run_dir: Path | None, name: str | None, baselines_
         console.print(json.dumps(row) if "problem" in row else
                       f"{row['name']}: run {row['run_id']} ({row['created_at']}), {row['configs']} configs, "
                       f"{row['repeats']} repeat(s)", highlight=False)
-    return 0
+    return EXIT_OK

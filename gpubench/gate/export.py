@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import gpubench
-from gpubench.errors import InputError
+from gpubench.errors import EXIT_OK, InputError
 from gpubench.gate.sides import resolve
 from gpubench.results.metrics import BY_NAME
 from gpubench.results.outputs import check_output_file, write_output
@@ -148,4 +148,4 @@ def run_export(run_dir: Path, fmt: str, out: Path | None) -> int:
         sys.stdout.write(text)
     else:
         write_output(out, text, "--out")
-    return 0
+    return EXIT_OK

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpubench import fmt
-from gpubench.errors import InputError, warn
+from gpubench.errors import EXIT_OK, EXIT_REGRESSED, InputError, warn
 from gpubench.files import write_atomic
 from gpubench.gate.power import MAX_REPEATS, MAX_SLOWDOWN
 from gpubench.history.changes import CheckOptions, Step, describe, find_steps, p_text
@@ -130,7 +130,7 @@ def run_history(req: HistoryRequest, console: Console) -> int:
             for d, added, had in ingest_runs(engine, url, req.run_dirs, req.tags):
                 console.print(f"{d}: {added} result(s) added, {had} already in the history", highlight=False)
             console.print(f"history: {display_url(url)}", highlight=False)
-            return 0
+            return EXIT_OK
         if req.action == "list":
             frame = list_runs(engine, url, req.filters)
             table = Table("run", "suite", "machine", "commit", "branch", "created", "complete", "results ok/all",
@@ -140,7 +140,7 @@ def run_history(req: HistoryRequest, console: Console) -> int:
                               "yes" if r.complete else "no", f"{int(r.ok or 0)}/{int(r.results)}")
             console.print(table)
             console.print(f"{len(frame)} run(s)", highlight=False)
-            return 0
+            return EXIT_OK
         if req.action == "check":
             return _check(engine, url, req, metrics, console)
         if req.action == "noise":
@@ -152,7 +152,7 @@ def run_history(req: HistoryRequest, console: Console) -> int:
             for w in dash.warnings:
                 warn(w)
             console.print(f"dashboard: {dash.index} ({dash.charts} charts)", highlight=False)
-            return 0
+            return EXIT_OK
         frame = load_history(engine, url, req.filters)
         if req.action == "export":
             assert out is not None
@@ -162,7 +162,7 @@ def run_history(req: HistoryRequest, console: Console) -> int:
             else:
                 write_atomic(out, lambda tmp: frame.to_csv(tmp, index=False))
             console.print(f"{len(frame)} result(s) -> {out}", highlight=False)
-            return 0
+            return EXIT_OK
         table = Table("run", "commit", "machine", "config", "repeat", "status", *metrics,
                       title=f"results in {display_url(url)}")
         for _, r in frame.iterrows():
@@ -171,7 +171,7 @@ def run_history(req: HistoryRequest, console: Console) -> int:
                           r["status"], *figures)
         console.print(table)
         console.print(f"{len(frame)} result(s)", highlight=False)
-        return 0
+        return EXIT_OK
     finally:
         engine.dispose()
 
@@ -210,7 +210,7 @@ def _noise(engine: Any, url: str, req: HistoryRequest, metrics: list[str], conso
     if req.json:
         write_output(req.json, json_text({"history": display_url(url), "options": asdict(o),
                                           "noise": [asdict(n) for n in levels]}), "--json")
-    return 0
+    return EXIT_OK
 
 
 def _check(engine: Any, url: str, req: HistoryRequest, metrics: list[str], console: Console) -> int:
@@ -249,7 +249,7 @@ def _check(engine: Any, url: str, req: HistoryRequest, metrics: list[str], conso
                                           "steps": [st.to_dict() for st in steps], "too_short": short}), "--json")
     if req.bisect:
         return _bisect(req, steps, console)
-    return 1 if recent else 0
+    return EXIT_REGRESSED if recent else EXIT_OK
 
 
 def _bisect(req: HistoryRequest, steps: list[Step], console: Console) -> int:

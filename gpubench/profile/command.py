@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from gpubench.errors import stop_exit_code, stop_message
+from gpubench.errors import EXIT_FAILED, EXIT_OK, stop_exit_code, stop_message
 from gpubench.launch import Interpreter
 from gpubench.measure.allocations import history_line, oom_line
 from gpubench.results.result import Result
@@ -27,7 +27,6 @@ from gpubench.runner.job import Job
 from gpubench.runner.launcher import LauncherChoice
 from gpubench.runner.local import Local
 from gpubench.runner.models import user_code_path
-from gpubench.runner.run import EXIT_FAILED, EXIT_OK
 from gpubench.runner.session import Session, load
 from gpubench.suite import Config
 
@@ -105,13 +104,13 @@ def _show(result: Result, run_dir: Path, console: Console) -> int:
             console.print("  " + oom_line(oom), highlight=False, soft_wrap=True)
             if oom.get("snapshot"):
                 console.print(f"  memory history: {run_dir / oom['snapshot']}", highlight=False, soft_wrap=True)
-        return 1 if status in FAILED_STATUSES else 0
+        return EXIT_FAILED if status in FAILED_STATUSES else EXIT_OK
     history = profile.get("memory_history")
     if isinstance(history, dict):  # before what may end the listing
         console.print(f"{cid}: " + history_line(history, str(run_dir) + "/"), highlight=False, soft_wrap=True)
     if profile.get("error"):
         console.print(f"{cid}: [red]not profiled[/red]: {profile['error']}", highlight=False, soft_wrap=True)
-        return 1
+        return EXIT_FAILED
     console.print(f"[bold]{cid}[/bold]: ok, {profile.get('profiler')}", highlight=False)
     console.print("  " + breakdown_line(result.metrics or {}), highlight=False, soft_wrap=True)
     if profile.get("reading"):
@@ -123,7 +122,7 @@ def _show(result: Result, run_dir: Path, console: Console) -> int:
             console.print(_ops_table(profile[key][:PRINTED_OPS], f"top operators by {title}"))
     for name, rel in (profile.get("files") or {}).items():
         console.print(f"  {name}: {run_dir / rel}", highlight=False, soft_wrap=True)
-    return 0
+    return EXIT_OK
 
 
 def breakdown_line(metrics: dict[str, Any]) -> str:

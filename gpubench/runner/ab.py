@@ -33,7 +33,7 @@ from typing import Any
 from rich.console import Console
 
 from gpubench.config import Config
-from gpubench.errors import InputError, stop_exit_code, stop_message, warn
+from gpubench.errors import EXIT_OK, EXIT_REGRESSED, InputError, stop_exit_code, stop_message, warn
 from gpubench.files import read_user_text, write_text_atomic
 from gpubench.gate import ALPHA, NOISE_FLOOR, THRESHOLD, render
 from gpubench.gate.compare import (
@@ -468,4 +468,4 @@ def _conclude(req: ABRequest, options: GateOptions, sides: dict[str, Session], r
     if req.report:
         sides["baseline"].report([dirs["baseline"], dirs["candidate"]], out=req.report_dir or report_beside(root))
     console.print(f"run directories: {dirs['baseline']} {dirs['candidate']}", highlight=False)
-    return 1 if comparison.regressed or failed else 0
+    return EXIT_REGRESSED if comparison.regressed or failed else EXIT_OK

@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from gpubench.errors import InputError, stop_exit_code, stop_message
+from gpubench.errors import EXIT_FAILED, EXIT_OK, InputError, stop_exit_code, stop_message
 from gpubench.launch import Interpreter
 from gpubench.results.outputs import check_output_file, write_output
 from gpubench.results.result import Outcome
@@ -98,4 +98,4 @@ def run_find_batch(req: FindBatchRequest, console: Console) -> int:
         table.add_row(s.config_id, str(s.max_batch or "-"), str(s.first_oom or "-"), str(len(s.probes)), note)
     console.print(table)
     console.print(f"probes: {session.run_dir / 'results.jsonl'}", highlight=False)
-    return 1 if any(s.stopped for s in searches) else 0
+    return EXIT_FAILED if any(s.stopped for s in searches) else EXIT_OK

@@ -17,7 +17,17 @@ from typing import Any
 from rich.console import Console
 
 from gpubench.env import emulation_note
-from gpubench.errors import InputError, StorageError, note, stop_exit_code, stop_message, warn
+from gpubench.errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    InputError,
+    StorageError,
+    note,
+    stop_exit_code,
+    stop_message,
+    warn,
+)
 from gpubench.launch import Interpreter
 from gpubench.results.result import Result
 from gpubench.results.schema import FAILED_STATUSES
@@ -43,8 +53,6 @@ from gpubench.runner.session import Session, load, resumed_choice, resumed_code_
 from gpubench.runner.sweep import plan, pre_resolve
 from gpubench.suite import MAX_JOBS, Config, Suite, load_suite
 from gpubench.telemetry.nvml import machine_findings, nvml_index
-
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 @dataclass
