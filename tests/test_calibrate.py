@@ -698,7 +698,7 @@ def test_a_run_resolves_max_and_reports_mfu(tmp_path, write_suite):
     # a cache of its own: a test beside it that calibrates with --force would rewrite the session's
     own = tmp_path / "cache"
     proc = run_cli(["run", str(suite), "--out", str(tmp_path / "runs"), "--repeats", "2"], cwd=tmp_path,
-                   env=plugin_env(FAKE_MAX_BATCH="20", GPUBENCH_CACHE_DIR=str(own)))
+                   env=plugin_env(FAKE_MAX_BATCH="20", GPUBENCH_CACHE_DIR=str(own), COLUMNS="200"))  # ids whole
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list((tmp_path / "runs").iterdir())
     results = result_lines(run_dir)
