@@ -272,8 +272,6 @@ HANDLERS: dict[str, Handler] = {
 }
 
 
-
-
 class Terminal(Console):
     """The console every command prints to. Its width is the terminal's, or ``COLUMNS`` where
     that is set (piped or not); piped without ``COLUMNS``, 160 (CI logs: config ids unwrapped);

@@ -29,6 +29,7 @@ class StorageError(InputError):
 # EROFS, EFBIG): the machine's problem, not the config's
 STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 EXIT_STORAGE = 75  # a worker that could not hand over its outcome (EX_TEMPFAIL: try again later)
+STORAGE_LINE = "gpubench worker: cannot write its outcome"  # ... and the line it says so with, in its log
 
 # every command's exit codes, here alone (what each means for each command: commands.EXIT_CODES;
 # a stop's 130 or 143: stop_exit_code)
@@ -39,7 +40,6 @@ EXIT_NOT_NAMED = 1  # bisect: no commit named
 EXIT_BASELINE_FAILED = 1  # advise: the baseline itself does not train
 EXIT_BAD_INPUT = 2  # one line naming what was wrong and what is allowed; nothing written
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # a run whose jobs were cancelled (a scheduler's), as a Ctrl-C
-STORAGE_LINE = "gpubench worker: cannot write its outcome"  # ... and the line it says so with, in its log
 
 
 def os_error_line(e: OSError) -> str:

@@ -79,6 +79,19 @@ class NativeModel:
     data: dict[str, Any] = field(default_factory=dict)
 
 
+def tensor_split_unsupported(config: Config, n: int) -> str | None:
+    """Why tensor parallelism over ``n`` devices cannot split a built-in workload's transformer
+    blocks (WorkloadSpec.tensor_split_problem), or None: the one rule of every backend that runs
+    tp, checked before a worker starts."""
+    from gpubench.workloads import get_workload
+
+    try:
+        spec = get_workload(config.workload).spec(**dict(config.workload_params))
+    except (KeyError, TypeError, ValueError):  # (bad workload parameters are refused where the spec is built)
+        return None
+    return spec.tensor_split_problem(n)
+
+
 def spec_native(spec: WorkloadSpec, config: Config, build: Callable[[], object],
                 channels_first_data: bool = False) -> NativeModel:
     """A built-in workload as a NativeModel: ``build`` makes the framework's model of ``spec``;

@@ -8,7 +8,7 @@ import sys
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo
+from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo, tensor_split_unsupported
 from gpubench.backends.pytorch.modes import TORCH_COMPILE_MODES
 from gpubench.options import (
     ATTENTION_WORKLOADS,
@@ -144,13 +144,7 @@ class JaxBackend(Backend):
             return (f"tp:N splits a transformer's attention and MLP projections; {config.workload} has none (the "
                     f"built-in transformers: {', '.join(sorted(ATTENTION_WORKLOADS))}; use fsdp:N or dp:N)")
         if kind == "tp":
-            from gpubench.workloads import get_workload
-
-            try:
-                spec = get_workload(config.workload).spec(**dict(config.workload_params))
-            except (KeyError, TypeError, ValueError):  # (bad workload parameters are refused where the spec is built)
-                return None
-            return spec.tensor_split_problem(config.devices)
+            return tensor_split_unsupported(config, config.devices)
         return None
 
     def probe(self) -> ProbeInfo:

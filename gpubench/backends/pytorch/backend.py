@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo
+from gpubench.backends.base import Backend, DeviceInfo, ProbeInfo, tensor_split_unsupported
 from gpubench.backends.pytorch.modes import GRAPH_RESETTABLE_OPTIMIZERS, TORCH_COMPILE_MODES
 from gpubench.options import (
     ATTENTION_WORKLOADS,
@@ -116,8 +116,7 @@ def sharded_unsupported(config: Config, kind: str) -> str | None:
         if config.workload not in ATTENTION_WORKLOADS:
             return (f"{form} splits a transformer's attention and MLP projections; {config.workload} has none (the "
                     f"built-in transformers: {', '.join(sorted(ATTENTION_WORKLOADS))}; use fsdp:N or ddp:N)")
-        tp = config.parallel.size("tp")  # a built-in's blocks: checked before torchrun starts
-        return get_workload(config.workload).spec(**dict(config.workload_params)).tensor_split_problem(tp)
+        return tensor_split_unsupported(config, config.parallel.size("tp"))  # before torchrun starts
     return None
 
 
